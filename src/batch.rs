@@ -1,0 +1,176 @@
+//! Pure coalescing: a batch of events becomes one counter write per post (hot posts collapse to
+//! a single `$inc`), one ledger write per comment, and one dirty mark per post.
+//!
+//! Before-states chain through the batch: the second event of a comment sees the first event's
+//! after-state, so the transitions telescope and their sum is right even when `updateLookup`
+//! shows a row later than its event.
+
+use std::collections::{BTreeMap, HashMap};
+
+use bson::DateTime;
+
+use crate::classify::{classify, After, Attribution, Before, Problem, Source, StreamEnded};
+use crate::event::{ChangeEvent, CommentId, PostId, Row, Token};
+
+/// Seconds since the epoch at which a creation-time bucket starts.
+pub type BucketStart = i64;
+
+/// Files a row's creation time under the start of its bucket. Rows without a `created_at` date
+/// go to bucket 0, below every watermark, matching the reconciler's count (`created_at` not
+/// `>= W`).
+pub fn bucket_of(created_at: Option<DateTime>, width_secs: i64) -> BucketStart {
+    match created_at {
+        Some(t) => {
+            let secs = t.timestamp_millis().div_euclid(1000);
+            secs.div_euclid(width_secs) * width_secs
+        }
+        None => 0,
+    }
+}
+
+/// One coalesced counter write: `$inc` of `delta` on `live_delta` and of each bucket's amount.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CounterDelta {
+    pub post: PostId,
+    pub delta: i64,
+    /// Non-zero amounts per bucket; they sum to `delta`.
+    pub buckets: BTreeMap<BucketStart, i64>,
+}
+
+/// The ledger's new state for one comment (`None`: gone).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LedgerUpdate {
+    pub comment: CommentId,
+    pub state: Option<Row>,
+}
+
+/// An event that was skipped or could not be attributed, for the log.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Skipped {
+    pub token: Token,
+    pub problem: Problem,
+}
+
+/// Everything one batch must write, in the order the worker writes it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct BatchPlan {
+    pub counters: Vec<CounterDelta>,
+    pub ledger: Vec<LedgerUpdate>,
+    pub dirty: Vec<PostId>,
+    /// Events classified (stream-ending events excluded).
+    pub events: usize,
+    pub skipped: Vec<Skipped>,
+    pub by_source: HashMap<&'static str, usize>,
+}
+
+impl BatchPlan {
+    pub fn bad_events(&self) -> usize {
+        self.skipped
+            .iter()
+            .filter(|s| matches!(s.problem, Problem::Bad(_)))
+            .count()
+    }
+    pub fn unattributable_events(&self) -> usize {
+        self.skipped.len() - self.bad_events()
+    }
+}
+
+/// Plans a batch. `ledger` maps comment keys to their ledger state before the batch (absent:
+/// no entry). Events after a stream-ending event are not planned; the end is returned beside
+/// the plan of what came before it.
+pub fn plan_batch(
+    events: &[ChangeEvent],
+    ledger: &HashMap<String, Option<Row>>,
+    attribution: Attribution,
+    bucket_width_secs: i64,
+) -> (BatchPlan, Option<StreamEnded>) {
+    let mut plan = BatchPlan::default();
+    let mut known: HashMap<String, Option<Row>> = HashMap::new();
+    let mut ledger_order: Vec<CommentId> = Vec::new();
+    let mut counters: BTreeMap<PostId, CounterDelta> = BTreeMap::new();
+    let mut dirty: Vec<PostId> = Vec::new();
+    let mut dirty_seen = std::collections::HashSet::new();
+
+    for event in events {
+        let key = event.comment.as_ref().map(|c| c.key.clone());
+        let before = match key.as_ref() {
+            Some(k) => match known.get(k).or_else(|| ledger.get(k)) {
+                Some(row) => Before::Known(row.clone()),
+                None => Before::Unknown,
+            },
+            None => Before::Unknown,
+        };
+        let classified = match classify(event, before, attribution) {
+            Ok(c) => c,
+            Err(end) => return (finish(plan, counters, dirty, ledger_order, &known), Some(end)),
+        };
+        plan.events += 1;
+        *plan.by_source.entry(source_name(classified.source)).or_default() += 1;
+        for delta in classified.deltas {
+            let entry = counters
+                .entry(delta.post.clone())
+                .or_insert_with(|| CounterDelta {
+                    post: delta.post.clone(),
+                    delta: 0,
+                    buckets: BTreeMap::new(),
+                });
+            entry.delta += delta.amount;
+            *entry
+                .buckets
+                .entry(bucket_of(delta.created_at, bucket_width_secs))
+                .or_default() += delta.amount;
+        }
+        for post in classified.dirty {
+            if dirty_seen.insert(post.clone()) {
+                dirty.push(post);
+            }
+        }
+        if let (After::Known(state), Some(comment)) = (classified.after, event.comment.as_ref()) {
+            if known.insert(comment.key.clone(), state).is_none() {
+                ledger_order.push(comment.clone());
+            }
+        }
+        if let Some(problem) = classified.problem {
+            plan.skipped.push(Skipped {
+                token: event.token.clone(),
+                problem,
+            });
+        }
+    }
+    (finish(plan, counters, dirty, ledger_order, &known), None)
+}
+
+fn finish(
+    mut plan: BatchPlan,
+    counters: BTreeMap<PostId, CounterDelta>,
+    dirty: Vec<PostId>,
+    ledger_order: Vec<CommentId>,
+    known: &HashMap<String, Option<Row>>,
+) -> BatchPlan {
+    plan.counters = counters
+        .into_values()
+        .map(|mut c| {
+            c.buckets.retain(|_, amount| *amount != 0);
+            c
+        })
+        .filter(|c| c.delta != 0 || !c.buckets.is_empty())
+        .collect();
+    plan.dirty = dirty;
+    plan.ledger = ledger_order
+        .into_iter()
+        .map(|comment| LedgerUpdate {
+            state: known[&comment.key].clone(),
+            comment,
+        })
+        .collect();
+    plan
+}
+
+fn source_name(source: Source) -> &'static str {
+    match source {
+        Source::PreImage => "pre_image",
+        Source::Ledger => "ledger",
+        Source::Insert => "insert",
+        Source::BestEffort => "best_effort",
+    }
+}

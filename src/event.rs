@@ -1,0 +1,337 @@
+//! The change-event model: what one `comments` change event says, parsed leniently from the raw
+//! document so that one malformed event can be reported and skipped without breaking the stream.
+//!
+//! Two shapes are understood: the one a real MongoDB 6/7 emits (with `updateDescription`,
+//! optional `fullDocument` and `fullDocumentBeforeChange`) and the one the fake test server
+//! (mongo-java-server) emits (update events carry the update spec in `documentKey`, no
+//! `updateDescription`, replaces reported as updates).
+
+use std::fmt;
+
+use bson::{oid::ObjectId, Bson, DateTime, Document, Timestamp};
+use serde::{Deserialize, Serialize};
+
+/// The field that says which post a comment belongs to.
+pub const POST_FIELD: &str = "post_id";
+/// The row's creation time, used to file deltas under a time bucket.
+pub const CREATED_FIELD: &str = "created_at";
+/// Soft-delete marker: a row with a non-null `deleted_at` does not count.
+pub const DELETED_FIELD: &str = "deleted_at";
+
+/// A position in the change stream: the resume token's `_data` string.
+///
+/// Tokens of one deployment sort in event order when compared as strings (MongoDB 4.0.7+), which
+/// is what makes the per-post `applied_through` guard a plain `$lt` comparison.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Token(pub String);
+
+impl Token {
+    /// The smallest position: before every real token.
+    pub fn origin() -> Token {
+        Token(String::new())
+    }
+
+    /// Reads `_data` out of a resume-token document `{_data: "<hex>"}`.
+    pub fn from_resume_document(doc: &Document) -> Option<Token> {
+        match doc.get("_data")? {
+            Bson::String(s) => Some(Token(s.clone())),
+            // Very old servers used BinData tokens; they do not sort, so they are refused.
+            _ => None,
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A post's identity. Applications use strings, integers or ObjectIds; anything else in
+/// `post_id` is bad input.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum PostId {
+    Int(i64),
+    Str(String),
+    Oid(ObjectId),
+}
+
+impl PostId {
+    /// Reads a post id from a BSON value; `None` for a type that cannot be a post id.
+    pub fn from_bson(value: &Bson) -> Option<PostId> {
+        match value {
+            Bson::Int32(i) => Some(PostId::Int(*i as i64)),
+            Bson::Int64(i) => Some(PostId::Int(*i)),
+            Bson::String(s) => Some(PostId::Str(s.clone())),
+            Bson::ObjectId(o) => Some(PostId::Oid(*o)),
+            _ => None,
+        }
+    }
+
+    pub fn to_bson(&self) -> Bson {
+        match self {
+            PostId::Int(i) => Bson::Int64(*i),
+            PostId::Str(s) => Bson::String(s.clone()),
+            PostId::Oid(o) => Bson::ObjectId(*o),
+        }
+    }
+
+    /// Parses an operator's spelling: `int:5`, `str:abc`, `oid:<24 hex>`, or unprefixed, where an
+    /// integer is an `Int`, 24 hex digits an `Oid`, and anything else a `Str`.
+    pub fn parse(text: &str) -> PostId {
+        if let Some(rest) = text.strip_prefix("str:") {
+            return PostId::Str(rest.to_string());
+        }
+        if let Some(rest) = text.strip_prefix("int:") {
+            if let Ok(i) = rest.parse() {
+                return PostId::Int(i);
+            }
+        }
+        if let Some(rest) = text.strip_prefix("oid:") {
+            if let Ok(o) = ObjectId::parse_str(rest) {
+                return PostId::Oid(o);
+            }
+        }
+        if let Ok(i) = text.parse() {
+            return PostId::Int(i);
+        }
+        if text.len() == 24 {
+            if let Ok(o) = ObjectId::parse_str(text) {
+                return PostId::Oid(o);
+            }
+        }
+        PostId::Str(text.to_string())
+    }
+
+    /// A stable 64-bit hash, the same on every machine and release, used to split posts across
+    /// partitions.
+    pub fn stable_hash(&self) -> u64 {
+        let bytes: Vec<u8> = match self {
+            PostId::Int(i) => [b"i".as_slice(), &i.to_be_bytes()].concat(),
+            PostId::Str(s) => [b"s".as_slice(), s.as_bytes()].concat(),
+            PostId::Oid(o) => [b"o".as_slice(), &o.bytes()].concat(),
+        };
+        xxhash_rust::xxh3::xxh3_64(&bytes)
+    }
+}
+
+impl fmt::Display for PostId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PostId::Int(i) => write!(f, "{i}"),
+            PostId::Str(s) => f.write_str(s),
+            PostId::Oid(o) => write!(f, "{o}"),
+        }
+    }
+}
+
+/// A comment's identity (its `_id`, of any BSON type) with a hashable key derived from it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CommentId {
+    /// Canonical extended-JSON text of the `_id`: equal ids give equal keys.
+    pub key: String,
+    pub value: Bson,
+}
+
+impl CommentId {
+    pub fn new(value: Bson) -> CommentId {
+        CommentId {
+            key: value.clone().into_canonical_extjson().to_string(),
+            value,
+        }
+    }
+}
+
+/// What counting needs to know about one comment row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Row {
+    pub post: PostId,
+    /// `None` when the row has no `created_at` date: filed under the oldest bucket.
+    pub created_at: Option<DateTime>,
+    pub deleted: bool,
+}
+
+impl Row {
+    /// A row counts when it exists and is not soft-deleted.
+    pub fn is_live(&self) -> bool {
+        !self.deleted
+    }
+}
+
+/// What a document says about the row it shows.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RowRead {
+    Row(Row),
+    /// No `post_id` field at all: either a row outside counting or (on the fake server) the
+    /// fragment `updateLookup` returns for a deleted row.
+    NoPost,
+    /// `post_id` with a type that cannot be a post id.
+    BadPost(String),
+}
+
+/// Reads a looked-up `fullDocument` of an update event. A document without `_id` is not a row
+/// but the fragment the fake server returns when the row is already gone: no information.
+pub fn read_looked_up_row(doc: &Document) -> Option<RowRead> {
+    doc.contains_key("_id").then(|| read_row(doc))
+}
+
+/// Reads the counting-relevant fields of a comment document.
+pub fn read_row(doc: &Document) -> RowRead {
+    let post = match doc.get(POST_FIELD) {
+        None => return RowRead::NoPost,
+        Some(value) => match PostId::from_bson(value) {
+            Some(p) => p,
+            None => return RowRead::BadPost(format!("{:?}", value.element_type())),
+        },
+    };
+    let created_at = match doc.get(CREATED_FIELD) {
+        Some(Bson::DateTime(d)) => Some(*d),
+        _ => None,
+    };
+    let deleted = !matches!(doc.get(DELETED_FIELD), None | Some(Bson::Null));
+    RowRead::Row(Row {
+        post,
+        created_at,
+        deleted,
+    })
+}
+
+/// What an update changed, as far as the event says.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct UpdateSummary {
+    /// Fields set, with their new values (`updatedFields`, or `$set` in the fake's spec).
+    pub set: Document,
+    /// Fields removed (`removedFields`, or `$unset` in the fake's spec).
+    pub removed: Vec<String>,
+}
+
+/// The operation of a change event.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Operation {
+    Insert,
+    Update {
+        /// `None` when the server sent no update description (the fake, or a replace).
+        summary: Option<UpdateSummary>,
+    },
+    Replace,
+    Delete,
+    /// `drop`, `rename`, `dropDatabase`, `invalidate`: the stream can no longer be trusted.
+    End(String),
+    /// An operation type this version does not know.
+    Unknown(String),
+}
+
+/// One change event, parsed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChangeEvent {
+    pub token: Token,
+    pub cluster_time: Option<Timestamp>,
+    pub operation: Operation,
+    /// The comment's `_id` (from `documentKey`), absent for stream-ending events.
+    pub comment: Option<CommentId>,
+    /// `documentKey` as sent (on a sharded cluster it holds the shard key too).
+    pub document_key: Document,
+    /// `fullDocument`: the inserted/replacing row, or (`updateLookup`) the row as it is at lookup
+    /// time, which may be later than the event.
+    pub full_document: Option<Document>,
+    /// `fullDocumentBeforeChange`: the pre-image, when enabled and not expired.
+    pub pre_image: Option<Document>,
+}
+
+/// Why an event document could not be parsed at all.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum EventError {
+    #[error("change event has no resume token (_id._data)")]
+    NoToken,
+    #[error("change event {token} has no operationType")]
+    NoOperation { token: Token },
+    #[error("change event {token} ({operation}) has no documentKey._id")]
+    NoDocumentKey { token: Token, operation: String },
+}
+
+impl ChangeEvent {
+    /// Parses a raw change event document.
+    pub fn parse(doc: &Document) -> Result<ChangeEvent, EventError> {
+        let token = doc
+            .get_document("_id")
+            .ok()
+            .and_then(Token::from_resume_document)
+            .ok_or(EventError::NoToken)?;
+        let op_name = doc
+            .get_str("operationType")
+            .map_err(|_| EventError::NoOperation {
+                token: token.clone(),
+            })?
+            .to_string();
+        let cluster_time = doc.get_timestamp("clusterTime").ok();
+        let document_key = doc.get_document("documentKey").cloned().unwrap_or_default();
+        let full_document = doc.get_document("fullDocument").ok().cloned();
+        let pre_image = doc.get_document("fullDocumentBeforeChange").ok().cloned();
+
+        let operation = match op_name.as_str() {
+            "insert" => Operation::Insert,
+            "update" => Operation::Update {
+                summary: update_summary(doc, &document_key),
+            },
+            "replace" => Operation::Replace,
+            "delete" => Operation::Delete,
+            "drop" | "rename" | "dropDatabase" | "invalidate" => Operation::End(op_name.clone()),
+            _ => Operation::Unknown(op_name.clone()),
+        };
+        // The fake server's update events carry the update spec in `documentKey` and no `_id`;
+        // the looked-up `fullDocument` (a real row has `_id`) names the comment instead. When
+        // neither does, the row was deleted before the lookup and its delete event settles it.
+        let comment = document_key
+            .get("_id")
+            .or_else(|| full_document.as_ref().and_then(|d| d.get("_id")))
+            .cloned()
+            .map(CommentId::new);
+        let needs_key = matches!(
+            operation,
+            Operation::Insert | Operation::Replace | Operation::Delete
+        );
+        if needs_key && comment.is_none() {
+            return Err(EventError::NoDocumentKey {
+                token,
+                operation: op_name,
+            });
+        }
+        Ok(ChangeEvent {
+            token,
+            cluster_time,
+            operation,
+            comment,
+            document_key,
+            full_document,
+            pre_image,
+        })
+    }
+}
+
+/// Reads the update description of a real server, or the update spec the fake server puts into
+/// `documentKey` (`{_id, $set: {...}, $unset: {...}}`).
+fn update_summary(doc: &Document, document_key: &Document) -> Option<UpdateSummary> {
+    if let Ok(desc) = doc.get_document("updateDescription") {
+        let set = desc.get_document("updatedFields").cloned().unwrap_or_default();
+        let removed = desc
+            .get_array("removedFields")
+            .map(|a| a.iter().filter_map(|v| v.as_str().map(String::from)).collect())
+            .unwrap_or_default();
+        return Some(UpdateSummary { set, removed });
+    }
+    let has_operators = document_key.keys().any(|k| k.starts_with('$'));
+    if !has_operators {
+        return None;
+    }
+    let set = document_key.get_document("$set").cloned().unwrap_or_default();
+    let removed = document_key
+        .get_document("$unset")
+        .map(|d| d.keys().cloned().collect())
+        .unwrap_or_default();
+    Some(UpdateSummary { set, removed })
+}

@@ -1,0 +1,11 @@
+//! counterd keeps per-post comment counters in MongoDB honest.
+//!
+//! The data flows top to bottom through these modules:
+//! stream ([`event`]) → classify ([`classify`]) → coalesce ([`batch`]) → apply and mark dirty
+//! ([`worker`] over the [`store`] seam) → reconcile ([`reconcile`], arithmetic in [`fold`]).
+
+pub mod batch;
+pub mod classify;
+pub mod event;
+pub mod fold;
+pub mod store;

@@ -1,0 +1,280 @@
+//! The seam between counterd's logic and its database: counters, the comment ledger, the dirty
+//! set, checkpoints, leases, counts of the truth, and the change stream itself.
+//!
+//! `worker` and `reconcile` speak only to these traits. [`mongo`] is the one implementation that
+//! knows MongoDB's command shapes; the deterministic simulation plugs an in-process store in here.
+
+pub mod mongo;
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bson::{DateTime, Document, Timestamp};
+use serde::Serialize;
+
+use crate::batch::{CounterDelta, LedgerUpdate};
+use crate::event::{CommentId, PostId, Row, Token};
+use crate::fold::{CounterState, Fold};
+
+/// Why a store operation failed, sorted by what the caller should do about it.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Worth retrying: network trouble, no primary, an interrupted operation.
+    #[error("transient database error during {op}: {message}")]
+    Transient { op: &'static str, message: String },
+    /// The resume token fell off the oplog (codes 286, 280, 260).
+    #[error("change stream history lost (code {code}) while resuming after token {token}: the checkpoint is older than the oplog window")]
+    HistoryLost { code: i32, token: String },
+    /// Another worker holds a newer fencing epoch for this stream: step down.
+    #[error("fenced out of stream `{stream}`: another worker took over with a newer epoch than {epoch}")]
+    Fenced { stream: String, epoch: i64 },
+    /// A stored document is not what counterd wrote (hand-edited or corrupted).
+    #[error("malformed {what} document {id}: {detail}")]
+    Malformed {
+        what: &'static str,
+        id: String,
+        detail: String,
+    },
+    /// Anything else: stop with this message; the checkpoint has not moved.
+    #[error("database error during {op}: {message}")]
+    Fatal { op: &'static str, message: String },
+}
+
+impl StoreError {
+    pub fn is_transient(&self) -> bool {
+        matches!(self, StoreError::Transient { .. })
+    }
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// The right to write for one stream: every worker write carries this epoch in its filter, so a
+/// worker that lost its lease cannot write even once after a successor took over.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fence {
+    pub stream: String,
+    pub epoch: i64,
+}
+
+/// A recorded gap in the stream (history lost), for `status` and the sweep.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Gap {
+    /// The checkpoint's event time when history was found lost.
+    pub from: Option<DateTime>,
+    /// When the worker restarted from "now".
+    pub to: DateTime,
+}
+
+/// Where a stream stands.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct Checkpoint {
+    pub stream: String,
+    /// Resume after this token. `None`: never checkpointed (start from now or a configured time).
+    pub token: Option<Token>,
+    /// Cluster time of the event at `token`.
+    pub token_time: Option<Timestamp>,
+    /// The newest token any batch was applied or intended through. Batches never straddle it:
+    /// below it, every post's counter already holds its events, so replays are rejected whole.
+    pub high_water: Option<Token>,
+    /// Fencing epoch of the worker that owns the stream.
+    pub epoch: i64,
+    pub updated_at: Option<DateTime>,
+    /// Gaps recorded after history loss.
+    pub gaps: Vec<Gap>,
+    /// A full sweep was requested (history lost, unattributable events) and not yet finished.
+    pub sweep_requested: bool,
+}
+
+/// A counter document as readers and the reconciler see it.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct CounterDoc {
+    pub post: Option<PostId>,
+    pub state: CounterState,
+    /// `_data` of the newest event folded in; `None` when no worker has written it yet.
+    pub applied_through: Option<String>,
+    pub last_drift: Option<i64>,
+    pub reconciled_at: Option<DateTime>,
+}
+
+/// One post waiting for a recount.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DirtyEntry {
+    #[serde(serialize_with = "serialize_display")]
+    pub post: PostId,
+    pub first_dirty_at: DateTime,
+    pub last_dirty_at: DateTime,
+    /// Bumped on every mark; the reconciler clears the entry only if it did not move.
+    pub version: i64,
+}
+
+fn serialize_display<S: serde::Serializer, T: std::fmt::Display>(
+    value: &T,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.collect_str(value)
+}
+
+/// Size and age of the dirty backlog.
+#[derive(Clone, Debug, PartialEq, Default, Serialize)]
+pub struct DirtySummary {
+    pub size: u64,
+    pub oldest: Option<DateTime>,
+}
+
+/// Order of a dirty listing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DirtyOrder {
+    Oldest,
+    ByVersion,
+}
+
+/// What a counter apply did: statements applied, and those the guard rejected as already
+/// applied (a replay).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ApplyOutcome {
+    pub applied: u64,
+    pub already_applied: u64,
+}
+
+/// A summary of one reconcile run, stored for `status`.
+#[derive(Clone, Debug, PartialEq, Default, Serialize)]
+pub struct RunSummary {
+    pub started_at: Option<DateTime>,
+    pub finished_at: Option<DateTime>,
+    pub kind: String,
+    pub posts: u64,
+    pub counts: u64,
+    pub corrected: u64,
+    pub total_abs_drift: i64,
+    pub max_abs_drift: i64,
+    pub drift_high: i64,
+    pub drift_low: i64,
+    pub watermark: i64,
+}
+
+/// How to position a new change stream.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StreamStart {
+    After(Token),
+    AtTime(Timestamp),
+    Now,
+}
+
+/// Options for opening the change stream.
+#[derive(Clone, Debug)]
+pub struct StreamOptions {
+    pub start: StreamStart,
+    /// Ask for `fullDocumentBeforeChange` (servers with pre-images only).
+    pub pre_images: bool,
+    /// Extra `$match` stages (partitioning).
+    pub pipeline: Vec<Document>,
+    /// How long the server may hold an empty getMore.
+    pub max_await: Duration,
+}
+
+/// Events read in one go, plus where the stream now stands.
+#[derive(Clone, Debug, Default)]
+pub struct RawBatch {
+    pub events: Vec<Document>,
+    /// The post-batch resume token, where the server sends one (checkpoint it on idle streams).
+    pub post_batch_token: Option<Token>,
+}
+
+/// An open change stream.
+#[async_trait]
+pub trait EventSource: Send {
+    /// Reads events that are ready, up to `max`, returning early when none are ready (an empty
+    /// batch) or once `max_wait` has passed with some events in hand.
+    async fn next_batch(&mut self, max: usize, max_wait: Duration) -> StoreResult<RawBatch>;
+}
+
+/// What the server can do (detected once).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ServerAbilities {
+    pub version: String,
+    pub wire_version: i32,
+    pub hello: bool,
+    pub sessions: bool,
+    pub pre_images: bool,
+    pub update_description: bool,
+    pub snapshot_reads: bool,
+    pub post_batch_token: bool,
+}
+
+/// Counters, ledger, dirty set and checkpoints: everything the worker writes and the
+/// reconciler reads and folds.
+#[async_trait]
+pub trait Store: Send + Sync {
+    // --- stream and checkpoint -------------------------------------------------------------
+    async fn open_stream(&self, options: StreamOptions) -> StoreResult<Box<dyn EventSource>>;
+    async fn load_checkpoint(&self, stream: &str) -> StoreResult<Option<Checkpoint>>;
+    /// Raises `high_water` to `token` (the batch intent) before a batch beyond it is applied.
+    async fn set_high_water(&self, fence: &Fence, token: &Token) -> StoreResult<()>;
+    /// Advances the resume position after every write of a batch was acknowledged.
+    async fn save_checkpoint(
+        &self,
+        fence: &Fence,
+        token: &Token,
+        token_time: Option<Timestamp>,
+    ) -> StoreResult<()>;
+    /// Operator moves: set the resume position (high water is kept). `None` clears it.
+    async fn move_checkpoint(&self, stream: &str, token: Option<&Token>) -> StoreResult<()>;
+    /// Records a history-lost gap and requests a full sweep.
+    async fn record_gap(&self, fence: &Fence, gap: &Gap) -> StoreResult<()>;
+    /// Sets or clears the "full sweep requested" flag.
+    async fn set_sweep_requested(&self, stream: &str, requested: bool) -> StoreResult<()>;
+
+    // --- the worker's batch writes, in this order --------------------------------------------
+    /// Reads the ledger entries of these comments: key → state (`None`: gone). Absent: unknown.
+    async fn read_ledger(&self, comments: &[CommentId])
+        -> StoreResult<HashMap<String, Option<Row>>>;
+    /// (a) Counter increments, each guarded by `applied_through < through`.
+    async fn apply_counters(
+        &self,
+        fence: &Fence,
+        writes: &[CounterDelta],
+        through: &Token,
+    ) -> StoreResult<ApplyOutcome>;
+    /// (b) Ledger states, each guarded per comment by `applied_through < through`.
+    async fn write_ledger(
+        &self,
+        fence: &Fence,
+        updates: &[LedgerUpdate],
+        through: &Token,
+    ) -> StoreResult<()>;
+    /// (c) Dirty marks: upsert with `version + 1`.
+    async fn mark_dirty(&self, fence: &Fence, posts: &[PostId], now: DateTime) -> StoreResult<()>;
+
+    // --- the reconciler ----------------------------------------------------------------------
+    async fn dirty_list(&self, order: DirtyOrder, limit: usize) -> StoreResult<Vec<DirtyEntry>>;
+    async fn dirty_summary(&self) -> StoreResult<DirtySummary>;
+    /// Deletes the dirty entry only if its version is still `version`.
+    async fn clear_dirty(&self, post: &PostId, version: i64) -> StoreResult<bool>;
+    async fn read_counter(&self, post: &PostId) -> StoreResult<Option<CounterDoc>>;
+    /// Live rows of `post` whose `created_at` is not `>= watermark` (seconds).
+    async fn count_live_below(&self, post: &PostId, watermark: i64) -> StoreResult<i64>;
+    /// All live rows of `post` (for `get` and `verify`).
+    async fn count_live(&self, post: &PostId) -> StoreResult<i64>;
+    /// Installs a fold if `applied_through` is still `expected` (`None`: the counter must not
+    /// exist yet). Returns false when the condition failed (re-read and retry).
+    async fn install_fold(
+        &self,
+        post: &PostId,
+        expected: Option<&CounterDoc>,
+        fold: &Fold,
+        now: DateTime,
+    ) -> StoreResult<bool>;
+    /// Posts greater than `after`, in order, from `comments` and from the counters: the unit
+    /// of the windowed full sweep.
+    async fn posts_after(&self, after: Option<&PostId>, limit: usize) -> StoreResult<Vec<PostId>>;
+    async fn record_run(&self, run: &RunSummary) -> StoreResult<()>;
+    async fn last_run(&self) -> StoreResult<Option<RunSummary>>;
+}
+
+/// Helper: a counter state from its bucket map with string keys, as stored.
+pub fn buckets_from_strings(map: &BTreeMap<String, i64>) -> BTreeMap<i64, i64> {
+    map.iter()
+        .filter_map(|(k, v)| k.parse().ok().map(|k| (k, *v)))
+        .collect()
+}

@@ -1,0 +1,964 @@
+//! The store over MongoDB: the only file that builds MongoDB commands.
+//!
+//! Everything here is a plain conditional update (`filter` + `$inc`/`$set`/`$unset`/`$max`):
+//! no transactions, no pipeline updates, so it runs on every MongoDB-compatible server,
+//! including the fake one the tests fall back to.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use futures::TryStreamExt;
+use mongodb::bson::{self, doc, Bson, DateTime, Document, Timestamp};
+use mongodb::change_stream::event::ResumeToken;
+use mongodb::change_stream::ChangeStream;
+use mongodb::error::{Error as DriverError, ErrorKind, WriteFailure};
+use mongodb::options::{
+    ClientOptions, FullDocumentBeforeChangeType, FullDocumentType, ReadPreference,
+    SelectionCriteria,
+};
+use mongodb::{Client, Collection, Database};
+
+use super::*;
+use crate::batch::{CounterDelta, LedgerUpdate};
+use crate::event::{CommentId, PostId, Row, Token, CREATED_FIELD, DELETED_FIELD, POST_FIELD};
+use crate::fold::{CounterState, Fold};
+
+/// Collection names (fixed: they are part of the interface operators query).
+pub const COUNTERS: &str = "comment_counters";
+pub const LEDGER: &str = "counterd_comment_state";
+pub const DIRTY: &str = "counterd_dirty";
+pub const CHECKPOINTS: &str = "counterd_checkpoints";
+pub const LEASES: &str = "counterd_leases";
+pub const RUNS: &str = "counterd_reconcile_runs";
+
+/// Server error codes for "the resume point is no longer in the oplog".
+const HISTORY_LOST_CODES: [i32; 3] = [286, 280, 260];
+/// Server error codes worth a retry: no primary, shutting down, interrupted, network.
+const TRANSIENT_CODES: [i32; 17] = [
+    6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11601, 11602, 13435, 13436, 63, 150, 134, 133,
+];
+/// Duplicate key: a guarded upsert whose guard failed on an existing document.
+const DUPLICATE_KEY: i32 = 11000;
+
+/// How to reach MongoDB.
+#[derive(Clone, Debug)]
+pub struct ConnectOptions {
+    pub uri: String,
+    pub database: String,
+    pub comments: String,
+    /// How long to look for a reachable server before giving up.
+    pub connect_timeout: Duration,
+}
+
+/// The MongoDB implementation of [`Store`].
+#[derive(Clone)]
+pub struct MongoStore {
+    client: Client,
+    db: Database,
+    comments: Collection<Document>,
+    /// Host list for error messages (never the credentials).
+    hosts: String,
+}
+
+impl MongoStore {
+    /// Connects and checks that the server answers, with an error that names the host, what
+    /// failed and what to check.
+    pub async fn connect(options: &ConnectOptions) -> StoreResult<MongoStore> {
+        let mut client_options = ClientOptions::parse(&options.uri)
+            .await
+            .map_err(|e| StoreError::Fatal {
+                op: "parse the MongoDB URI",
+                message: format!("{e} (check `mongodb_uri`: mongodb://[user:pass@]host:port/?options)"),
+            })?;
+        client_options.server_selection_timeout = Some(options.connect_timeout);
+        client_options.connect_timeout = Some(options.connect_timeout);
+        client_options.app_name = Some("counterd".to_string());
+        let hosts = client_options
+            .hosts
+            .iter()
+            .map(|h| h.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        let client = Client::with_options(client_options).map_err(|e| StoreError::Fatal {
+            op: "create the MongoDB client",
+            message: e.to_string(),
+        })?;
+        let db = client.database(&options.database);
+        // `isMaster` rather than `hello`: some compatible servers only answer the former.
+        db.run_command(doc! {"isMaster": 1})
+            .await
+            .map_err(|e| StoreError::Transient {
+                op: "connect",
+                message: format!(
+                    "cannot reach MongoDB at {hosts} within {:?}: {} (check that the server is running, the host and port, credentials and TLS settings)",
+                    options.connect_timeout,
+                    short(&e)
+                ),
+            })?;
+        let comments = db.collection(&options.comments);
+        Ok(MongoStore {
+            client,
+            db,
+            comments,
+            hosts,
+        })
+    }
+
+    pub fn database(&self) -> &Database {
+        &self.db
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    pub fn hosts(&self) -> &str {
+        &self.hosts
+    }
+
+    fn coll(&self, name: &str) -> Collection<Document> {
+        self.db.collection(name)
+    }
+
+    /// Creates the indexes counterd relies on (idempotent).
+    pub async fn ensure_indexes(&self) -> StoreResult<()> {
+        let commands = [
+            doc! {"createIndexes": DIRTY, "indexes": [{"key": {"first_dirty_at": 1}, "name": "first_dirty_at"}]},
+            doc! {"createIndexes": LEDGER, "indexes": [{"key": {"gone_at": 1}, "name": "gone_ttl", "expireAfterSeconds": 7 * 24 * 3600}]},
+            doc! {"createIndexes": RUNS, "indexes": [{"key": {"finished_at": 1}, "name": "runs_ttl", "expireAfterSeconds": 30 * 24 * 3600}]},
+        ];
+        for command in commands {
+            self.db
+                .run_command(command)
+                .await
+                .map_err(|e| map_err("create indexes", e))?;
+        }
+        Ok(())
+    }
+
+    /// Detects what the server can do.
+    pub async fn abilities(&self) -> StoreResult<ServerAbilities> {
+        let is_master = self
+            .db
+            .run_command(doc! {"isMaster": 1})
+            .await
+            .map_err(|e| map_err("isMaster", e))?;
+        let hello = self.db.run_command(doc! {"hello": 1}).await.is_ok();
+        let build = self.db.run_command(doc! {"buildInfo": 1}).await.ok();
+        let version = build
+            .as_ref()
+            .and_then(|b| b.get_str("version").ok())
+            .unwrap_or("unknown")
+            .to_string();
+        let major: i32 = version
+            .split('.')
+            .next()
+            .and_then(|m| m.parse().ok())
+            .unwrap_or(0);
+        let wire_version = is_master.get_i32("maxWireVersion").unwrap_or(0);
+        let replica_set = is_master.contains_key("setName") || is_master.get_str("msg") == Ok("isdbgrid");
+        let sessions = is_master.contains_key("logicalSessionTimeoutMinutes");
+        let pre_images = major >= 6 && hello && self.pre_images_enabled().await;
+        Ok(ServerAbilities {
+            version,
+            wire_version,
+            hello,
+            sessions,
+            pre_images,
+            // Only real servers (which answer `hello`) send update descriptions and post-batch
+            // tokens; the fake server answers `isMaster` only.
+            update_description: hello,
+            snapshot_reads: hello && replica_set && major >= 5,
+            post_batch_token: hello,
+        })
+    }
+
+    /// Whether `changeStreamPreAndPostImages` is enabled on the comments collection.
+    async fn pre_images_enabled(&self) -> bool {
+        let Ok(mut cursor) = self
+            .db
+            .list_collections()
+            .filter(doc! {"name": self.comments.name()})
+            .await
+        else {
+            return false;
+        };
+        match cursor.try_next().await {
+            Ok(Some(spec)) => spec
+                .options
+                .change_stream_pre_and_post_images
+                .is_some_and(|o| o.enabled),
+            _ => false,
+        }
+    }
+
+    /// Runs one `update` command with many statements, `ordered: false`; returns
+    /// (statements that wrote, statements rejected by a duplicate key).
+    async fn update_many_statements(
+        &self,
+        op: &'static str,
+        collection: &str,
+        statements: Vec<Document>,
+    ) -> StoreResult<(u64, u64)> {
+        let mut wrote = 0;
+        let mut duplicates = 0;
+        // Servers cap a command at maxWriteBatchSize statements (1000 on old ones).
+        for chunk in statements.chunks(1000) {
+            let reply = self
+                .db
+                .run_command(doc! {"update": collection, "updates": chunk.to_vec(), "ordered": false})
+                .await
+                .map_err(|e| map_err(op, e))?;
+            let errors = reply.get_array("writeErrors").cloned().unwrap_or_default();
+            for error in &errors {
+                let error = error.as_document().cloned().unwrap_or_default();
+                let code = error.get_i32("code").unwrap_or(0);
+                if code == DUPLICATE_KEY {
+                    duplicates += 1;
+                } else {
+                    let message = format!(
+                        "{} (code {code})",
+                        error.get_str("errmsg").unwrap_or("write error")
+                    );
+                    return Err(if TRANSIENT_CODES.contains(&code) {
+                        StoreError::Transient { op, message }
+                    } else {
+                        StoreError::Fatal { op, message }
+                    });
+                }
+            }
+            if let Ok(wce) = reply.get_document("writeConcernError") {
+                return Err(StoreError::Transient {
+                    op,
+                    message: format!("write concern error: {wce}"),
+                });
+            }
+            wrote += chunk.len() as u64 - errors.len() as u64;
+        }
+        Ok((wrote, duplicates))
+    }
+}
+
+/// `field` is not `>= value`: matches a smaller value, a missing field, or another type.
+fn not_gte(value: impl Into<Bson>) -> Document {
+    doc! {"$not": {"$gte": value.into()}}
+}
+
+/// `epoch` is not newer than ours: the fencing condition carried by every worker write.
+fn fenced(filter: &mut Document, fence: &Fence) {
+    filter.insert("epoch", doc! {"$not": {"$gt": fence.epoch}});
+}
+
+fn to_date(secs: i64) -> DateTime {
+    DateTime::from_millis(secs.saturating_mul(1000))
+}
+
+fn timestamp_to_date(t: Timestamp) -> DateTime {
+    DateTime::from_millis(t.time as i64 * 1000)
+}
+
+/// A short, credential-free description of a driver error.
+fn short(e: &DriverError) -> String {
+    match e.kind.as_ref() {
+        ErrorKind::ServerSelection { message, .. } => {
+            message.lines().next().unwrap_or(message).to_string()
+        }
+        _ => e.to_string(),
+    }
+}
+
+fn error_code(e: &DriverError) -> Option<i32> {
+    match e.kind.as_ref() {
+        ErrorKind::Command(c) => Some(c.code),
+        ErrorKind::Write(WriteFailure::WriteError(w)) => Some(w.code),
+        ErrorKind::Write(WriteFailure::WriteConcernError(w)) => Some(w.code),
+        _ => None,
+    }
+}
+
+/// Sorts a driver error into what the caller should do.
+pub(crate) fn map_err(op: &'static str, e: DriverError) -> StoreError {
+    let transient_kind = matches!(
+        e.kind.as_ref(),
+        ErrorKind::Io(_) | ErrorKind::ServerSelection { .. } | ErrorKind::ConnectionPoolCleared { .. }
+    );
+    let labelled = ["RetryableWriteError", "ResumableChangeStreamError", "TransientTransactionError"]
+        .iter()
+        .any(|l| e.contains_label(l));
+    let code = error_code(&e);
+    if transient_kind || labelled || code.is_some_and(|c| TRANSIENT_CODES.contains(&c)) {
+        StoreError::Transient {
+            op,
+            message: short(&e),
+        }
+    } else {
+        StoreError::Fatal {
+            op,
+            message: short(&e),
+        }
+    }
+}
+
+fn token_to_resume(token: &Token) -> StoreResult<ResumeToken> {
+    bson::from_document(doc! {"_data": token.as_str()}).map_err(|e| StoreError::Malformed {
+        what: "resume token",
+        id: token.to_string(),
+        detail: e.to_string(),
+    })
+}
+
+fn resume_to_token(token: &ResumeToken) -> Option<Token> {
+    match bson::to_bson(token).ok()? {
+        Bson::Document(d) => Token::from_resume_document(&d),
+        _ => None,
+    }
+}
+
+/// The open change stream over `comments`.
+struct MongoEvents {
+    stream: ChangeStream<Document>,
+    /// For the history-lost error, which only shows when the first getMore runs.
+    resumed_after: Option<Token>,
+}
+
+#[async_trait]
+impl EventSource for MongoEvents {
+    async fn next_batch(&mut self, max: usize, max_wait: Duration) -> StoreResult<RawBatch> {
+        let started = Instant::now();
+        let mut events = Vec::new();
+        while events.len() < max && (events.is_empty() || started.elapsed() < max_wait) {
+            match self.stream.next_if_any().await {
+                Ok(Some(event)) => events.push(event),
+                Ok(None) => break,
+                Err(e) => return Err(stream_err(e, self.resumed_after.as_ref())),
+            }
+        }
+        Ok(RawBatch {
+            events,
+            post_batch_token: self.stream.resume_token().as_ref().and_then(resume_to_token),
+        })
+    }
+}
+
+fn stream_err(e: DriverError, resumed_after: Option<&Token>) -> StoreError {
+    match error_code(&e) {
+        Some(code) if HISTORY_LOST_CODES.contains(&code) => StoreError::HistoryLost {
+            code,
+            token: resumed_after.map(|t| t.to_string()).unwrap_or_default(),
+        },
+        Some(40573) => StoreError::Fatal {
+            op: "open the change stream",
+            message: "the server is a standalone: change streams need a replica set or a sharded cluster (start mongod with --replSet and run rs.initiate())".into(),
+        },
+        _ => map_err("read the change stream", e),
+    }
+}
+
+fn row_from_ledger(doc: &Document) -> Option<Row> {
+    if !doc.get_bool("exists").unwrap_or(false) {
+        return None;
+    }
+    let post = doc.get(POST_FIELD).and_then(PostId::from_bson)?;
+    Some(Row {
+        post,
+        created_at: doc.get_datetime(CREATED_FIELD).ok().copied(),
+        deleted: !doc.get_bool("live").unwrap_or(false),
+    })
+}
+
+fn counter_from_doc(doc: &Document) -> StoreResult<CounterDoc> {
+    let int = |field: &str| -> StoreResult<i64> {
+        match doc.get(field) {
+            None | Some(Bson::Null) => Ok(0),
+            Some(Bson::Int32(i)) => Ok(*i as i64),
+            Some(Bson::Int64(i)) => Ok(*i),
+            Some(Bson::Double(d)) if d.fract() == 0.0 => Ok(*d as i64),
+            Some(other) => Err(StoreError::Malformed {
+                what: "counter",
+                id: format!("{:?}", doc.get("_id")),
+                detail: format!("`{field}` is {other:?}, expected an integer"),
+            }),
+        }
+    };
+    let mut buckets = BTreeMap::new();
+    if let Ok(map) = doc.get_document("live_by_bucket") {
+        for (key, value) in map {
+            let start: i64 = key.parse().map_err(|_| StoreError::Malformed {
+                what: "counter",
+                id: format!("{:?}", doc.get("_id")),
+                detail: format!("bucket key `{key}` is not a number of seconds"),
+            })?;
+            let amount = match value {
+                Bson::Int32(i) => *i as i64,
+                Bson::Int64(i) => *i,
+                Bson::Double(d) => *d as i64,
+                _ => 0,
+            };
+            buckets.insert(start, amount);
+        }
+    }
+    Ok(CounterDoc {
+        post: doc.get("_id").and_then(PostId::from_bson),
+        state: CounterState {
+            base_count: int("base_count")?,
+            base_watermark: match doc.get("base_watermark") {
+                Some(Bson::DateTime(d)) => d.timestamp_millis().div_euclid(1000),
+                _ => int("base_watermark")?,
+            },
+            live_delta: int("live_delta")?,
+            buckets,
+        },
+        applied_through: doc.get_str("applied_through").ok().map(String::from),
+        last_drift: doc.get("last_drift").and_then(|b| b.as_i64().or(b.as_i32().map(i64::from))),
+        reconciled_at: doc.get_datetime("reconciled_at").ok().copied(),
+    })
+}
+
+fn checkpoint_from_doc(stream: &str, doc: &Document) -> StoreResult<Checkpoint> {
+    let malformed = |detail: String| StoreError::Malformed {
+        what: "checkpoint",
+        id: stream.to_string(),
+        detail: format!("{detail} (fix or delete it in `{CHECKPOINTS}`, or run `counterd replay --from-time ...`)"),
+    };
+    let token = match doc.get("token") {
+        None | Some(Bson::Null) => None,
+        Some(Bson::String(s)) if !s.is_empty() && s.chars().all(|c| c.is_ascii_hexdigit()) => {
+            Some(Token(s.clone()))
+        }
+        Some(other) => return Err(malformed(format!("`token` is {other:?}, expected a resume token's hex `_data`"))),
+    };
+    let high_water = match doc.get("high_water") {
+        None | Some(Bson::Null) => None,
+        Some(Bson::String(s)) => Some(Token(s.clone())),
+        Some(other) => return Err(malformed(format!("`high_water` is {other:?}"))),
+    };
+    let epoch = match doc.get("epoch") {
+        None => 0,
+        Some(Bson::Int32(i)) => *i as i64,
+        Some(Bson::Int64(i)) => *i,
+        Some(other) => return Err(malformed(format!("`epoch` is {other:?}"))),
+    };
+    let gaps = doc
+        .get_array("gaps")
+        .map(|gaps| {
+            gaps.iter()
+                .filter_map(|g| g.as_document())
+                .map(|g| Gap {
+                    from: g.get_datetime("from").ok().copied(),
+                    to: g.get_datetime("to").ok().copied().unwrap_or(DateTime::MIN),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(Checkpoint {
+        stream: stream.to_string(),
+        token,
+        token_time: doc.get_timestamp("token_time").ok(),
+        high_water,
+        epoch,
+        updated_at: doc.get_datetime("updated_at").ok().copied(),
+        gaps,
+        sweep_requested: doc.get_bool("sweep_requested").unwrap_or(false),
+    })
+}
+
+fn dirty_from_doc(doc: &Document) -> Option<DirtyEntry> {
+    Some(DirtyEntry {
+        post: doc.get("_id").and_then(PostId::from_bson)?,
+        first_dirty_at: doc.get_datetime("first_dirty_at").ok().copied()?,
+        last_dirty_at: doc.get_datetime("last_dirty_at").ok().copied()?,
+        version: doc
+            .get("version")
+            .and_then(|v| v.as_i64().or(v.as_i32().map(i64::from)))
+            .unwrap_or(0),
+    })
+}
+
+/// Type brackets of BSON sort order that post ids may have, in order.
+fn later_types(post: &PostId) -> Vec<&'static str> {
+    match post {
+        PostId::Int(_) => vec!["string", "objectId"],
+        PostId::Str(_) => vec!["objectId"],
+        PostId::Oid(_) => vec![],
+    }
+}
+
+/// Posts strictly after `after` in BSON order, across type brackets (`$gt` alone stays within
+/// one type).
+fn after_filter(field: &str, after: Option<&PostId>) -> Document {
+    match after {
+        None => doc! {field: {"$type": ["int", "long", "string", "objectId"]}},
+        Some(post) => {
+            let mut or = vec![Bson::Document(doc! {field: {"$gt": post.to_bson()}})];
+            for t in later_types(post) {
+                or.push(Bson::Document(doc! {field: {"$type": t}}));
+            }
+            doc! {"$or": or}
+        }
+    }
+}
+
+#[async_trait]
+impl Store for MongoStore {
+    async fn open_stream(&self, options: StreamOptions) -> StoreResult<Box<dyn EventSource>> {
+        let mut watch = self
+            .comments
+            .watch()
+            .pipeline(options.pipeline.clone())
+            .full_document(FullDocumentType::UpdateLookup)
+            .max_await_time(options.max_await)
+            .selection_criteria(SelectionCriteria::ReadPreference(ReadPreference::Primary));
+        if options.pre_images {
+            watch = watch.full_document_before_change(FullDocumentBeforeChangeType::WhenAvailable);
+        }
+        let mut resumed_after = None;
+        match &options.start {
+            StreamStart::After(token) => {
+                watch = watch.resume_after(token_to_resume(token)?);
+                resumed_after = Some(token.clone());
+            }
+            StreamStart::AtTime(t) => watch = watch.start_at_operation_time(*t),
+            StreamStart::Now => {}
+        }
+        let stream = watch
+            .await
+            .map_err(|e| stream_err(e, resumed_after.as_ref()))?
+            .with_type::<Document>();
+        Ok(Box::new(MongoEvents {
+            stream,
+            resumed_after,
+        }))
+    }
+
+    async fn load_checkpoint(&self, stream: &str) -> StoreResult<Option<Checkpoint>> {
+        let found = self
+            .coll(CHECKPOINTS)
+            .find_one(doc! {"_id": stream})
+            .await
+            .map_err(|e| map_err("read the checkpoint", e))?;
+        found.map(|d| checkpoint_from_doc(stream, &d)).transpose()
+    }
+
+    async fn set_high_water(&self, fence: &Fence, token: &Token) -> StoreResult<()> {
+        let filter = doc! {"_id": &fence.stream, "epoch": fence.epoch};
+        let update = doc! {"$max": {"high_water": token.as_str()}, "$set": {"updated_at": DateTime::now()}};
+        self.checkpoint_update("record the batch intent", fence, filter, update)
+            .await
+    }
+
+    async fn save_checkpoint(
+        &self,
+        fence: &Fence,
+        token: &Token,
+        token_time: Option<Timestamp>,
+    ) -> StoreResult<()> {
+        let filter = doc! {"_id": &fence.stream, "epoch": fence.epoch};
+        let mut set = doc! {"token": token.as_str(), "updated_at": DateTime::now()};
+        if let Some(t) = token_time {
+            set.insert("token_time", t);
+        }
+        let update = doc! {"$set": set, "$max": {"high_water": token.as_str()}};
+        self.checkpoint_update("save the checkpoint", fence, filter, update)
+            .await
+    }
+
+    async fn move_checkpoint(&self, stream: &str, token: Option<&Token>) -> StoreResult<()> {
+        let update = match token {
+            Some(t) => doc! {"$set": {"token": t.as_str(), "updated_at": DateTime::now()}, "$unset": {"token_time": ""}},
+            None => doc! {"$unset": {"token": "", "token_time": ""}, "$set": {"updated_at": DateTime::now()}},
+        };
+        self.coll(CHECKPOINTS)
+            .update_one(doc! {"_id": stream}, update)
+            .upsert(true)
+            .await
+            .map_err(|e| map_err("move the checkpoint", e))?;
+        Ok(())
+    }
+
+    async fn record_gap(&self, fence: &Fence, gap: &Gap) -> StoreResult<()> {
+        let mut gap_doc = doc! {"to": gap.to};
+        if let Some(from) = gap.from {
+            gap_doc.insert("from", from);
+        }
+        let filter = doc! {"_id": &fence.stream, "epoch": fence.epoch};
+        let update = doc! {
+            "$push": {"gaps": gap_doc},
+            "$set": {"sweep_requested": true, "updated_at": DateTime::now()},
+            "$unset": {"token": "", "token_time": ""},
+        };
+        self.checkpoint_update("record the history gap", fence, filter, update)
+            .await
+    }
+
+    async fn set_sweep_requested(&self, stream: &str, requested: bool) -> StoreResult<()> {
+        self.coll(CHECKPOINTS)
+            .update_one(doc! {"_id": stream}, doc! {"$set": {"sweep_requested": requested}})
+            .upsert(true)
+            .await
+            .map_err(|e| map_err("flag the sweep", e))?;
+        Ok(())
+    }
+
+    async fn read_ledger(
+        &self,
+        comments: &[CommentId],
+    ) -> StoreResult<HashMap<String, Option<Row>>> {
+        let mut out = HashMap::new();
+        for chunk in comments.chunks(5000) {
+            let ids: Vec<Bson> = chunk.iter().map(|c| c.value.clone()).collect();
+            let mut cursor = self
+                .coll(LEDGER)
+                .find(doc! {"_id": {"$in": ids}})
+                .await
+                .map_err(|e| map_err("read the ledger", e))?;
+            while let Some(entry) = cursor
+                .try_next()
+                .await
+                .map_err(|e| map_err("read the ledger", e))?
+            {
+                if let Some(id) = entry.get("_id") {
+                    out.insert(CommentId::new(id.clone()).key, row_from_ledger(&entry));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn apply_counters(
+        &self,
+        fence: &Fence,
+        writes: &[CounterDelta],
+        through: &Token,
+    ) -> StoreResult<ApplyOutcome> {
+        let statements = writes
+            .iter()
+            .map(|w| {
+                let mut filter = doc! {"_id": w.post.to_bson(), "applied_through": not_gte(through.as_str())};
+                fenced(&mut filter, fence);
+                let mut inc = doc! {"live_delta": w.delta};
+                for (bucket, amount) in &w.buckets {
+                    inc.insert(format!("live_by_bucket.{bucket}"), *amount);
+                }
+                doc! {
+                    "q": filter,
+                    "u": {
+                        "$inc": inc,
+                        "$set": {"applied_through": through.as_str(), "epoch": fence.epoch},
+                        "$setOnInsert": {"base_count": 0_i64, "base_watermark": 0_i64},
+                    },
+                    "upsert": true,
+                }
+            })
+            .collect();
+        let (applied, already_applied) = self
+            .update_many_statements("apply counter increments", COUNTERS, statements)
+            .await?;
+        Ok(ApplyOutcome {
+            applied,
+            already_applied,
+        })
+    }
+
+    async fn write_ledger(
+        &self,
+        fence: &Fence,
+        updates: &[LedgerUpdate],
+        through: &Token,
+    ) -> StoreResult<()> {
+        let now = DateTime::now();
+        let statements = updates
+            .iter()
+            .map(|u| {
+                let mut filter = doc! {"_id": u.comment.value.clone(), "applied_through": not_gte(through.as_str())};
+                fenced(&mut filter, fence);
+                let update = match &u.state {
+                    Some(row) => {
+                        let mut set = doc! {
+                            POST_FIELD: row.post.to_bson(),
+                            "live": row.is_live(),
+                            "exists": true,
+                            "applied_through": through.as_str(),
+                            "epoch": fence.epoch,
+                        };
+                        let mut unset = doc! {"gone_at": ""};
+                        match row.created_at {
+                            Some(t) => {
+                                set.insert(CREATED_FIELD, t);
+                            }
+                            None => {
+                                unset.insert(CREATED_FIELD, "");
+                            }
+                        }
+                        doc! {"$set": set, "$unset": unset}
+                    }
+                    None => doc! {
+                        "$set": {"exists": false, "live": false, "applied_through": through.as_str(), "epoch": fence.epoch, "gone_at": now},
+                        "$unset": {POST_FIELD: "", CREATED_FIELD: ""},
+                    },
+                };
+                doc! {"q": filter, "u": update, "upsert": true}
+            })
+            .collect();
+        self.update_many_statements("write the comment ledger", LEDGER, statements)
+            .await?;
+        Ok(())
+    }
+
+    async fn mark_dirty(&self, _fence: &Fence, posts: &[PostId], now: DateTime) -> StoreResult<()> {
+        let statements = posts
+            .iter()
+            .map(|p| {
+                doc! {
+                    "q": {"_id": p.to_bson()},
+                    "u": {"$inc": {"version": 1_i64}, "$set": {"last_dirty_at": now}, "$setOnInsert": {"first_dirty_at": now}},
+                    "upsert": true,
+                }
+            })
+            .collect();
+        let (_, duplicates) = self
+            .update_many_statements("mark posts dirty", DIRTY, statements)
+            .await?;
+        if duplicates > 0 {
+            // Two upserts raced on a new entry (another marker or a reconcile clear): the entry
+            // exists, so the post is dirty; nothing is lost, but the version may not have moved.
+            tracing::debug!(duplicates, "dirty upserts raced");
+        }
+        Ok(())
+    }
+
+    async fn dirty_list(&self, order: DirtyOrder, limit: usize) -> StoreResult<Vec<DirtyEntry>> {
+        let sort = match order {
+            DirtyOrder::Oldest => doc! {"first_dirty_at": 1, "_id": 1},
+            DirtyOrder::ByVersion => doc! {"version": -1, "_id": 1},
+        };
+        let docs: Vec<Document> = self
+            .coll(DIRTY)
+            .find(doc! {})
+            .sort(sort)
+            .limit(limit as i64)
+            .await
+            .map_err(|e| map_err("list dirty posts", e))?
+            .try_collect()
+            .await
+            .map_err(|e| map_err("list dirty posts", e))?;
+        Ok(docs.iter().filter_map(dirty_from_doc).collect())
+    }
+
+    async fn dirty_summary(&self) -> StoreResult<DirtySummary> {
+        let dirty = self.coll(DIRTY);
+        let size = dirty
+            .estimated_document_count()
+            .await
+            .map_err(|e| map_err("count dirty posts", e))?;
+        let oldest = dirty
+            .find_one(doc! {})
+            .sort(doc! {"first_dirty_at": 1})
+            .await
+            .map_err(|e| map_err("find the oldest dirty post", e))?
+            .and_then(|d| d.get_datetime("first_dirty_at").ok().copied());
+        Ok(DirtySummary { size, oldest })
+    }
+
+    async fn clear_dirty(&self, post: &PostId, version: i64) -> StoreResult<bool> {
+        let result = self
+            .coll(DIRTY)
+            .delete_one(doc! {"_id": post.to_bson(), "version": version})
+            .await
+            .map_err(|e| map_err("clear a dirty entry", e))?;
+        Ok(result.deleted_count == 1)
+    }
+
+    async fn read_counter(&self, post: &PostId) -> StoreResult<Option<CounterDoc>> {
+        let found = self
+            .coll(COUNTERS)
+            .find_one(doc! {"_id": post.to_bson()})
+            .await
+            .map_err(|e| map_err("read a counter", e))?;
+        found.map(|d| counter_from_doc(&d)).transpose()
+    }
+
+    async fn count_live_below(&self, post: &PostId, watermark: i64) -> StoreResult<i64> {
+        let n = self
+            .comments
+            .count_documents(doc! {
+                POST_FIELD: post.to_bson(),
+                DELETED_FIELD: Bson::Null,
+                CREATED_FIELD: not_gte(to_date(watermark)),
+            })
+            .await
+            .map_err(|e| map_err("count live comments", e))?;
+        Ok(n as i64)
+    }
+
+    async fn count_live(&self, post: &PostId) -> StoreResult<i64> {
+        let n = self
+            .comments
+            .count_documents(doc! {POST_FIELD: post.to_bson(), DELETED_FIELD: Bson::Null})
+            .await
+            .map_err(|e| map_err("count live comments", e))?;
+        Ok(n as i64)
+    }
+
+    async fn install_fold(
+        &self,
+        post: &PostId,
+        expected: Option<&CounterDoc>,
+        fold: &Fold,
+        now: DateTime,
+    ) -> StoreResult<bool> {
+        let counters = self.coll(COUNTERS);
+        let Some(expected) = expected else {
+            let mut buckets = Document::new();
+            for (k, v) in &fold.kept {
+                buckets.insert(k.to_string(), *v);
+            }
+            let inserted = counters
+                .insert_one(doc! {
+                    "_id": post.to_bson(),
+                    "base_count": fold.base_count,
+                    "base_watermark": fold.watermark,
+                    "live_delta": fold.live_delta,
+                    "live_by_bucket": buckets,
+                    "applied_through": "",
+                    "last_drift": fold.drift,
+                    "reconciled_at": now,
+                })
+                .await;
+            return match inserted {
+                Ok(_) => Ok(true),
+                Err(e) if error_code(&e) == Some(DUPLICATE_KEY) => Ok(false),
+                Err(e) => Err(map_err("create a counter", e)),
+            };
+        };
+        let mut filter = doc! {"_id": post.to_bson()};
+        match &expected.applied_through {
+            Some(t) => filter.insert("applied_through", t.as_str()),
+            None => filter.insert("applied_through", doc! {"$exists": false}),
+        };
+        // Also pin the numbers read, so a hand edit (or another reconciler) between read and
+        // write is not overwritten with stale arithmetic.
+        filter.insert("live_delta", expected.state.live_delta);
+        filter.insert("base_count", expected.state.base_count);
+        let mut update = doc! {"$set": {
+            "base_count": fold.base_count,
+            "base_watermark": fold.watermark,
+            "live_delta": fold.live_delta,
+            "last_drift": fold.drift,
+            "reconciled_at": now,
+        }};
+        if !fold.dropped.is_empty() {
+            let mut unset = Document::new();
+            for bucket in &fold.dropped {
+                unset.insert(format!("live_by_bucket.{bucket}"), "");
+            }
+            update.insert("$unset", unset);
+        }
+        let result = counters
+            .update_one(filter, update)
+            .await
+            .map_err(|e| map_err("install a recount", e))?;
+        Ok(result.matched_count == 1)
+    }
+
+    async fn posts_after(&self, after: Option<&PostId>, limit: usize) -> StoreResult<Vec<PostId>> {
+        let pipeline = vec![
+            doc! {"$match": after_filter(POST_FIELD, after)},
+            doc! {"$group": {"_id": format!("${POST_FIELD}")}},
+            doc! {"$sort": {"_id": 1}},
+            doc! {"$limit": limit as i64},
+        ];
+        let from_comments: Vec<Document> = self
+            .comments
+            .aggregate(pipeline)
+            .await
+            .map_err(|e| map_err("list posts", e))?
+            .try_collect()
+            .await
+            .map_err(|e| map_err("list posts", e))?;
+        let from_counters: Vec<Document> = self
+            .coll(COUNTERS)
+            .find(after_filter("_id", after))
+            .projection(doc! {"_id": 1})
+            .sort(doc! {"_id": 1})
+            .limit(limit as i64)
+            .await
+            .map_err(|e| map_err("list counters", e))?
+            .try_collect()
+            .await
+            .map_err(|e| map_err("list counters", e))?;
+        let mut posts: Vec<PostId> = from_comments
+            .iter()
+            .chain(from_counters.iter())
+            .filter_map(|d| d.get("_id").and_then(PostId::from_bson))
+            .collect();
+        posts.sort();
+        posts.dedup();
+        posts.truncate(limit);
+        Ok(posts)
+    }
+
+    async fn record_run(&self, run: &RunSummary) -> StoreResult<()> {
+        let doc = bson::to_document(run).map_err(|e| StoreError::Fatal {
+            op: "record a reconcile run",
+            message: e.to_string(),
+        })?;
+        self.coll(RUNS)
+            .insert_one(doc)
+            .await
+            .map_err(|e| map_err("record a reconcile run", e))?;
+        Ok(())
+    }
+
+    async fn last_run(&self) -> StoreResult<Option<RunSummary>> {
+        let found = self
+            .coll(RUNS)
+            .find_one(doc! {})
+            .sort(doc! {"finished_at": -1})
+            .await
+            .map_err(|e| map_err("read the last reconcile run", e))?;
+        Ok(found.map(|d| RunSummary {
+            started_at: d.get_datetime("started_at").ok().copied(),
+            finished_at: d.get_datetime("finished_at").ok().copied(),
+            kind: d.get_str("kind").unwrap_or_default().to_string(),
+            posts: d.get_i64("posts").unwrap_or_default() as u64,
+            counts: d.get_i64("counts").unwrap_or_default() as u64,
+            corrected: d.get_i64("corrected").unwrap_or_default() as u64,
+            total_abs_drift: d.get_i64("total_abs_drift").unwrap_or_default(),
+            max_abs_drift: d.get_i64("max_abs_drift").unwrap_or_default(),
+            drift_high: d.get_i64("drift_high").unwrap_or_default(),
+            drift_low: d.get_i64("drift_low").unwrap_or_default(),
+            watermark: d.get_i64("watermark").unwrap_or_default(),
+        }))
+    }
+}
+
+impl MongoStore {
+    async fn checkpoint_update(
+        &self,
+        op: &'static str,
+        fence: &Fence,
+        filter: Document,
+        update: Document,
+    ) -> StoreResult<()> {
+        match self
+            .coll(CHECKPOINTS)
+            .update_one(filter, update)
+            .upsert(true)
+            .await
+        {
+            Ok(_) => Ok(()),
+            // The checkpoint exists with another epoch: a successor took the stream.
+            Err(e) if error_code(&e) == Some(DUPLICATE_KEY) => Err(StoreError::Fenced {
+                stream: fence.stream.clone(),
+                epoch: fence.epoch,
+            }),
+            Err(e) => Err(map_err(op, e)),
+        }
+    }
+
+    /// Time of a checkpoint token, as a date.
+    pub fn checkpoint_date(checkpoint: &Checkpoint) -> Option<DateTime> {
+        checkpoint.token_time.map(timestamp_to_date)
+    }
+}
