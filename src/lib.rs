@@ -9,3 +9,5 @@ pub mod classify;
 pub mod event;
 pub mod fold;
 pub mod store;
+pub mod telemetry;
+pub mod worker;

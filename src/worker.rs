@@ -1,0 +1,425 @@
+//! The worker: stream → classify → coalesce → apply → dirty set → checkpoint.
+//!
+//! Write order inside a batch, so that a crash anywhere replays to the same result:
+//! (0) raise the checkpoint's high water to the batch's end (the intent) when the batch goes
+//! beyond it; (a) counters, each guarded by `applied_through < end`; (b) ledger entries, guarded
+//! per comment; (c) dirty marks; (d) the checkpoint. Batches never straddle the high water: below
+//! it every post's counter already holds its events, so a replay is rejected whole per post, and
+//! above it nothing is applied yet.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use bson::{DateTime, Timestamp};
+use tokio::sync::watch;
+
+use crate::batch::plan_batch;
+use crate::classify::{Attribution, StreamEnded};
+use crate::event::{ChangeEvent, CommentId, Token};
+use crate::store::{
+    Checkpoint, EventSource, Fence, Gap, Store, StoreError, StreamOptions, StreamStart,
+};
+use crate::telemetry as m;
+
+/// What to do when the checkpoint has fallen off the oplog.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum OnHistoryLost {
+    /// Stop, exit non-zero, say what to do.
+    Fail,
+    /// Start from now, record the gap, and run a throttled full sweep.
+    #[default]
+    Resweep,
+}
+
+/// The worker's knobs (from [`crate::config::Settings`]).
+#[derive(Clone, Debug)]
+pub struct WorkerSettings {
+    /// The checkpoint's id: one stream (or partition) per id.
+    pub stream: String,
+    pub batch_size: usize,
+    pub max_batch_wait: Duration,
+    /// Pause after a read that returned no events (the fake server ignores `maxAwaitTimeMS`).
+    pub idle_interval: Duration,
+    pub max_await: Duration,
+    pub attribution: Attribution,
+    pub bucket_width_secs: i64,
+    pub on_history_lost: OnHistoryLost,
+    /// Where to start with no checkpoint; `None`: now.
+    pub start_at: Option<Timestamp>,
+    /// Ask the server for pre-images.
+    pub pre_images: bool,
+    /// Extra stream stages (partition `$match`).
+    pub pipeline: Vec<bson::Document>,
+    pub retry_min_delay: Duration,
+    pub retry_max_delay: Duration,
+}
+
+impl Default for WorkerSettings {
+    fn default() -> Self {
+        WorkerSettings {
+            stream: "comments".into(),
+            batch_size: 1000,
+            max_batch_wait: Duration::from_millis(200),
+            idle_interval: Duration::from_millis(100),
+            max_await: Duration::from_millis(500),
+            attribution: Attribution::Auto,
+            bucket_width_secs: 60,
+            on_history_lost: OnHistoryLost::Resweep,
+            start_at: None,
+            pre_images: false,
+            pipeline: Vec::new(),
+            retry_min_delay: Duration::from_millis(100),
+            retry_max_delay: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Live state shared with `/readyz` and `status`.
+#[derive(Debug, Default)]
+pub struct WorkerStatus {
+    pub stream_open: AtomicBool,
+    pub active: AtomicBool,
+    /// Seconds of lag behind the newest event (0 when caught up).
+    pub lag_secs: AtomicI64,
+    pub events_applied: AtomicI64,
+}
+
+/// Why the worker stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error(transparent)]
+    StreamEnded(#[from] StreamEnded),
+    #[error("{source}. on_history_lost = fail: to continue, run `counterd replay --from-time <RFC3339 within the oplog window>` and then `counterd reconcile --sweep`, or set on_history_lost = \"resweep\"")]
+    HistoryLost { source: StoreError },
+    #[error("cannot start: {0}")]
+    Startup(StoreError),
+    #[error("worker stopped: {0} (the checkpoint did not move; nothing is lost)")]
+    Store(StoreError),
+}
+
+/// Tails the stream and applies it until `shutdown` turns true or a non-transient error.
+pub struct Worker<S: Store + ?Sized> {
+    store: Arc<S>,
+    settings: WorkerSettings,
+    status: Arc<WorkerStatus>,
+}
+
+/// One event or a position in the stream, as read.
+struct Pending {
+    events: VecDeque<ChangeEvent>,
+}
+
+impl<S: Store + ?Sized> Worker<S> {
+    pub fn new(store: Arc<S>, settings: WorkerSettings, status: Arc<WorkerStatus>) -> Self {
+        Worker {
+            store,
+            settings,
+            status,
+        }
+    }
+
+    /// Runs until shutdown (Ok) or a non-transient error. Transient errors reopen the stream
+    /// from the checkpoint after an exponential, jittered backoff.
+    pub async fn run(&self, epoch: i64, mut shutdown: watch::Receiver<bool>) -> Result<(), WorkerError> {
+        let fence = Fence {
+            stream: self.settings.stream.clone(),
+            epoch,
+        };
+        // A malformed checkpoint is a startup error, never silently replaced.
+        self.store
+            .load_checkpoint(&fence.stream)
+            .await
+            .map_err(WorkerError::Startup)?;
+        let mut backoff = self.backoff();
+        loop {
+            if *shutdown.borrow() {
+                return Ok(());
+            }
+            let session = self.session(&fence, &mut shutdown, &mut backoff);
+            match session.await {
+                Ok(()) => return Ok(()),
+                Err(SessionError::Ended(end)) => return Err(end.into()),
+                Err(SessionError::Store(e)) if e.is_transient() => {
+                    self.status.stream_open.store(false, Ordering::Relaxed);
+                    let delay = backoff.next().unwrap_or(self.settings.retry_max_delay);
+                    metrics::counter!(m::RETRIES, "op" => "worker").increment(1);
+                    tracing::warn!(error = %e, retry_in = ?delay, "transient error; reopening the stream from the checkpoint");
+                    if sleep_or_shutdown(delay, &mut shutdown).await {
+                        return Ok(());
+                    }
+                }
+                Err(SessionError::Store(StoreError::HistoryLost { code, token })) => {
+                    self.status.stream_open.store(false, Ordering::Relaxed);
+                    let error = StoreError::HistoryLost { code, token };
+                    metrics::counter!(m::HISTORY_LOST).increment(1);
+                    match self.settings.on_history_lost {
+                        OnHistoryLost::Fail => {
+                            tracing::error!(%error, "history lost; on_history_lost = fail");
+                            return Err(WorkerError::HistoryLost { source: error });
+                        }
+                        OnHistoryLost::Resweep => self.resweep(&fence, error).await?,
+                    }
+                }
+                Err(SessionError::Store(e)) => {
+                    self.status.stream_open.store(false, Ordering::Relaxed);
+                    return Err(WorkerError::Store(e));
+                }
+            }
+        }
+    }
+
+    fn backoff(&self) -> backon::ExponentialBackoff {
+        ExponentialBuilder::default()
+            .with_jitter()
+            .with_min_delay(self.settings.retry_min_delay)
+            .with_max_delay(self.settings.retry_max_delay)
+            .without_max_times()
+            .build()
+    }
+
+    /// History lost, policy resweep: record the gap, request a full sweep, start from now.
+    async fn resweep(&self, fence: &Fence, error: StoreError) -> Result<(), WorkerError> {
+        let checkpoint = self
+            .store
+            .load_checkpoint(&fence.stream)
+            .await
+            .map_err(WorkerError::Store)?;
+        let gap = Gap {
+            from: checkpoint
+                .as_ref()
+                .and_then(|c| c.token_time)
+                .map(|t| DateTime::from_millis(t.time as i64 * 1000)),
+            to: DateTime::now(),
+        };
+        tracing::error!(%error, gap_from = ?gap.from, gap_to = %gap.to,
+            "HISTORY LOST: events in this gap were never seen; restarting the stream from now and scheduling a full recount sweep");
+        self.store
+            .record_gap(fence, &gap)
+            .await
+            .map_err(WorkerError::Store)
+    }
+
+    /// One stream session: open from the checkpoint and apply batches until shutdown or error.
+    async fn session(
+        &self,
+        fence: &Fence,
+        shutdown: &mut watch::Receiver<bool>,
+        backoff: &mut backon::ExponentialBackoff,
+    ) -> Result<(), SessionError> {
+        let mut checkpoint = self
+            .store
+            .load_checkpoint(&fence.stream)
+            .await?
+            .unwrap_or_else(|| Checkpoint {
+                stream: fence.stream.clone(),
+                epoch: fence.epoch,
+                ..Checkpoint::default()
+            });
+        let start = match (&checkpoint.token, self.settings.start_at) {
+            (Some(token), _) => StreamStart::After(token.clone()),
+            (None, Some(at)) => StreamStart::AtTime(at),
+            (None, None) => StreamStart::Now,
+        };
+        let mut source = self
+            .store
+            .open_stream(StreamOptions {
+                start,
+                pre_images: self.settings.pre_images,
+                pipeline: self.settings.pipeline.clone(),
+                max_await: self.settings.max_await,
+            })
+            .await?;
+        self.status.stream_open.store(true, Ordering::Relaxed);
+        tracing::info!(stream = %fence.stream, token = ?checkpoint.token, high_water = ?checkpoint.high_water, "change stream open");
+        let mut pending = Pending {
+            events: VecDeque::new(),
+        };
+        loop {
+            if *shutdown.borrow() {
+                return Ok(());
+            }
+            let step = self.step(fence, &mut checkpoint, source.as_mut(), &mut pending);
+            let idle = tokio::select! {
+                result = step => result?,
+                // Abandoning a batch mid-way is safe: the checkpoint has not moved, and the
+                // intent makes the restart re-read exactly this batch.
+                _ = shutdown.changed() => return Ok(()),
+            };
+            *backoff = self.backoff();
+            if idle && sleep_or_shutdown(self.settings.idle_interval, shutdown).await {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Reads and applies one batch. Returns true when the stream was idle.
+    async fn step(
+        &self,
+        fence: &Fence,
+        checkpoint: &mut Checkpoint,
+        source: &mut dyn EventSource,
+        pending: &mut Pending,
+    ) -> Result<bool, SessionError> {
+        if pending.events.len() < self.settings.batch_size {
+            let raw = source
+                .next_batch(
+                    self.settings.batch_size - pending.events.len(),
+                    self.settings.max_batch_wait,
+                )
+                .await?;
+            for doc in &raw.events {
+                match ChangeEvent::parse(doc) {
+                    Ok(event) => pending.events.push_back(event),
+                    Err(e) => {
+                        metrics::counter!(m::BAD_EVENTS).increment(1);
+                        tracing::warn!(error = %e, "skipping an unreadable change event");
+                    }
+                }
+            }
+            if pending.events.is_empty() {
+                self.status.lag_secs.store(0, Ordering::Relaxed);
+                metrics::gauge!(m::STREAM_LAG).set(0.0);
+                self.checkpoint_idle(fence, checkpoint, raw.post_batch_token)
+                    .await?;
+                return Ok(true);
+            }
+        }
+        let batch = take_batch(&mut pending.events, checkpoint.high_water.as_ref());
+        self.apply(fence, checkpoint, &batch).await?;
+        Ok(false)
+    }
+
+    /// An idle stream still advances to the post-batch token, so a quiet collection's position
+    /// never ages off the oplog.
+    async fn checkpoint_idle(
+        &self,
+        fence: &Fence,
+        checkpoint: &mut Checkpoint,
+        post_batch: Option<Token>,
+    ) -> Result<(), SessionError> {
+        if let Some(token) = post_batch {
+            if checkpoint.token.as_ref().is_none_or(|t| *t < token) {
+                self.store.save_checkpoint(fence, &token, None).await?;
+                checkpoint.token = Some(token.clone());
+                if checkpoint.high_water.as_ref().is_none_or(|h| *h < token) {
+                    checkpoint.high_water = Some(token);
+                }
+            }
+        }
+        report_checkpoint_age(checkpoint);
+        Ok(())
+    }
+
+    /// Applies one batch in the write order that makes a crash anywhere replay exactly.
+    async fn apply(
+        &self,
+        fence: &Fence,
+        checkpoint: &mut Checkpoint,
+        events: &[ChangeEvent],
+    ) -> Result<(), SessionError> {
+        let ledger = if self.settings.attribution.uses_ledger() {
+            let ids: Vec<CommentId> = events.iter().filter_map(|e| e.comment.clone()).collect();
+            self.store.read_ledger(&ids).await?
+        } else {
+            Default::default()
+        };
+        let (plan, ended) = plan_batch(
+            events,
+            &ledger,
+            self.settings.attribution,
+            self.settings.bucket_width_secs,
+        );
+        // The batch's guard token: its last event before any stream end.
+        let last = plan.events.checked_sub(1).map(|i| &events[i]);
+        if let Some(last) = last {
+            let end = last.token.clone();
+            if checkpoint.high_water.as_ref().is_none_or(|h| *h < end) {
+                self.store.set_high_water(fence, &end).await?; // (0) intent
+                checkpoint.high_water = Some(end.clone());
+            }
+            let outcome = self.store.apply_counters(fence, &plan.counters, &end).await?; // (a)
+            if !plan.ledger.is_empty() && self.settings.attribution.uses_ledger() {
+                self.store.write_ledger(fence, &plan.ledger, &end).await?; // (b)
+            }
+            self.store.mark_dirty(fence, &plan.dirty, DateTime::now()).await?; // (c)
+            self.store
+                .save_checkpoint(fence, &end, last.cluster_time)
+                .await?; // (d)
+            checkpoint.token = Some(end);
+            checkpoint.token_time = last.cluster_time;
+
+            metrics::counter!(m::BATCHES).increment(1);
+            metrics::counter!(m::EVENTS_APPLIED).increment(plan.events as u64);
+            metrics::counter!(m::COUNTER_WRITES, "result" => "applied").increment(outcome.applied);
+            metrics::counter!(m::COUNTER_WRITES, "result" => "already_applied")
+                .increment(outcome.already_applied);
+            metrics::counter!(m::BAD_EVENTS).increment(plan.bad_events() as u64);
+            metrics::counter!(m::UNATTRIBUTABLE_EVENTS).increment(plan.unattributable_events() as u64);
+            for skipped in &plan.skipped {
+                tracing::warn!(token = %skipped.token, problem = ?skipped.problem, "event not counted; its known posts are marked dirty");
+            }
+            self.status
+                .events_applied
+                .fetch_add(plan.events as i64, Ordering::Relaxed);
+            let lag = last
+                .cluster_time
+                .map(|t| (chrono::Utc::now().timestamp() - t.time as i64).max(0))
+                .unwrap_or(0);
+            self.status.lag_secs.store(lag, Ordering::Relaxed);
+            metrics::gauge!(m::STREAM_LAG).set(lag as f64);
+            report_checkpoint_age(checkpoint);
+            tracing::debug!(events = plan.events, writes = plan.counters.len(), already = outcome.already_applied, "batch applied");
+        }
+        match ended {
+            Some(end) => Err(SessionError::Ended(end)),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Takes the next batch from the buffer: everything read so far, cut at the high water so that
+/// no batch holds events both at or below it and above it.
+fn take_batch(pending: &mut VecDeque<ChangeEvent>, high_water: Option<&Token>) -> Vec<ChangeEvent> {
+    let Some(high) = high_water else {
+        return pending.drain(..).collect();
+    };
+    let below = pending.iter().take_while(|e| e.token <= *high).count();
+    if below == 0 {
+        pending.drain(..).collect()
+    } else {
+        pending.drain(..below).collect()
+    }
+}
+
+fn report_checkpoint_age(checkpoint: &Checkpoint) {
+    if let Some(t) = checkpoint.token_time {
+        let age = (chrono::Utc::now().timestamp() - t.time as i64).max(0);
+        metrics::gauge!(m::CHECKPOINT_AGE).set(age as f64);
+    }
+}
+
+/// Sleeps, or returns true early when shutdown is requested.
+pub async fn sleep_or_shutdown(delay: Duration, shutdown: &mut watch::Receiver<bool>) -> bool {
+    if *shutdown.borrow() {
+        return true;
+    }
+    tokio::select! {
+        _ = tokio::time::sleep(delay) => false,
+        _ = shutdown.changed() => true,
+    }
+}
+
+enum SessionError {
+    Ended(StreamEnded),
+    Store(StoreError),
+}
+
+impl From<StoreError> for SessionError {
+    fn from(e: StoreError) -> Self {
+        SessionError::Store(e)
+    }
+}
