@@ -102,10 +102,18 @@ pub fn plan_batch(
         };
         let classified = match classify(event, before, attribution) {
             Ok(c) => c,
-            Err(end) => return (finish(plan, counters, dirty, ledger_order, &known), Some(end)),
+            Err(end) => {
+                return (
+                    finish(plan, counters, dirty, ledger_order, &known),
+                    Some(end),
+                )
+            }
         };
         plan.events += 1;
-        *plan.by_source.entry(source_name(classified.source)).or_default() += 1;
+        *plan
+            .by_source
+            .entry(source_name(classified.source))
+            .or_default() += 1;
         for delta in classified.deltas {
             let entry = counters
                 .entry(delta.post.clone())

@@ -10,7 +10,8 @@ use bson::{Bson, DateTime};
 use serde::{Deserialize, Serialize};
 
 use crate::event::{
-    read_looked_up_row, read_row, ChangeEvent, Operation, PostId, Row, RowRead, Token, DELETED_FIELD, POST_FIELD,
+    read_looked_up_row, read_row, ChangeEvent, Operation, PostId, Row, RowRead, Token,
+    DELETED_FIELD, POST_FIELD,
 };
 
 /// Where the worker takes a row's before-state from (the `attribution` setting).
@@ -148,35 +149,37 @@ pub fn classify(
                 Problem::Bad(format!("unknown operation type `{op}`")),
             ))
         }
-        Operation::Insert | Operation::Replace => match event.full_document.as_ref().map(read_row)
-        {
-            Some(RowRead::Row(row)) => After::Known(Some(row)),
-            Some(RowRead::NoPost) => {
-                return Ok(problem_only(
-                    &before,
-                    source,
-                    Problem::Bad(format!("document has no `{POST_FIELD}`")),
-                ))
+        Operation::Insert | Operation::Replace => {
+            match event.full_document.as_ref().map(read_row) {
+                Some(RowRead::Row(row)) => After::Known(Some(row)),
+                Some(RowRead::NoPost) => {
+                    return Ok(problem_only(
+                        &before,
+                        source,
+                        Problem::Bad(format!("document has no `{POST_FIELD}`")),
+                    ))
+                }
+                Some(RowRead::BadPost(kind)) => {
+                    return Ok(problem_only(
+                        &before,
+                        source,
+                        Problem::Bad(format!("`{POST_FIELD}` has unsupported type {kind}")),
+                    ))
+                }
+                None => {
+                    return Ok(problem_only(
+                        &before,
+                        source,
+                        Problem::Bad("event has no fullDocument".to_string()),
+                    ))
+                }
             }
-            Some(RowRead::BadPost(kind)) => {
-                return Ok(problem_only(
-                    &before,
-                    source,
-                    Problem::Bad(format!("`{POST_FIELD}` has unsupported type {kind}")),
-                ))
-            }
-            None => {
-                return Ok(problem_only(
-                    &before,
-                    source,
-                    Problem::Bad("event has no fullDocument".to_string()),
-                ))
-            }
-        },
+        }
         // `updateLookup` shows the row as it is now, possibly later than the event; a missing
         // document (a real server, row deleted since) or a fragment without `post_id` (the fake
         // server) says nothing: the delete event that follows settles it.
-        Operation::Update { .. } => match event.full_document.as_ref().and_then(read_looked_up_row) {
+        Operation::Update { .. } => match event.full_document.as_ref().and_then(read_looked_up_row)
+        {
             Some(RowRead::Row(row)) => After::Known(Some(row)),
             Some(RowRead::BadPost(kind)) => {
                 return Ok(problem_only(
@@ -255,7 +258,10 @@ fn best_effort(event: &ChangeEvent, after: After) -> Classification {
         source: Source::BestEffort,
         problem: None,
     };
-    let key_post = event.document_key.get(POST_FIELD).and_then(PostId::from_bson);
+    let key_post = event
+        .document_key
+        .get(POST_FIELD)
+        .and_then(PostId::from_bson);
     match &event.operation {
         Operation::Delete => match key_post {
             // Sharded on post_id: the key names the post. Whether the row was live is a guess.

@@ -22,7 +22,7 @@ pub const DELETED_FIELD: &str = "deleted_at";
 ///
 /// Tokens of one deployment sort in event order when compared as strings (MongoDB 4.0.7+), which
 /// is what makes the per-post `applied_through` guard a plain `$lt` comparison.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct Token(pub String);
 
@@ -317,10 +317,17 @@ impl ChangeEvent {
 /// `documentKey` (`{_id, $set: {...}, $unset: {...}}`).
 fn update_summary(doc: &Document, document_key: &Document) -> Option<UpdateSummary> {
     if let Ok(desc) = doc.get_document("updateDescription") {
-        let set = desc.get_document("updatedFields").cloned().unwrap_or_default();
+        let set = desc
+            .get_document("updatedFields")
+            .cloned()
+            .unwrap_or_default();
         let removed = desc
             .get_array("removedFields")
-            .map(|a| a.iter().filter_map(|v| v.as_str().map(String::from)).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(String::from))
+                    .collect()
+            })
             .unwrap_or_default();
         return Some(UpdateSummary { set, removed });
     }
@@ -328,7 +335,10 @@ fn update_summary(doc: &Document, document_key: &Document) -> Option<UpdateSumma
     if !has_operators {
         return None;
     }
-    let set = document_key.get_document("$set").cloned().unwrap_or_default();
+    let set = document_key
+        .get_document("$set")
+        .cloned()
+        .unwrap_or_default();
     let removed = document_key
         .get_document("$unset")
         .map(|d| d.keys().cloned().collect())

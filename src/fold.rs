@@ -81,7 +81,12 @@ pub fn effective_watermark(state: &CounterState, proposed: i64) -> i64 {
 /// The watermark for a run at `now` (seconds): a bucket boundary older than the settle time and
 /// than the newest event the worker has applied (`applied_until`, seconds), so rows below it
 /// have had time to become visible and their events to be applied.
-pub fn watermark_for(now: i64, applied_until: Option<i64>, settle_secs: i64, width_secs: i64) -> i64 {
+pub fn watermark_for(
+    now: i64,
+    applied_until: Option<i64>,
+    settle_secs: i64,
+    width_secs: i64,
+) -> i64 {
     let horizon = applied_until.map_or(now, |t| t.min(now)) - settle_secs;
     horizon.div_euclid(width_secs) * width_secs
 }

@@ -6,8 +6,11 @@
 
 pub mod batch;
 pub mod classify;
+pub mod config;
 pub mod event;
 pub mod fold;
+pub mod reconcile;
 pub mod store;
 pub mod telemetry;
+pub mod testdb;
 pub mod worker;

@@ -42,21 +42,54 @@ pub const ALL: [&str; 16] = [
 
 /// Registers descriptions with the installed recorder (call once after installing it).
 pub fn describe() {
-    describe_counter!(EVENTS_APPLIED, "Change events classified and applied by the worker.");
+    describe_counter!(
+        EVENTS_APPLIED,
+        "Change events classified and applied by the worker."
+    );
     describe_counter!(BAD_EVENTS, "Malformed events skipped (missing or wrongly typed post_id, unknown operation type); their posts were marked dirty where known.");
-    describe_counter!(UNATTRIBUTABLE_EVENTS, "Events no delta could be attributed to; a sweep or the reconciler repairs them.");
-    describe_counter!(COUNTER_WRITES, "Counter write statements issued, by result (applied, already_applied).");
+    describe_counter!(
+        UNATTRIBUTABLE_EVENTS,
+        "Events no delta could be attributed to; a sweep or the reconciler repairs them."
+    );
+    describe_counter!(
+        COUNTER_WRITES,
+        "Counter write statements issued, by result (applied, already_applied)."
+    );
     describe_counter!(BATCHES, "Batches applied and checkpointed.");
-    describe_gauge!(STREAM_LAG, Unit::Seconds, "Age of the newest applied event (0 when caught up).");
-    describe_gauge!(CHECKPOINT_AGE, Unit::Seconds, "Age of the checkpointed stream position; keep it well inside the oplog window.");
+    describe_gauge!(
+        STREAM_LAG,
+        Unit::Seconds,
+        "Age of the newest applied event (0 when caught up)."
+    );
+    describe_gauge!(
+        CHECKPOINT_AGE,
+        Unit::Seconds,
+        "Age of the checkpointed stream position; keep it well inside the oplog window."
+    );
     describe_gauge!(DIRTY_BACKLOG_SIZE, "Posts waiting for a recount.");
-    describe_gauge!(DIRTY_BACKLOG_OLDEST_AGE, Unit::Seconds, "Age of the oldest dirty entry.");
-    describe_counter!(RECONCILE_RUNS, "Reconcile runs, by kind (dirty, sweep, post).");
+    describe_gauge!(
+        DIRTY_BACKLOG_OLDEST_AGE,
+        Unit::Seconds,
+        "Age of the oldest dirty entry."
+    );
+    describe_counter!(
+        RECONCILE_RUNS,
+        "Reconcile runs, by kind (dirty, sweep, post)."
+    );
     describe_counter!(POSTS_RECONCILED, "Posts recounted and folded.");
     describe_histogram!(COUNTER_DRIFT, "Absolute drift corrected per post, labelled by sign (high: counter ran high, low: ran low).");
-    describe_counter!(RETRIES, "Retries after transient database errors, by operation.");
-    describe_counter!(HISTORY_LOST, "Times the checkpoint had fallen off the oplog.");
-    describe_gauge!(WORKER_ACTIVE, "1 when this process holds the stream lease and applies events, 0 on standby.");
+    describe_counter!(
+        RETRIES,
+        "Retries after transient database errors, by operation."
+    );
+    describe_counter!(
+        HISTORY_LOST,
+        "Times the checkpoint had fallen off the oplog."
+    );
+    describe_gauge!(
+        WORKER_ACTIVE,
+        "1 when this process holds the stream lease and applies events, 0 on standby."
+    );
     describe_counter!(SWEEP_PROGRESS, "Posts recounted by full sweeps.");
 }
 

@@ -1,11 +1,17 @@
 //! The worker: stream → classify → coalesce → apply → dirty set → checkpoint.
 //!
 //! Write order inside a batch, so that a crash anywhere replays to the same result:
-//! (0) raise the checkpoint's high water to the batch's end (the intent) when the batch goes
-//! beyond it; (a) counters, each guarded by `applied_through < end`; (b) ledger entries, guarded
-//! per comment; (c) dirty marks; (d) the checkpoint. Batches never straddle the high water: below
-//! it every post's counter already holds its events, so a replay is rejected whole per post, and
-//! above it nothing is applied yet.
+//! (0) the intent: the batch's whole plan (counter increments, ledger states, dirty posts) is
+//! stored in the checkpoint document and `high_water` raised to the batch's last token;
+//! (a) counters, each guarded by `applied_through < end`; (b) ledger entries, guarded per
+//! comment; (c) dirty marks; (d) the checkpoint, which clears the intent.
+//!
+//! After a crash the stored plan is re-applied as it was planned, before the stream is read
+//! again: the guards reject what already landed and the rest lands once. The plan is replayed
+//! rather than re-derived because re-reading the events would classify them against a ledger and
+//! `updateLookup` documents that may already show later states. Events at or below the high
+//! water (an operator's `replay` to an older position) are known to be applied: they only mark
+//! their posts dirty, so the reconciler recounts them, and are never counted twice.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
@@ -20,7 +26,8 @@ use crate::batch::plan_batch;
 use crate::classify::{Attribution, StreamEnded};
 use crate::event::{ChangeEvent, CommentId, Token};
 use crate::store::{
-    Checkpoint, EventSource, Fence, Gap, Store, StoreError, StreamOptions, StreamStart,
+    Checkpoint, EventSource, Fence, Gap, PendingBatch, Store, StoreError, StreamOptions,
+    StreamStart,
 };
 use crate::telemetry as m;
 
@@ -124,7 +131,11 @@ impl<S: Store + ?Sized> Worker<S> {
 
     /// Runs until shutdown (Ok) or a non-transient error. Transient errors reopen the stream
     /// from the checkpoint after an exponential, jittered backoff.
-    pub async fn run(&self, epoch: i64, mut shutdown: watch::Receiver<bool>) -> Result<(), WorkerError> {
+    pub async fn run(
+        &self,
+        epoch: i64,
+        mut shutdown: watch::Receiver<bool>,
+    ) -> Result<(), WorkerError> {
         let fence = Fence {
             stream: self.settings.stream.clone(),
             epoch,
@@ -219,6 +230,10 @@ impl<S: Store + ?Sized> Worker<S> {
                 epoch: fence.epoch,
                 ..Checkpoint::default()
             });
+        if let Some(batch) = checkpoint.pending.clone() {
+            tracing::info!(end = %batch.end, posts = batch.counters.len(), "re-applying the batch a previous run left in flight");
+            self.write_batch(fence, &mut checkpoint, &batch).await?;
+        }
         let start = match (&checkpoint.token, self.settings.start_at) {
             (Some(token), _) => StreamStart::After(token.clone()),
             (None, Some(at)) => StreamStart::AtTime(at),
@@ -314,7 +329,7 @@ impl<S: Store + ?Sized> Worker<S> {
         Ok(())
     }
 
-    /// Applies one batch in the write order that makes a crash anywhere replay exactly.
+    /// Classifies one batch and applies it (or, below the high water, only marks it dirty).
     async fn apply(
         &self,
         fence: &Fence,
@@ -327,38 +342,47 @@ impl<S: Store + ?Sized> Worker<S> {
         } else {
             Default::default()
         };
-        let (plan, ended) = plan_batch(
+        let (mut plan, ended) = plan_batch(
             events,
             &ledger,
             self.settings.attribution,
             self.settings.bucket_width_secs,
         );
+        if !self.settings.attribution.uses_ledger() {
+            plan.ledger.clear();
+        }
+        let (bad, unattributable) = (plan.bad_events(), plan.unattributable_events());
         // The batch's guard token: its last event before any stream end.
-        let last = plan.events.checked_sub(1).map(|i| &events[i]);
-        if let Some(last) = last {
-            let end = last.token.clone();
-            if checkpoint.high_water.as_ref().is_none_or(|h| *h < end) {
-                self.store.set_high_water(fence, &end).await?; // (0) intent
-                checkpoint.high_water = Some(end.clone());
+        if let Some(last) = plan.events.checked_sub(1).map(|i| &events[i]) {
+            let batch = PendingBatch {
+                end: last.token.clone(),
+                end_time: last.cluster_time,
+                counters: plan.counters,
+                ledger: plan.ledger,
+                dirty: plan.dirty,
+            };
+            let seen = checkpoint
+                .high_water
+                .as_ref()
+                .is_some_and(|h| batch.end <= *h);
+            if seen {
+                // Already applied before (an operator replay): recount, never count again.
+                self.store
+                    .mark_dirty(fence, &batch.dirty, DateTime::now())
+                    .await?;
+                self.store
+                    .save_checkpoint(fence, &batch.end, batch.end_time)
+                    .await?;
+                checkpoint.token = Some(batch.end.clone());
+                checkpoint.token_time = batch.end_time;
+            } else {
+                self.store.record_intent(fence, &batch).await?; // (0)
+                checkpoint.high_water = Some(batch.end.clone());
+                self.write_batch(fence, checkpoint, &batch).await?;
+                metrics::counter!(m::UNATTRIBUTABLE_EVENTS).increment(unattributable as u64);
             }
-            let outcome = self.store.apply_counters(fence, &plan.counters, &end).await?; // (a)
-            if !plan.ledger.is_empty() && self.settings.attribution.uses_ledger() {
-                self.store.write_ledger(fence, &plan.ledger, &end).await?; // (b)
-            }
-            self.store.mark_dirty(fence, &plan.dirty, DateTime::now()).await?; // (c)
-            self.store
-                .save_checkpoint(fence, &end, last.cluster_time)
-                .await?; // (d)
-            checkpoint.token = Some(end);
-            checkpoint.token_time = last.cluster_time;
-
-            metrics::counter!(m::BATCHES).increment(1);
             metrics::counter!(m::EVENTS_APPLIED).increment(plan.events as u64);
-            metrics::counter!(m::COUNTER_WRITES, "result" => "applied").increment(outcome.applied);
-            metrics::counter!(m::COUNTER_WRITES, "result" => "already_applied")
-                .increment(outcome.already_applied);
-            metrics::counter!(m::BAD_EVENTS).increment(plan.bad_events() as u64);
-            metrics::counter!(m::UNATTRIBUTABLE_EVENTS).increment(plan.unattributable_events() as u64);
+            metrics::counter!(m::BAD_EVENTS).increment(bad as u64);
             for skipped in &plan.skipped {
                 tracing::warn!(token = %skipped.token, problem = ?skipped.problem, "event not counted; its known posts are marked dirty");
             }
@@ -372,12 +396,44 @@ impl<S: Store + ?Sized> Worker<S> {
             self.status.lag_secs.store(lag, Ordering::Relaxed);
             metrics::gauge!(m::STREAM_LAG).set(lag as f64);
             report_checkpoint_age(checkpoint);
-            tracing::debug!(events = plan.events, writes = plan.counters.len(), already = outcome.already_applied, "batch applied");
         }
         match ended {
             Some(end) => Err(SessionError::Ended(end)),
             None => Ok(()),
         }
+    }
+
+    /// Writes a planned batch: (a) counters, (b) ledger, (c) dirty, (d) checkpoint.
+    async fn write_batch(
+        &self,
+        fence: &Fence,
+        checkpoint: &mut Checkpoint,
+        batch: &PendingBatch,
+    ) -> Result<(), SessionError> {
+        let outcome = self
+            .store
+            .apply_counters(fence, &batch.counters, &batch.end)
+            .await?; // (a)
+        if !batch.ledger.is_empty() {
+            self.store
+                .write_ledger(fence, &batch.ledger, &batch.end)
+                .await?; // (b)
+        }
+        self.store
+            .mark_dirty(fence, &batch.dirty, DateTime::now())
+            .await?; // (c)
+        self.store
+            .save_checkpoint(fence, &batch.end, batch.end_time)
+            .await?; // (d)
+        checkpoint.token = Some(batch.end.clone());
+        checkpoint.token_time = batch.end_time;
+        checkpoint.pending = None;
+        metrics::counter!(m::BATCHES).increment(1);
+        metrics::counter!(m::COUNTER_WRITES, "result" => "applied").increment(outcome.applied);
+        metrics::counter!(m::COUNTER_WRITES, "result" => "already_applied")
+            .increment(outcome.already_applied);
+        tracing::debug!(end = %batch.end, writes = batch.counters.len(), already = outcome.already_applied, "batch applied");
+        Ok(())
     }
 }
 

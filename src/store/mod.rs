@@ -27,7 +27,9 @@ pub enum StoreError {
     #[error("change stream history lost (code {code}) while resuming after token {token}: the checkpoint is older than the oplog window")]
     HistoryLost { code: i32, token: String },
     /// Another worker holds a newer fencing epoch for this stream: step down.
-    #[error("fenced out of stream `{stream}`: another worker took over with a newer epoch than {epoch}")]
+    #[error(
+        "fenced out of stream `{stream}`: another worker took over with a newer epoch than {epoch}"
+    )]
     Fenced { stream: String, epoch: i64 },
     /// A stored document is not what counterd wrote (hand-edited or corrupted).
     #[error("malformed {what} document {id}: {detail}")]
@@ -74,9 +76,12 @@ pub struct Checkpoint {
     pub token: Option<Token>,
     /// Cluster time of the event at `token`.
     pub token_time: Option<Timestamp>,
-    /// The newest token any batch was applied or intended through. Batches never straddle it:
-    /// below it, every post's counter already holds its events, so replays are rejected whole.
+    /// The newest token any batch was applied or intended through. Events at or below it have
+    /// been applied: re-reading them (an operator replay) only marks their posts dirty.
     pub high_water: Option<Token>,
+    /// A batch whose intent was recorded but whose writes may not all have landed: re-applied,
+    /// exactly as planned, before the stream is read again.
+    pub pending: Option<PendingBatch>,
     /// Fencing epoch of the worker that owns the stream.
     pub epoch: i64,
     pub updated_at: Option<DateTime>,
@@ -84,6 +89,19 @@ pub struct Checkpoint {
     pub gaps: Vec<Gap>,
     /// A full sweep was requested (history lost, unattributable events) and not yet finished.
     pub sweep_requested: bool,
+}
+
+/// The writes of one batch, recorded as its intent before any of them is issued. Replaying the
+/// stored plan (not re-reading and re-classifying the events) makes recovery exact even though
+/// `updateLookup` would now show later row states.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct PendingBatch {
+    /// The batch's last event: the guard token of every write and the next checkpoint.
+    pub end: Token,
+    pub end_time: Option<Timestamp>,
+    pub counters: Vec<CounterDelta>,
+    pub ledger: Vec<LedgerUpdate>,
+    pub dirty: Vec<PostId>,
 }
 
 /// A counter document as readers and the reconciler see it.
@@ -209,9 +227,10 @@ pub trait Store: Send + Sync {
     // --- stream and checkpoint -------------------------------------------------------------
     async fn open_stream(&self, options: StreamOptions) -> StoreResult<Box<dyn EventSource>>;
     async fn load_checkpoint(&self, stream: &str) -> StoreResult<Option<Checkpoint>>;
-    /// Raises `high_water` to `token` (the batch intent) before a batch beyond it is applied.
-    async fn set_high_water(&self, fence: &Fence, token: &Token) -> StoreResult<()>;
-    /// Advances the resume position after every write of a batch was acknowledged.
+    /// Records a batch's intent: raises `high_water` to its end and stores its plan as pending.
+    async fn record_intent(&self, fence: &Fence, batch: &PendingBatch) -> StoreResult<()>;
+    /// Advances the resume position (and clears any pending batch) after every write of a batch
+    /// was acknowledged.
     async fn save_checkpoint(
         &self,
         fence: &Fence,
@@ -227,8 +246,10 @@ pub trait Store: Send + Sync {
 
     // --- the worker's batch writes, in this order --------------------------------------------
     /// Reads the ledger entries of these comments: key → state (`None`: gone). Absent: unknown.
-    async fn read_ledger(&self, comments: &[CommentId])
-        -> StoreResult<HashMap<String, Option<Row>>>;
+    async fn read_ledger(
+        &self,
+        comments: &[CommentId],
+    ) -> StoreResult<HashMap<String, Option<Row>>>;
     /// (a) Counter increments, each guarded by `applied_through < through`.
     async fn apply_counters(
         &self,

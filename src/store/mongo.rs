@@ -5,6 +5,8 @@
 //! including the fake one the tests fall back to.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -51,9 +53,28 @@ pub struct ConnectOptions {
     pub connect_timeout: Duration,
 }
 
+/// Operations issued through one store, for tests and the benchmark.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OpCounts {
+    /// Counter write statements (one per post per batch).
+    pub counter_statements: u64,
+    /// Recount queries against `comments`.
+    pub count_queries: u64,
+    /// Ledger write statements.
+    pub ledger_statements: u64,
+}
+
+#[derive(Default)]
+struct OpCounters {
+    counter_statements: AtomicU64,
+    count_queries: AtomicU64,
+    ledger_statements: AtomicU64,
+}
+
 /// The MongoDB implementation of [`Store`].
 #[derive(Clone)]
 pub struct MongoStore {
+    ops: Arc<OpCounters>,
     client: Client,
     db: Database,
     comments: Collection<Document>,
@@ -65,12 +86,15 @@ impl MongoStore {
     /// Connects and checks that the server answers, with an error that names the host, what
     /// failed and what to check.
     pub async fn connect(options: &ConnectOptions) -> StoreResult<MongoStore> {
-        let mut client_options = ClientOptions::parse(&options.uri)
-            .await
-            .map_err(|e| StoreError::Fatal {
-                op: "parse the MongoDB URI",
-                message: format!("{e} (check `mongodb_uri`: mongodb://[user:pass@]host:port/?options)"),
-            })?;
+        let mut client_options =
+            ClientOptions::parse(&options.uri)
+                .await
+                .map_err(|e| StoreError::Fatal {
+                    op: "parse the MongoDB URI",
+                    message: format!(
+                        "{e} (check `mongodb_uri`: mongodb://[user:pass@]host:port/?options)"
+                    ),
+                })?;
         client_options.server_selection_timeout = Some(options.connect_timeout);
         client_options.connect_timeout = Some(options.connect_timeout);
         client_options.app_name = Some("counterd".to_string());
@@ -98,11 +122,21 @@ impl MongoStore {
             })?;
         let comments = db.collection(&options.comments);
         Ok(MongoStore {
+            ops: Arc::default(),
             client,
             db,
             comments,
             hosts,
         })
+    }
+
+    /// Operations issued so far through this store (and its clones).
+    pub fn op_counts(&self) -> OpCounts {
+        OpCounts {
+            counter_statements: self.ops.counter_statements.load(Ordering::Relaxed),
+            count_queries: self.ops.count_queries.load(Ordering::Relaxed),
+            ledger_statements: self.ops.ledger_statements.load(Ordering::Relaxed),
+        }
     }
 
     pub fn database(&self) -> &Database {
@@ -157,7 +191,8 @@ impl MongoStore {
             .and_then(|m| m.parse().ok())
             .unwrap_or(0);
         let wire_version = is_master.get_i32("maxWireVersion").unwrap_or(0);
-        let replica_set = is_master.contains_key("setName") || is_master.get_str("msg") == Ok("isdbgrid");
+        let replica_set =
+            is_master.contains_key("setName") || is_master.get_str("msg") == Ok("isdbgrid");
         let sessions = is_master.contains_key("logicalSessionTimeoutMinutes");
         let pre_images = major >= 6 && hello && self.pre_images_enabled().await;
         Ok(ServerAbilities {
@@ -207,7 +242,9 @@ impl MongoStore {
         for chunk in statements.chunks(1000) {
             let reply = self
                 .db
-                .run_command(doc! {"update": collection, "updates": chunk.to_vec(), "ordered": false})
+                .run_command(
+                    doc! {"update": collection, "updates": chunk.to_vec(), "ordered": false},
+                )
                 .await
                 .map_err(|e| map_err(op, e))?;
             let errors = reply.get_array("writeErrors").cloned().unwrap_or_default();
@@ -281,11 +318,17 @@ fn error_code(e: &DriverError) -> Option<i32> {
 pub(crate) fn map_err(op: &'static str, e: DriverError) -> StoreError {
     let transient_kind = matches!(
         e.kind.as_ref(),
-        ErrorKind::Io(_) | ErrorKind::ServerSelection { .. } | ErrorKind::ConnectionPoolCleared { .. }
+        ErrorKind::Io(_)
+            | ErrorKind::ServerSelection { .. }
+            | ErrorKind::ConnectionPoolCleared { .. }
     );
-    let labelled = ["RetryableWriteError", "ResumableChangeStreamError", "TransientTransactionError"]
-        .iter()
-        .any(|l| e.contains_label(l));
+    let labelled = [
+        "RetryableWriteError",
+        "ResumableChangeStreamError",
+        "TransientTransactionError",
+    ]
+    .iter()
+    .any(|l| e.contains_label(l));
     let code = error_code(&e);
     if transient_kind || labelled || code.is_some_and(|c| TRANSIENT_CODES.contains(&c)) {
         StoreError::Transient {
@@ -336,7 +379,11 @@ impl EventSource for MongoEvents {
         }
         Ok(RawBatch {
             events,
-            post_batch_token: self.stream.resume_token().as_ref().and_then(resume_to_token),
+            post_batch_token: self
+                .stream
+                .resume_token()
+                .as_ref()
+                .and_then(resume_to_token),
         })
     }
 }
@@ -410,23 +457,31 @@ fn counter_from_doc(doc: &Document) -> StoreResult<CounterDoc> {
             buckets,
         },
         applied_through: doc.get_str("applied_through").ok().map(String::from),
-        last_drift: doc.get("last_drift").and_then(|b| b.as_i64().or(b.as_i32().map(i64::from))),
+        last_drift: doc
+            .get("last_drift")
+            .and_then(|b| b.as_i64().or(b.as_i32().map(i64::from))),
         reconciled_at: doc.get_datetime("reconciled_at").ok().copied(),
     })
 }
 
 fn checkpoint_from_doc(stream: &str, doc: &Document) -> StoreResult<Checkpoint> {
-    let malformed = |detail: String| StoreError::Malformed {
+    let malformed = |detail: String| {
+        StoreError::Malformed {
         what: "checkpoint",
         id: stream.to_string(),
         detail: format!("{detail} (fix or delete it in `{CHECKPOINTS}`, or run `counterd replay --from-time ...`)"),
+    }
     };
     let token = match doc.get("token") {
         None | Some(Bson::Null) => None,
         Some(Bson::String(s)) if !s.is_empty() && s.chars().all(|c| c.is_ascii_hexdigit()) => {
             Some(Token(s.clone()))
         }
-        Some(other) => return Err(malformed(format!("`token` is {other:?}, expected a resume token's hex `_data`"))),
+        Some(other) => {
+            return Err(malformed(format!(
+                "`token` is {other:?}, expected a resume token's hex `_data`"
+            )))
+        }
     };
     let high_water = match doc.get("high_water") {
         None | Some(Bson::Null) => None,
@@ -451,8 +506,14 @@ fn checkpoint_from_doc(stream: &str, doc: &Document) -> StoreResult<Checkpoint> 
                 .collect()
         })
         .unwrap_or_default();
+    let pending = match doc.get("pending") {
+        None | Some(Bson::Null) => None,
+        Some(Bson::Document(p)) => Some(pending_from_doc(p).map_err(malformed)?),
+        Some(other) => return Err(malformed(format!("`pending` is {other:?}"))),
+    };
     Ok(Checkpoint {
         stream: stream.to_string(),
+        pending,
         token,
         token_time: doc.get_timestamp("token_time").ok(),
         high_water,
@@ -460,6 +521,108 @@ fn checkpoint_from_doc(stream: &str, doc: &Document) -> StoreResult<Checkpoint> 
         updated_at: doc.get_datetime("updated_at").ok().copied(),
         gaps,
         sweep_requested: doc.get_bool("sweep_requested").unwrap_or(false),
+    })
+}
+
+fn row_to_doc(row: &Row) -> Document {
+    let mut d = doc! {"post": row.post.to_bson(), "deleted": row.deleted};
+    if let Some(t) = row.created_at {
+        d.insert("created_at", t);
+    }
+    d
+}
+
+fn row_from_doc(d: &Document) -> Result<Row, String> {
+    Ok(Row {
+        post: d
+            .get("post")
+            .and_then(PostId::from_bson)
+            .ok_or("pending ledger row without a post")?,
+        created_at: d.get_datetime("created_at").ok().copied(),
+        deleted: d.get_bool("deleted").map_err(|e| e.to_string())?,
+    })
+}
+
+/// The pending batch as stored in the checkpoint document.
+fn pending_to_doc(batch: &PendingBatch) -> Document {
+    let counters: Vec<Bson> = batch
+        .counters
+        .iter()
+        .map(|c| {
+            let mut buckets = Document::new();
+            for (k, v) in &c.buckets {
+                buckets.insert(k.to_string(), *v);
+            }
+            Bson::Document(doc! {"post": c.post.to_bson(), "delta": c.delta, "buckets": buckets})
+        })
+        .collect();
+    let ledger: Vec<Bson> = batch
+        .ledger
+        .iter()
+        .map(|l| {
+            Bson::Document(doc! {
+                "comment": l.comment.value.clone(),
+                "state": l.state.as_ref().map(|r| Bson::Document(row_to_doc(r))).unwrap_or(Bson::Null),
+            })
+        })
+        .collect();
+    let dirty: Vec<Bson> = batch.dirty.iter().map(PostId::to_bson).collect();
+    let mut d =
+        doc! {"end": batch.end.as_str(), "counters": counters, "ledger": ledger, "dirty": dirty};
+    if let Some(t) = batch.end_time {
+        d.insert("end_time", t);
+    }
+    d
+}
+
+fn pending_from_doc(d: &Document) -> Result<PendingBatch, String> {
+    let err = |e: bson::document::ValueAccessError| format!("pending batch: {e}");
+    let mut counters = Vec::new();
+    for c in d.get_array("counters").map_err(err)? {
+        let c = c.as_document().ok_or("pending counter is not a document")?;
+        let mut buckets = BTreeMap::new();
+        for (k, v) in c.get_document("buckets").map_err(err)? {
+            let amount = v
+                .as_i64()
+                .or(v.as_i32().map(i64::from))
+                .ok_or("bucket amount")?;
+            buckets.insert(k.parse().map_err(|_| "bucket key")?, amount);
+        }
+        counters.push(CounterDelta {
+            post: c
+                .get("post")
+                .and_then(PostId::from_bson)
+                .ok_or("pending counter post")?,
+            delta: c.get_i64("delta").map_err(err)?,
+            buckets,
+        });
+    }
+    let mut ledger = Vec::new();
+    for l in d.get_array("ledger").map_err(err)? {
+        let l = l
+            .as_document()
+            .ok_or("pending ledger entry is not a document")?;
+        let state = match l.get("state") {
+            Some(Bson::Document(r)) => Some(row_from_doc(r)?),
+            _ => None,
+        };
+        ledger.push(LedgerUpdate {
+            comment: CommentId::new(l.get("comment").cloned().ok_or("pending ledger comment")?),
+            state,
+        });
+    }
+    let dirty = d
+        .get_array("dirty")
+        .map_err(err)?
+        .iter()
+        .map(|p| PostId::from_bson(p).ok_or("pending dirty post"))
+        .collect::<Result<_, _>>()?;
+    Ok(PendingBatch {
+        end: Token(d.get_str("end").map_err(err)?.to_string()),
+        end_time: d.get_timestamp("end_time").ok(),
+        counters,
+        ledger,
+        dirty,
     })
 }
 
@@ -540,9 +703,12 @@ impl Store for MongoStore {
         found.map(|d| checkpoint_from_doc(stream, &d)).transpose()
     }
 
-    async fn set_high_water(&self, fence: &Fence, token: &Token) -> StoreResult<()> {
+    async fn record_intent(&self, fence: &Fence, batch: &PendingBatch) -> StoreResult<()> {
         let filter = doc! {"_id": &fence.stream, "epoch": fence.epoch};
-        let update = doc! {"$max": {"high_water": token.as_str()}, "$set": {"updated_at": DateTime::now()}};
+        let update = doc! {
+            "$max": {"high_water": batch.end.as_str()},
+            "$set": {"pending": pending_to_doc(batch), "updated_at": DateTime::now()},
+        };
         self.checkpoint_update("record the batch intent", fence, filter, update)
             .await
     }
@@ -558,15 +724,20 @@ impl Store for MongoStore {
         if let Some(t) = token_time {
             set.insert("token_time", t);
         }
-        let update = doc! {"$set": set, "$max": {"high_water": token.as_str()}};
+        let update =
+            doc! {"$set": set, "$max": {"high_water": token.as_str()}, "$unset": {"pending": ""}};
         self.checkpoint_update("save the checkpoint", fence, filter, update)
             .await
     }
 
     async fn move_checkpoint(&self, stream: &str, token: Option<&Token>) -> StoreResult<()> {
         let update = match token {
-            Some(t) => doc! {"$set": {"token": t.as_str(), "updated_at": DateTime::now()}, "$unset": {"token_time": ""}},
-            None => doc! {"$unset": {"token": "", "token_time": ""}, "$set": {"updated_at": DateTime::now()}},
+            Some(t) => {
+                doc! {"$set": {"token": t.as_str(), "updated_at": DateTime::now()}, "$unset": {"token_time": ""}}
+            }
+            None => {
+                doc! {"$unset": {"token": "", "token_time": ""}, "$set": {"updated_at": DateTime::now()}}
+            }
         };
         self.coll(CHECKPOINTS)
             .update_one(doc! {"_id": stream}, update)
@@ -593,7 +764,10 @@ impl Store for MongoStore {
 
     async fn set_sweep_requested(&self, stream: &str, requested: bool) -> StoreResult<()> {
         self.coll(CHECKPOINTS)
-            .update_one(doc! {"_id": stream}, doc! {"$set": {"sweep_requested": requested}})
+            .update_one(
+                doc! {"_id": stream},
+                doc! {"$set": {"sweep_requested": requested}},
+            )
             .upsert(true)
             .await
             .map_err(|e| map_err("flag the sweep", e))?;
@@ -634,7 +808,8 @@ impl Store for MongoStore {
         let statements = writes
             .iter()
             .map(|w| {
-                let mut filter = doc! {"_id": w.post.to_bson(), "applied_through": not_gte(through.as_str())};
+                let mut filter =
+                    doc! {"_id": w.post.to_bson(), "applied_through": not_gte(through.as_str())};
                 fenced(&mut filter, fence);
                 let mut inc = doc! {"live_delta": w.delta};
                 for (bucket, amount) in &w.buckets {
@@ -651,6 +826,9 @@ impl Store for MongoStore {
                 }
             })
             .collect();
+        self.ops
+            .counter_statements
+            .fetch_add(writes.len() as u64, Ordering::Relaxed);
         let (applied, already_applied) = self
             .update_many_statements("apply counter increments", COUNTERS, statements)
             .await?;
@@ -700,6 +878,9 @@ impl Store for MongoStore {
                 doc! {"q": filter, "u": update, "upsert": true}
             })
             .collect();
+        self.ops
+            .ledger_statements
+            .fetch_add(updates.len() as u64, Ordering::Relaxed);
         self.update_many_statements("write the comment ledger", LEDGER, statements)
             .await?;
         Ok(())
@@ -779,6 +960,7 @@ impl Store for MongoStore {
     }
 
     async fn count_live_below(&self, post: &PostId, watermark: i64) -> StoreResult<i64> {
+        self.ops.count_queries.fetch_add(1, Ordering::Relaxed);
         let n = self
             .comments
             .count_documents(doc! {

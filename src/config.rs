@@ -1,0 +1,462 @@
+//! Settings: every one has a default and a line of documentation (see `counterd.example.toml`).
+//! Precedence, lowest first: defaults, the TOML file (`--config`), `COUNTERD_*` environment
+//! variables (the setting's name in upper case), then flags (`--set name=value` and the named
+//! flags of `counterd`).
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::classify::Attribution;
+use crate::worker::OnHistoryLost;
+
+/// All of counterd's settings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    /// MongoDB connection string (credentials allowed; they are redacted in logs and `status`).
+    pub mongodb_uri: String,
+    /// Database holding `comments` and counterd's own collections.
+    pub database: String,
+    /// The collection of comment rows to count.
+    pub comments_collection: String,
+    /// How long to look for a reachable server before failing.
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// Checkpoint id of the stream (one per stream; partitions append `/pN`).
+    pub stream_name: String,
+    /// Where before-states come from: auto, pre_image, ledger, best_effort.
+    pub attribution: Attribution,
+    /// Most events per batch.
+    pub batch_size: usize,
+    /// Longest time spent gathering one batch while events keep coming.
+    #[serde(with = "humantime_serde")]
+    pub max_batch_wait: Duration,
+    /// Pause after a read that returned no events.
+    #[serde(with = "humantime_serde")]
+    pub idle_interval: Duration,
+    /// How long the server may hold an empty getMore (maxAwaitTimeMS).
+    #[serde(with = "humantime_serde")]
+    pub max_await: Duration,
+    /// Start position when there is no checkpoint (RFC 3339); empty: now.
+    pub start_at: String,
+    /// When the checkpoint fell off the oplog: fail, or resweep (start from now + full recount).
+    pub on_history_lost: OnHistoryLost,
+    /// Width of the creation-time buckets deltas are filed under.
+    #[serde(with = "humantime_serde")]
+    pub bucket_width: Duration,
+    /// Time between reconcile runs (jittered).
+    #[serde(with = "humantime_serde")]
+    pub reconcile_interval: Duration,
+    /// Jitter of the reconcile schedule, as a fraction of the interval (0.0 to 1.0).
+    pub reconcile_jitter: f64,
+    /// How far behind now (and behind the worker) the watermark stays.
+    #[serde(with = "humantime_serde")]
+    pub settle_time: Duration,
+    /// Most dirty posts recounted per run.
+    pub reconcile_max_posts: usize,
+    /// Most recount queries per second (0: unlimited).
+    pub reconcile_counts_per_second: u32,
+    /// Posts per window of a full sweep.
+    pub sweep_window: usize,
+    /// Attempts to install one recount when a worker write races it.
+    pub fold_retries: u32,
+    /// Address of the HTTP endpoints (/metrics, /healthz, /readyz).
+    pub http_addr: String,
+    /// `/readyz` is unready above this stream lag.
+    #[serde(with = "humantime_serde")]
+    pub ready_max_lag: Duration,
+    /// Log format: text or json.
+    pub log_format: String,
+    /// Log filter (tracing EnvFilter syntax), e.g. info or counterd=debug.
+    pub log_level: String,
+    /// Shortest backoff after a transient error.
+    #[serde(with = "humantime_serde")]
+    pub retry_min_delay: Duration,
+    /// Longest backoff after a transient error.
+    #[serde(with = "humantime_serde")]
+    pub retry_max_delay: Duration,
+    /// How long a stream lease lasts without renewal.
+    #[serde(with = "humantime_serde")]
+    pub lease_ttl: Duration,
+    /// How often the lease holder renews (and standbys look).
+    #[serde(with = "humantime_serde")]
+    pub lease_renew: Duration,
+    /// Number of partitions posts are split into by hash of post_id (1: no partitioning).
+    pub partitions: u32,
+    /// This process's identity in leases; empty: hostname-pid.
+    pub owner_id: String,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            mongodb_uri: "mongodb://127.0.0.1:27017/?directConnection=true".into(),
+            database: "app".into(),
+            comments_collection: "comments".into(),
+            connect_timeout: Duration::from_secs(5),
+            stream_name: "comments".into(),
+            attribution: Attribution::Auto,
+            batch_size: 1000,
+            max_batch_wait: Duration::from_millis(200),
+            idle_interval: Duration::from_millis(100),
+            max_await: Duration::from_millis(500),
+            start_at: String::new(),
+            on_history_lost: OnHistoryLost::Resweep,
+            bucket_width: Duration::from_secs(60),
+            reconcile_interval: Duration::from_secs(10),
+            reconcile_jitter: 0.2,
+            settle_time: Duration::from_secs(30),
+            reconcile_max_posts: 1000,
+            reconcile_counts_per_second: 500,
+            sweep_window: 500,
+            fold_retries: 5,
+            http_addr: "127.0.0.1:9187".into(),
+            ready_max_lag: Duration::from_secs(60),
+            log_format: "text".into(),
+            log_level: "info".into(),
+            retry_min_delay: Duration::from_millis(100),
+            retry_max_delay: Duration::from_secs(5),
+            lease_ttl: Duration::from_secs(10),
+            lease_renew: Duration::from_secs(2),
+            partitions: 1,
+            owner_id: String::new(),
+        }
+    }
+}
+
+/// A configuration problem: names the setting, the value and what is allowed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {message}")]
+    File { path: String, message: String },
+    #[error("config file {path}: {message}")]
+    Parse { path: String, message: String },
+    #[error("unknown setting `{name}` (from {origin}); see counterd.example.toml for the list")]
+    Unknown { name: String, origin: String },
+    #[error("setting `{name}` (from {origin}) = {value:?}: {message}")]
+    Invalid {
+        name: String,
+        origin: String,
+        value: String,
+        message: String,
+    },
+}
+
+impl Settings {
+    /// Loads defaults ← file ← `COUNTERD_*` environment ← flag overrides (`name=value`).
+    pub fn load(
+        file: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+        overrides: &[(String, String)],
+    ) -> Result<Settings, ConfigError> {
+        let mut table = match toml::Value::try_from(Settings::default()) {
+            Ok(toml::Value::Table(t)) => t,
+            _ => unreachable!("settings serialize to a table"),
+        };
+        if let Some(path) = file {
+            let origin = path.display().to_string();
+            let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
+                path: origin.clone(),
+                message: e.to_string(),
+            })?;
+            let parsed: toml::Table =
+                text.parse()
+                    .map_err(|e: toml::de::Error| ConfigError::Parse {
+                        path: origin.clone(),
+                        message: e.to_string(),
+                    })?;
+            for (name, value) in parsed {
+                if !table.contains_key(&name) {
+                    return Err(ConfigError::Unknown { name, origin });
+                }
+                check_one(&name, &value, &origin)?;
+                table.insert(name, value);
+            }
+        }
+        let mut env: Vec<(String, String)> = env
+            .into_iter()
+            .filter(|(k, _)| k.starts_with("COUNTERD_") && !k.starts_with("COUNTERD_TEST"))
+            .collect();
+        env.sort();
+        for (key, raw) in env {
+            let name = key["COUNTERD_".len()..].to_ascii_lowercase();
+            if !table.contains_key(&name) {
+                // Other COUNTERD_* variables (test knobs, demo settings) are not settings.
+                continue;
+            }
+            let origin = format!("environment variable {key}");
+            let value = typed_like(&table[&name], &raw, &name, &origin)?;
+            table.insert(name, value);
+        }
+        for (name, raw) in overrides {
+            let origin = format!("flag --{}", name.replace('_', "-"));
+            let Some(existing) = table.get(name) else {
+                return Err(ConfigError::Unknown {
+                    name: name.clone(),
+                    origin,
+                });
+            };
+            let value = typed_like(existing, raw, name, &origin)?;
+            table.insert(name.clone(), value);
+        }
+        let settings: Settings =
+            toml::Value::Table(table)
+                .try_into()
+                .map_err(|e: toml::de::Error| ConfigError::Parse {
+                    path: "merged settings".into(),
+                    message: e.to_string(),
+                })?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// Range checks that types alone cannot express.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |name: &str, value: String, message: &str| ConfigError::Invalid {
+            name: name.into(),
+            origin: "settings".into(),
+            value,
+            message: message.into(),
+        };
+        if !(1..=100_000).contains(&self.batch_size) {
+            return Err(bad(
+                "batch_size",
+                self.batch_size.to_string(),
+                "allowed: 1 to 100000",
+            ));
+        }
+        if self.bucket_width < Duration::from_secs(1) || self.bucket_width.subsec_nanos() != 0 {
+            return Err(bad(
+                "bucket_width",
+                format!("{:?}", self.bucket_width),
+                "allowed: whole seconds, at least 1s",
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.reconcile_jitter) {
+            return Err(bad(
+                "reconcile_jitter",
+                self.reconcile_jitter.to_string(),
+                "allowed: 0.0 to 1.0",
+            ));
+        }
+        if self.reconcile_max_posts == 0 {
+            return Err(bad(
+                "reconcile_max_posts",
+                "0".into(),
+                "allowed: at least 1",
+            ));
+        }
+        if self.sweep_window == 0 {
+            return Err(bad("sweep_window", "0".into(), "allowed: at least 1"));
+        }
+        if !(1..=1024).contains(&self.partitions) {
+            return Err(bad(
+                "partitions",
+                self.partitions.to_string(),
+                "allowed: 1 to 1024",
+            ));
+        }
+        if !matches!(self.log_format.as_str(), "text" | "json") {
+            return Err(bad(
+                "log_format",
+                self.log_format.clone(),
+                "allowed: text, json",
+            ));
+        }
+        if self.lease_renew >= self.lease_ttl {
+            return Err(bad(
+                "lease_renew",
+                format!("{:?}", self.lease_renew),
+                "must be shorter than lease_ttl",
+            ));
+        }
+        if self.http_addr.parse::<std::net::SocketAddr>().is_err() {
+            return Err(bad(
+                "http_addr",
+                self.http_addr.clone(),
+                "expected host:port, e.g. 127.0.0.1:9187",
+            ));
+        }
+        if !self.start_at.is_empty() && self.start_at_timestamp().is_none() {
+            return Err(bad(
+                "start_at",
+                self.start_at.clone(),
+                "expected an RFC 3339 time, e.g. 2026-01-31T12:00:00Z",
+            ));
+        }
+        if !self.mongodb_uri.starts_with("mongodb://")
+            && !self.mongodb_uri.starts_with("mongodb+srv://")
+        {
+            return Err(bad(
+                "mongodb_uri",
+                redact_uri(&self.mongodb_uri),
+                "expected mongodb://… or mongodb+srv://…",
+            ));
+        }
+        Ok(())
+    }
+
+    /// `start_at` as a cluster time.
+    pub fn start_at_timestamp(&self) -> Option<bson::Timestamp> {
+        parse_time(&self.start_at).map(|secs| bson::Timestamp {
+            time: secs as u32,
+            increment: 0,
+        })
+    }
+
+    pub fn bucket_width_secs(&self) -> i64 {
+        self.bucket_width.as_secs() as i64
+    }
+
+    /// The settings as TOML with the URI's password redacted (for `status` and logs).
+    pub fn redacted(&self) -> Settings {
+        Settings {
+            mongodb_uri: redact_uri(&self.mongodb_uri),
+            ..self.clone()
+        }
+    }
+}
+
+/// Parses an RFC 3339 time into seconds since the epoch.
+pub fn parse_time(text: &str) -> Option<i64> {
+    chrono::DateTime::parse_from_rfc3339(text)
+        .ok()
+        .map(|t| t.timestamp())
+}
+
+/// Checks a file value's type against the default's, so the error names the setting.
+fn check_one(name: &str, value: &toml::Value, origin: &str) -> Result<(), ConfigError> {
+    let mut probe = match toml::Value::try_from(Settings::default()) {
+        Ok(toml::Value::Table(t)) => t,
+        _ => unreachable!(),
+    };
+    probe.insert(name.to_string(), value.clone());
+    toml::Value::Table(probe)
+        .try_into::<Settings>()
+        .map(|_| ())
+        .map_err(|e| ConfigError::Invalid {
+            name: name.into(),
+            origin: origin.into(),
+            value: value.to_string(),
+            message: e.message().to_string(),
+        })
+}
+
+/// Parses a raw string into the TOML type of the existing (default) value.
+fn typed_like(
+    existing: &toml::Value,
+    raw: &str,
+    name: &str,
+    origin: &str,
+) -> Result<toml::Value, ConfigError> {
+    let invalid = |message: String| ConfigError::Invalid {
+        name: name.into(),
+        origin: origin.into(),
+        value: raw.into(),
+        message,
+    };
+    let value = match existing {
+        toml::Value::Integer(_) => raw
+            .trim()
+            .parse::<i64>()
+            .map(toml::Value::Integer)
+            .map_err(|_| invalid("expected a whole number".into()))?,
+        toml::Value::Float(_) => raw
+            .trim()
+            .parse::<f64>()
+            .map(toml::Value::Float)
+            .map_err(|_| invalid("expected a number".into()))?,
+        toml::Value::Boolean(_) => raw
+            .trim()
+            .parse::<bool>()
+            .map(toml::Value::Boolean)
+            .map_err(|_| invalid("expected true or false".into()))?,
+        _ => toml::Value::String(raw.to_string()),
+    };
+    check_one(name, &value, origin)?;
+    Ok(value)
+}
+
+/// Replaces the password in a MongoDB URI with `***`.
+pub fn redact_uri(uri: &str) -> String {
+    let Some(scheme_end) = uri.find("://") else {
+        return uri.to_string();
+    };
+    let rest = &uri[scheme_end + 3..];
+    let host_start = rest.find('/').unwrap_or(rest.len());
+    let Some(at) = rest[..host_start].rfind('@') else {
+        return uri.to_string();
+    };
+    let userinfo = &rest[..at];
+    let user = userinfo.split(':').next().unwrap_or("");
+    format!("{}://{}:***@{}", &uri[..scheme_end], user, &rest[at + 1..])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_passwords() {
+        assert_eq!(
+            redact_uri("mongodb://alice:s3cret@db1:27017,db2/?replicaSet=rs0"),
+            "mongodb://alice:***@db1:27017,db2/?replicaSet=rs0"
+        );
+        assert_eq!(redact_uri("mongodb://db1:27017/"), "mongodb://db1:27017/");
+    }
+
+    #[test]
+    fn precedence_is_defaults_file_env_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            "batch_size = 10\ndatabase = \"fromfile\"\nsettle_time = \"5s\"\n",
+        )
+        .unwrap();
+        let env = vec![
+            ("COUNTERD_BATCH_SIZE".to_string(), "20".to_string()),
+            ("COUNTERD_SETTLE_TIME".to_string(), "7s".to_string()),
+            ("UNRELATED".to_string(), "x".to_string()),
+        ];
+        let flags = vec![("batch_size".to_string(), "30".to_string())];
+        let s = Settings::load(Some(&path), env, &flags).unwrap();
+        assert_eq!(s.batch_size, 30);
+        assert_eq!(s.database, "fromfile");
+        assert_eq!(s.settle_time, Duration::from_secs(7));
+        assert_eq!(
+            s.reconcile_max_posts,
+            Settings::default().reconcile_max_posts
+        );
+    }
+
+    #[test]
+    fn bad_values_name_the_setting() {
+        let env = vec![("COUNTERD_BATCH_SIZE".to_string(), "lots".to_string())];
+        let e = Settings::load(None, env, &[]).unwrap_err().to_string();
+        assert!(
+            e.contains("batch_size") && e.contains("COUNTERD_BATCH_SIZE"),
+            "{e}"
+        );
+        let env = vec![("COUNTERD_BATCH_SIZE".to_string(), "0".to_string())];
+        let e = Settings::load(None, env, &[]).unwrap_err().to_string();
+        assert!(e.contains("batch_size") && e.contains("1 to 100000"), "{e}");
+        let env = vec![("COUNTERD_ON_HISTORY_LOST".to_string(), "shrug".to_string())];
+        let e = Settings::load(None, env, &[]).unwrap_err().to_string();
+        assert!(e.contains("on_history_lost"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "batch_sise = 10\n").unwrap();
+        let e = Settings::load(Some(&path), vec![], &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown setting `batch_sise`"), "{e}");
+        std::fs::write(&path, "reconcile_interval = \"soon\"\n").unwrap();
+        let e = Settings::load(Some(&path), vec![], &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("reconcile_interval"), "{e}");
+    }
+}

@@ -1,0 +1,175 @@
+//! A throwaway MongoDB for the tests, the demo and the benchmark, in this order of preference:
+//! 1. `COUNTERD_TEST_MONGODB_URI` if set;
+//! 2. `mongod` on PATH: a single-node replica set in a temp dir on a free port;
+//! 3. the fake server `mongo-java-server` (with its oplog), started by `testdb/start`, which
+//!    fetches it through Maven on first use.
+//!
+//! A started server lives as long as the [`TestServer`] value; the fake also exits by itself
+//! when this process dies (it watches its standard input), so a crashed test leaves nothing.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use mongodb::bson::doc;
+
+/// Which kind of server a [`TestServer`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServerKind {
+    External,
+    Mongod,
+    Fake,
+}
+
+/// A running test database.
+pub struct TestServer {
+    pub uri: String,
+    pub kind: ServerKind,
+    child: Option<Child>,
+    /// Kept so the mongod data directory lives as long as the server.
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Where the fake server's launcher lives: `COUNTERD_TESTDB_DIR` or the crate's `testdb/`.
+fn testdb_dir() -> PathBuf {
+    std::env::var_os("COUNTERD_TESTDB_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("testdb"))
+}
+
+impl TestServer {
+    /// Starts (or finds) a server, printing which one to stderr.
+    pub fn start() -> Result<TestServer, String> {
+        if let Ok(uri) = std::env::var("COUNTERD_TEST_MONGODB_URI") {
+            eprintln!(
+                "test database: COUNTERD_TEST_MONGODB_URI ({})",
+                crate::config::redact_uri(&uri)
+            );
+            return Ok(TestServer {
+                uri,
+                kind: ServerKind::External,
+                child: None,
+                _dir: None,
+            });
+        }
+        if which("mongod") {
+            return Self::start_mongod();
+        }
+        Self::start_fake()
+    }
+
+    /// The fake: `testdb/start` prints `LISTENING host:port` once bound.
+    pub fn start_fake() -> Result<TestServer, String> {
+        let script = testdb_dir().join("start");
+        let mut child = Command::new("bash")
+            .arg(&script)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .map_err(|e| format!("fake server did not start: {e}"))?;
+        let address = line
+            .trim()
+            .strip_prefix("LISTENING ")
+            .ok_or_else(|| {
+                format!(
+                    "fake server did not start (it said {line:?}); is Java 17 and Maven installed?"
+                )
+            })?
+            .to_string();
+        let uri = format!("mongodb://{address}/?directConnection=true");
+        eprintln!("test database: fake mongo-java-server (oplog on, wire 13) at {uri}");
+        Ok(TestServer {
+            uri,
+            kind: ServerKind::Fake,
+            child: Some(child),
+            _dir: None,
+        })
+    }
+
+    /// A single-node replica set in a temp dir, initiated and waited on until primary.
+    fn start_mongod() -> Result<TestServer, String> {
+        let dir = tempfile::TempDir::new().map_err(|e| e.to_string())?;
+        let port = free_port();
+        let child = Command::new("mongod")
+            .args(["--replSet", "rs0", "--bind_ip", "127.0.0.1", "--quiet"])
+            .arg("--port")
+            .arg(port.to_string())
+            .arg("--dbpath")
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start mongod: {e}"))?;
+        let uri = format!("mongodb://127.0.0.1:{port}/?directConnection=true");
+        let server = TestServer {
+            uri: uri.clone(),
+            kind: ServerKind::Mongod,
+            child: Some(child),
+            _dir: Some(dir),
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        rt.block_on(async {
+            let client = mongodb::Client::with_uri_str(&uri)
+                .await
+                .map_err(|e| e.to_string())?;
+            let admin = client.database("admin");
+            let deadline = Instant::now() + Duration::from_secs(60);
+            let config =
+                doc! {"_id": "rs0", "members": [{"_id": 0, "host": format!("127.0.0.1:{port}")}]};
+            loop {
+                let _ = admin
+                    .run_command(doc! {"replSetInitiate": config.clone()})
+                    .await;
+                if let Ok(reply) = admin.run_command(doc! {"hello": 1}).await {
+                    if reply.get_bool("isWritablePrimary").unwrap_or(false) {
+                        return Ok(());
+                    }
+                }
+                if Instant::now() > deadline {
+                    return Err("mongod did not become primary within 60 s".to_string());
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })?;
+        eprintln!("test database: throwaway mongod replica set at {uri}");
+        Ok(server)
+    }
+
+    /// The URI with a database name for one test.
+    pub fn uri(&self) -> &str {
+        &self.uri
+    }
+}
+
+fn which(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|paths| std::env::split_paths(&paths).any(|p| p.join(program).is_file()))
+        .unwrap_or(false)
+}
+
+/// A port that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or(27117)
+}

@@ -1,0 +1,192 @@
+//! The test-database harness shared by every integration test: one server per test binary
+//! (see `counterd::testdb` for the order of preference), one fresh database per test.
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use counterd::event::PostId;
+use counterd::store::mongo::{ConnectOptions, MongoStore};
+use counterd::store::{ServerAbilities, Store};
+use counterd::testdb::TestServer;
+use counterd::worker::{Worker, WorkerSettings, WorkerStatus};
+use mongodb::bson::{doc, Bson, Document};
+use mongodb::{Collection, Database};
+use tokio::sync::watch;
+
+static SERVER: OnceLock<TestServer> = OnceLock::new();
+static ABILITIES: OnceLock<ServerAbilities> = OnceLock::new();
+static NEXT_DB: AtomicUsize = AtomicUsize::new(0);
+
+/// The server of this test binary, started on first use.
+pub fn server() -> &'static TestServer {
+    SERVER.get_or_init(|| TestServer::start().unwrap_or_else(|e| panic!("no test database: {e}")))
+}
+
+/// One test's own database on the shared server.
+pub struct TestDb {
+    pub name: String,
+    pub uri: String,
+    pub store: Arc<MongoStore>,
+    pub db: Database,
+    pub comments: Collection<Document>,
+    pub abilities: ServerAbilities,
+}
+
+impl TestDb {
+    pub async fn new(test: &str) -> TestDb {
+        let server = server();
+        let name = format!(
+            "t{}_{}_{}",
+            std::process::id() % 100_000,
+            NEXT_DB.fetch_add(1, Ordering::SeqCst),
+            test.chars()
+                .filter(|c| c.is_ascii_alphanumeric())
+                .take(30)
+                .collect::<String>()
+        );
+        let store = MongoStore::connect(&ConnectOptions {
+            uri: server.uri.clone(),
+            database: name.clone(),
+            comments: "comments".into(),
+            connect_timeout: Duration::from_secs(10),
+        })
+        .await
+        .expect("connect to the test database");
+        store.ensure_indexes().await.expect("indexes");
+        let abilities = match ABILITIES.get() {
+            Some(a) => a.clone(),
+            None => {
+                let a = store.abilities().await.expect("abilities");
+                eprintln!("test database abilities: {a:?}");
+                ABILITIES.get_or_init(|| a).clone()
+            }
+        };
+        let db = store.database().clone();
+        let comments = db.collection("comments");
+        // Create the collection so a change stream can be opened on it at once.
+        comments
+            .insert_one(doc! {"_id": "seed", "note": "not a comment"})
+            .await
+            .unwrap();
+        comments.delete_one(doc! {"_id": "seed"}).await.unwrap();
+        TestDb {
+            uri: server.uri.clone(),
+            name,
+            store: Arc::new(store),
+            db,
+            comments,
+            abilities,
+        }
+    }
+
+    /// True count of live rows per post, straight from `comments`.
+    pub async fn truth(&self, post: &PostId) -> i64 {
+        self.store.count_live(post).await.unwrap()
+    }
+
+    /// `base_count + live_delta` of a post's counter (0 when absent).
+    pub async fn displayed(&self, post: &PostId) -> i64 {
+        self.store
+            .read_counter(post)
+            .await
+            .unwrap()
+            .map(|c| c.state.displayed())
+            .unwrap_or(0)
+    }
+
+    /// Posts whose counter differs from the truth: (post, displayed, truth).
+    pub async fn mismatches(&self, posts: &[PostId]) -> Vec<(PostId, i64, i64)> {
+        let mut out = Vec::new();
+        for p in posts {
+            let (d, t) = (self.displayed(p).await, self.truth(p).await);
+            if d != t {
+                out.push((p.clone(), d, t));
+            }
+        }
+        out
+    }
+
+    /// Waits until every post's counter equals the truth, or panics with the mismatches.
+    pub async fn wait_exact(&self, posts: &[PostId], within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let bad = self.mismatches(posts).await;
+            if bad.is_empty() {
+                return;
+            }
+            if Instant::now() > deadline {
+                panic!("counters not exact after {within:?}: (post, displayed, truth) {bad:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    pub fn worker_settings(&self) -> WorkerSettings {
+        WorkerSettings {
+            idle_interval: Duration::from_millis(30),
+            max_batch_wait: Duration::from_millis(100),
+            max_await: Duration::from_millis(100),
+            retry_min_delay: Duration::from_millis(50),
+            retry_max_delay: Duration::from_millis(500),
+            ..WorkerSettings::default()
+        }
+    }
+
+    /// Starts a worker in the background.
+    pub fn spawn_worker(&self, settings: WorkerSettings) -> RunningWorker {
+        let (stop, rx) = watch::channel(false);
+        let status = Arc::new(WorkerStatus::default());
+        let worker = Worker::new(self.store.clone(), settings, status.clone());
+        let handle =
+            tokio::spawn(async move { worker.run(0, rx).await.map_err(|e| e.to_string()) });
+        RunningWorker {
+            stop,
+            handle,
+            status,
+        }
+    }
+
+    pub async fn insert_comment(&self, id: impl Into<Bson>, post: &PostId, created_secs: i64) {
+        self.comments
+            .insert_one(doc! {"_id": id.into(), "post_id": post.to_bson(), "created_at": mongodb::bson::DateTime::from_millis(created_secs * 1000), "body": "hi"})
+            .await
+            .unwrap();
+    }
+
+    /// Waits until the worker has applied `n` events in all.
+    pub async fn wait_applied(&self, worker: &RunningWorker, n: i64, within: Duration) {
+        let deadline = Instant::now() + within;
+        while worker.status.events_applied.load(Ordering::Relaxed) < n {
+            assert!(
+                Instant::now() < deadline,
+                "worker applied {} of {n} events within {within:?}",
+                worker.status.events_applied.load(Ordering::Relaxed)
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+pub struct RunningWorker {
+    pub stop: watch::Sender<bool>,
+    pub handle: tokio::task::JoinHandle<Result<(), String>>,
+    pub status: Arc<WorkerStatus>,
+}
+
+impl RunningWorker {
+    pub async fn shutdown(self) -> Result<(), String> {
+        let _ = self.stop.send(true);
+        self.handle.await.expect("worker task")
+    }
+}
+
+/// Prints why a test is skipped (so a skip is never silent).
+pub fn skip(test: &str, reason: &str) {
+    eprintln!("SKIPPED {test}: {reason}");
+}
+
+pub fn now_secs() -> i64 {
+    chrono::Utc::now().timestamp()
+}

@@ -1,0 +1,244 @@
+//! The worker against the test database: exact counters without reconcile, idempotent restarts
+//! and replays, the dirty set, coalescing.
+
+mod support;
+
+use std::time::Duration;
+
+use counterd::batch::CounterDelta;
+use counterd::event::{PostId, Token};
+use counterd::store::{DirtyOrder, Fence, Store};
+use mongodb::bson::{doc, DateTime};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use support::{now_secs, TestDb};
+
+fn post(i: usize) -> PostId {
+    PostId::Str(format!("post-{i}"))
+}
+
+/// One writer's random operations on its own comments (ids `w<writer>-<n>`).
+async fn writer(t: &TestDb, writer: usize, ops: usize, posts: usize, seed: u64) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut mine: Vec<String> = Vec::new();
+    for n in 0..ops {
+        let roll = rng.random_range(0..100);
+        if mine.is_empty() || roll < 40 {
+            let id = format!("w{writer}-{n}");
+            let p = post(rng.random_range(0..posts));
+            let created = now_secs() - rng.random_range(0..600);
+            t.insert_comment(id.clone(), &p, created).await;
+            mine.push(id);
+            continue;
+        }
+        let id = mine[rng.random_range(0..mine.len())].clone();
+        let filter = doc! {"_id": &id};
+        match roll {
+            40..=59 => {
+                t.comments
+                    .update_one(filter, doc! {"$set": {"deleted_at": DateTime::now()}})
+                    .await
+                    .unwrap();
+            }
+            60..=74 => {
+                t.comments
+                    .update_one(filter, doc! {"$unset": {"deleted_at": ""}})
+                    .await
+                    .unwrap();
+            }
+            75..=84 => {
+                let p = post(rng.random_range(0..posts));
+                t.comments
+                    .update_one(filter, doc! {"$set": {"post_id": p.to_bson()}})
+                    .await
+                    .unwrap();
+            }
+            85..=89 => {
+                t.comments
+                    .update_one(filter, doc! {"$set": {"body": "edited"}})
+                    .await
+                    .unwrap();
+            }
+            _ => {
+                t.comments.delete_one(filter).await.unwrap();
+                mine.retain(|m| *m != id);
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn concurrent_writers_leave_every_counter_exact_without_reconcile() {
+    let t = TestDb::new("writers").await;
+    let posts: Vec<PostId> = (0..12).map(post).collect();
+    let worker = t.spawn_worker(t.worker_settings());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let writers = (0..4).map(|w| writer(&t, w, 150, posts.len(), 7 + w as u64));
+    futures::future::join_all(writers).await;
+    t.wait_exact(&posts, Duration::from_secs(60)).await;
+
+    // Every touched post is dirty, and no other post is.
+    let dirty = t.store.dirty_list(DirtyOrder::Oldest, 1000).await.unwrap();
+    let mut dirty_posts: Vec<_> = dirty.iter().map(|d| d.post.clone()).collect();
+    dirty_posts.sort();
+    let mut touched = posts.clone();
+    touched.sort();
+    assert_eq!(
+        dirty_posts, touched,
+        "all 12 posts were touched by 600 random operations"
+    );
+    assert!(!dirty_posts.contains(&post(99)));
+    worker.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn untouched_posts_are_not_dirty() {
+    let t = TestDb::new("untouched").await;
+    let worker = t.spawn_worker(t.worker_settings());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    t.insert_comment("a", &post(1), now_secs()).await;
+    t.insert_comment("b", &post(2), now_secs()).await;
+    t.wait_applied(&worker, 2, Duration::from_secs(20)).await;
+    let dirty = t.store.dirty_list(DirtyOrder::Oldest, 100).await.unwrap();
+    let posts: Vec<_> = dirty.iter().map(|d| d.post.clone()).collect();
+    assert_eq!(posts, vec![post(1), post(2)]);
+    worker.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn restart_and_deliberate_replay_never_count_twice() {
+    let t = TestDb::new("replay").await;
+    let posts: Vec<PostId> = (0..5).map(post).collect();
+    let worker = t.spawn_worker(t.worker_settings());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    writer(&t, 0, 120, posts.len(), 1).await;
+    t.wait_exact(&posts, Duration::from_secs(30)).await;
+    assert!(t
+        .store
+        .load_checkpoint("comments")
+        .await
+        .unwrap()
+        .unwrap()
+        .token
+        .is_some());
+    let mut seen = worker
+        .status
+        .events_applied
+        .load(std::sync::atomic::Ordering::Relaxed);
+    worker.shutdown().await.unwrap();
+
+    // Writes while stopped, then a restart: resumes after the checkpoint.
+    writer(&t, 1, 80, posts.len(), 2).await;
+    let worker = t.spawn_worker(t.worker_settings());
+    t.wait_exact(&posts, Duration::from_secs(30)).await;
+    seen += worker
+        .status
+        .events_applied
+        .load(std::sync::atomic::Ordering::Relaxed);
+    worker.shutdown().await.unwrap();
+
+    // Move the checkpoint back to the very first position on purpose and replay everything.
+    t.store.move_checkpoint("comments", None).await.unwrap();
+    let mut settings = t.worker_settings();
+    settings.start_at = Some(mongodb::bson::Timestamp {
+        time: 1,
+        increment: 0,
+    });
+    let writes_before = t.store.op_counts().counter_statements;
+    let replay = t.spawn_worker(settings);
+    // It re-reads both runs' events (all rejected by the guard) and then applies new ones.
+    t.wait_applied(&replay, seen, Duration::from_secs(30)).await;
+    t.wait_exact(&posts, Duration::from_secs(30)).await;
+    writer(&t, 2, 40, posts.len(), 3).await;
+    t.wait_exact(&posts, Duration::from_secs(30)).await;
+    assert!(
+        t.store.op_counts().counter_statements > writes_before,
+        "the replay did write (and was rejected)"
+    );
+    replay.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_per_post_guard_rejects_a_duplicate_write() {
+    let t = TestDb::new("guard").await;
+    let fence = Fence {
+        stream: "comments".into(),
+        epoch: 0,
+    };
+    let write = CounterDelta {
+        post: post(1),
+        delta: 1,
+        buckets: [(0, 1)].into_iter().collect(),
+    };
+    let token = Token("0000000000000010".into());
+    let first = t
+        .store
+        .apply_counters(&fence, &[write.clone()], &token)
+        .await
+        .unwrap();
+    assert_eq!((first.applied, first.already_applied), (1, 0));
+    let again = t
+        .store
+        .apply_counters(&fence, &[write.clone()], &token)
+        .await
+        .unwrap();
+    assert_eq!(
+        (again.applied, again.already_applied),
+        (0, 1),
+        "same token: rejected"
+    );
+    let older = Token("0000000000000008".into());
+    let old = t
+        .store
+        .apply_counters(&fence, &[write.clone()], &older)
+        .await
+        .unwrap();
+    assert_eq!(old.already_applied, 1, "older token: rejected");
+    let newer = Token("0000000000000011".into());
+    let new = t
+        .store
+        .apply_counters(&fence, &[write], &newer)
+        .await
+        .unwrap();
+    assert_eq!(new.applied, 1, "newer token: applied");
+    assert_eq!(t.displayed(&post(1)).await, 2);
+}
+
+#[tokio::test]
+async fn a_hot_post_collapses_into_few_counter_writes() {
+    let t = TestDb::new("zipf").await;
+    let posts: Vec<PostId> = (0..50).map(post).collect();
+    let mut settings = t.worker_settings();
+    settings.max_batch_wait = Duration::from_millis(300);
+    let worker = t.spawn_worker(settings);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // 10k inserts, post chosen by Zipf(1.1): post-0 gets the lion's share.
+    let zipf = rand_distr::Zipf::new(posts.len() as f64, 1.1).unwrap();
+    let mut rng = StdRng::seed_from_u64(11);
+    let now = now_secs();
+    let docs: Vec<_> = (0..10_000)
+        .map(|i| {
+            let p = posts[rng.sample(zipf) as usize - 1].to_bson();
+            doc! {"_id": i, "post_id": p, "created_at": DateTime::from_millis(now * 1000)}
+        })
+        .collect();
+    for chunk in docs.chunks(500) {
+        t.comments.insert_many(chunk.to_vec()).await.unwrap();
+    }
+    t.wait_applied(&worker, 10_000, Duration::from_secs(90))
+        .await;
+    t.wait_exact(&posts, Duration::from_secs(30)).await;
+    let writes = counterd_writes(&t).await;
+    let ratio = 10_000.0 / writes as f64;
+    eprintln!("10000 events -> {writes} counter writes (ratio {ratio:.1})");
+    assert!(
+        ratio >= 5.0,
+        "coalescing ratio {ratio:.1} below the floor of 5"
+    );
+    worker.shutdown().await.unwrap();
+}
+
+/// Counter write statements this test's store issued.
+async fn counterd_writes(t: &TestDb) -> u64 {
+    t.store.op_counts().counter_statements
+}
