@@ -24,7 +24,7 @@ pub struct Settings {
     /// How long to look for a reachable server before failing.
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
-    /// Checkpoint id of the stream (one per stream; partitions append `/pN`).
+    /// Checkpoint and lease id of the stream.
     pub stream_name: String,
     /// Where before-states come from: auto, pre_image, ledger, best_effort.
     pub attribution: Attribution,
@@ -83,8 +83,6 @@ pub struct Settings {
     /// How often the lease holder renews (and standbys look).
     #[serde(with = "humantime_serde")]
     pub lease_renew: Duration,
-    /// Number of partitions posts are split into by hash of post_id (1: no partitioning).
-    pub partitions: u32,
     /// This process's identity in leases; empty: hostname-pid.
     pub owner_id: String,
 }
@@ -120,7 +118,6 @@ impl Default for Settings {
             retry_max_delay: Duration::from_secs(5),
             lease_ttl: Duration::from_secs(10),
             lease_renew: Duration::from_secs(2),
-            partitions: 1,
             owner_id: String::new(),
         }
     }
@@ -250,13 +247,6 @@ impl Settings {
         }
         if self.sweep_window == 0 {
             return Err(bad("sweep_window", "0".into(), "allowed: at least 1"));
-        }
-        if !(1..=1024).contains(&self.partitions) {
-            return Err(bad(
-                "partitions",
-                self.partitions.to_string(),
-                "allowed: 1 to 1024",
-            ));
         }
         if !matches!(self.log_format.as_str(), "text" | "json") {
             return Err(bad(

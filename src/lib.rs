@@ -6,9 +6,12 @@
 
 pub mod batch;
 pub mod classify;
+pub mod cli;
 pub mod config;
 pub mod event;
 pub mod fold;
+pub mod http;
+pub mod lease;
 pub mod reconcile;
 pub mod store;
 pub mod telemetry;

@@ -234,7 +234,10 @@ impl<S: Store + ?Sized> Worker<S> {
             tracing::info!(end = %batch.end, posts = batch.counters.len(), "re-applying the batch a previous run left in flight");
             self.write_batch(fence, &mut checkpoint, &batch).await?;
         }
-        let start = match (&checkpoint.token, self.settings.start_at) {
+        let start = match (
+            &checkpoint.token,
+            checkpoint.start_time.or(self.settings.start_at),
+        ) {
             (Some(token), _) => StreamStart::After(token.clone()),
             (None, Some(at)) => StreamStart::AtTime(at),
             (None, None) => StreamStart::Now,

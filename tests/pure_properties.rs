@@ -555,6 +555,85 @@ fn check_plan(plan: &BatchPlan) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// Plans `ops` (applied to `initial`) as events in batches cut at `cuts`, and checks the
+/// counters written against the truth.
+fn check_history(
+    initial: &[Option<Comment>],
+    empty_ledger_entries: &[bool],
+    ops: &[(usize, Op)],
+    lags: &[usize],
+    cuts: &[bool],
+    mode: Mode,
+    attribution: Attribution,
+) -> Result<(), TestCaseError> {
+    let steps = simulate(initial, ops);
+    let events: Vec<ChangeEvent> = (0..steps.len())
+        .map(|i| {
+            let lookup = (i + lags[i]).min(steps.len() - 1);
+            ChangeEvent::parse(&emit(&steps, i, lookup, mode)).unwrap()
+        })
+        .collect();
+
+    // The ledger before the first batch: existing comments known; absent ones either
+    // known-gone or without an entry.
+    let mut ledger: HashMap<String, Option<Row>> = HashMap::new();
+    for (i, c) in initial.iter().enumerate() {
+        let key = CommentId::new(Bson::Int32(i as i32)).key;
+        match c {
+            Some(c) => {
+                ledger.insert(key, Some(c.row()));
+            }
+            None if empty_ledger_entries[i] => {
+                ledger.insert(key, None);
+            }
+            None => {}
+        }
+    }
+
+    let mut applied = Tally::new();
+    let mut start = 0;
+    for end in 1..=events.len() {
+        if end < events.len() && !cuts[end] {
+            continue;
+        }
+        let (plan, ended) = plan_batch(&events[start..end], &ledger, attribution, WIDTH);
+        prop_assert!(ended.is_none());
+        prop_assert_eq!(plan.events, end - start);
+        prop_assert!(plan.skipped.is_empty(), "{:?}", plan.skipped);
+        check_plan(&plan)?;
+        for c in &plan.counters {
+            for (bucket, amount) in &c.buckets {
+                *applied.entry((c.post.clone(), *bucket)).or_default() += amount;
+            }
+        }
+        for update in plan.ledger {
+            ledger.insert(update.comment.key, update.state);
+        }
+        start = end;
+    }
+
+    let mut truth = Tally::new();
+    let last = steps
+        .last()
+        .map_or(initial.to_vec(), |s| s.snapshot.clone());
+    for c in &last {
+        add_live(&mut truth, c.as_ref(), 1);
+    }
+    for c in initial {
+        add_live(&mut truth, c.as_ref(), -1);
+    }
+    prop_assert_eq!(nonzero(applied), nonzero(truth));
+    // The ledger ends where the truth is, for every comment an event named.
+    for step in &steps {
+        let key = CommentId::new(Bson::Int32(step.comment as i32)).key;
+        prop_assert_eq!(
+            ledger.get(&key).cloned().flatten(),
+            last[step.comment].as_ref().map(Comment::row),
+        );
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
@@ -568,75 +647,37 @@ proptest! {
         mode in select(vec![Mode::RealLookup, Mode::RealLedgerIgnoringPreImages, Mode::RealPreImage, Mode::Fake]),
         auto in any::<bool>(),
     ) {
-        let steps = simulate(&initial, &ops);
         let attribution = match (mode, auto) {
-            (_, true) if mode != Mode::RealLedgerIgnoringPreImages => Attribution::Auto,
+            (Mode::RealLedgerIgnoringPreImages, _) => Attribution::Ledger,
+            (_, true) => Attribution::Auto,
             (Mode::RealPreImage, false) => Attribution::PreImage,
             _ => Attribution::Ledger,
         };
-        let events: Vec<ChangeEvent> = (0..steps.len())
-            .map(|i| {
-                let lag = if mode == Mode::RealPreImage { 0 } else { lags[i] };
-                let lookup = (i + lag).min(steps.len() - 1);
-                ChangeEvent::parse(&emit(&steps, i, lookup, mode)).unwrap()
-            })
-            .collect();
+        // Pre-images are exact only together with prompt lookups (see the ignored test below).
+        let lags = if mode == Mode::RealPreImage { vec![0; lags.len()] } else { lags };
+        check_history(&initial, &empty_ledger_entries, &ops, &lags, &cuts, mode, attribution)?;
+    }
+}
 
-        // The ledger before the first batch: existing comments known; absent ones either
-        // known-gone or without an entry.
-        let mut ledger: HashMap<String, Option<Row>> = HashMap::new();
-        for (i, c) in initial.iter().enumerate() {
-            let key = CommentId::new(Bson::Int32(i as i32)).key;
-            match c {
-                Some(c) => {
-                    ledger.insert(key, Some(c.row()));
-                }
-                None if empty_ledger_entries[i] => {
-                    ledger.insert(key, None);
-                }
-                None => {}
-            }
-        }
+proptest! {
+    // A known failure: persist no regression file when it is run with --ignored.
+    #![proptest_config(ProptestConfig {
+        cases: 256,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
 
-        let mut applied = Tally::new();
-        let mut start = 0;
-        for end in 1..=events.len() {
-            if end < events.len() && !cuts[end] {
-                continue;
-            }
-            let (plan, ended) = plan_batch(&events[start..end], &ledger, attribution, WIDTH);
-            prop_assert!(ended.is_none());
-            prop_assert_eq!(plan.events, end - start);
-            prop_assert!(plan.skipped.is_empty(), "{:?}", plan.skipped);
-            check_plan(&plan)?;
-            for c in &plan.counters {
-                for (bucket, amount) in &c.buckets {
-                    *applied.entry((c.post.clone(), *bucket)).or_default() += amount;
-                }
-            }
-            for update in plan.ledger {
-                ledger.insert(update.comment.key, update.state);
-            }
-            start = end;
-        }
-
-        let mut truth = Tally::new();
-        let last = steps.last().map_or(initial.clone(), |s| s.snapshot.clone());
-        for c in &last {
-            add_live(&mut truth, c.as_ref(), 1);
-        }
-        for c in &initial {
-            add_live(&mut truth, c.as_ref(), -1);
-        }
-        prop_assert_eq!(nonzero(applied), nonzero(truth));
-        // The ledger ends where the truth is, for every comment an event named.
-        for step in &steps {
-            let key = CommentId::new(Bson::Int32(step.comment as i32)).key;
-            prop_assert_eq!(
-                ledger.get(&key).cloned().flatten(),
-                last[step.comment].as_ref().map(Comment::row),
-            );
-        }
+    #[test]
+    #[ignore = "bug: classify.rs takes an update's before-state from the pre-image (event time) and its after-state from the updateLookup fullDocument (read time); with late lookups the transitions do not telescope"]
+    fn plan_batch_with_pre_images_and_late_lookups(
+        initial in proptest::collection::vec(proptest::option::of(comment_strategy()), COMMENTS),
+        ops in proptest::collection::vec((0..COMMENTS, op_strategy()), 1..40),
+        lags in proptest::collection::vec(0..4usize, 40),
+        cuts in proptest::collection::vec(proptest::bool::weighted(0.2), 40),
+        auto in any::<bool>(),
+    ) {
+        let attribution = if auto { Attribution::Auto } else { Attribution::PreImage };
+        check_history(&initial, &[false; COMMENTS], &ops, &lags, &cuts, Mode::RealPreImage, attribution)?;
     }
 }
 

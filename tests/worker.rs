@@ -138,7 +138,10 @@ async fn restart_and_deliberate_replay_never_count_twice() {
     worker.shutdown().await.unwrap();
 
     // Move the checkpoint back to the very first position on purpose and replay everything.
-    t.store.move_checkpoint("comments", None).await.unwrap();
+    t.store
+        .move_checkpoint("comments", &counterd::store::Position::Unset)
+        .await
+        .unwrap();
     let mut settings = t.worker_settings();
     settings.start_at = Some(mongodb::bson::Timestamp {
         time: 1,

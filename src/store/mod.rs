@@ -76,6 +76,8 @@ pub struct Checkpoint {
     pub token: Option<Token>,
     /// Cluster time of the event at `token`.
     pub token_time: Option<Timestamp>,
+    /// Without a token: start the stream at this cluster time (set by `replay --from-time`).
+    pub start_time: Option<Timestamp>,
     /// The newest token any batch was applied or intended through. Events at or below it have
     /// been applied: re-reading them (an operator replay) only marks their posts dirty.
     pub high_water: Option<Token>,
@@ -171,6 +173,27 @@ pub struct RunSummary {
     pub watermark: i64,
 }
 
+/// Where an operator moves a stream's checkpoint.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Position {
+    /// Resume after this token.
+    Token(Token),
+    /// Start at this cluster time.
+    Time(Timestamp),
+    /// No position: the worker's configured start (`start_at`, else now).
+    Unset,
+}
+
+/// Who holds a stream: one active worker per stream, the others on standby.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Lease {
+    pub stream: String,
+    pub owner: String,
+    pub expires_at: DateTime,
+    /// Increases on every takeover; every worker write carries it in its filter.
+    pub epoch: i64,
+}
+
 /// How to position a new change stream.
 #[derive(Clone, Debug, PartialEq)]
 pub enum StreamStart {
@@ -237,8 +260,9 @@ pub trait Store: Send + Sync {
         token: &Token,
         token_time: Option<Timestamp>,
     ) -> StoreResult<()>;
-    /// Operator moves: set the resume position (high water is kept). `None` clears it.
-    async fn move_checkpoint(&self, stream: &str, token: Option<&Token>) -> StoreResult<()>;
+    /// Operator moves: set the resume position (the high water is kept, so events already
+    /// applied are only re-marked dirty).
+    async fn move_checkpoint(&self, stream: &str, to: &Position) -> StoreResult<()>;
     /// Records a history-lost gap and requests a full sweep.
     async fn record_gap(&self, fence: &Fence, gap: &Gap) -> StoreResult<()>;
     /// Sets or clears the "full sweep requested" flag.
@@ -289,8 +313,36 @@ pub trait Store: Send + Sync {
     /// Posts greater than `after`, in order, from `comments` and from the counters: the unit
     /// of the windowed full sweep.
     async fn posts_after(&self, after: Option<&PostId>, limit: usize) -> StoreResult<Vec<PostId>>;
+    /// Up to `n` posts that have counters, chosen at random (for `verify`).
+    async fn sample_posts(&self, n: usize) -> StoreResult<Vec<PostId>>;
     async fn record_run(&self, run: &RunSummary) -> StoreResult<()>;
     async fn last_run(&self) -> StoreResult<Option<RunSummary>>;
+
+    // --- leases ------------------------------------------------------------------------------
+    async fn read_lease(&self, stream: &str) -> StoreResult<Option<Lease>>;
+    /// Takes the lease if it is free, expired, or already ours; returns the new epoch (always
+    /// higher than any before), or `None` when another owner holds it.
+    async fn acquire_lease(
+        &self,
+        stream: &str,
+        owner: &str,
+        ttl: Duration,
+        now: DateTime,
+    ) -> StoreResult<Option<i64>>;
+    /// Extends our lease; false when it is no longer ours (a successor took over).
+    async fn renew_lease(
+        &self,
+        stream: &str,
+        owner: &str,
+        epoch: i64,
+        ttl: Duration,
+        now: DateTime,
+    ) -> StoreResult<bool>;
+    /// Gives the lease up at once (graceful shutdown), so a standby need not wait for expiry.
+    async fn release_lease(&self, stream: &str, owner: &str, epoch: i64) -> StoreResult<()>;
+    /// Stamps the checkpoint with a newer epoch at takeover; fails `Fenced` if a newer one is
+    /// already there.
+    async fn adopt_checkpoint(&self, fence: &Fence) -> StoreResult<()>;
 }
 
 /// Helper: a counter state from its bucket map with string keys, as stored.

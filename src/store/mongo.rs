@@ -516,6 +516,7 @@ fn checkpoint_from_doc(stream: &str, doc: &Document) -> StoreResult<Checkpoint> 
         pending,
         token,
         token_time: doc.get_timestamp("token_time").ok(),
+        start_time: doc.get_timestamp("start_time").ok(),
         high_water,
         epoch,
         updated_at: doc.get_datetime("updated_at").ok().copied(),
@@ -730,13 +731,17 @@ impl Store for MongoStore {
             .await
     }
 
-    async fn move_checkpoint(&self, stream: &str, token: Option<&Token>) -> StoreResult<()> {
-        let update = match token {
-            Some(t) => {
-                doc! {"$set": {"token": t.as_str(), "updated_at": DateTime::now()}, "$unset": {"token_time": ""}}
+    async fn move_checkpoint(&self, stream: &str, to: &Position) -> StoreResult<()> {
+        let now = DateTime::now();
+        let update = match to {
+            Position::Token(t) => {
+                doc! {"$set": {"token": t.as_str(), "updated_at": now}, "$unset": {"token_time": "", "start_time": ""}}
             }
-            None => {
-                doc! {"$unset": {"token": "", "token_time": ""}, "$set": {"updated_at": DateTime::now()}}
+            Position::Time(t) => {
+                doc! {"$set": {"start_time": *t, "updated_at": now}, "$unset": {"token": "", "token_time": ""}}
+            }
+            Position::Unset => {
+                doc! {"$unset": {"token": "", "token_time": "", "start_time": ""}, "$set": {"updated_at": now}}
             }
         };
         self.coll(CHECKPOINTS)
@@ -1080,6 +1085,27 @@ impl Store for MongoStore {
         Ok(posts)
     }
 
+    async fn sample_posts(&self, n: usize) -> StoreResult<Vec<PostId>> {
+        let docs: Vec<Document> = self
+            .coll(COUNTERS)
+            .aggregate(vec![
+                doc! {"$sample": {"size": n as i64}},
+                doc! {"$project": {"_id": 1}},
+            ])
+            .await
+            .map_err(|e| map_err("sample counters", e))?
+            .try_collect()
+            .await
+            .map_err(|e| map_err("sample counters", e))?;
+        let mut posts: Vec<PostId> = docs
+            .iter()
+            .filter_map(|d| d.get("_id").and_then(PostId::from_bson))
+            .collect();
+        posts.sort();
+        posts.dedup();
+        Ok(posts)
+    }
+
     async fn record_run(&self, run: &RunSummary) -> StoreResult<()> {
         let doc = bson::to_document(run).map_err(|e| StoreError::Fatal {
             op: "record a reconcile run",
@@ -1112,6 +1138,87 @@ impl Store for MongoStore {
             drift_low: d.get_i64("drift_low").unwrap_or_default(),
             watermark: d.get_i64("watermark").unwrap_or_default(),
         }))
+    }
+
+    async fn read_lease(&self, stream: &str) -> StoreResult<Option<Lease>> {
+        let found = self
+            .coll(LEASES)
+            .find_one(doc! {"_id": stream})
+            .await
+            .map_err(|e| map_err("read the lease", e))?;
+        Ok(found.map(|d| Lease {
+            stream: stream.to_string(),
+            owner: d.get_str("owner").unwrap_or_default().to_string(),
+            expires_at: d
+                .get_datetime("expires_at")
+                .ok()
+                .copied()
+                .unwrap_or(DateTime::MIN),
+            epoch: d.get_i64("epoch").unwrap_or(0),
+        }))
+    }
+
+    async fn acquire_lease(
+        &self,
+        stream: &str,
+        owner: &str,
+        ttl: Duration,
+        now: DateTime,
+    ) -> StoreResult<Option<i64>> {
+        let expires = DateTime::from_millis(now.timestamp_millis() + ttl.as_millis() as i64);
+        let filter = doc! {"_id": stream, "$or": [{"expires_at": {"$lt": now}}, {"owner": owner}]};
+        let update =
+            doc! {"$set": {"owner": owner, "expires_at": expires}, "$inc": {"epoch": 1_i64}};
+        let result = self
+            .coll(LEASES)
+            .find_one_and_update(filter, update)
+            .upsert(true)
+            .return_document(mongodb::options::ReturnDocument::After)
+            .await;
+        match result {
+            Ok(Some(d)) => Ok(Some(d.get_i64("epoch").unwrap_or(1))),
+            Ok(None) => Ok(None),
+            Err(e) if error_code(&e) == Some(DUPLICATE_KEY) => Ok(None),
+            Err(e) => Err(map_err("acquire the lease", e)),
+        }
+    }
+
+    async fn renew_lease(
+        &self,
+        stream: &str,
+        owner: &str,
+        epoch: i64,
+        ttl: Duration,
+        now: DateTime,
+    ) -> StoreResult<bool> {
+        let expires = DateTime::from_millis(now.timestamp_millis() + ttl.as_millis() as i64);
+        let result = self
+            .coll(LEASES)
+            .update_one(
+                doc! {"_id": stream, "owner": owner, "epoch": epoch},
+                doc! {"$set": {"expires_at": expires}},
+            )
+            .await
+            .map_err(|e| map_err("renew the lease", e))?;
+        Ok(result.matched_count == 1)
+    }
+
+    async fn release_lease(&self, stream: &str, owner: &str, epoch: i64) -> StoreResult<()> {
+        self.coll(LEASES)
+            .update_one(
+                doc! {"_id": stream, "owner": owner, "epoch": epoch},
+                doc! {"$set": {"expires_at": DateTime::from_millis(0)}},
+            )
+            .await
+            .map_err(|e| map_err("release the lease", e))?;
+        Ok(())
+    }
+
+    async fn adopt_checkpoint(&self, fence: &Fence) -> StoreResult<()> {
+        let filter = doc! {"_id": &fence.stream, "epoch": {"$not": {"$gt": fence.epoch}}};
+        let update = doc! {"$set": {"epoch": fence.epoch, "updated_at": DateTime::now()}};
+        self.checkpoint_update("adopt the checkpoint", fence, filter, update)
+            .await
     }
 }
 

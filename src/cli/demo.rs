@@ -1,0 +1,251 @@
+//! `counterd demo`: the whole product in one command. Starts a throwaway database the way the
+//! tests do, seeds posts, runs the worker and reconciler, drives a load generator (inserts, soft
+//! deletes, undeletes, hard deletes, and now and then a counter knocked off by hand), and shows
+//! the counters converging, until ctrl-c or `--duration`.
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bson::{doc, DateTime};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::sync::watch;
+
+use crate::cli::run::{run_with, shutdown_on_signals};
+use crate::config::Settings;
+use crate::event::PostId;
+use crate::reconcile::Reconciler;
+use crate::store::Store;
+use crate::testdb::TestServer;
+use crate::worker::WorkerStatus;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Stop after this long (e.g. 30s, 2m); default: until ctrl-c.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub duration: Option<Duration>,
+    /// Number of posts.
+    #[arg(long, default_value_t = 200)]
+    pub posts: usize,
+    /// Comments seeded before the worker starts.
+    #[arg(long, default_value_t = 2000)]
+    pub seed_comments: usize,
+    /// Load generator operations per second.
+    #[arg(long, default_value_t = 300)]
+    pub rate: u32,
+    /// Knock a random counter off by hand this often (0s: never).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "3s")]
+    pub drift_every: Duration,
+}
+
+fn post(i: usize) -> PostId {
+    PostId::Str(format!("post-{i:04}"))
+}
+
+pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
+    let server = tokio::task::spawn_blocking(TestServer::start)
+        .await?
+        .map_err(|e| anyhow::anyhow!("cannot start the demo database: {e}"))?;
+    let settings = Settings {
+        mongodb_uri: server.uri.clone(),
+        database: "counterd_demo".into(),
+        settle_time: Duration::from_secs(2),
+        bucket_width: Duration::from_secs(5),
+        reconcile_interval: Duration::from_secs(2),
+        idle_interval: Duration::from_millis(50),
+        lease_ttl: Duration::from_secs(5),
+        lease_renew: Duration::from_secs(1),
+        ..settings
+    };
+    let _metrics = crate::http::install_metrics();
+    let store = crate::cli::connect(&settings).await?;
+    let db = store.database().clone();
+    let comments = db.collection::<bson::Document>(&settings.comments_collection);
+
+    // Seed: comments that exist before counterd starts; a sweep creates their counters.
+    println!(
+        "seeding {} comments over {} posts ...",
+        args.seed_comments, args.posts
+    );
+    let mut rng = StdRng::seed_from_u64(42);
+    let now = chrono::Utc::now().timestamp();
+    let seed: Vec<_> = (0..args.seed_comments)
+        .map(|i| doc! {"_id": format!("seed-{i}"), "post_id": post(rng.random_range(0..args.posts)).to_bson(),
+            "created_at": DateTime::from_millis((now - rng.random_range(60..86_400)) * 1000), "body": "hello"})
+        .collect();
+    for chunk in seed.chunks(1000) {
+        comments.insert_many(chunk.to_vec()).await?;
+    }
+    let reconciler = Reconciler::new(
+        store.clone(),
+        crate::cli::run::reconcile_settings(&settings),
+    );
+    let swept = reconciler.sweep(now, |_| {}, None).await?;
+    println!("initial sweep created {} counters", swept.summary.corrected);
+
+    // counterd itself, as `counterd run` runs it.
+    let shutdown = shutdown_on_signals();
+    let status = Arc::new(WorkerStatus::default());
+    let counterd = tokio::spawn(run_with(settings.clone(), status.clone(), shutdown.clone()));
+    let (load_stop, load_rx) = watch::channel(false);
+    let load = tokio::spawn(load_generator(
+        comments.clone(),
+        store.clone(),
+        args.posts,
+        args.rate,
+        args.drift_every,
+        load_rx,
+    ));
+
+    let started = Instant::now();
+    let mut last_events = 0;
+    let mut shutdown_view = shutdown.clone();
+    let terminal = std::io::stdout().is_terminal();
+    loop {
+        let stop = tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => false,
+            _ = shutdown_view.changed() => true,
+        };
+        if stop || args.duration.is_some_and(|d| started.elapsed() >= d) {
+            break;
+        }
+        let events = status.events_applied.load(Ordering::Relaxed);
+        let rate = events - last_events;
+        last_events = events;
+        let dirty = store.dirty_summary().await?;
+        let last = store.last_run().await?;
+        if terminal {
+            print!("\x1b[2J\x1b[H");
+        }
+        println!(
+            "counterd demo  t={:>4}s  events/s {:>5}  lag {}s  dirty {:>4}  last reconcile: {} corrected, |drift| {}",
+            started.elapsed().as_secs(),
+            rate,
+            status.lag_secs.load(Ordering::Relaxed),
+            dirty.size,
+            last.as_ref().map(|r| r.corrected).unwrap_or(0),
+            last.as_ref().map(|r| r.total_abs_drift).unwrap_or(0),
+        );
+        for i in [0, 1, 2, 3, 4] {
+            let p = post(i);
+            let shown = store
+                .read_counter(&p)
+                .await?
+                .map(|c| c.state.displayed())
+                .unwrap_or(0);
+            let truth = store.count_live(&p).await?;
+            println!(
+                "  {p}: displayed {shown:>4}  true {truth:>4}{}",
+                if shown == truth { "" } else { "  (converging)" }
+            );
+        }
+    }
+    let _ = load_stop.send(true);
+    let _ = load.await;
+    println!("load stopped; waiting for every counter to converge ...");
+    let posts: Vec<PostId> = (0..args.posts).map(post).collect();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let exact = loop {
+        let mut wrong = 0;
+        for p in &posts {
+            let shown = store
+                .read_counter(p)
+                .await?
+                .map(|c| c.state.displayed())
+                .unwrap_or(0);
+            if shown != store.count_live(p).await? {
+                wrong += 1;
+            }
+        }
+        if wrong == 0 || Instant::now() > deadline || *shutdown.borrow() {
+            break wrong == 0;
+        }
+        println!("  {wrong} counters still converging");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    };
+    // Stop counterd if the signal did not already.
+    counterd.abort();
+    if exact {
+        println!(
+            "converged: all {} counters equal the true count",
+            posts.len()
+        );
+        Ok(ExitCode::SUCCESS)
+    } else {
+        println!("NOT converged within 60 s");
+        Ok(ExitCode::FAILURE)
+    }
+}
+
+/// Inserts, soft-deletes, undeletes and hard-deletes comments at `rate` per second, and now and
+/// then knocks a counter off by hand (the drift counterd exists to correct).
+async fn load_generator<S: Store + ?Sized>(
+    comments: mongodb::Collection<bson::Document>,
+    store: Arc<S>,
+    posts: usize,
+    rate: u32,
+    drift_every: Duration,
+    stop: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let _ = &store;
+    let mut rng = StdRng::seed_from_u64(7);
+    let mut ids: Vec<String> = Vec::new();
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate.max(1) as f64));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut last_drift = Instant::now();
+    let counters = comments
+        .client()
+        .database(comments.namespace().db.as_str())
+        .collection::<bson::Document>("comment_counters");
+    let mut n = 0u64;
+    while !*stop.borrow() {
+        tick.tick().await;
+        n += 1;
+        let roll = rng.random_range(0..100);
+        let result = if ids.is_empty() || roll < 55 {
+            let id = format!("c-{n}");
+            ids.push(id.clone());
+            let created = chrono::Utc::now().timestamp() - rng.random_range(0..120);
+            comments
+                .insert_one(doc! {"_id": id, "post_id": post(rng.random_range(0..posts)).to_bson(), "created_at": DateTime::from_millis(created * 1000)})
+                .await
+                .map(|_| ())
+        } else {
+            let id = ids[rng.random_range(0..ids.len())].clone();
+            match roll {
+                55..=74 => comments
+                    .update_one(
+                        doc! {"_id": &id},
+                        doc! {"$set": {"deleted_at": DateTime::now()}},
+                    )
+                    .await
+                    .map(|_| ()),
+                75..=89 => comments
+                    .update_one(doc! {"_id": &id}, doc! {"$unset": {"deleted_at": ""}})
+                    .await
+                    .map(|_| ()),
+                _ => {
+                    ids.retain(|i| *i != id);
+                    comments.delete_one(doc! {"_id": &id}).await.map(|_| ())
+                }
+            }
+        };
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "load generator write failed");
+        }
+        if !drift_every.is_zero() && last_drift.elapsed() >= drift_every {
+            last_drift = Instant::now();
+            let amount = if rng.random_bool(0.5) { 3 } else { -2 };
+            let _ = counters
+                .update_one(
+                    doc! {"_id": post(rng.random_range(0..posts)).to_bson()},
+                    doc! {"$inc": {"live_delta": amount}},
+                )
+                .await;
+        }
+    }
+    Ok(())
+}

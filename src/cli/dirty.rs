@@ -1,0 +1,61 @@
+//! `counterd dirty`: the backlog of posts waiting for a recount.
+
+use std::process::ExitCode;
+
+use crate::cli::{age_secs, connect, print_json, rfc3339};
+use crate::config::Settings;
+use crate::store::{DirtyOrder, Store};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// How many entries to list.
+    #[arg(long, default_value_t = 20)]
+    pub limit: usize,
+    /// Order by version (most touched first) instead of oldest first.
+    #[arg(long)]
+    pub by_version: bool,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
+    let store = connect(&settings).await?;
+    let order = if args.by_version {
+        DirtyOrder::ByVersion
+    } else {
+        DirtyOrder::Oldest
+    };
+    let summary = store.dirty_summary().await?;
+    let entries = store.dirty_list(order, args.limit).await?;
+    if args.json {
+        print_json(
+            &serde_json::json!({"size": summary.size, "oldest": summary.oldest.map(rfc3339), "entries": entries}),
+        )?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "{} dirty posts{}",
+        summary.size,
+        summary
+            .oldest
+            .map(|t| format!(", oldest {}s ago", age_secs(t)))
+            .unwrap_or_default()
+    );
+    if !entries.is_empty() {
+        println!(
+            "{:<32} {:>8} {:>12} {:>12}",
+            "post", "version", "first (s)", "last (s)"
+        );
+    }
+    for e in entries {
+        println!(
+            "{:<32} {:>8} {:>12} {:>12}",
+            e.post.to_string(),
+            e.version,
+            age_secs(e.first_dirty_at),
+            age_secs(e.last_dirty_at)
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,158 @@
+//! The command line: one file per subcommand, each with its own arguments and output.
+
+mod demo;
+mod dirty;
+mod get;
+mod reconcile;
+mod replay;
+mod run;
+mod status;
+mod verify;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+
+use crate::config::{ConfigError, Settings};
+use crate::store::mongo::{ConnectOptions, MongoStore};
+
+/// Exit code for configuration errors (as for usage errors).
+pub const EXIT_CONFIG: u8 = 2;
+
+/// counterd keeps per-post comment counters in MongoDB honest: it tails the `comments` change
+/// stream into idempotent counter increments and recounts dirty posts in the background.
+#[derive(Debug, Parser)]
+#[command(name = "counterd", version, about, long_about = None)]
+pub struct Cli {
+    /// TOML settings file (see counterd.example.toml).
+    #[arg(long, global = true, env = "COUNTERD_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// MongoDB connection string (overrides mongodb_uri).
+    #[arg(long, global = true)]
+    pub mongodb_uri: Option<String>,
+    /// Database holding `comments` (overrides database).
+    #[arg(long, global = true)]
+    pub database: Option<String>,
+    /// Address of /metrics, /healthz, /readyz (overrides http_addr).
+    #[arg(long, global = true)]
+    pub http_addr: Option<String>,
+    /// Log JSON lines instead of human-readable text.
+    #[arg(long, global = true)]
+    pub log_json: bool,
+    /// Override any setting: --set name=value (repeatable).
+    #[arg(long = "set", global = true, value_name = "NAME=VALUE")]
+    pub set: Vec<String>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the worker, the reconciler and the HTTP endpoints until SIGTERM or ctrl-c.
+    Run(run::Args),
+    /// Show the checkpoint (token and time), stream lag, dirty backlog and the last reconcile.
+    Status(status::Args),
+    /// List the dirty backlog: posts waiting for a recount.
+    Dirty(dirty::Args),
+    /// Recount now: the dirty posts once, one post, or a full sweep.
+    Reconcile(reconcile::Args),
+    /// Move the stream's checkpoint to a token or a time (events already applied are only
+    /// re-marked dirty, never counted twice).
+    Replay(replay::Args),
+    /// Show one post's counter (displayed, base, live, buckets) beside its true count.
+    Get(get::Args),
+    /// Compare a sample of counters with the truth; exits 1 on any mismatch.
+    Verify(verify::Args),
+    /// The demo: a throwaway database, the worker, a load generator and a live view.
+    Demo(demo::Args),
+}
+
+impl Cli {
+    /// Settings from file, environment and these flags.
+    pub fn settings(&self) -> Result<Settings, ConfigError> {
+        let mut overrides = Vec::new();
+        for (name, value) in [
+            ("mongodb_uri", &self.mongodb_uri),
+            ("database", &self.database),
+            ("http_addr", &self.http_addr),
+        ] {
+            if let Some(v) = value {
+                overrides.push((name.to_string(), v.clone()));
+            }
+        }
+        if self.log_json {
+            overrides.push(("log_format".into(), "json".into()));
+        }
+        for pair in &self.set {
+            let Some((name, value)) = pair.split_once('=') else {
+                return Err(ConfigError::Invalid {
+                    name: pair.clone(),
+                    origin: "flag --set".into(),
+                    value: pair.clone(),
+                    message: "expected --set name=value".into(),
+                });
+            };
+            overrides.push((name.trim().to_string(), value.to_string()));
+        }
+        Settings::load(self.config.as_deref(), std::env::vars(), &overrides)
+    }
+}
+
+/// Runs the parsed command line.
+pub async fn main(cli: Cli) -> ExitCode {
+    let settings = match cli.settings() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("counterd: configuration error: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    crate::telemetry::init_logging(settings.log_format == "json", &settings.log_level);
+    let result = match cli.command {
+        Command::Run(args) => run::run(settings, args).await,
+        Command::Status(args) => status::run(settings, args).await,
+        Command::Dirty(args) => dirty::run(settings, args).await,
+        Command::Reconcile(args) => reconcile::run(settings, args).await,
+        Command::Replay(args) => replay::run(settings, args).await,
+        Command::Get(args) => get::run(settings, args).await,
+        Command::Verify(args) => verify::run(settings, args).await,
+        Command::Demo(args) => demo::run(settings, args).await,
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("counterd: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Connects to the configured database (one-shot commands fail fast with a clear error).
+pub async fn connect(settings: &Settings) -> anyhow::Result<Arc<MongoStore>> {
+    let store = MongoStore::connect(&ConnectOptions {
+        uri: settings.mongodb_uri.clone(),
+        database: settings.database.clone(),
+        comments: settings.comments_collection.clone(),
+        connect_timeout: settings.connect_timeout,
+    })
+    .await?;
+    Ok(Arc::new(store))
+}
+
+/// Prints a value as pretty JSON.
+pub fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}
+
+/// Seconds since a date, for "age" columns.
+pub fn age_secs(t: bson::DateTime) -> i64 {
+    ((bson::DateTime::now().timestamp_millis() - t.timestamp_millis()) / 1000).max(0)
+}
+
+/// A date as RFC 3339.
+pub fn rfc3339(t: bson::DateTime) -> String {
+    t.try_to_rfc3339_string().unwrap_or_else(|_| t.to_string())
+}

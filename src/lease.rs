@@ -1,0 +1,157 @@
+//! One active worker per stream. Replicas compete for a lease document in `counterd_leases`;
+//! the holder renews it and runs the worker and reconciler, the others stand by and take over
+//! within about `ttl` of the holder going silent. Each takeover raises the fencing epoch, which
+//! every worker write carries in its filter, so a paused former holder cannot write even once.
+
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bson::DateTime;
+use rand::Rng;
+use tokio::sync::watch;
+
+use crate::store::{Fence, Store, StoreError};
+use crate::telemetry as m;
+use crate::worker::{sleep_or_shutdown, WorkerError, WorkerStatus};
+
+/// Lease knobs (from [`crate::config::Settings`]).
+#[derive(Clone, Debug)]
+pub struct LeaseSettings {
+    pub stream: String,
+    pub owner: String,
+    pub ttl: Duration,
+    pub renew: Duration,
+}
+
+/// This process's default identity: hostname and pid.
+pub fn default_owner() -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "host".into());
+    format!("{host}-{}", std::process::id())
+}
+
+/// Stands by until the lease is ours, then runs `active(epoch, stop)` while renewing it; steps
+/// down when the lease is lost or the active work ends with `Fenced`. Returns on shutdown (after
+/// releasing the lease) or when the active work fails otherwise.
+pub async fn hold<S, F, Fut>(
+    store: Arc<S>,
+    settings: LeaseSettings,
+    status: Arc<WorkerStatus>,
+    mut shutdown: watch::Receiver<bool>,
+    active: F,
+) -> Result<(), WorkerError>
+where
+    S: Store + ?Sized,
+    F: Fn(i64, watch::Receiver<bool>) -> Fut,
+    Fut: Future<Output = Result<(), WorkerError>> + Send + 'static,
+{
+    loop {
+        // --- standby: look for an expired (or our own) lease, with jitter against flapping.
+        let epoch = loop {
+            if *shutdown.borrow() {
+                return Ok(());
+            }
+            match store
+                .acquire_lease(
+                    &settings.stream,
+                    &settings.owner,
+                    settings.ttl,
+                    DateTime::now(),
+                )
+                .await
+            {
+                Ok(Some(epoch)) => break epoch,
+                Ok(None) => {}
+                Err(e) => tracing::warn!(error = %e, "cannot reach the lease; staying on standby"),
+            }
+            let jitter = rand::rng().random_range(0.5..1.0);
+            if sleep_or_shutdown(settings.renew.mul_f64(jitter), &mut shutdown).await {
+                return Ok(());
+            }
+        };
+        let fence = Fence {
+            stream: settings.stream.clone(),
+            epoch,
+        };
+        match store.adopt_checkpoint(&fence).await {
+            Ok(()) => {}
+            Err(StoreError::Fenced { .. }) => continue,
+            Err(e) if e.is_transient() => continue,
+            Err(e) => return Err(WorkerError::Store(e)),
+        }
+        tracing::info!(stream = %settings.stream, owner = %settings.owner, epoch, "lease acquired: active");
+        status.active.store(true, Ordering::Relaxed);
+        metrics::gauge!(m::WORKER_ACTIVE).set(1.0);
+
+        // --- active: run the work, renew the lease, step down when it is lost.
+        let (stop, stop_rx) = watch::channel(false);
+        let mut work = tokio::spawn(active(epoch, stop_rx));
+        let mut last_renewed = tokio::time::Instant::now();
+        let outcome = loop {
+            tokio::select! {
+                result = &mut work => break Some(result),
+                _ = tokio::time::sleep(settings.renew) => {}
+                _ = shutdown.changed() => {}
+            }
+            if *shutdown.borrow() {
+                break None;
+            }
+            match store
+                .renew_lease(
+                    &settings.stream,
+                    &settings.owner,
+                    epoch,
+                    settings.ttl,
+                    DateTime::now(),
+                )
+                .await
+            {
+                Ok(true) => last_renewed = tokio::time::Instant::now(),
+                Ok(false) => {
+                    tracing::warn!(epoch, "lease lost to another worker: stepping down");
+                    break None;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot renew the lease");
+                    if last_renewed.elapsed() >= settings.ttl {
+                        tracing::warn!("lease expired while unreachable: stepping down");
+                        break None;
+                    }
+                }
+            }
+        };
+        let _ = stop.send(true);
+        let result = match outcome {
+            Some(result) => result,
+            None => work.await,
+        };
+        status.active.store(false, Ordering::Relaxed);
+        status.stream_open.store(false, Ordering::Relaxed);
+        metrics::gauge!(m::WORKER_ACTIVE).set(0.0);
+        if *shutdown.borrow() {
+            let _ = store
+                .release_lease(&settings.stream, &settings.owner, epoch)
+                .await;
+            tracing::info!("lease released");
+        }
+        match result {
+            Ok(Ok(())) => {}
+            Ok(Err(WorkerError::Store(StoreError::Fenced { .. }))) => {
+                tracing::warn!(epoch, "fenced out by a newer epoch: standing by");
+            }
+            Ok(Err(e)) => return Err(e),
+            Err(join) => {
+                return Err(WorkerError::Store(StoreError::Fatal {
+                    op: "run the worker",
+                    message: join.to_string(),
+                }))
+            }
+        }
+        if *shutdown.borrow() {
+            return Ok(());
+        }
+    }
+}
