@@ -175,9 +175,30 @@ pub fn classify(
                 }
             }
         }
-        // `updateLookup` shows the row as it is now, possibly later than the event; a missing
-        // document (a real server, row deleted since) or a fragment without `post_id` (the fake
-        // server) says nothing: the delete event that follows settles it.
+        // With a complete update description and a known before-state, the after-state is
+        // derived exactly at event time. Otherwise `updateLookup` shows the row as it is now,
+        // possibly later than the event: fine while before-states chain through the ledger (the
+        // transitions telescope), but never mixed with pre-images, which are event-time states.
+        Operation::Update {
+            summary: Some(summary),
+        } if summary.complete && matches!(before, Before::Known(Some(_))) => {
+            let Before::Known(Some(row)) = &before else {
+                unreachable!("guarded above")
+            };
+            match summary.apply(row) {
+                Ok(after) => After::Known(after),
+                Err(kind) => {
+                    return Ok(problem_only(
+                        &before,
+                        source,
+                        Problem::Bad(format!("`{POST_FIELD}` has unsupported type {kind}")),
+                    ))
+                }
+            }
+        }
+        // A looked-up row without `post_id` no longer counts; no document at all (the row was
+        // deleted since) or the fake server's fragment (no `_id`) says nothing: the delete event
+        // that follows settles it.
         Operation::Update { .. } => match event.full_document.as_ref().and_then(read_looked_up_row)
         {
             Some(RowRead::Row(row)) => After::Known(Some(row)),
@@ -188,7 +209,8 @@ pub fn classify(
                     Problem::Bad(format!("`{POST_FIELD}` has unsupported type {kind}")),
                 ))
             }
-            Some(RowRead::NoPost) | None => After::Unchanged,
+            Some(RowRead::NoPost) => After::Known(None),
+            None => After::Unchanged,
         },
         Operation::Delete => After::Known(None),
     };

@@ -208,6 +208,40 @@ pub struct UpdateSummary {
     pub set: Document,
     /// Fields removed (`removedFields`, or `$unset` in the fake's spec).
     pub removed: Vec<String>,
+    /// True for a server's `updateDescription`, which is complete; false for the fake server's
+    /// update spec, which may use operators counterd does not read (`$currentDate`, `$rename`).
+    pub complete: bool,
+}
+
+impl UpdateSummary {
+    /// The row after this update, derived from the row before it: exact at event time, unlike
+    /// an `updateLookup` document. `Err` names a `post_id` of an unsupported type.
+    pub fn apply(&self, before: &Row) -> Result<Option<Row>, String> {
+        let post = match self.set.get(POST_FIELD) {
+            Some(value) => match PostId::from_bson(value) {
+                Some(p) => p,
+                None => return Err(format!("{:?}", value.element_type())),
+            },
+            None if self.removed.iter().any(|f| f == POST_FIELD) => return Ok(None),
+            None => before.post.clone(),
+        };
+        let created_at = match self.set.get(CREATED_FIELD) {
+            Some(Bson::DateTime(d)) => Some(*d),
+            Some(_) => None,
+            None if self.removed.iter().any(|f| f == CREATED_FIELD) => None,
+            None => before.created_at,
+        };
+        let deleted = match self.set.get(DELETED_FIELD) {
+            Some(value) => !matches!(value, Bson::Null),
+            None if self.removed.iter().any(|f| f == DELETED_FIELD) => false,
+            None => before.deleted,
+        };
+        Ok(Some(Row {
+            post,
+            created_at,
+            deleted,
+        }))
+    }
 }
 
 /// The operation of a change event.
@@ -329,7 +363,11 @@ fn update_summary(doc: &Document, document_key: &Document) -> Option<UpdateSumma
                     .collect()
             })
             .unwrap_or_default();
-        return Some(UpdateSummary { set, removed });
+        return Some(UpdateSummary {
+            set,
+            removed,
+            complete: true,
+        });
     }
     let has_operators = document_key.keys().any(|k| k.starts_with('$'));
     if !has_operators {
@@ -343,5 +381,9 @@ fn update_summary(doc: &Document, document_key: &Document) -> Option<UpdateSumma
         .get_document("$unset")
         .map(|d| d.keys().cloned().collect())
         .unwrap_or_default();
-    Some(UpdateSummary { set, removed })
+    Some(UpdateSummary {
+        set,
+        removed,
+        complete: false,
+    })
 }

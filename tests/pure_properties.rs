@@ -653,14 +653,13 @@ proptest! {
             (Mode::RealPreImage, false) => Attribution::PreImage,
             _ => Attribution::Ledger,
         };
-        // Pre-images are exact only together with prompt lookups (see the ignored test below).
-        let lags = if mode == Mode::RealPreImage { vec![0; lags.len()] } else { lags };
         check_history(&initial, &empty_ledger_entries, &ops, &lags, &cuts, mode, attribution)?;
     }
 }
 
 proptest! {
-    // A known failure: persist no regression file when it is run with --ignored.
+    // Pre-images mixed with late lookups: after-states are derived at event time, so the
+    // transitions still telescope.
     #![proptest_config(ProptestConfig {
         cases: 256,
         failure_persistence: None,
@@ -668,7 +667,6 @@ proptest! {
     })]
 
     #[test]
-    #[ignore = "bug: classify.rs takes an update's before-state from the pre-image (event time) and its after-state from the updateLookup fullDocument (read time); with late lookups the transitions do not telescope"]
     fn plan_batch_with_pre_images_and_late_lookups(
         initial in proptest::collection::vec(proptest::option::of(comment_strategy()), COMMENTS),
         ops in proptest::collection::vec((0..COMMENTS, op_strategy()), 1..40),
