@@ -1,0 +1,259 @@
+//! The reconciler against the test database: injected drift is corrected with its sign, only
+//! dirty posts are counted, increments racing a run are not lost, and races heal next run.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use counterd::event::PostId;
+use counterd::reconcile::{ReconcileSettings, Reconciler};
+use counterd::store::mongo::MongoStore;
+use counterd::store::{DirtyOrder, Fence, Store};
+use mongodb::bson::{doc, DateTime};
+use support::{now_secs, TestDb};
+
+fn post(i: usize) -> PostId {
+    PostId::Str(format!("post-{i}"))
+}
+
+fn reconciler(t: &TestDb) -> Reconciler<MongoStore> {
+    Reconciler::new(
+        t.store.clone(),
+        ReconcileSettings {
+            settle_secs: 5,
+            bucket_width_secs: 60,
+            ..ReconcileSettings::default()
+        },
+    )
+}
+
+/// Rows an hour old (below any watermark), applied by a worker, then the worker stopped.
+async fn settled_posts(t: &TestDb, posts: usize, per_post: usize) -> Vec<PostId> {
+    let worker = t.spawn_worker(t.worker_settings());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let old = now_secs() - 3600;
+    let mut n = 0;
+    for p in 0..posts {
+        for _ in 0..per_post {
+            t.insert_comment(format!("c{n}"), &post(p), old).await;
+            n += 1;
+        }
+    }
+    let ids: Vec<PostId> = (0..posts).map(post).collect();
+    t.wait_exact(&ids, Duration::from_secs(30)).await;
+    worker.shutdown().await.unwrap();
+    ids
+}
+
+#[tokio::test]
+async fn injected_drift_is_corrected_with_sign_and_size() {
+    let t = TestDb::new("drift").await;
+    let posts = settled_posts(&t, 4, 5).await;
+    let counters =
+        t.db.collection::<mongodb::bson::Document>("comment_counters");
+    // post-0: live_delta +3 (the seed formula could never fix drift sitting in live_delta);
+    // post-1: live_delta -2; post-2: base_count +4; post-3: untouched.
+    for (p, update) in [
+        (0, doc! {"$inc": {"live_delta": 3}}),
+        (1, doc! {"$inc": {"live_delta": -2}}),
+        (2, doc! {"$inc": {"base_count": 4}}),
+    ] {
+        counters
+            .update_one(doc! {"_id": post(p).to_bson()}, update)
+            .await
+            .unwrap();
+    }
+    assert_eq!(t.displayed(&post(0)).await, 8);
+    let report = reconciler(&t).run_dirty(now_secs()).await.unwrap();
+    t.wait_exact(&posts, Duration::from_secs(1)).await;
+    let mut drift: Vec<(String, i64, i64, i64)> = report
+        .corrections
+        .iter()
+        .map(|c| (c.post.to_string(), c.wrong, c.right, c.drift))
+        .collect();
+    drift.sort();
+    assert_eq!(
+        drift,
+        vec![
+            ("post-0".into(), 8, 5, 3),
+            ("post-1".into(), 3, 5, -2),
+            ("post-2".into(), 9, 5, 4),
+        ]
+    );
+    let s = &report.summary;
+    assert_eq!(
+        (
+            s.corrected,
+            s.total_abs_drift,
+            s.max_abs_drift,
+            s.drift_high,
+            s.drift_low
+        ),
+        (3, 9, 4, 7, -2)
+    );
+    let stored = t.store.read_counter(&post(1)).await.unwrap().unwrap();
+    assert_eq!(stored.last_drift, Some(-2));
+    assert!(stored.reconciled_at.is_some());
+    assert!(
+        stored.state.buckets.is_empty(),
+        "old buckets were folded into base_count"
+    );
+    assert_eq!((stored.state.base_count, stored.state.live_delta), (5, 0));
+    // The run is recorded for `status`, and the dirty set is empty.
+    assert_eq!(t.store.last_run().await.unwrap().unwrap().corrected, 3);
+    assert_eq!(t.store.dirty_summary().await.unwrap().size, 0);
+}
+
+#[tokio::test]
+async fn only_dirty_posts_are_counted() {
+    let t = TestDb::new("onlydirty").await;
+    let old = DateTime::from_millis((now_secs() - 3600) * 1000);
+    let docs: Vec<_> = (0..10_000)
+        .map(|i| doc! {"_id": i as i64, "post_id": post(i).to_bson(), "created_at": old})
+        .collect();
+    for chunk in docs.chunks(2000) {
+        t.comments.insert_many(chunk.to_vec()).await.unwrap();
+    }
+    let dirty: Vec<PostId> = (0..10_000).step_by(200).map(post).collect();
+    assert_eq!(dirty.len(), 50);
+    let fence = Fence {
+        stream: "comments".into(),
+        epoch: 0,
+    };
+    t.store
+        .mark_dirty(&fence, &dirty, DateTime::now())
+        .await
+        .unwrap();
+    let before = t.store.op_counts().count_queries;
+    let report = reconciler(&t).run_dirty(now_secs()).await.unwrap();
+    assert_eq!(
+        t.store.op_counts().count_queries - before,
+        50,
+        "counts only for the 50 dirty posts"
+    );
+    assert_eq!(report.summary.counts, 50);
+    assert_eq!(report.summary.posts, 50);
+    // Posts with rows but no counter get one, with the true value.
+    assert_eq!(report.summary.corrected, 50);
+    for p in &dirty {
+        assert_eq!(t.displayed(p).await, 1);
+    }
+    assert!(
+        t.store.read_counter(&post(1)).await.unwrap().is_none(),
+        "clean posts untouched"
+    );
+}
+
+#[tokio::test]
+async fn posts_whose_rows_are_gone_go_to_zero() {
+    let t = TestDb::new("gone").await;
+    let posts = settled_posts(&t, 1, 3).await;
+    t.comments.delete_many(doc! {}).await.unwrap();
+    let counters =
+        t.db.collection::<mongodb::bson::Document>("comment_counters");
+    // The worker is off, so only the reconciler can notice.
+    let fence = Fence {
+        stream: "comments".into(),
+        epoch: 0,
+    };
+    t.store
+        .mark_dirty(&fence, &posts, DateTime::now())
+        .await
+        .unwrap();
+    reconciler(&t).run_dirty(now_secs()).await.unwrap();
+    let c = counters
+        .find_one(doc! {"_id": post(0).to_bson()})
+        .await
+        .unwrap();
+    assert!(c.is_some(), "the counter is kept, not deleted");
+    assert_eq!(t.displayed(&post(0)).await, 0);
+}
+
+#[tokio::test]
+async fn writers_racing_reconcile_lose_no_increment() {
+    let t = TestDb::new("racing").await;
+    let posts: Vec<PostId> = (0..5).map(post).collect();
+    let worker = t.spawn_worker(t.worker_settings());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let rec = Arc::new(reconciler(&t));
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    let loop_rec = rec.clone();
+    let reconciles = tokio::spawn(async move {
+        let mut runs = 0;
+        while !*stop_rx.borrow() {
+            loop_rec.run_dirty(now_secs()).await.unwrap();
+            runs += 1;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        runs
+    });
+    // Old and new rows, inserts and soft deletes, while reconciles run.
+    for i in 0..300 {
+        let p = &posts[i % posts.len()];
+        let age = if i % 2 == 0 { 3600 } else { 0 };
+        t.insert_comment(format!("r{i}"), p, now_secs() - age).await;
+        if i % 7 == 0 {
+            t.comments
+                .update_one(
+                    doc! {"_id": format!("r{}", i / 2)},
+                    doc! {"$set": {"deleted_at": DateTime::now()}},
+                )
+                .await
+                .unwrap();
+        }
+    }
+    let _ = stop.send(true);
+    let runs = reconciles.await.unwrap();
+    assert!(runs >= 2, "reconcile ran during the writes ({runs} runs)");
+    // Writers stopped: the worker catches up, then one more run completes.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    rec.run_dirty(now_secs()).await.unwrap();
+    t.wait_exact(&posts, Duration::from_secs(20)).await;
+    worker.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_soft_delete_racing_a_reconcile_is_corrected_next_run() {
+    let t = TestDb::new("race").await;
+    let posts = settled_posts(&t, 1, 4).await;
+    // The soft delete of an old row commits, but the worker (stopped) has not applied it yet
+    // when the reconciler counts: the count already excludes the row.
+    t.comments
+        .update_one(
+            doc! {"_id": "c0"},
+            doc! {"$set": {"deleted_at": DateTime::now()}},
+        )
+        .await
+        .unwrap();
+    let fence = Fence {
+        stream: "comments".into(),
+        epoch: 0,
+    };
+    t.store
+        .mark_dirty(&fence, &posts, DateTime::now())
+        .await
+        .unwrap();
+    let first = reconciler(&t).run_dirty(now_secs()).await.unwrap();
+    assert_eq!(
+        first.summary.drift_high, 1,
+        "the counter still showed the deleted row"
+    );
+    // Now the worker applies the -1 into the folded bucket: one too low, and the post is dirty.
+    let worker = t.spawn_worker(t.worker_settings());
+    t.wait_applied(&worker, 1, Duration::from_secs(20)).await;
+    worker.shutdown().await.unwrap();
+    assert_eq!(
+        t.displayed(&post(0)).await,
+        2,
+        "the race left the counter one low"
+    );
+    let dirty = t.store.dirty_list(DirtyOrder::Oldest, 10).await.unwrap();
+    assert_eq!(dirty.len(), 1, "and the post is dirty again");
+    let second = reconciler(&t).run_dirty(now_secs()).await.unwrap();
+    assert_eq!(
+        second.summary.drift_low, -1,
+        "the next run corrects it, drift reported as low"
+    );
+    t.wait_exact(&posts, Duration::from_secs(1)).await;
+}
