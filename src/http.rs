@@ -33,7 +33,7 @@ pub fn install_metrics() -> PrometheusHandle {
                     ),
                     &[1.0, 2.0, 5.0, 10.0, 50.0, 100.0, 1000.0],
                 )
-                .and_then(|b| Ok(b.install_recorder()?))
+                .and_then(|b| b.install_recorder())
                 .expect("install the metrics recorder");
             crate::telemetry::describe();
             handle

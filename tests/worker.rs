@@ -176,13 +176,13 @@ async fn the_per_post_guard_rejects_a_duplicate_write() {
     let token = Token("0000000000000010".into());
     let first = t
         .store
-        .apply_counters(&fence, &[write.clone()], &token)
+        .apply_counters(&fence, std::slice::from_ref(&write), &token)
         .await
         .unwrap();
     assert_eq!((first.applied, first.already_applied), (1, 0));
     let again = t
         .store
-        .apply_counters(&fence, &[write.clone()], &token)
+        .apply_counters(&fence, std::slice::from_ref(&write), &token)
         .await
         .unwrap();
     assert_eq!(
@@ -193,7 +193,7 @@ async fn the_per_post_guard_rejects_a_duplicate_write() {
     let older = Token("0000000000000008".into());
     let old = t
         .store
-        .apply_counters(&fence, &[write.clone()], &older)
+        .apply_counters(&fence, std::slice::from_ref(&write), &older)
         .await
         .unwrap();
     assert_eq!(old.already_applied, 1, "older token: rejected");
