@@ -154,6 +154,11 @@ impl TestServer {
         Ok(server)
     }
 
+    /// The server's process id, when this process started it (to pause it in fault tests).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
     /// The URI with a database name for one test.
     pub fn uri(&self) -> &str {
         &self.uri
