@@ -74,6 +74,10 @@ pub struct Settings {
     /// Shortest backoff after a transient error.
     #[serde(with = "humantime_serde")]
     pub retry_min_delay: Duration,
+    /// Longest a worker step (read a batch and write it) may take before it is abandoned as
+    /// stuck and retried from the checkpoint (a paused or partitioned server).
+    #[serde(with = "humantime_serde")]
+    pub operation_timeout: Duration,
     /// Longest backoff after a transient error.
     #[serde(with = "humantime_serde")]
     pub retry_max_delay: Duration,
@@ -115,6 +119,7 @@ impl Default for Settings {
             log_format: "text".into(),
             log_level: "info".into(),
             retry_min_delay: Duration::from_millis(100),
+            operation_timeout: Duration::from_secs(30),
             retry_max_delay: Duration::from_secs(5),
             lease_ttl: Duration::from_secs(10),
             lease_renew: Duration::from_secs(2),

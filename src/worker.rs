@@ -63,6 +63,8 @@ pub struct WorkerSettings {
     pub pipeline: Vec<bson::Document>,
     pub retry_min_delay: Duration,
     pub retry_max_delay: Duration,
+    /// A step (read + write of one batch) taking longer is abandoned and retried.
+    pub operation_timeout: Duration,
 }
 
 impl Default for WorkerSettings {
@@ -81,6 +83,7 @@ impl Default for WorkerSettings {
             pipeline: Vec::new(),
             retry_min_delay: Duration::from_millis(100),
             retry_max_delay: Duration::from_secs(5),
+            operation_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -260,9 +263,15 @@ impl<S: Store + ?Sized> Worker<S> {
             if *shutdown.borrow() {
                 return Ok(());
             }
-            let step = self.step(fence, &mut checkpoint, source.as_mut(), &mut pending);
+            let step = tokio::time::timeout(
+                self.settings.operation_timeout,
+                self.step(fence, &mut checkpoint, source.as_mut(), &mut pending),
+            );
             let idle = tokio::select! {
-                result = step => result?,
+                result = step => result.map_err(|_| StoreError::Transient {
+                    op: "read and apply a batch",
+                    message: format!("no answer within {:?} (operation_timeout); is the server paused or unreachable?", self.settings.operation_timeout),
+                })??,
                 // Abandoning a batch mid-way is safe: the checkpoint has not moved, and the
                 // intent makes the restart re-read exactly this batch.
                 _ = shutdown.changed() => return Ok(()),

@@ -32,6 +32,7 @@ pub fn worker_settings(settings: &Settings, pre_images: bool) -> WorkerSettings 
         pipeline: Vec::new(),
         retry_min_delay: settings.retry_min_delay,
         retry_max_delay: settings.retry_max_delay,
+        operation_timeout: settings.operation_timeout,
     }
 }
 

@@ -1,0 +1,267 @@
+//! Process-level faults against the test database: `kill -9` in a loop while writers run, the
+//! server paused and resumed, corrupt checkpoints, history lost; plus the HTTP endpoints.
+
+mod support;
+
+#[path = "support/daemon.rs"]
+mod daemon;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use counterd::event::PostId;
+use counterd::store::Store;
+use counterd::testdb::{ServerKind, TestServer};
+use daemon::Daemon;
+use mongodb::bson::{doc, DateTime};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use support::{now_secs, TestDb};
+
+fn post(i: usize) -> PostId {
+    PostId::Str(format!("post-{i}"))
+}
+
+/// Random inserts, soft deletes, undeletes and deletes until `stop`.
+async fn write_until(
+    t: Arc<TestDb>,
+    posts: usize,
+    stop: tokio::sync::watch::Receiver<bool>,
+    seed: u64,
+) -> u64 {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut n = 0u64;
+    while !*stop.borrow() {
+        let id = format!("s{seed}-{}", rng.random_range(0..(n + 1).max(1)));
+        let p = post(rng.random_range(0..posts));
+        let _ = match rng.random_range(0..10) {
+            0..=4 => t
+                .comments
+                .insert_one(doc! {"_id": format!("s{seed}-{n}"), "post_id": p.to_bson(), "created_at": DateTime::from_millis((now_secs() - rng.random_range(0..300)) * 1000)})
+                .await
+                .map(|_| ()),
+            5..=6 => t.comments.update_one(doc! {"_id": &id}, doc! {"$set": {"deleted_at": DateTime::now()}}).await.map(|_| ()),
+            7 => t.comments.update_one(doc! {"_id": &id}, doc! {"$unset": {"deleted_at": ""}}).await.map(|_| ()),
+            8 => t.comments.update_one(doc! {"_id": &id}, doc! {"$set": {"post_id": p.to_bson()}}).await.map(|_| ()),
+            _ => t.comments.delete_one(doc! {"_id": &id}).await.map(|_| ()),
+        };
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    n
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_dash_nine_in_a_loop_leaves_every_counter_exact() {
+    let t = Arc::new(TestDb::new("kill9").await);
+    let iterations: usize = std::env::var("COUNTERD_KILL_ITERATIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let posts: Vec<PostId> = (0..8).map(post).collect();
+    // No reconcile during the test: the worker alone must be exact (ledger attribution).
+    let quiet: &[(&str, &str)] = &[("COUNTERD_RECONCILE_INTERVAL", "1h")];
+    let first = Daemon::start(&t.uri, &t.name, "killed", quiet);
+    assert!(
+        first.wait_role("active", Duration::from_secs(20)).await,
+        "counterd became active"
+    );
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    let writers: Vec<_> = (0..2)
+        .map(|w| tokio::spawn(write_until(t.clone(), posts.len(), stop_rx.clone(), w)))
+        .collect();
+    let mut rng = StdRng::seed_from_u64(99);
+    let mut daemon = first;
+    for _ in 0..iterations {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(100..900))).await;
+        daemon.kill9();
+        daemon = Daemon::start(&t.uri, &t.name, "killed", quiet);
+    }
+    let _ = stop.send(true);
+    let mut events = 0;
+    for w in writers {
+        events += w.await.unwrap();
+    }
+    eprintln!("{iterations} kill -9 restarts during {events} writes");
+    assert!(daemon.wait_role("active", Duration::from_secs(20)).await);
+    t.wait_exact(&posts, Duration::from_secs(60)).await;
+    assert_eq!(daemon.terminate(), Some(0), "SIGTERM exits 0");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_server_makes_readyz_unready_and_the_worker_recovers_by_itself() {
+    // Its own server: pausing the shared one would stall the other tests of this binary.
+    if std::env::var("COUNTERD_TEST_MONGODB_URI").is_ok() {
+        support::skip(
+            "paused server",
+            "an external server cannot be paused from here",
+        );
+        return;
+    }
+    let server = TestServer::start_fake().expect("own fake server");
+    assert_eq!(server.kind, ServerKind::Fake);
+    let name = "paused";
+    let d = Daemon::start(&server.uri, name, "pausable", &[]);
+    assert!(d.wait_role("active", Duration::from_secs(20)).await);
+    let client = mongodb::Client::with_uri_str(&server.uri).await.unwrap();
+    let comments = client
+        .database(name)
+        .collection::<mongodb::bson::Document>("comments");
+    for i in 0..20 {
+        comments
+            .insert_one(doc! {"_id": i, "post_id": "p", "created_at": DateTime::now()})
+            .await
+            .unwrap();
+    }
+    // /metrics carries the documented names with plausible values.
+    let metrics = wait_metric(&d, "counterd_events_applied_total", 20.0).await;
+    for name in [
+        "counterd_batches_total",
+        "counterd_counter_writes_total",
+        "counterd_stream_lag_seconds",
+        "counterd_worker_active",
+    ] {
+        assert!(
+            metrics.contains(name),
+            "{name} missing from /metrics:\n{metrics}"
+        );
+    }
+    assert_eq!(d.get("/healthz").await.map(|r| r.0), Some(200));
+
+    let pid = server.pid().expect("we started it");
+    let signal = |s: &str| {
+        std::process::Command::new("kill")
+            .args([s, &pid.to_string()])
+            .status()
+            .unwrap()
+    };
+    signal("-STOP");
+    let mut unready = false;
+    for _ in 0..100 {
+        if let Some((503, _)) = d.get("/readyz").await {
+            unready = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    signal("-CONT");
+    assert!(unready, "/readyz went unready while the server was paused");
+    // Back: the worker recovers without help and applies what comes next.
+    comments
+        .insert_one(doc! {"_id": 100, "post_id": "p", "created_at": DateTime::now()})
+        .await
+        .unwrap();
+    assert!(
+        d.wait_role("active", Duration::from_secs(30)).await,
+        "ready again"
+    );
+    let counters = client
+        .database(name)
+        .collection::<mongodb::bson::Document>("comment_counters");
+    let mut shown = 0;
+    for _ in 0..100 {
+        let c = counters
+            .find_one(doc! {"_id": "p"})
+            .await
+            .unwrap()
+            .unwrap_or_default();
+        shown = c.get_i64("base_count").unwrap_or(0) + c.get_i64("live_delta").unwrap_or(0);
+        if shown == 21 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(shown, 21);
+    let metrics = d.get("/metrics").await.unwrap().1;
+    assert!(
+        metrics.contains("counterd_retries_total"),
+        "the retries were counted"
+    );
+}
+
+async fn wait_metric(d: &Daemon, name: &str, at_least: f64) -> String {
+    for _ in 0..100 {
+        if let Some((200, body)) = d.get("/metrics").await {
+            let value = body
+                .lines()
+                .filter(|l| l.starts_with(name))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>();
+            if value >= at_least {
+                return body;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{name} never reached {at_least}");
+}
+
+#[tokio::test]
+async fn a_corrupt_checkpoint_is_a_clear_startup_error() {
+    let t = TestDb::new("corrupt").await;
+    let checkpoints =
+        t.db.collection::<mongodb::bson::Document>("counterd_checkpoints");
+    checkpoints
+        .insert_one(doc! {"_id": "comments", "token": 42, "epoch": 0_i64})
+        .await
+        .unwrap();
+    let worker = t.spawn_worker(t.worker_settings());
+    let result = tokio::time::timeout(Duration::from_secs(10), worker.handle)
+        .await
+        .unwrap()
+        .unwrap();
+    let err = result.unwrap_err();
+    assert!(
+        err.contains("malformed checkpoint") && err.contains("`token`") && err.contains("replay"),
+        "{err}"
+    );
+    // Deleted instead: the worker starts from now (documented), and counts what follows.
+    checkpoints
+        .delete_one(doc! {"_id": "comments"})
+        .await
+        .unwrap();
+    let worker = t.spawn_worker(t.worker_settings());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    t.insert_comment("x", &post(0), now_secs()).await;
+    t.wait_exact(&[post(0)], Duration::from_secs(20)).await;
+    worker.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn history_lost_follows_the_policy() {
+    let t = TestDb::new("historylost").await;
+    if !t.abilities.hello {
+        support::skip(
+            "history_lost_follows_the_policy",
+            "the fake server's oplog never shrinks and accepts any token, so it cannot report ChangeStreamHistoryLost (286); the policy is covered by the simulation against the in-process store",
+        );
+        return;
+    }
+    // A real server: a token from far before the oplog window.
+    let checkpoints =
+        t.db.collection::<mongodb::bson::Document>("counterd_checkpoints");
+    checkpoints
+        .insert_one(doc! {"_id": "comments", "token": "8200000001000000012B022C0100296E5A1004", "epoch": 0_i64})
+        .await
+        .unwrap();
+    let mut settings = t.worker_settings();
+    settings.on_history_lost = counterd::worker::OnHistoryLost::Fail;
+    let worker = t.spawn_worker(settings);
+    let err = tokio::time::timeout(Duration::from_secs(20), worker.handle)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        err.contains("history lost") || err.contains("resume"),
+        "{err}"
+    );
+    let worker = t.spawn_worker(t.worker_settings());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let c = t.store.load_checkpoint("comments").await.unwrap().unwrap();
+    assert!(
+        c.sweep_requested && !c.gaps.is_empty(),
+        "resweep records the gap: {c:?}"
+    );
+    worker.shutdown().await.unwrap();
+}

@@ -1,0 +1,118 @@
+//! `counterd run` as a real child process, for fault and high-availability tests.
+#![allow(dead_code)]
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A running `counterd run`.
+pub struct Daemon {
+    pub child: Child,
+    pub port: u16,
+}
+
+impl Daemon {
+    /// Starts `counterd run` against `uri`/`database`, with short intervals for tests.
+    pub fn start(uri: &str, database: &str, owner: &str, extra: &[(&str, &str)]) -> Daemon {
+        let port = counterd::testdb::free_port();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_counterd"));
+        cmd.arg("run")
+            .env_remove("COUNTERD_CONFIG")
+            .env("COUNTERD_MONGODB_URI", uri)
+            .env("COUNTERD_DATABASE", database)
+            .env("COUNTERD_HTTP_ADDR", format!("127.0.0.1:{port}"))
+            .env("COUNTERD_OWNER_ID", owner)
+            .env("COUNTERD_IDLE_INTERVAL", "30ms")
+            .env("COUNTERD_MAX_AWAIT", "100ms")
+            .env("COUNTERD_LEASE_TTL", "2s")
+            .env("COUNTERD_LEASE_RENEW", "400ms")
+            .env("COUNTERD_RECONCILE_INTERVAL", "1s")
+            .env("COUNTERD_SETTLE_TIME", "2s")
+            .env("COUNTERD_OPERATION_TIMEOUT", "3s")
+            .env("COUNTERD_CONNECT_TIMEOUT", "2s")
+            .env("COUNTERD_RETRY_MAX_DELAY", "500ms")
+            .env("COUNTERD_LOG_LEVEL", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        for (k, v) in extra {
+            cmd.env(k, v);
+        }
+        Daemon {
+            child: cmd.spawn().expect("start counterd run"),
+            port,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// GET a path on the daemon's HTTP endpoint: (status code, body), or None if unreachable.
+    pub async fn get(&self, path: &str) -> Option<(u16, String)> {
+        http_get(self.port, path).await
+    }
+
+    /// Waits until `/readyz` answers with a body starting with `prefix` ("active" or "standby").
+    pub async fn wait_role(&self, prefix: &str, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Some((200, body)) = self.get("/readyz").await {
+                if body.starts_with(prefix) {
+                    return true;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        false
+    }
+
+    pub fn signal(&self, signal: &str) {
+        let _ = Command::new("kill")
+            .args([signal, &self.pid().to_string()])
+            .status();
+    }
+
+    pub fn kill9(mut self) {
+        self.signal("-KILL");
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM and wait; returns the exit code.
+    pub fn terminate(mut self) -> Option<i32> {
+        self.signal("-TERM");
+        self.child.wait().ok().and_then(|s| s.code())
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A minimal HTTP/1.0 GET on 127.0.0.1 (enough for /metrics, /readyz).
+pub async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let fut = async {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()?;
+        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
+            .await
+            .ok()?;
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).await.ok()?;
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        let code = text.split_whitespace().nth(1)?.parse().ok()?;
+        let body = text
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default();
+        Some((code, body))
+    };
+    tokio::time::timeout(Duration::from_secs(3), fut)
+        .await
+        .ok()
+        .flatten()
+}
