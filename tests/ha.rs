@@ -1,0 +1,147 @@
+//! One active worker per stream: standby takeover after `kill -9`, and fencing of a worker that
+//! was paused past its lease.
+
+mod support;
+
+#[path = "support/daemon.rs"]
+mod daemon;
+
+use std::time::{Duration, Instant};
+
+use counterd::event::PostId;
+use counterd::store::Store;
+use daemon::Daemon;
+use mongodb::bson::doc;
+use support::{now_secs, TestDb};
+
+fn post(i: usize) -> PostId {
+    PostId::Str(format!("post-{i}"))
+}
+
+/// Roles of the daemons as their /readyz says: (active, standby).
+async fn roles(daemons: &[&Daemon]) -> (usize, usize) {
+    let (mut active, mut standby) = (0, 0);
+    for d in daemons {
+        match d.get("/readyz").await {
+            Some((_, body)) if body.starts_with("active") => active += 1,
+            Some((_, body)) if body.starts_with("standby") => standby += 1,
+            _ => {}
+        }
+    }
+    (active, standby)
+}
+
+async fn insert_some(t: &TestDb, from: usize, n: usize) {
+    for i in from..from + n {
+        t.insert_comment(format!("h{i}"), &post(i % 4), now_secs() - 100)
+            .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_one_active_and_a_standby_takes_over_after_kill_9() {
+    let t = TestDb::new("ha3").await;
+    let quiet: &[(&str, &str)] = &[("COUNTERD_RECONCILE_INTERVAL", "1h")];
+    let a = Daemon::start(&t.uri, &t.name, "a", quiet);
+    assert!(a.wait_role("active", Duration::from_secs(20)).await);
+    let b = Daemon::start(&t.uri, &t.name, "b", quiet);
+    let c = Daemon::start(&t.uri, &t.name, "c", quiet);
+    assert!(b.wait_role("standby", Duration::from_secs(20)).await);
+    assert!(c.wait_role("standby", Duration::from_secs(20)).await);
+    insert_some(&t, 0, 60).await;
+    // Exactly one applies at any moment.
+    for _ in 0..10 {
+        assert_eq!(roles(&[&a, &b, &c]).await.0, 1, "exactly one active");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let epoch_before = t.store.read_lease("comments").await.unwrap().unwrap().epoch;
+    a.kill9();
+    let writes = tokio::spawn({
+        let uri = t.uri.clone();
+        let name = t.name.clone();
+        async move {
+            let client = mongodb::Client::with_uri_str(&uri).await.unwrap();
+            let comments = client
+                .database(&name)
+                .collection::<mongodb::bson::Document>("comments");
+            for i in 60..160 {
+                comments
+                    .insert_one(doc! {"_id": format!("h{i}"), "post_id": format!("post-{}", i % 4), "created_at": mongodb::bson::DateTime::now()})
+                    .await
+                    .unwrap();
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    });
+    let killed_at = Instant::now();
+    let mut took_over = None;
+    while killed_at.elapsed() < Duration::from_secs(15) {
+        if roles(&[&b, &c]).await.0 == 1 {
+            took_over = Some(killed_at.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let took_over = took_over.expect("a standby took over");
+    eprintln!("standby took over {took_over:?} after kill -9 (lease_ttl 2s)");
+    assert!(
+        took_over < Duration::from_secs(6),
+        "took over within a few seconds of expiry"
+    );
+    writes.await.unwrap();
+    let posts: Vec<PostId> = (0..4).map(post).collect();
+    t.wait_exact(&posts, Duration::from_secs(30)).await;
+    assert_eq!(roles(&[&b, &c]).await, (1, 1));
+    let lease = t.store.read_lease("comments").await.unwrap().unwrap();
+    assert!(lease.epoch > epoch_before, "takeover raised the epoch");
+    // No counter carries an epoch newer than the lease (no write from outside the fence), and
+    // the ones written after the takeover carry the new one.
+    let counters =
+        t.db.collection::<mongodb::bson::Document>("comment_counters");
+    let mut cursor = counters.find(doc! {}).await.unwrap();
+    while cursor.advance().await.unwrap() {
+        let d = cursor.deserialize_current().unwrap();
+        let e = d.get_i64("epoch").unwrap();
+        assert!(
+            e <= lease.epoch && e >= epoch_before,
+            "counter {d} has epoch {e}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_paused_past_its_lease_is_fenced_out() {
+    let t = TestDb::new("fence").await;
+    let quiet: &[(&str, &str)] = &[("COUNTERD_RECONCILE_INTERVAL", "1h")];
+    let a = Daemon::start(&t.uri, &t.name, "a", quiet);
+    assert!(a.wait_role("active", Duration::from_secs(20)).await);
+    let b = Daemon::start(&t.uri, &t.name, "b", quiet);
+    assert!(b.wait_role("standby", Duration::from_secs(20)).await);
+    insert_some(&t, 0, 20).await;
+    let first_epoch = t.store.read_lease("comments").await.unwrap().unwrap().epoch;
+    a.signal("-STOP");
+    assert!(
+        b.wait_role("active", Duration::from_secs(15)).await,
+        "b took over while a was paused"
+    );
+    insert_some(&t, 20, 20).await;
+    a.signal("-CONT");
+    // a wakes up believing it is active; its next write carries the old epoch and is refused,
+    // so it steps down.
+    assert!(
+        a.wait_role("standby", Duration::from_secs(15)).await,
+        "a stepped down"
+    );
+    insert_some(&t, 40, 20).await;
+    let posts: Vec<PostId> = (0..4).map(post).collect();
+    t.wait_exact(&posts, Duration::from_secs(30)).await;
+    let lease = t.store.read_lease("comments").await.unwrap().unwrap();
+    assert_eq!(lease.owner, "b");
+    assert!(lease.epoch > first_epoch);
+    let checkpoint = t.store.load_checkpoint("comments").await.unwrap().unwrap();
+    assert_eq!(
+        checkpoint.epoch, lease.epoch,
+        "the checkpoint belongs to the new epoch"
+    );
+    assert_eq!(roles(&[&a, &b]).await, (1, 1));
+}
