@@ -359,31 +359,72 @@ fn resume_to_token(token: &ResumeToken) -> Option<Token> {
 }
 
 /// The open change stream over `comments`.
+///
+/// On servers that send no post-batch resume token (the fake test server), the driver's own
+/// resume token is empty once a batch is exhausted, so its automatic resume after a transient
+/// error could restart "from now" and skip events. There the stream is dropped whenever it runs
+/// dry and reopened from the last event counterd itself saw.
 struct MongoEvents {
-    stream: ChangeStream<Document>,
-    /// For the history-lost error, which only shows when the first getMore runs.
-    resumed_after: Option<Token>,
+    store: MongoStore,
+    options: StreamOptions,
+    stream: Option<ChangeStream<Document>>,
+    /// The last event returned, the position to reopen after.
+    last: Option<Token>,
+}
+
+impl MongoEvents {
+    async fn open(&mut self) -> StoreResult<&mut ChangeStream<Document>> {
+        if self.stream.is_none() {
+            let mut options = self.options.clone();
+            if let Some(last) = &self.last {
+                options.start = StreamStart::After(last.clone());
+            }
+            self.stream = Some(self.store.watch(&options).await?);
+        }
+        Ok(self.stream.as_mut().expect("opened above"))
+    }
 }
 
 #[async_trait]
 impl EventSource for MongoEvents {
     async fn next_batch(&mut self, max: usize, max_wait: Duration) -> StoreResult<RawBatch> {
         let started = Instant::now();
+        let resumed_after = match &self.options.start {
+            StreamStart::After(t) => Some(t.clone()),
+            _ => None,
+        };
         let mut events = Vec::new();
+        let stream = self.open().await?;
+        let mut exhausted = false;
         while events.len() < max && (events.is_empty() || started.elapsed() < max_wait) {
-            match self.stream.next_if_any().await {
+            match stream.next_if_any().await {
                 Ok(Some(event)) => events.push(event),
-                Ok(None) => break,
-                Err(e) => return Err(stream_err(e, self.resumed_after.as_ref())),
+                Ok(None) => {
+                    exhausted = true;
+                    break;
+                }
+                Err(e) => {
+                    self.stream = None;
+                    return Err(stream_err(e, resumed_after.as_ref()));
+                }
             }
+        }
+        let post_batch_token = stream.resume_token().as_ref().and_then(resume_to_token);
+        if let Some(last) = events
+            .last()
+            .and_then(|e| e.get_document("_id").ok())
+            .and_then(Token::from_resume_document)
+        {
+            self.last = Some(last);
+        }
+        // Reopen only from a concrete position: "now" again would skip what came in between.
+        let positioned = self.last.is_some() || !matches!(self.options.start, StreamStart::Now);
+        if exhausted && post_batch_token.is_none() && positioned {
+            self.stream = None;
         }
         Ok(RawBatch {
             events,
-            post_batch_token: self
-                .stream
-                .resume_token()
-                .as_ref()
-                .and_then(resume_to_token),
+            post_batch_token,
         })
     }
 }
@@ -666,32 +707,12 @@ fn after_filter(field: &str, after: Option<&PostId>) -> Document {
 #[async_trait]
 impl Store for MongoStore {
     async fn open_stream(&self, options: StreamOptions) -> StoreResult<Box<dyn EventSource>> {
-        let mut watch = self
-            .comments
-            .watch()
-            .pipeline(options.pipeline.clone())
-            .full_document(FullDocumentType::UpdateLookup)
-            .max_await_time(options.max_await)
-            .selection_criteria(SelectionCriteria::ReadPreference(ReadPreference::Primary));
-        if options.pre_images {
-            watch = watch.full_document_before_change(FullDocumentBeforeChangeType::WhenAvailable);
-        }
-        let mut resumed_after = None;
-        match &options.start {
-            StreamStart::After(token) => {
-                watch = watch.resume_after(token_to_resume(token)?);
-                resumed_after = Some(token.clone());
-            }
-            StreamStart::AtTime(t) => watch = watch.start_at_operation_time(*t),
-            StreamStart::Now => {}
-        }
-        let stream = watch
-            .await
-            .map_err(|e| stream_err(e, resumed_after.as_ref()))?
-            .with_type::<Document>();
+        let stream = self.watch(&options).await?;
         Ok(Box::new(MongoEvents {
-            stream,
-            resumed_after,
+            store: self.clone(),
+            options,
+            stream: Some(stream),
+            last: None,
         }))
     }
 
@@ -1223,6 +1244,33 @@ impl Store for MongoStore {
 }
 
 impl MongoStore {
+    /// Opens a change stream on `comments` with `updateLookup` (and pre-images when asked).
+    async fn watch(&self, options: &StreamOptions) -> StoreResult<ChangeStream<Document>> {
+        let mut watch = self
+            .comments
+            .watch()
+            .pipeline(options.pipeline.clone())
+            .full_document(FullDocumentType::UpdateLookup)
+            .max_await_time(options.max_await)
+            .selection_criteria(SelectionCriteria::ReadPreference(ReadPreference::Primary));
+        if options.pre_images {
+            watch = watch.full_document_before_change(FullDocumentBeforeChangeType::WhenAvailable);
+        }
+        let mut resumed_after = None;
+        match &options.start {
+            StreamStart::After(token) => {
+                watch = watch.resume_after(token_to_resume(token)?);
+                resumed_after = Some(token.clone());
+            }
+            StreamStart::AtTime(t) => watch = watch.start_at_operation_time(*t),
+            StreamStart::Now => {}
+        }
+        Ok(watch
+            .await
+            .map_err(|e| stream_err(e, resumed_after.as_ref()))?
+            .with_type::<Document>())
+    }
+
     async fn checkpoint_update(
         &self,
         op: &'static str,
