@@ -87,6 +87,11 @@ pub struct Settings {
     /// How often the lease holder renews (and standbys look).
     #[serde(with = "humantime_serde")]
     pub lease_renew: Duration,
+    /// Split posts across this many streams by a hash of post_id, each with its own checkpoint,
+    /// lease, ledger and dirty entries (1: no partitioning).
+    pub partitions: u32,
+    /// Most partitions one process works on at once (0: no limit), so replicas share the work.
+    pub max_partitions_per_process: u32,
     /// This process's identity in leases; empty: hostname-pid.
     pub owner_id: String,
 }
@@ -123,6 +128,8 @@ impl Default for Settings {
             retry_max_delay: Duration::from_secs(5),
             lease_ttl: Duration::from_secs(10),
             lease_renew: Duration::from_secs(2),
+            partitions: 1,
+            max_partitions_per_process: 0,
             owner_id: String::new(),
         }
     }
@@ -265,6 +272,13 @@ impl Settings {
                 "lease_renew",
                 format!("{:?}", self.lease_renew),
                 "must be shorter than lease_ttl",
+            ));
+        }
+        if !(1..=256).contains(&self.partitions) {
+            return Err(bad(
+                "partitions",
+                self.partitions.to_string(),
+                "allowed: 1 to 256",
             ));
         }
         if self.http_addr.parse::<std::net::SocketAddr>().is_err() {

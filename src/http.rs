@@ -17,7 +17,8 @@ use crate::worker::WorkerStatus;
 #[derive(Clone)]
 struct AppState {
     metrics: PrometheusHandle,
-    status: Arc<WorkerStatus>,
+    /// One per stream (partition) this process may run.
+    statuses: Vec<Arc<WorkerStatus>>,
     max_lag: Duration,
 }
 
@@ -45,7 +46,7 @@ pub fn install_metrics() -> PrometheusHandle {
 pub async fn serve(
     listener: tokio::net::TcpListener,
     metrics: PrometheusHandle,
-    status: Arc<WorkerStatus>,
+    statuses: Vec<Arc<WorkerStatus>>,
     max_lag: Duration,
     mut shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
@@ -55,7 +56,7 @@ pub async fn serve(
         .route("/readyz", get(ready))
         .with_state(AppState {
             metrics,
-            status,
+            statuses,
             max_lag,
         });
     axum::serve(listener, app)
@@ -71,22 +72,37 @@ async fn metrics_text(State(state): State<AppState>) -> String {
 }
 
 async fn ready(State(state): State<AppState>) -> (StatusCode, String) {
-    let status = &state.status;
-    if !status.active.load(Ordering::Relaxed) {
+    let active: Vec<&Arc<WorkerStatus>> = state
+        .statuses
+        .iter()
+        .filter(|s| s.active.load(Ordering::Relaxed))
+        .collect();
+    if active.is_empty() {
         return (StatusCode::OK, "standby\n".into());
     }
-    let lag = status.lag_secs.load(Ordering::Relaxed);
-    if !status.stream_open.load(Ordering::Relaxed) {
+    let of = format!("{} of {} streams", active.len(), state.statuses.len());
+    if active
+        .iter()
+        .any(|s| !s.stream_open.load(Ordering::Relaxed))
+    {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
-            "active: change stream not open\n".into(),
+            format!("active ({of}): change stream not open\n"),
         );
     }
+    let lag = active
+        .iter()
+        .map(|s| s.lag_secs.load(Ordering::Relaxed))
+        .max()
+        .unwrap_or(0);
     if lag as u64 > state.max_lag.as_secs() {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
-            format!("active: lag {lag}s over {}s\n", state.max_lag.as_secs()),
+            format!(
+                "active ({of}): lag {lag}s over {}s\n",
+                state.max_lag.as_secs()
+            ),
         );
     }
-    (StatusCode::OK, format!("active: lag {lag}s\n"))
+    (StatusCode::OK, format!("active ({of}): lag {lag}s\n"))
 }

@@ -23,6 +23,9 @@ pub struct LeaseSettings {
     pub owner: String,
     pub ttl: Duration,
     pub renew: Duration,
+    /// Shared by the partitions of one process: a lease is only sought with a free slot, so
+    /// replicas share the partitions (`max_partitions_per_process`).
+    pub slots: Arc<tokio::sync::Semaphore>,
 }
 
 /// This process's default identity: hostname and pid.
@@ -50,22 +53,22 @@ where
 {
     loop {
         // --- standby: look for an expired (or our own) lease, with jitter against flapping.
-        let epoch = loop {
+        let (epoch, _slot) = loop {
             if *shutdown.borrow() {
                 return Ok(());
             }
-            match store
-                .acquire_lease(
-                    &settings.stream,
-                    &settings.owner,
-                    settings.ttl,
-                    DateTime::now(),
-                )
-                .await
-            {
-                Ok(Some(epoch)) => break epoch,
-                Ok(None) => {}
-                Err(e) => tracing::warn!(error = %e, "cannot reach the lease; staying on standby"),
+            if let Ok(slot) = settings.slots.clone().try_acquire_owned() {
+                let now = DateTime::now();
+                match store
+                    .acquire_lease(&settings.stream, &settings.owner, settings.ttl, now)
+                    .await
+                {
+                    Ok(Some(epoch)) => break (epoch, slot),
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot reach the lease; staying on standby")
+                    }
+                }
             }
             let jitter = rand::rng().random_range(0.5..1.0);
             if sleep_or_shutdown(settings.renew.mul_f64(jitter), &mut shutdown).await {

@@ -12,6 +12,7 @@ pub mod event;
 pub mod fold;
 pub mod http;
 pub mod lease;
+pub mod partition;
 pub mod reconcile;
 pub mod store;
 pub mod telemetry;

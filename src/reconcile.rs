@@ -29,6 +29,8 @@ pub struct ReconcileSettings {
     pub counts_per_second: u32,
     pub fold_retries: u32,
     pub sweep_window: usize,
+    /// Recount only the posts of this partition (`None`: all posts).
+    pub partition: Option<crate::partition::Partition>,
 }
 
 impl Default for ReconcileSettings {
@@ -41,6 +43,7 @@ impl Default for ReconcileSettings {
             counts_per_second: 0,
             fold_retries: 5,
             sweep_window: 500,
+            partition: None,
         }
     }
 }
@@ -122,7 +125,11 @@ impl<S: Store + ?Sized> Reconciler<S> {
         let watermark = self.watermark(now_secs).await?;
         let dirty = self
             .store
-            .dirty_list(DirtyOrder::Oldest, self.settings.max_posts)
+            .dirty_list(
+                Some(&self.settings.stream),
+                DirtyOrder::Oldest,
+                self.settings.max_posts,
+            )
             .await?;
         let mut run = Run::new("dirty", watermark, self.settings.counts_per_second);
         for entry in dirty {
@@ -143,7 +150,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
         let watermark = self.watermark(now_secs).await?;
         let version = self
             .store
-            .dirty_list(DirtyOrder::Oldest, usize::MAX)
+            .dirty_list(None, DirtyOrder::Oldest, usize::MAX)
             .await?
             .into_iter()
             .find(|d| d.post == *post)
@@ -179,7 +186,10 @@ impl<S: Store + ?Sized> Reconciler<S> {
             let Some(last) = window.last().cloned() else {
                 break;
             };
-            for post in &window {
+            let owned = window
+                .iter()
+                .filter(|p| self.settings.partition.is_none_or(|part| part.owns(p)));
+            for post in owned {
                 self.reconcile_post(post, watermark, &mut run).await?;
             }
             metrics::counter!(m::SWEEP_PROGRESS).increment(window.len() as u64);

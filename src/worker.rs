@@ -65,6 +65,8 @@ pub struct WorkerSettings {
     pub retry_max_delay: Duration,
     /// A step (read + write of one batch) taking longer is abandoned and retried.
     pub operation_timeout: Duration,
+    /// Keep only the posts of this partition (`None`: all posts).
+    pub partition: Option<crate::partition::Partition>,
 }
 
 impl Default for WorkerSettings {
@@ -84,6 +86,7 @@ impl Default for WorkerSettings {
             retry_min_delay: Duration::from_millis(100),
             retry_max_delay: Duration::from_secs(5),
             operation_timeout: Duration::from_secs(30),
+            partition: None,
         }
     }
 }
@@ -350,7 +353,7 @@ impl<S: Store + ?Sized> Worker<S> {
     ) -> Result<(), SessionError> {
         let ledger = if self.settings.attribution.uses_ledger() {
             let ids: Vec<CommentId> = events.iter().filter_map(|e| e.comment.clone()).collect();
-            self.store.read_ledger(&ids).await?
+            self.store.read_ledger(&fence.stream, &ids).await?
         } else {
             Default::default()
         };
@@ -362,6 +365,14 @@ impl<S: Store + ?Sized> Worker<S> {
         );
         if !self.settings.attribution.uses_ledger() {
             plan.ledger.clear();
+        }
+        if let Some(partition) = self.settings.partition {
+            // Every partition classifies every event against its own ledger, and keeps its posts.
+            plan.counters.retain(|c| partition.owns(&c.post));
+            plan.dirty.retain(|p| partition.owns(p));
+            if partition.index != 0 {
+                plan.skipped.clear(); // reported once, by partition 0
+            }
         }
         let (bad, unattributable) = (plan.bad_events(), plan.unattributable_events());
         // The batch's guard token: its last event before any stream end.

@@ -67,7 +67,7 @@ async fn status_dirty_get_and_verify() {
     );
     let s = json(&counterd(&t, &["status", "--json"]));
     assert_eq!(s["dirty"]["size"], 3);
-    assert!(s["checkpoint_token"]
+    assert!(s["streams"][0]["checkpoint_token"]
         .as_str()
         .is_some_and(|t| !t.is_empty()));
 

@@ -248,7 +248,11 @@ async fn a_soft_delete_racing_a_reconcile_is_corrected_next_run() {
         2,
         "the race left the counter one low"
     );
-    let dirty = t.store.dirty_list(DirtyOrder::Oldest, 10).await.unwrap();
+    let dirty = t
+        .store
+        .dirty_list(None, DirtyOrder::Oldest, 10)
+        .await
+        .unwrap();
     assert_eq!(dirty.len(), 1, "and the post is dirty again");
     let second = reconciler(&t).run_dirty(now_secs()).await.unwrap();
     assert_eq!(

@@ -78,7 +78,11 @@ async fn concurrent_writers_leave_every_counter_exact_without_reconcile() {
     t.wait_exact(&posts, Duration::from_secs(60)).await;
 
     // Every touched post is dirty, and no other post is.
-    let dirty = t.store.dirty_list(DirtyOrder::Oldest, 1000).await.unwrap();
+    let dirty = t
+        .store
+        .dirty_list(None, DirtyOrder::Oldest, 1000)
+        .await
+        .unwrap();
     let mut dirty_posts: Vec<_> = dirty.iter().map(|d| d.post.clone()).collect();
     dirty_posts.sort();
     let mut touched = posts.clone();
@@ -99,7 +103,11 @@ async fn untouched_posts_are_not_dirty() {
     t.insert_comment("a", &post(1), now_secs()).await;
     t.insert_comment("b", &post(2), now_secs()).await;
     t.wait_applied(&worker, 2, Duration::from_secs(20)).await;
-    let dirty = t.store.dirty_list(DirtyOrder::Oldest, 100).await.unwrap();
+    let dirty = t
+        .store
+        .dirty_list(None, DirtyOrder::Oldest, 100)
+        .await
+        .unwrap();
     let posts: Vec<_> = dirty.iter().map(|d| d.post.clone()).collect();
     assert_eq!(posts, vec![post(1), post(2)]);
     worker.shutdown().await.unwrap();

@@ -20,7 +20,6 @@ use crate::event::PostId;
 use crate::reconcile::Reconciler;
 use crate::store::Store;
 use crate::testdb::TestServer;
-use crate::worker::WorkerStatus;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -88,8 +87,12 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
 
     // counterd itself, as `counterd run` runs it.
     let shutdown = shutdown_on_signals();
-    let status = Arc::new(WorkerStatus::default());
-    let counterd = tokio::spawn(run_with(settings.clone(), status.clone(), shutdown.clone()));
+    let statuses = crate::cli::run::statuses_for(&settings);
+    let counterd = tokio::spawn(run_with(
+        settings.clone(),
+        statuses.clone(),
+        shutdown.clone(),
+    ));
     let (load_stop, load_rx) = watch::channel(false);
     let load = tokio::spawn(load_generator(
         comments.clone(),
@@ -112,7 +115,10 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         if stop || args.duration.is_some_and(|d| started.elapsed() >= d) {
             break;
         }
-        let events = status.events_applied.load(Ordering::Relaxed);
+        let events: i64 = statuses
+            .iter()
+            .map(|s| s.events_applied.load(Ordering::Relaxed))
+            .sum();
         let rate = events - last_events;
         last_events = events;
         let dirty = store.dirty_summary().await?;
@@ -124,7 +130,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
             "counterd demo  t={:>4}s  events/s {:>5}  lag {}s  dirty {:>4}  last reconcile: {} corrected, |drift| {}",
             started.elapsed().as_secs(),
             rate,
-            status.lag_secs.load(Ordering::Relaxed),
+            statuses.iter().map(|s| s.lag_secs.load(Ordering::Relaxed)).max().unwrap_or(0),
             dirty.size,
             last.as_ref().map(|r| r.corrected).unwrap_or(0),
             last.as_ref().map(|r| r.total_abs_drift).unwrap_or(0),

@@ -27,7 +27,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         DirtyOrder::Oldest
     };
     let summary = store.dirty_summary().await?;
-    let entries = store.dirty_list(order, args.limit).await?;
+    let entries = store.dirty_list(None, order, args.limit).await?;
     if args.json {
         print_json(
             &serde_json::json!({"size": summary.size, "oldest": summary.oldest.map(rfc3339), "entries": entries}),

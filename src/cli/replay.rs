@@ -54,13 +54,16 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         (None, None) => unreachable!("clap requires one"),
     };
     let store = connect(&settings).await?;
-    let stream = settings.stream_name.clone();
-    let lease = store.read_lease(&stream).await?;
-    if let Some(l) = lease
-        .as_ref()
-        .filter(|l| l.expires_at > bson::DateTime::now())
-    {
-        if !args.force && !args.dry_run {
+    // Every stream of the configuration (one, or one per partition) moves together.
+    let streams: Vec<String> =
+        crate::partition::stream_names(&settings.stream_name, settings.partitions)
+            .into_iter()
+            .map(|(name, _)| name)
+            .collect();
+    for stream in &streams {
+        let lease = store.read_lease(stream).await?;
+        let held = lease.filter(|l| l.expires_at > bson::DateTime::now());
+        if let (Some(l), false) = (held, args.force || args.dry_run) {
             anyhow::bail!(
                 "worker {} (epoch {}) holds stream `{stream}`: stop it first, or pass --force (it would resume from its own position until restarted)",
                 l.owner,
@@ -68,6 +71,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
             );
         }
     }
+    let stream = streams[0].clone();
     let checkpoint = store.load_checkpoint(&stream).await?.unwrap_or_default();
     let start = match &position {
         Position::Token(t) => StreamStart::After(t.clone()),
@@ -145,11 +149,16 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
-    store.move_checkpoint(&stream, &position).await?;
+    for stream in &streams {
+        store.move_checkpoint(stream, &position).await?;
+    }
     if args.json {
         print_json(&report)?;
     } else {
-        println!("moved `{stream}` to {position:?}; restart the worker to replay from there");
+        println!(
+            "moved {} to {position:?}; restart the worker to replay from there",
+            streams.join(", ")
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -33,6 +33,7 @@ pub fn worker_settings(settings: &Settings, pre_images: bool) -> WorkerSettings 
         retry_min_delay: settings.retry_min_delay,
         retry_max_delay: settings.retry_max_delay,
         operation_timeout: settings.operation_timeout,
+        partition: None,
     }
 }
 
@@ -46,6 +47,7 @@ pub fn reconcile_settings(settings: &Settings) -> ReconcileSettings {
         counts_per_second: settings.reconcile_counts_per_second,
         fold_retries: settings.fold_retries,
         sweep_window: settings.sweep_window,
+        partition: None,
     }
 }
 
@@ -68,7 +70,7 @@ pub fn shutdown_on_signals() -> watch::Receiver<bool> {
 pub async fn run(settings: Settings, _args: Args) -> anyhow::Result<ExitCode> {
     let metrics = crate::http::install_metrics();
     let shutdown = shutdown_on_signals();
-    let status = Arc::new(WorkerStatus::default());
+    let statuses = statuses_for(&settings);
     let listener = tokio::net::TcpListener::bind(&settings.http_addr)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on http_addr {}: {e}", settings.http_addr))?;
@@ -76,11 +78,11 @@ pub async fn run(settings: Settings, _args: Args) -> anyhow::Result<ExitCode> {
     let http = tokio::spawn(crate::http::serve(
         listener,
         metrics,
-        status.clone(),
+        statuses.clone(),
         settings.ready_max_lag,
         shutdown.clone(),
     ));
-    let result = run_with(settings, status, shutdown).await;
+    let result = run_with(settings, statuses, shutdown).await;
     let _ = http.await;
     match result {
         Ok(()) => Ok(ExitCode::SUCCESS),
@@ -91,10 +93,19 @@ pub async fn run(settings: Settings, _args: Args) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// Connects (retrying while the server is unreachable), then holds the lease and runs.
+/// One status per stream (partition) of the configuration.
+pub fn statuses_for(settings: &Settings) -> Vec<Arc<WorkerStatus>> {
+    (0..settings.partitions.max(1))
+        .map(|_| Arc::new(WorkerStatus::default()))
+        .collect()
+}
+
+/// Connects (retrying while the server is unreachable), then, for each stream (one, or one per
+/// partition), holds its lease and runs its worker and reconciler. The first fatal error stops
+/// every stream of the process.
 pub async fn run_with(
     settings: Settings,
-    status: Arc<WorkerStatus>,
+    statuses: Vec<Arc<WorkerStatus>>,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), WorkerError> {
     let Some(store) = connect_patiently(&settings, &mut shutdown).await? else {
@@ -103,39 +114,89 @@ pub async fn run_with(
     store.ensure_indexes().await.map_err(WorkerError::Startup)?;
     let abilities = store.abilities().await.map_err(WorkerError::Startup)?;
     tracing::info!(mongodb = %crate::config::redact_uri(&settings.mongodb_uri), version = %abilities.version,
-        pre_images = abilities.pre_images, "connected");
+        pre_images = abilities.pre_images, partitions = settings.partitions, "connected");
     let store = Arc::new(store);
     let owner = if settings.owner_id.is_empty() {
         default_owner()
     } else {
         settings.owner_id.clone()
     };
-    let lease = LeaseSettings {
-        stream: settings.stream_name.clone(),
-        owner,
-        ttl: settings.lease_ttl,
-        renew: settings.lease_renew,
+    let slots = match settings.max_partitions_per_process {
+        0 => tokio::sync::Semaphore::MAX_PERMITS,
+        n => n as usize,
     };
-    let worker_settings = worker_settings(&settings, abilities.pre_images);
-    let reconcile_settings = reconcile_settings(&settings);
-    let (interval, jitter) = (settings.reconcile_interval, settings.reconcile_jitter);
-    let active_status = status.clone();
-    let active_store = store.clone();
-    hold(store, lease, status, shutdown, move |epoch, stop| {
-        let worker = Worker::new(
-            active_store.clone(),
-            worker_settings.clone(),
-            active_status.clone(),
-        );
-        let reconciler = Reconciler::new(active_store.clone(), reconcile_settings.clone());
-        async move {
-            let reconcile = tokio::spawn(run_loop(reconciler, interval, jitter, stop.clone()));
-            let result = worker.run(epoch, stop.clone()).await;
-            reconcile.abort();
-            result
+    let slots = Arc::new(tokio::sync::Semaphore::new(slots));
+    // Our own stop signal: the outside shutdown, or a fatal error in any stream.
+    let (stop_all, stop_rx) = watch::channel(false);
+    let forward = {
+        let stop_all = stop_all.clone();
+        let mut shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let _ = shutdown.wait_for(|s| *s).await;
+            let _ = stop_all.send(true);
+        })
+    };
+    let mut streams = tokio::task::JoinSet::new();
+    let names = crate::partition::stream_names(&settings.stream_name, settings.partitions);
+    for ((stream, partition), status) in names.into_iter().zip(statuses) {
+        let lease = LeaseSettings {
+            stream: stream.clone(),
+            owner: owner.clone(),
+            ttl: settings.lease_ttl,
+            renew: settings.lease_renew,
+            slots: slots.clone(),
+        };
+        let worker_settings = WorkerSettings {
+            stream: stream.clone(),
+            partition,
+            ..worker_settings(&settings, abilities.pre_images)
+        };
+        let reconcile_settings = ReconcileSettings {
+            stream,
+            partition,
+            ..reconcile_settings(&settings)
+        };
+        let (interval, jitter) = (settings.reconcile_interval, settings.reconcile_jitter);
+        let (store, stop_rx) = (store.clone(), stop_rx.clone());
+        streams.spawn(async move {
+            let active_store = store.clone();
+            let active_status = status.clone();
+            hold(store, lease, status, stop_rx, move |epoch, stop| {
+                let worker = Worker::new(
+                    active_store.clone(),
+                    worker_settings.clone(),
+                    active_status.clone(),
+                );
+                let reconciler = Reconciler::new(active_store.clone(), reconcile_settings.clone());
+                async move {
+                    let reconcile =
+                        tokio::spawn(run_loop(reconciler, interval, jitter, stop.clone()));
+                    let result = worker.run(epoch, stop.clone()).await;
+                    reconcile.abort();
+                    result
+                }
+            })
+            .await
+        });
+    }
+    let mut first_error = None;
+    while let Some(joined) = streams.join_next().await {
+        let result = joined.unwrap_or_else(|e| {
+            Err(WorkerError::Store(crate::store::StoreError::Fatal {
+                op: "run a stream",
+                message: e.to_string(),
+            }))
+        });
+        if let Err(e) = result {
+            let _ = stop_all.send(true);
+            first_error.get_or_insert(e);
         }
-    })
-    .await
+    }
+    forward.abort();
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }
 
 /// Connects, retrying with backoff while the server is unreachable (logged each time).

@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use crate::cli::{age_secs, connect, print_json, rfc3339};
 use crate::config::{redact_uri, Settings};
+use crate::partition::stream_names;
 use crate::store::{DirtySummary, Lease, RunSummary, Store};
 
 #[derive(Debug, clap::Args)]
@@ -16,10 +17,9 @@ pub struct Args {
     pub json: bool,
 }
 
+/// Where one stream (or partition) stands.
 #[derive(Serialize)]
-struct Status {
-    mongodb: String,
-    database: String,
+struct StreamStatus {
     stream: String,
     role: String,
     lease: Option<Lease>,
@@ -31,14 +31,19 @@ struct Status {
     pending_batch: Option<String>,
     history_gaps: Vec<String>,
     sweep_requested: bool,
+}
+
+#[derive(Serialize)]
+struct Status {
+    mongodb: String,
+    database: String,
+    streams: Vec<StreamStatus>,
     dirty: DirtySummary,
     dirty_oldest_age_seconds: Option<i64>,
     last_reconcile: Option<RunSummary>,
 }
 
-pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
-    let store = connect(&settings).await?;
-    let stream = settings.stream_name.clone();
+async fn stream_status(store: &impl Store, stream: String) -> anyhow::Result<StreamStatus> {
     let checkpoint = store.load_checkpoint(&stream).await?.unwrap_or_default();
     let lease = store.read_lease(&stream).await?;
     let now = bson::DateTime::now();
@@ -54,10 +59,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     let checkpoint_time = checkpoint
         .token_time
         .map(|t| bson::DateTime::from_millis(t.time as i64 * 1000));
-    let dirty = store.dirty_summary().await?;
-    let status = Status {
-        mongodb: redact_uri(&settings.mongodb_uri),
-        database: settings.database.clone(),
+    Ok(StreamStatus {
         stream,
         role,
         lease,
@@ -73,14 +75,25 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
             .gaps
             .iter()
             .map(|g| {
-                format!(
-                    "{} .. {}",
-                    g.from.map(rfc3339).unwrap_or_else(|| "?".into()),
-                    rfc3339(g.to)
-                )
+                let from = g.from.map(rfc3339).unwrap_or_else(|| "?".into());
+                format!("{from} .. {}", rfc3339(g.to))
             })
             .collect(),
         sweep_requested: checkpoint.sweep_requested,
+    })
+}
+
+pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
+    let store = connect(&settings).await?;
+    let mut streams = Vec::new();
+    for (stream, _) in stream_names(&settings.stream_name, settings.partitions) {
+        streams.push(stream_status(store.as_ref(), stream).await?);
+    }
+    let dirty = store.dirty_summary().await?;
+    let status = Status {
+        mongodb: redact_uri(&settings.mongodb_uri),
+        database: settings.database.clone(),
+        streams,
         dirty_oldest_age_seconds: dirty.oldest.map(age_secs),
         dirty,
         last_reconcile: store.last_run().await?,
@@ -94,35 +107,33 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         "mongodb           {} (database {})",
         status.mongodb, status.database
     );
-    println!("stream            {}", status.stream);
-    println!("role              {}", status.role);
-    println!("checkpoint token  {}", or_none(&status.checkpoint_token));
-    println!("checkpoint time   {}", or_none(&status.checkpoint_time));
-    println!(
-        "stream lag        {}",
-        status
-            .lag_seconds
-            .map(|s| format!("{s}s"))
-            .unwrap_or_else(|| "unknown".into())
-    );
-    println!("high water        {}", or_none(&status.high_water));
-    println!("pending batch     {}", or_none(&status.pending_batch));
-    if status.history_gaps.is_empty() {
-        println!("history gaps      none");
-    } else {
+    for s in &status.streams {
+        println!("stream            {}", s.stream);
+        println!("  role            {}", s.role);
+        println!("  checkpoint token {}", or_none(&s.checkpoint_token));
+        println!("  checkpoint time {}", or_none(&s.checkpoint_time));
+        let lag = s.lag_seconds.map(|l| format!("{l}s"));
         println!(
-            "HISTORY GAPS      {} (events in them were never seen)",
-            status.history_gaps.join(", ")
+            "  stream lag      {}",
+            lag.unwrap_or_else(|| "unknown".into())
         );
-    }
-    println!(
-        "sweep requested   {}",
-        if status.sweep_requested {
+        println!("  high water      {}", or_none(&s.high_water));
+        println!("  pending batch   {}", or_none(&s.pending_batch));
+        if s.history_gaps.is_empty() {
+            println!("  history gaps    none");
+        } else {
+            println!(
+                "  HISTORY GAPS    {} (events in them were never seen)",
+                s.history_gaps.join(", ")
+            );
+        }
+        let sweep = if s.sweep_requested {
             "YES (runs at the next reconcile)"
         } else {
             "no"
-        }
-    );
+        };
+        println!("  sweep requested {sweep}");
+    }
     println!(
         "dirty backlog     {} posts, oldest {}",
         status.dirty.size,

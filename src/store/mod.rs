@@ -269,9 +269,11 @@ pub trait Store: Send + Sync {
     async fn set_sweep_requested(&self, stream: &str, requested: bool) -> StoreResult<()>;
 
     // --- the worker's batch writes, in this order --------------------------------------------
-    /// Reads the ledger entries of these comments: key → state (`None`: gone). Absent: unknown.
+    /// Reads the ledger entries (of `stream`: each partition keeps its own) of these comments:
+    /// key → state (`None`: gone). Absent: unknown.
     async fn read_ledger(
         &self,
+        stream: &str,
         comments: &[CommentId],
     ) -> StoreResult<HashMap<String, Option<Row>>>;
     /// (a) Counter increments, each guarded by `applied_through < through`.
@@ -292,7 +294,13 @@ pub trait Store: Send + Sync {
     async fn mark_dirty(&self, fence: &Fence, posts: &[PostId], now: DateTime) -> StoreResult<()>;
 
     // --- the reconciler ----------------------------------------------------------------------
-    async fn dirty_list(&self, order: DirtyOrder, limit: usize) -> StoreResult<Vec<DirtyEntry>>;
+    /// The dirty entries marked by `stream` (all streams: `None`).
+    async fn dirty_list(
+        &self,
+        stream: Option<&str>,
+        order: DirtyOrder,
+        limit: usize,
+    ) -> StoreResult<Vec<DirtyEntry>>;
     async fn dirty_summary(&self) -> StoreResult<DirtySummary>;
     /// Deletes the dirty entry only if its version is still `version`.
     async fn clear_dirty(&self, post: &PostId, version: i64) -> StoreResult<bool>;

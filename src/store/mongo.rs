@@ -34,6 +34,14 @@ pub const CHECKPOINTS: &str = "counterd_checkpoints";
 pub const LEASES: &str = "counterd_leases";
 pub const RUNS: &str = "counterd_reconcile_runs";
 
+/// The ledger collection of a stream: partitions (`<base>/pNofM`) keep their own.
+fn ledger_collection(stream: &str) -> String {
+    match stream.split_once('/') {
+        Some((_, partition)) => format!("{LEDGER}_{partition}"),
+        None => LEDGER.to_string(),
+    }
+}
+
 /// Server error codes for "the resume point is no longer in the oplog".
 const HISTORY_LOST_CODES: [i32; 3] = [286, 280, 260];
 /// Server error codes worth a retry: no primary, shutting down, interrupted, network.
@@ -802,13 +810,14 @@ impl Store for MongoStore {
 
     async fn read_ledger(
         &self,
+        stream: &str,
         comments: &[CommentId],
     ) -> StoreResult<HashMap<String, Option<Row>>> {
         let mut out = HashMap::new();
         for chunk in comments.chunks(5000) {
             let ids: Vec<Bson> = chunk.iter().map(|c| c.value.clone()).collect();
             let mut cursor = self
-                .coll(LEDGER)
+                .coll(&ledger_collection(stream))
                 .find(doc! {"_id": {"$in": ids}})
                 .await
                 .map_err(|e| map_err("read the ledger", e))?;
@@ -907,18 +916,22 @@ impl Store for MongoStore {
         self.ops
             .ledger_statements
             .fetch_add(updates.len() as u64, Ordering::Relaxed);
-        self.update_many_statements("write the comment ledger", LEDGER, statements)
-            .await?;
+        self.update_many_statements(
+            "write the comment ledger",
+            &ledger_collection(&fence.stream),
+            statements,
+        )
+        .await?;
         Ok(())
     }
 
-    async fn mark_dirty(&self, _fence: &Fence, posts: &[PostId], now: DateTime) -> StoreResult<()> {
+    async fn mark_dirty(&self, fence: &Fence, posts: &[PostId], now: DateTime) -> StoreResult<()> {
         let statements = posts
             .iter()
             .map(|p| {
                 doc! {
                     "q": {"_id": p.to_bson()},
-                    "u": {"$inc": {"version": 1_i64}, "$set": {"last_dirty_at": now}, "$setOnInsert": {"first_dirty_at": now}},
+                    "u": {"$inc": {"version": 1_i64}, "$set": {"last_dirty_at": now, "stream": &fence.stream}, "$setOnInsert": {"first_dirty_at": now}},
                     "upsert": true,
                 }
             })
@@ -934,14 +947,23 @@ impl Store for MongoStore {
         Ok(())
     }
 
-    async fn dirty_list(&self, order: DirtyOrder, limit: usize) -> StoreResult<Vec<DirtyEntry>> {
+    async fn dirty_list(
+        &self,
+        stream: Option<&str>,
+        order: DirtyOrder,
+        limit: usize,
+    ) -> StoreResult<Vec<DirtyEntry>> {
+        let filter = match stream {
+            Some(s) => doc! {"stream": s},
+            None => doc! {},
+        };
         let sort = match order {
             DirtyOrder::Oldest => doc! {"first_dirty_at": 1, "_id": 1},
             DirtyOrder::ByVersion => doc! {"version": -1, "_id": 1},
         };
         let docs: Vec<Document> = self
             .coll(DIRTY)
-            .find(doc! {})
+            .find(filter)
             .sort(sort)
             .limit(limit as i64)
             .await
