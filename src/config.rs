@@ -69,7 +69,7 @@ pub struct Settings {
     pub ready_max_lag: Duration,
     /// Log format: text or json.
     pub log_format: String,
-    /// Log filter (tracing EnvFilter syntax), e.g. info or counterd=debug.
+    /// Log filter (tracing EnvFilter syntax), e.g. info or counterd=debug; RUST_LOG wins if set.
     pub log_level: String,
     /// Shortest backoff after a transient error.
     #[serde(with = "humantime_serde")]
@@ -192,8 +192,18 @@ impl Settings {
         for (key, raw) in env {
             let name = key["COUNTERD_".len()..].to_ascii_lowercase();
             if !table.contains_key(&name) {
-                // Other COUNTERD_* variables (test knobs, demo settings) are not settings.
-                continue;
+                // A few COUNTERD_* variables are not settings: the config path and test knobs.
+                let known = ["config", "testdb_dir", "kill_iterations", "test_threads"];
+                if known.contains(&name.as_str())
+                    || name.starts_with("test_")
+                    || name.starts_with("bench_")
+                {
+                    continue;
+                }
+                return Err(ConfigError::Unknown {
+                    name,
+                    origin: format!("environment variable {key}"),
+                });
             }
             let origin = format!("environment variable {key}");
             let value = typed_like(&table[&name], &raw, &name, &origin)?;
@@ -452,6 +462,12 @@ mod tests {
         let env = vec![("COUNTERD_BATCH_SIZE".to_string(), "0".to_string())];
         let e = Settings::load(None, env, &[]).unwrap_err().to_string();
         assert!(e.contains("batch_size") && e.contains("1 to 100000"), "{e}");
+        let env = vec![("COUNTERD_BATCH_SIZ".to_string(), "5".to_string())];
+        let e = Settings::load(None, env, &[]).unwrap_err().to_string();
+        assert!(
+            e.contains("unknown setting `batch_siz`") && e.contains("COUNTERD_BATCH_SIZ"),
+            "{e}"
+        );
         let env = vec![("COUNTERD_ON_HISTORY_LOST".to_string(), "shrug".to_string())];
         let e = Settings::load(None, env, &[]).unwrap_err().to_string();
         assert!(e.contains("on_history_lost"), "{e}");

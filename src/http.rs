@@ -72,6 +72,16 @@ async fn metrics_text(State(state): State<AppState>) -> String {
 }
 
 async fn ready(State(state): State<AppState>) -> (StatusCode, String) {
+    if state
+        .statuses
+        .iter()
+        .any(|s| !s.connected.load(Ordering::Relaxed))
+    {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not connected to MongoDB yet\n".into(),
+        );
+    }
     let active: Vec<&Arc<WorkerStatus>> = state
         .statuses
         .iter()

@@ -91,14 +91,37 @@ pub fn describe() {
         "1 when this process holds the stream lease and applies events, 0 on standby."
     );
     describe_counter!(SWEEP_PROGRESS, "Posts recounted by full sweeps.");
+    // Export every series from the start, so alerts see 0 rather than no data, and a first
+    // increment shows up in increase().
+    for counter in [
+        EVENTS_APPLIED,
+        BAD_EVENTS,
+        UNATTRIBUTABLE_EVENTS,
+        BATCHES,
+        POSTS_RECONCILED,
+        HISTORY_LOST,
+        SWEEP_PROGRESS,
+    ] {
+        metrics::counter!(counter).absolute(0);
+    }
+    for gauge in [
+        WORKER_ACTIVE,
+        STREAM_LAG,
+        DIRTY_BACKLOG_SIZE,
+        DIRTY_BACKLOG_OLDEST_AGE,
+    ] {
+        metrics::gauge!(gauge).set(0.0);
+    }
 }
 
 /// Installs the `tracing` subscriber: human-readable by default, JSON lines with `json`.
 pub fn init_logging(json: bool, level: &str) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
+    use std::io::IsTerminal;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     let _ = if json {
         builder.json().try_init()

@@ -94,6 +94,8 @@ impl Default for WorkerSettings {
 /// Live state shared with `/readyz` and `status`.
 #[derive(Debug, Default)]
 pub struct WorkerStatus {
+    /// The process has reached MongoDB (until then `/readyz` is unready, even on standby).
+    pub connected: AtomicBool,
     pub stream_open: AtomicBool,
     pub active: AtomicBool,
     /// Seconds of lag behind the newest event (0 when caught up).

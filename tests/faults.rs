@@ -265,3 +265,31 @@ async fn history_lost_follows_the_policy() {
     );
     worker.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn unreachable_server_keeps_readyz_unready_and_run_keeps_retrying() {
+    let port = counterd::testdb::free_port();
+    let d = Daemon::start(
+        &format!("mongodb://127.0.0.1:{port}/?directConnection=true"),
+        "x",
+        "lonely",
+        &[],
+    );
+    let mut seen = None;
+    for _ in 0..50 {
+        if let Some(reply) = d.get("/readyz").await {
+            seen = Some(reply);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (code, body) = seen.expect("the HTTP endpoint answers while MongoDB is down");
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("not connected"), "{body}");
+    assert_eq!(
+        d.get("/healthz").await.map(|r| r.0),
+        Some(200),
+        "alive all the same"
+    );
+    assert_eq!(d.terminate(), Some(0), "SIGTERM while retrying exits 0");
+}

@@ -137,6 +137,11 @@ pub async fn run_with(
         })
     };
     let mut streams = tokio::task::JoinSet::new();
+    for status in &statuses {
+        status
+            .connected
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
     let names = crate::partition::stream_names(&settings.stream_name, settings.partitions);
     for ((stream, partition), status) in names.into_iter().zip(statuses) {
         let lease = LeaseSettings {
