@@ -242,6 +242,18 @@ impl<S: Store + ?Sized> Worker<S> {
             tracing::info!(end = %batch.end, posts = batch.counters.len(), "re-applying the batch a previous run left in flight");
             self.write_batch(fence, &mut checkpoint, &batch).await?;
         }
+        if checkpoint.token.is_none()
+            && checkpoint.start_time.is_none()
+            && self.settings.start_at.is_none()
+        {
+            // "Now", pinned: whoever resumes this stream later starts here, not at its own now.
+            let now = Timestamp {
+                time: chrono::Utc::now().timestamp() as u32,
+                increment: 0,
+            };
+            self.store.record_start(fence, now).await?;
+            checkpoint.start_time = Some(now);
+        }
         let start = match (
             &checkpoint.token,
             checkpoint.start_time.or(self.settings.start_at),

@@ -110,7 +110,6 @@ async fn three_replicas_one_active_and_a_standby_takes_over_after_kill_9() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "open bug: on the fake server, in about 1 run in 5 the new holder's stream stops delivering events right after the paused worker steps down (fencing itself holds: the stale worker writes nothing); run with --ignored"]
 async fn a_worker_paused_past_its_lease_is_fenced_out() {
     let t = TestDb::new("fence").await;
     let quiet: &[(&str, &str)] = &[

@@ -253,3 +253,31 @@ async fn a_hot_post_collapses_into_few_counter_writes() {
 async fn counterd_writes(t: &TestDb) -> u64 {
     t.store.op_counts().counter_statements
 }
+
+#[tokio::test]
+async fn a_successor_resumes_where_a_worker_without_checkpoint_started() {
+    let t = TestDb::new("pinned").await;
+    // (The pinned start is a whole second, inclusive: let the harness's own writes age out.)
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // The first worker opens the stream (pinning "now") and stops before any event arrives.
+    let first = t.spawn_worker(t.worker_settings());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    first.shutdown().await.unwrap();
+    let pinned = t.store.load_checkpoint("comments").await.unwrap().unwrap();
+    assert!(
+        pinned.token.is_none() && pinned.start_time.is_some(),
+        "{pinned:?}"
+    );
+    // Events while nobody runs; then a successor: it starts at the pinned position, not at its
+    // own "now", so these are counted.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    for i in 0..5 {
+        t.insert_comment(format!("p{i}"), &post(0), now_secs())
+            .await;
+    }
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let second = t.spawn_worker(t.worker_settings());
+    t.wait_exact(&[post(0)], Duration::from_secs(20)).await;
+    assert_eq!(t.displayed(&post(0)).await, 5);
+    second.shutdown().await.unwrap();
+}

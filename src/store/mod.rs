@@ -263,6 +263,9 @@ pub trait Store: Send + Sync {
     /// Operator moves: set the resume position (the high water is kept, so events already
     /// applied are only re-marked dirty).
     async fn move_checkpoint(&self, stream: &str, to: &Position) -> StoreResult<()>;
+    /// Pins where a stream without a position starts (its first open), so a successor that takes
+    /// over before the first checkpoint resumes there instead of at its own, later "now".
+    async fn record_start(&self, fence: &Fence, at: Timestamp) -> StoreResult<()>;
     /// Records a history-lost gap and requests a full sweep.
     async fn record_gap(&self, fence: &Fence, gap: &Gap) -> StoreResult<()>;
     /// Sets or clears the "full sweep requested" flag.

@@ -781,6 +781,13 @@ impl Store for MongoStore {
         Ok(())
     }
 
+    async fn record_start(&self, fence: &Fence, at: Timestamp) -> StoreResult<()> {
+        let filter = doc! {"_id": &fence.stream, "epoch": fence.epoch};
+        let update = doc! {"$set": {"start_time": at, "updated_at": DateTime::now()}};
+        self.checkpoint_update("record the start position", fence, filter, update)
+            .await
+    }
+
     async fn record_gap(&self, fence: &Fence, gap: &Gap) -> StoreResult<()> {
         let mut gap_doc = doc! {"to": gap.to};
         if let Some(from) = gap.from {

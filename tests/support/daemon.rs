@@ -34,7 +34,13 @@ impl Daemon {
             .env("COUNTERD_RETRY_MAX_DELAY", "500ms")
             .env("COUNTERD_LOG_LEVEL", "warn")
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit());
+            .stderr(match std::env::var("COUNTERD_TEST_LOG_DIR") {
+                // Keep each daemon's log apart when debugging a test.
+                Ok(dir) => std::fs::File::create(format!("{dir}/{owner}-{port}.log"))
+                    .map(Stdio::from)
+                    .unwrap_or_else(|_| Stdio::inherit()),
+                Err(_) => Stdio::inherit(),
+            });
         for (k, v) in extra {
             cmd.env(k, v);
         }
