@@ -102,7 +102,7 @@ async fn untouched_posts_are_not_dirty() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     t.insert_comment("a", &post(1), now_secs()).await;
     t.insert_comment("b", &post(2), now_secs()).await;
-    t.wait_applied(&worker, 2, Duration::from_secs(20)).await;
+    t.wait_exact(&[post(1), post(2)], Duration::from_secs(20)).await;
     let dirty = t
         .store
         .dirty_list(None, DirtyOrder::Oldest, 100)
