@@ -103,6 +103,11 @@ async fn untouched_posts_are_not_dirty() {
     t.insert_comment("a", &post(1), now_secs()).await;
     t.insert_comment("b", &post(2), now_secs()).await;
     t.wait_exact(&[post(1), post(2)], Duration::from_secs(20)).await;
+    // Dirty marks land just after the counters (same batch): shut the worker down first, which
+    // finishes or abandons the batch, then look.
+    worker.shutdown().await.unwrap();
+    let worker = t.spawn_worker(t.worker_settings());
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let dirty = t
         .store
         .dirty_list(None, DirtyOrder::Oldest, 100)
