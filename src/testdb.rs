@@ -158,11 +158,6 @@ impl TestServer {
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(|c| c.id())
     }
-
-    /// The URI with a database name for one test.
-    pub fn uri(&self) -> &str {
-        &self.uri
-    }
 }
 
 fn which(program: &str) -> bool {

@@ -6,7 +6,7 @@
 
 pub mod mongo;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -354,11 +354,4 @@ pub trait Store: Send + Sync {
     /// Stamps the checkpoint with a newer epoch at takeover; fails `Fenced` if a newer one is
     /// already there.
     async fn adopt_checkpoint(&self, fence: &Fence) -> StoreResult<()>;
-}
-
-/// Helper: a counter state from its bucket map with string keys, as stored.
-pub fn buckets_from_strings(map: &BTreeMap<String, i64>) -> BTreeMap<i64, i64> {
-    map.iter()
-        .filter_map(|(k, v)| k.parse().ok().map(|k| (k, *v)))
-        .collect()
 }

@@ -83,7 +83,6 @@ struct OpCounters {
 #[derive(Clone)]
 pub struct MongoStore {
     ops: Arc<OpCounters>,
-    client: Client,
     db: Database,
     comments: Collection<Document>,
     /// Host list for error messages (never the credentials).
@@ -131,7 +130,6 @@ impl MongoStore {
         let comments = db.collection(&options.comments);
         Ok(MongoStore {
             ops: Arc::default(),
-            client,
             db,
             comments,
             hosts,
@@ -149,10 +147,6 @@ impl MongoStore {
 
     pub fn database(&self) -> &Database {
         &self.db
-    }
-
-    pub fn client(&self) -> &Client {
-        &self.client
     }
 
     pub fn hosts(&self) -> &str {
@@ -297,10 +291,6 @@ fn fenced(filter: &mut Document, fence: &Fence) {
 
 fn to_date(secs: i64) -> DateTime {
     DateTime::from_millis(secs.saturating_mul(1000))
-}
-
-fn timestamp_to_date(t: Timestamp) -> DateTime {
-    DateTime::from_millis(t.time as i64 * 1000)
 }
 
 /// A short, credential-free description of a driver error.
@@ -1321,10 +1311,5 @@ impl MongoStore {
             }),
             Err(e) => Err(map_err(op, e)),
         }
-    }
-
-    /// Time of a checkpoint token, as a date.
-    pub fn checkpoint_date(checkpoint: &Checkpoint) -> Option<DateTime> {
-        checkpoint.token_time.map(timestamp_to_date)
     }
 }
