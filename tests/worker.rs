@@ -106,7 +106,8 @@ async fn untouched_posts_are_not_dirty() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     t.insert_comment("a", &post(1), now_secs()).await;
     t.insert_comment("b", &post(2), now_secs()).await;
-    t.wait_exact(&[post(1), post(2)], Duration::from_secs(20)).await;
+    t.wait_exact(&[post(1), post(2)], Duration::from_secs(20))
+        .await;
     // Dirty marks land just after the counters (same batch): shut the worker down first, which
     // finishes or abandons the batch, then look.
     worker.shutdown().await.unwrap();
@@ -289,4 +290,58 @@ async fn a_successor_resumes_where_a_worker_without_checkpoint_started() {
     t.wait_exact(&[post(0)], Duration::from_secs(20)).await;
     assert_eq!(t.displayed(&post(0)).await, 5);
     second.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn malformed_rows_are_skipped_and_the_stream_goes_on() {
+    let t = TestDb::new("malformed").await;
+    let worker = t.spawn_worker(t.worker_settings());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    t.comments
+        .insert_one(doc! {"_id": "no-post", "created_at": DateTime::now()})
+        .await
+        .unwrap();
+    t.comments
+        .insert_one(doc! {"_id": "array-post", "post_id": [1, 2], "created_at": DateTime::now()})
+        .await
+        .unwrap();
+    t.comments
+        .insert_one(doc! {"_id": "float-post", "post_id": 1.5, "created_at": DateTime::now()})
+        .await
+        .unwrap();
+    t.insert_comment("good", &post(1), now_secs()).await;
+    // The bad rows are skipped (and counted as bad events); the good one after them counts.
+    t.wait_exact(&[post(1)], Duration::from_secs(20)).await;
+    assert_eq!(t.displayed(&post(1)).await, 1);
+    assert!(worker
+        .status
+        .stream_open
+        .load(std::sync::atomic::Ordering::Relaxed));
+    worker.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_dropped_collection_stops_the_worker_with_a_clear_error() {
+    let t = TestDb::new("dropped").await;
+    let worker = t.spawn_worker(t.worker_settings());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    t.insert_comment("a", &post(1), now_secs()).await;
+    t.wait_exact(&[post(1)], Duration::from_secs(20)).await;
+    t.comments.drop().await.unwrap();
+    let result = tokio::time::timeout(Duration::from_secs(20), worker.handle)
+        .await
+        .expect("the worker stops by itself")
+        .unwrap();
+    let err = result.unwrap_err();
+    assert!(
+        err.contains("`drop` event") && err.contains("stops rather than guess"),
+        "{err}"
+    );
+    // Nothing was lost: the checkpoint stayed before the drop, so a restart stops again.
+    let again = t.spawn_worker(t.worker_settings());
+    let result = tokio::time::timeout(Duration::from_secs(20), again.handle)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(result.unwrap_err().contains("`drop` event"));
 }
