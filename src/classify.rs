@@ -179,6 +179,24 @@ pub fn classify(
         // derived exactly at event time. Otherwise `updateLookup` shows the row as it is now,
         // possibly later than the event: fine while before-states chain through the ledger (the
         // transitions telescope), but never mixed with pre-images, which are event-time states.
+        // A pre-image with a complete update description gives the after-state exactly, even
+        // for a row without `post_id` (which the ledger cannot describe field by field).
+        Operation::Update {
+            summary: Some(summary),
+        } if summary.complete && source == Source::PreImage => {
+            let pre = event.pre_image.as_ref().expect("source is the pre-image");
+            match read_row(&summary.apply_to_document(pre)) {
+                RowRead::Row(row) => After::Known(Some(row)),
+                RowRead::NoPost => After::Known(None),
+                RowRead::BadPost(kind) => {
+                    return Ok(problem_only(
+                        &before,
+                        source,
+                        Problem::Bad(format!("`{POST_FIELD}` has unsupported type {kind}")),
+                    ))
+                }
+            }
+        }
         Operation::Update {
             summary: Some(summary),
         } if summary.complete && matches!(before, Before::Known(Some(_))) => {

@@ -214,6 +214,21 @@ pub struct UpdateSummary {
 }
 
 impl UpdateSummary {
+    /// A document after this update, from the document before it (top-level fields; dotted
+    /// paths change sub-documents counterd does not read).
+    pub fn apply_to_document(&self, before: &Document) -> Document {
+        let mut after = before.clone();
+        for (key, value) in &self.set {
+            if !key.contains('.') {
+                after.insert(key.clone(), value.clone());
+            }
+        }
+        for key in &self.removed {
+            after.remove(key);
+        }
+        after
+    }
+
     /// The row after this update, derived from the row before it: exact at event time, unlike
     /// an `updateLookup` document. `Err` names a `post_id` of an unsupported type.
     pub fn apply(&self, before: &Row) -> Result<Option<Row>, String> {

@@ -202,6 +202,48 @@ impl<S: Store + ?Sized> Reconciler<S> {
         self.finish(run).await
     }
 
+    /// Runs the full sweep that a lost history requested, once the watermark has passed the end
+    /// of the recorded gap: rows created in the gap sit above an earlier watermark, where a fold
+    /// keeps buckets (empty for them, their events were never seen) and would not count them.
+    /// Returns `None` when no sweep is requested or it must wait for the settle time.
+    pub async fn run_requested_sweep(
+        &self,
+        now_secs: i64,
+        shutdown: Option<watch::Receiver<bool>>,
+    ) -> StoreResult<Option<RunReport>> {
+        let Some(checkpoint) = self.store.load_checkpoint(&self.settings.stream).await? else {
+            return Ok(None);
+        };
+        if !checkpoint.sweep_requested {
+            return Ok(None);
+        }
+        let gap_end = checkpoint
+            .gaps
+            .iter()
+            .map(|g| g.to.timestamp_millis().div_euclid(1000))
+            .max();
+        let watermark = self.watermark(now_secs).await?;
+        if gap_end.is_some_and(|end| watermark <= end) {
+            tracing::info!(
+                watermark,
+                gap_end,
+                "requested sweep waits until the watermark passes the gap"
+            );
+            return Ok(None);
+        }
+        tracing::warn!(
+            "running the requested full sweep (history was lost or events were unattributable)"
+        );
+        let report = self
+            .sweep(
+                now_secs,
+                |done| tracing::info!(posts = done, "sweep progress"),
+                shutdown,
+            )
+            .await?;
+        Ok(Some(report))
+    }
+
     /// Counts and folds one post. `Some(true)`: installed (or nothing to change);
     /// `Some(false)`: the worker kept racing, try next run; `None` never (reserved).
     async fn reconcile_post(
@@ -351,21 +393,9 @@ pub async fn run_loop<S: Store + ?Sized>(
         }
         let now = chrono::Utc::now().timestamp();
         let pass = async {
-            let requested = reconciler
-                .store
-                .load_checkpoint(&reconciler.settings.stream)
-                .await?
-                .is_some_and(|c| c.sweep_requested);
-            if requested {
-                tracing::warn!("running the requested full sweep (history was lost or events were unattributable)");
-                reconciler
-                    .sweep(
-                        now,
-                        |done| tracing::info!(posts = done, "sweep progress"),
-                        Some(shutdown.clone()),
-                    )
-                    .await?;
-            }
+            reconciler
+                .run_requested_sweep(now, Some(shutdown.clone()))
+                .await?;
             reconciler.run_dirty(now).await
         };
         match pass.await {

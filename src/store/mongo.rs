@@ -787,7 +787,7 @@ impl Store for MongoStore {
         let update = doc! {
             "$push": {"gaps": gap_doc},
             "$set": {"sweep_requested": true, "updated_at": DateTime::now()},
-            "$unset": {"token": "", "token_time": ""},
+            "$unset": {"token": "", "token_time": "", "start_time": ""},
         };
         self.checkpoint_update("record the history gap", fence, filter, update)
             .await
@@ -962,7 +962,7 @@ impl Store for MongoStore {
             .coll(DIRTY)
             .find(filter)
             .sort(sort)
-            .limit(limit as i64)
+            .limit(limit.min(i64::MAX as usize) as i64)
             .await
             .map_err(|e| map_err("list dirty posts", e))?
             .try_collect()
@@ -1108,7 +1108,7 @@ impl Store for MongoStore {
             .find(after_filter("_id", after))
             .projection(doc! {"_id": 1})
             .sort(doc! {"_id": 1})
-            .limit(limit as i64)
+            .limit(limit.min(i64::MAX as usize) as i64)
             .await
             .map_err(|e| map_err("list counters", e))?
             .try_collect()
