@@ -1,0 +1,1648 @@
+//! An in-process store behind the same seam as MongoDB ([`Store`] + [`EventSource`]), for the
+//! deterministic simulation only.
+//!
+//! Every method has the semantics of its counterpart in `src/store/mongo.rs`, statement for
+//! statement: guarded upserts whose failed guard is a duplicate key ("already applied"),
+//! checkpoint updates filtered on the epoch whose failed upsert is `Fenced`, the conditional fold
+//! install, `count_live_below` as "not `>=`", a negative `limit` meaning one batch of `|limit|`.
+//!
+//! Besides the counterd collections it holds the truth (`comments`) and an oplog whose change
+//! events are shaped like a real MongoDB 6/7 emits them with `fullDocument: updateLookup`: the
+//! looked-up document of an update is the row *as it is when the event is read* (null once the
+//! row is gone), which is what makes recovery tricky.
+//!
+//! Simulation hooks, all driven by one seeded RNG so that a seed replays exactly:
+//! * every store call may first yield once (so that the actors the simulation polls side by
+//!   side interleave at every store call, and between the statements of a multi-statement
+//!   write) and may fail by an injected fault: before it runs, after a prefix of its statements
+//!   (a partial write), or after it ran (the write landed, the reply was lost).
+//! * the change stream waits for events while writers may still write (like an awaitData
+//!   getMore), stops a worker whose read budget is spent (an injected `Fatal`), and tells a
+//!   worker that is caught up and alone to shut down right after its idle checkpoint. Workers
+//!   therefore only ever sleep (a transient fault's backoff, on tokio's real clock) while
+//!   nothing else runs, so the interleaving never depends on time; transient faults are only
+//!   injected then.
+//! * `broken`: deliberately wrong variants (the guard removed, the seed's fold formula) that the
+//!   simulation must catch.
+//! * a shadow of every applied counter increment per (post, bucket): once the worker has caught
+//!   up it must equal the truth exactly, whatever the reconciler did, or an event was counted
+//!   twice (or never).
+//!
+//! Wall-clock times that `src` passes in are replaced by the simulated clock: dirty marks (so
+//! that the dirty set's "oldest first" order is the same on every run), a history gap's end, and
+//! the start position a worker pins (a stream then opened at that wall-clock time opens at the
+//! simulated one). In production the wall clock and the cluster time agree closely; here they
+//! would be years apart.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bson::{doc, Bson, DateTime, Document, Timestamp};
+use counterd::batch::{bucket_of, CounterDelta, LedgerUpdate};
+use counterd::event::{CommentId, PostId, Row, Token, CREATED_FIELD, DELETED_FIELD, POST_FIELD};
+use counterd::fold::{CounterState, Fold};
+use counterd::store::{
+    ApplyOutcome, Checkpoint, CounterDoc, DirtyEntry, DirtyOrder, DirtySummary, EventSource, Fence,
+    Gap, Lease, PendingBatch, Position, RawBatch, RunSummary, Store, StoreError, StoreResult,
+    StreamOptions, StreamStart,
+};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// The message of every injected fault, so the simulation can tell them from real errors.
+pub const INJECTED: &str = "sim: injected";
+/// The message of the pause that ends a worker run.
+pub const PAUSE: &str = "sim: pause";
+
+/// A deliberately broken variant of the store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Broken {
+    /// Faithful to `mongo.rs`.
+    None,
+    /// Counter writes ignore `applied_through`: every guarded increment applies.
+    NoGuard,
+    /// The fold is installed with the seed design's formula: `base' = C`,
+    /// `live' = live - (base' - base)`, which never changes the displayed value.
+    SeedFold,
+}
+
+/// How often store calls fail and yield.
+#[derive(Clone, Debug)]
+pub struct Faults {
+    /// Probability that a call fails by an injected fault.
+    pub rate: f64,
+    /// Share of injected faults that are transient (the worker retries in-process) rather than
+    /// fatal (the worker stops and is restarted).
+    pub transient_share: f64,
+    /// Probability that a call yields to the other actors first.
+    pub yield_rate: f64,
+    /// Faults left in this round (a cap, so that every round ends).
+    pub budget: u32,
+}
+
+impl Faults {
+    pub fn none() -> Faults {
+        Faults {
+            rate: 0.0,
+            transient_share: 0.0,
+            yield_rate: 0.0,
+            budget: 0,
+        }
+    }
+}
+
+/// Where an injected fault strikes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Strike {
+    /// Before the call did anything.
+    Before,
+    /// A multi-statement write (`ordered: false`) in which only the statements marked `true`
+    /// landed before the error: any subset, not only a prefix.
+    Partial(Vec<bool>),
+    /// After the call did everything (the reply was lost).
+    After,
+}
+
+/// One change in the oplog.
+#[derive(Clone, Debug)]
+pub struct OplogEntry {
+    pub seq: u64,
+    pub token: String,
+    pub time: Timestamp,
+    pub id: i64,
+    pub kind: OpKind,
+    /// The row just before the change (for `fullDocumentBeforeChange`).
+    pub pre: Option<Document>,
+    /// The pre-image expired (comes back null even when requested).
+    pub pre_expired: bool,
+}
+
+#[derive(Clone, Debug)]
+pub enum OpKind {
+    Insert(Document),
+    Update {
+        updated: Document,
+        removed: Vec<String>,
+    },
+    Replace(Document),
+    Delete,
+}
+
+#[derive(Clone, Debug, Default)]
+struct CounterRec {
+    base_count: i64,
+    base_watermark: i64,
+    live_delta: i64,
+    buckets: BTreeMap<i64, i64>,
+    applied_through: Option<String>,
+    epoch: Option<i64>,
+    last_drift: Option<i64>,
+    reconciled_at: Option<DateTime>,
+}
+
+#[derive(Clone, Debug)]
+struct LedgerRec {
+    exists: bool,
+    live: bool,
+    post: Option<PostId>,
+    created_at: Option<DateTime>,
+    applied_through: String,
+    epoch: i64,
+}
+
+#[derive(Clone, Debug)]
+struct DirtyRec {
+    first: DateTime,
+    last: DateTime,
+    version: i64,
+    /// The stream that marked it last.
+    stream: String,
+}
+
+#[derive(Clone, Debug, Default)]
+struct CheckpointRec {
+    epoch: Option<i64>,
+    token: Option<String>,
+    token_time: Option<Timestamp>,
+    start_time: Option<Timestamp>,
+    high_water: Option<String>,
+    pending: Option<PendingBatch>,
+    updated_at: Option<DateTime>,
+    gaps: Vec<Gap>,
+    sweep_requested: Option<bool>,
+}
+
+#[derive(Clone, Debug)]
+struct LeaseRec {
+    owner: String,
+    expires_at: DateTime,
+    epoch: i64,
+}
+
+/// Everything the store holds, behind one lock that is never held across an `.await`.
+pub struct State {
+    /// The one RNG of the simulation: writers, faults, yields, batch sizes.
+    pub rng: StdRng,
+    /// Simulated seconds.
+    pub clock: i64,
+    logical_ms: i64,
+    pub bucket_width: i64,
+    /// The truth: comment rows by `_id`.
+    pub comments: BTreeMap<i64, Document>,
+    pub oplog: Vec<OplogEntry>,
+    /// Entries below this index have been truncated away (the oplog window).
+    pub oplog_floor: usize,
+    next_id: i64,
+    last_time: Timestamp,
+    /// Comment ids hard-deleted so far (for re-inserts of a known `_id`).
+    gone_ids: Vec<i64>,
+    pub posts: i64,
+    /// `changeStreamPreAndPostImages` enabled on the collection.
+    pub pre_images_enabled: bool,
+    /// Update events carry `updateDescription` (a real server); without it (some compatible
+    /// servers) only the looked-up document tells what changed.
+    pub update_descriptions: bool,
+    /// Reads carry a post-batch resume token (a real server); some servers send none.
+    pub post_batch_tokens: bool,
+    /// Writers sometimes remove a row's `post_id` (it leaves counting) and set it again later.
+    pub unset_post_ids: bool,
+    /// Share of pre-images that have expired by the time they are read (they come back null).
+    pub pre_image_expiry: f64,
+    counters: BTreeMap<PostId, CounterRec>,
+    /// Ledger entries by (collection, comment key): each partition keeps its own collection.
+    ledger: BTreeMap<(String, String), (Bson, LedgerRec)>,
+    dirty: BTreeMap<PostId, DirtyRec>,
+    checkpoints: BTreeMap<String, CheckpointRec>,
+    leases: BTreeMap<String, LeaseRec>,
+    runs: Vec<RunSummary>,
+    pub faults: Faults,
+    pub broken: Broken,
+    /// Applied counter increments per (post, bucket).
+    pub shadow: BTreeMap<(PostId, i64), i64>,
+    /// Counts of what happened, for coverage: injected faults by call and strike, pauses, folds.
+    pub stats: BTreeMap<String, u64>,
+    /// Non-worker actors (writers, reconciler) still running this round.
+    pub others_running: usize,
+    /// Workers still running this round.
+    pub workers_running: usize,
+    /// Shutdown switches of this round's workers: a worker that is caught up and alone is told
+    /// to stop right after its idle read, so that it never sleeps on tokio's (real) clock while
+    /// another actor runs.
+    pub shutdown: Vec<tokio::sync::watch::Sender<bool>>,
+    /// Reads the worker(s) may still do this round; `None`: unlimited.
+    pub read_budget: Option<u32>,
+    /// Most events one read returns.
+    pub read_max: usize,
+    /// A short log of store calls (the tail is printed when a seed fails).
+    pub trace: Vec<String>,
+    pub trace_all: bool,
+    /// Gaps recorded since the stream last returned anything: a worker that keeps finding its
+    /// history lost without ever reading is looping.
+    gaps_in_a_row: u32,
+    /// Start positions the worker pinned from the wall clock, with the simulated time stored in
+    /// their place: a stream opened at such a wall-clock time opens at the simulated time of
+    /// the latest pin (the wall clock may not have moved on between two pins).
+    wall_starts: Vec<(Timestamp, Timestamp)>,
+}
+
+impl State {
+    /// Only one worker is left and nothing else runs: sleeping on a real timer is harmless now.
+    pub fn alone(&self) -> bool {
+        self.others_running == 0 && self.workers_running <= 1
+    }
+
+    pub fn stat(&mut self, key: impl Into<String>) {
+        *self.stats.entry(key.into()).or_default() += 1;
+    }
+
+    pub fn note(&mut self, line: String) {
+        if self.trace_all {
+            eprintln!("{line}");
+        }
+        self.trace.push(line);
+        if self.trace.len() > 4000 {
+            self.trace.drain(..2000);
+        }
+    }
+
+    /// A strictly increasing stand-in for the wall clock, tied to the simulated clock.
+    fn logical_now(&mut self) -> DateTime {
+        self.logical_ms = (self.logical_ms + 1).max(self.clock * 1000);
+        DateTime::from_millis(self.logical_ms)
+    }
+
+    /// Decides whether this call fails, and where.
+    fn strike(
+        &mut self,
+        op: &'static str,
+        statements: Option<usize>,
+        writes: bool,
+    ) -> Option<(Strike, StoreError)> {
+        if self.faults.budget == 0
+            || self.faults.rate <= 0.0
+            || !self.rng.random_bool(self.faults.rate.min(1.0))
+        {
+            return None;
+        }
+        self.faults.budget -= 1;
+        let strike = match (writes, statements) {
+            (false, _) => Strike::Before,
+            (true, Some(n)) if n > 1 => match self.rng.random_range(0..3) {
+                0 => Strike::Before,
+                1 => {
+                    // Some statements landed, at least one did not.
+                    let missed = self.rng.random_range(0..n);
+                    let landed = (0..n)
+                        .map(|i| i != missed && self.rng.random_bool(0.5))
+                        .collect();
+                    Strike::Partial(landed)
+                }
+                _ => Strike::After,
+            },
+            (true, _) => {
+                if self.rng.random_bool(0.5) {
+                    Strike::Before
+                } else {
+                    Strike::After
+                }
+            }
+        };
+        // A transient fault makes the worker back off on tokio's real clock: only when it runs
+        // alone, so that the backoff cannot change the interleaving.
+        let transient = self.rng.random_bool(self.faults.transient_share) && self.alone();
+        let kind = if transient { "transient" } else { "fatal" };
+        let at = match strike {
+            Strike::Before => "before",
+            Strike::Partial(_) => "partial",
+            Strike::After => "after",
+        };
+        self.stat(format!("fault {op} {at}"));
+        self.stat(format!("fault {kind}"));
+        self.note(format!("  !! {kind} fault in {op} ({at})"));
+        let message = format!("{INJECTED} {kind} fault ({at})");
+        let error = if transient {
+            StoreError::Transient { op, message }
+        } else {
+            StoreError::Fatal { op, message }
+        };
+        Some((strike, error))
+    }
+
+    // --- the writers -----------------------------------------------------------------------
+
+    fn next_time(&mut self) -> Timestamp {
+        let time = self.clock as u32;
+        self.last_time = if time > self.last_time.time {
+            Timestamp { time, increment: 1 }
+        } else {
+            Timestamp {
+                time: self.last_time.time,
+                increment: self.last_time.increment + 1,
+            }
+        };
+        self.last_time
+    }
+
+    fn append(&mut self, id: i64, kind: OpKind, pre: Option<Document>) {
+        let seq = self.oplog.len() as u64 + 1;
+        let time = self.next_time();
+        let pre_expired = self.rng.random_bool(self.pre_image_expiry);
+        self.oplog.push(OplogEntry {
+            seq,
+            token: event_token(seq),
+            time,
+            id,
+            kind,
+            pre,
+            pre_expired,
+        });
+    }
+
+    fn random_post(&mut self) -> i64 {
+        self.rng.random_range(0..self.posts)
+    }
+
+    fn random_row(&mut self) -> Option<i64> {
+        if self.comments.is_empty() {
+            return None;
+        }
+        let i = self.rng.random_range(0..self.comments.len());
+        self.comments.keys().nth(i).copied()
+    }
+
+    fn new_row(&mut self, id: i64) -> Document {
+        let post = self.random_post();
+        let mut row = doc! {"_id": id, POST_FIELD: post};
+        let created = match self.rng.random_range(0..20) {
+            0 => None,                                                 // no created_at
+            1..=5 => Some(self.clock - self.rng.random_range(1..400)), // back-dated
+            6 => Some(self.clock + self.rng.random_range(1..30)),      // clock skew
+            _ => Some(self.clock),
+        };
+        if let Some(secs) = created {
+            row.insert(CREATED_FIELD, DateTime::from_millis(secs * 1000));
+        }
+        if self.rng.random_bool(0.08) {
+            row.insert(DELETED_FIELD, DateTime::from_millis(self.clock * 1000));
+        }
+        row.insert("body", format!("b{}", self.rng.random_range(0..1000)));
+        row
+    }
+
+    /// `updateOne({_id}, {$set, $unset})`: no event when nothing changed, as on a real server.
+    pub fn update(&mut self, id: i64, set: Document, unset: &[&str]) -> bool {
+        let Some(old) = self.comments.get(&id).cloned() else {
+            return false;
+        };
+        let mut new = old.clone();
+        let mut updated = Document::new();
+        for (k, v) in set {
+            if old.get(&k) != Some(&v) {
+                updated.insert(k.clone(), v.clone());
+            }
+            new.insert(k, v);
+        }
+        let mut removed = Vec::new();
+        for k in unset {
+            if new.remove(*k).is_some() {
+                removed.push(k.to_string());
+            }
+        }
+        if updated.is_empty() && removed.is_empty() {
+            return false;
+        }
+        self.comments.insert(id, new);
+        self.append(id, OpKind::Update { updated, removed }, Some(old));
+        true
+    }
+
+    /// Inserts a row (and its insert event) at the simulated clock.
+    pub fn insert_row(&mut self, row: Document) {
+        let id = row.get_i64("_id").expect("an integer _id");
+        self.comments.insert(id, row.clone());
+        self.append(id, OpKind::Insert(row), None);
+    }
+
+    /// One random write by an application, at the simulated clock. Returns what it did.
+    pub fn write_random(&mut self) -> String {
+        self.clock += self.rng.random_range(0..=2);
+        let now_date = Bson::DateTime(DateTime::from_millis(self.clock * 1000));
+        let roll = self.rng.random_range(0..100);
+        let Some(id) = self.random_row().filter(|_| roll >= 25) else {
+            // insert (a fresh id, or now and then a hard-deleted id again)
+            let id = if !self.gone_ids.is_empty() && self.rng.random_bool(0.1) {
+                let i = self.rng.random_range(0..self.gone_ids.len());
+                self.gone_ids.swap_remove(i)
+            } else {
+                self.next_id += 1;
+                self.next_id
+            };
+            let row = self.new_row(id);
+            self.insert_row(row.clone());
+            return format!("insert {row}");
+        };
+        let what = match roll {
+            25..=41 => {
+                self.update(id, doc! {DELETED_FIELD: now_date}, &[]);
+                "soft delete"
+            }
+            42..=53 => {
+                if self.rng.random_bool(0.5) {
+                    self.update(id, doc! {}, &[DELETED_FIELD]);
+                } else {
+                    self.update(id, doc! {DELETED_FIELD: Bson::Null}, &[]);
+                }
+                "undelete"
+            }
+            54..=65 => {
+                let post = self.random_post();
+                match self.rng.random_range(0..8) {
+                    0 | 1 => {
+                        let deleted = if self.rng.random_bool(0.5) {
+                            now_date
+                        } else {
+                            Bson::Null
+                        };
+                        self.update(id, doc! {POST_FIELD: post, DELETED_FIELD: deleted}, &[]);
+                        "move and (un)delete"
+                    }
+                    // The row leaves counting altogether (and a later move brings it back).
+                    2 if self.unset_post_ids => {
+                        self.update(id, doc! {}, &[POST_FIELD]);
+                        "remove post_id of"
+                    }
+                    _ => {
+                        self.update(id, doc! {POST_FIELD: post}, &[]);
+                        "move"
+                    }
+                }
+            }
+            66..=74 => {
+                let old = self.comments.remove(&id);
+                self.append(id, OpKind::Delete, old);
+                self.gone_ids.push(id);
+                "hard delete"
+            }
+            75..=88 => {
+                let body = format!("b{}", self.rng.random_range(0..1000));
+                self.update(id, doc! {"body": body}, &[]);
+                "edit"
+            }
+            89..=95 => {
+                let old = self.comments.get(&id).cloned();
+                let mut row = self.new_row(id);
+                if self.rng.random_bool(0.7) {
+                    // Usually a replace keeps the creation time.
+                    match old.as_ref().and_then(|o| o.get(CREATED_FIELD)) {
+                        Some(c) => row.insert(CREATED_FIELD, c.clone()),
+                        None => row.remove(CREATED_FIELD),
+                    };
+                }
+                if old.as_ref() != Some(&row) {
+                    self.comments.insert(id, row.clone());
+                    self.append(id, OpKind::Replace(row), old);
+                }
+                "replace"
+            }
+            _ => {
+                let secs = self.clock - self.rng.random_range(0..300);
+                self.update(
+                    id,
+                    doc! {CREATED_FIELD: DateTime::from_millis(secs * 1000)},
+                    &[],
+                );
+                "restamp created_at"
+            }
+        };
+        format!("{what} {id}")
+    }
+
+    // --- the truth -------------------------------------------------------------------------
+
+    /// Live rows per (post, creation bucket).
+    pub fn truth_by_bucket(&self) -> BTreeMap<(PostId, i64), i64> {
+        let mut out = BTreeMap::new();
+        for row in self.comments.values() {
+            if let Some((post, created, true)) = row_facts(row) {
+                *out.entry((post, bucket_of(created, self.bucket_width)))
+                    .or_default() += 1;
+            }
+        }
+        out
+    }
+
+    pub fn truth(&self) -> BTreeMap<PostId, i64> {
+        let mut out = BTreeMap::new();
+        for ((post, _), n) in self.truth_by_bucket() {
+            *out.entry(post).or_default() += n;
+        }
+        out
+    }
+
+    /// (base_count, base_watermark, live_delta, buckets) of every counter.
+    pub fn counters(&self) -> BTreeMap<PostId, (i64, i64, i64, BTreeMap<i64, i64>)> {
+        self.counters
+            .iter()
+            .map(|(p, c)| {
+                (
+                    p.clone(),
+                    (
+                        c.base_count,
+                        c.base_watermark,
+                        c.live_delta,
+                        c.buckets.clone(),
+                    ),
+                )
+            })
+            .collect()
+    }
+
+    pub fn dirty_posts(&self) -> Vec<PostId> {
+        self.dirty.keys().cloned().collect()
+    }
+
+    pub fn last_token(&self) -> Option<String> {
+        self.oplog.last().map(|e| e.token.clone())
+    }
+
+    pub fn checkpoint_view(&self, stream: &str) -> Option<Checkpoint> {
+        self.checkpoints
+            .get(stream)
+            .map(|c| to_checkpoint(stream, c))
+    }
+
+    // --- the change stream -----------------------------------------------------------------
+
+    /// The event document as a real server returns it when it is read now.
+    fn render(&self, e: &OplogEntry, pre_images: bool) -> Document {
+        let mut d = doc! {
+            "_id": {"_data": &e.token},
+            "operationType": match e.kind {
+                OpKind::Insert(_) => "insert",
+                OpKind::Update { .. } => "update",
+                OpKind::Replace(_) => "replace",
+                OpKind::Delete => "delete",
+            },
+            "clusterTime": e.time,
+            "wallTime": DateTime::from_millis(e.time.time as i64 * 1000),
+            "ns": {"db": "app", "coll": "comments"},
+            "documentKey": {"_id": e.id},
+        };
+        match &e.kind {
+            OpKind::Insert(row) | OpKind::Replace(row) => {
+                d.insert("fullDocument", row.clone());
+            }
+            OpKind::Update { updated, removed } => {
+                if self.update_descriptions {
+                    d.insert(
+                        "updateDescription",
+                        doc! {"updatedFields": updated.clone(), "removedFields": removed.clone(), "truncatedArrays": []},
+                    );
+                }
+                // updateLookup: the row as it is now, null when it is gone.
+                d.insert(
+                    "fullDocument",
+                    self.comments
+                        .get(&e.id)
+                        .cloned()
+                        .map(Bson::Document)
+                        .unwrap_or(Bson::Null),
+                );
+            }
+            OpKind::Delete => {}
+        }
+        if pre_images && self.pre_images_enabled && !matches!(e.kind, OpKind::Insert(_)) {
+            let pre = match (&e.pre, e.pre_expired) {
+                (Some(pre), false) => Bson::Document(pre.clone()),
+                _ => Bson::Null,
+            };
+            d.insert("fullDocumentBeforeChange", pre);
+        }
+        d
+    }
+
+    /// Index of the first oplog entry after `token`.
+    fn index_after(&self, token: &str) -> usize {
+        self.oplog.partition_point(|e| e.token.as_str() <= token)
+    }
+}
+
+/// The resume token `_data` of event `seq` (uppercase hex, like a real one; sorts in order).
+pub fn event_token(seq: u64) -> String {
+    format!("82{seq:016X}")
+}
+
+/// A post-batch token of an idle stream after event `seq`: after it, before the next event.
+fn high_water_token(seq: u64) -> String {
+    format!("82{seq:016X}FF")
+}
+
+/// (post, created_at, live) of a row document, when it counts at all.
+pub fn row_facts(row: &Document) -> Option<(PostId, Option<DateTime>, bool)> {
+    let post = row.get(POST_FIELD).and_then(PostId::from_bson)?;
+    let created = match row.get(CREATED_FIELD) {
+        Some(Bson::DateTime(d)) => Some(*d),
+        _ => None,
+    };
+    let live = matches!(row.get(DELETED_FIELD), None | Some(Bson::Null));
+    Some((post, created, live))
+}
+
+fn to_checkpoint(stream: &str, c: &CheckpointRec) -> Checkpoint {
+    Checkpoint {
+        stream: stream.to_string(),
+        token: c.token.clone().map(Token),
+        token_time: c.token_time,
+        start_time: c.start_time,
+        high_water: c.high_water.clone().map(Token),
+        pending: c.pending.clone(),
+        epoch: c.epoch.unwrap_or(0),
+        updated_at: c.updated_at,
+        gaps: c.gaps.clone(),
+        sweep_requested: c.sweep_requested.unwrap_or(false),
+    }
+}
+
+/// Yields to the other actors once.
+pub async fn yield_now() {
+    YieldOnce(false).await
+}
+
+struct YieldOnce(bool);
+
+impl Future for YieldOnce {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.0 {
+            Poll::Ready(())
+        } else {
+            self.0 = true;
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+    }
+}
+
+/// The in-process store. Clones share the same state.
+#[derive(Clone)]
+pub struct MemoryStore {
+    state: Arc<Mutex<State>>,
+}
+
+impl MemoryStore {
+    pub fn new(seed: u64, bucket_width: i64, posts: i64, clock: i64) -> MemoryStore {
+        MemoryStore {
+            state: Arc::new(Mutex::new(State {
+                rng: StdRng::seed_from_u64(seed),
+                clock,
+                logical_ms: 0,
+                bucket_width,
+                comments: BTreeMap::new(),
+                oplog: Vec::new(),
+                oplog_floor: 0,
+                next_id: 0,
+                last_time: Timestamp {
+                    time: 0,
+                    increment: 0,
+                },
+                gone_ids: Vec::new(),
+                posts,
+                pre_images_enabled: false,
+                update_descriptions: true,
+                post_batch_tokens: true,
+                unset_post_ids: true,
+                pre_image_expiry: 0.1,
+                counters: BTreeMap::new(),
+                ledger: BTreeMap::new(),
+                dirty: BTreeMap::new(),
+                checkpoints: BTreeMap::new(),
+                leases: BTreeMap::new(),
+                runs: Vec::new(),
+                faults: Faults::none(),
+                broken: Broken::None,
+                shadow: BTreeMap::new(),
+                stats: BTreeMap::new(),
+                others_running: 0,
+                workers_running: 0,
+                shutdown: Vec::new(),
+                read_budget: None,
+                read_max: 10,
+                trace: Vec::new(),
+                trace_all: false,
+                gaps_in_a_row: 0,
+                wall_starts: Vec::new(),
+            })),
+        }
+    }
+
+    pub fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Maybe yields to the other actors: the interleaving point before every store call.
+    pub async fn maybe_yield(&self) {
+        let yield_now = {
+            let mut s = self.lock();
+            let rate = s.faults.yield_rate;
+            rate > 0.0 && !s.alone() && s.rng.random_bool(rate)
+        };
+        if yield_now {
+            YieldOnce(false).await;
+        }
+    }
+
+    /// The entry of a store call: maybe yield, then maybe strike.
+    async fn enter(
+        &self,
+        op: &'static str,
+        statements: Option<usize>,
+        writes: bool,
+    ) -> Option<(Strike, StoreError)> {
+        self.maybe_yield().await;
+        let mut s = self.lock();
+        s.stat(format!("call {op}"));
+        s.strike(op, statements, writes)
+    }
+
+    /// A read or single-document call: fails before or after `body`.
+    async fn single<T>(
+        &self,
+        op: &'static str,
+        writes: bool,
+        body: impl FnOnce(&mut State) -> StoreResult<T>,
+    ) -> StoreResult<T> {
+        let strike = self.enter(op, None, writes).await;
+        if let Some((Strike::Before, e)) = strike {
+            return Err(e);
+        }
+        let mut s = self.lock();
+        let result = body(&mut s)?;
+        match strike {
+            Some((_, e)) => Err(e),
+            None => Ok(result),
+        }
+    }
+
+    /// A multi-statement write (`ordered: false`): statements apply one by one, the other actors
+    /// may run between them, and a fault may leave any subset of them applied.
+    async fn statements<T>(
+        &self,
+        op: &'static str,
+        items: &[T],
+        mut body: impl FnMut(&mut State, &T),
+    ) -> StoreResult<()> {
+        let strike = self.enter(op, Some(items.len()), true).await;
+        let lands = |i: usize| match &strike {
+            Some((Strike::Before, _)) => false,
+            Some((Strike::Partial(landed), _)) => landed[i],
+            _ => true,
+        };
+        for (i, item) in items.iter().enumerate().filter(|(i, _)| lands(*i)) {
+            if i > 0 {
+                self.maybe_yield().await;
+            }
+            body(&mut self.lock(), item);
+        }
+        match strike {
+            Some((_, e)) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The ledger collection of a stream, as `mongo.rs` names it: partitions keep their own.
+fn ledger_collection(stream: &str) -> String {
+    match stream.split_once('/') {
+        Some((_, partition)) => format!("counterd_comment_state_{partition}"),
+        None => "counterd_comment_state".to_string(),
+    }
+}
+
+/// `field` is not `>= value`, for an optional string field.
+fn not_gte(field: Option<&str>, value: &str) -> bool {
+    field.is_none_or(|f| f < value)
+}
+
+/// `epoch` is not newer than the fence's.
+fn fence_ok(epoch: Option<i64>, fence: &Fence) -> bool {
+    epoch.is_none_or(|e| e <= fence.epoch)
+}
+
+/// `update_one({_id: stream, epoch: fence.epoch}, update, upsert)`: a failed upsert on an
+/// existing document (another epoch) is a duplicate key, reported as `Fenced`.
+fn checkpoint_update(
+    s: &mut State,
+    fence: &Fence,
+    matches: impl Fn(&CheckpointRec) -> bool,
+    update: impl FnOnce(&mut CheckpointRec, DateTime),
+    insert_epoch: bool,
+) -> StoreResult<()> {
+    let now = s.logical_now();
+    match s.checkpoints.get_mut(&fence.stream) {
+        Some(c) if matches(c) => {
+            update(c, now);
+            Ok(())
+        }
+        Some(_) => Err(StoreError::Fenced {
+            stream: fence.stream.clone(),
+            epoch: fence.epoch,
+        }),
+        None => {
+            let mut c = CheckpointRec {
+                epoch: insert_epoch.then_some(fence.epoch),
+                ..CheckpointRec::default()
+            };
+            update(&mut c, now);
+            s.checkpoints.insert(fence.stream.clone(), c);
+            Ok(())
+        }
+    }
+}
+
+fn max_string(field: &mut Option<String>, value: &str) {
+    if field.as_deref().is_none_or(|f| f < value) {
+        *field = Some(value.to_string());
+    }
+}
+
+/// Mongo's `limit(n)`: 0 is no limit, a negative limit is one batch of `|n|`.
+fn mongo_limit(limit: usize) -> usize {
+    // `mongo.rs` sends `limit.min(i64::MAX as usize) as i64`.
+    match limit.min(i64::MAX as usize) as i64 {
+        0 => usize::MAX,
+        n => n.unsigned_abs() as usize,
+    }
+}
+
+/// The open change stream over the simulated oplog.
+struct MemoryEvents {
+    store: MemoryStore,
+    /// Index of the next entry to return.
+    next: usize,
+    pre_images: bool,
+    /// Resumed after a token (or at a time) that is no longer in the oplog: the first read
+    /// fails with code 286, like a real server.
+    lost: Option<String>,
+    /// This stream has answered once with "nothing new".
+    idled: bool,
+}
+
+#[async_trait]
+impl EventSource for MemoryEvents {
+    async fn next_batch(&mut self, max: usize, _max_wait: Duration) -> StoreResult<RawBatch> {
+        let strike = self.store.enter("next_batch", None, false).await;
+        {
+            let mut s = self.store.lock();
+            if let Some(budget) = s.read_budget.as_mut() {
+                if *budget == 0 {
+                    s.stat("pause budget");
+                    return Err(StoreError::Fatal {
+                        op: "next_batch",
+                        message: PAUSE.into(),
+                    });
+                }
+                *budget -= 1;
+            }
+            if let Some((_, e)) = strike {
+                return Err(e);
+            }
+            if let Some(token) = self.lost.take() {
+                s.stat("history lost");
+                return Err(StoreError::HistoryLost { code: 286, token });
+            }
+        }
+        // Like an awaitData getMore: while writers may still write, wait for events.
+        loop {
+            let wait = {
+                let mut s = self.store.lock();
+                if s.oplog.len() > self.next || s.alone() {
+                    false
+                } else if s.others_running == 0 {
+                    // Only workers are left, all caught up: this one stops, so that the last
+                    // can take its idle turn alone.
+                    s.stat("pause caught up");
+                    return Err(StoreError::Fatal {
+                        op: "next_batch",
+                        message: PAUSE.into(),
+                    });
+                } else {
+                    true
+                }
+            };
+            if !wait {
+                break;
+            }
+            YieldOnce(false).await;
+        }
+        let mut s = self.store.lock();
+        s.gaps_in_a_row = 0;
+        let available = s.oplog.len() - self.next;
+        if available == 0 {
+            if self.idled {
+                s.stat("pause caught up");
+                return Err(StoreError::Fatal {
+                    op: "next_batch",
+                    message: PAUSE.into(),
+                });
+            }
+            // Caught up and alone: answer "nothing new" with the post-batch token, and tell the
+            // worker to stop after it has checkpointed it.
+            self.idled = true;
+            let last = s.oplog.last().map_or(0, |e| e.seq);
+            let token = high_water_token(last);
+            s.note(format!("  read: none, post-batch {token}"));
+            s.stat("stop caught up");
+            for tx in &s.shutdown {
+                tx.send_replace(true);
+            }
+            return Ok(RawBatch {
+                events: Vec::new(),
+                post_batch_token: s.post_batch_tokens.then_some(Token(token)),
+            });
+        }
+        let limit = max.min(available).min(s.read_max).max(1);
+        let n = s.rng.random_range(1..=limit);
+        let events: Vec<Document> = (self.next..self.next + n)
+            .map(|i| s.render(&s.oplog[i], self.pre_images))
+            .collect();
+        let last = s.oplog[self.next + n - 1].token.clone();
+        let what: Vec<String> = s.oplog[self.next..self.next + n]
+            .iter()
+            .map(|e| {
+                let op = match e.kind {
+                    OpKind::Insert(_) => "insert",
+                    OpKind::Update { .. } => "update",
+                    OpKind::Replace(_) => "replace",
+                    OpKind::Delete => "delete",
+                };
+                // `~`: the pre-image expired (when pre-images are asked for).
+                let expired = if self.pre_images && e.pre_expired {
+                    "~"
+                } else {
+                    ""
+                };
+                format!("{} {op} {}{expired}", &e.token[e.token.len() - 2..], e.id)
+            })
+            .collect();
+        let line = format!("  read: {}", what.join(", "));
+        s.note(line);
+        self.next += n;
+        Ok(RawBatch {
+            events,
+            post_batch_token: s.post_batch_tokens.then_some(Token(last)),
+        })
+    }
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    async fn open_stream(&self, options: StreamOptions) -> StoreResult<Box<dyn EventSource>> {
+        if !options.pipeline.is_empty() {
+            return Err(StoreError::Fatal {
+                op: "open the change stream",
+                message: "the simulation does not evaluate stream pipelines".into(),
+            });
+        }
+        let (next, lost) = self
+            .single("open_stream", false, |s| {
+                let truncated = s.oplog_floor.checked_sub(1).map(|i| s.oplog[i].clone());
+                Ok(match &options.start {
+                    StreamStart::After(token) => {
+                        let lost = truncated
+                            .filter(|t| t.token.as_str() > token.as_str())
+                            .map(|_| token.to_string());
+                        (s.index_after(token.as_str()), lost)
+                    }
+                    StreamStart::AtTime(at) => {
+                        let at = &s
+                            .wall_starts
+                            .iter()
+                            .rev()
+                            .find(|(wall, _)| wall == at)
+                            .map_or(*at, |(_, sim)| *sim);
+                        let lost = truncated.filter(|t| t.time >= *at).map(|_| String::new());
+                        (s.oplog.partition_point(|e| e.time < *at), lost)
+                    }
+                    StreamStart::Now => (s.oplog.len(), None),
+                })
+            })
+            .await?;
+        let mut s = self.lock();
+        let next = next.max(s.oplog_floor);
+        s.note(format!(
+            "  open stream at {:?} (index {next})",
+            options.start
+        ));
+        Ok(Box::new(MemoryEvents {
+            store: self.clone(),
+            next,
+            pre_images: options.pre_images,
+            lost,
+            idled: false,
+        }))
+    }
+
+    async fn load_checkpoint(&self, stream: &str) -> StoreResult<Option<Checkpoint>> {
+        self.single("load_checkpoint", false, |s| {
+            let c = s.checkpoints.get(stream);
+            if let Some(t) = c.and_then(|c| c.token.as_ref()) {
+                if t.is_empty() || !t.chars().all(|c| c.is_ascii_hexdigit()) {
+                    return Err(StoreError::Malformed {
+                        what: "checkpoint",
+                        id: stream.to_string(),
+                        detail: format!("`token` is {t:?}"),
+                    });
+                }
+            }
+            Ok(c.map(|c| to_checkpoint(stream, c)))
+        })
+        .await
+    }
+
+    async fn record_intent(&self, fence: &Fence, batch: &PendingBatch) -> StoreResult<()> {
+        self.single("record_intent", true, |s| {
+            s.note(format!(
+                "  intent {} ({} counters)",
+                batch.end,
+                batch.counters.len()
+            ));
+            checkpoint_update(
+                s,
+                fence,
+                |c| c.epoch == Some(fence.epoch),
+                |c, now| {
+                    max_string(&mut c.high_water, batch.end.as_str());
+                    c.pending = Some(batch.clone());
+                    c.updated_at = Some(now);
+                },
+                true,
+            )
+        })
+        .await
+    }
+
+    async fn save_checkpoint(
+        &self,
+        fence: &Fence,
+        token: &Token,
+        token_time: Option<Timestamp>,
+    ) -> StoreResult<()> {
+        self.single("save_checkpoint", true, |s| {
+            s.note(format!("  checkpoint {token}"));
+            checkpoint_update(
+                s,
+                fence,
+                |c| c.epoch == Some(fence.epoch),
+                |c, now| {
+                    c.token = Some(token.to_string());
+                    c.updated_at = Some(now);
+                    if let Some(t) = token_time {
+                        c.token_time = Some(t);
+                    }
+                    max_string(&mut c.high_water, token.as_str());
+                    c.pending = None;
+                },
+                true,
+            )
+        })
+        .await
+    }
+
+    async fn move_checkpoint(&self, stream: &str, to: &Position) -> StoreResult<()> {
+        self.single("move_checkpoint", true, |s| {
+            let now = s.logical_now();
+            let c = s.checkpoints.entry(stream.to_string()).or_default();
+            c.updated_at = Some(now);
+            match to {
+                Position::Token(t) => {
+                    c.token = Some(t.to_string());
+                    c.token_time = None;
+                    c.start_time = None;
+                }
+                Position::Time(t) => {
+                    c.start_time = Some(*t);
+                    c.token = None;
+                    c.token_time = None;
+                }
+                Position::Unset => {
+                    c.token = None;
+                    c.token_time = None;
+                    c.start_time = None;
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn record_start(&self, fence: &Fence, at: Timestamp) -> StoreResult<()> {
+        self.single("record_start", true, |s| {
+            // The worker pins its wall-clock "now": pin the simulated now instead, and open the
+            // stream there when the worker asks for the wall-clock time (see `wall_starts`).
+            let sim = Timestamp {
+                time: s.clock as u32,
+                increment: 0,
+            };
+            s.wall_starts.push((at, sim));
+            s.note(format!("  start pinned at {sim:?} (wall clock {at:?})"));
+            checkpoint_update(
+                s,
+                fence,
+                |c| c.epoch == Some(fence.epoch),
+                |c, now| {
+                    c.start_time = Some(sim);
+                    c.updated_at = Some(now);
+                },
+                true,
+            )
+        })
+        .await
+    }
+
+    async fn record_gap(&self, fence: &Fence, gap: &Gap) -> StoreResult<()> {
+        self.single("record_gap", true, |s| {
+            s.note(format!("  gap recorded from {:?}", gap.from));
+            s.gaps_in_a_row += 1;
+            if s.gaps_in_a_row > 10 {
+                return Err(StoreError::Fatal {
+                    op: "record the history gap",
+                    message: "the worker recorded 10 history gaps in a row without reading anything: it restarts at a position that is itself lost, in a hot loop".into(),
+                });
+            }
+            checkpoint_update(
+                s,
+                fence,
+                |c| c.epoch == Some(fence.epoch),
+                |c, now| {
+                    // `to` is the worker's wall-clock now: record the simulated now.
+                    c.gaps.push(Gap {
+                        from: gap.from,
+                        to: DateTime::from_millis(now.timestamp_millis().div_euclid(1000) * 1000),
+                    });
+                    c.sweep_requested = Some(true);
+                    c.updated_at = Some(now);
+                    c.token = None;
+                    c.token_time = None;
+                    c.start_time = None;
+                },
+                true,
+            )
+        })
+        .await
+    }
+
+    async fn set_sweep_requested(&self, stream: &str, requested: bool) -> StoreResult<()> {
+        self.single("set_sweep_requested", true, |s| {
+            s.checkpoints
+                .entry(stream.to_string())
+                .or_default()
+                .sweep_requested = Some(requested);
+            Ok(())
+        })
+        .await
+    }
+
+    async fn read_ledger(
+        &self,
+        stream: &str,
+        comments: &[CommentId],
+    ) -> StoreResult<HashMap<String, Option<Row>>> {
+        self.single("read_ledger", false, |s| {
+            let collection = ledger_collection(stream);
+            let mut out = HashMap::new();
+            for c in comments {
+                if let Some((_, entry)) = s.ledger.get(&(collection.clone(), c.key.clone())) {
+                    let row = match (&entry.post, entry.exists) {
+                        (Some(post), true) => Some(Row {
+                            post: post.clone(),
+                            created_at: entry.created_at,
+                            deleted: !entry.live,
+                        }),
+                        _ => None,
+                    };
+                    out.insert(c.key.clone(), row);
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn apply_counters(
+        &self,
+        fence: &Fence,
+        writes: &[CounterDelta],
+        through: &Token,
+    ) -> StoreResult<ApplyOutcome> {
+        let mut outcome = ApplyOutcome::default();
+        self.statements("apply_counters", writes, |s, w| {
+            let guard = s.broken != Broken::NoGuard;
+            let applies = match s.counters.get(&w.post) {
+                Some(c) => {
+                    (!guard || not_gte(c.applied_through.as_deref(), through.as_str()))
+                        && fence_ok(c.epoch, fence)
+                }
+                None => true,
+            };
+            if !applies {
+                // The upsert's insert hits the existing `_id`: duplicate key, already applied.
+                outcome.already_applied += 1;
+                s.note(format!(
+                    "  counter {} {:+} {:?} at {through}: already applied",
+                    w.post, w.delta, w.buckets
+                ));
+                return;
+            }
+            outcome.applied += 1;
+            s.note(format!(
+                "  counter {} {:+} {:?} at {through}",
+                w.post, w.delta, w.buckets
+            ));
+            let c = s.counters.entry(w.post.clone()).or_default();
+            c.live_delta += w.delta;
+            for (bucket, amount) in &w.buckets {
+                *c.buckets.entry(*bucket).or_default() += amount;
+            }
+            c.applied_through = Some(through.to_string());
+            c.epoch = Some(fence.epoch);
+            for (bucket, amount) in &w.buckets {
+                *s.shadow.entry((w.post.clone(), *bucket)).or_default() += amount;
+            }
+        })
+        .await?;
+        Ok(outcome)
+    }
+
+    async fn write_ledger(
+        &self,
+        fence: &Fence,
+        updates: &[LedgerUpdate],
+        through: &Token,
+    ) -> StoreResult<()> {
+        let collection = ledger_collection(&fence.stream);
+        self.statements("write_ledger", updates, |s, u| {
+            let key = (collection.clone(), u.comment.key.clone());
+            let applies = match s.ledger.get(&key) {
+                Some((_, e)) => {
+                    not_gte(Some(e.applied_through.as_str()), through.as_str())
+                        && fence_ok(Some(e.epoch), fence)
+                }
+                None => true,
+            };
+            if !applies {
+                return;
+            }
+            let entry = match &u.state {
+                Some(row) => LedgerRec {
+                    exists: true,
+                    live: row.is_live(),
+                    post: Some(row.post.clone()),
+                    created_at: row.created_at,
+                    applied_through: through.to_string(),
+                    epoch: fence.epoch,
+                },
+                None => LedgerRec {
+                    exists: false,
+                    live: false,
+                    post: None,
+                    created_at: None,
+                    applied_through: through.to_string(),
+                    epoch: fence.epoch,
+                },
+            };
+            s.ledger.insert(key, (u.comment.value.clone(), entry));
+        })
+        .await
+    }
+
+    async fn mark_dirty(&self, fence: &Fence, posts: &[PostId], _now: DateTime) -> StoreResult<()> {
+        self.statements("mark_dirty", posts, |s, p| {
+            let now = s.logical_now();
+            let entry = s.dirty.entry(p.clone()).or_insert(DirtyRec {
+                first: now,
+                last: now,
+                version: 0,
+                stream: fence.stream.clone(),
+            });
+            entry.version += 1;
+            entry.last = now;
+            entry.stream = fence.stream.clone();
+        })
+        .await
+    }
+
+    async fn dirty_list(
+        &self,
+        stream: Option<&str>,
+        order: DirtyOrder,
+        limit: usize,
+    ) -> StoreResult<Vec<DirtyEntry>> {
+        self.single("dirty_list", false, |s| {
+            let mut list: Vec<DirtyEntry> = s
+                .dirty
+                .iter()
+                .filter(|(_, d)| stream.is_none_or(|st| d.stream == st))
+                .map(|(p, d)| DirtyEntry {
+                    post: p.clone(),
+                    first_dirty_at: d.first,
+                    last_dirty_at: d.last,
+                    version: d.version,
+                })
+                .collect();
+            match order {
+                DirtyOrder::Oldest => list
+                    .sort_by(|a, b| (a.first_dirty_at, &a.post).cmp(&(b.first_dirty_at, &b.post))),
+                DirtyOrder::ByVersion => {
+                    list.sort_by(|a, b| (-a.version, &a.post).cmp(&(-b.version, &b.post)))
+                }
+            }
+            list.truncate(mongo_limit(limit));
+            Ok(list)
+        })
+        .await
+    }
+
+    async fn dirty_summary(&self) -> StoreResult<DirtySummary> {
+        self.single("dirty_summary", false, |s| {
+            Ok(DirtySummary {
+                size: s.dirty.len() as u64,
+                oldest: s.dirty.values().map(|d| d.first).min(),
+            })
+        })
+        .await
+    }
+
+    async fn clear_dirty(&self, post: &PostId, version: i64) -> StoreResult<bool> {
+        self.single("clear_dirty", true, |s| {
+            if s.dirty.get(post).is_some_and(|d| d.version == version) {
+                s.dirty.remove(post);
+                Ok(true)
+            } else {
+                Ok(false)
+            }
+        })
+        .await
+    }
+
+    async fn read_counter(&self, post: &PostId) -> StoreResult<Option<CounterDoc>> {
+        self.single("read_counter", false, |s| {
+            Ok(s.counters.get(post).map(|c| CounterDoc {
+                post: Some(post.clone()),
+                state: CounterState {
+                    base_count: c.base_count,
+                    base_watermark: c.base_watermark,
+                    live_delta: c.live_delta,
+                    buckets: c.buckets.clone(),
+                },
+                applied_through: c.applied_through.clone(),
+                last_drift: c.last_drift,
+                reconciled_at: c.reconciled_at,
+            }))
+        })
+        .await
+    }
+
+    async fn count_live_below(&self, post: &PostId, watermark: i64) -> StoreResult<i64> {
+        self.single("count_live_below", false, |s| {
+            let below = watermark.saturating_mul(1000);
+            Ok(s.comments
+                .values()
+                .filter_map(row_facts)
+                .filter(|(p, created, live)| {
+                    p == post && *live && !created.is_some_and(|c| c.timestamp_millis() >= below)
+                })
+                .count() as i64)
+        })
+        .await
+    }
+
+    async fn count_live(&self, post: &PostId) -> StoreResult<i64> {
+        self.single("count_live", false, |s| {
+            Ok(s.comments
+                .values()
+                .filter_map(row_facts)
+                .filter(|(p, _, live)| p == post && *live)
+                .count() as i64)
+        })
+        .await
+    }
+
+    async fn install_fold(
+        &self,
+        post: &PostId,
+        expected: Option<&CounterDoc>,
+        fold: &Fold,
+        now: DateTime,
+    ) -> StoreResult<bool> {
+        self.single("install_fold", true, |s| {
+            let broken = s.broken;
+            let Some(expected) = expected else {
+                if s.counters.contains_key(post) {
+                    return Ok(false);
+                }
+                s.counters.insert(
+                    post.clone(),
+                    CounterRec {
+                        base_count: fold.base_count,
+                        base_watermark: fold.watermark,
+                        live_delta: fold.live_delta,
+                        buckets: fold.kept.clone(),
+                        applied_through: Some(String::new()),
+                        epoch: None,
+                        last_drift: Some(fold.drift),
+                        reconciled_at: Some(now),
+                    },
+                );
+                s.stat("fold installed");
+                s.note(format!(
+                    "  fold {post} (new): {} at W={}",
+                    fold.right, fold.watermark
+                ));
+                return Ok(true);
+            };
+            let Some(c) = s.counters.get_mut(post) else {
+                return Ok(false);
+            };
+            if c.applied_through != expected.applied_through
+                || c.live_delta != expected.state.live_delta
+                || c.base_count != expected.state.base_count
+            {
+                s.note(format!("  fold {post}: raced"));
+                return Ok(false);
+            }
+            if broken == Broken::SeedFold {
+                // The seed's formula: base' = C, live' = live - (base' - base).
+                c.live_delta -= fold.base_count - c.base_count;
+            } else {
+                c.live_delta = fold.live_delta;
+            }
+            c.base_count = fold.base_count;
+            c.base_watermark = fold.watermark;
+            c.last_drift = Some(fold.drift);
+            c.reconciled_at = Some(now);
+            for bucket in &fold.dropped {
+                c.buckets.remove(bucket);
+            }
+            s.stat("fold installed");
+            if fold.drift != 0 {
+                s.stat("fold corrected drift");
+            }
+            s.note(format!(
+                "  fold {post}: {} -> {} at W={}",
+                fold.wrong, fold.right, fold.watermark
+            ));
+            Ok(true)
+        })
+        .await
+    }
+
+    async fn posts_after(&self, after: Option<&PostId>, limit: usize) -> StoreResult<Vec<PostId>> {
+        self.single("posts_after", false, |s| {
+            let limit = mongo_limit(limit);
+            let after_ok = |p: &PostId| after.is_none_or(|a| p > a);
+            let from_comments: BTreeSet<PostId> = s
+                .comments
+                .values()
+                .filter_map(|r| r.get(POST_FIELD).and_then(PostId::from_bson))
+                .filter(after_ok)
+                .collect();
+            let from_counters = s.counters.keys().filter(|p| after_ok(p)).take(limit);
+            let mut posts: Vec<PostId> = from_comments
+                .into_iter()
+                .take(limit)
+                .chain(from_counters.cloned())
+                .collect();
+            posts.sort();
+            posts.dedup();
+            posts.truncate(limit);
+            Ok(posts)
+        })
+        .await
+    }
+
+    async fn sample_posts(&self, n: usize) -> StoreResult<Vec<PostId>> {
+        self.single("sample_posts", false, |s| {
+            let all: Vec<PostId> = s.counters.keys().cloned().collect();
+            let mut posts: Vec<PostId> = (0..n.min(all.len()))
+                .map(|_| all[s.rng.random_range(0..all.len())].clone())
+                .collect();
+            posts.sort();
+            posts.dedup();
+            Ok(posts)
+        })
+        .await
+    }
+
+    async fn record_run(&self, run: &RunSummary) -> StoreResult<()> {
+        self.single("record_run", true, |s| {
+            s.runs.push(run.clone());
+            Ok(())
+        })
+        .await
+    }
+
+    async fn last_run(&self) -> StoreResult<Option<RunSummary>> {
+        self.single("last_run", false, |s| {
+            Ok(s.runs.iter().rev().max_by_key(|r| r.finished_at).cloned())
+        })
+        .await
+    }
+
+    async fn read_lease(&self, stream: &str) -> StoreResult<Option<Lease>> {
+        self.single("read_lease", false, |s| {
+            Ok(s.leases.get(stream).map(|l| Lease {
+                stream: stream.to_string(),
+                owner: l.owner.clone(),
+                expires_at: l.expires_at,
+                epoch: l.epoch,
+            }))
+        })
+        .await
+    }
+
+    async fn acquire_lease(
+        &self,
+        stream: &str,
+        owner: &str,
+        ttl: Duration,
+        now: DateTime,
+    ) -> StoreResult<Option<i64>> {
+        self.single("acquire_lease", true, |s| {
+            let expires = DateTime::from_millis(now.timestamp_millis() + ttl.as_millis() as i64);
+            match s.leases.get_mut(stream) {
+                Some(l) if l.expires_at < now || l.owner == owner => {
+                    l.owner = owner.to_string();
+                    l.expires_at = expires;
+                    l.epoch += 1;
+                    Ok(Some(l.epoch))
+                }
+                Some(_) => Ok(None), // the upsert's insert: duplicate key
+                None => {
+                    s.leases.insert(
+                        stream.to_string(),
+                        LeaseRec {
+                            owner: owner.to_string(),
+                            expires_at: expires,
+                            epoch: 1,
+                        },
+                    );
+                    Ok(Some(1))
+                }
+            }
+        })
+        .await
+    }
+
+    async fn renew_lease(
+        &self,
+        stream: &str,
+        owner: &str,
+        epoch: i64,
+        ttl: Duration,
+        now: DateTime,
+    ) -> StoreResult<bool> {
+        self.single("renew_lease", true, |s| match s.leases.get_mut(stream) {
+            Some(l) if l.owner == owner && l.epoch == epoch => {
+                l.expires_at =
+                    DateTime::from_millis(now.timestamp_millis() + ttl.as_millis() as i64);
+                Ok(true)
+            }
+            _ => Ok(false),
+        })
+        .await
+    }
+
+    async fn release_lease(&self, stream: &str, owner: &str, epoch: i64) -> StoreResult<()> {
+        self.single("release_lease", true, |s| {
+            if let Some(l) = s.leases.get_mut(stream) {
+                if l.owner == owner && l.epoch == epoch {
+                    l.expires_at = DateTime::from_millis(0);
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn adopt_checkpoint(&self, fence: &Fence) -> StoreResult<()> {
+        self.single("adopt_checkpoint", true, |s| {
+            s.note(format!("  adopt epoch {}", fence.epoch));
+            checkpoint_update(
+                s,
+                fence,
+                |c| fence_ok(c.epoch, fence),
+                |c, now| {
+                    c.epoch = Some(fence.epoch);
+                    c.updated_at = Some(now);
+                },
+                true,
+            )
+        })
+        .await
+    }
+}
