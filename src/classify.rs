@@ -233,10 +233,22 @@ pub fn classify(
         Operation::Delete => After::Known(None),
     };
 
-    Ok(match before {
+    let mut classified = match before {
         Before::Known(before_row) => exact(before_row, after, source),
         Before::Unknown => best_effort(event, after),
-    })
+    };
+    // A post the row moved to in this update is touched even when a later `updateLookup`
+    // state hides the stop there: a recount folded in meanwhile may have counted the row there.
+    if let Operation::Update {
+        summary: Some(summary),
+    } = &event.operation
+    {
+        push_unique(
+            &mut classified.dirty,
+            summary.set.get(POST_FIELD).and_then(PostId::from_bson),
+        );
+    }
+    Ok(classified)
 }
 
 /// Before-state known: the delta is exact (or zero when the after-state is unknown).

@@ -105,11 +105,13 @@ impl<S: Store + ?Sized> Reconciler<S> {
     /// The watermark for a run now: a bucket boundary older than the settle time and than the
     /// worker's newest applied event.
     pub async fn watermark(&self, now_secs: i64) -> StoreResult<i64> {
+        // Everything before the newest applied event, or before the last time the stream was
+        // found drained, whichever is later, has been applied.
         let applied_until = self
             .store
             .load_checkpoint(&self.settings.stream)
             .await?
-            .and_then(|c| c.token_time)
+            .and_then(|c| c.token_time.into_iter().chain(c.caught_up_at).max())
             .map(|t| t.time as i64);
         Ok(watermark_for(
             now_secs,

@@ -126,6 +126,8 @@ pub struct Worker<S: Store + ?Sized> {
 /// One event or a position in the stream, as read.
 struct Pending {
     events: VecDeque<ChangeEvent>,
+    /// When the drained position was last recorded (throttles `record_caught_up`).
+    drained_recorded: Option<std::time::Instant>,
 }
 
 impl<S: Store + ?Sized> Worker<S> {
@@ -242,9 +244,15 @@ impl<S: Store + ?Sized> Worker<S> {
             tracing::info!(end = %batch.end, posts = batch.counters.len(), "re-applying the batch a previous run left in flight");
             self.write_batch(fence, &mut checkpoint, &batch).await?;
         }
+        // A configured start applies once: after a history gap it is lost too, so "now" then.
+        let configured_start = if checkpoint.gaps.is_empty() {
+            self.settings.start_at
+        } else {
+            None
+        };
         if checkpoint.token.is_none()
             && checkpoint.start_time.is_none()
-            && self.settings.start_at.is_none()
+            && configured_start.is_none()
         {
             // "Now", pinned: whoever resumes this stream later starts here, not at its own now.
             let now = Timestamp {
@@ -256,7 +264,7 @@ impl<S: Store + ?Sized> Worker<S> {
         }
         let start = match (
             &checkpoint.token,
-            checkpoint.start_time.or(self.settings.start_at),
+            checkpoint.start_time.or(configured_start),
         ) {
             (Some(token), _) => StreamStart::After(token.clone()),
             (None, Some(at)) => StreamStart::AtTime(at),
@@ -275,6 +283,7 @@ impl<S: Store + ?Sized> Worker<S> {
         tracing::info!(stream = %fence.stream, token = ?checkpoint.token, high_water = ?checkpoint.high_water, "change stream open");
         let mut pending = Pending {
             events: VecDeque::new(),
+            drained_recorded: None,
         };
         loop {
             if *shutdown.borrow() {
@@ -327,7 +336,7 @@ impl<S: Store + ?Sized> Worker<S> {
             if pending.events.is_empty() {
                 self.status.lag_secs.store(0, Ordering::Relaxed);
                 metrics::gauge!(m::STREAM_LAG).set(0.0);
-                self.checkpoint_idle(fence, checkpoint, raw.post_batch_token)
+                self.checkpoint_idle(fence, checkpoint, raw.post_batch_token, pending)
                     .await?;
                 return Ok(true);
             }
@@ -344,6 +353,7 @@ impl<S: Store + ?Sized> Worker<S> {
         fence: &Fence,
         checkpoint: &mut Checkpoint,
         post_batch: Option<Token>,
+        pending: &mut Pending,
     ) -> Result<(), SessionError> {
         if let Some(token) = post_batch {
             if checkpoint.token.as_ref().is_none_or(|t| *t < token) {
@@ -353,6 +363,20 @@ impl<S: Store + ?Sized> Worker<S> {
                     checkpoint.high_water = Some(token);
                 }
             }
+        }
+        // Drained: every event so far is applied. Recorded at most once a second, so the
+        // reconciler's watermark can advance on a quiet stream.
+        if pending
+            .drained_recorded
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
+        {
+            let at = Timestamp {
+                time: chrono::Utc::now().timestamp() as u32,
+                increment: 0,
+            };
+            self.store.record_caught_up(fence, at).await?;
+            checkpoint.caught_up_at = Some(at);
+            pending.drained_recorded = Some(std::time::Instant::now());
         }
         report_checkpoint_age(checkpoint);
         Ok(())

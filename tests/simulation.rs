@@ -813,6 +813,27 @@ impl Sim {
             now
         };
         for (stream, partition) in self.plan.streams() {
+            // A drained worker that keeps running records, once a second, that it is caught up;
+            // the harness stopped it, so record that for it at the new time.
+            let epoch = self
+                .store
+                .lock()
+                .checkpoint_view(&stream)
+                .map_or(0, |c| c.epoch);
+            let fence = Fence {
+                stream: stream.clone(),
+                epoch,
+            };
+            self.store
+                .record_caught_up(
+                    &fence,
+                    Timestamp {
+                        time: 0,
+                        increment: 0,
+                    },
+                )
+                .await
+                .map_err(|e| format!("record caught up on {stream}: {e}"))?;
             let settings = self.plan.reconcile_settings(&stream, partition, 1 << 20);
             let reconciler = Reconciler::new(self.store.clone(), settings);
             reconciler
@@ -1104,7 +1125,7 @@ fn expect_clean(variant: Variant, seeds: u64) {
 }
 
 #[test]
-#[ignore = "src bug (classify): when a pre-image has expired and the ledger knows a row only as not counted (no post_id), the update takes its after-state from updateLookup, a later state that the next event, classified from its own pre-image, counts again"]
+#[ignore = "open src bug (classify): when a pre-image has expired and the ledger knows a row only as not counted (no post_id), the update takes its after-state from updateLookup, a later state that the next event, classified from its own pre-image, counts again; SIM_PRE_IMAGES=1 SIM_SEED=88"]
 fn with_pre_images() {
     expect_clean(
         Variant {
@@ -1116,7 +1137,7 @@ fn with_pre_images() {
 }
 
 #[test]
-#[ignore = "src bug (reconcile): the watermark is capped by the checkpoint's event time, which idle checkpoints never move: once writes stop, a requested sweep waits forever and drift above the watermark after lost history is never folded"]
+#[ignore = "open src bug (reconcile): after history loss, a row whose created_at lies above the sweep's watermark (future-dated or re-stamped) and whose events fell in the gap is not recovered: the sweep trusts buckets above the watermark (the quiet-stream watermark is fixed by caught_up_at); SIM_HISTORY_LOST=1 SIM_SEED=129"]
 fn with_history_lost() {
     expect_clean(
         Variant {
@@ -1128,7 +1149,7 @@ fn with_history_lost() {
 }
 
 #[test]
-#[ignore = "src bug (worker): after history loss the session restarts at the configured start_at, lost too: a hot loop of record_gap"]
+#[ignore = "open src bug: as with_history_lost (the hot loop at a lost start_at is fixed: the gap sets the restart position); SIM_HISTORY_LOST=1 SIM_LOST_START_TIME=1 SIM_SEED=129"]
 fn with_history_lost_and_start_at() {
     expect_clean(
         Variant {
@@ -1314,7 +1335,6 @@ fn passes_through(descriptions: bool) -> Vec<String> {
 }
 
 #[test]
-#[ignore = "src bug (classify): a post that a row passes through between two reads is never marked dirty, so a fold that counted the row there is never corrected"]
 fn a_post_a_row_passed_through_is_recounted() {
     let wrong = [true, false].map(passes_through);
     assert!(

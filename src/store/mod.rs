@@ -78,6 +78,10 @@ pub struct Checkpoint {
     pub token_time: Option<Timestamp>,
     /// Without a token: start the stream at this cluster time (set by `replay --from-time`).
     pub start_time: Option<Timestamp>,
+    /// The last time the worker found the stream drained: every event before it is applied,
+    /// even when no event (and so no `token_time`) came for a while. Lets the watermark advance
+    /// on a quiet stream.
+    pub caught_up_at: Option<Timestamp>,
     /// The newest token any batch was applied or intended through. Events at or below it have
     /// been applied: re-reading them (an operator replay) only marks their posts dirty.
     pub high_water: Option<Token>,
@@ -266,7 +270,10 @@ pub trait Store: Send + Sync {
     /// Pins where a stream without a position starts (its first open), so a successor that takes
     /// over before the first checkpoint resumes there instead of at its own, later "now".
     async fn record_start(&self, fence: &Fence, at: Timestamp) -> StoreResult<()>;
-    /// Records a history-lost gap and requests a full sweep.
+    /// Records that the stream was drained at `at` (throttled by the worker).
+    async fn record_caught_up(&self, fence: &Fence, at: Timestamp) -> StoreResult<()>;
+    /// Records a history-lost gap, requests a full sweep, and sets the stream to start again
+    /// exactly where the gap ends.
     async fn record_gap(&self, fence: &Fence, gap: &Gap) -> StoreResult<()>;
     /// Sets or clears the "full sweep requested" flag.
     async fn set_sweep_requested(&self, stream: &str, requested: bool) -> StoreResult<()>;

@@ -556,6 +556,7 @@ fn checkpoint_from_doc(stream: &str, doc: &Document) -> StoreResult<Checkpoint> 
         token,
         token_time: doc.get_timestamp("token_time").ok(),
         start_time: doc.get_timestamp("start_time").ok(),
+        caught_up_at: doc.get_timestamp("caught_up_at").ok(),
         high_water,
         epoch,
         updated_at: doc.get_datetime("updated_at").ok().copied(),
@@ -778,16 +779,28 @@ impl Store for MongoStore {
             .await
     }
 
+    async fn record_caught_up(&self, fence: &Fence, at: Timestamp) -> StoreResult<()> {
+        let filter = doc! {"_id": &fence.stream, "epoch": fence.epoch};
+        let update = doc! {"$max": {"caught_up_at": at}};
+        self.checkpoint_update("record the drained position", fence, filter, update)
+            .await
+    }
+
     async fn record_gap(&self, fence: &Fence, gap: &Gap) -> StoreResult<()> {
         let mut gap_doc = doc! {"to": gap.to};
         if let Some(from) = gap.from {
             gap_doc.insert("from", from);
         }
+        let restart = Timestamp {
+            time: gap.to.timestamp_millis().div_euclid(1000) as u32,
+            increment: 0,
+        };
         let filter = doc! {"_id": &fence.stream, "epoch": fence.epoch};
         let update = doc! {
             "$push": {"gaps": gap_doc},
-            "$set": {"sweep_requested": true, "updated_at": DateTime::now()},
-            "$unset": {"token": "", "token_time": "", "start_time": ""},
+            // The new stream starts exactly where the gap ends: nothing between is unaccounted.
+            "$set": {"sweep_requested": true, "updated_at": DateTime::now(), "start_time": restart},
+            "$unset": {"token": "", "token_time": ""},
         };
         self.checkpoint_update("record the history gap", fence, filter, update)
             .await

@@ -170,6 +170,7 @@ struct CheckpointRec {
     token: Option<String>,
     token_time: Option<Timestamp>,
     start_time: Option<Timestamp>,
+    caught_up_at: Option<Timestamp>,
     high_water: Option<String>,
     pending: Option<PendingBatch>,
     updated_at: Option<DateTime>,
@@ -603,6 +604,16 @@ impl State {
                         "updateDescription",
                         doc! {"updatedFields": updated.clone(), "removedFields": removed.clone(), "truncatedArrays": []},
                     );
+                } else {
+                    // Like the fake test server: the update spec rides in `documentKey`.
+                    let mut unset = Document::new();
+                    for field in removed.iter() {
+                        unset.insert(field.as_str(), "");
+                    }
+                    d.insert(
+                        "documentKey",
+                        doc! {"_id": e.id, "$set": updated.clone(), "$unset": unset},
+                    );
                 }
                 // updateLookup: the row as it is now, null when it is gone.
                 d.insert(
@@ -659,6 +670,7 @@ fn to_checkpoint(stream: &str, c: &CheckpointRec) -> Checkpoint {
         token: c.token.clone().map(Token),
         token_time: c.token_time,
         start_time: c.start_time,
+        caught_up_at: c.caught_up_at,
         high_water: c.high_water.clone().map(Token),
         pending: c.pending.clone(),
         epoch: c.epoch.unwrap_or(0),
@@ -1164,6 +1176,28 @@ impl Store for MemoryStore {
         .await
     }
 
+    async fn record_caught_up(&self, fence: &Fence, _at: Timestamp) -> StoreResult<()> {
+        self.single("record_caught_up", true, |s| {
+            // The worker passes its wall-clock now: record the simulated now instead.
+            let sim = Timestamp {
+                time: s.clock as u32,
+                increment: 0,
+            };
+            checkpoint_update(
+                s,
+                fence,
+                |c| c.epoch == Some(fence.epoch),
+                |c, _now| {
+                    if c.caught_up_at.is_none_or(|t| t < sim) {
+                        c.caught_up_at = Some(sim);
+                    }
+                },
+                true,
+            )
+        })
+        .await
+    }
+
     async fn record_gap(&self, fence: &Fence, gap: &Gap) -> StoreResult<()> {
         self.single("record_gap", true, |s| {
             s.note(format!("  gap recorded from {:?}", gap.from));
@@ -1188,7 +1222,11 @@ impl Store for MemoryStore {
                     c.updated_at = Some(now);
                     c.token = None;
                     c.token_time = None;
-                    c.start_time = None;
+                    // The new stream starts exactly where the gap ends.
+                    c.start_time = Some(Timestamp {
+                        time: now.timestamp_millis().div_euclid(1000) as u32,
+                        increment: 0,
+                    });
                 },
                 true,
             )
