@@ -123,7 +123,7 @@ pub struct Worker<S: Store + ?Sized> {
     status: Arc<WorkerStatus>,
 }
 
-/// One event or a position in the stream, as read.
+/// Session-local state: events read but not yet applied, and the drained-position throttle.
 struct Pending {
     events: VecDeque<ChangeEvent>,
     /// When the drained position was last recorded (throttles `record_caught_up`).
@@ -298,8 +298,8 @@ impl<S: Store + ?Sized> Worker<S> {
                     op: "read and apply a batch",
                     message: format!("no answer within {:?} (operation_timeout); is the server paused or unreachable?", self.settings.operation_timeout),
                 })??,
-                // Abandoning a batch mid-way is safe: the checkpoint has not moved, and the
-                // intent makes the restart re-read exactly this batch.
+                // Abandoning a batch mid-way is safe: the checkpoint has not moved, and a
+                // recorded intent is re-applied exactly, as planned, by the next session.
                 _ = shutdown.changed() => return Ok(()),
             };
             *backoff = self.backoff();
