@@ -165,7 +165,9 @@ async fn four_partitions_shared_by_two_processes_stay_exact() {
     );
     assert!(
         b.wait_role("active (2 of 4", Duration::from_secs(20)).await,
-        "b works on the other 2"
+        "b works on the other 2: a {:?}, b {:?}",
+        a.get("/readyz").await,
+        b.get("/readyz").await
     );
     let mut owners = std::collections::BTreeMap::new();
     for p in 0..4 {

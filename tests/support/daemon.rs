@@ -13,9 +13,33 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    /// Starts `counterd run` against `uri`/`database`, with short intervals for tests.
+    /// Starts `counterd run` against `uri`/`database`, with short intervals for tests, and waits
+    /// until its HTTP endpoint listens. A port that another test took between our probe and the
+    /// daemon's bind makes it exit at once: then it is started again on another port.
     pub fn start(uri: &str, database: &str, owner: &str, extra: &[(&str, &str)]) -> Daemon {
-        let port = counterd::testdb::free_port();
+        for _ in 0..10 {
+            let port = counterd::testdb::free_port();
+            let mut child = Self::spawn(uri, database, owner, extra, port);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break; // exited (port taken): try another port
+                }
+                let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+                if std::net::TcpStream::connect_timeout(&address, Duration::from_millis(100))
+                    .is_ok()
+                {
+                    return Daemon { child, port };
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        panic!("counterd run did not start listening after 10 attempts");
+    }
+
+    fn spawn(uri: &str, database: &str, owner: &str, extra: &[(&str, &str)], port: u16) -> Child {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_counterd"));
         cmd.arg("run")
             .env_remove("COUNTERD_CONFIG")
@@ -44,10 +68,7 @@ impl Daemon {
         for (k, v) in extra {
             cmd.env(k, v);
         }
-        Daemon {
-            child: cmd.spawn().expect("start counterd run"),
-            port,
-        }
+        cmd.spawn().expect("start counterd run")
     }
 
     pub fn pid(&self) -> u32 {
