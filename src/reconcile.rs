@@ -12,6 +12,7 @@ use bson::DateTime;
 use serde::Serialize;
 use tokio::sync::watch;
 
+use crate::batch::bucket_of;
 use crate::event::PostId;
 use crate::fold::{effective_watermark, fold, watermark_for, Fold};
 use crate::store::{DirtyOrder, RunSummary, Store, StoreError, StoreResult};
@@ -171,11 +172,26 @@ impl<S: Store + ?Sized> Reconciler<S> {
     pub async fn sweep(
         &self,
         now_secs: i64,
+        progress: impl FnMut(u64) + Send,
+        shutdown: Option<watch::Receiver<bool>>,
+    ) -> StoreResult<RunReport> {
+        self.sweep_posts(now_secs, false, progress, shutdown).await
+    }
+
+    /// The sweep behind both: `after_gap` folds each post above every row and bucket it has
+    /// (a full recount), because after lost history no bucket can be trusted: a row dated
+    /// above the watermark may have had its events in the gap.
+    async fn sweep_posts(
+        &self,
+        now_secs: i64,
+        after_gap: bool,
         mut progress: impl FnMut(u64) + Send,
         shutdown: Option<watch::Receiver<bool>>,
     ) -> StoreResult<RunReport> {
         let watermark = self.watermark(now_secs).await?;
-        let mut run = Run::new("sweep", watermark, self.settings.counts_per_second);
+        let kind = if after_gap { "gap_sweep" } else { "sweep" };
+        let mut run = Run::new(kind, watermark, self.settings.counts_per_second);
+        run.full_recount = after_gap;
         let mut after: Option<PostId> = None;
         loop {
             if shutdown.as_ref().is_some_and(|s| *s.borrow()) {
@@ -237,8 +253,9 @@ impl<S: Store + ?Sized> Reconciler<S> {
             "running the requested full sweep (history was lost or events were unattributable)"
         );
         let report = self
-            .sweep(
+            .sweep_posts(
                 now_secs,
+                !checkpoint.gaps.is_empty(),
                 |done| tracing::info!(posts = done, "sweep progress"),
                 shutdown,
             )
@@ -260,6 +277,19 @@ impl<S: Store + ?Sized> Reconciler<S> {
                 .as_ref()
                 .map(|c| c.state.clone())
                 .unwrap_or_default();
+            let mut proposed = proposed;
+            if run.full_recount {
+                let width = self.settings.bucket_width_secs;
+                let latest_row = self.store.latest_created(post).await?;
+                let latest_bucket = state.buckets.keys().next_back().copied();
+                for start in latest_row
+                    .map(|t| bucket_of(Some(DateTime::from_millis(t * 1000)), width))
+                    .into_iter()
+                    .chain(latest_bucket)
+                {
+                    proposed = proposed.max(start + width);
+                }
+            }
             let watermark = effective_watermark(&state, proposed);
             run.pace.wait().await;
             let count = self.store.count_live_below(post, watermark).await?;
@@ -329,6 +359,8 @@ fn is_noop(state: &crate::fold::CounterState, folded: &Fold) -> bool {
 /// Bookkeeping of one run.
 struct Run {
     summary: RunSummary,
+    /// Fold above every row and bucket of each post (the sweep after lost history).
+    full_recount: bool,
     corrections: Vec<Correction>,
     contended: Vec<String>,
     pace: Pace,
@@ -337,6 +369,7 @@ struct Run {
 impl Run {
     fn new(kind: &str, watermark: i64, counts_per_second: u32) -> Run {
         Run {
+            full_recount: false,
             summary: RunSummary {
                 started_at: Some(DateTime::now()),
                 kind: kind.into(),

@@ -1137,7 +1137,6 @@ fn with_pre_images() {
 }
 
 #[test]
-#[ignore = "open src bug (reconcile): after history loss, a row whose created_at lies above the sweep's watermark (future-dated or re-stamped) and whose events fell in the gap is not recovered: the sweep trusts buckets above the watermark (the quiet-stream watermark is fixed by caught_up_at); SIM_HISTORY_LOST=1 SIM_SEED=129"]
 fn with_history_lost() {
     expect_clean(
         Variant {
@@ -1149,7 +1148,7 @@ fn with_history_lost() {
 }
 
 #[test]
-#[ignore = "open src bug: as with_history_lost (the hot loop at a lost start_at is fixed: the gap sets the restart position); SIM_HISTORY_LOST=1 SIM_LOST_START_TIME=1 SIM_SEED=129"]
+#[ignore = "open src bug: with a configured start_at, partitions and repeated history loss, a counter can stay off after the final gap sweep (seen once: post 2 displayed 2, truth 1); SIM_HISTORY_LOST=1 SIM_LOST_START_TIME=1 SIM_SEED=104"]
 fn with_history_lost_and_start_at() {
     expect_clean(
         Variant {

@@ -317,6 +317,9 @@ pub trait Store: Send + Sync {
     async fn read_counter(&self, post: &PostId) -> StoreResult<Option<CounterDoc>>;
     /// Live rows of `post` whose `created_at` is not `>= watermark` (seconds).
     async fn count_live_below(&self, post: &PostId, watermark: i64) -> StoreResult<i64>;
+    /// Seconds of the latest `created_at` among all rows of `post`, live or not (`None`: no
+    /// dated row). Used by the sweep after lost history to fold above every known row.
+    async fn latest_created(&self, post: &PostId) -> StoreResult<Option<i64>>;
     /// All live rows of `post` (for `get` and `verify`).
     async fn count_live(&self, post: &PostId) -> StoreResult<i64>;
     /// Installs a fold if `applied_through` is still `expected` (`None`: the counter must not

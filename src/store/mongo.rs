@@ -1031,6 +1031,20 @@ impl Store for MongoStore {
         Ok(n as i64)
     }
 
+    async fn latest_created(&self, post: &PostId) -> StoreResult<Option<i64>> {
+        self.ops.count_queries.fetch_add(1, Ordering::Relaxed);
+        let latest = self
+            .comments
+            .find_one(doc! {POST_FIELD: post.to_bson(), CREATED_FIELD: {"$type": "date"}})
+            .sort(doc! {CREATED_FIELD: -1})
+            .projection(doc! {CREATED_FIELD: 1})
+            .await
+            .map_err(|e| map_err("find the latest comment", e))?;
+        Ok(latest
+            .and_then(|d| d.get_datetime(CREATED_FIELD).ok().copied())
+            .map(|t| t.timestamp_millis().div_euclid(1000)))
+    }
+
     async fn count_live(&self, post: &PostId) -> StoreResult<i64> {
         let n = self
             .comments

@@ -1459,6 +1459,19 @@ impl Store for MemoryStore {
         .await
     }
 
+    async fn latest_created(&self, post: &PostId) -> StoreResult<Option<i64>> {
+        self.single("latest_created", false, |s| {
+            Ok(s.comments
+                .values()
+                .filter_map(row_facts)
+                .filter(|(p, _, _)| p == post)
+                .filter_map(|(_, created, _)| created)
+                .map(|t| t.timestamp_millis().div_euclid(1000))
+                .max())
+        })
+        .await
+    }
+
     async fn count_live(&self, post: &PostId) -> StoreResult<i64> {
         self.single("count_live", false, |s| {
             Ok(s.comments
