@@ -43,7 +43,7 @@ fn post(i: usize) -> PostId {
 /// Three posts with settled rows applied by a worker; returns the test database.
 async fn populated(name: &str) -> TestDb {
     let t = TestDb::new(name).await;
-    let worker = t.spawn_worker(t.worker_settings());
+    let worker = t.spawn_worker(t.worker_settings()).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     for i in 0..9 {
         t.insert_comment(format!("c{i}"), &post(i % 3), now_secs() - 3600)

@@ -224,7 +224,7 @@ async fn a_corrupt_checkpoint_is_a_clear_startup_error() {
         .insert_one(doc! {"_id": "comments", "token": 42, "epoch": 0_i64})
         .await
         .unwrap();
-    let worker = t.spawn_worker(t.worker_settings());
+    let worker = t.spawn_worker(t.worker_settings()).await;
     let result = tokio::time::timeout(Duration::from_secs(10), worker.handle)
         .await
         .unwrap()
@@ -239,7 +239,7 @@ async fn a_corrupt_checkpoint_is_a_clear_startup_error() {
         .delete_one(doc! {"_id": "comments"})
         .await
         .unwrap();
-    let worker = t.spawn_worker(t.worker_settings());
+    let worker = t.spawn_worker(t.worker_settings()).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     t.insert_comment("x", &post(0), now_secs()).await;
     t.wait_exact(&[post(0)], Duration::from_secs(20)).await;
@@ -265,7 +265,7 @@ async fn history_lost_follows_the_policy() {
         .unwrap();
     let mut settings = t.worker_settings();
     settings.on_history_lost = counterd::worker::OnHistoryLost::Fail;
-    let worker = t.spawn_worker(settings);
+    let worker = t.spawn_worker(settings).await;
     let err = tokio::time::timeout(Duration::from_secs(20), worker.handle)
         .await
         .unwrap()
@@ -275,7 +275,7 @@ async fn history_lost_follows_the_policy() {
         err.contains("history lost") || err.contains("resume"),
         "{err}"
     );
-    let worker = t.spawn_worker(t.worker_settings());
+    let worker = t.spawn_worker(t.worker_settings()).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let c = t.store.load_checkpoint("comments").await.unwrap().unwrap();
     assert!(

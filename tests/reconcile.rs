@@ -30,7 +30,7 @@ fn reconciler(t: &TestDb) -> Reconciler<MongoStore> {
 
 /// Rows an hour old (below any watermark), applied by a worker, then the worker stopped.
 async fn settled_posts(t: &TestDb, posts: usize, per_post: usize) -> Vec<PostId> {
-    let worker = t.spawn_worker(t.worker_settings());
+    let worker = t.spawn_worker(t.worker_settings()).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let old = now_secs() - 3600;
     let mut n = 0;
@@ -174,7 +174,7 @@ async fn posts_whose_rows_are_gone_go_to_zero() {
 async fn writers_racing_reconcile_lose_no_increment() {
     let t = TestDb::new("racing").await;
     let posts: Vec<PostId> = (0..5).map(post).collect();
-    let worker = t.spawn_worker(t.worker_settings());
+    let worker = t.spawn_worker(t.worker_settings()).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let rec = Arc::new(reconciler(&t));
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
@@ -240,7 +240,7 @@ async fn a_soft_delete_racing_a_reconcile_is_corrected_next_run() {
         "the counter still showed the deleted row"
     );
     // Now the worker applies the -1 into the folded bucket: one too low, and the post is dirty.
-    let worker = t.spawn_worker(t.worker_settings());
+    let worker = t.spawn_worker(t.worker_settings()).await;
     t.wait_applied(&worker, 1, Duration::from_secs(20)).await;
     worker.shutdown().await.unwrap();
     assert_eq!(

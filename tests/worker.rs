@@ -71,14 +71,14 @@ async fn writer(t: &TestDb, writer: usize, ops: usize, posts: usize, seed: u64) 
 async fn concurrent_writers_leave_every_counter_exact_without_reconcile() {
     let t = TestDb::new("writers").await;
     let posts: Vec<PostId> = (0..12).map(post).collect();
-    let worker = t.spawn_worker(t.worker_settings());
+    let worker = t.spawn_worker(t.worker_settings()).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let writers = (0..4).map(|w| writer(&t, w, 150, posts.len(), 7 + w as u64));
     futures::future::join_all(writers).await;
     t.wait_exact(&posts, Duration::from_secs(60)).await;
     // The last batch's dirty marks follow its counters: let the worker finish it.
     worker.shutdown().await.unwrap();
-    let worker = t.spawn_worker(t.worker_settings());
+    let worker = t.spawn_worker(t.worker_settings()).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     // Every touched post is dirty, and no other post is.
@@ -102,7 +102,7 @@ async fn concurrent_writers_leave_every_counter_exact_without_reconcile() {
 #[tokio::test]
 async fn untouched_posts_are_not_dirty() {
     let t = TestDb::new("untouched").await;
-    let worker = t.spawn_worker(t.worker_settings());
+    let worker = t.spawn_worker(t.worker_settings()).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     t.insert_comment("a", &post(1), now_secs()).await;
     t.insert_comment("b", &post(2), now_secs()).await;
@@ -111,7 +111,7 @@ async fn untouched_posts_are_not_dirty() {
     // Dirty marks land just after the counters (same batch): shut the worker down first, which
     // finishes or abandons the batch, then look.
     worker.shutdown().await.unwrap();
-    let worker = t.spawn_worker(t.worker_settings());
+    let worker = t.spawn_worker(t.worker_settings()).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let dirty = t
         .store
@@ -127,7 +127,7 @@ async fn untouched_posts_are_not_dirty() {
 async fn restart_and_deliberate_replay_never_count_twice() {
     let t = TestDb::new("replay").await;
     let posts: Vec<PostId> = (0..5).map(post).collect();
-    let worker = t.spawn_worker(t.worker_settings());
+    let worker = t.spawn_worker(t.worker_settings()).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     writer(&t, 0, 120, posts.len(), 1).await;
     t.wait_exact(&posts, Duration::from_secs(30)).await;
@@ -147,7 +147,7 @@ async fn restart_and_deliberate_replay_never_count_twice() {
 
     // Writes while stopped, then a restart: resumes after the checkpoint.
     writer(&t, 1, 80, posts.len(), 2).await;
-    let worker = t.spawn_worker(t.worker_settings());
+    let worker = t.spawn_worker(t.worker_settings()).await;
     t.wait_exact(&posts, Duration::from_secs(30)).await;
     seen += worker
         .status
@@ -166,7 +166,7 @@ async fn restart_and_deliberate_replay_never_count_twice() {
         increment: 0,
     });
     let writes_before = t.store.op_counts().counter_statements;
-    let replay = t.spawn_worker(settings);
+    let replay = t.spawn_worker(settings).await;
     // It re-reads both runs' events (all rejected by the guard) and then applies new ones.
     t.wait_applied(&replay, seen, Duration::from_secs(30)).await;
     t.wait_exact(&posts, Duration::from_secs(30)).await;
@@ -231,7 +231,7 @@ async fn a_hot_post_collapses_into_few_counter_writes() {
     let posts: Vec<PostId> = (0..50).map(post).collect();
     let mut settings = t.worker_settings();
     settings.max_batch_wait = Duration::from_millis(300);
-    let worker = t.spawn_worker(settings);
+    let worker = t.spawn_worker(settings).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     // 10k inserts, post chosen by Zipf(1.1): post-0 gets the lion's share.
     let zipf = rand_distr::Zipf::new(posts.len() as f64, 1.1).unwrap();
@@ -270,8 +270,19 @@ async fn a_successor_resumes_where_a_worker_without_checkpoint_started() {
     // (The pinned start is a whole second, inclusive: let the harness's own writes age out.)
     tokio::time::sleep(Duration::from_millis(1100)).await;
     // The first worker opens the stream (pinning "now") and stops before any event arrives.
-    let first = t.spawn_worker(t.worker_settings());
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let first = t.spawn_worker(t.worker_settings()).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !first
+        .status
+        .stream_open
+        .load(std::sync::atomic::Ordering::Relaxed)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first worker never opened its stream"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     first.shutdown().await.unwrap();
     let pinned = t.store.load_checkpoint("comments").await.unwrap().unwrap();
     assert!(
@@ -286,7 +297,7 @@ async fn a_successor_resumes_where_a_worker_without_checkpoint_started() {
             .await;
     }
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    let second = t.spawn_worker(t.worker_settings());
+    let second = t.spawn_worker(t.worker_settings()).await;
     t.wait_exact(&[post(0)], Duration::from_secs(20)).await;
     assert_eq!(t.displayed(&post(0)).await, 5);
     second.shutdown().await.unwrap();
@@ -295,7 +306,7 @@ async fn a_successor_resumes_where_a_worker_without_checkpoint_started() {
 #[tokio::test]
 async fn malformed_rows_are_skipped_and_the_stream_goes_on() {
     let t = TestDb::new("malformed").await;
-    let worker = t.spawn_worker(t.worker_settings());
+    let worker = t.spawn_worker(t.worker_settings()).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     t.comments
         .insert_one(doc! {"_id": "no-post", "created_at": DateTime::now()})
@@ -323,7 +334,7 @@ async fn malformed_rows_are_skipped_and_the_stream_goes_on() {
 #[tokio::test]
 async fn a_dropped_collection_stops_the_worker_with_a_clear_error() {
     let t = TestDb::new("dropped").await;
-    let worker = t.spawn_worker(t.worker_settings());
+    let worker = t.spawn_worker(t.worker_settings()).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     t.insert_comment("a", &post(1), now_secs()).await;
     t.wait_exact(&[post(1)], Duration::from_secs(20)).await;
@@ -338,7 +349,7 @@ async fn a_dropped_collection_stops_the_worker_with_a_clear_error() {
         "{err}"
     );
     // Nothing was lost: the checkpoint stayed before the drop, so a restart stops again.
-    let again = t.spawn_worker(t.worker_settings());
+    let again = t.spawn_worker(t.worker_settings()).await;
     let result = tokio::time::timeout(Duration::from_secs(20), again.handle)
         .await
         .unwrap()

@@ -134,13 +134,21 @@ impl TestDb {
         }
     }
 
-    /// Starts a worker in the background.
-    pub fn spawn_worker(&self, settings: WorkerSettings) -> RunningWorker {
+    /// Starts a worker in the background and waits (up to 20 s) until its change stream is open
+    /// or it has stopped, so that writes made next are seen even on a loaded machine.
+    pub async fn spawn_worker(&self, settings: WorkerSettings) -> RunningWorker {
         let (stop, rx) = watch::channel(false);
         let status = Arc::new(WorkerStatus::default());
         let worker = Worker::new(self.store.clone(), settings, status.clone());
         let handle =
             tokio::spawn(async move { worker.run(0, rx).await.map_err(|e| e.to_string()) });
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !status.stream_open.load(Ordering::Relaxed)
+            && !handle.is_finished()
+            && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         RunningWorker {
             stop,
             handle,
