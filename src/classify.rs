@@ -160,11 +160,7 @@ pub fn classify(
                     ))
                 }
                 Some(RowRead::BadPost(kind)) => {
-                    return Ok(problem_only(
-                        &before,
-                        source,
-                        Problem::Bad(format!("`{POST_FIELD}` has unsupported type {kind}")),
-                    ))
+                    return Ok(problem_only(&before, source, bad_post_type(&kind)))
                 }
                 None => {
                     return Ok(problem_only(
@@ -189,11 +185,7 @@ pub fn classify(
                 RowRead::Row(row) => After::Known(Some(row)),
                 RowRead::NoPost => After::Known(None),
                 RowRead::BadPost(kind) => {
-                    return Ok(problem_only(
-                        &before,
-                        source,
-                        Problem::Bad(format!("`{POST_FIELD}` has unsupported type {kind}")),
-                    ))
+                    return Ok(problem_only(&before, source, bad_post_type(&kind)))
                 }
             }
         }
@@ -205,13 +197,7 @@ pub fn classify(
             };
             match summary.apply(row) {
                 Ok(after) => After::Known(after),
-                Err(kind) => {
-                    return Ok(problem_only(
-                        &before,
-                        source,
-                        Problem::Bad(format!("`{POST_FIELD}` has unsupported type {kind}")),
-                    ))
-                }
+                Err(kind) => return Ok(problem_only(&before, source, bad_post_type(&kind))),
             }
         }
         // A looked-up row without `post_id` no longer counts; no document at all (the row was
@@ -221,11 +207,7 @@ pub fn classify(
         {
             Some(RowRead::Row(row)) => After::Known(Some(row)),
             Some(RowRead::BadPost(kind)) => {
-                return Ok(problem_only(
-                    &before,
-                    source,
-                    Problem::Bad(format!("`{POST_FIELD}` has unsupported type {kind}")),
-                ))
+                return Ok(problem_only(&before, source, bad_post_type(&kind)))
             }
             Some(RowRead::NoPost) => After::Known(None),
             None => After::Unchanged,
@@ -385,6 +367,11 @@ fn best_effort(event: &ChangeEvent, after: After) -> Classification {
         },
     }
     c
+}
+
+/// The problem of a `post_id` whose BSON type cannot be a post id.
+fn bad_post_type(kind: &str) -> Problem {
+    Problem::Bad(format!("`{POST_FIELD}` has unsupported type {kind}"))
 }
 
 /// A classification that changes nothing but reports a problem and dirties the known post.

@@ -18,7 +18,7 @@ use crate::cli::run::{run_with, shutdown_on_signals};
 use crate::config::Settings;
 use crate::event::PostId;
 use crate::reconcile::Reconciler;
-use crate::store::Store;
+use crate::store::{displayed_and_truth, Store};
 use crate::testdb::TestServer;
 
 #[derive(Debug, clap::Args)]
@@ -137,12 +137,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         );
         for i in [0, 1, 2, 3, 4] {
             let p = post(i);
-            let shown = store
-                .read_counter(&p)
-                .await?
-                .map(|c| c.state.displayed())
-                .unwrap_or(0);
-            let truth = store.count_live(&p).await?;
+            let (shown, truth) = displayed_and_truth(store.as_ref(), &p).await?;
             println!(
                 "  {p}: displayed {shown:>4}  true {truth:>4}{}",
                 if shown == truth { "" } else { "  (converging)" }
@@ -157,12 +152,8 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     let exact = loop {
         let mut wrong = 0;
         for p in &posts {
-            let shown = store
-                .read_counter(p)
-                .await?
-                .map(|c| c.state.displayed())
-                .unwrap_or(0);
-            if shown != store.count_live(p).await? {
+            let (shown, truth) = displayed_and_truth(store.as_ref(), p).await?;
+            if shown != truth {
                 wrong += 1;
             }
         }

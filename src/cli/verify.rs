@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use crate::cli::{connect, print_json};
 use crate::config::Settings;
-use crate::store::Store;
+use crate::store::{displayed_and_truth, Store};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -21,12 +21,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     let posts = store.sample_posts(args.sample).await?;
     let mut mismatches = Vec::new();
     for post in &posts {
-        let displayed = store
-            .read_counter(post)
-            .await?
-            .map(|c| c.state.displayed())
-            .unwrap_or(0);
-        let truth = store.count_live(post).await?;
+        let (displayed, truth) = displayed_and_truth(store.as_ref(), post).await?;
         if displayed != truth {
             mismatches.push(serde_json::json!({"post": post.to_string(), "displayed": displayed, "true_count": truth}));
         }

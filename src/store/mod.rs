@@ -247,6 +247,20 @@ pub struct ServerAbilities {
     pub post_batch_token: bool,
 }
 
+/// A post's displayed value (`base_count + live_delta`, 0 without a counter) beside its true
+/// count of live rows: what `get`, `verify` and the demo compare.
+pub async fn displayed_and_truth<S: Store + ?Sized>(
+    store: &S,
+    post: &PostId,
+) -> StoreResult<(i64, i64)> {
+    let displayed = store
+        .read_counter(post)
+        .await?
+        .map(|c| c.state.displayed())
+        .unwrap_or(0);
+    Ok((displayed, store.count_live(post).await?))
+}
+
 /// Counters, ledger, dirty set and checkpoints: everything the worker writes and the
 /// reconciler reads and folds.
 #[async_trait]

@@ -725,12 +725,11 @@ impl Store for MongoStore {
     }
 
     async fn record_intent(&self, fence: &Fence, batch: &PendingBatch) -> StoreResult<()> {
-        let filter = doc! {"_id": &fence.stream, "epoch": fence.epoch};
         let update = doc! {
             "$max": {"high_water": batch.end.as_str()},
             "$set": {"pending": pending_to_doc(batch), "updated_at": DateTime::now()},
         };
-        self.checkpoint_update("record the batch intent", fence, filter, update)
+        self.owned_checkpoint_update("record the batch intent", fence, update)
             .await
     }
 
@@ -740,14 +739,13 @@ impl Store for MongoStore {
         token: &Token,
         token_time: Option<Timestamp>,
     ) -> StoreResult<()> {
-        let filter = doc! {"_id": &fence.stream, "epoch": fence.epoch};
         let mut set = doc! {"token": token.as_str(), "updated_at": DateTime::now()};
         if let Some(t) = token_time {
             set.insert("token_time", t);
         }
         let update =
             doc! {"$set": set, "$max": {"high_water": token.as_str()}, "$unset": {"pending": ""}};
-        self.checkpoint_update("save the checkpoint", fence, filter, update)
+        self.owned_checkpoint_update("save the checkpoint", fence, update)
             .await
     }
 
@@ -773,16 +771,14 @@ impl Store for MongoStore {
     }
 
     async fn record_start(&self, fence: &Fence, at: Timestamp) -> StoreResult<()> {
-        let filter = doc! {"_id": &fence.stream, "epoch": fence.epoch};
         let update = doc! {"$set": {"start_time": at, "updated_at": DateTime::now()}};
-        self.checkpoint_update("record the start position", fence, filter, update)
+        self.owned_checkpoint_update("record the start position", fence, update)
             .await
     }
 
     async fn record_caught_up(&self, fence: &Fence, at: Timestamp) -> StoreResult<()> {
-        let filter = doc! {"_id": &fence.stream, "epoch": fence.epoch};
         let update = doc! {"$max": {"caught_up_at": at}};
-        self.checkpoint_update("record the drained position", fence, filter, update)
+        self.owned_checkpoint_update("record the drained position", fence, update)
             .await
     }
 
@@ -795,14 +791,13 @@ impl Store for MongoStore {
             time: gap.to.timestamp_millis().div_euclid(1000) as u32,
             increment: 0,
         };
-        let filter = doc! {"_id": &fence.stream, "epoch": fence.epoch};
         let update = doc! {
             "$push": {"gaps": gap_doc},
             // The new stream starts exactly where the gap ends: nothing between is unaccounted.
             "$set": {"sweep_requested": true, "updated_at": DateTime::now(), "start_time": restart},
             "$unset": {"token": "", "token_time": ""},
         };
-        self.checkpoint_update("record the history gap", fence, filter, update)
+        self.owned_checkpoint_update("record the history gap", fence, update)
             .await
     }
 
@@ -1317,6 +1312,18 @@ impl MongoStore {
             .with_type::<Document>())
     }
 
+    /// A checkpoint write by the worker that owns the stream's current epoch.
+    async fn owned_checkpoint_update(
+        &self,
+        op: &'static str,
+        fence: &Fence,
+        update: Document,
+    ) -> StoreResult<()> {
+        let filter = doc! {"_id": &fence.stream, "epoch": fence.epoch};
+        self.checkpoint_update(op, fence, filter, update).await
+    }
+
+    /// A conditional upsert of the checkpoint; a duplicate key means another epoch owns it.
     async fn checkpoint_update(
         &self,
         op: &'static str,
