@@ -5,7 +5,7 @@
 //! after-state, so the transitions telescope and their sum is right even when `updateLookup`
 //! shows a row later than its event.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use bson::DateTime;
 
@@ -35,6 +35,30 @@ pub struct CounterDelta {
     pub delta: i64,
     /// Non-zero amounts per bucket; they sum to `delta`.
     pub buckets: BTreeMap<BucketStart, i64>,
+    /// Every bucket an event of the batch changed for this post, including changes that cancel
+    /// out (a soft delete and an undelete in one batch). The counter records the batch's token
+    /// under each, so the reconciler can tell that a recount may have seen a change in flight
+    /// even when the net increment is zero.
+    pub touched: BTreeSet<BucketStart>,
+}
+
+/// A post to mark dirty, with the newest creation bucket the marking events changed: the post
+/// may leave the dirty set only once a fold's watermark is above that bucket (every change that
+/// dirtied it is then covered by a recount).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirtyMark {
+    pub post: PostId,
+    pub newest_bucket: BucketStart,
+}
+
+impl DirtyMark {
+    /// A mark for a change to rows below every watermark (bucket 0): any fold covers it.
+    pub fn settled(post: PostId) -> DirtyMark {
+        DirtyMark {
+            post,
+            newest_bucket: 0,
+        }
+    }
 }
 
 /// The ledger's new state for one comment (`None`: gone).
@@ -56,7 +80,7 @@ pub struct Skipped {
 pub struct BatchPlan {
     pub counters: Vec<CounterDelta>,
     pub ledger: Vec<LedgerUpdate>,
-    pub dirty: Vec<PostId>,
+    pub dirty: Vec<DirtyMark>,
     /// Events classified (stream-ending events excluded).
     pub events: usize,
     pub skipped: Vec<Skipped>,
@@ -88,8 +112,8 @@ pub fn plan_batch(
     let mut known: HashMap<String, Option<Row>> = HashMap::new();
     let mut ledger_order: Vec<CommentId> = Vec::new();
     let mut counters: BTreeMap<PostId, CounterDelta> = BTreeMap::new();
-    let mut dirty: Vec<PostId> = Vec::new();
-    let mut dirty_seen = std::collections::HashSet::new();
+    let mut dirty: BTreeMap<PostId, BucketStart> = BTreeMap::new();
+    let mut dirty_order: Vec<PostId> = Vec::new();
 
     for event in events {
         let key = event.comment.as_ref().map(|c| c.key.clone());
@@ -100,11 +124,11 @@ pub fn plan_batch(
             },
             None => Before::Unknown,
         };
-        let classified = match classify(event, before, attribution) {
+        let classified = match classify(event, before.clone(), attribution) {
             Ok(c) => c,
             Err(end) => {
                 return (
-                    finish(plan, counters, dirty, ledger_order, &known),
+                    finish(plan, counters, (dirty_order, dirty), ledger_order, &known),
                     Some(end),
                 )
             }
@@ -114,23 +138,58 @@ pub fn plan_batch(
             .by_source
             .entry(source_name(classified.source))
             .or_default() += 1;
-        for delta in classified.deltas {
+        // A post named by the event without a delta (an unattributable change) is taken as
+        // changed at the event's own time: only a recount above it covers the change.
+        let event_bucket = event
+            .cluster_time
+            .map_or(0, |t| bucket_of(Some(DateTime::from_millis(t.time as i64 * 1000)), bucket_width_secs));
+        let mut newest: BTreeMap<&PostId, BucketStart> = BTreeMap::new();
+        for delta in &classified.deltas {
+            let bucket = bucket_of(delta.created_at, bucket_width_secs);
             let entry = counters
                 .entry(delta.post.clone())
                 .or_insert_with(|| CounterDelta {
                     post: delta.post.clone(),
                     delta: 0,
                     buckets: BTreeMap::new(),
+                    touched: BTreeSet::new(),
                 });
             entry.delta += delta.amount;
-            *entry
-                .buckets
-                .entry(bucket_of(delta.created_at, bucket_width_secs))
-                .or_default() += delta.amount;
+            *entry.buckets.entry(bucket).or_default() += delta.amount;
+            entry.touched.insert(bucket);
+            let n = newest.entry(&delta.post).or_insert(bucket);
+            *n = (*n).max(bucket);
         }
-        for post in classified.dirty {
-            if dirty_seen.insert(post.clone()) {
-                dirty.push(post);
+        // Without a delta, the rows known before and after say which bucket the post's change
+        // (a body edit, say) belongs to.
+        let rows = [
+            match &before {
+                Before::Known(row) => row.as_ref(),
+                Before::Unknown => None,
+            },
+            match &classified.after {
+                After::Known(row) => row.as_ref(),
+                After::Unchanged => None,
+            },
+        ];
+        for post in &classified.dirty {
+            let known_rows = rows
+                .iter()
+                .flatten()
+                .filter(|r| r.post == *post)
+                .map(|r| bucket_of(r.created_at, bucket_width_secs))
+                .max();
+            let bucket = newest
+                .get(post)
+                .copied()
+                .or(known_rows)
+                .unwrap_or(event_bucket);
+            match dirty.get_mut(post) {
+                Some(b) => *b = (*b).max(bucket),
+                None => {
+                    dirty.insert(post.clone(), bucket);
+                    dirty_order.push(post.clone());
+                }
             }
         }
         if let (After::Known(state), Some(comment)) = (classified.after, event.comment.as_ref()) {
@@ -145,13 +204,16 @@ pub fn plan_batch(
             });
         }
     }
-    (finish(plan, counters, dirty, ledger_order, &known), None)
+    (
+        finish(plan, counters, (dirty_order, dirty), ledger_order, &known),
+        None,
+    )
 }
 
 fn finish(
     mut plan: BatchPlan,
     counters: BTreeMap<PostId, CounterDelta>,
-    dirty: Vec<PostId>,
+    (dirty_order, dirty): (Vec<PostId>, BTreeMap<PostId, BucketStart>),
     ledger_order: Vec<CommentId>,
     known: &HashMap<String, Option<Row>>,
 ) -> BatchPlan {
@@ -161,9 +223,15 @@ fn finish(
             c.buckets.retain(|_, amount| *amount != 0);
             c
         })
-        .filter(|c| c.delta != 0 || !c.buckets.is_empty())
+        .filter(|c| !c.touched.is_empty())
         .collect();
-    plan.dirty = dirty;
+    plan.dirty = dirty_order
+        .into_iter()
+        .map(|post| DirtyMark {
+            newest_bucket: dirty[&post],
+            post,
+        })
+        .collect();
     plan.ledger = ledger_order
         .into_iter()
         .map(|comment| LedgerUpdate {

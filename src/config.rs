@@ -62,6 +62,14 @@ pub struct Settings {
     pub sweep_window: usize,
     /// Attempts to install one recount when a worker write races it.
     pub fold_retries: u32,
+    /// On servers without snapshot reads, how long a recount waits for the worker to apply
+    /// every change its count could have seen; a post not settled by then stays dirty.
+    #[serde(with = "humantime_serde")]
+    pub catch_up_timeout: Duration,
+    /// How long one pass of the slow background sweep over every post should take (it finds
+    /// drift no event points at, e.g. a hand-edited counter); 0s: no background sweep.
+    #[serde(with = "humantime_serde")]
+    pub background_sweep_pass: Duration,
     /// Address of the HTTP endpoints (/metrics, /healthz, /readyz).
     pub http_addr: String,
     /// `/readyz` is unready above this stream lag.
@@ -119,6 +127,8 @@ impl Default for Settings {
             reconcile_counts_per_second: 500,
             sweep_window: 500,
             fold_retries: 5,
+            catch_up_timeout: Duration::from_secs(10),
+            background_sweep_pass: Duration::from_secs(24 * 3600),
             http_addr: "127.0.0.1:9187".into(),
             ready_max_lag: Duration::from_secs(60),
             log_format: "text".into(),
@@ -265,6 +275,13 @@ impl Settings {
                 "reconcile_max_posts",
                 "0".into(),
                 "allowed: at least 1",
+            ));
+        }
+        if self.catch_up_timeout < Duration::from_millis(100) {
+            return Err(bad(
+                "catch_up_timeout",
+                format!("{:?}", self.catch_up_timeout),
+                "allowed: at least 100ms",
             ));
         }
         if self.sweep_window == 0 {

@@ -6,6 +6,7 @@
 
 pub mod batch;
 pub mod classify;
+pub mod clock;
 pub mod cli;
 pub mod config;
 pub mod event;
@@ -14,6 +15,7 @@ pub mod http;
 pub mod lease;
 pub mod partition;
 pub mod reconcile;
+pub mod recount;
 pub mod store;
 pub mod telemetry;
 pub mod testdb;

@@ -1,9 +1,13 @@
-//! The reconciler: dirty set → count → fold → store.
+//! The reconciler: dirty set → consistent recount → fold → store.
 //!
 //! It recounts only dirty posts (oldest first), folds each true count in against a watermark so
-//! that in-flight increments survive, and records the drift it corrected, with its sign. A full
-//! sweep over `post_id` windows exists for recovery (history lost, unattributable events) and on
-//! demand.
+//! that in-flight increments survive, and records the drift it corrected, with its sign. Every
+//! count it installs is consistent with the events already folded into the counter
+//! ([`crate::recount`]): a post whose settled rows changed while it was counted stays dirty and
+//! is retried, so the reconciler never invents drift. A dirty post leaves the dirty set only once
+//! a fold's watermark is above every change that dirtied it. A slow background sweep over all
+//! posts finds drift that no event points at (a hand edit, a deleted counter); a windowed full
+//! sweep exists for recovery (history lost) and on demand.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,9 +16,10 @@ use bson::DateTime;
 use serde::Serialize;
 use tokio::sync::watch;
 
-use crate::batch::bucket_of;
+use crate::clock::{Clock, SystemClock};
 use crate::event::PostId;
-use crate::fold::{effective_watermark, fold, watermark_for, Fold};
+use crate::fold::{fold, watermark_for, Fold};
+use crate::recount::{CatchUp, Consistent, Pace, Recount, Recounter, Request};
 use crate::store::{DirtyOrder, RunSummary, Store, StoreError, StoreResult};
 use crate::telemetry as m;
 
@@ -32,6 +37,15 @@ pub struct ReconcileSettings {
     pub sweep_window: usize,
     /// Recount only the posts of this partition (`None`: all posts).
     pub partition: Option<crate::partition::Partition>,
+    /// Posts counted before one shared wait for the worker (quiet-window recounts).
+    pub group_size: usize,
+    /// How long a quiet-window recount waits for the worker, and how often it looks.
+    pub catch_up: CatchUp,
+    /// How long one pass of the background sweep over every post should take (`None`: no
+    /// background sweep).
+    pub background_pass: Option<Duration>,
+    /// How often the reconcile loop runs (paces the background sweep).
+    pub interval: Duration,
 }
 
 impl Default for ReconcileSettings {
@@ -41,10 +55,14 @@ impl Default for ReconcileSettings {
             bucket_width_secs: 60,
             settle_secs: 30,
             max_posts: 1000,
-            counts_per_second: 0,
+            counts_per_second: 500,
             fold_retries: 5,
             sweep_window: 500,
             partition: None,
+            group_size: 100,
+            catch_up: CatchUp::default(),
+            background_pass: Some(Duration::from_secs(24 * 3600)),
+            interval: Duration::from_secs(10),
         }
     }
 }
@@ -70,7 +88,8 @@ pub struct RunReport {
     pub summary: RunSummary,
     /// Only the posts whose displayed value changed.
     pub corrections: Vec<Correction>,
-    /// Posts left dirty because a worker kept racing the fold.
+    /// Posts left dirty because a change was in flight while they were counted, or the worker
+    /// kept racing the install.
     pub contended: Vec<String>,
 }
 
@@ -78,29 +97,39 @@ pub struct RunReport {
 pub struct Reconciler<S: Store + ?Sized> {
     store: Arc<S>,
     settings: ReconcileSettings,
+    clock: Arc<dyn Clock>,
+    recounter: Recounter<S>,
 }
 
-/// Paces recount queries to `counts_per_second`.
-struct Pace(Option<tokio::time::Interval>);
-
-impl Pace {
-    fn new(per_second: u32) -> Pace {
-        Pace((per_second > 0).then(|| {
-            let mut i = tokio::time::interval(Duration::from_secs_f64(1.0 / per_second as f64));
-            i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            i
-        }))
-    }
-    async fn wait(&mut self) {
-        if let Some(i) = self.0.as_mut() {
-            i.tick().await;
-        }
-    }
+/// What became of one post in a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Outcome {
+    /// The recount was folded in (or there was nothing to change) at this watermark.
+    Folded { watermark: i64 },
+    /// A change was in flight, or the worker kept racing the install: try again later.
+    NotNow,
 }
 
 impl<S: Store + ?Sized> Reconciler<S> {
     pub fn new(store: Arc<S>, settings: ReconcileSettings) -> Self {
-        Reconciler { store, settings }
+        Self::with_clock(store, settings, Arc::new(SystemClock))
+    }
+
+    /// The same reconciler pausing on (and reading time from) `clock`.
+    pub fn with_clock(store: Arc<S>, settings: ReconcileSettings, clock: Arc<dyn Clock>) -> Self {
+        let recounter = Recounter::new(
+            store.clone(),
+            clock.clone(),
+            settings.stream.clone(),
+            settings.bucket_width_secs,
+            settings.catch_up.clone(),
+        );
+        Reconciler {
+            store,
+            settings,
+            clock,
+            recounter,
+        }
     }
 
     /// The watermark for a run now: a bucket boundary older than the settle time and than the
@@ -112,7 +141,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
             .store
             .load_checkpoint(&self.settings.stream)
             .await?
-            .and_then(|c| c.token_time.into_iter().chain(c.caught_up_at).max())
+            .and_then(|c| crate::recount::applied_before(&c))
             .map(|t| t.time as i64);
         Ok(watermark_for(
             now_secs,
@@ -122,8 +151,9 @@ impl<S: Store + ?Sized> Reconciler<S> {
         ))
     }
 
-    /// Recounts up to `max_posts` dirty posts, oldest first; clears each entry only if its
-    /// version did not move meanwhile.
+    /// Recounts up to `max_posts` dirty posts, oldest first. An entry is cleared (if its
+    /// version did not move meanwhile) only when the fold's watermark is above the newest
+    /// change that dirtied it; otherwise it is requeued and folded again in a later run.
     pub async fn run_dirty(&self, now_secs: i64) -> StoreResult<RunReport> {
         let watermark = self.watermark(now_secs).await?;
         let dirty = self
@@ -135,33 +165,45 @@ impl<S: Store + ?Sized> Reconciler<S> {
             )
             .await?;
         let mut run = Run::new("dirty", watermark, self.settings.counts_per_second);
-        for entry in dirty {
-            if let Some(done) = self
-                .reconcile_post(&entry.post, watermark, &mut run)
-                .await?
-            {
-                if done {
+        for group in dirty.chunks(self.settings.group_size.max(1)) {
+            let posts: Vec<PostId> = group.iter().map(|e| e.post.clone()).collect();
+            let outcomes = self.reconcile_posts(&posts, watermark, false, &mut run).await?;
+            for (entry, outcome) in group.iter().zip(outcomes) {
+                let Outcome::Folded { watermark } = outcome else {
+                    continue;
+                };
+                if entry.newest_bucket.is_none_or(|b| b < watermark) {
                     self.store.clear_dirty(&entry.post, entry.version).await?;
+                } else {
+                    run.summary.waiting += 1;
+                    self.store
+                        .requeue_dirty(&entry.post, entry.version, self.clock.now())
+                        .await?;
                 }
             }
         }
         self.finish(run).await
     }
 
-    /// Recounts one post (the `reconcile --post` path); clears its dirty entry if unchanged.
+    /// Recounts one post (the `reconcile --post` path); clears its dirty entry if unchanged and
+    /// covered.
     pub async fn run_post(&self, post: &PostId, now_secs: i64) -> StoreResult<RunReport> {
         let watermark = self.watermark(now_secs).await?;
-        let version = self
+        let entry = self
             .store
             .dirty_list(None, DirtyOrder::Oldest, usize::MAX)
             .await?
             .into_iter()
-            .find(|d| d.post == *post)
-            .map(|d| d.version);
+            .find(|d| d.post == *post);
         let mut run = Run::new("post", watermark, 0);
-        if self.reconcile_post(post, watermark, &mut run).await? == Some(true) {
-            if let Some(v) = version {
-                self.store.clear_dirty(post, v).await?;
+        let outcome = self
+            .reconcile_posts(std::slice::from_ref(post), watermark, false, &mut run)
+            .await?;
+        if let (Some(Outcome::Folded { watermark }), Some(entry)) = (outcome.first(), entry) {
+            if entry.newest_bucket.is_none_or(|b| b < *watermark) {
+                self.store.clear_dirty(post, entry.version).await?;
+            } else {
+                run.summary.waiting += 1;
             }
         }
         self.finish(run).await
@@ -191,8 +233,8 @@ impl<S: Store + ?Sized> Reconciler<S> {
         let watermark = self.watermark(now_secs).await?;
         let kind = if after_gap { "gap_sweep" } else { "sweep" };
         let mut run = Run::new(kind, watermark, self.settings.counts_per_second);
-        run.full_recount = after_gap;
         let mut after: Option<PostId> = None;
+        let mut complete = true;
         loop {
             if shutdown.as_ref().is_some_and(|s| *s.borrow()) {
                 return self.finish(run).await;
@@ -204,19 +246,31 @@ impl<S: Store + ?Sized> Reconciler<S> {
             let Some(last) = window.last().cloned() else {
                 break;
             };
-            let owned = window
+            let owned: Vec<PostId> = window
                 .iter()
-                .filter(|p| self.settings.partition.is_none_or(|part| part.owns(p)));
-            for post in owned {
-                self.reconcile_post(post, watermark, &mut run).await?;
+                .filter(|p| self.settings.partition.is_none_or(|part| part.owns(p)))
+                .cloned()
+                .collect();
+            for group in owned.chunks(self.settings.group_size.max(1)) {
+                let outcomes = self
+                    .reconcile_posts(group, watermark, after_gap, &mut run)
+                    .await?;
+                complete &= outcomes.iter().all(|o| *o != Outcome::NotNow);
             }
             metrics::counter!(m::SWEEP_PROGRESS).increment(window.len() as u64);
             progress(run.summary.posts);
             after = Some(last);
         }
-        self.store
-            .set_sweep_requested(&self.settings.stream, false)
-            .await?;
+        if complete || !after_gap {
+            self.store
+                .set_sweep_requested(&self.settings.stream, false)
+                .await?;
+        } else {
+            tracing::warn!(
+                in_flight = run.summary.in_flight,
+                "the sweep after lost history could not recount every post consistently; it runs again"
+            );
+        }
         self.finish(run).await
     }
 
@@ -263,58 +317,147 @@ impl<S: Store + ?Sized> Reconciler<S> {
         Ok(Some(report))
     }
 
-    /// Counts and folds one post. `Some(true)`: installed (or nothing to change);
-    /// `Some(false)`: the worker kept racing, try next run; `None` never (reserved).
-    async fn reconcile_post(
+    /// One step of the slow background sweep: the next posts of its current pass over every
+    /// post, as many as keep a pass near `background_pass` long (at least one, at most a
+    /// window). Resumes where the last step (of any process) stopped. Finds drift that no event
+    /// points at: a hand-edited counter of a post nobody comments on, a deleted counter.
+    pub async fn background_step(&self, now_secs: i64) -> StoreResult<Option<RunReport>> {
+        let Some(pass) = self.settings.background_pass else {
+            return Ok(None);
+        };
+        let mut cursor = self
+            .store
+            .load_sweep_cursor(&self.settings.stream)
+            .await?
+            .unwrap_or_default();
+        let estimate = cursor.last_pass_posts.max(cursor.posts_done).max(1);
+        let steps_per_pass = (pass.as_secs_f64() / self.settings.interval.as_secs_f64().max(0.001))
+            .max(1.0);
+        let size = ((estimate as f64 / steps_per_pass).ceil() as usize)
+            .clamp(1, self.settings.sweep_window);
+        let watermark = self.watermark(now_secs).await?;
+        let window = self
+            .store
+            .posts_after(cursor.after.as_ref(), size)
+            .await?;
+        let mut run = Run::new("background", watermark, self.settings.counts_per_second);
+        if cursor.pass_started.is_none() {
+            cursor.pass_started = Some(self.clock.now());
+        }
+        let owned: Vec<PostId> = window
+            .iter()
+            .filter(|p| self.settings.partition.is_none_or(|part| part.owns(p)))
+            .cloned()
+            .collect();
+        self.reconcile_posts(&owned, watermark, false, &mut run).await?;
+        cursor.posts_done += window.len() as u64;
+        match window.last() {
+            Some(last) if window.len() == size => cursor.after = Some(last.clone()),
+            _ => {
+                // The pass is complete: start the next one from the first post.
+                tracing::info!(posts = cursor.posts_done, passes = cursor.passes + 1, "background sweep pass complete");
+                cursor.passes += 1;
+                cursor.last_pass_posts = cursor.posts_done;
+                cursor.posts_done = 0;
+                cursor.after = None;
+                cursor.pass_started = None;
+            }
+        }
+        metrics::gauge!(m::BACKGROUND_SWEEP_POSTS_DONE).set(cursor.posts_done as f64);
+        self.store
+            .save_sweep_cursor(&self.settings.stream, &cursor)
+            .await?;
+        Ok(Some(self.finish(run).await?))
+    }
+
+    /// Recounts a group of posts consistently with the stream and folds each recount in;
+    /// returns what became of each.
+    async fn reconcile_posts(
         &self,
-        post: &PostId,
+        posts: &[PostId],
         proposed: i64,
+        full: bool,
         run: &mut Run,
-    ) -> StoreResult<Option<bool>> {
+    ) -> StoreResult<Vec<Outcome>> {
+        if posts.is_empty() {
+            return Ok(Vec::new());
+        }
+        let requests: Vec<Request> = posts
+            .iter()
+            .map(|post| Request {
+                post: post.clone(),
+                watermark: proposed,
+                full,
+            })
+            .collect();
+        let recounts = self.recounter.recount(&requests, &mut run.pace).await;
+        let recounts = recounts?;
+        run.summary.counts += recounts.len() as u64;
+        let mut outcomes = Vec::with_capacity(recounts.len());
+        for recount in recounts {
+            let outcome = match recount {
+                Recount::InFlight => {
+                    run.summary.in_flight += 1;
+                    metrics::counter!(m::RECOUNTS_IN_FLIGHT).increment(1);
+                    Outcome::NotNow
+                }
+                Recount::Consistent(recount) => {
+                    if recount.snapshot {
+                        run.summary.snapshot_counts += 1;
+                    }
+                    self.install(recount, run).await?
+                }
+            };
+            if outcome == Outcome::NotNow {
+                if let Some(post) = posts.get(outcomes.len()) {
+                    run.contended.push(post.to_string());
+                }
+            }
+            outcomes.push(outcome);
+        }
+        Ok(outcomes)
+    }
+
+    /// Folds a consistent recount into the counter, conditioned on the counter unchanged since
+    /// it was last read; when the worker moved it meanwhile, re-reads and folds again as long as
+    /// the recount still holds (bounded).
+    async fn install(&self, mut recount: Consistent, run: &mut Run) -> StoreResult<Outcome> {
         for _ in 0..self.settings.fold_retries.max(1) {
-            let counter = self.store.read_counter(post).await?;
+            let counter = recount.counter.clone();
             let state = counter
                 .as_ref()
                 .map(|c| c.state.clone())
                 .unwrap_or_default();
-            let mut proposed = proposed;
-            if run.full_recount {
-                let width = self.settings.bucket_width_secs;
-                let latest_row = self.store.latest_created(post).await?;
-                let latest_bucket = state.buckets.keys().next_back().copied();
-                for start in latest_row
-                    .map(|t| bucket_of(Some(DateTime::from_millis(t * 1000)), width))
-                    .into_iter()
-                    .chain(latest_bucket)
-                {
-                    proposed = proposed.max(start + width);
-                }
-            }
-            let watermark = effective_watermark(&state, proposed);
-            run.pace.wait().await;
-            let count = self.store.count_live_below(post, watermark).await?;
-            run.summary.counts += 1;
-            let folded = fold(&state, watermark, count);
+            let folded = fold(&state, recount.watermark, recount.count);
+            let done = Outcome::Folded {
+                watermark: folded.watermark,
+            };
             if counter.is_none() && folded.right == 0 {
                 run.summary.posts += 1; // no rows, no counter: nothing to keep
-                return Ok(Some(true));
+                return Ok(done);
             }
             if counter.is_some() && is_noop(&state, &folded) {
                 run.summary.posts += 1;
-                return Ok(Some(true));
+                return Ok(done);
             }
             if self
                 .store
-                .install_fold(post, counter.as_ref(), &folded, DateTime::now())
+                .install_fold(&recount.post, counter.as_ref(), &folded, self.clock.now())
                 .await?
             {
-                run.record(post, &folded);
-                return Ok(Some(true));
+                run.record(&recount.post, &folded);
+                return Ok(done);
             }
+            let now = self.store.read_counter(&recount.post).await?;
+            if !recount.holds_for(now.as_ref()) {
+                run.summary.in_flight += 1;
+                metrics::counter!(m::RECOUNTS_IN_FLIGHT).increment(1);
+                return Ok(Outcome::NotNow);
+            }
+            recount.counter = now;
         }
-        tracing::info!(%post, "recount raced the worker on every attempt; the post stays dirty");
-        run.contended.push(post.to_string());
-        Ok(Some(false))
+        tracing::debug!(post = %recount.post, "the worker kept moving the counter; the post stays dirty");
+        Ok(Outcome::NotNow)
     }
 
     async fn finish(&self, run: Run) -> StoreResult<RunReport> {
@@ -324,12 +467,13 @@ impl<S: Store + ?Sized> Reconciler<S> {
             contended,
             ..
         } = run;
-        summary.finished_at = Some(DateTime::now());
+        summary.finished_at = Some(self.clock.now());
         metrics::counter!(m::RECONCILE_RUNS, "kind" => summary.kind.clone()).increment(1);
         tracing::info!(
             kind = %summary.kind, posts = summary.posts, counts = summary.counts,
             corrected = summary.corrected, total_abs_drift = summary.total_abs_drift,
             max_abs_drift = summary.max_abs_drift, high = summary.drift_high, low = summary.drift_low,
+            in_flight = summary.in_flight, waiting = summary.waiting,
             "reconcile run finished"
         );
         self.store.record_run(&summary).await?;
@@ -337,7 +481,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
         metrics::gauge!(m::DIRTY_BACKLOG_SIZE).set(backlog.size as f64);
         let oldest_age = backlog
             .oldest
-            .map(|t| (DateTime::now().timestamp_millis() - t.timestamp_millis()) as f64 / 1000.0)
+            .map(|t| (self.clock.now().timestamp_millis() - t.timestamp_millis()) as f64 / 1000.0)
             .unwrap_or(0.0);
         metrics::gauge!(m::DIRTY_BACKLOG_OLDEST_AGE).set(oldest_age.max(0.0));
         Ok(RunReport {
@@ -359,8 +503,6 @@ fn is_noop(state: &crate::fold::CounterState, folded: &Fold) -> bool {
 /// Bookkeeping of one run.
 struct Run {
     summary: RunSummary,
-    /// Fold above every row and bucket of each post (the sweep after lost history).
-    full_recount: bool,
     corrections: Vec<Correction>,
     contended: Vec<String>,
     pace: Pace,
@@ -369,7 +511,6 @@ struct Run {
 impl Run {
     fn new(kind: &str, watermark: i64, counts_per_second: u32) -> Run {
         Run {
-            full_recount: false,
             summary: RunSummary {
                 started_at: Some(DateTime::now()),
                 kind: kind.into(),
@@ -399,7 +540,7 @@ impl Run {
         } else {
             self.summary.drift_low += folded.drift;
         }
-        tracing::info!(%post, wrong = folded.wrong, right = folded.right, drift = folded.drift, "counter corrected");
+        tracing::debug!(%post, wrong = folded.wrong, right = folded.right, drift = folded.drift, "counter corrected");
         self.corrections.push(Correction {
             post: post.clone(),
             wrong: folded.wrong,
@@ -410,7 +551,7 @@ impl Run {
 }
 
 /// Runs reconcile passes every `interval` (jittered by `jitter`, a fraction) until shutdown:
-/// a requested full sweep first, then the dirty posts.
+/// a requested full sweep first, then the dirty posts, then a step of the background sweep.
 pub async fn run_loop<S: Store + ?Sized>(
     reconciler: Reconciler<S>,
     interval: Duration,
@@ -421,17 +562,23 @@ pub async fn run_loop<S: Store + ?Sized>(
     loop {
         let spread = interval.as_secs_f64() * jitter;
         let delay = interval.as_secs_f64() + rand::rng().random_range(-spread..=spread);
-        if crate::worker::sleep_or_shutdown(Duration::from_secs_f64(delay.max(0.01)), &mut shutdown)
-            .await
+        let clock = reconciler.clock.clone();
+        if crate::worker::sleep_or_shutdown(
+            clock.as_ref(),
+            Duration::from_secs_f64(delay.max(0.01)),
+            &mut shutdown,
+        )
+        .await
         {
             return Ok(());
         }
-        let now = chrono::Utc::now().timestamp();
+        let now = crate::clock::secs(clock.now());
         let pass = async {
             reconciler
                 .run_requested_sweep(now, Some(shutdown.clone()))
                 .await?;
-            reconciler.run_dirty(now).await
+            reconciler.run_dirty(now).await?;
+            reconciler.background_step(now).await
         };
         match pass.await {
             Ok(_) => {}

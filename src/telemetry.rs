@@ -19,9 +19,11 @@ pub const RETRIES: &str = "counterd_retries_total";
 pub const HISTORY_LOST: &str = "counterd_history_lost_total";
 pub const WORKER_ACTIVE: &str = "counterd_worker_active";
 pub const SWEEP_PROGRESS: &str = "counterd_sweep_posts_total";
+pub const RECOUNTS_IN_FLIGHT: &str = "counterd_recounts_in_flight_total";
+pub const BACKGROUND_SWEEP_POSTS_DONE: &str = "counterd_background_sweep_pass_posts";
 
 /// Every metric name, for documentation and the test that scrapes `/metrics`.
-pub const ALL: [&str; 16] = [
+pub const ALL: [&str; 18] = [
     EVENTS_APPLIED,
     BAD_EVENTS,
     UNATTRIBUTABLE_EVENTS,
@@ -38,6 +40,8 @@ pub const ALL: [&str; 16] = [
     HISTORY_LOST,
     WORKER_ACTIVE,
     SWEEP_PROGRESS,
+    RECOUNTS_IN_FLIGHT,
+    BACKGROUND_SWEEP_POSTS_DONE,
 ];
 
 /// Registers descriptions with the installed recorder (call once after installing it).
@@ -91,6 +95,14 @@ pub fn describe() {
         "1 when this process holds the stream lease and applies events, 0 on standby."
     );
     describe_counter!(SWEEP_PROGRESS, "Posts recounted by full sweeps.");
+    describe_counter!(
+        RECOUNTS_IN_FLIGHT,
+        "Recounts not installed because a change to the post's settled rows was in flight (or the worker did not catch up in time); the post stays dirty and is retried."
+    );
+    describe_gauge!(
+        BACKGROUND_SWEEP_POSTS_DONE,
+        "Posts the background sweep has covered in its current pass over all posts."
+    );
     // Export every series from the start, so alerts see 0 rather than no data, and a first
     // increment shows up in increase().
     for counter in [
@@ -101,6 +113,7 @@ pub fn describe() {
         POSTS_RECONCILED,
         HISTORY_LOST,
         SWEEP_PROGRESS,
+        RECOUNTS_IN_FLIGHT,
     ] {
         metrics::counter!(counter).absolute(0);
     }
@@ -109,6 +122,7 @@ pub fn describe() {
         STREAM_LAG,
         DIRTY_BACKLOG_SIZE,
         DIRTY_BACKLOG_OLDEST_AGE,
+        BACKGROUND_SWEEP_POSTS_DONE,
     ] {
         metrics::gauge!(gauge).set(0.0);
     }

@@ -24,6 +24,7 @@ use tokio::sync::watch;
 
 use crate::batch::plan_batch;
 use crate::classify::{Attribution, StreamEnded};
+use crate::clock::{Clock, SystemClock};
 use crate::event::{ChangeEvent, CommentId, Token};
 use crate::store::{
     Checkpoint, EventSource, Fence, Gap, PendingBatch, Store, StoreError, StreamOptions,
@@ -121,13 +122,24 @@ pub struct Worker<S: Store + ?Sized> {
     store: Arc<S>,
     settings: WorkerSettings,
     status: Arc<WorkerStatus>,
+    clock: Arc<dyn Clock>,
 }
+
+/// Idle reads between two records of the drained position while nothing is applied (with the
+/// default idle interval, about once a second): the reconciler's quiet-window check waits for
+/// a drained position after its count.
+const IDLE_READS_PER_DRAINED_RECORD: u32 = 10;
 
 /// Session-local state: events read but not yet applied, and the drained-position throttle.
 struct Pending {
     events: VecDeque<ChangeEvent>,
-    /// When the drained position was last recorded (throttles `record_caught_up`).
-    drained_recorded: Option<std::time::Instant>,
+    /// The last read returned nothing: the next read is preceded by a position reading, so
+    /// that an empty answer proves every event before it applied.
+    idle: bool,
+    /// A batch was applied since the drained position was last recorded.
+    applied_since_drained: bool,
+    /// Empty reads since the drained position was last recorded.
+    idle_reads: u32,
 }
 
 impl<S: Store + ?Sized> Worker<S> {
@@ -136,6 +148,21 @@ impl<S: Store + ?Sized> Worker<S> {
             store,
             settings,
             status,
+            clock: Arc::new(SystemClock),
+        }
+    }
+
+    /// The same worker reading time from (and pausing on) `clock`.
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The clock's now as a cluster-time-like timestamp (whole seconds).
+    fn now_timestamp(&self) -> Timestamp {
+        Timestamp {
+            time: crate::clock::secs(self.clock.now()).clamp(0, u32::MAX as i64) as u32,
+            increment: 0,
         }
     }
 
@@ -169,7 +196,7 @@ impl<S: Store + ?Sized> Worker<S> {
                     let delay = backoff.next().unwrap_or(self.settings.retry_max_delay);
                     metrics::counter!(m::RETRIES, "op" => "worker").increment(1);
                     tracing::warn!(error = %e, retry_in = ?delay, "transient error; reopening the stream from the checkpoint");
-                    if sleep_or_shutdown(delay, &mut shutdown).await {
+                    if sleep_or_shutdown(self.clock.as_ref(), delay, &mut shutdown).await {
                         return Ok(());
                     }
                 }
@@ -214,7 +241,7 @@ impl<S: Store + ?Sized> Worker<S> {
                 .as_ref()
                 .and_then(|c| c.token_time)
                 .map(|t| DateTime::from_millis(t.time as i64 * 1000)),
-            to: DateTime::now(),
+            to: self.clock.now(),
         };
         tracing::error!(%error, gap_from = ?gap.from, gap_to = %gap.to,
             "HISTORY LOST: events in this gap were never seen; restarting the stream from now and scheduling a full recount sweep");
@@ -255,10 +282,7 @@ impl<S: Store + ?Sized> Worker<S> {
             && configured_start.is_none()
         {
             // "Now", pinned: whoever resumes this stream later starts here, not at its own now.
-            let now = Timestamp {
-                time: chrono::Utc::now().timestamp() as u32,
-                increment: 0,
-            };
+            let now = self.now_timestamp();
             self.store.record_start(fence, now).await?;
             checkpoint.start_time = Some(now);
         }
@@ -283,7 +307,9 @@ impl<S: Store + ?Sized> Worker<S> {
         tracing::info!(stream = %fence.stream, token = ?checkpoint.token, high_water = ?checkpoint.high_water, "change stream open");
         let mut pending = Pending {
             events: VecDeque::new(),
-            drained_recorded: None,
+            idle: true,
+            applied_since_drained: true,
+            idle_reads: 0,
         };
         loop {
             if *shutdown.borrow() {
@@ -303,7 +329,10 @@ impl<S: Store + ?Sized> Worker<S> {
                 _ = shutdown.changed() => return Ok(()),
             };
             *backoff = self.backoff();
-            if idle && sleep_or_shutdown(self.settings.idle_interval, shutdown).await {
+            if idle
+                && sleep_or_shutdown(self.clock.as_ref(), self.settings.idle_interval, shutdown)
+                    .await
+            {
                 return Ok(());
             }
         }
@@ -318,6 +347,13 @@ impl<S: Store + ?Sized> Worker<S> {
         pending: &mut Pending,
     ) -> Result<bool, SessionError> {
         if pending.events.len() < self.settings.batch_size {
+            // On an idle stream, note where the server stands before reading: an empty answer
+            // then proves that every event before that position is applied.
+            let before_read = if pending.events.is_empty() && pending.idle {
+                Some(self.store.read_position().await?.lower)
+            } else {
+                None
+            };
             let raw = source
                 .next_batch(
                     self.settings.batch_size - pending.events.len(),
@@ -336,13 +372,17 @@ impl<S: Store + ?Sized> Worker<S> {
             if pending.events.is_empty() {
                 self.status.lag_secs.store(0, Ordering::Relaxed);
                 metrics::gauge!(m::STREAM_LAG).set(0.0);
-                self.checkpoint_idle(fence, checkpoint, raw.post_batch_token, pending)
+                let idle_before = std::mem::replace(&mut pending.idle, true);
+                let drained_at = before_read.filter(|_| idle_before && raw.events.is_empty());
+                self.checkpoint_idle(fence, checkpoint, raw.post_batch_token, drained_at, pending)
                     .await?;
                 return Ok(true);
             }
         }
+        pending.idle = false;
         let batch = take_batch(&mut pending.events, checkpoint.high_water.as_ref());
         self.apply(fence, checkpoint, &batch).await?;
+        pending.applied_since_drained = true;
         Ok(false)
     }
 
@@ -353,6 +393,7 @@ impl<S: Store + ?Sized> Worker<S> {
         fence: &Fence,
         checkpoint: &mut Checkpoint,
         post_batch: Option<Token>,
+        drained_at: Option<Timestamp>,
         pending: &mut Pending,
     ) -> Result<(), SessionError> {
         if let Some(token) = post_batch {
@@ -364,19 +405,21 @@ impl<S: Store + ?Sized> Worker<S> {
                 }
             }
         }
-        // Drained: every event so far is applied. Recorded at most once a second, so the
-        // reconciler's watermark can advance on a quiet stream.
-        if pending
-            .drained_recorded
-            .is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
-        {
-            let at = Timestamp {
-                time: chrono::Utc::now().timestamp() as u32,
-                increment: 0,
-            };
-            self.store.record_caught_up(fence, at).await?;
-            checkpoint.caught_up_at = Some(at);
-            pending.drained_recorded = Some(std::time::Instant::now());
+        // Drained: every event before `at` is applied. Recorded after every applied batch and
+        // about once a second while idle, so the reconciler's watermark advances on a quiet
+        // stream and its quiet-window check sees the worker pass the position it waits for.
+        if let Some(at) = drained_at {
+            pending.idle_reads += 1;
+            if pending.applied_since_drained
+                || pending.idle_reads >= IDLE_READS_PER_DRAINED_RECORD
+            {
+                self.store.record_caught_up(fence, at).await?;
+                if checkpoint.caught_up_at.is_none_or(|c| c < at) {
+                    checkpoint.caught_up_at = Some(at);
+                }
+                pending.applied_since_drained = false;
+                pending.idle_reads = 0;
+            }
         }
         report_checkpoint_age(checkpoint);
         Ok(())
@@ -407,7 +450,7 @@ impl<S: Store + ?Sized> Worker<S> {
         if let Some(partition) = self.settings.partition {
             // Every partition classifies every event against its own ledger, and keeps its posts.
             plan.counters.retain(|c| partition.owns(&c.post));
-            plan.dirty.retain(|p| partition.owns(p));
+            plan.dirty.retain(|d| partition.owns(&d.post));
             if partition.index != 0 {
                 plan.skipped.clear(); // reported once, by partition 0
             }
@@ -429,7 +472,7 @@ impl<S: Store + ?Sized> Worker<S> {
             if seen {
                 // Already applied before (an operator replay): recount, never count again.
                 self.store
-                    .mark_dirty(fence, &batch.dirty, DateTime::now())
+                    .mark_dirty(fence, &batch.dirty, self.clock.now())
                     .await?;
                 self.store
                     .save_checkpoint(fence, &batch.end, batch.end_time)
@@ -450,9 +493,10 @@ impl<S: Store + ?Sized> Worker<S> {
             self.status
                 .events_applied
                 .fetch_add(plan.events as i64, Ordering::Relaxed);
+            let now = crate::clock::secs(self.clock.now());
             let lag = last
                 .cluster_time
-                .map(|t| (chrono::Utc::now().timestamp() - t.time as i64).max(0))
+                .map(|t| (now - t.time as i64).max(0))
                 .unwrap_or(0);
             self.status.lag_secs.store(lag, Ordering::Relaxed);
             metrics::gauge!(m::STREAM_LAG).set(lag as f64);
@@ -473,7 +517,7 @@ impl<S: Store + ?Sized> Worker<S> {
     ) -> Result<(), SessionError> {
         let outcome = self
             .store
-            .apply_counters(fence, &batch.counters, &batch.end)
+            .apply_counters(fence, &batch.counters, &batch.end, batch.end_time)
             .await?; // (a)
         if !batch.ledger.is_empty() {
             self.store
@@ -481,7 +525,7 @@ impl<S: Store + ?Sized> Worker<S> {
                 .await?; // (b)
         }
         self.store
-            .mark_dirty(fence, &batch.dirty, DateTime::now())
+            .mark_dirty(fence, &batch.dirty, self.clock.now())
             .await?; // (c)
         self.store
             .save_checkpoint(fence, &batch.end, batch.end_time)
@@ -519,13 +563,17 @@ fn report_checkpoint_age(checkpoint: &Checkpoint) {
     }
 }
 
-/// Sleeps, or returns true early when shutdown is requested.
-pub async fn sleep_or_shutdown(delay: Duration, shutdown: &mut watch::Receiver<bool>) -> bool {
+/// Sleeps on `clock`, or returns true early when shutdown is requested.
+pub async fn sleep_or_shutdown(
+    clock: &dyn Clock,
+    delay: Duration,
+    shutdown: &mut watch::Receiver<bool>,
+) -> bool {
     if *shutdown.borrow() {
         return true;
     }
     tokio::select! {
-        _ = tokio::time::sleep(delay) => false,
+        _ = clock.sleep(delay) => false,
         _ = shutdown.changed() => true,
     }
 }

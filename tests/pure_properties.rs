@@ -541,14 +541,16 @@ fn check_plan(plan: &BatchPlan) -> Result<(), TestCaseError> {
         seen.push(c.post.clone());
         prop_assert_eq!(c.buckets.values().sum::<i64>(), c.delta);
         prop_assert!(c.buckets.values().all(|v| *v != 0));
-        prop_assert!(c.delta != 0 || !c.buckets.is_empty());
-        prop_assert!(
-            plan.dirty.contains(&c.post),
-            "{:?} changed but not dirty",
-            c.post
-        );
+        prop_assert!(c.buckets.keys().all(|b| c.touched.contains(b)));
+        prop_assert!(!c.touched.is_empty(), "a write that touches nothing");
+        let mark = plan.dirty.iter().find(|d| d.post == c.post);
+        prop_assert!(mark.is_some(), "{:?} changed but not dirty", c.post);
+        // The dirty mark's newest bucket covers every bucket the write touched, so the post
+        // leaves the dirty set only after a fold above all of them.
+        let newest = mark.map_or(i64::MIN, |m| m.newest_bucket);
+        prop_assert!(c.touched.iter().all(|b| *b <= newest), "{:?} above its mark {}", c.touched, newest);
     }
-    let mut dirty = plan.dirty.clone();
+    let mut dirty: Vec<_> = plan.dirty.iter().map(|d| d.post.clone()).collect();
     dirty.sort();
     dirty.dedup();
     prop_assert_eq!(dirty.len(), plan.dirty.len(), "dirty posts repeat");

@@ -122,7 +122,7 @@ async fn only_dirty_posts_are_counted() {
         epoch: 0,
     };
     t.store
-        .mark_dirty(&fence, &dirty, DateTime::now())
+        .mark_dirty(&fence, &marks(&dirty), DateTime::now())
         .await
         .unwrap();
     let before = t.store.op_counts().count_queries;
@@ -158,7 +158,7 @@ async fn posts_whose_rows_are_gone_go_to_zero() {
         epoch: 0,
     };
     t.store
-        .mark_dirty(&fence, &posts, DateTime::now())
+        .mark_dirty(&fence, &marks(&posts), DateTime::now())
         .await
         .unwrap();
     reconciler(&t).run_dirty(now_secs()).await.unwrap();
@@ -231,7 +231,7 @@ async fn a_soft_delete_racing_a_reconcile_is_corrected_next_run() {
         epoch: 0,
     };
     t.store
-        .mark_dirty(&fence, &posts, DateTime::now())
+        .mark_dirty(&fence, &marks(&posts), DateTime::now())
         .await
         .unwrap();
     let first = reconciler(&t).run_dirty(now_secs()).await.unwrap();
@@ -260,4 +260,9 @@ async fn a_soft_delete_racing_a_reconcile_is_corrected_next_run() {
         "the next run corrects it, drift reported as low"
     );
     t.wait_exact(&posts, Duration::from_secs(1)).await;
+}
+
+/// Dirty marks for changes to settled rows of these posts.
+fn marks(posts: &[PostId]) -> Vec<counterd::batch::DirtyMark> {
+    posts.iter().cloned().map(counterd::batch::DirtyMark::settled).collect()
 }

@@ -51,6 +51,7 @@ use std::time::{Duration, Instant};
 
 use bson::Timestamp;
 use counterd::classify::Attribution;
+use counterd::batch::DirtyMark;
 use counterd::event::{PostId, Token};
 use counterd::partition::{stream_names, Partition};
 use counterd::reconcile::{ReconcileSettings, Reconciler};
@@ -93,6 +94,7 @@ impl Variant {
         let broken = match std::env::var("SIM_BROKEN").as_deref() {
             Ok("no_guard") => Broken::NoGuard,
             Ok("seed_fold") => Broken::SeedFold,
+            Ok("unconditioned_recount") => Broken::UnconditionedRecount,
             _ => Broken::None,
         };
         let flag = |name: &str| std::env::var(name).is_ok_and(|v| v == "1");
@@ -110,6 +112,9 @@ impl Variant {
             Broken::None => {}
             Broken::NoGuard => prefix.push_str("SIM_BROKEN=no_guard "),
             Broken::SeedFold => prefix.push_str("SIM_BROKEN=seed_fold "),
+            Broken::UnconditionedRecount => {
+                prefix.push_str("SIM_BROKEN=unconditioned_recount ")
+            }
         }
         if self.pre_images {
             prefix.push_str("SIM_PRE_IMAGES=1 ");
@@ -1178,11 +1183,11 @@ fn reconciling_one_post_clears_its_dirty_entry() {
     runtime.block_on(async {
         let now = bson::DateTime::from_millis(START_CLOCK * 1000);
         store
-            .mark_dirty(&fence, std::slice::from_ref(&older), now)
+            .mark_dirty(&fence, &[DirtyMark::settled(older.clone())], now)
             .await
             .unwrap();
         store
-            .mark_dirty(&fence, std::slice::from_ref(&newer), now)
+            .mark_dirty(&fence, &[DirtyMark::settled(newer.clone())], now)
             .await
             .unwrap();
         let reconciler = Reconciler::new(store.clone(), ReconcileSettings::default());

@@ -190,17 +190,18 @@ async fn the_per_post_guard_rejects_a_duplicate_write() {
         post: post(1),
         delta: 1,
         buckets: [(0, 1)].into_iter().collect(),
+        touched: [0].into_iter().collect(),
     };
     let token = Token("0000000000000010".into());
     let first = t
         .store
-        .apply_counters(&fence, std::slice::from_ref(&write), &token)
+        .apply_counters(&fence, std::slice::from_ref(&write), &token, None)
         .await
         .unwrap();
     assert_eq!((first.applied, first.already_applied), (1, 0));
     let again = t
         .store
-        .apply_counters(&fence, std::slice::from_ref(&write), &token)
+        .apply_counters(&fence, std::slice::from_ref(&write), &token, None)
         .await
         .unwrap();
     assert_eq!(
@@ -211,14 +212,14 @@ async fn the_per_post_guard_rejects_a_duplicate_write() {
     let older = Token("0000000000000008".into());
     let old = t
         .store
-        .apply_counters(&fence, std::slice::from_ref(&write), &older)
+        .apply_counters(&fence, std::slice::from_ref(&write), &older, None)
         .await
         .unwrap();
     assert_eq!(old.already_applied, 1, "older token: rejected");
     let newer = Token("0000000000000011".into());
     let new = t
         .store
-        .apply_counters(&fence, &[write], &newer)
+        .apply_counters(&fence, &[write], &newer, None)
         .await
         .unwrap();
     assert_eq!(new.applied, 1, "newer token: applied");

@@ -1343,7 +1343,11 @@ impl Bench {
         let mut dirty_runs = Vec::new();
         for fraction in DIRTY_FRACTIONS {
             let k = ((plan.posts as f64 * fraction).ceil() as usize).max(1);
-            let chosen: Vec<PostId> = all.choose_multiple(&mut rng, k).cloned().collect();
+            let chosen: Vec<counterd::batch::DirtyMark> = all
+                .choose_multiple(&mut rng, k)
+                .cloned()
+                .map(counterd::batch::DirtyMark::settled)
+                .collect();
             store.mark_dirty(&fence, &chosen, DateTime::now()).await?;
             let before = store.op_counts();
             let started = Instant::now();

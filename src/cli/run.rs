@@ -48,6 +48,14 @@ pub fn reconcile_settings(settings: &Settings) -> ReconcileSettings {
         fold_retries: settings.fold_retries,
         sweep_window: settings.sweep_window,
         partition: None,
+        group_size: 100,
+        catch_up: crate::recount::CatchUp {
+            timeout: settings.catch_up_timeout,
+            poll: settings.idle_interval.clamp(Duration::from_millis(10), Duration::from_secs(1)),
+        },
+        background_pass: (!settings.background_sweep_pass.is_zero())
+            .then_some(settings.background_sweep_pass),
+        interval: settings.reconcile_interval,
     }
 }
 
@@ -229,7 +237,7 @@ async fn connect_patiently(
                 metrics::counter!(crate::telemetry::RETRIES, "op" => "connect").increment(1);
                 let delay = backoff.next().unwrap_or(settings.retry_max_delay);
                 tracing::warn!(error = %e, retry_in = ?delay, "MongoDB unreachable");
-                if sleep_or_shutdown(delay, shutdown).await {
+                if sleep_or_shutdown(&crate::clock::SystemClock, delay, shutdown).await {
                     return Ok(None);
                 }
             }

@@ -6,14 +6,14 @@
 
 pub mod mongo;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bson::{DateTime, Document, Timestamp};
 use serde::Serialize;
 
-use crate::batch::{CounterDelta, LedgerUpdate};
+use crate::batch::{BucketStart, CounterDelta, DirtyMark, LedgerUpdate};
 use crate::event::{CommentId, PostId, Row, Token};
 use crate::fold::{CounterState, Fold};
 
@@ -107,7 +107,7 @@ pub struct PendingBatch {
     pub end_time: Option<Timestamp>,
     pub counters: Vec<CounterDelta>,
     pub ledger: Vec<LedgerUpdate>,
-    pub dirty: Vec<PostId>,
+    pub dirty: Vec<DirtyMark>,
 }
 
 /// A counter document as readers and the reconciler see it.
@@ -117,6 +117,16 @@ pub struct CounterDoc {
     pub state: CounterState,
     /// `_data` of the newest event folded in; `None` when no worker has written it yet.
     pub applied_through: Option<String>,
+    /// Cluster time of the event at `applied_through` (servers that send one): the counter
+    /// reflects exactly the events up to the later of this and its stream's checkpoint, which
+    /// is where a snapshot recount reads.
+    pub applied_time: Option<Timestamp>,
+    /// Creation bucket → the batch end token that last changed a row of that bucket for this
+    /// post (net-zero changes included). A recount whose bucket range was touched after the
+    /// counter was first read may have seen an event in flight: it is not installed.
+    pub touched: BTreeMap<BucketStart, String>,
+    /// Folds installed so far: a recount made against one fold is void after another.
+    pub folds: i64,
     pub last_drift: Option<i64>,
     pub reconciled_at: Option<DateTime>,
 }
@@ -130,6 +140,10 @@ pub struct DirtyEntry {
     pub last_dirty_at: DateTime,
     /// Bumped on every mark; the reconciler clears the entry only if it did not move.
     pub version: i64,
+    /// The newest creation bucket any marking event changed (`None`: an entry written before
+    /// this was recorded; treated as covered by any fold). The entry is cleared only by a fold
+    /// whose watermark is above it.
+    pub newest_bucket: Option<BucketStart>,
 }
 
 fn serialize_display<S: serde::Serializer, T: std::fmt::Display>(
@@ -175,6 +189,50 @@ pub struct RunSummary {
     pub drift_high: i64,
     pub drift_low: i64,
     pub watermark: i64,
+    /// Posts left dirty because a change to their settled rows was in flight while they were
+    /// counted (or the worker did not catch up in time): retried next run.
+    pub in_flight: u64,
+    /// Posts folded but left dirty: a change that dirtied them is above the watermark.
+    pub waiting: u64,
+    /// Recounts read at a cluster time (snapshot reads) rather than by the quiet window.
+    pub snapshot_counts: u64,
+}
+
+/// Where the server stands, as two cluster times: `upper` is after every write acknowledged
+/// before the reading (a count taken before it can have seen nothing later), and every write
+/// before `lower` was acknowledged before the reading (a change stream read issued after it
+/// and found empty has delivered all of them). With the server's `operationTime` both are
+/// exact; from a clock they are a second apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServerNow {
+    pub lower: Timestamp,
+    pub upper: Timestamp,
+}
+
+/// The background sweep's place in its pass over all posts, kept across restarts.
+#[derive(Clone, Debug, PartialEq, Default, Serialize)]
+pub struct SweepCursor {
+    /// The last post finished (`None`: the pass starts from the first post).
+    #[serde(serialize_with = "serialize_opt_display")]
+    pub after: Option<PostId>,
+    /// When the current pass began.
+    pub pass_started: Option<DateTime>,
+    /// Posts done in the current pass.
+    pub posts_done: u64,
+    /// Passes completed.
+    pub passes: u64,
+    /// Posts seen by the last complete pass (sizes the steps of the next).
+    pub last_pass_posts: u64,
+}
+
+fn serialize_opt_display<S: serde::Serializer, T: std::fmt::Display>(
+    value: &Option<T>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match value {
+        Some(v) => s.collect_str(v),
+        None => s.serialize_none(),
+    }
 }
 
 /// Where an operator moves a stream's checkpoint.
@@ -284,8 +342,12 @@ pub trait Store: Send + Sync {
     /// Pins where a stream without a position starts (its first open), so a successor that takes
     /// over before the first checkpoint resumes there instead of at its own, later "now".
     async fn record_start(&self, fence: &Fence, at: Timestamp) -> StoreResult<()>;
-    /// Records that the stream was drained at `at` (throttled by the worker).
+    /// Records that the stream was drained at `at`: every event with a cluster time before
+    /// `at` is applied. `at` is the `lower` bound of a [`Store::read_position`] taken before
+    /// the read that came back empty.
     async fn record_caught_up(&self, fence: &Fence, at: Timestamp) -> StoreResult<()>;
+    /// Where the server stands now, in cluster time (see [`ServerNow`]).
+    async fn read_position(&self) -> StoreResult<ServerNow>;
     /// Records a history-lost gap, requests a full sweep, and sets the stream to start again
     /// exactly where the gap ends.
     async fn record_gap(&self, fence: &Fence, gap: &Gap) -> StoreResult<()>;
@@ -301,11 +363,14 @@ pub trait Store: Send + Sync {
         comments: &[CommentId],
     ) -> StoreResult<HashMap<String, Option<Row>>>;
     /// (a) Counter increments, each guarded by `applied_through < through`.
+    /// Each statement also records `through` (and its cluster time) under every bucket the
+    /// write touched.
     async fn apply_counters(
         &self,
         fence: &Fence,
         writes: &[CounterDelta],
         through: &Token,
+        through_time: Option<Timestamp>,
     ) -> StoreResult<ApplyOutcome>;
     /// (b) Ledger states, each guarded per comment by `applied_through < through`.
     async fn write_ledger(
@@ -314,8 +379,13 @@ pub trait Store: Send + Sync {
         updates: &[LedgerUpdate],
         through: &Token,
     ) -> StoreResult<()>;
-    /// (c) Dirty marks: upsert with `version + 1`.
-    async fn mark_dirty(&self, fence: &Fence, posts: &[PostId], now: DateTime) -> StoreResult<()>;
+    /// (c) Dirty marks: upsert with `version + 1`, raising `newest_bucket`.
+    async fn mark_dirty(
+        &self,
+        fence: &Fence,
+        marks: &[DirtyMark],
+        now: DateTime,
+    ) -> StoreResult<()>;
 
     // --- the reconciler ----------------------------------------------------------------------
     /// The dirty entries marked by `stream` (all streams: `None`).
@@ -328,9 +398,23 @@ pub trait Store: Send + Sync {
     async fn dirty_summary(&self) -> StoreResult<DirtySummary>;
     /// Deletes the dirty entry only if its version is still `version`.
     async fn clear_dirty(&self, post: &PostId, version: i64) -> StoreResult<bool>;
+    /// A fold covered the entry's settled changes but not its newest ones (above the
+    /// watermark): if its version is still `version`, restart its age at `now`, so the backlog's
+    /// oldest age measures the reconciler, not a post that keeps getting new comments.
+    async fn requeue_dirty(&self, post: &PostId, version: i64, now: DateTime)
+        -> StoreResult<bool>;
     async fn read_counter(&self, post: &PostId) -> StoreResult<Option<CounterDoc>>;
     /// Live rows of `post` whose `created_at` is not `>= watermark` (seconds).
     async fn count_live_below(&self, post: &PostId, watermark: i64) -> StoreResult<i64>;
+    /// The same count as of cluster time `at` (a snapshot read), on servers whose snapshot
+    /// reads were detected for real. `None`: no snapshot reads here, or `at` is older than the
+    /// server's snapshot window; the caller falls back to the quiet-window check.
+    async fn count_live_below_at(
+        &self,
+        post: &PostId,
+        watermark: i64,
+        at: Timestamp,
+    ) -> StoreResult<Option<i64>>;
     /// Seconds of the latest `created_at` among all rows of `post`, live or not (`None`: no
     /// dated row). Used by the sweep after lost history to fold above every known row.
     async fn latest_created(&self, post: &PostId) -> StoreResult<Option<i64>>;
@@ -352,6 +436,10 @@ pub trait Store: Send + Sync {
     async fn sample_posts(&self, n: usize) -> StoreResult<Vec<PostId>>;
     async fn record_run(&self, run: &RunSummary) -> StoreResult<()>;
     async fn last_run(&self) -> StoreResult<Option<RunSummary>>;
+    /// Where the background sweep of `stream` stands: the last post it finished (`None`: at
+    /// the start of a pass) and when its current pass began.
+    async fn load_sweep_cursor(&self, stream: &str) -> StoreResult<Option<SweepCursor>>;
+    async fn save_sweep_cursor(&self, stream: &str, cursor: &SweepCursor) -> StoreResult<()>;
 
     // --- leases ------------------------------------------------------------------------------
     async fn read_lease(&self, stream: &str) -> StoreResult<Option<Lease>>;

@@ -22,7 +22,7 @@ use mongodb::options::{
 use mongodb::{Client, Collection, Database};
 
 use super::*;
-use crate::batch::{CounterDelta, LedgerUpdate};
+use crate::batch::{CounterDelta, DirtyMark, LedgerUpdate};
 use crate::event::{CommentId, PostId, Row, Token, CREATED_FIELD, DELETED_FIELD, POST_FIELD};
 use crate::fold::{CounterState, Fold};
 
@@ -33,6 +33,7 @@ pub const DIRTY: &str = "counterd_dirty";
 pub const CHECKPOINTS: &str = "counterd_checkpoints";
 pub const LEASES: &str = "counterd_leases";
 pub const RUNS: &str = "counterd_reconcile_runs";
+pub const SWEEPS: &str = "counterd_sweeps";
 
 /// The ledger collection of a stream: partitions (`<base>/pNofM`) keep their own.
 fn ledger_collection(stream: &str) -> String {
@@ -50,6 +51,9 @@ const TRANSIENT_CODES: [i32; 17] = [
 ];
 /// Duplicate key: a guarded upsert whose guard failed on an existing document.
 const DUPLICATE_KEY: i32 = 11000;
+/// A snapshot read older than the server keeps history for (`SnapshotTooOld`,
+/// `SnapshotUnavailable`, `StaleClusterTime`-like refusals): fall back to the quiet window.
+const SNAPSHOT_GONE: [i32; 3] = [239, 246, 209];
 
 /// How to reach MongoDB.
 #[derive(Clone, Debug)]
@@ -83,6 +87,8 @@ struct OpCounters {
 #[derive(Clone)]
 pub struct MongoStore {
     ops: Arc<OpCounters>,
+    /// Whether snapshot reads at a cluster time really work here (probed once, on first use).
+    snapshot_reads: Arc<tokio::sync::OnceCell<bool>>,
     db: Database,
     comments: Collection<Document>,
     /// Host list for error messages (never the credentials).
@@ -130,6 +136,7 @@ impl MongoStore {
         let comments = db.collection(&options.comments);
         Ok(MongoStore {
             ops: Arc::default(),
+            snapshot_reads: Arc::default(),
             db,
             comments,
             hosts,
@@ -496,6 +503,15 @@ fn counter_from_doc(doc: &Document) -> StoreResult<CounterDoc> {
             buckets,
         },
         applied_through: doc.get_str("applied_through").ok().map(String::from),
+        applied_time: doc.get_timestamp("applied_time").ok(),
+        folds: int("folds")?,
+        touched: match doc.get_document("touched") {
+            Ok(map) => map
+                .iter()
+                .filter_map(|(k, v)| Some((k.parse().ok()?, v.as_str()?.to_string())))
+                .collect(),
+            Err(_) => BTreeMap::new(),
+        },
         last_drift: doc
             .get("last_drift")
             .and_then(|b| b.as_i64().or(b.as_i32().map(i64::from))),
@@ -594,7 +610,10 @@ fn pending_to_doc(batch: &PendingBatch) -> Document {
             for (k, v) in &c.buckets {
                 buckets.insert(k.to_string(), *v);
             }
-            Bson::Document(doc! {"post": c.post.to_bson(), "delta": c.delta, "buckets": buckets})
+            let touched: Vec<i64> = c.touched.iter().copied().collect();
+            Bson::Document(
+                doc! {"post": c.post.to_bson(), "delta": c.delta, "buckets": buckets, "touched": touched},
+            )
         })
         .collect();
     let ledger: Vec<Bson> = batch
@@ -607,7 +626,11 @@ fn pending_to_doc(batch: &PendingBatch) -> Document {
             })
         })
         .collect();
-    let dirty: Vec<Bson> = batch.dirty.iter().map(PostId::to_bson).collect();
+    let dirty: Vec<Bson> = batch
+        .dirty
+        .iter()
+        .map(|d| Bson::Document(doc! {"post": d.post.to_bson(), "bucket": d.newest_bucket}))
+        .collect();
     let mut d =
         doc! {"end": batch.end.as_str(), "counters": counters, "ledger": ledger, "dirty": dirty};
     if let Some(t) = batch.end_time {
@@ -629,6 +652,14 @@ fn pending_from_doc(d: &Document) -> Result<PendingBatch, String> {
                 .ok_or("bucket amount")?;
             buckets.insert(k.parse().map_err(|_| "bucket key")?, amount);
         }
+        // Batches recorded before `touched` existed touched exactly their non-zero buckets.
+        let touched = match c.get_array("touched") {
+            Ok(list) => list
+                .iter()
+                .map(|b| b.as_i64().ok_or("touched bucket"))
+                .collect::<Result<_, _>>()?,
+            Err(_) => buckets.keys().copied().collect(),
+        };
         counters.push(CounterDelta {
             post: c
                 .get("post")
@@ -636,6 +667,7 @@ fn pending_from_doc(d: &Document) -> Result<PendingBatch, String> {
                 .ok_or("pending counter post")?,
             delta: c.get_i64("delta").map_err(err)?,
             buckets,
+            touched,
         });
     }
     let mut ledger = Vec::new();
@@ -656,7 +688,18 @@ fn pending_from_doc(d: &Document) -> Result<PendingBatch, String> {
         .get_array("dirty")
         .map_err(err)?
         .iter()
-        .map(|p| PostId::from_bson(p).ok_or("pending dirty post"))
+        .map(|p| match p {
+            Bson::Document(d) => Some(DirtyMark {
+                post: d.get("post").and_then(PostId::from_bson)?,
+                newest_bucket: d.get_i64("bucket").ok()?,
+            }),
+            // Recorded before marks carried a bucket: covered by any fold, as before.
+            other => PostId::from_bson(other).map(|post| DirtyMark {
+                post,
+                newest_bucket: 0,
+            }),
+        })
+        .map(|m| m.ok_or("pending dirty post"))
         .collect::<Result<_, _>>()?;
     Ok(PendingBatch {
         end: Token(d.get_str("end").map_err(err)?.to_string()),
@@ -676,6 +719,7 @@ fn dirty_from_doc(doc: &Document) -> Option<DirtyEntry> {
             .get("version")
             .and_then(|v| v.as_i64().or(v.as_i32().map(i64::from)))
             .unwrap_or(0),
+        newest_bucket: doc.get("newest_bucket").and_then(Bson::as_i64),
     })
 }
 
@@ -844,6 +888,7 @@ impl Store for MongoStore {
         fence: &Fence,
         writes: &[CounterDelta],
         through: &Token,
+        through_time: Option<Timestamp>,
     ) -> StoreResult<ApplyOutcome> {
         let statements = writes
             .iter()
@@ -855,11 +900,19 @@ impl Store for MongoStore {
                 for (bucket, amount) in &w.buckets {
                     inc.insert(format!("live_by_bucket.{bucket}"), *amount);
                 }
+                let mut set = doc! {"applied_through": through.as_str(), "epoch": fence.epoch};
+                match through_time {
+                    Some(t) => set.insert("applied_time", t),
+                    None => set.insert("applied_time", Bson::Null),
+                };
+                for bucket in &w.touched {
+                    set.insert(format!("touched.{bucket}"), through.as_str());
+                }
                 doc! {
                     "q": filter,
                     "u": {
                         "$inc": inc,
-                        "$set": {"applied_through": through.as_str(), "epoch": fence.epoch},
+                        "$set": set,
                         "$setOnInsert": {"base_count": 0_i64, "base_watermark": 0_i64},
                     },
                     "upsert": true,
@@ -930,13 +983,23 @@ impl Store for MongoStore {
         Ok(())
     }
 
-    async fn mark_dirty(&self, fence: &Fence, posts: &[PostId], now: DateTime) -> StoreResult<()> {
-        let statements = posts
+    async fn mark_dirty(
+        &self,
+        fence: &Fence,
+        marks: &[DirtyMark],
+        now: DateTime,
+    ) -> StoreResult<()> {
+        let statements = marks
             .iter()
-            .map(|p| {
+            .map(|m| {
                 doc! {
-                    "q": {"_id": p.to_bson()},
-                    "u": {"$inc": {"version": 1_i64}, "$set": {"last_dirty_at": now, "stream": &fence.stream}, "$setOnInsert": {"first_dirty_at": now}},
+                    "q": {"_id": m.post.to_bson()},
+                    "u": {
+                        "$inc": {"version": 1_i64},
+                        "$set": {"last_dirty_at": now, "stream": &fence.stream},
+                        "$max": {"newest_bucket": m.newest_bucket},
+                        "$setOnInsert": {"first_dirty_at": now},
+                    },
                     "upsert": true,
                 }
             })
@@ -1003,6 +1066,23 @@ impl Store for MongoStore {
         Ok(result.deleted_count == 1)
     }
 
+    async fn requeue_dirty(
+        &self,
+        post: &PostId,
+        version: i64,
+        now: DateTime,
+    ) -> StoreResult<bool> {
+        let result = self
+            .coll(DIRTY)
+            .update_one(
+                doc! {"_id": post.to_bson(), "version": version},
+                doc! {"$set": {"first_dirty_at": now}},
+            )
+            .await
+            .map_err(|e| map_err("requeue a dirty entry", e))?;
+        Ok(result.matched_count == 1)
+    }
+
     async fn read_counter(&self, post: &PostId) -> StoreResult<Option<CounterDoc>> {
         let found = self
             .coll(COUNTERS)
@@ -1024,6 +1104,40 @@ impl Store for MongoStore {
             .await
             .map_err(|e| map_err("count live comments", e))?;
         Ok(n as i64)
+    }
+
+    async fn count_live_below_at(
+        &self,
+        post: &PostId,
+        watermark: i64,
+        at: Timestamp,
+    ) -> StoreResult<Option<i64>> {
+        if !self.snapshot_reads().await {
+            return Ok(None);
+        }
+        self.ops.count_queries.fetch_add(1, Ordering::Relaxed);
+        let filter = doc! {
+            POST_FIELD: post.to_bson(),
+            DELETED_FIELD: Bson::Null,
+            CREATED_FIELD: not_gte(to_date(watermark)),
+        };
+        match self.count_at(filter, at).await {
+            Ok(n) => Ok(Some(n)),
+            Err(e) if error_code(&e).is_some_and(|c| SNAPSHOT_GONE.contains(&c)) => {
+                tracing::debug!(%post, at = ?at, "snapshot too old; falling back to the quiet window");
+                Ok(None)
+            }
+            Err(e) => Err(map_err("count live comments at a cluster time", e)),
+        }
+    }
+
+    async fn read_position(&self) -> StoreResult<ServerNow> {
+        let reply = self
+            .db
+            .run_command(doc! {"isMaster": 1})
+            .await
+            .map_err(|e| map_err("read the server's position", e))?;
+        Ok(position_from_reply(&reply, DateTime::now()))
     }
 
     async fn latest_created(&self, post: &PostId) -> StoreResult<Option<i64>> {
@@ -1070,6 +1184,7 @@ impl Store for MongoStore {
                     "live_delta": fold.live_delta,
                     "live_by_bucket": buckets,
                     "applied_through": "",
+                    "folds": 1_i64,
                     "last_drift": fold.drift,
                     "reconciled_at": now,
                 })
@@ -1089,18 +1204,31 @@ impl Store for MongoStore {
         // write is not overwritten with stale arithmetic.
         filter.insert("live_delta", expected.state.live_delta);
         filter.insert("base_count", expected.state.base_count);
+        filter.insert(
+            "folds",
+            if expected.folds == 0 {
+                not_gte(1_i64)
+            } else {
+                doc! {"$eq": expected.folds}
+            },
+        );
         let mut update = doc! {"$set": {
             "base_count": fold.base_count,
             "base_watermark": fold.watermark,
             "live_delta": fold.live_delta,
             "last_drift": fold.drift,
             "reconciled_at": now,
-        }};
-        if !fold.dropped.is_empty() {
-            let mut unset = Document::new();
-            for bucket in &fold.dropped {
-                unset.insert(format!("live_by_bucket.{bucket}"), "");
-            }
+        }, "$inc": {"folds": 1_i64}};
+        let mut unset = Document::new();
+        for bucket in &fold.dropped {
+            unset.insert(format!("live_by_bucket.{bucket}"), "");
+        }
+        // Touches below the watermark are covered by this recount; later ones are compared
+        // against the `applied_through` the next recount reads.
+        for bucket in expected.touched.keys().filter(|b| **b < fold.watermark) {
+            unset.insert(format!("touched.{bucket}"), "");
+        }
+        if !unset.is_empty() {
             update.insert("$unset", unset);
         }
         let result = counters
@@ -1199,7 +1327,46 @@ impl Store for MongoStore {
             drift_high: d.get_i64("drift_high").unwrap_or_default(),
             drift_low: d.get_i64("drift_low").unwrap_or_default(),
             watermark: d.get_i64("watermark").unwrap_or_default(),
+            in_flight: d.get_i64("in_flight").unwrap_or_default() as u64,
+            waiting: d.get_i64("waiting").unwrap_or_default() as u64,
+            snapshot_counts: d.get_i64("snapshot_counts").unwrap_or_default() as u64,
         }))
+    }
+
+    async fn load_sweep_cursor(&self, stream: &str) -> StoreResult<Option<SweepCursor>> {
+        let found = self
+            .coll(SWEEPS)
+            .find_one(doc! {"_id": stream})
+            .await
+            .map_err(|e| map_err("read the sweep cursor", e))?;
+        Ok(found.map(|d| SweepCursor {
+            after: d.get("after").and_then(PostId::from_bson),
+            pass_started: d.get_datetime("pass_started").ok().copied(),
+            posts_done: d.get_i64("posts_done").unwrap_or_default() as u64,
+            passes: d.get_i64("passes").unwrap_or_default() as u64,
+            last_pass_posts: d.get_i64("last_pass_posts").unwrap_or_default() as u64,
+        }))
+    }
+
+    async fn save_sweep_cursor(&self, stream: &str, cursor: &SweepCursor) -> StoreResult<()> {
+        let after = cursor.after.as_ref().map_or(Bson::Null, PostId::to_bson);
+        let started = cursor.pass_started.map_or(Bson::Null, Bson::DateTime);
+        self.coll(SWEEPS)
+            .update_one(
+                doc! {"_id": stream},
+                doc! {"$set": {
+                    "after": after,
+                    "pass_started": started,
+                    "posts_done": cursor.posts_done as i64,
+                    "passes": cursor.passes as i64,
+                    "last_pass_posts": cursor.last_pass_posts as i64,
+                    "updated_at": DateTime::now(),
+                }},
+            )
+            .upsert(true)
+            .await
+            .map_err(|e| map_err("save the sweep cursor", e))?;
+        Ok(())
     }
 
     async fn read_lease(&self, stream: &str) -> StoreResult<Option<Lease>> {
@@ -1285,6 +1452,54 @@ impl Store for MongoStore {
 }
 
 impl MongoStore {
+    /// Whether reads at a cluster time really work, detected once: the server must send
+    /// `operationTime`, answer a snapshot read at that time, and refuse one far in the future.
+    /// The fake test server accepts `readConcern: snapshot` and ignores it, so accepting is
+    /// not enough.
+    async fn snapshot_reads(&self) -> bool {
+        *self
+            .snapshot_reads
+            .get_or_init(|| async {
+                let probe = async {
+                    let reply = self.db.run_command(doc! {"ping": 1}).await.ok()?;
+                    let now = reply.get_timestamp("operationTime").ok()?;
+                    self.count_at(doc! {"_id": {"$exists": true}}, now).await.ok()?;
+                    let future = Timestamp {
+                        time: now.time.saturating_add(24 * 3600),
+                        increment: 0,
+                    };
+                    Some(self.count_at(doc! {}, future).await.is_err())
+                };
+                let works = probe.await.unwrap_or(false);
+                tracing::info!(snapshot_reads = works, "detected whether the server offers snapshot reads at a cluster time");
+                works
+            })
+            .await
+    }
+
+    /// Counts `comments` matching `filter` as of cluster time `at`.
+    async fn count_at(&self, filter: Document, at: Timestamp) -> Result<i64, DriverError> {
+        let reply = self
+            .db
+            .run_command(doc! {
+                "aggregate": self.comments.name(),
+                "pipeline": [{"$match": filter}, {"$count": "n"}],
+                "cursor": {},
+                "readConcern": {"level": "snapshot", "atClusterTime": at},
+            })
+            .await?;
+        let n = reply
+            .get_document("cursor")
+            .ok()
+            .and_then(|c| c.get_array("firstBatch").ok())
+            .and_then(|b| b.first())
+            .and_then(Bson::as_document)
+            .and_then(|d| d.get("n"))
+            .and_then(|n| n.as_i64().or(n.as_i32().map(i64::from)))
+            .unwrap_or(0);
+        Ok(n)
+    }
+
     /// Opens a change stream on `comments` with `updateLookup` (and pre-images when asked).
     async fn watch(&self, options: &StreamOptions) -> StoreResult<ChangeStream<Document>> {
         let mut watch = self
@@ -1345,5 +1560,36 @@ impl MongoStore {
             }),
             Err(e) => Err(map_err(op, e)),
         }
+    }
+}
+
+/// Where the server stands, from the reply to a command: with an `operationTime` (a cluster
+/// time) both bounds are just after it; without one, the server's `localTime` (else
+/// `local_now`) brackets it by whole seconds. The clock fallback assumes that the server stamps
+/// events with its wall clock (true of the fake test server, and of MongoDB while its clock
+/// does not step back) and, for `local_now`, that this process's clock agrees with the
+/// server's.
+pub fn position_from_reply(reply: &Document, local_now: DateTime) -> ServerNow {
+    if let Ok(t) = reply.get_timestamp("operationTime") {
+        let after = Timestamp {
+            time: t.time,
+            increment: t.increment.saturating_add(1),
+        };
+        return ServerNow {
+            lower: after,
+            upper: after,
+        };
+    }
+    let now = reply.get_datetime("localTime").copied().unwrap_or(local_now);
+    let secs = crate::clock::secs(now).clamp(0, u32::MAX as i64 - 1) as u32;
+    ServerNow {
+        lower: Timestamp {
+            time: secs,
+            increment: 0,
+        },
+        upper: Timestamp {
+            time: secs + 1,
+            increment: 0,
+        },
     }
 }

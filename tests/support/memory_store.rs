@@ -43,13 +43,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bson::{doc, Bson, DateTime, Document, Timestamp};
-use counterd::batch::{bucket_of, CounterDelta, LedgerUpdate};
+use counterd::batch::{bucket_of, CounterDelta, DirtyMark, LedgerUpdate};
 use counterd::event::{CommentId, PostId, Row, Token, CREATED_FIELD, DELETED_FIELD, POST_FIELD};
 use counterd::fold::{CounterState, Fold};
 use counterd::store::{
     ApplyOutcome, Checkpoint, CounterDoc, DirtyEntry, DirtyOrder, DirtySummary, EventSource, Fence,
-    Gap, Lease, PendingBatch, Position, RawBatch, RunSummary, Store, StoreError, StoreResult,
-    StreamOptions, StreamStart,
+    Gap, Lease, PendingBatch, Position, RawBatch, RunSummary, ServerNow, Store, StoreError,
+    StoreResult, StreamOptions, StreamStart, SweepCursor,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -69,6 +69,10 @@ pub enum Broken {
     /// The fold is installed with the seed design's formula: `base' = C`,
     /// `live' = live - (base' - base)`, which never changes the displayed value.
     SeedFold,
+    /// The recount of the reconciler before it was made consistent with the stream: counter
+    /// writes record no touched buckets and the server's position is always "applied", so a
+    /// count that saw an event in flight is installed.
+    UnconditionedRecount,
 }
 
 /// How often store calls fail and yield.
@@ -140,6 +144,9 @@ struct CounterRec {
     live_delta: i64,
     buckets: BTreeMap<i64, i64>,
     applied_through: Option<String>,
+    applied_time: Option<Timestamp>,
+    touched: BTreeMap<i64, String>,
+    folds: i64,
     epoch: Option<i64>,
     last_drift: Option<i64>,
     reconciled_at: Option<DateTime>,
@@ -162,6 +169,7 @@ struct DirtyRec {
     version: i64,
     /// The stream that marked it last.
     stream: String,
+    newest_bucket: i64,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -221,6 +229,7 @@ pub struct State {
     checkpoints: BTreeMap<String, CheckpointRec>,
     leases: BTreeMap<String, LeaseRec>,
     runs: Vec<RunSummary>,
+    sweeps: BTreeMap<String, SweepCursor>,
     pub faults: Faults,
     pub broken: Broken,
     /// Applied counter increments per (post, bucket).
@@ -735,6 +744,7 @@ impl MemoryStore {
                 checkpoints: BTreeMap::new(),
                 leases: BTreeMap::new(),
                 runs: Vec::new(),
+                sweeps: BTreeMap::new(),
                 faults: Faults::none(),
                 broken: Broken::None,
                 shadow: BTreeMap::new(),
@@ -1176,13 +1186,10 @@ impl Store for MemoryStore {
         .await
     }
 
-    async fn record_caught_up(&self, fence: &Fence, _at: Timestamp) -> StoreResult<()> {
+    async fn record_caught_up(&self, fence: &Fence, at: Timestamp) -> StoreResult<()> {
         self.single("record_caught_up", true, |s| {
-            // The worker passes its wall-clock now: record the simulated now instead.
-            let sim = Timestamp {
-                time: s.clock as u32,
-                increment: 0,
-            };
+            // `at` is a position this store gave out (`read_position`): simulated time.
+            let sim = at;
             checkpoint_update(
                 s,
                 fence,
@@ -1276,9 +1283,11 @@ impl Store for MemoryStore {
         fence: &Fence,
         writes: &[CounterDelta],
         through: &Token,
+        through_time: Option<Timestamp>,
     ) -> StoreResult<ApplyOutcome> {
         let mut outcome = ApplyOutcome::default();
         self.statements("apply_counters", writes, |s, w| {
+            let broken = s.broken;
             let guard = s.broken != Broken::NoGuard;
             let applies = match s.counters.get(&w.post) {
                 Some(c) => {
@@ -1307,6 +1316,12 @@ impl Store for MemoryStore {
                 *c.buckets.entry(*bucket).or_default() += amount;
             }
             c.applied_through = Some(through.to_string());
+            c.applied_time = through_time;
+            if broken != Broken::UnconditionedRecount {
+                for bucket in &w.touched {
+                    c.touched.insert(*bucket, through.to_string());
+                }
+            }
             c.epoch = Some(fence.epoch);
             for (bucket, amount) in &w.buckets {
                 *s.shadow.entry((w.post.clone(), *bucket)).or_default() += amount;
@@ -1358,15 +1373,22 @@ impl Store for MemoryStore {
         .await
     }
 
-    async fn mark_dirty(&self, fence: &Fence, posts: &[PostId], _now: DateTime) -> StoreResult<()> {
-        self.statements("mark_dirty", posts, |s, p| {
+    async fn mark_dirty(
+        &self,
+        fence: &Fence,
+        marks: &[DirtyMark],
+        _now: DateTime,
+    ) -> StoreResult<()> {
+        self.statements("mark_dirty", marks, |s, m| {
             let now = s.logical_now();
-            let entry = s.dirty.entry(p.clone()).or_insert(DirtyRec {
+            let entry = s.dirty.entry(m.post.clone()).or_insert(DirtyRec {
                 first: now,
                 last: now,
                 version: 0,
                 stream: fence.stream.clone(),
+                newest_bucket: m.newest_bucket,
             });
+            entry.newest_bucket = entry.newest_bucket.max(m.newest_bucket);
             entry.version += 1;
             entry.last = now;
             entry.stream = fence.stream.clone();
@@ -1390,6 +1412,7 @@ impl Store for MemoryStore {
                     first_dirty_at: d.first,
                     last_dirty_at: d.last,
                     version: d.version,
+                    newest_bucket: Some(d.newest_bucket),
                 })
                 .collect();
             match order {
@@ -1427,6 +1450,25 @@ impl Store for MemoryStore {
         .await
     }
 
+    async fn requeue_dirty(
+        &self,
+        post: &PostId,
+        version: i64,
+        _now: DateTime,
+    ) -> StoreResult<bool> {
+        self.single("requeue_dirty", true, |s| {
+            let now = s.logical_now();
+            match s.dirty.get_mut(post) {
+                Some(d) if d.version == version => {
+                    d.first = now;
+                    Ok(true)
+                }
+                _ => Ok(false),
+            }
+        })
+        .await
+    }
+
     async fn read_counter(&self, post: &PostId) -> StoreResult<Option<CounterDoc>> {
         self.single("read_counter", false, |s| {
             Ok(s.counters.get(post).map(|c| CounterDoc {
@@ -1438,6 +1480,9 @@ impl Store for MemoryStore {
                     buckets: c.buckets.clone(),
                 },
                 applied_through: c.applied_through.clone(),
+                applied_time: c.applied_time,
+                touched: c.touched.clone(),
+                folds: c.folds,
                 last_drift: c.last_drift,
                 reconciled_at: c.reconciled_at,
             }))
@@ -1455,6 +1500,45 @@ impl Store for MemoryStore {
                     p == post && *live && !created.is_some_and(|c| c.timestamp_millis() >= below)
                 })
                 .count() as i64)
+        })
+        .await
+    }
+
+    async fn count_live_below_at(
+        &self,
+        _post: &PostId,
+        _watermark: i64,
+        _at: Timestamp,
+    ) -> StoreResult<Option<i64>> {
+        // Like the fake server: no snapshot reads, so every recount takes the quiet window.
+        Ok(None)
+    }
+
+    async fn read_position(&self) -> StoreResult<ServerNow> {
+        self.single("read_position", false, |s| {
+            if s.broken == Broken::UnconditionedRecount {
+                let zero = Timestamp {
+                    time: 0,
+                    increment: 0,
+                };
+                return Ok(ServerNow {
+                    lower: zero,
+                    upper: zero,
+                });
+            }
+            // Exact, like an `operationTime`: just after the newest event, or the clock.
+            let after_last = Timestamp {
+                time: s.last_time.time,
+                increment: s.last_time.increment + 1,
+            };
+            let now = after_last.max(Timestamp {
+                time: s.clock as u32,
+                increment: 0,
+            });
+            Ok(ServerNow {
+                lower: now,
+                upper: now,
+            })
         })
         .await
     }
@@ -1504,6 +1588,9 @@ impl Store for MemoryStore {
                         live_delta: fold.live_delta,
                         buckets: fold.kept.clone(),
                         applied_through: Some(String::new()),
+                        applied_time: None,
+                        touched: BTreeMap::new(),
+                        folds: 1,
                         epoch: None,
                         last_drift: Some(fold.drift),
                         reconciled_at: Some(now),
@@ -1522,6 +1609,7 @@ impl Store for MemoryStore {
             if c.applied_through != expected.applied_through
                 || c.live_delta != expected.state.live_delta
                 || c.base_count != expected.state.base_count
+                || c.folds != expected.folds
             {
                 s.note(format!("  fold {post}: raced"));
                 return Ok(false);
@@ -1539,6 +1627,10 @@ impl Store for MemoryStore {
             for bucket in &fold.dropped {
                 c.buckets.remove(bucket);
             }
+            for bucket in expected.touched.keys().filter(|b| **b < fold.watermark) {
+                c.touched.remove(bucket);
+            }
+            c.folds += 1;
             s.stat("fold installed");
             if fold.drift != 0 {
                 s.stat("fold corrected drift");
@@ -1600,6 +1692,19 @@ impl Store for MemoryStore {
     async fn last_run(&self) -> StoreResult<Option<RunSummary>> {
         self.single("last_run", false, |s| {
             Ok(s.runs.iter().rev().max_by_key(|r| r.finished_at).cloned())
+        })
+        .await
+    }
+
+    async fn load_sweep_cursor(&self, stream: &str) -> StoreResult<Option<SweepCursor>> {
+        self.single("load_sweep_cursor", false, |s| Ok(s.sweeps.get(stream).cloned()))
+            .await
+    }
+
+    async fn save_sweep_cursor(&self, stream: &str, cursor: &SweepCursor) -> StoreResult<()> {
+        self.single("save_sweep_cursor", true, |s| {
+            s.sweeps.insert(stream.to_string(), cursor.clone());
+            Ok(())
         })
         .await
     }

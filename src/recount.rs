@@ -1,0 +1,281 @@
+//! Recounts that are consistent with the stream: the one rule behind every number the
+//! reconciler installs and every mismatch `get` and `verify` report.
+//!
+//! A count of `comments` taken "now" can already include changes to old rows (a soft delete, an
+//! undelete, a move, a hard delete, a back-dated insert) whose events the worker has not applied
+//! yet. Installing it, and then letting the worker apply those events, counts them twice: under
+//! steady load that manufactured drift on every run. So a recount is used only when it reflects
+//! exactly the events already folded into the counter it is compared with:
+//!
+//! 1. **Snapshot** (servers whose snapshot reads were detected for real): count as of cluster
+//!    time `T`, the later of the stream's checkpoint and the counter's own last applied event,
+//!    which is exactly the set of events the counter reflects.
+//! 2. **Quiet window** (every other server, and a `T` older than the snapshot window): read the
+//!    counter, count, take a position `Q` after every write the count could have seen, wait until
+//!    the worker has applied everything before `Q`, re-read the counter, and accept the count only
+//!    if no event changed one of the post's rows below the watermark since the first read (the
+//!    counter's `touched` map records, per creation bucket, the last batch that changed it). New
+//!    comments above the watermark never block a recount.
+//!
+//! Either way the result carries `since`, the counter's `applied_through` when it was first read:
+//! any later counter state with no touch below the watermark after `since`, and no fold or hand
+//! edit of its base in between, may have the count folded in.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bson::{DateTime, Timestamp};
+
+use crate::batch::bucket_of;
+use crate::clock::Clock;
+use crate::event::PostId;
+use crate::fold::effective_watermark;
+use crate::store::{Checkpoint, CounterDoc, Store, StoreResult};
+
+/// How long to wait for the worker, and how often to look.
+#[derive(Clone, Debug)]
+pub struct CatchUp {
+    /// Give up (the posts stay dirty) when the worker has not applied everything the count could
+    /// have seen within this long.
+    pub timeout: Duration,
+    /// How often to look at the checkpoint while waiting.
+    pub poll: Duration,
+}
+
+impl Default for CatchUp {
+    fn default() -> Self {
+        CatchUp {
+            timeout: Duration::from_secs(10),
+            poll: Duration::from_millis(100),
+        }
+    }
+}
+
+/// One post to recount below `watermark` (already at least the counter's own watermark when
+/// `full` is false).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    pub post: PostId,
+    pub watermark: i64,
+    /// Count above every row and bucket the post has (the sweep after lost history, and the
+    /// checks of `get` and `verify`).
+    pub full: bool,
+}
+
+/// The outcome of one recount.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Recount {
+    /// `count` live rows below `watermark` reflect exactly the events folded into `counter`.
+    Consistent(Consistent),
+    /// An event that changed a settled row of the post was in flight while it was counted (or
+    /// the worker did not catch up in time): try again later.
+    InFlight,
+}
+
+/// A recount that may be folded into `counter` (or a later state of it, see [`Consistent::holds_for`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Consistent {
+    pub post: PostId,
+    /// The counter as last read (`None`: no counter document).
+    pub counter: Option<CounterDoc>,
+    pub watermark: i64,
+    pub count: i64,
+    /// The counter's `applied_through` when first read.
+    pub since: Option<String>,
+    /// The counter's fold count when first read (a fold or hand edit in between voids it).
+    pub folds: i64,
+    pub base_count: i64,
+    /// Counted at a cluster time rather than by the quiet window.
+    pub snapshot: bool,
+}
+
+impl Consistent {
+    /// Whether the count still describes `counter`, a state read later: nothing changed a row
+    /// below the watermark after `since`, and the base was not refolded or edited.
+    pub fn holds_for(&self, counter: Option<&CounterDoc>) -> bool {
+        let Some(c) = counter else {
+            return self.since.is_none() && self.counter.is_none();
+        };
+        if c.folds != self.folds || c.state.base_count != self.base_count {
+            return false;
+        }
+        !touched_after(c, self.since.as_deref(), self.watermark)
+    }
+}
+
+/// Whether an event changed a row of `counter`'s post in a bucket below `watermark` in a batch
+/// after `since` (every touch counts when `since` is `None`).
+pub fn touched_after(counter: &CounterDoc, since: Option<&str>, watermark: i64) -> bool {
+    counter
+        .touched
+        .range(..watermark)
+        .any(|(_, token)| since.is_none_or(|s| token.as_str() > s))
+}
+
+/// Spaces count queries to a rate (`0`: unlimited).
+pub struct Pace(Option<tokio::time::Interval>);
+
+impl Pace {
+    pub fn new(per_second: u32) -> Pace {
+        Pace((per_second > 0).then(|| {
+            let mut i = tokio::time::interval(Duration::from_secs_f64(1.0 / per_second as f64));
+            i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            i
+        }))
+    }
+
+    pub async fn wait(&mut self) {
+        if let Some(i) = self.0.as_mut() {
+            i.tick().await;
+        }
+    }
+}
+
+/// A watermark above everything: counts every live row.
+pub const EVERYTHING: i64 = i64::MAX / 2000;
+
+/// Recounts posts of one stream consistently with it.
+pub struct Recounter<S: Store + ?Sized> {
+    store: Arc<S>,
+    clock: Arc<dyn Clock>,
+    /// The stream (checkpoint) whose worker applies these posts' events.
+    stream: String,
+    bucket_width_secs: i64,
+    catch_up: CatchUp,
+}
+
+impl<S: Store + ?Sized> Recounter<S> {
+    pub fn new(
+        store: Arc<S>,
+        clock: Arc<dyn Clock>,
+        stream: String,
+        bucket_width_secs: i64,
+        catch_up: CatchUp,
+    ) -> Self {
+        Recounter {
+            store,
+            clock,
+            stream,
+            bucket_width_secs,
+            catch_up,
+        }
+    }
+
+    /// Recounts a group of posts. Snapshot counts need no wait; the quiet-window counts of the
+    /// group share one wait for the worker. `pace` spaces the count queries.
+    pub async fn recount(&self, requests: &[Request], pace: &mut Pace) -> StoreResult<Vec<Recount>> {
+        let checkpoint_time = self
+            .store
+            .load_checkpoint(&self.stream)
+            .await?
+            .and_then(|c| c.token_time);
+        let mut out: Vec<Option<Recount>> = vec![None; requests.len()];
+        let mut quiet: Vec<(usize, Consistent)> = Vec::new();
+        for (i, request) in requests.iter().enumerate() {
+            let counter = self.store.read_counter(&request.post).await?;
+            let watermark = self.watermark_for(request, counter.as_ref()).await?;
+            let first = Consistent {
+                post: request.post.clone(),
+                since: counter.as_ref().and_then(|c| c.applied_through.clone()),
+                folds: counter.as_ref().map_or(0, |c| c.folds),
+                base_count: counter.as_ref().map_or(0, |c| c.state.base_count),
+                counter,
+                watermark,
+                count: 0,
+                snapshot: false,
+            };
+            let at = first
+                .counter
+                .as_ref()
+                .and_then(|c| c.applied_time)
+                .into_iter()
+                .chain(checkpoint_time)
+                .max();
+            pace.wait().await;
+            if let Some(at) = at {
+                if let Some(count) = self
+                    .store
+                    .count_live_below_at(&request.post, watermark, at)
+                    .await?
+                {
+                    out[i] = Some(Recount::Consistent(Consistent {
+                        count,
+                        snapshot: true,
+                        ..first
+                    }));
+                    continue;
+                }
+            }
+            let count = self
+                .store
+                .count_live_below(&request.post, watermark)
+                .await?;
+            quiet.push((i, Consistent { count, ..first }));
+        }
+        if !quiet.is_empty() {
+            let after = self.store.read_position().await?.upper;
+            let caught_up = self.wait_until_applied(after).await?;
+            for (i, mut recount) in quiet {
+                out[i] = Some(if !caught_up {
+                    Recount::InFlight
+                } else {
+                    let now = self.store.read_counter(&recount.post).await?;
+                    if recount.holds_for(now.as_ref()) {
+                        recount.counter = now;
+                        Recount::Consistent(recount)
+                    } else {
+                        Recount::InFlight
+                    }
+                });
+            }
+        }
+        Ok(out.into_iter().map(|r| r.expect("every post recounted")).collect())
+    }
+
+    /// The watermark a request counts below: a full recount goes above every row and bucket.
+    async fn watermark_for(
+        &self,
+        request: &Request,
+        counter: Option<&CounterDoc>,
+    ) -> StoreResult<i64> {
+        let state = counter.map(|c| c.state.clone()).unwrap_or_default();
+        let mut proposed = request.watermark;
+        if request.full && proposed < EVERYTHING {
+            let width = self.bucket_width_secs;
+            let latest_row = self.store.latest_created(&request.post).await?;
+            let latest_bucket = state.buckets.keys().next_back().copied();
+            let latest_touch = counter.and_then(|c| c.touched.keys().next_back().copied());
+            for start in latest_row
+                .map(|t| bucket_of(Some(DateTime::from_millis(t * 1000)), width))
+                .into_iter()
+                .chain(latest_bucket)
+                .chain(latest_touch)
+            {
+                proposed = proposed.max(start + width);
+            }
+        }
+        Ok(effective_watermark(&state, proposed))
+    }
+
+    /// Waits until the stream's worker has applied every event before `position`; false when it
+    /// did not within the timeout.
+    pub async fn wait_until_applied(&self, position: Timestamp) -> StoreResult<bool> {
+        let polls = (self.catch_up.timeout.as_millis() / self.catch_up.poll.as_millis().max(1))
+            .max(1) as u64;
+        for _ in 0..=polls {
+            let checkpoint = self.store.load_checkpoint(&self.stream).await?;
+            if checkpoint.as_ref().and_then(applied_before) >= Some(position) {
+                return Ok(true);
+            }
+            self.clock.sleep(self.catch_up.poll).await;
+        }
+        tracing::debug!(stream = %self.stream, ?position, "the worker did not catch up in time; the counted posts stay dirty");
+        Ok(false)
+    }
+}
+
+/// Every event before this cluster time is applied: the checkpoint's event time (its event is
+/// applied, so everything before it), or the last drained position.
+pub fn applied_before(checkpoint: &Checkpoint) -> Option<Timestamp> {
+    checkpoint.token_time.max(checkpoint.caught_up_at)
+}
