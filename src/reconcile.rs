@@ -537,8 +537,10 @@ impl Run {
         self.summary.max_abs_drift = self.summary.max_abs_drift.max(folded.drift.abs());
         if folded.drift > 0 {
             self.summary.drift_high += folded.drift;
+            self.summary.corrected_high += 1;
         } else {
             self.summary.drift_low += folded.drift;
+            self.summary.corrected_low += 1;
         }
         tracing::debug!(%post, wrong = folded.wrong, right = folded.right, drift = folded.drift, "counter corrected");
         self.corrections.push(Correction {

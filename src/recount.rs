@@ -30,7 +30,7 @@ use crate::batch::bucket_of;
 use crate::clock::Clock;
 use crate::event::PostId;
 use crate::fold::effective_watermark;
-use crate::store::{Checkpoint, CounterDoc, Store, StoreResult};
+use crate::store::{Checkpoint, CounterDoc, Store, StoreResult, StreamOptions, StreamStart};
 
 /// How long to wait for the worker, and how often to look.
 #[derive(Clone, Debug)]
@@ -258,7 +258,10 @@ impl<S: Store + ?Sized> Recounter<S> {
     }
 
     /// Waits until the stream's worker has applied every event before `position`; false when it
-    /// did not within the timeout.
+    /// did not within the timeout. When no worker holds the stream's lease (a one-shot
+    /// `counterd reconcile`, `get` or `verify` while `counterd run` is stopped), nothing will
+    /// apply anything: the stream itself is read after the checkpoint instead, and an empty
+    /// answer read after `position` proves that nothing before it is pending.
     pub async fn wait_until_applied(&self, position: Timestamp) -> StoreResult<bool> {
         let polls = (self.catch_up.timeout.as_millis() / self.catch_up.poll.as_millis().max(1))
             .max(1) as u64;
@@ -267,10 +270,115 @@ impl<S: Store + ?Sized> Recounter<S> {
             if checkpoint.as_ref().and_then(applied_before) >= Some(position) {
                 return Ok(true);
             }
+            if !self.worker_alive().await? {
+                match self.nothing_pending_before(checkpoint.as_ref(), position).await? {
+                    Some(answer) => return Ok(answer),
+                    None => {} // the reading is not yet past `position`: look again
+                }
+            }
             self.clock.sleep(self.catch_up.poll).await;
         }
         tracing::debug!(stream = %self.stream, ?position, "the worker did not catch up in time; the counted posts stay dirty");
         Ok(false)
+    }
+
+    /// Whether some process holds the stream's lease (and so applies its events).
+    async fn worker_alive(&self) -> StoreResult<bool> {
+        let lease = self.store.read_lease(&self.stream).await?;
+        Ok(lease.is_some_and(|l| l.expires_at > self.clock.now()))
+    }
+
+    /// With no worker running: reads the stream after the checkpoint once. `Some(true)`: no
+    /// event is pending before `position`; `Some(false)`: events are waiting for a worker (or a
+    /// batch was left in flight); `None`: the stream's position is not yet past `position`.
+    async fn nothing_pending_before(
+        &self,
+        checkpoint: Option<&Checkpoint>,
+        position: Timestamp,
+    ) -> StoreResult<Option<bool>> {
+        let Some(checkpoint) = checkpoint else {
+            return Ok(Some(false)); // never started: no position to read from
+        };
+        if checkpoint.pending.is_some() {
+            return Ok(Some(false));
+        }
+        let start = match (&checkpoint.token, checkpoint.start_time) {
+            (Some(token), _) => StreamStart::After(token.clone()),
+            (None, Some(at)) => StreamStart::AtTime(at),
+            (None, None) => return Ok(Some(false)),
+        };
+        let before_read = self.store.read_position().await?.lower;
+        if before_read < position {
+            return Ok(None);
+        }
+        let mut stream = self
+            .store
+            .open_stream(StreamOptions {
+                start,
+                pre_images: false,
+                pipeline: Vec::new(),
+                max_await: self.catch_up.poll,
+            })
+            .await?;
+        let batch = stream.next_batch(1, self.catch_up.poll).await?;
+        Ok(Some(batch.events.is_empty()))
+    }
+}
+
+/// A post's displayed value beside its true count, compared only when both reflect the same
+/// events: what `get`, `verify` and the tests report.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Observation {
+    pub post: PostId,
+    /// `base_count + live_delta` (0 without a counter).
+    pub displayed: i64,
+    /// Live rows, counted consistently with `displayed`; `None`: a change to the post was in
+    /// flight (or the worker did not catch up in time), so no comparison is possible yet.
+    pub truth: Option<i64>,
+}
+
+impl Observation {
+    /// A real difference: both sides reflect the same events and disagree.
+    pub fn mismatch(&self) -> Option<i64> {
+        self.truth
+            .filter(|t| *t != self.displayed)
+            .map(|t| self.displayed - t)
+    }
+}
+
+impl<S: Store + ?Sized> Recounter<S> {
+    /// Compares each post's displayed value with its true count of every live row, consistently
+    /// with the stream: a post with a change in flight is reported as such, never as a mismatch.
+    pub async fn observe(&self, posts: &[PostId]) -> StoreResult<Vec<Observation>> {
+        let requests: Vec<Request> = posts
+            .iter()
+            .map(|post| Request {
+                post: post.clone(),
+                watermark: EVERYTHING,
+                full: false,
+            })
+            .collect();
+        let recounts = self.recount(&requests, &mut Pace::new(0)).await?;
+        let mut out = Vec::with_capacity(posts.len());
+        for (post, recount) in posts.iter().zip(recounts) {
+            out.push(match recount {
+                Recount::Consistent(c) => Observation {
+                    post: post.clone(),
+                    displayed: c.counter.map_or(0, |c| c.state.displayed()),
+                    truth: Some(c.count),
+                },
+                Recount::InFlight => Observation {
+                    post: post.clone(),
+                    displayed: self
+                        .store
+                        .read_counter(post)
+                        .await?
+                        .map_or(0, |c| c.state.displayed()),
+                    truth: None,
+                },
+            });
+        }
+        Ok(out)
     }
 }
 

@@ -1,7 +1,9 @@
 //! `counterd demo`: the whole product in one command. Starts a throwaway database the way the
 //! tests do, seeds posts, runs the worker and reconciler, drives a load generator (inserts, soft
 //! deletes, undeletes, hard deletes, and now and then a counter knocked off by hand), and shows
-//! the counters converging, until ctrl-c or `--duration`.
+//! the counters converging, until ctrl-c or `--duration`. It prints the drift it injected next to
+//! the drift the reconciler reported: they match, because a recount is never installed while a
+//! change it could have seen is in flight (no false drift under load).
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -19,6 +21,7 @@ use crate::config::Settings;
 use crate::event::PostId;
 use crate::reconcile::Reconciler;
 use crate::store::{displayed_and_truth, Store};
+use std::sync::Mutex;
 use crate::testdb::TestServer;
 
 #[derive(Debug, clap::Args)]
@@ -57,6 +60,8 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         idle_interval: Duration::from_millis(50),
         lease_ttl: Duration::from_secs(5),
         lease_renew: Duration::from_secs(1),
+        // A pass over every post every 20 s, so hand-made drift on a quiet post is found too.
+        background_sweep_pass: Duration::from_secs(20),
         ..settings
     };
     let _metrics = crate::http::install_metrics();
@@ -78,12 +83,8 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     for chunk in seed.chunks(1000) {
         comments.insert_many(chunk.to_vec()).await?;
     }
-    let reconciler = Reconciler::new(
-        store.clone(),
-        crate::cli::run::reconcile_settings(&settings),
-    );
-    let swept = reconciler.sweep(now, |_| {}, None).await?;
-    println!("initial sweep created {} counters", swept.summary.corrected);
+    // Start the stream in the next second: the fake server also delivers the current one.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
 
     // counterd itself, as `counterd run` runs it.
     let shutdown = shutdown_on_signals();
@@ -93,13 +94,32 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         statuses.clone(),
         shutdown.clone(),
     ));
+    while !statuses
+        .iter()
+        .all(|s| s.stream_open.load(Ordering::Relaxed))
+    {
+        if counterd.is_finished() || *shutdown.borrow() {
+            anyhow::bail!("counterd stopped before its stream opened");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The seeded rows predate the stream: a sweep (beside the running worker, which its
+    // recounts wait for) creates their counters.
+    let reconciler = Reconciler::new(
+        store.clone(),
+        crate::cli::run::reconcile_settings(&settings),
+    );
+    let swept = reconciler.sweep(now, |_| {}, None).await?;
+    println!("initial sweep created {} counters", swept.summary.corrected);
+    let tally_from = DateTime::now();
+    let injected = Arc::new(Mutex::new(DriftTally::default()));
     let (load_stop, load_rx) = watch::channel(false);
     let load = tokio::spawn(load_generator(
         comments.clone(),
-        store.clone(),
         args.posts,
         args.rate,
         args.drift_every,
+        injected.clone(),
         load_rx,
     ));
 
@@ -135,14 +155,20 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
             last.as_ref().map(|r| r.corrected).unwrap_or(0),
             last.as_ref().map(|r| r.total_abs_drift).unwrap_or(0),
         );
-        for i in [0, 1, 2, 3, 4] {
-            let p = post(i);
-            let (shown, truth) = displayed_and_truth(store.as_ref(), &p).await?;
-            println!(
-                "  {p}: displayed {shown:>4}  true {truth:>4}{}",
-                if shown == truth { "" } else { "  (converging)" }
-            );
+        let shown: Vec<PostId> = (0..5).map(post).collect();
+        for o in crate::cli::observe(&settings, &store, &shown).await? {
+            match o.truth {
+                Some(truth) => println!(
+                    "  {}: displayed {:>4}  true {truth:>4}{}",
+                    o.post,
+                    o.displayed,
+                    if o.displayed == truth { "" } else { "  (drift: to be corrected)" }
+                ),
+                None => println!("  {}: displayed {:>4}  (a change is in flight)", o.post, o.displayed),
+            }
         }
+        let reported = reported_drift(&db, tally_from).await?;
+        println!("  drift injected {}   reported {}", injected.lock().unwrap(), reported);
     }
     let _ = load_stop.send(true);
     let _ = load.await;
@@ -165,34 +191,98 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     };
     // Stop counterd if the signal did not already.
     counterd.abort();
-    if exact {
+    let injected = injected.lock().unwrap().clone();
+    let reported = reported_drift(&db, tally_from).await?;
+    println!("drift injected by hand:   {injected}");
+    println!("drift the reconciler reported: {reported}");
+    let matched = injected == reported;
+    println!(
+        "{}",
+        if matched {
+            "they match: every correction was real, none was missed"
+        } else {
+            "they DIFFER: a correction was invented or missed"
+        }
+    );
+    if exact && matched {
         println!(
             "converged: all {} counters equal the true count",
             posts.len()
         );
         Ok(ExitCode::SUCCESS)
     } else {
-        println!("NOT converged within 60 s");
+        if !exact {
+            println!("NOT converged within 60 s");
+        }
         Ok(ExitCode::FAILURE)
     }
 }
 
+/// Drift by sign: how many posts, and the sum of |drift|, ran high and low.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct DriftTally {
+    high_posts: u64,
+    high_sum: i64,
+    low_posts: u64,
+    low_sum: i64,
+}
+
+impl DriftTally {
+    fn add(&mut self, drift: i64) {
+        if drift > 0 {
+            self.high_posts += 1;
+            self.high_sum += drift;
+        } else if drift < 0 {
+            self.low_posts += 1;
+            self.low_sum += -drift;
+        }
+    }
+}
+
+impl std::fmt::Display for DriftTally {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "high {} post(s) |{}|, low {} post(s) |{}|",
+            self.high_posts, self.high_sum, self.low_posts, self.low_sum
+        )
+    }
+}
+
+/// The corrections of every reconcile run since `since`, by sign.
+async fn reported_drift(db: &mongodb::Database, since: DateTime) -> anyhow::Result<DriftTally> {
+    let mut tally = DriftTally::default();
+    let mut runs = db
+        .collection::<bson::Document>(crate::store::mongo::RUNS)
+        .find(doc! {"started_at": {"$gte": since}})
+        .await?;
+    use futures::TryStreamExt;
+    let int = |run: &bson::Document, field: &str| run.get_i64(field).unwrap_or_default();
+    while let Some(run) = runs.try_next().await? {
+        tally.high_posts += int(&run, "corrected_high") as u64;
+        tally.high_sum += int(&run, "drift_high");
+        tally.low_posts += int(&run, "corrected_low") as u64;
+        tally.low_sum -= int(&run, "drift_low");
+    }
+    Ok(tally)
+}
+
 /// Inserts, soft-deletes, undeletes and hard-deletes comments at `rate` per second, and now and
 /// then knocks a counter off by hand (the drift counterd exists to correct).
-async fn load_generator<S: Store + ?Sized>(
+async fn load_generator(
     comments: mongodb::Collection<bson::Document>,
-    store: Arc<S>,
     posts: usize,
     rate: u32,
     drift_every: Duration,
+    injected: Arc<Mutex<DriftTally>>,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
-    let _ = &store;
     let mut rng = StdRng::seed_from_u64(7);
     let mut ids: Vec<String> = Vec::new();
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate.max(1) as f64));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut last_drift = Instant::now();
+    let mut edited_posts = std::collections::HashSet::new();
     let counters = comments
         .client()
         .database(comments.namespace().db.as_str())
@@ -236,12 +326,21 @@ async fn load_generator<S: Store + ?Sized>(
         if !drift_every.is_zero() && last_drift.elapsed() >= drift_every {
             last_drift = Instant::now();
             let amount = if rng.random_bool(0.5) { 3 } else { -2 };
-            let _ = counters
-                .update_one(
-                    doc! {"_id": post(rng.random_range(0..posts)).to_bson()},
-                    doc! {"$inc": {"live_delta": amount}},
-                )
-                .await;
+            // Edit `base_count`: exactly what a fold replaces with a recount, so the drift
+            // reported for the post is exactly `amount`; each
+            // post is edited at most once, so two edits of one post cannot net out).
+            let target = post(rng.random_range(0..posts));
+            if edited_posts.insert(target.clone()) {
+                let edited = counters
+                    .update_one(
+                        doc! {"_id": target.to_bson()},
+                        doc! {"$inc": {"base_count": amount}},
+                    )
+                    .await;
+                if edited.is_ok_and(|r| r.modified_count == 1) {
+                    injected.lock().unwrap().add(amount);
+                }
+            }
         }
     }
     Ok(())

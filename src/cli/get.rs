@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use crate::cli::{connect, print_json, rfc3339};
+use crate::cli::{connect, observe, print_json, rfc3339};
 use crate::config::Settings;
 use crate::event::PostId;
 use crate::store::Store;
@@ -19,14 +19,24 @@ pub struct Args {
 pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     let store = connect(&settings).await?;
     let post = PostId::parse(&args.post);
+    let observation = observe(&settings, &store, std::slice::from_ref(&post))
+        .await?
+        .pop()
+        .expect("one observation per post");
     let counter = store.read_counter(&post).await?.unwrap_or_default();
-    let truth = store.count_live(&post).await?;
+    let dirty = store
+        .dirty_list(None, crate::store::DirtyOrder::Oldest, usize::MAX)
+        .await?
+        .into_iter()
+        .any(|d| d.post == post);
     let state = &counter.state;
     let value = serde_json::json!({
         "post": post.to_string(),
-        "displayed": state.displayed(),
-        "true_count": truth,
-        "difference": state.displayed() - truth,
+        "displayed": observation.displayed,
+        "true_count": observation.truth,
+        "difference": observation.mismatch().unwrap_or(0),
+        "in_flight": observation.truth.is_none(),
+        "dirty": dirty,
         "base_count": state.base_count,
         "base_watermark": state.base_watermark,
         "live_delta": state.live_delta,
@@ -46,14 +56,19 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         state.base_count,
         state.live_delta
     );
-    println!(
-        "true count      {truth}{}",
-        if truth == state.displayed() {
-            ""
-        } else {
-            "   (differs: the post is or will be dirty)"
-        }
-    );
+    match (observation.truth, observation.mismatch()) {
+        (None, _) => println!(
+            "true count      in flight: a change to this post is not applied yet; ask again in a moment"
+        ),
+        (Some(truth), None) => println!("true count      {truth}"),
+        (Some(truth), Some(difference)) => println!(
+            "true count      {truth}   (differs by {difference:+}: drift the reconciler will correct{})",
+            if dirty { "; the post is dirty" } else { " when it next recounts this post" }
+        ),
+    }
+    if dirty {
+        println!("dirty           yes (waiting for a recount)");
+    }
     println!("base watermark  {}", state.base_watermark);
     let buckets: Vec<String> = state
         .buckets

@@ -141,6 +141,38 @@ pub async fn connect(settings: &Settings) -> anyhow::Result<Arc<MongoStore>> {
     Ok(Arc::new(store))
 }
 
+/// Each post's displayed value beside its true count, compared consistently with the stream of
+/// the partition that owns it (a post with a change in flight has no `truth`).
+pub async fn observe(
+    settings: &Settings,
+    store: &Arc<MongoStore>,
+    posts: &[crate::event::PostId],
+) -> anyhow::Result<Vec<crate::recount::Observation>> {
+    let mut out = Vec::with_capacity(posts.len());
+    for (stream, partition) in
+        crate::partition::stream_names(&settings.stream_name, settings.partitions)
+    {
+        let owned: Vec<_> = posts
+            .iter()
+            .filter(|p| partition.is_none_or(|part| part.owns(p)))
+            .cloned()
+            .collect();
+        if owned.is_empty() {
+            continue;
+        }
+        let recounter = crate::recount::Recounter::new(
+            store.clone(),
+            Arc::new(crate::clock::SystemClock),
+            stream,
+            settings.bucket_width_secs(),
+            crate::cli::run::reconcile_settings(settings).catch_up,
+        );
+        out.extend(recounter.observe(&owned).await?);
+    }
+    out.sort_by(|a, b| a.post.cmp(&b.post));
+    Ok(out)
+}
+
 /// Prints a value as pretty JSON.
 pub fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string_pretty(value)?);

@@ -70,10 +70,17 @@ fn print_report(report: &RunReport, verbose: bool, json: bool) -> anyhow::Result
             );
         }
     }
-    if !report.contended.is_empty() {
+    if s.in_flight > 0 {
         println!(
-            "  still dirty (raced by the worker): {}",
+            "  {} post(s) left dirty: a change to them was in flight while they were counted, or the worker did not apply everything the count could have seen within catch_up_timeout (is `counterd run` running and caught up?); they are recounted later: {}",
+            s.in_flight,
             report.contended.join(", ")
+        );
+    }
+    if s.waiting > 0 {
+        println!(
+            "  {} post(s) folded but kept dirty until the watermark passes their newest change",
+            s.waiting
         );
     }
     Ok(())

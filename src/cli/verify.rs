@@ -2,9 +2,9 @@
 
 use std::process::ExitCode;
 
-use crate::cli::{connect, print_json};
+use crate::cli::{connect, observe, print_json};
 use crate::config::Settings;
-use crate::store::{displayed_and_truth, Store};
+use crate::store::Store;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -19,20 +19,24 @@ pub struct Args {
 pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     let store = connect(&settings).await?;
     let posts = store.sample_posts(args.sample).await?;
+    let observations = observe(&settings, &store, &posts).await?;
     let mut mismatches = Vec::new();
-    for post in &posts {
-        let (displayed, truth) = displayed_and_truth(store.as_ref(), post).await?;
-        if displayed != truth {
-            mismatches.push(serde_json::json!({"post": post.to_string(), "displayed": displayed, "true_count": truth}));
+    let mut in_flight = Vec::new();
+    for o in &observations {
+        match (o.truth, o.mismatch()) {
+            (None, _) => in_flight.push(o.post.to_string()),
+            (Some(truth), Some(_)) => mismatches.push(serde_json::json!({"post": o.post.to_string(), "displayed": o.displayed, "true_count": truth})),
+            (Some(_), None) => {}
         }
     }
     if args.json {
-        print_json(&serde_json::json!({"sampled": posts.len(), "mismatches": mismatches}))?;
+        print_json(&serde_json::json!({"sampled": posts.len(), "mismatches": mismatches, "in_flight": in_flight}))?;
     } else {
         println!(
-            "sampled {} counters: {} mismatch(es)",
+            "sampled {} counters: {} mismatch(es), {} with a change in flight (not compared)",
             posts.len(),
-            mismatches.len()
+            mismatches.len(),
+            in_flight.len()
         );
         for m in &mismatches {
             println!(

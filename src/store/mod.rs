@@ -186,8 +186,13 @@ pub struct RunSummary {
     pub corrected: u64,
     pub total_abs_drift: i64,
     pub max_abs_drift: i64,
+    /// Sum of the drift of the posts that ran high (positive).
     pub drift_high: i64,
+    /// Sum of the drift of the posts that ran low (negative).
     pub drift_low: i64,
+    /// Posts corrected that ran high, and that ran low.
+    pub corrected_high: u64,
+    pub corrected_low: u64,
     pub watermark: i64,
     /// Posts left dirty because a change to their settled rows was in flight while they were
     /// counted (or the worker did not catch up in time): retried next run.

@@ -1326,6 +1326,8 @@ impl Store for MongoStore {
             max_abs_drift: d.get_i64("max_abs_drift").unwrap_or_default(),
             drift_high: d.get_i64("drift_high").unwrap_or_default(),
             drift_low: d.get_i64("drift_low").unwrap_or_default(),
+            corrected_high: d.get_i64("corrected_high").unwrap_or_default() as u64,
+            corrected_low: d.get_i64("corrected_low").unwrap_or_default() as u64,
             watermark: d.get_i64("watermark").unwrap_or_default(),
             in_flight: d.get_i64("in_flight").unwrap_or_default() as u64,
             waiting: d.get_i64("waiting").unwrap_or_default() as u64,
