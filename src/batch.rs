@@ -140,9 +140,12 @@ pub fn plan_batch(
             .or_default() += 1;
         // A post named by the event without a delta (an unattributable change) is taken as
         // changed at the event's own time: only a recount above it covers the change.
-        let event_bucket = event
-            .cluster_time
-            .map_or(0, |t| bucket_of(Some(DateTime::from_millis(t.time as i64 * 1000)), bucket_width_secs));
+        let event_bucket = event.cluster_time.map_or(0, |t| {
+            bucket_of(
+                Some(DateTime::from_millis(t.time as i64 * 1000)),
+                bucket_width_secs,
+            )
+        });
         let mut newest: BTreeMap<&PostId, BucketStart> = BTreeMap::new();
         for delta in &classified.deltas {
             let bucket = bucket_of(delta.created_at, bucket_width_secs);

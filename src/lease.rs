@@ -71,7 +71,13 @@ where
                 }
             }
             let jitter = rand::rng().random_range(0.5..1.0);
-            if sleep_or_shutdown(&crate::clock::SystemClock, settings.renew.mul_f64(jitter), &mut shutdown).await {
+            if sleep_or_shutdown(
+                &crate::clock::SystemClock,
+                settings.renew.mul_f64(jitter),
+                &mut shutdown,
+            )
+            .await
+            {
                 return Ok(());
             }
         };

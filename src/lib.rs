@@ -6,8 +6,8 @@
 
 pub mod batch;
 pub mod classify;
-pub mod clock;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod event;
 pub mod fold;

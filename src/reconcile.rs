@@ -167,7 +167,9 @@ impl<S: Store + ?Sized> Reconciler<S> {
         let mut run = Run::new("dirty", watermark, self.settings.counts_per_second);
         for group in dirty.chunks(self.settings.group_size.max(1)) {
             let posts: Vec<PostId> = group.iter().map(|e| e.post.clone()).collect();
-            let outcomes = self.reconcile_posts(&posts, watermark, false, &mut run).await?;
+            let outcomes = self
+                .reconcile_posts(&posts, watermark, false, &mut run)
+                .await?;
             for (entry, outcome) in group.iter().zip(outcomes) {
                 let Outcome::Folded { watermark } = outcome else {
                     continue;
@@ -331,15 +333,12 @@ impl<S: Store + ?Sized> Reconciler<S> {
             .await?
             .unwrap_or_default();
         let estimate = cursor.last_pass_posts.max(cursor.posts_done).max(1);
-        let steps_per_pass = (pass.as_secs_f64() / self.settings.interval.as_secs_f64().max(0.001))
-            .max(1.0);
+        let steps_per_pass =
+            (pass.as_secs_f64() / self.settings.interval.as_secs_f64().max(0.001)).max(1.0);
         let size = ((estimate as f64 / steps_per_pass).ceil() as usize)
             .clamp(1, self.settings.sweep_window);
         let watermark = self.watermark(now_secs).await?;
-        let window = self
-            .store
-            .posts_after(cursor.after.as_ref(), size)
-            .await?;
+        let window = self.store.posts_after(cursor.after.as_ref(), size).await?;
         let mut run = Run::new("background", watermark, self.settings.counts_per_second);
         if cursor.pass_started.is_none() {
             cursor.pass_started = Some(self.clock.now());
@@ -349,13 +348,18 @@ impl<S: Store + ?Sized> Reconciler<S> {
             .filter(|p| self.settings.partition.is_none_or(|part| part.owns(p)))
             .cloned()
             .collect();
-        self.reconcile_posts(&owned, watermark, false, &mut run).await?;
+        self.reconcile_posts(&owned, watermark, false, &mut run)
+            .await?;
         cursor.posts_done += window.len() as u64;
         match window.last() {
             Some(last) if window.len() == size => cursor.after = Some(last.clone()),
             _ => {
                 // The pass is complete: start the next one from the first post.
-                tracing::info!(posts = cursor.posts_done, passes = cursor.passes + 1, "background sweep pass complete");
+                tracing::info!(
+                    posts = cursor.posts_done,
+                    passes = cursor.passes + 1,
+                    "background sweep pass complete"
+                );
                 cursor.passes += 1;
                 cursor.last_pass_posts = cursor.posts_done;
                 cursor.posts_done = 0;
@@ -405,7 +409,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
                     if recount.snapshot {
                         run.summary.snapshot_counts += 1;
                     }
-                    self.install(recount, run).await?
+                    self.install(*recount, run).await?
                 }
             };
             if outcome == Outcome::NotNow {

@@ -66,7 +66,7 @@ pub struct Request {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Recount {
     /// `count` live rows below `watermark` reflect exactly the events folded into `counter`.
-    Consistent(Consistent),
+    Consistent(Box<Consistent>),
     /// An event that changed a settled row of the post was in flight while it was counted (or
     /// the worker did not catch up in time): try again later.
     InFlight,
@@ -163,7 +163,11 @@ impl<S: Store + ?Sized> Recounter<S> {
 
     /// Recounts a group of posts. Snapshot counts need no wait; the quiet-window counts of the
     /// group share one wait for the worker. `pace` spaces the count queries.
-    pub async fn recount(&self, requests: &[Request], pace: &mut Pace) -> StoreResult<Vec<Recount>> {
+    pub async fn recount(
+        &self,
+        requests: &[Request],
+        pace: &mut Pace,
+    ) -> StoreResult<Vec<Recount>> {
         let checkpoint_time = self
             .store
             .load_checkpoint(&self.stream)
@@ -198,11 +202,11 @@ impl<S: Store + ?Sized> Recounter<S> {
                     .count_live_below_at(&request.post, watermark, at)
                     .await?
                 {
-                    out[i] = Some(Recount::Consistent(Consistent {
+                    out[i] = Some(Recount::Consistent(Box::new(Consistent {
                         count,
                         snapshot: true,
                         ..first
-                    }));
+                    })));
                     continue;
                 }
             }
@@ -222,14 +226,17 @@ impl<S: Store + ?Sized> Recounter<S> {
                     let now = self.store.read_counter(&recount.post).await?;
                     if recount.holds_for(now.as_ref()) {
                         recount.counter = now;
-                        Recount::Consistent(recount)
+                        Recount::Consistent(Box::new(recount))
                     } else {
                         Recount::InFlight
                     }
                 });
             }
         }
-        Ok(out.into_iter().map(|r| r.expect("every post recounted")).collect())
+        Ok(out
+            .into_iter()
+            .map(|r| r.expect("every post recounted"))
+            .collect())
     }
 
     /// The watermark a request counts below: a full recount goes above every row and bucket.
@@ -271,9 +278,12 @@ impl<S: Store + ?Sized> Recounter<S> {
                 return Ok(true);
             }
             if !self.worker_alive().await? {
-                match self.nothing_pending_before(checkpoint.as_ref(), position).await? {
-                    Some(answer) => return Ok(answer),
-                    None => {} // the reading is not yet past `position`: look again
+                // `None`: the reading is not yet past `position`; look again.
+                if let Some(answer) = self
+                    .nothing_pending_before(checkpoint.as_ref(), position)
+                    .await?
+                {
+                    return Ok(answer);
                 }
             }
             self.clock.sleep(self.catch_up.poll).await;

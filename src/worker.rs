@@ -410,8 +410,7 @@ impl<S: Store + ?Sized> Worker<S> {
         // stream and its quiet-window check sees the worker pass the position it waits for.
         if let Some(at) = drained_at {
             pending.idle_reads += 1;
-            if pending.applied_since_drained
-                || pending.idle_reads >= IDLE_READS_PER_DRAINED_RECORD
+            if pending.applied_since_drained || pending.idle_reads >= IDLE_READS_PER_DRAINED_RECORD
             {
                 self.store.record_caught_up(fence, at).await?;
                 if checkpoint.caught_up_at.is_none_or(|c| c < at) {

@@ -1529,13 +1529,19 @@ fn batch_touches_changes_that_cancel_out() {
         buckets: BTreeMap::new(),
         touched: [bucket].into_iter().collect(),
     };
-    assert_eq!(plan.counters, vec![touch_only("post-1"), touch_only("post-2")]);
+    assert_eq!(
+        plan.counters,
+        vec![touch_only("post-1"), touch_only("post-2")]
+    );
     let marks: Vec<(PostId, i64)> = plan
         .dirty
         .iter()
         .map(|d| (d.post.clone(), d.newest_bucket))
         .collect();
-    assert_eq!(marks, vec![(post("post-1"), bucket), (post("post-2"), bucket)]);
+    assert_eq!(
+        marks,
+        vec![(post("post-1"), bucket), (post("post-2"), bucket)]
+    );
 }
 
 #[test]

@@ -548,7 +548,12 @@ fn check_plan(plan: &BatchPlan) -> Result<(), TestCaseError> {
         // The dirty mark's newest bucket covers every bucket the write touched, so the post
         // leaves the dirty set only after a fold above all of them.
         let newest = mark.map_or(i64::MIN, |m| m.newest_bucket);
-        prop_assert!(c.touched.iter().all(|b| *b <= newest), "{:?} above its mark {}", c.touched, newest);
+        prop_assert!(
+            c.touched.iter().all(|b| *b <= newest),
+            "{:?} above its mark {}",
+            c.touched,
+            newest
+        );
     }
     let mut dirty: Vec<_> = plan.dirty.iter().map(|d| d.post.clone()).collect();
     dirty.sort();

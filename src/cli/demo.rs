@@ -21,8 +21,8 @@ use crate::config::Settings;
 use crate::event::PostId;
 use crate::reconcile::Reconciler;
 use crate::store::{displayed_and_truth, Store};
-use std::sync::Mutex;
 use crate::testdb::TestServer;
+use std::sync::Mutex;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -162,13 +162,24 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
                     "  {}: displayed {:>4}  true {truth:>4}{}",
                     o.post,
                     o.displayed,
-                    if o.displayed == truth { "" } else { "  (drift: to be corrected)" }
+                    if o.displayed == truth {
+                        ""
+                    } else {
+                        "  (drift: to be corrected)"
+                    }
                 ),
-                None => println!("  {}: displayed {:>4}  (a change is in flight)", o.post, o.displayed),
+                None => println!(
+                    "  {}: displayed {:>4}  (a change is in flight)",
+                    o.post, o.displayed
+                ),
             }
         }
         let reported = reported_drift(&db, tally_from).await?;
-        println!("  drift injected {}   reported {}", injected.lock().unwrap(), reported);
+        println!(
+            "  drift injected {}   reported {}",
+            injected.lock().unwrap(),
+            reported
+        );
     }
     let _ = load_stop.send(true);
     let _ = load.await;

@@ -51,7 +51,9 @@ pub fn reconcile_settings(settings: &Settings) -> ReconcileSettings {
         group_size: 100,
         catch_up: crate::recount::CatchUp {
             timeout: settings.catch_up_timeout,
-            poll: settings.idle_interval.clamp(Duration::from_millis(10), Duration::from_secs(1)),
+            poll: settings
+                .idle_interval
+                .clamp(Duration::from_millis(10), Duration::from_secs(1)),
         },
         background_pass: (!settings.background_sweep_pass.is_zero())
             .then_some(settings.background_sweep_pass),

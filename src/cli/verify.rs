@@ -30,7 +30,9 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         }
     }
     if args.json {
-        print_json(&serde_json::json!({"sampled": posts.len(), "mismatches": mismatches, "in_flight": in_flight}))?;
+        print_json(
+            &serde_json::json!({"sampled": posts.len(), "mismatches": mismatches, "in_flight": in_flight}),
+        )?;
     } else {
         println!(
             "sampled {} counters: {} mismatch(es), {} with a change in flight (not compared)",

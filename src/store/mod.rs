@@ -406,8 +406,7 @@ pub trait Store: Send + Sync {
     /// A fold covered the entry's settled changes but not its newest ones (above the
     /// watermark): if its version is still `version`, restart its age at `now`, so the backlog's
     /// oldest age measures the reconciler, not a post that keeps getting new comments.
-    async fn requeue_dirty(&self, post: &PostId, version: i64, now: DateTime)
-        -> StoreResult<bool>;
+    async fn requeue_dirty(&self, post: &PostId, version: i64, now: DateTime) -> StoreResult<bool>;
     async fn read_counter(&self, post: &PostId) -> StoreResult<Option<CounterDoc>>;
     /// Live rows of `post` whose `created_at` is not `>= watermark` (seconds).
     async fn count_live_below(&self, post: &PostId, watermark: i64) -> StoreResult<i64>;

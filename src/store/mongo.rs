@@ -1066,12 +1066,7 @@ impl Store for MongoStore {
         Ok(result.deleted_count == 1)
     }
 
-    async fn requeue_dirty(
-        &self,
-        post: &PostId,
-        version: i64,
-        now: DateTime,
-    ) -> StoreResult<bool> {
+    async fn requeue_dirty(&self, post: &PostId, version: i64, now: DateTime) -> StoreResult<bool> {
         let result = self
             .coll(DIRTY)
             .update_one(
@@ -1465,7 +1460,9 @@ impl MongoStore {
                 let probe = async {
                     let reply = self.db.run_command(doc! {"ping": 1}).await.ok()?;
                     let now = reply.get_timestamp("operationTime").ok()?;
-                    self.count_at(doc! {"_id": {"$exists": true}}, now).await.ok()?;
+                    self.count_at(doc! {"_id": {"$exists": true}}, now)
+                        .await
+                        .ok()?;
                     let future = Timestamp {
                         time: now.time.saturating_add(24 * 3600),
                         increment: 0,
@@ -1473,7 +1470,10 @@ impl MongoStore {
                     Some(self.count_at(doc! {}, future).await.is_err())
                 };
                 let works = probe.await.unwrap_or(false);
-                tracing::info!(snapshot_reads = works, "detected whether the server offers snapshot reads at a cluster time");
+                tracing::info!(
+                    snapshot_reads = works,
+                    "detected whether the server offers snapshot reads at a cluster time"
+                );
                 works
             })
             .await
@@ -1582,7 +1582,10 @@ pub fn position_from_reply(reply: &Document, local_now: DateTime) -> ServerNow {
             upper: after,
         };
     }
-    let now = reply.get_datetime("localTime").copied().unwrap_or(local_now);
+    let now = reply
+        .get_datetime("localTime")
+        .copied()
+        .unwrap_or(local_now);
     let secs = crate::clock::secs(now).clamp(0, u32::MAX as i64 - 1) as u32;
     ServerNow {
         lower: Timestamp {
