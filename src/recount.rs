@@ -40,6 +40,9 @@ pub struct CatchUp {
     pub timeout: Duration,
     /// How often to look at the checkpoint while waiting.
     pub poll: Duration,
+    /// While no worker holds the stream's lease, read the stream itself (about once a second)
+    /// to see whether anything is pending, instead of waiting out the timeout.
+    pub probe_without_worker: bool,
 }
 
 impl Default for CatchUp {
@@ -47,6 +50,7 @@ impl Default for CatchUp {
         CatchUp {
             timeout: Duration::from_secs(10),
             poll: Duration::from_millis(100),
+            probe_without_worker: true,
         }
     }
 }
@@ -272,18 +276,26 @@ impl<S: Store + ?Sized> Recounter<S> {
     pub async fn wait_until_applied(&self, position: Timestamp) -> StoreResult<bool> {
         let polls = (self.catch_up.timeout.as_millis() / self.catch_up.poll.as_millis().max(1))
             .max(1) as u64;
+        let mut last_probe: Option<DateTime> = None;
         for _ in 0..=polls {
             let checkpoint = self.store.load_checkpoint(&self.stream).await?;
             if checkpoint.as_ref().and_then(applied_before) >= Some(position) {
                 return Ok(true);
             }
-            if !self.worker_alive().await? {
-                // `None`: the reading is not yet past `position`; look again.
-                if let Some(answer) = self
+            // At most once a second, and only while no worker holds the lease: an empty read
+            // ends the wait early; events found pending only mean waiting on (a worker may be
+            // starting).
+            let now = self.clock.now();
+            let probe_due = last_probe
+                .is_none_or(|t| now.timestamp_millis() - t.timestamp_millis() >= 1000);
+            if self.catch_up.probe_without_worker && probe_due && !self.worker_alive().await? {
+                last_probe = Some(now);
+                if self
                     .nothing_pending_before(checkpoint.as_ref(), position)
                     .await?
+                    == Some(true)
                 {
-                    return Ok(answer);
+                    return Ok(true);
                 }
             }
             self.clock.sleep(self.catch_up.poll).await;
@@ -298,9 +310,10 @@ impl<S: Store + ?Sized> Recounter<S> {
         Ok(lease.is_some_and(|l| l.expires_at > self.clock.now()))
     }
 
-    /// With no worker running: reads the stream after the checkpoint once. `Some(true)`: no
-    /// event is pending before `position`; `Some(false)`: events are waiting for a worker (or a
-    /// batch was left in flight); `None`: the stream's position is not yet past `position`.
+    /// With no worker holding the lease: reads the stream after the checkpoint once.
+    /// `Some(true)`: no event is pending before `position`; `Some(false)`: events are waiting
+    /// for a worker (or a batch was left in flight); `None`: the server's position is not yet
+    /// past `position`.
     async fn nothing_pending_before(
         &self,
         checkpoint: Option<&Checkpoint>,

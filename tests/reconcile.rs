@@ -261,6 +261,7 @@ async fn a_change_in_flight_is_never_folded_in() {
             catch_up: counterd::recount::CatchUp {
                 timeout: Duration::from_millis(500),
                 poll: Duration::from_millis(50),
+                probe_without_worker: true,
             },
             ..ReconcileSettings::default()
         },

@@ -54,6 +54,7 @@ pub fn reconcile_settings(settings: &Settings) -> ReconcileSettings {
             poll: settings
                 .idle_interval
                 .clamp(Duration::from_millis(10), Duration::from_secs(1)),
+            probe_without_worker: true,
         },
         background_pass: (!settings.background_sweep_pass.is_zero())
             .then_some(settings.background_sweep_pass),
