@@ -302,3 +302,115 @@ fn marks(posts: &[PostId]) -> Vec<counterd::batch::DirtyMark> {
         .map(counterd::batch::DirtyMark::settled)
         .collect()
 }
+
+/// A reconciler with small buckets and settle time, so the watermark passes new rows in seconds.
+fn quick_buckets(t: &TestDb) -> Reconciler<MongoStore> {
+    Reconciler::new(
+        t.store.clone(),
+        ReconcileSettings {
+            settle_secs: 1,
+            bucket_width_secs: 2,
+            background_pass: Some(Duration::from_secs(1)),
+            interval: Duration::from_secs(1),
+            ..ReconcileSettings::default()
+        },
+    )
+}
+
+#[tokio::test]
+async fn a_post_stays_dirty_until_a_fold_covers_its_newest_change() {
+    let t = TestDb::new("newest").await;
+    let worker = t.spawn_worker(t.worker_settings()).await;
+    let p = post(0);
+    for i in 0..5 {
+        t.insert_comment(format!("n{i}"), &p, now_secs()).await;
+    }
+    t.wait_exact(std::slice::from_ref(&p), Duration::from_secs(20))
+        .await;
+    // Drift in the new rows' bucket (and live_delta), which no watermark covers yet.
+    let counter = t.store.read_counter(&p).await.unwrap().unwrap();
+    let bucket = *counter.state.buckets.keys().next_back().unwrap();
+    t.db.collection::<mongodb::bson::Document>("comment_counters")
+        .update_one(
+            doc! {"_id": p.to_bson()},
+            doc! {"$inc": {"live_delta": 3, format!("live_by_bucket.{bucket}"): 3}},
+        )
+        .await
+        .unwrap();
+    let rec = quick_buckets(&t);
+    let first = rec.run_dirty(now_secs() - 30).await.unwrap();
+    assert_eq!(
+        (first.summary.corrected, first.summary.waiting),
+        (0, 1),
+        "folded below an old watermark, kept dirty: {:?}",
+        first.summary
+    );
+    assert_eq!(t.store.dirty_summary().await.unwrap().size, 1);
+    // Once the watermark passes the rows' bucket, the fold corrects the drift and clears the post.
+    let mut corrected = 0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while t.store.dirty_summary().await.unwrap().size > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the post never left the dirty set"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let run = rec.run_dirty(now_secs()).await.unwrap();
+        corrected += run.summary.drift_high;
+    }
+    worker.shutdown().await.unwrap();
+    assert_eq!(
+        corrected, 3,
+        "the drift in the new bucket was found, with its sign"
+    );
+    assert_eq!(t.displayed(&p).await, 5);
+}
+
+#[tokio::test]
+async fn the_background_sweep_finds_drift_no_event_points_at() {
+    let t = TestDb::new("background").await;
+    let posts = settled_posts(&t, 6, 2).await;
+    let worker = t.spawn_worker(t.worker_settings()).await;
+    let rec = quick_buckets(&t);
+    rec.run_dirty(now_secs()).await.unwrap();
+    assert_eq!(t.store.dirty_summary().await.unwrap().size, 0);
+    let counters =
+        t.db.collection::<mongodb::bson::Document>("comment_counters");
+    // Nobody comments on post-4 any more; its counter is edited by hand, and post-5's deleted.
+    counters
+        .update_one(
+            doc! {"_id": post(4).to_bson()},
+            doc! {"$inc": {"base_count": -2}},
+        )
+        .await
+        .unwrap();
+    counters
+        .delete_one(doc! {"_id": post(5).to_bson()})
+        .await
+        .unwrap();
+    assert_eq!(
+        rec.run_dirty(now_secs()).await.unwrap().summary.posts,
+        0,
+        "nothing is dirty"
+    );
+    // Paced to a one-second pass with one-second steps: each step takes a window of posts.
+    let mut drift = Vec::new();
+    for _ in 0..4 {
+        let report = rec.background_step(now_secs()).await.unwrap().unwrap();
+        drift.extend(report.corrections.iter().map(|c| (c.post.clone(), c.drift)));
+    }
+    worker.shutdown().await.unwrap();
+    drift.sort();
+    assert_eq!(drift, vec![(post(4), -2), (post(5), -2)]);
+    t.wait_exact(&posts, Duration::from_secs(1)).await;
+    let cursor = t
+        .store
+        .load_sweep_cursor("comments")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        cursor.passes >= 1,
+        "a pass completed and was recorded: {cursor:?}"
+    );
+}
