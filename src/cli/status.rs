@@ -8,7 +8,7 @@ use serde::Serialize;
 use crate::cli::{age_secs, connect, print_json, rfc3339};
 use crate::config::{redact_uri, Settings};
 use crate::partition::stream_names;
-use crate::store::{DirtySummary, Lease, RunSummary, Store};
+use crate::store::{DirtySummary, Lease, RunSummary, Store, SweepCursor};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -31,6 +31,8 @@ struct StreamStatus {
     pending_batch: Option<String>,
     history_gaps: Vec<String>,
     sweep_requested: bool,
+    /// The background sweep's pass over every post.
+    background_sweep: Option<SweepCursor>,
 }
 
 #[derive(Serialize)]
@@ -60,7 +62,6 @@ async fn stream_status(store: &impl Store, stream: String) -> anyhow::Result<Str
         .token_time
         .map(|t| bson::DateTime::from_millis(t.time as i64 * 1000));
     Ok(StreamStatus {
-        stream,
         role,
         lease,
         checkpoint_token: checkpoint.token.as_ref().map(|t| t.to_string()),
@@ -80,6 +81,8 @@ async fn stream_status(store: &impl Store, stream: String) -> anyhow::Result<Str
             })
             .collect(),
         sweep_requested: checkpoint.sweep_requested,
+        background_sweep: store.load_sweep_cursor(&stream).await?,
+        stream,
     })
 }
 
@@ -133,6 +136,19 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
             "no"
         };
         println!("  sweep requested {sweep}");
+        match &s.background_sweep {
+            Some(c) => println!(
+                "  background sweep {} posts into pass {} (last pass: {} posts){}",
+                c.posts_done,
+                c.passes + 1,
+                c.last_pass_posts,
+                c.after
+                    .as_ref()
+                    .map(|p| format!(", after post {p}"))
+                    .unwrap_or_default()
+            ),
+            None => println!("  background sweep not started"),
+        }
     }
     println!(
         "dirty backlog     {} posts, oldest {}",
@@ -144,7 +160,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     );
     match &status.last_reconcile {
         Some(run) => println!(
-            "last reconcile    {} ({}): {} posts, {} corrected, total |drift| {} (max {}, high +{}, low {})",
+            "last reconcile    {} ({}): {} posts, {} corrected, total |drift| {} (max {}, high +{}, low {}), {} in flight (retried later)",
             run.finished_at.map(rfc3339).unwrap_or_default(),
             run.kind,
             run.posts,
@@ -152,7 +168,8 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
             run.total_abs_drift,
             run.max_abs_drift,
             run.drift_high,
-            run.drift_low
+            run.drift_low,
+            run.in_flight
         ),
         None => println!("last reconcile    never"),
     }
