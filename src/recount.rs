@@ -286,8 +286,8 @@ impl<S: Store + ?Sized> Recounter<S> {
             // ends the wait early; events found pending only mean waiting on (a worker may be
             // starting).
             let now = self.clock.now();
-            let probe_due = last_probe
-                .is_none_or(|t| now.timestamp_millis() - t.timestamp_millis() >= 1000);
+            let probe_due =
+                last_probe.is_none_or(|t| now.timestamp_millis() - t.timestamp_millis() >= 1000);
             if self.catch_up.probe_without_worker && probe_due && !self.worker_alive().await? {
                 last_probe = Some(now);
                 if self
@@ -409,4 +409,95 @@ impl<S: Store + ?Sized> Recounter<S> {
 /// applied, so everything before it), or the last drained position.
 pub fn applied_before(checkpoint: &Checkpoint) -> Option<Timestamp> {
     checkpoint.token_time.max(checkpoint.caught_up_at)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counter(applied: &str, touched: &[(i64, &str)]) -> CounterDoc {
+        CounterDoc {
+            applied_through: Some(applied.into()),
+            touched: touched.iter().map(|(b, t)| (*b, t.to_string())).collect(),
+            ..CounterDoc::default()
+        }
+    }
+
+    fn recount(first: Option<CounterDoc>, watermark: i64) -> Consistent {
+        Consistent {
+            post: PostId::Int(1),
+            since: first.as_ref().and_then(|c| c.applied_through.clone()),
+            folds: first.as_ref().map_or(0, |c| c.folds),
+            base_count: first.as_ref().map_or(0, |c| c.state.base_count),
+            counter: first,
+            watermark,
+            count: 3,
+            snapshot: false,
+        }
+    }
+
+    #[test]
+    fn only_touches_below_the_watermark_after_the_first_read_void_a_recount() {
+        let first = counter("0a", &[(0, "05"), (120, "0a")]);
+        let r = recount(Some(first), 120);
+        // Nothing new: holds.
+        assert!(r.holds_for(Some(&counter("0a", &[(0, "05"), (120, "0a")]))));
+        // A new comment above the watermark (bucket 120 >= 120): still holds.
+        assert!(r.holds_for(Some(&counter("0c", &[(0, "05"), (120, "0c")]))));
+        // An old row changed after the first read (bucket 0, token 0c > 0a): void.
+        assert!(!r.holds_for(Some(&counter("0c", &[(0, "0c"), (120, "0a")]))));
+        // An old row changed before the first read: holds.
+        assert!(r.holds_for(Some(&counter("0c", &[(0, "0a")]))));
+    }
+
+    #[test]
+    fn a_fold_or_a_hand_edit_of_the_base_in_between_voids_a_recount() {
+        let r = recount(Some(counter("0a", &[])), 120);
+        let mut folded = counter("0a", &[]);
+        folded.folds = 1;
+        assert!(!r.holds_for(Some(&folded)));
+        let mut edited = counter("0a", &[]);
+        edited.state.base_count = 2;
+        assert!(!r.holds_for(Some(&edited)));
+        assert!(!r.holds_for(None), "the counter was deleted meanwhile");
+    }
+
+    #[test]
+    fn without_a_first_counter_any_settled_touch_voids_and_none_holds() {
+        let r = recount(None, 120);
+        assert!(r.holds_for(None));
+        assert!(r.holds_for(Some(&counter("0c", &[(180, "0c")]))));
+        assert!(!r.holds_for(Some(&counter("0c", &[(60, "0c")]))));
+    }
+
+    #[test]
+    fn applied_before_is_the_later_of_the_event_time_and_the_drained_position() {
+        let t = |time| Some(Timestamp { time, increment: 0 });
+        let c = Checkpoint {
+            token_time: t(10),
+            caught_up_at: t(12),
+            ..Checkpoint::default()
+        };
+        assert_eq!(applied_before(&c), t(12));
+        let c = Checkpoint {
+            token_time: t(15),
+            caught_up_at: t(12),
+            ..Checkpoint::default()
+        };
+        assert_eq!(applied_before(&c), t(15));
+        assert_eq!(applied_before(&Checkpoint::default()), None);
+    }
+
+    #[test]
+    fn an_observation_reports_a_mismatch_only_when_compared() {
+        let o = |displayed, truth| Observation {
+            post: PostId::Int(1),
+            displayed,
+            truth,
+        };
+        assert_eq!(o(5, Some(5)).mismatch(), None);
+        assert_eq!(o(8, Some(5)).mismatch(), Some(3));
+        assert_eq!(o(3, Some(5)).mismatch(), Some(-2));
+        assert_eq!(o(8, None).mismatch(), None, "in flight: not compared");
+    }
 }

@@ -213,7 +213,8 @@ impl MongoStore {
             // Only real servers (which answer `hello`) send update descriptions and post-batch
             // tokens; the fake server answers `isMaster` only.
             update_description: hello,
-            snapshot_reads: hello && replica_set && major >= 5,
+            // Probed for real (see `snapshot_reads`): never assumed from the version.
+            snapshot_reads: replica_set && self.snapshot_reads().await,
             post_batch_token: hello,
         })
     }
@@ -1596,5 +1597,45 @@ pub fn position_from_reply(reply: &Document, local_now: DateTime) -> ServerNow {
             time: secs + 1,
             increment: 0,
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ts(time: u32, increment: u32) -> Timestamp {
+        Timestamp { time, increment }
+    }
+
+    #[test]
+    fn a_reply_with_an_operation_time_gives_exact_bounds() {
+        let reply = doc! {"ok": 1, "operationTime": ts(1_700_000_000, 7)};
+        let now = position_from_reply(&reply, DateTime::from_millis(0));
+        assert_eq!(now.lower, ts(1_700_000_000, 8));
+        assert_eq!(now.upper, ts(1_700_000_000, 8));
+    }
+
+    #[test]
+    fn a_reply_without_one_brackets_the_server_clock_by_whole_seconds() {
+        // The fake server: no operationTime; its isMaster reports localTime.
+        let reply = doc! {"ismaster": true, "localTime": DateTime::from_millis(1_700_000_000_900)};
+        let now = position_from_reply(&reply, DateTime::from_millis(0));
+        assert_eq!(
+            now.lower,
+            ts(1_700_000_000, 0),
+            "every event before it is older than the reading"
+        );
+        assert_eq!(
+            now.upper,
+            ts(1_700_000_001, 0),
+            "every event the reading could have seen is before it"
+        );
+        // Nor localTime: this process's clock.
+        let bare = position_from_reply(&doc! {"ok": 1}, DateTime::from_millis(1_700_000_005_001));
+        assert_eq!(
+            (bare.lower, bare.upper),
+            (ts(1_700_000_005, 0), ts(1_700_000_006, 0))
+        );
     }
 }
