@@ -21,6 +21,13 @@ pub struct Settings {
     pub database: String,
     /// The collection of comment rows to count.
     pub comments_collection: String,
+    /// The collection of counters that readers query (`count`, `base_count`, `live_delta`).
+    pub counters_collection: String,
+    /// Prefix of counterd's own bookkeeping collections (ledger, dirty set, checkpoints,
+    /// leases, reconcile runs, sweep cursor).
+    pub collection_prefix: String,
+    /// Create the index `{count: -1}` on the counters collection (for top-N reads).
+    pub count_index: bool,
     /// How long to look for a reachable server before failing.
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
@@ -110,6 +117,9 @@ impl Default for Settings {
             mongodb_uri: "mongodb://127.0.0.1:27017/?directConnection=true".into(),
             database: "app".into(),
             comments_collection: "comments".into(),
+            counters_collection: "comment_counters".into(),
+            collection_prefix: "counterd_".into(),
+            count_index: true,
             connect_timeout: Duration::from_secs(5),
             stream_name: "comments".into(),
             attribution: Attribution::Auto,
@@ -249,6 +259,30 @@ impl Settings {
             value,
             message: message.into(),
         };
+        for (name, value) in [
+            ("comments_collection", &self.comments_collection),
+            ("counters_collection", &self.counters_collection),
+        ] {
+            if let Some(problem) = collection_name_problem(value) {
+                return Err(bad(name, value.clone(), problem));
+            }
+        }
+        if !self.collection_prefix.is_empty() {
+            if let Some(problem) = collection_name_problem(&self.collection_prefix) {
+                return Err(bad(
+                    "collection_prefix",
+                    self.collection_prefix.clone(),
+                    problem,
+                ));
+            }
+        }
+        if self.counters_collection == self.comments_collection {
+            return Err(bad(
+                "counters_collection",
+                self.counters_collection.clone(),
+                "must differ from comments_collection",
+            ));
+        }
         if !(1..=100_000).contains(&self.batch_size) {
             return Err(bad(
                 "batch_size",
@@ -342,6 +376,11 @@ impl Settings {
         })
     }
 
+    /// counterd's own collections.
+    pub fn collections(&self) -> crate::store::mongo::Collections {
+        crate::store::mongo::Collections::new(&self.collection_prefix, &self.counters_collection)
+    }
+
     pub fn bucket_width_secs(&self) -> i64 {
         self.bucket_width.as_secs() as i64
     }
@@ -428,6 +467,19 @@ pub fn redact_uri(uri: &str) -> String {
     let userinfo = &rest[..at];
     let user = userinfo.split(':').next().unwrap_or("");
     format!("{}://{}:***@{}", &uri[..scheme_end], user, &rest[at + 1..])
+}
+
+/// Why `name` cannot be a collection name (`None`: it can).
+fn collection_name_problem(name: &str) -> Option<&'static str> {
+    if name.is_empty() {
+        Some("must not be empty")
+    } else if name.contains('$') || name.contains('\0') {
+        Some("must not contain `$` or a NUL character")
+    } else if name.starts_with("system.") {
+        Some("must not start with `system.`")
+    } else {
+        None
+    }
 }
 
 #[cfg(test)]

@@ -29,7 +29,7 @@ use bson::{doc, Bson, DateTime, Document, Timestamp};
 use clap::Parser;
 use counterd::event::PostId;
 use counterd::reconcile::{ReconcileSettings, Reconciler};
-use counterd::store::mongo::{ConnectOptions, MongoStore, OpCounts, COUNTERS, LEDGER};
+use counterd::store::mongo::{Collections, ConnectOptions, MongoStore, OpCounts};
 use counterd::store::{Fence, Store, StreamOptions, StreamStart};
 use counterd::testdb::{ServerKind, TestServer};
 use counterd::worker::{Worker, WorkerSettings, WorkerStatus};
@@ -840,6 +840,7 @@ impl Bench {
             database: self.db_name(phase),
             comments: "comments".into(),
             connect_timeout: Duration::from_secs(10),
+            collections: Collections::default(),
         })
         .await?;
         store.ensure_indexes().await?;
@@ -980,7 +981,7 @@ impl Bench {
         let db = store.database().clone();
         db.create_collection("comments").await?;
         let comments = db.collection::<Document>("comments");
-        let counters = db.collection::<Document>(COUNTERS);
+        let counters = db.collection::<Document>(&Collections::default().counters);
         let mut worker = Running::spawn(store.clone(), worker_settings(plan, just_before_now()));
         let open_by = Instant::now() + Duration::from_secs(30);
         while !worker.status.stream_open.load(Ordering::Relaxed) {
@@ -1436,7 +1437,7 @@ async fn bare_read(
 async fn guard_probe(store: &MongoStore, n: usize) -> anyhow::Result<GuardProbe> {
     let db = store.database();
     let ledger_docs = db
-        .collection::<Document>(LEDGER)
+        .collection::<Document>(&Collections::default().ledger)
         .estimated_document_count()
         .await?;
     let k = n.min(1000);
@@ -1456,8 +1457,10 @@ async fn guard_probe(store: &MongoStore, n: usize) -> anyhow::Result<GuardProbe>
     for (slot, guarded) in [(0, true), (1, false)] {
         let updates = statements(guarded, slot as i32 + 1);
         let started = Instant::now();
-        db.run_command(doc! {"update": LEDGER, "updates": updates, "ordered": false})
-            .await?;
+        db.run_command(
+            doc! {"update": Collections::default().ledger, "updates": updates, "ordered": false},
+        )
+        .await?;
         times[slot] = started.elapsed().as_secs_f64() * 1000.0;
     }
     Ok(GuardProbe {
@@ -1480,6 +1483,7 @@ async fn child_worker(args: &[String]) -> anyhow::Result<()> {
             database: database.clone(),
             comments: "comments".into(),
             connect_timeout: Duration::from_secs(10),
+            collections: Collections::default(),
         })
         .await?,
     );

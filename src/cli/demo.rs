@@ -174,7 +174,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
                 ),
             }
         }
-        let reported = reported_drift(&db, tally_from).await?;
+        let reported = reported_drift(&db, &settings.collections().runs, tally_from).await?;
         println!(
             "  drift injected {}   reported {}",
             injected.lock().unwrap(),
@@ -203,7 +203,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     // Stop counterd if the signal did not already.
     counterd.abort();
     let injected = injected.lock().unwrap().clone();
-    let reported = reported_drift(&db, tally_from).await?;
+    let reported = reported_drift(&db, &settings.collections().runs, tally_from).await?;
     println!("drift injected by hand:   {injected}");
     println!("drift the reconciler reported: {reported}");
     let matched = injected == reported;
@@ -261,10 +261,14 @@ impl std::fmt::Display for DriftTally {
 }
 
 /// The corrections of every reconcile run since `since`, by sign.
-async fn reported_drift(db: &mongodb::Database, since: DateTime) -> anyhow::Result<DriftTally> {
+async fn reported_drift(
+    db: &mongodb::Database,
+    runs: &str,
+    since: DateTime,
+) -> anyhow::Result<DriftTally> {
     let mut tally = DriftTally::default();
     let mut runs = db
-        .collection::<bson::Document>(crate::store::mongo::RUNS)
+        .collection::<bson::Document>(runs)
         .find(doc! {"started_at": {"$gte": since}})
         .await?;
     use futures::TryStreamExt;

@@ -37,6 +37,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         "difference": observation.mismatch().unwrap_or(0),
         "in_flight": observation.truth.is_none(),
         "dirty": dirty,
+        "count": counter.count,
         "base_count": state.base_count,
         "base_watermark": state.base_watermark,
         "live_delta": state.live_delta,

@@ -136,6 +136,7 @@ pub async fn connect(settings: &Settings) -> anyhow::Result<Arc<MongoStore>> {
         database: settings.database.clone(),
         comments: settings.comments_collection.clone(),
         connect_timeout: settings.connect_timeout,
+        collections: settings.collections(),
     })
     .await?;
     Ok(Arc::new(store))

@@ -122,7 +122,10 @@ pub async fn run_with(
     let Some(store) = connect_patiently(&settings, &mut shutdown).await? else {
         return Ok(());
     };
-    store.ensure_indexes().await.map_err(WorkerError::Startup)?;
+    store
+        .ensure_indexes_with(settings.count_index)
+        .await
+        .map_err(WorkerError::Startup)?;
     let abilities = store.abilities().await.map_err(WorkerError::Startup)?;
     tracing::info!(mongodb = %crate::config::redact_uri(&settings.mongodb_uri), version = %abilities.version,
         pre_images = abilities.pre_images, partitions = settings.partitions, "connected");
@@ -232,6 +235,7 @@ async fn connect_patiently(
             database: settings.database.clone(),
             comments: settings.comments_collection.clone(),
             connect_timeout: settings.connect_timeout,
+            collections: settings.collections(),
         })
         .await;
         match attempt {

@@ -127,6 +127,9 @@ pub struct CounterDoc {
     pub touched: BTreeMap<BucketStart, String>,
     /// Folds installed so far: a recount made against one fold is void after another.
     pub folds: i64,
+    /// The readers' field, `base_count + live_delta`, maintained in the same single-document
+    /// writes (`None`: a counter written before it existed, until `run` fills it in).
+    pub count: Option<i64>,
     pub last_drift: Option<i64>,
     pub reconciled_at: Option<DateTime>,
 }

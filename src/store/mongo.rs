@@ -26,20 +26,44 @@ use crate::batch::{CounterDelta, DirtyMark, LedgerUpdate};
 use crate::event::{CommentId, PostId, Row, Token, CREATED_FIELD, DELETED_FIELD, POST_FIELD};
 use crate::fold::{CounterState, Fold};
 
-/// Collection names (fixed: they are part of the interface operators query).
-pub const COUNTERS: &str = "comment_counters";
-pub const LEDGER: &str = "counterd_comment_state";
-pub const DIRTY: &str = "counterd_dirty";
-pub const CHECKPOINTS: &str = "counterd_checkpoints";
-pub const LEASES: &str = "counterd_leases";
-pub const RUNS: &str = "counterd_reconcile_runs";
-pub const SWEEPS: &str = "counterd_sweeps";
+/// The names of counterd's own collections: a prefix (default `counterd_`) for its bookkeeping,
+/// and the counters collection that readers query (default `comment_counters`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Collections {
+    pub counters: String,
+    pub ledger: String,
+    pub dirty: String,
+    pub checkpoints: String,
+    pub leases: String,
+    pub runs: String,
+    pub sweeps: String,
+}
 
-/// The ledger collection of a stream: partitions (`<base>/pNofM`) keep their own.
-fn ledger_collection(stream: &str) -> String {
-    match stream.split_once('/') {
-        Some((_, partition)) => format!("{LEDGER}_{partition}"),
-        None => LEDGER.to_string(),
+impl Collections {
+    pub fn new(prefix: &str, counters: &str) -> Collections {
+        Collections {
+            counters: counters.to_string(),
+            ledger: format!("{prefix}comment_state"),
+            dirty: format!("{prefix}dirty"),
+            checkpoints: format!("{prefix}checkpoints"),
+            leases: format!("{prefix}leases"),
+            runs: format!("{prefix}reconcile_runs"),
+            sweeps: format!("{prefix}sweeps"),
+        }
+    }
+
+    /// The ledger collection of a stream: partitions (`<base>/pNofM`) keep their own.
+    fn ledger_of(&self, stream: &str) -> String {
+        match stream.split_once('/') {
+            Some((_, partition)) => format!("{}_{partition}", self.ledger),
+            None => self.ledger.clone(),
+        }
+    }
+}
+
+impl Default for Collections {
+    fn default() -> Self {
+        Collections::new("counterd_", "comment_counters")
     }
 }
 
@@ -63,6 +87,8 @@ pub struct ConnectOptions {
     pub comments: String,
     /// How long to look for a reachable server before giving up.
     pub connect_timeout: Duration,
+    /// counterd's own collections.
+    pub collections: Collections,
 }
 
 /// Operations issued through one store, for tests and the benchmark.
@@ -91,6 +117,7 @@ pub struct MongoStore {
     snapshot_reads: Arc<tokio::sync::OnceCell<bool>>,
     db: Database,
     comments: Collection<Document>,
+    names: Collections,
     /// Host list for error messages (never the credentials).
     hosts: String,
 }
@@ -139,6 +166,7 @@ impl MongoStore {
             snapshot_reads: Arc::default(),
             db,
             comments,
+            names: options.collections.clone(),
             hosts,
         })
     }
@@ -166,16 +194,69 @@ impl MongoStore {
 
     /// Creates the indexes counterd relies on (idempotent).
     pub async fn ensure_indexes(&self) -> StoreResult<()> {
-        let commands = [
-            doc! {"createIndexes": DIRTY, "indexes": [{"key": {"first_dirty_at": 1}, "name": "first_dirty_at"}]},
-            doc! {"createIndexes": LEDGER, "indexes": [{"key": {"gone_at": 1}, "name": "gone_ttl", "expireAfterSeconds": 7 * 24 * 3600}]},
-            doc! {"createIndexes": RUNS, "indexes": [{"key": {"finished_at": 1}, "name": "runs_ttl", "expireAfterSeconds": 30 * 24 * 3600}]},
+        self.ensure_indexes_with(true).await
+    }
+
+    /// Creates the indexes counterd relies on, and `{count: -1}` on the counters for top-N
+    /// reads when `count_index` (idempotent); then gives counters written before `count` was
+    /// maintained their `count`, so that the worker's `$inc` of it starts from the right value.
+    pub async fn ensure_indexes_with(&self, count_index: bool) -> StoreResult<()> {
+        let mut commands = vec![
+            doc! {"createIndexes": &self.names.dirty, "indexes": [{"key": {"first_dirty_at": 1}, "name": "first_dirty_at"}]},
+            doc! {"createIndexes": &self.names.ledger, "indexes": [{"key": {"gone_at": 1}, "name": "gone_ttl", "expireAfterSeconds": 7 * 24 * 3600}]},
+            doc! {"createIndexes": &self.names.runs, "indexes": [{"key": {"finished_at": 1}, "name": "runs_ttl", "expireAfterSeconds": 30 * 24 * 3600}]},
         ];
+        if count_index {
+            commands.push(doc! {"createIndexes": &self.names.counters, "indexes": [{"key": {"count": -1}, "name": "count_desc"}]});
+        }
         for command in commands {
             self.db
                 .run_command(command)
                 .await
                 .map_err(|e| map_err("create indexes", e))?;
+        }
+        self.backfill_count().await
+    }
+
+    /// Sets `count = base_count + live_delta` on counters that lack it, each conditioned on the
+    /// numbers read (a worker or reconciler that moved it meanwhile wins, and the next start
+    /// looks again).
+    async fn backfill_count(&self) -> StoreResult<()> {
+        let counters = self.coll(&self.names.counters);
+        let mut missing = counters
+            .find(doc! {"count": {"$exists": false}})
+            .projection(doc! {"base_count": 1, "live_delta": 1})
+            .await
+            .map_err(|e| map_err("find counters without count", e))?;
+        let mut filled = 0;
+        while let Some(d) = missing
+            .try_next()
+            .await
+            .map_err(|e| map_err("find counters without count", e))?
+        {
+            let int = |f: &str| {
+                d.get(f)
+                    .and_then(|v| v.as_i64().or(v.as_i32().map(i64::from)))
+            };
+            let (Some(id), base, live) = (d.get("_id"), int("base_count"), int("live_delta"))
+            else {
+                continue;
+            };
+            let mut filter = doc! {"_id": id.clone(), "count": {"$exists": false}};
+            filter.insert("base_count", base.map_or(Bson::Null, Bson::Int64));
+            filter.insert("live_delta", live.map_or(Bson::Null, Bson::Int64));
+            let count = base.unwrap_or(0) + live.unwrap_or(0);
+            counters
+                .update_one(filter, doc! {"$set": {"count": count}})
+                .await
+                .map_err(|e| map_err("fill in a counter's count", e))?;
+            filled += 1;
+        }
+        if filled > 0 {
+            tracing::info!(
+                counters = filled,
+                "gave counters written by an older counterd their `count`"
+            );
         }
         Ok(())
     }
@@ -506,6 +587,10 @@ fn counter_from_doc(doc: &Document) -> StoreResult<CounterDoc> {
         applied_through: doc.get_str("applied_through").ok().map(String::from),
         applied_time: doc.get_timestamp("applied_time").ok(),
         folds: int("folds")?,
+        count: match doc.get("count") {
+            None | Some(Bson::Null) => None,
+            Some(_) => Some(int("count")?),
+        },
         touched: match doc.get_document("touched") {
             Ok(map) => map
                 .iter()
@@ -525,7 +610,7 @@ fn checkpoint_from_doc(stream: &str, doc: &Document) -> StoreResult<Checkpoint> 
         StoreError::Malformed {
         what: "checkpoint",
         id: stream.to_string(),
-        detail: format!("{detail} (fix or delete it in `{CHECKPOINTS}`, or run `counterd replay --from-time ...`)"),
+        detail: format!("{detail} (fix or delete it in counterd's checkpoints collection, or run `counterd replay --from-time ...`)"),
     }
     };
     let token = match doc.get("token") {
@@ -762,7 +847,7 @@ impl Store for MongoStore {
 
     async fn load_checkpoint(&self, stream: &str) -> StoreResult<Option<Checkpoint>> {
         let found = self
-            .coll(CHECKPOINTS)
+            .coll(&self.names.checkpoints)
             .find_one(doc! {"_id": stream})
             .await
             .map_err(|e| map_err("read the checkpoint", e))?;
@@ -807,7 +892,7 @@ impl Store for MongoStore {
                 doc! {"$unset": {"token": "", "token_time": "", "start_time": ""}, "$set": {"updated_at": now}}
             }
         };
-        self.coll(CHECKPOINTS)
+        self.coll(&self.names.checkpoints)
             .update_one(doc! {"_id": stream}, update)
             .upsert(true)
             .await
@@ -847,7 +932,7 @@ impl Store for MongoStore {
     }
 
     async fn set_sweep_requested(&self, stream: &str, requested: bool) -> StoreResult<()> {
-        self.coll(CHECKPOINTS)
+        self.coll(&self.names.checkpoints)
             .update_one(
                 doc! {"_id": stream},
                 doc! {"$set": {"sweep_requested": requested}},
@@ -867,7 +952,7 @@ impl Store for MongoStore {
         for chunk in comments.chunks(5000) {
             let ids: Vec<Bson> = chunk.iter().map(|c| c.value.clone()).collect();
             let mut cursor = self
-                .coll(&ledger_collection(stream))
+                .coll(&self.names.ledger_of(stream))
                 .find(doc! {"_id": {"$in": ids}})
                 .await
                 .map_err(|e| map_err("read the ledger", e))?;
@@ -897,7 +982,9 @@ impl Store for MongoStore {
                 let mut filter =
                     doc! {"_id": w.post.to_bson(), "applied_through": not_gte(through.as_str())};
                 fenced(&mut filter, fence);
-                let mut inc = doc! {"live_delta": w.delta};
+                // `count` moves with `live_delta` in the same write: readers never see it apart
+                // from `base_count + live_delta`.
+                let mut inc = doc! {"live_delta": w.delta, "count": w.delta};
                 for (bucket, amount) in &w.buckets {
                     inc.insert(format!("live_by_bucket.{bucket}"), *amount);
                 }
@@ -924,7 +1011,7 @@ impl Store for MongoStore {
             .counter_statements
             .fetch_add(writes.len() as u64, Ordering::Relaxed);
         let (applied, already_applied) = self
-            .update_many_statements("apply counter increments", COUNTERS, statements)
+            .update_many_statements("apply counter increments", &self.names.counters, statements)
             .await?;
         Ok(ApplyOutcome {
             applied,
@@ -977,7 +1064,7 @@ impl Store for MongoStore {
             .fetch_add(updates.len() as u64, Ordering::Relaxed);
         self.update_many_statements(
             "write the comment ledger",
-            &ledger_collection(&fence.stream),
+            &self.names.ledger_of(&fence.stream),
             statements,
         )
         .await?;
@@ -1006,7 +1093,7 @@ impl Store for MongoStore {
             })
             .collect();
         let (_, duplicates) = self
-            .update_many_statements("mark posts dirty", DIRTY, statements)
+            .update_many_statements("mark posts dirty", &self.names.dirty, statements)
             .await?;
         if duplicates > 0 {
             // Two upserts raced on a new entry (another marker or a reconcile clear): the entry
@@ -1031,7 +1118,7 @@ impl Store for MongoStore {
             DirtyOrder::ByVersion => doc! {"version": -1, "_id": 1},
         };
         let docs: Vec<Document> = self
-            .coll(DIRTY)
+            .coll(&self.names.dirty)
             .find(filter)
             .sort(sort)
             .limit(limit.min(i64::MAX as usize) as i64)
@@ -1044,7 +1131,7 @@ impl Store for MongoStore {
     }
 
     async fn dirty_summary(&self) -> StoreResult<DirtySummary> {
-        let dirty = self.coll(DIRTY);
+        let dirty = self.coll(&self.names.dirty);
         let size = dirty
             .estimated_document_count()
             .await
@@ -1060,7 +1147,7 @@ impl Store for MongoStore {
 
     async fn clear_dirty(&self, post: &PostId, version: i64) -> StoreResult<bool> {
         let result = self
-            .coll(DIRTY)
+            .coll(&self.names.dirty)
             .delete_one(doc! {"_id": post.to_bson(), "version": version})
             .await
             .map_err(|e| map_err("clear a dirty entry", e))?;
@@ -1069,7 +1156,7 @@ impl Store for MongoStore {
 
     async fn requeue_dirty(&self, post: &PostId, version: i64, now: DateTime) -> StoreResult<bool> {
         let result = self
-            .coll(DIRTY)
+            .coll(&self.names.dirty)
             .update_one(
                 doc! {"_id": post.to_bson(), "version": version},
                 doc! {"$set": {"first_dirty_at": now}},
@@ -1081,7 +1168,7 @@ impl Store for MongoStore {
 
     async fn read_counter(&self, post: &PostId) -> StoreResult<Option<CounterDoc>> {
         let found = self
-            .coll(COUNTERS)
+            .coll(&self.names.counters)
             .find_one(doc! {"_id": post.to_bson()})
             .await
             .map_err(|e| map_err("read a counter", e))?;
@@ -1166,7 +1253,7 @@ impl Store for MongoStore {
         fold: &Fold,
         now: DateTime,
     ) -> StoreResult<bool> {
-        let counters = self.coll(COUNTERS);
+        let counters = self.coll(&self.names.counters);
         let Some(expected) = expected else {
             let mut buckets = Document::new();
             for (k, v) in &fold.kept {
@@ -1178,6 +1265,7 @@ impl Store for MongoStore {
                     "base_count": fold.base_count,
                     "base_watermark": fold.watermark,
                     "live_delta": fold.live_delta,
+                    "count": fold.base_count + fold.live_delta,
                     "live_by_bucket": buckets,
                     "applied_through": "",
                     "folds": 1_i64,
@@ -1212,6 +1300,7 @@ impl Store for MongoStore {
             "base_count": fold.base_count,
             "base_watermark": fold.watermark,
             "live_delta": fold.live_delta,
+            "count": fold.base_count + fold.live_delta,
             "last_drift": fold.drift,
             "reconciled_at": now,
         }, "$inc": {"folds": 1_i64}};
@@ -1250,7 +1339,7 @@ impl Store for MongoStore {
             .await
             .map_err(|e| map_err("list posts", e))?;
         let from_counters: Vec<Document> = self
-            .coll(COUNTERS)
+            .coll(&self.names.counters)
             .find(after_filter("_id", after))
             .projection(doc! {"_id": 1})
             .sort(doc! {"_id": 1})
@@ -1273,7 +1362,7 @@ impl Store for MongoStore {
 
     async fn sample_posts(&self, n: usize) -> StoreResult<Vec<PostId>> {
         let docs: Vec<Document> = self
-            .coll(COUNTERS)
+            .coll(&self.names.counters)
             .aggregate(vec![
                 doc! {"$sample": {"size": n as i64}},
                 doc! {"$project": {"_id": 1}},
@@ -1297,7 +1386,7 @@ impl Store for MongoStore {
             op: "record a reconcile run",
             message: e.to_string(),
         })?;
-        self.coll(RUNS)
+        self.coll(&self.names.runs)
             .insert_one(doc)
             .await
             .map_err(|e| map_err("record a reconcile run", e))?;
@@ -1306,7 +1395,7 @@ impl Store for MongoStore {
 
     async fn last_run(&self) -> StoreResult<Option<RunSummary>> {
         let found = self
-            .coll(RUNS)
+            .coll(&self.names.runs)
             .find_one(doc! {})
             .sort(doc! {"finished_at": -1})
             .await
@@ -1333,7 +1422,7 @@ impl Store for MongoStore {
 
     async fn load_sweep_cursor(&self, stream: &str) -> StoreResult<Option<SweepCursor>> {
         let found = self
-            .coll(SWEEPS)
+            .coll(&self.names.sweeps)
             .find_one(doc! {"_id": stream})
             .await
             .map_err(|e| map_err("read the sweep cursor", e))?;
@@ -1349,7 +1438,7 @@ impl Store for MongoStore {
     async fn save_sweep_cursor(&self, stream: &str, cursor: &SweepCursor) -> StoreResult<()> {
         let after = cursor.after.as_ref().map_or(Bson::Null, PostId::to_bson);
         let started = cursor.pass_started.map_or(Bson::Null, Bson::DateTime);
-        self.coll(SWEEPS)
+        self.coll(&self.names.sweeps)
             .update_one(
                 doc! {"_id": stream},
                 doc! {"$set": {
@@ -1369,7 +1458,7 @@ impl Store for MongoStore {
 
     async fn read_lease(&self, stream: &str) -> StoreResult<Option<Lease>> {
         let found = self
-            .coll(LEASES)
+            .coll(&self.names.leases)
             .find_one(doc! {"_id": stream})
             .await
             .map_err(|e| map_err("read the lease", e))?;
@@ -1397,7 +1486,7 @@ impl Store for MongoStore {
         let update =
             doc! {"$set": {"owner": owner, "expires_at": expires}, "$inc": {"epoch": 1_i64}};
         let result = self
-            .coll(LEASES)
+            .coll(&self.names.leases)
             .find_one_and_update(filter, update)
             .upsert(true)
             .return_document(mongodb::options::ReturnDocument::After)
@@ -1420,7 +1509,7 @@ impl Store for MongoStore {
     ) -> StoreResult<bool> {
         let expires = DateTime::from_millis(now.timestamp_millis() + ttl.as_millis() as i64);
         let result = self
-            .coll(LEASES)
+            .coll(&self.names.leases)
             .update_one(
                 doc! {"_id": stream, "owner": owner, "epoch": epoch},
                 doc! {"$set": {"expires_at": expires}},
@@ -1431,7 +1520,7 @@ impl Store for MongoStore {
     }
 
     async fn release_lease(&self, stream: &str, owner: &str, epoch: i64) -> StoreResult<()> {
-        self.coll(LEASES)
+        self.coll(&self.names.leases)
             .update_one(
                 doc! {"_id": stream, "owner": owner, "epoch": epoch},
                 doc! {"$set": {"expires_at": DateTime::from_millis(0)}},
@@ -1550,7 +1639,7 @@ impl MongoStore {
         update: Document,
     ) -> StoreResult<()> {
         match self
-            .coll(CHECKPOINTS)
+            .coll(&self.names.checkpoints)
             .update_one(filter, update)
             .upsert(true)
             .await

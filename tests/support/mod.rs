@@ -51,6 +51,7 @@ impl TestDb {
             database: name.clone(),
             comments: "comments".into(),
             connect_timeout: Duration::from_secs(10),
+            collections: counterd::store::mongo::Collections::default(),
         })
         .await
         .expect("connect to the test database");
