@@ -8,7 +8,8 @@
 //! then a counter's `base_count` is knocked off by hand (each post at most once). Throughout, a
 //! sampler compares every counter with the truth consistently with the stream (a post with a
 //! change in flight is skipped, never reported): a post never knocked off must always be exact,
-//! a knocked-off one off by exactly its injection or exact. At the end, a sweep after the
+//! a knocked-off one off by exactly its injection or exact; and every counter document's `count`
+//! equals its `base_count + live_delta`. At the end, a sweep after the
 //! writers stop leaves every counter exact, and the corrections reported over the whole run
 //! are exactly the injections.
 
@@ -201,7 +202,7 @@ async fn no_false_drift_under_load_and_injected_drift_is_reported_exactly() {
                 let r = counters
                     .update_one(
                         doc! {"_id": p.to_bson()},
-                        doc! {"$inc": {"base_count": amount}},
+                        doc! {"$inc": {"base_count": amount, "count": amount}},
                     )
                     .await
                     .unwrap();
@@ -232,6 +233,24 @@ async fn no_false_drift_under_load_and_injected_drift_is_reported_exactly() {
                 "post {}: displayed {} is off the truth by {off:+} at a caught-up moment (injected: {allowed:+})",
                 o.post,
                 o.displayed
+            );
+        }
+        // Readers' field: `count` equals `base_count + live_delta` in every document, always.
+        let mut docs =
+            t.db.collection::<Document>("comment_counters")
+                .find(doc! {})
+                .await
+                .unwrap();
+        use futures::TryStreamExt;
+        while let Some(d) = docs.try_next().await.unwrap() {
+            let int = |f: &str| {
+                d.get(f)
+                    .and_then(|v| v.as_i64().or(v.as_i32().map(i64::from)))
+            };
+            assert_eq!(
+                int("count"),
+                Some(int("base_count").unwrap_or(0) + int("live_delta").unwrap_or(0)),
+                "count is base_count + live_delta in {d}"
             );
         }
         samples += 1;

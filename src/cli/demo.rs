@@ -349,7 +349,7 @@ async fn load_generator(
                 let edited = counters
                     .update_one(
                         doc! {"_id": target.to_bson()},
-                        doc! {"$inc": {"base_count": amount}},
+                        doc! {"$inc": {"base_count": amount, "count": amount}},
                     )
                     .await;
                 if edited.is_ok_and(|r| r.modified_count == 1) {
