@@ -16,6 +16,7 @@ pub mod lease;
 pub mod partition;
 pub mod reconcile;
 pub mod recount;
+pub mod schema;
 pub mod store;
 pub mod telemetry;
 pub mod testdb;
