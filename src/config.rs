@@ -3,6 +3,7 @@
 //! variables (the setting's name in upper case), then flags (`--set name=value` and the named
 //! flags of `counterd`).
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
@@ -82,6 +83,10 @@ pub struct Settings {
     /// `/readyz` is unready above this stream lag.
     #[serde(with = "humantime_serde")]
     pub ready_max_lag: Duration,
+    /// `/readyz` is unready when the active stream's reads went unanswered this long, or a
+    /// standby could not reach MongoDB this long (a paused or unreachable server).
+    #[serde(with = "humantime_serde")]
+    pub ready_max_stall: Duration,
     /// Log format: text or json.
     pub log_format: String,
     /// Log filter (tracing EnvFilter syntax), e.g. info or counterd=debug; RUST_LOG wins if set.
@@ -141,6 +146,7 @@ impl Default for Settings {
             background_sweep_pass: Duration::from_secs(24 * 3600),
             http_addr: "127.0.0.1:9187".into(),
             ready_max_lag: Duration::from_secs(60),
+            ready_max_stall: Duration::from_secs(30),
             log_format: "text".into(),
             log_level: "info".into(),
             retry_min_delay: Duration::from_millis(100),
@@ -173,6 +179,51 @@ pub enum ConfigError {
     },
 }
 
+/// A value given on the command line: a named flag (`--mongodb-uri`) or `--set name=value`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Override {
+    pub name: String,
+    pub value: String,
+    /// How the operator gave it, for messages: `flag --mongodb-uri`, `flag --set`.
+    pub origin: String,
+}
+
+/// Settings with where each value came from.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Loaded {
+    pub settings: Settings,
+    /// Setting name → `default`, `file <path>`, `environment variable COUNTERD_…`, `flag …`.
+    pub origins: BTreeMap<String, String>,
+    /// `COUNTERD_*` variables that are not settings but Kubernetes service links (a Service
+    /// named `counterd` injects `COUNTERD_PORT=tcp://…`): ignored, logged at debug.
+    pub ignored_env: Vec<String>,
+}
+
+/// `COUNTERD_*` variables that are not settings and not errors: the config path, the test and
+/// benchmark knobs.
+const NOT_SETTINGS: [&str; 4] = ["config", "testdb_dir", "kill_iterations", "test_threads"];
+
+/// Whether `name` (after `COUNTERD_`, lower case) is what Kubernetes injects for a Service
+/// named `counterd`: `COUNTERD_SERVICE_HOST`, `COUNTERD_SERVICE_PORT[_<name>]`,
+/// `COUNTERD_PORT` and `COUNTERD_PORT_<port>_<proto>[_PROTO|_PORT|_ADDR]`.
+pub fn is_service_link(name: &str) -> bool {
+    if matches!(name, "port" | "service_host" | "service_port") || name.starts_with("service_port_")
+    {
+        return true;
+    }
+    let Some(rest) = name.strip_prefix("port_") else {
+        return false;
+    };
+    let mut parts = rest.split('_');
+    let port = parts.next().unwrap_or("");
+    let proto = parts.next().unwrap_or("");
+    let tail: Vec<&str> = parts.collect();
+    !port.is_empty()
+        && port.bytes().all(|b| b.is_ascii_digit())
+        && matches!(proto, "tcp" | "udp" | "sctp")
+        && matches!(tail.as_slice(), [] | ["proto"] | ["port"] | ["addr"])
+}
+
 impl Settings {
     /// Loads defaults ← file ← `COUNTERD_*` environment ← flag overrides (`name=value`).
     pub fn load(
@@ -180,27 +231,54 @@ impl Settings {
         env: impl IntoIterator<Item = (String, String)>,
         overrides: &[(String, String)],
     ) -> Result<Settings, ConfigError> {
+        let overrides: Vec<Override> = overrides
+            .iter()
+            .map(|(name, value)| Override {
+                name: name.clone(),
+                value: value.clone(),
+                origin: "flag --set".into(),
+            })
+            .collect();
+        Self::load_traced(file, env, &overrides).map(|l| l.settings)
+    }
+
+    /// [`Settings::load`], keeping where each value came from (`counterd config`).
+    pub fn load_traced(
+        file: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+        overrides: &[Override],
+    ) -> Result<Loaded, ConfigError> {
         let mut table = match toml::Value::try_from(Settings::default()) {
             Ok(toml::Value::Table(t)) => t,
             _ => unreachable!("settings serialize to a table"),
         };
+        let mut origins: BTreeMap<String, String> = table
+            .keys()
+            .map(|k| (k.clone(), "default".to_string()))
+            .collect();
+        let mut ignored_env = Vec::new();
         if let Some(path) = file {
-            let origin = path.display().to_string();
+            let origin = format!("file {}", path.display());
             let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
-                path: origin.clone(),
+                path: path.display().to_string(),
                 message: e.to_string(),
             })?;
             let parsed: toml::Table =
                 text.parse()
                     .map_err(|e: toml::de::Error| ConfigError::Parse {
-                        path: origin.clone(),
+                        path: path.display().to_string(),
                         message: e.to_string(),
                     })?;
             for (name, value) in parsed {
                 if !table.contains_key(&name) {
                     return Err(ConfigError::Unknown { name, origin });
                 }
-                check_one(&name, &value, &origin)?;
+                let shown = match &value {
+                    toml::Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                check_one(&name, &value, &shown, &origin)?;
+                origins.insert(name.clone(), origin.clone());
                 table.insert(name, value);
             }
         }
@@ -211,34 +289,34 @@ impl Settings {
         env.sort();
         for (key, raw) in env {
             let name = key["COUNTERD_".len()..].to_ascii_lowercase();
+            let origin = format!("environment variable {key}");
             if !table.contains_key(&name) {
-                // A few COUNTERD_* variables are not settings: the config path and test knobs.
-                let known = ["config", "testdb_dir", "kill_iterations", "test_threads"];
-                if known.contains(&name.as_str())
+                if NOT_SETTINGS.contains(&name.as_str())
                     || name.starts_with("test_")
                     || name.starts_with("bench_")
                 {
                     continue;
                 }
-                return Err(ConfigError::Unknown {
-                    name,
-                    origin: format!("environment variable {key}"),
-                });
+                if is_service_link(&name) {
+                    ignored_env.push(key);
+                    continue;
+                }
+                return Err(ConfigError::Unknown { name, origin });
             }
-            let origin = format!("environment variable {key}");
             let value = typed_like(&table[&name], &raw, &name, &origin)?;
+            origins.insert(name.clone(), origin);
             table.insert(name, value);
         }
-        for (name, raw) in overrides {
-            let origin = format!("flag --{}", name.replace('_', "-"));
-            let Some(existing) = table.get(name) else {
+        for o in overrides {
+            let Some(existing) = table.get(&o.name) else {
                 return Err(ConfigError::Unknown {
-                    name: name.clone(),
-                    origin,
+                    name: o.name.clone(),
+                    origin: o.origin.clone(),
                 });
             };
-            let value = typed_like(existing, raw, name, &origin)?;
-            table.insert(name.clone(), value);
+            let value = typed_like(existing, &o.value, &o.name, &o.origin)?;
+            origins.insert(o.name.clone(), o.origin.clone());
+            table.insert(o.name.clone(), value);
         }
         let settings: Settings =
             toml::Value::Table(table)
@@ -247,8 +325,29 @@ impl Settings {
                     path: "merged settings".into(),
                     message: e.to_string(),
                 })?;
-        settings.validate()?;
-        Ok(settings)
+        settings.validate().map_err(|e| match e {
+            // Name where the offending value came from, not just "settings".
+            ConfigError::Invalid {
+                name,
+                value,
+                message,
+                ..
+            } => ConfigError::Invalid {
+                origin: origins
+                    .get(&name)
+                    .cloned()
+                    .unwrap_or_else(|| "settings".into()),
+                name,
+                value,
+                message,
+            },
+            other => other,
+        })?;
+        Ok(Loaded {
+            settings,
+            origins,
+            ignored_env,
+        })
     }
 
     /// Range checks that types alone cannot express.
@@ -293,7 +392,7 @@ impl Settings {
         if self.bucket_width < Duration::from_secs(1) || self.bucket_width.subsec_nanos() != 0 {
             return Err(bad(
                 "bucket_width",
-                format!("{:?}", self.bucket_width),
+                humantime::format_duration(self.bucket_width).to_string(),
                 "allowed: whole seconds, at least 1s",
             ));
         }
@@ -314,7 +413,7 @@ impl Settings {
         if self.catch_up_timeout < Duration::from_millis(100) {
             return Err(bad(
                 "catch_up_timeout",
-                format!("{:?}", self.catch_up_timeout),
+                humantime::format_duration(self.catch_up_timeout).to_string(),
                 "allowed: at least 100ms",
             ));
         }
@@ -331,7 +430,7 @@ impl Settings {
         if self.lease_renew >= self.lease_ttl {
             return Err(bad(
                 "lease_renew",
-                format!("{:?}", self.lease_renew),
+                humantime::format_duration(self.lease_renew).to_string(),
                 "must be shorter than lease_ttl",
             ));
         }
@@ -363,6 +462,26 @@ impl Settings {
                 "mongodb_uri",
                 redact_uri(&self.mongodb_uri),
                 "expected mongodb://… or mongodb+srv://…",
+            ));
+        }
+        if let Err(e) = mongodb::options::ConnectionString::parse(&self.mongodb_uri) {
+            // The driver's reason, without echoing the URI (it may hold a password).
+            let reason = match e.kind.as_ref() {
+                mongodb::error::ErrorKind::InvalidArgument { message, .. } => message.clone(),
+                _ => e.to_string(),
+            };
+            let reason = reason.replace(&self.mongodb_uri, "<uri>");
+            return Err(bad(
+                "mongodb_uri",
+                redact_uri(&self.mongodb_uri),
+                &format!("not a valid connection string: {reason} (expected mongodb://[user:pass@]host[:port][,host…]/[?options])"),
+            ));
+        }
+        if self.ready_max_stall < Duration::from_secs(1) {
+            return Err(bad(
+                "ready_max_stall",
+                humantime::format_duration(self.ready_max_stall).to_string(),
+                "allowed: at least 1s",
             ));
         }
         Ok(())
@@ -402,7 +521,12 @@ pub fn parse_time(text: &str) -> Option<i64> {
 }
 
 /// Checks a file value's type against the default's, so the error names the setting.
-fn check_one(name: &str, value: &toml::Value, origin: &str) -> Result<(), ConfigError> {
+fn check_one(
+    name: &str,
+    value: &toml::Value,
+    shown: &str,
+    origin: &str,
+) -> Result<(), ConfigError> {
     let mut probe = match toml::Value::try_from(Settings::default()) {
         Ok(toml::Value::Table(t)) => t,
         _ => unreachable!(),
@@ -414,7 +538,7 @@ fn check_one(name: &str, value: &toml::Value, origin: &str) -> Result<(), Config
         .map_err(|e| ConfigError::Invalid {
             name: name.into(),
             origin: origin.into(),
-            value: value.to_string(),
+            value: shown.to_string(),
             message: e.message().to_string(),
         })
 }
@@ -450,7 +574,7 @@ fn typed_like(
             .map_err(|_| invalid("expected true or false".into()))?,
         _ => toml::Value::String(raw.to_string()),
     };
-    check_one(name, &value, origin)?;
+    check_one(name, &value, raw, origin)?;
     Ok(value)
 }
 
@@ -493,6 +617,89 @@ mod tests {
             "mongodb://alice:***@db1:27017,db2/?replicaSet=rs0"
         );
         assert_eq!(redact_uri("mongodb://db1:27017/"), "mongodb://db1:27017/");
+    }
+
+    #[test]
+    fn kubernetes_service_links_are_ignored_other_unknown_names_are_errors() {
+        let links = [
+            ("COUNTERD_PORT", "tcp://10.0.0.1:9187"),
+            ("COUNTERD_PORT_9187_TCP", "tcp://10.0.0.1:9187"),
+            ("COUNTERD_PORT_9187_TCP_PROTO", "tcp"),
+            ("COUNTERD_PORT_9187_TCP_PORT", "9187"),
+            ("COUNTERD_PORT_9187_TCP_ADDR", "10.0.0.1"),
+            ("COUNTERD_SERVICE_HOST", "10.0.0.1"),
+            ("COUNTERD_SERVICE_PORT", "9187"),
+            ("COUNTERD_SERVICE_PORT_HTTP", "9187"),
+        ];
+        let env = links.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+        let loaded = Settings::load_traced(None, env, &[]).unwrap();
+        assert_eq!(loaded.ignored_env.len(), links.len());
+        assert_eq!(loaded.settings, Settings::default());
+        for near_miss in [
+            "COUNTERD_PORTS",
+            "COUNTERD_PORT_X_TCP",
+            "COUNTERD_PORT_80_TCP_HOST",
+        ] {
+            let env = vec![(near_miss.to_string(), "1".to_string())];
+            let e = Settings::load(None, env, &[]).unwrap_err().to_string();
+            assert!(e.contains("unknown setting"), "{near_miss}: {e}");
+        }
+    }
+
+    #[test]
+    fn origins_are_tracked_and_named_in_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "batch_size = 10\n").unwrap();
+        let env = vec![("COUNTERD_DATABASE".to_string(), "x".to_string())];
+        let flags = vec![Override {
+            name: "mongodb_uri".into(),
+            value: "mongodb://db:27017/".into(),
+            origin: "flag --mongodb-uri".into(),
+        }];
+        let l = Settings::load_traced(Some(&path), env, &flags).unwrap();
+        assert_eq!(l.origins["batch_size"], format!("file {}", path.display()));
+        assert_eq!(
+            l.origins["database"],
+            "environment variable COUNTERD_DATABASE"
+        );
+        assert_eq!(l.origins["mongodb_uri"], "flag --mongodb-uri");
+        assert_eq!(l.origins["settle_time"], "default");
+        // A range error names where the value came from, a flag as it was given.
+        let e = Settings::load(None, vec![], &[("batch_size".into(), "0".into())])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("(from flag --set)") && !e.contains("--batch-size"),
+            "{e}"
+        );
+        let env = vec![("COUNTERD_BATCH_SIZE".to_string(), "0".to_string())];
+        let e = Settings::load(None, env, &[]).unwrap_err().to_string();
+        assert!(
+            e.contains("(from environment variable COUNTERD_BATCH_SIZE)"),
+            "{e}"
+        );
+        // A bad duration is quoted once.
+        let env = vec![("COUNTERD_SETTLE_TIME".to_string(), "5parsecs".to_string())];
+        let e = Settings::load(None, env, &[]).unwrap_err().to_string();
+        assert!(e.contains("= \"5parsecs\":") && !e.contains("\\\""), "{e}");
+    }
+
+    #[test]
+    fn a_malformed_uri_is_a_configuration_error_without_the_password() {
+        for uri in [
+            "mongodb://alice:hunter2@db:notaport/",
+            "mongodb://alice:hunter2@/",
+            "mongodb://db/?replicaSet=rs0&w=bogus&nosuchoption=",
+        ] {
+            let env = vec![("COUNTERD_MONGODB_URI".to_string(), uri.to_string())];
+            let e = Settings::load(None, env, &[]).unwrap_err().to_string();
+            assert!(
+                e.contains("mongodb_uri") && e.contains("not a valid connection string"),
+                "{uri}: {e}"
+            );
+            assert!(!e.contains("hunter2"), "{e}");
+        }
     }
 
     #[test]

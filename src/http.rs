@@ -1,5 +1,9 @@
-//! HTTP endpoints: `/metrics` (Prometheus text), `/healthz` (process alive), `/readyz` (stream
-//! open and lag under the bound; a standby is ready to take over, so it answers ready too).
+//! HTTP endpoints: `/metrics` (Prometheus text), `/healthz` (process alive), `/readyz` (the
+//! process reaches MongoDB; an active stream is open, made progress recently and is not too far
+//! behind; a standby is ready to take over, so it answers ready too).
+//!
+//! Everything about time is computed when the endpoint is asked, from the timestamps the
+//! worker records: a worker stuck on a paused server shows a growing lag and stall at once.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -12,52 +16,51 @@ use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::watch;
 
+use crate::telemetry::{stream_ages, unix_now_ms};
 use crate::worker::WorkerStatus;
+
+/// The paths counterd serves.
+pub const ROUTES: [&str; 3] = ["/metrics", "/healthz", "/readyz"];
+
+/// When `/readyz` turns unready.
+#[derive(Clone, Copy, Debug)]
+pub struct ReadyBounds {
+    /// An active stream further behind than this (`ready_max_lag`).
+    pub max_lag: Duration,
+    /// An active stream whose reads have not been answered for this long, or a standby that has
+    /// not reached MongoDB for this long (`ready_max_stall`).
+    pub max_stall: Duration,
+}
 
 #[derive(Clone)]
 struct AppState {
     metrics: PrometheusHandle,
-    /// One per stream (partition) this process may run.
-    statuses: Vec<Arc<WorkerStatus>>,
-    max_lag: Duration,
+    /// One per stream (partition) this process may run, with its name.
+    streams: Vec<(String, Arc<WorkerStatus>)>,
+    bounds: ReadyBounds,
 }
 
 /// Installs the global Prometheus recorder (once per process) and returns its handle.
 pub fn install_metrics() -> PrometheusHandle {
-    static HANDLE: std::sync::OnceLock<PrometheusHandle> = std::sync::OnceLock::new();
-    HANDLE
-        .get_or_init(|| {
-            let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
-                .set_buckets_for_metric(
-                    metrics_exporter_prometheus::Matcher::Full(
-                        crate::telemetry::COUNTER_DRIFT.into(),
-                    ),
-                    &[1.0, 2.0, 5.0, 10.0, 50.0, 100.0, 1000.0],
-                )
-                .and_then(|b| b.install_recorder())
-                .expect("install the metrics recorder");
-            crate::telemetry::describe();
-            handle
-        })
-        .clone()
+    crate::telemetry::install_recorder()
 }
 
 /// Serves the endpoints on `listener` until shutdown.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     metrics: PrometheusHandle,
-    statuses: Vec<Arc<WorkerStatus>>,
-    max_lag: Duration,
+    streams: Vec<(String, Arc<WorkerStatus>)>,
+    bounds: ReadyBounds,
     mut shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     let app = Router::new()
-        .route("/metrics", get(metrics_text))
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(ready))
+        .route(ROUTES[0], get(metrics_text))
+        .route(ROUTES[1], get(|| async { "ok\n" }))
+        .route(ROUTES[2], get(ready))
         .with_state(AppState {
             metrics,
-            statuses,
-            max_lag,
+            streams,
+            bounds,
         });
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {
@@ -66,53 +69,154 @@ pub async fn serve(
         .await
 }
 
-async fn metrics_text(State(state): State<AppState>) -> String {
+async fn metrics_text(
+    State(state): State<AppState>,
+) -> ([(axum::http::header::HeaderName, &'static str); 1], String) {
     state.metrics.run_upkeep();
-    state.metrics.render()
+    let mut text = state.metrics.render();
+    crate::telemetry::render_scrape_time(&mut text, &state.streams);
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
 }
 
 async fn ready(State(state): State<AppState>) -> (StatusCode, String) {
-    if state
-        .statuses
+    let statuses: Vec<&Arc<WorkerStatus>> = state.streams.iter().map(|(_, s)| s).collect();
+    readiness(&statuses, state.bounds, unix_now_ms())
+}
+
+/// The `/readyz` answer for these streams at `now_ms`.
+pub fn readiness(
+    statuses: &[&Arc<WorkerStatus>],
+    bounds: ReadyBounds,
+    now_ms: i64,
+) -> (StatusCode, String) {
+    let unready = StatusCode::SERVICE_UNAVAILABLE;
+    if statuses
         .iter()
         .any(|s| !s.connected.load(Ordering::Relaxed))
     {
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not connected to MongoDB yet\n".into(),
-        );
+        return (unready, "not connected to MongoDB yet\n".into());
     }
-    let active: Vec<&Arc<WorkerStatus>> = state
-        .statuses
+    let max_stall = bounds.max_stall.as_secs_f64();
+    let active: Vec<&&Arc<WorkerStatus>> = statuses
         .iter()
         .filter(|s| s.active.load(Ordering::Relaxed))
         .collect();
     if active.is_empty() {
+        // A standby must reach MongoDB to take over when the active worker goes silent.
+        let reached = statuses
+            .iter()
+            .map(|s| s.reached_at_ms.load(Ordering::Relaxed))
+            .max()
+            .unwrap_or(0);
+        let silent = (now_ms - reached) as f64 / 1000.0;
+        if reached > 0 && silent > max_stall {
+            return (
+                unready,
+                format!(
+                    "standby: cannot reach MongoDB for {silent:.0}s (over ready_max_stall {max_stall:.0}s)\n"
+                ),
+            );
+        }
         return (StatusCode::OK, "standby\n".into());
     }
-    let of = format!("{} of {} streams", active.len(), state.statuses.len());
+    let of = format!("{} of {} streams", active.len(), statuses.len());
     if active
         .iter()
         .any(|s| !s.stream_open.load(Ordering::Relaxed))
     {
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("active ({of}): change stream not open\n"),
-        );
+        return (unready, format!("active ({of}): change stream not open\n"));
     }
-    let lag = active
+    let ages: Vec<_> = active
         .iter()
-        .map(|s| s.lag_secs.load(Ordering::Relaxed))
-        .max()
-        .unwrap_or(0);
-    if lag as u64 > state.max_lag.as_secs() {
+        .filter_map(|s| stream_ages(s, now_ms))
+        .collect();
+    let stall = ages.iter().map(|a| a.stall).fold(0.0, f64::max);
+    if stall > max_stall {
         return (
-            StatusCode::SERVICE_UNAVAILABLE,
+            unready,
             format!(
-                "active ({of}): lag {lag}s over {}s\n",
-                state.max_lag.as_secs()
+                "active ({of}): no progress for {stall:.0}s (over ready_max_stall {max_stall:.0}s); is MongoDB reachable?\n"
             ),
         );
     }
-    (StatusCode::OK, format!("active ({of}): lag {lag}s\n"))
+    let lag = ages.iter().map(|a| a.lag).fold(0.0, f64::max);
+    let max_lag = bounds.max_lag.as_secs_f64();
+    if lag > max_lag {
+        return (
+            unready,
+            format!("active ({of}): lag {lag:.0}s over {max_lag:.0}s\n"),
+        );
+    }
+    (StatusCode::OK, format!("active ({of}): lag {lag:.0}s\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(active: bool) -> Arc<WorkerStatus> {
+        let s = Arc::new(WorkerStatus::default());
+        s.connected.store(true, Ordering::Relaxed);
+        s.active.store(active, Ordering::Relaxed);
+        s.stream_open.store(active, Ordering::Relaxed);
+        s
+    }
+
+    const BOUNDS: ReadyBounds = ReadyBounds {
+        max_lag: Duration::from_secs(60),
+        max_stall: Duration::from_secs(10),
+    };
+
+    #[test]
+    fn an_active_stream_without_progress_turns_unready_by_the_clock_alone() {
+        let s = status(true);
+        s.active_since_ms.store(1_000, Ordering::Relaxed);
+        s.progressed();
+        let now = s.progress_at_ms.load(Ordering::Relaxed);
+        s.applied_until_secs.store(now / 1000, Ordering::Relaxed);
+        let (code, body) = readiness(&[&s], BOUNDS, now + 2_000);
+        assert_eq!(code, StatusCode::OK, "{body}");
+        assert!(
+            body.starts_with("active (1 of 1 streams): lag 2s"),
+            "{body}"
+        );
+        // Nothing written since: only time passes.
+        let (code, body) = readiness(&[&s], BOUNDS, now + 11_000);
+        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(body.contains("no progress for 11s"), "{body}");
+    }
+
+    #[test]
+    fn lag_over_the_bound_is_unready() {
+        let s = status(true);
+        s.progressed();
+        let now = s.progress_at_ms.load(Ordering::Relaxed);
+        s.applied_until_secs
+            .store(now / 1000 - 100, Ordering::Relaxed);
+        let (code, body) = readiness(&[&s], BOUNDS, now);
+        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(body.contains("over 60s"), "{body}");
+    }
+
+    #[test]
+    fn a_standby_is_ready_while_it_reaches_mongodb() {
+        let s = status(false);
+        s.reached();
+        let now = s.reached_at_ms.load(Ordering::Relaxed);
+        assert_eq!(readiness(&[&s], BOUNDS, now + 1_000).0, StatusCode::OK);
+        let (code, body) = readiness(&[&s], BOUNDS, now + 30_000);
+        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(body.starts_with("standby: cannot reach MongoDB"), "{body}");
+        let fresh = status(true);
+        fresh.connected.store(false, Ordering::Relaxed);
+        assert!(readiness(&[&fresh], BOUNDS, now)
+            .1
+            .contains("not connected"));
+    }
 }

@@ -64,9 +64,9 @@ where
                     .await
                 {
                     Ok(Some(epoch)) => break (epoch, slot),
-                    Ok(None) => {}
+                    Ok(None) => status.reached(),
                     Err(e) => {
-                        tracing::warn!(error = %e, "cannot reach the lease; staying on standby")
+                        tracing::warn!(stream = %settings.stream, error = %e, "cannot reach the lease; staying on standby")
                     }
                 }
             }
@@ -92,8 +92,18 @@ where
             Err(e) => return Err(WorkerError::Store(e)),
         }
         tracing::info!(stream = %settings.stream, owner = %settings.owner, epoch, "lease acquired: active");
+        let label = settings.stream.clone();
+        let now_ms = m::unix_now_ms();
+        status.active_since_ms.store(now_ms, Ordering::Relaxed);
+        status.progress_at_ms.store(0, Ordering::Relaxed);
+        status.applied_until_secs.store(0, Ordering::Relaxed);
+        status.checkpoint_secs.store(0, Ordering::Relaxed);
+        status.reached();
         status.active.store(true, Ordering::Relaxed);
-        metrics::gauge!(m::WORKER_ACTIVE).set(1.0);
+        metrics::gauge!(m::WORKER_ACTIVE, "stream" => label.clone()).set(1.0);
+        metrics::counter!(m::LEASE_TAKEOVERS, "stream" => label.clone()).increment(1);
+        metrics::gauge!(m::LEASE_RENEWED_TIMESTAMP, "stream" => label.clone())
+            .set(now_ms as f64 / 1000.0);
 
         // --- active: run the work, renew the lease, step down when it is lost.
         let (stop, stop_rx) = watch::channel(false);
@@ -118,15 +128,20 @@ where
                 )
                 .await
             {
-                Ok(true) => last_renewed = tokio::time::Instant::now(),
+                Ok(true) => {
+                    last_renewed = tokio::time::Instant::now();
+                    status.reached();
+                    metrics::gauge!(m::LEASE_RENEWED_TIMESTAMP, "stream" => label.clone())
+                        .set(m::unix_now());
+                }
                 Ok(false) => {
-                    tracing::warn!(epoch, "lease lost to another worker: stepping down");
+                    tracing::warn!(stream = %settings.stream, epoch, "lease lost to another worker: stepping down");
                     break None;
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "cannot renew the lease");
+                    tracing::warn!(stream = %settings.stream, error = %e, "cannot renew the lease");
                     if last_renewed.elapsed() >= settings.ttl {
-                        tracing::warn!("lease expired while unreachable: stepping down");
+                        tracing::warn!(stream = %settings.stream, "lease expired while unreachable: stepping down");
                         break None;
                     }
                 }
@@ -139,17 +154,17 @@ where
         };
         status.active.store(false, Ordering::Relaxed);
         status.stream_open.store(false, Ordering::Relaxed);
-        metrics::gauge!(m::WORKER_ACTIVE).set(0.0);
+        metrics::gauge!(m::WORKER_ACTIVE, "stream" => label).set(0.0);
         if *shutdown.borrow() {
             let _ = store
                 .release_lease(&settings.stream, &settings.owner, epoch)
                 .await;
-            tracing::info!("lease released");
+            tracing::info!(stream = %settings.stream, "lease released");
         }
         match result {
             Ok(Ok(())) => {}
             Ok(Err(WorkerError::Store(StoreError::Fenced { .. }))) => {
-                tracing::warn!(epoch, "fenced out by a newer epoch: standing by");
+                tracing::warn!(stream = %settings.stream, epoch, "fenced out by a newer epoch: standing by");
             }
             Ok(Err(e)) => return Err(e),
             Err(join) => {

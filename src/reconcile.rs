@@ -164,7 +164,12 @@ impl<S: Store + ?Sized> Reconciler<S> {
                 self.settings.max_posts,
             )
             .await?;
-        let mut run = Run::new("dirty", watermark, self.settings.counts_per_second);
+        let mut run = Run::new(
+            &self.settings.stream,
+            "dirty",
+            watermark,
+            self.settings.counts_per_second,
+        );
         for group in dirty.chunks(self.settings.group_size.max(1)) {
             let posts: Vec<PostId> = group.iter().map(|e| e.post.clone()).collect();
             let outcomes = self
@@ -197,7 +202,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
             .await?
             .into_iter()
             .find(|d| d.post == *post);
-        let mut run = Run::new("post", watermark, 0);
+        let mut run = Run::new(&self.settings.stream, "post", watermark, 0);
         let outcome = self
             .reconcile_posts(std::slice::from_ref(post), watermark, false, &mut run)
             .await?;
@@ -234,7 +239,12 @@ impl<S: Store + ?Sized> Reconciler<S> {
     ) -> StoreResult<RunReport> {
         let watermark = self.watermark(now_secs).await?;
         let kind = if after_gap { "gap_sweep" } else { "sweep" };
-        let mut run = Run::new(kind, watermark, self.settings.counts_per_second);
+        let mut run = Run::new(
+            &self.settings.stream,
+            kind,
+            watermark,
+            self.settings.counts_per_second,
+        );
         let mut after: Option<PostId> = None;
         let mut complete = true;
         loop {
@@ -259,7 +269,8 @@ impl<S: Store + ?Sized> Reconciler<S> {
                     .await?;
                 complete &= outcomes.iter().all(|o| *o != Outcome::NotNow);
             }
-            metrics::counter!(m::SWEEP_PROGRESS).increment(window.len() as u64);
+            metrics::counter!(m::SWEEP_POSTS, "stream" => self.settings.stream.clone())
+                .increment(window.len() as u64);
             progress(run.summary.posts);
             after = Some(last);
         }
@@ -269,6 +280,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
                 .await?;
         } else {
             tracing::warn!(
+                stream = %self.settings.stream,
                 in_flight = run.summary.in_flight,
                 "the sweep after lost history could not recount every post consistently; it runs again"
             );
@@ -299,6 +311,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
         let watermark = self.watermark(now_secs).await?;
         if gap_end.is_some_and(|end| watermark <= end) {
             tracing::info!(
+                stream = %self.settings.stream,
                 watermark,
                 gap_end,
                 "requested sweep waits until the watermark passes the gap"
@@ -306,17 +319,24 @@ impl<S: Store + ?Sized> Reconciler<S> {
             return Ok(None);
         }
         tracing::warn!(
+            stream = %self.settings.stream,
             "running the requested full sweep (history was lost or events were unattributable)"
         );
+        let stream = self.settings.stream.clone();
+        let progress = metrics::gauge!(m::FULL_SWEEP_PROGRESS, "stream" => stream.clone());
         let report = self
             .sweep_posts(
                 now_secs,
                 !checkpoint.gaps.is_empty(),
-                |done| tracing::info!(posts = done, "sweep progress"),
+                |done| {
+                    progress.set(done as f64);
+                    tracing::info!(%stream, posts = done, "sweep progress")
+                },
                 shutdown,
             )
-            .await?;
-        Ok(Some(report))
+            .await;
+        progress.set(0.0);
+        Ok(Some(report?))
     }
 
     /// One step of the slow background sweep: the next posts of its current pass over every
@@ -339,7 +359,12 @@ impl<S: Store + ?Sized> Reconciler<S> {
             .clamp(1, self.settings.sweep_window);
         let watermark = self.watermark(now_secs).await?;
         let window = self.store.posts_after(cursor.after.as_ref(), size).await?;
-        let mut run = Run::new("background", watermark, self.settings.counts_per_second);
+        let mut run = Run::new(
+            &self.settings.stream,
+            "background",
+            watermark,
+            self.settings.counts_per_second,
+        );
         if cursor.pass_started.is_none() {
             cursor.pass_started = Some(self.clock.now());
         }
@@ -355,11 +380,14 @@ impl<S: Store + ?Sized> Reconciler<S> {
             Some(last) if window.len() == size => cursor.after = Some(last.clone()),
             _ => {
                 // The pass is complete: start the next one from the first post.
-                tracing::info!(
-                    posts = cursor.posts_done,
-                    passes = cursor.passes + 1,
-                    "background sweep pass complete"
-                );
+                if cursor.posts_done > 0 {
+                    tracing::info!(
+                        stream = %self.settings.stream,
+                        posts = cursor.posts_done,
+                        passes = cursor.passes + 1,
+                        "background sweep pass complete"
+                    );
+                }
                 cursor.passes += 1;
                 cursor.last_pass_posts = cursor.posts_done;
                 cursor.posts_done = 0;
@@ -367,7 +395,11 @@ impl<S: Store + ?Sized> Reconciler<S> {
                 cursor.pass_started = None;
             }
         }
-        metrics::gauge!(m::BACKGROUND_SWEEP_POSTS_DONE).set(cursor.posts_done as f64);
+        let stream = self.settings.stream.clone();
+        metrics::gauge!(m::BACKGROUND_SWEEP_POSTS_DONE, "stream" => stream.clone())
+            .set(cursor.posts_done as f64);
+        metrics::gauge!(m::BACKGROUND_SWEEP_LAST_PASS, "stream" => stream)
+            .set(cursor.last_pass_posts as f64);
         self.store
             .save_sweep_cursor(&self.settings.stream, &cursor)
             .await?;
@@ -402,7 +434,8 @@ impl<S: Store + ?Sized> Reconciler<S> {
             let outcome = match recount {
                 Recount::InFlight => {
                     run.summary.in_flight += 1;
-                    metrics::counter!(m::RECOUNTS_IN_FLIGHT).increment(1);
+                    metrics::counter!(m::RECOUNTS_IN_FLIGHT, "stream" => self.settings.stream.clone())
+                        .increment(1);
                     Outcome::NotNow
                 }
                 Recount::Consistent(recount) => {
@@ -455,45 +488,78 @@ impl<S: Store + ?Sized> Reconciler<S> {
             let now = self.store.read_counter(&recount.post).await?;
             if !recount.holds_for(now.as_ref()) {
                 run.summary.in_flight += 1;
-                metrics::counter!(m::RECOUNTS_IN_FLIGHT).increment(1);
+                metrics::counter!(m::RECOUNTS_IN_FLIGHT, "stream" => self.settings.stream.clone())
+                    .increment(1);
                 return Ok(Outcome::NotNow);
             }
             recount.counter = now;
         }
-        tracing::debug!(post = %recount.post, "the worker kept moving the counter; the post stays dirty");
+        tracing::debug!(stream = %self.settings.stream, post = %recount.post, "the worker kept moving the counter; the post stays dirty");
         Ok(Outcome::NotNow)
     }
 
     async fn finish(&self, run: Run) -> StoreResult<RunReport> {
         let Run {
+            stream,
+            started,
             mut summary,
             corrections,
             contended,
             ..
         } = run;
         summary.finished_at = Some(self.clock.now());
-        metrics::counter!(m::RECONCILE_RUNS, "kind" => summary.kind.clone()).increment(1);
-        tracing::info!(
-            kind = %summary.kind, posts = summary.posts, counts = summary.counts,
-            corrected = summary.corrected, total_abs_drift = summary.total_abs_drift,
-            max_abs_drift = summary.max_abs_drift, high = summary.drift_high, low = summary.drift_low,
-            in_flight = summary.in_flight, waiting = summary.waiting,
-            "reconcile run finished"
-        );
         self.store.record_run(&summary).await?;
         let backlog = self.store.dirty_summary().await?;
-        metrics::gauge!(m::DIRTY_BACKLOG_SIZE).set(backlog.size as f64);
-        let oldest_age = backlog
-            .oldest
-            .map(|t| (self.clock.now().timestamp_millis() - t.timestamp_millis()) as f64 / 1000.0)
-            .unwrap_or(0.0);
-        metrics::gauge!(m::DIRTY_BACKLOG_OLDEST_AGE).set(oldest_age.max(0.0));
+        m::record_dirty(backlog.size, backlog.oldest);
+        let kind = summary.kind.clone();
+        metrics::counter!(m::RECONCILE_RUNS, "stream" => stream.clone(), "kind" => kind.clone())
+            .increment(1);
+        metrics::histogram!(m::RECONCILE_DURATION, "kind" => kind)
+            .record(started.elapsed().as_secs_f64());
+        metrics::gauge!(m::LAST_RECONCILE_TIMESTAMP, "stream" => stream.clone()).set(m::unix_now());
+        // One line per run: at info when it corrected something, left posts in flight or was
+        // asked for (a sweep, one post), with the biggest corrections; every correction is at
+        // debug (`counter corrected`).
+        let notable = summary.corrected > 0
+            || summary.in_flight > 0
+            || !matches!(summary.kind.as_str(), "dirty" | "background");
+        let biggest = biggest_corrections(&corrections, 3);
+        macro_rules! summary_line {
+            ($level:ident) => {
+                tracing::$level!(
+                    %stream, kind = %summary.kind, posts = summary.posts, counts = summary.counts,
+                    corrected = summary.corrected, total_abs_drift = summary.total_abs_drift,
+                    max_abs_drift = summary.max_abs_drift, high = summary.drift_high, low = summary.drift_low,
+                    in_flight = summary.in_flight, waiting = summary.waiting,
+                    dirty_backlog = backlog.size, %biggest,
+                    seconds = started.elapsed().as_secs_f64(),
+                    "reconcile run finished"
+                )
+            };
+        }
+        if notable {
+            summary_line!(info);
+        } else {
+            summary_line!(debug);
+        }
         Ok(RunReport {
             summary,
             corrections,
             contended,
         })
     }
+}
+
+/// The `n` largest corrections by |drift|, as `post:+drift` (empty when none).
+fn biggest_corrections(corrections: &[Correction], n: usize) -> String {
+    let mut sorted: Vec<&Correction> = corrections.iter().collect();
+    sorted.sort_by_key(|c| std::cmp::Reverse(c.drift.abs()));
+    sorted
+        .iter()
+        .take(n)
+        .map(|c| format!("{}:{:+}", c.post, c.drift))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// A fold that would write exactly what is there already.
@@ -506,6 +572,9 @@ fn is_noop(state: &crate::fold::CounterState, folded: &Fold) -> bool {
 
 /// Bookkeeping of one run.
 struct Run {
+    /// The stream whose posts this run reconciles (the metrics' label).
+    stream: String,
+    started: std::time::Instant,
     summary: RunSummary,
     corrections: Vec<Correction>,
     contended: Vec<String>,
@@ -513,8 +582,10 @@ struct Run {
 }
 
 impl Run {
-    fn new(kind: &str, watermark: i64, counts_per_second: u32) -> Run {
+    fn new(stream: &str, kind: &str, watermark: i64, counts_per_second: u32) -> Run {
         Run {
+            stream: stream.to_string(),
+            started: std::time::Instant::now(),
             summary: RunSummary {
                 started_at: Some(DateTime::now()),
                 kind: kind.into(),
@@ -529,13 +600,12 @@ impl Run {
 
     fn record(&mut self, post: &PostId, folded: &Fold) {
         self.summary.posts += 1;
-        metrics::counter!(m::POSTS_RECONCILED).increment(1);
+        metrics::counter!(m::POSTS_RECONCILED, "stream" => self.stream.clone()).increment(1);
         if folded.drift == 0 {
             return;
         }
         let sign = if folded.drift > 0 { "high" } else { "low" };
-        metrics::histogram!(m::COUNTER_DRIFT, "sign" => sign)
-            .record(folded.drift.unsigned_abs() as f64);
+        metrics::histogram!(m::DRIFT, "sign" => sign).record(folded.drift.unsigned_abs() as f64);
         self.summary.corrected += 1;
         self.summary.total_abs_drift += folded.drift.abs();
         self.summary.max_abs_drift = self.summary.max_abs_drift.max(folded.drift.abs());
@@ -546,7 +616,7 @@ impl Run {
             self.summary.drift_low += folded.drift;
             self.summary.corrected_low += 1;
         }
-        tracing::debug!(%post, wrong = folded.wrong, right = folded.right, drift = folded.drift, "counter corrected");
+        tracing::debug!(stream = %self.stream, %post, wrong = folded.wrong, right = folded.right, drift = folded.drift, "counter corrected");
         self.corrections.push(Correction {
             post: post.clone(),
             wrong: folded.wrong,
@@ -590,7 +660,7 @@ pub async fn run_loop<S: Store + ?Sized>(
             Ok(_) => {}
             Err(e) if e.is_transient() => {
                 metrics::counter!(m::RETRIES, "op" => "reconcile").increment(1);
-                tracing::warn!(error = %e, "reconcile pass failed; retrying next interval");
+                tracing::warn!(stream = %reconciler.settings.stream, error = %e, "reconcile pass failed; retrying next interval");
             }
             Err(e) => return Err(e),
         }

@@ -1,8 +1,11 @@
 //! A throwaway MongoDB for the tests, the demo and the benchmark, in this order of preference:
 //! 1. `COUNTERD_TEST_MONGODB_URI` if set;
 //! 2. `mongod` on PATH: a single-node replica set in a temp dir on a free port;
-//! 3. the fake server `mongo-java-server` (with its oplog), started by `testdb/start`, which
-//!    fetches it through Maven on first use.
+//! 3. the fake server `mongo-java-server` (with its oplog), started by `testdb/start` of a
+//!    checkout, which fetches it through Maven on first use. Where that checkout is comes from
+//!    `COUNTERD_TESTDB_DIR` (set by `scripts/demo`, and by `.cargo/config.toml` for `cargo test`
+//!    and `cargo run`): never from where the binary was built, so a released binary has no
+//!    path of the build machine in it.
 //!
 //! A started server lives as long as the [`TestServer`] value; the fake also exits by itself
 //! when this process dies (it watches its standard input), so a crashed test leaves nothing.
@@ -40,11 +43,22 @@ impl Drop for TestServer {
     }
 }
 
-/// Where the fake server's launcher lives: `COUNTERD_TESTDB_DIR` or the crate's `testdb/`.
-fn testdb_dir() -> PathBuf {
-    std::env::var_os("COUNTERD_TESTDB_DIR")
+/// What to do when no test server can be had here.
+pub const NO_TEST_SERVER: &str = "no throwaway MongoDB can be started here: set COUNTERD_TEST_MONGODB_URI to a replica set you may write to, put `mongod` on PATH, or run from a checkout with scripts/demo (which sets COUNTERD_TESTDB_DIR to its testdb/ and installs Java and Maven for the fake server)";
+
+/// Where the fake server's launcher lives: `COUNTERD_TESTDB_DIR` (a checkout's `testdb/`).
+fn testdb_dir() -> Result<PathBuf, String> {
+    let dir = std::env::var_os("COUNTERD_TESTDB_DIR")
+        .filter(|d| !d.is_empty())
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("testdb"))
+        .ok_or_else(|| format!("COUNTERD_TESTDB_DIR is not set; {NO_TEST_SERVER}"))?;
+    if !dir.join("start").is_file() {
+        return Err(format!(
+            "COUNTERD_TESTDB_DIR={} has no `start` script; {NO_TEST_SERVER}",
+            dir.display()
+        ));
+    }
+    Ok(dir)
 }
 
 impl TestServer {
@@ -70,14 +84,14 @@ impl TestServer {
 
     /// The fake: `testdb/start` prints `LISTENING host:port` once bound.
     pub fn start_fake() -> Result<TestServer, String> {
-        let script = testdb_dir().join("start");
+        let script = testdb_dir()?.join("start");
         let mut child = Command::new("bash")
             .arg(&script)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
-            .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
+            .map_err(|e| format!("cannot run {}: {e}; {NO_TEST_SERVER}", script.display()))?;
         let stdout = child.stdout.take().expect("piped stdout");
         let mut line = String::new();
         BufReader::new(stdout)
@@ -88,7 +102,7 @@ impl TestServer {
             .strip_prefix("LISTENING ")
             .ok_or_else(|| {
                 format!(
-                    "fake server did not start (it said {line:?}); is Java 17 and Maven installed?"
+                    "fake server did not start (it said {line:?}); are Java 17 and Maven installed? {NO_TEST_SERVER}"
                 )
             })?
             .to_string();

@@ -99,9 +99,37 @@ pub struct WorkerStatus {
     pub connected: AtomicBool,
     pub stream_open: AtomicBool,
     pub active: AtomicBool,
-    /// Seconds of lag behind the newest event (0 when caught up).
+    /// Seconds of lag behind the newest event (0 when caught up), as of the last batch.
     pub lag_secs: AtomicI64,
     pub events_applied: AtomicI64,
+    /// Wall-clock time (Unix ms) this process became active on the stream (0: never).
+    pub active_since_ms: AtomicI64,
+    /// Cluster time (Unix seconds) before which every event is known applied: the later of the
+    /// newest applied event and the last position the stream was found drained at (0: unknown).
+    /// The stream lag is computed from it when `/metrics` or `/readyz` is asked.
+    pub applied_until_secs: AtomicI64,
+    /// Cluster time (Unix seconds) of the checkpointed position (0: unknown).
+    pub checkpoint_secs: AtomicI64,
+    /// Wall-clock time (Unix ms) of the last read the server answered or batch applied.
+    pub progress_at_ms: AtomicI64,
+    /// Wall-clock time (Unix ms) this process last reached MongoDB for this stream (a read,
+    /// or a lease look on standby): a standby that cannot reach it cannot take over.
+    pub reached_at_ms: AtomicI64,
+}
+
+impl WorkerStatus {
+    /// The worker or the lease loop heard from the server just now.
+    pub fn reached(&self) {
+        self.reached_at_ms
+            .store(m::unix_now_ms(), Ordering::Relaxed);
+    }
+
+    /// The stream made progress just now (a read answered, a batch applied).
+    pub fn progressed(&self) {
+        let now = m::unix_now_ms();
+        self.progress_at_ms.store(now, Ordering::Relaxed);
+        self.reached_at_ms.store(now, Ordering::Relaxed);
+    }
 }
 
 /// Why the worker stopped.
@@ -166,6 +194,12 @@ impl<S: Store + ?Sized> Worker<S> {
         }
     }
 
+    /// Exports the checkpointed position's time (cluster seconds) for the scrape-time age.
+    fn report_checkpoint(&self, stream: &str, secs: i64) {
+        self.status.checkpoint_secs.store(secs, Ordering::Relaxed);
+        metrics::gauge!(m::CHECKPOINT_TIMESTAMP, "stream" => stream.to_string()).set(secs as f64);
+    }
+
     /// Runs until shutdown (Ok) or a non-transient error. Transient errors reopen the stream
     /// from the checkpoint after an exponential, jittered backoff.
     pub async fn run(
@@ -195,7 +229,7 @@ impl<S: Store + ?Sized> Worker<S> {
                     self.status.stream_open.store(false, Ordering::Relaxed);
                     let delay = backoff.next().unwrap_or(self.settings.retry_max_delay);
                     metrics::counter!(m::RETRIES, "op" => "worker").increment(1);
-                    tracing::warn!(error = %e, retry_in = ?delay, "transient error; reopening the stream from the checkpoint");
+                    tracing::warn!(stream = %fence.stream, error = %e, retry_in = %humantime::format_duration(delay), "transient error; reopening the stream from the checkpoint");
                     if sleep_or_shutdown(self.clock.as_ref(), delay, &mut shutdown).await {
                         return Ok(());
                     }
@@ -203,10 +237,11 @@ impl<S: Store + ?Sized> Worker<S> {
                 Err(SessionError::Store(StoreError::HistoryLost { code, token })) => {
                     self.status.stream_open.store(false, Ordering::Relaxed);
                     let error = StoreError::HistoryLost { code, token };
-                    metrics::counter!(m::HISTORY_LOST).increment(1);
+                    metrics::counter!(m::HISTORY_LOST, "stream" => fence.stream.clone())
+                        .increment(1);
                     match self.settings.on_history_lost {
                         OnHistoryLost::Fail => {
-                            tracing::error!(%error, "history lost; on_history_lost = fail");
+                            tracing::error!(stream = %fence.stream, %error, "history lost; on_history_lost = fail");
                             return Err(WorkerError::HistoryLost { source: error });
                         }
                         OnHistoryLost::Resweep => self.resweep(&fence, error).await?,
@@ -243,7 +278,9 @@ impl<S: Store + ?Sized> Worker<S> {
                 .map(|t| DateTime::from_millis(t.time as i64 * 1000)),
             to: self.clock.now(),
         };
-        tracing::error!(%error, gap_from = ?gap.from, gap_to = %gap.to,
+        let rfc3339 = |t: DateTime| t.try_to_rfc3339_string().unwrap_or_default();
+        let gap_from = gap.from.map(rfc3339).unwrap_or_else(|| "unknown".into());
+        tracing::error!(stream = %fence.stream, %error, %gap_from, gap_to = %rfc3339(gap.to),
             "HISTORY LOST: events in this gap were never seen; restarting the stream from now and scheduling a full recount sweep");
         self.store
             .record_gap(fence, &gap)
@@ -268,7 +305,7 @@ impl<S: Store + ?Sized> Worker<S> {
                 ..Checkpoint::default()
             });
         if let Some(batch) = checkpoint.pending.clone() {
-            tracing::info!(end = %batch.end, posts = batch.counters.len(), "re-applying the batch a previous run left in flight");
+            tracing::info!(stream = %fence.stream, end = %batch.end, posts = batch.counters.len(), "re-applying the batch a previous run left in flight");
             self.write_batch(fence, &mut checkpoint, &batch).await?;
         }
         // A configured start applies once: after a history gap it is lost too, so "now" then.
@@ -304,7 +341,24 @@ impl<S: Store + ?Sized> Worker<S> {
             })
             .await?;
         self.status.stream_open.store(true, Ordering::Relaxed);
-        tracing::info!(stream = %fence.stream, token = ?checkpoint.token, high_water = ?checkpoint.high_water, "change stream open");
+        self.status.progressed();
+        // The position a restart would resume from, known from the start (not only after the
+        // first checkpoint written by this process).
+        let resumes_from = crate::recount::applied_before(&checkpoint)
+            .or(checkpoint.start_time)
+            .or(configured_start);
+        if let Some(t) = resumes_from {
+            self.report_checkpoint(&fence.stream, t.time as i64);
+            self.status
+                .applied_until_secs
+                .fetch_max(t.time as i64, Ordering::Relaxed);
+        }
+        let or_none = |t: &Option<Token>| {
+            t.as_ref()
+                .map(|t| t.to_string())
+                .unwrap_or_else(|| "none".into())
+        };
+        tracing::info!(stream = %fence.stream, token = %or_none(&checkpoint.token), high_water = %or_none(&checkpoint.high_water), "change stream open");
         let mut pending = Pending {
             events: VecDeque::new(),
             idle: true,
@@ -360,18 +414,19 @@ impl<S: Store + ?Sized> Worker<S> {
                     self.settings.max_batch_wait,
                 )
                 .await?;
+            self.status.progressed();
             for doc in &raw.events {
                 match ChangeEvent::parse(doc) {
                     Ok(event) => pending.events.push_back(event),
                     Err(e) => {
-                        metrics::counter!(m::BAD_EVENTS).increment(1);
-                        tracing::warn!(error = %e, "skipping an unreadable change event");
+                        metrics::counter!(m::BAD_EVENTS, "stream" => fence.stream.clone())
+                            .increment(1);
+                        tracing::warn!(stream = %fence.stream, error = %e, "skipping an unreadable change event");
                     }
                 }
             }
             if pending.events.is_empty() {
                 self.status.lag_secs.store(0, Ordering::Relaxed);
-                metrics::gauge!(m::STREAM_LAG).set(0.0);
                 let idle_before = std::mem::replace(&mut pending.idle, true);
                 let drained_at = before_read.filter(|_| idle_before && raw.events.is_empty());
                 self.checkpoint_idle(fence, checkpoint, raw.post_batch_token, drained_at, pending)
@@ -409,6 +464,10 @@ impl<S: Store + ?Sized> Worker<S> {
         // about once a second while idle, so the reconciler's watermark advances on a quiet
         // stream and its quiet-window check sees the worker pass the position it waits for.
         if let Some(at) = drained_at {
+            // Every event before `at` is applied: the lag is measured from here.
+            self.status
+                .applied_until_secs
+                .fetch_max(at.time as i64, Ordering::Relaxed);
             pending.idle_reads += 1;
             if pending.applied_since_drained || pending.idle_reads >= IDLE_READS_PER_DRAINED_RECORD
             {
@@ -420,7 +479,9 @@ impl<S: Store + ?Sized> Worker<S> {
                 pending.idle_reads = 0;
             }
         }
-        report_checkpoint_age(checkpoint);
+        if let Some(t) = crate::recount::applied_before(checkpoint) {
+            self.report_checkpoint(&fence.stream, t.time as i64);
+        }
         Ok(())
     }
 
@@ -468,6 +529,7 @@ impl<S: Store + ?Sized> Worker<S> {
                 .high_water
                 .as_ref()
                 .is_some_and(|h| batch.end <= *h);
+            let started = std::time::Instant::now();
             if seen {
                 // Already applied before (an operator replay): recount, never count again.
                 self.store
@@ -482,12 +544,19 @@ impl<S: Store + ?Sized> Worker<S> {
                 self.store.record_intent(fence, &batch).await?; // (0)
                 checkpoint.high_water = Some(batch.end.clone());
                 self.write_batch(fence, checkpoint, &batch).await?;
-                metrics::counter!(m::UNATTRIBUTABLE_EVENTS).increment(unattributable as u64);
+                metrics::counter!(m::UNATTRIBUTABLE_EVENTS, "stream" => fence.stream.clone())
+                    .increment(unattributable as u64);
             }
-            metrics::counter!(m::EVENTS_APPLIED).increment(plan.events as u64);
-            metrics::counter!(m::BAD_EVENTS).increment(bad as u64);
+            let stream = fence.stream.clone();
+            metrics::histogram!(m::BATCH_APPLY_DURATION, "stream" => stream.clone())
+                .record(started.elapsed().as_secs_f64());
+            metrics::histogram!(m::BATCH_SIZE, "stream" => stream.clone())
+                .record(plan.events as f64);
+            metrics::counter!(m::EVENTS_APPLIED, "stream" => stream.clone())
+                .increment(plan.events as u64);
+            metrics::counter!(m::BAD_EVENTS, "stream" => stream.clone()).increment(bad as u64);
             for skipped in &plan.skipped {
-                tracing::warn!(token = %skipped.token, problem = ?skipped.problem, "event not counted; its known posts are marked dirty");
+                log_skipped(&fence.stream, skipped, events);
             }
             self.status
                 .events_applied
@@ -498,8 +567,16 @@ impl<S: Store + ?Sized> Worker<S> {
                 .map(|t| (now - t.time as i64).max(0))
                 .unwrap_or(0);
             self.status.lag_secs.store(lag, Ordering::Relaxed);
-            metrics::gauge!(m::STREAM_LAG).set(lag as f64);
-            report_checkpoint_age(checkpoint);
+            self.status.progressed();
+            if let Some(t) = last.cluster_time {
+                self.status
+                    .applied_until_secs
+                    .fetch_max(t.time as i64, Ordering::Relaxed);
+                metrics::gauge!(m::LAST_EVENT_TIMESTAMP, "stream" => stream).set(t.time as f64);
+            }
+            if let Some(t) = crate::recount::applied_before(checkpoint) {
+                self.report_checkpoint(&fence.stream, t.time as i64);
+            }
         }
         match ended {
             Some(end) => Err(SessionError::Ended(end)),
@@ -532,11 +609,13 @@ impl<S: Store + ?Sized> Worker<S> {
         checkpoint.token = Some(batch.end.clone());
         checkpoint.token_time = batch.end_time;
         checkpoint.pending = None;
-        metrics::counter!(m::BATCHES).increment(1);
-        metrics::counter!(m::COUNTER_WRITES, "result" => "applied").increment(outcome.applied);
-        metrics::counter!(m::COUNTER_WRITES, "result" => "already_applied")
+        let stream = fence.stream.clone();
+        metrics::counter!(m::BATCHES, "stream" => stream.clone()).increment(1);
+        metrics::counter!(m::INCREMENTS, "stream" => stream.clone(), "result" => "applied")
+            .increment(outcome.applied);
+        metrics::counter!(m::INCREMENTS, "stream" => stream, "result" => "already_applied")
             .increment(outcome.already_applied);
-        tracing::debug!(end = %batch.end, writes = batch.counters.len(), already = outcome.already_applied, "batch applied");
+        tracing::debug!(stream = %fence.stream, end = %batch.end, writes = batch.counters.len(), already = outcome.already_applied, "batch applied");
         Ok(())
     }
 }
@@ -555,11 +634,35 @@ fn take_batch(pending: &mut VecDeque<ChangeEvent>, high_water: Option<&Token>) -
     }
 }
 
-fn report_checkpoint_age(checkpoint: &Checkpoint) {
-    if let Some(t) = checkpoint.token_time {
-        let age = (chrono::Utc::now().timestamp() - t.time as i64).max(0);
-        metrics::gauge!(m::CHECKPOINT_AGE).set(age as f64);
-    }
+/// Logs an event that was not counted, naming its comment and post where the event has them.
+fn log_skipped(stream: &str, skipped: &crate::batch::Skipped, events: &[ChangeEvent]) {
+    let event = events.iter().find(|e| e.token == skipped.token);
+    let comment = event
+        .and_then(|e| e.comment.as_ref())
+        .map(|c| c.key.clone())
+        .unwrap_or_else(|| "unknown".into());
+    let post = event
+        .and_then(|e| {
+            [
+                e.full_document.as_ref(),
+                e.pre_image.as_ref(),
+                Some(&e.document_key),
+            ]
+            .into_iter()
+            .flatten()
+            .find_map(|d| {
+                d.get(crate::event::POST_FIELD)
+                    .and_then(crate::event::PostId::from_bson)
+            })
+        })
+        .map(|p| p.to_string())
+        .unwrap_or_else(|| "unknown".into());
+    let (kind, problem) = match &skipped.problem {
+        crate::classify::Problem::Bad(p) => ("bad", p),
+        crate::classify::Problem::Unattributable(p) => ("unattributable", p),
+    };
+    tracing::warn!(%stream, %comment, %post, token = %skipped.token, kind, %problem,
+        "event not counted; its known posts are marked dirty and recounted");
 }
 
 /// Sleeps on `clock`, or returns true early when shutdown is requested.

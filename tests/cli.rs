@@ -246,6 +246,7 @@ fn every_subcommand_explains_itself() {
         "replay",
         "get",
         "verify",
+        "config",
         "demo",
     ] {
         let o = Command::new(env!("CARGO_BIN_EXE_counterd"))
@@ -274,4 +275,226 @@ async fn status_never_shows_the_password() {
         .unwrap();
     let all = format!("{}{}", stdout(&o), String::from_utf8_lossy(&o.stderr));
     assert!(!all.contains("hunter2"), "{all}");
+}
+
+/// Every `--json` document: parsed as JSON, times as RFC 3339 strings, no extended JSON, no
+/// debug text.
+fn clean_json(o: &Output) -> serde_json::Value {
+    let v = json(o);
+    let problems = counterd::cli::output::json_problems(&v);
+    assert!(problems.is_empty(), "{problems:?} in\n{v:#}");
+    v
+}
+
+#[tokio::test]
+async fn every_json_output_parses_with_rfc3339_times() {
+    let t = populated("clijson").await;
+    // A correction, so the reconcile runs and `get` have drift and times to show.
+    t.db.collection::<mongodb::bson::Document>("comment_counters")
+        .update_one(doc! {"_id": "post-0"}, doc! {"$inc": {"live_delta": 2}})
+        .await
+        .unwrap();
+    let r = clean_json(&counterd(&t, &["reconcile", "--json"]));
+    assert!(r["summary"]["finished_at"].is_string(), "{r}");
+    let s = clean_json(&counterd(&t, &["status", "--json"]));
+    let stream = &s["streams"][0];
+    assert!(stream["checkpoint_time"].is_string() && stream["checkpoint_token"].is_string());
+    assert!(s["recent_reconciles"][0]["finished_at"].is_string(), "{s}");
+    assert_eq!(
+        s["last_correction"]["corrected"], 1,
+        "the run that corrected is kept"
+    );
+    let d = clean_json(&counterd(&t, &["dirty", "--json"]));
+    assert!(d["oldest"].is_string() || d["oldest"].is_null());
+    let g = clean_json(&counterd(&t, &["get", "post-0", "--json"]));
+    assert!(
+        g["reconciled_at"].is_string() && g["base_watermark_time"].is_string(),
+        "{g}"
+    );
+    clean_json(&counterd(&t, &["verify", "--json"]));
+    // Settings are durations and strings as in the settings file (`settle_time = "5s"`).
+    let c = json(&counterd(&t, &["config", "--json"]));
+    assert_eq!(c["settings"]["settle_time"], "5s");
+    assert_eq!(
+        c["origins"]["settle_time"],
+        "environment variable COUNTERD_SETTLE_TIME"
+    );
+    assert_eq!(
+        json(&counterd(&t, &["config", "--check", "--json"]))["valid"],
+        true
+    );
+    for args in [
+        &["reconcile", "--post", "post-1", "--json"][..],
+        &["reconcile", "--sweep", "--json"],
+        &[
+            "replay",
+            "--from-time",
+            "2000-01-01T00:00:00Z",
+            "--dry-run",
+            "--json",
+        ],
+    ] {
+        clean_json(&counterd(&t, args));
+    }
+    let moved = clean_json(&counterd(
+        &t,
+        &["replay", "--from-time", "2001-02-03T04:05:06Z", "--json"],
+    ));
+    assert_eq!(moved["to"], "at 2001-02-03T04:05:06Z");
+    // Human output has no debug text either.
+    let text = stdout(&counterd(&t, &["status"]));
+    for debug in ["Timestamp {", "Token(", "Some(", "$date"] {
+        assert!(!text.contains(debug), "{debug} in\n{text}");
+    }
+}
+
+#[tokio::test]
+async fn a_broken_pipe_ends_quietly_with_the_commands_own_code() {
+    let t = populated("clipipe").await;
+    let script = format!(
+        "set -o pipefail; '{}' status --json | head -c 1 >/dev/null",
+        env!("CARGO_BIN_EXE_counterd")
+    );
+    let o = Command::new("bash")
+        .args(["-c", &script])
+        .env("COUNTERD_MONGODB_URI", &t.uri)
+        .env("COUNTERD_DATABASE", &t.name)
+        .env_remove("COUNTERD_CONFIG")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("Broken pipe"),
+        "{err}"
+    );
+}
+
+/// The documented exit codes (README, "Exit codes"); 4 is in tests/faults.rs (a dropped
+/// collection stops `counterd run`), and every code's mapping in src/cli/exit.rs.
+#[tokio::test]
+async fn exit_codes_say_what_went_wrong() {
+    let t = populated("cliexit").await;
+    assert_eq!(counterd(&t, &["status"]).status.code(), Some(0), "0: ok");
+    t.db.collection::<mongodb::bson::Document>("comment_counters")
+        .update_one(doc! {"_id": "post-1"}, doc! {"$inc": {"live_delta": 1}})
+        .await
+        .unwrap();
+    assert_eq!(
+        counterd(&t, &["verify"]).status.code(),
+        Some(1),
+        "1: mismatch"
+    );
+    let usage = counterd(&t, &["replay", "--from-token", "not-hex", "--force"]);
+    assert_eq!(usage.status.code(), Some(2), "2: a bad flag value");
+    assert_eq!(counterd(&t, &["no-such-command"]).status.code(), Some(2));
+    let port = counterd::testdb::free_port();
+    let unreachable = Command::new(env!("CARGO_BIN_EXE_counterd"))
+        .args(["status"])
+        .env(
+            "COUNTERD_MONGODB_URI",
+            format!("mongodb://127.0.0.1:{port}/?directConnection=true"),
+        )
+        .env("COUNTERD_CONNECT_TIMEOUT", "1s")
+        .env_remove("COUNTERD_CONFIG")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&unreachable.stderr);
+    assert_eq!(
+        unreachable.status.code(),
+        Some(3),
+        "3: cannot reach MongoDB: {err}"
+    );
+    assert!(err.contains("cannot reach MongoDB"), "{err}");
+    // A malformed URI is a configuration error, named, without the driver's raw text.
+    let malformed = Command::new(env!("CARGO_BIN_EXE_counterd"))
+        .args(["status"])
+        .env(
+            "COUNTERD_MONGODB_URI",
+            "mongodb://alice:hunter2@db:notaport/",
+        )
+        .env_remove("COUNTERD_CONFIG")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&malformed.stderr);
+    assert_eq!(malformed.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("mongodb_uri") && !err.contains("hunter2"),
+        "{err}"
+    );
+}
+
+#[test]
+fn config_prints_the_effective_settings_and_where_they_came_from() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("c.toml");
+    std::fs::write(&file, "batch_size = 7\n").unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_counterd"))
+        .args([
+            "--config",
+            file.to_str().unwrap(),
+            "--set",
+            "settle_time=9s",
+            "config",
+        ])
+        .env("COUNTERD_MONGODB_URI", "mongodb://alice:hunter2@db:27017/")
+        .env("COUNTERD_PORT", "tcp://10.0.0.1:9187")
+        .env("COUNTERD_SERVICE_HOST", "10.0.0.1")
+        .env_remove("COUNTERD_CONFIG")
+        .output()
+        .unwrap();
+    let text = stdout(&o);
+    assert!(
+        o.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(text.contains("batch_size = 7  # file "), "{text}");
+    assert!(
+        text.contains("settle_time = \"9s\"  # flag --set"),
+        "{text}"
+    );
+    assert!(
+        text.contains("mongodb_uri = \"mongodb://alice:***@db:27017/\"  # environment variable COUNTERD_MONGODB_URI"),
+        "{text}"
+    );
+    assert!(text.contains("lease_ttl = \"10s\"  # default") && !text.contains("hunter2"));
+    assert!(
+        text.contains("ignored COUNTERD_PORT"),
+        "service links are ignored: {text}"
+    );
+    // The text form is itself a settings file.
+    let again = dir.path().join("again.toml");
+    let body: String = text
+        .lines()
+        .map(|l| l.split("  #").next().unwrap().to_string() + "\n")
+        .collect();
+    std::fs::write(&again, body.replace("***", "x")).unwrap();
+    let check = Command::new(env!("CARGO_BIN_EXE_counterd"))
+        .args(["--config", again.to_str().unwrap(), "config", "--check"])
+        .env_remove("COUNTERD_CONFIG")
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    assert!(
+        stdout(&check).starts_with("configuration OK"),
+        "{}",
+        stdout(&check)
+    );
+    // --check names a bad value and exits 2, contacting nothing.
+    let bad = Command::new(env!("CARGO_BIN_EXE_counterd"))
+        .args(["--set", "batch_size=0", "config", "--check"])
+        .env_remove("COUNTERD_CONFIG")
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        err.contains("batch_size") && err.contains("(from flag --set)"),
+        "{err}"
+    );
 }

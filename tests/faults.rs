@@ -101,7 +101,20 @@ async fn a_paused_server_makes_readyz_unready_and_the_worker_recovers_by_itself(
     let server = TestServer::start_fake().expect("own fake server");
     assert_eq!(server.kind, ServerKind::Fake);
     let name = "paused";
-    let d = Daemon::start(&server.uri, name, "pausable", &[]);
+    // A long operation timeout and lease: what turns /readyz unready here is the stall bound
+    // alone (no answered read for ready_max_stall), seen at scrape time.
+    let stall_bound = 3;
+    let d = Daemon::start(
+        &server.uri,
+        name,
+        "pausable",
+        &[
+            ("COUNTERD_READY_MAX_STALL", "3s"),
+            ("COUNTERD_OPERATION_TIMEOUT", "60s"),
+            ("COUNTERD_LEASE_TTL", "60s"),
+            ("COUNTERD_LEASE_RENEW", "1s"),
+        ],
+    );
     assert!(d.wait_role("active", Duration::from_secs(20)).await);
     let client = mongodb::Client::with_uri_str(&server.uri).await.unwrap();
     let comments = client
@@ -115,18 +128,13 @@ async fn a_paused_server_makes_readyz_unready_and_the_worker_recovers_by_itself(
     }
     // /metrics carries the documented names with plausible values.
     // A reconcile run has happened too (interval 1s): every documented series is there, except
-    // the drift histogram and the retry counter, which appear on their first observation.
+    // those that appear on their first observation (a correction, a retry, a full sweep).
     let metrics = {
         let _ = wait_metric(&d, "counterd_reconcile_runs_total", 1.0).await;
         wait_metric(&d, "counterd_events_applied_total", 20.0).await
     };
     for name in counterd::telemetry::ALL {
-        if [
-            counterd::telemetry::COUNTER_DRIFT,
-            counterd::telemetry::RETRIES,
-        ]
-        .contains(&name)
-        {
+        if counterd::telemetry::ON_FIRST_USE.contains(&name) {
             continue;
         }
         assert!(
@@ -143,8 +151,11 @@ async fn a_paused_server_makes_readyz_unready_and_the_worker_recovers_by_itself(
     };
     assert_eq!(value("counterd_worker_active"), 1.0);
     assert!(value("counterd_batches_total") >= 1.0);
-    assert!(value("counterd_counter_writes_total") >= 1.0);
+    assert!(value("counterd_increments_total") >= 1.0);
     assert!(value("counterd_stream_lag_seconds") < 60.0, "plausible lag");
+    assert!(value("counterd_stream_stall_seconds") < stall_bound as f64);
+    assert!(value("counterd_last_event_applied_timestamp_seconds") > 1.0e9);
+    assert!(value("counterd_build_info") == 1.0 && value("process_resident_memory_bytes") > 0.0);
     assert_eq!(d.get("/healthz").await.map(|r| r.0), Some(200));
 
     let pid = server.pid().expect("we started it");
@@ -155,16 +166,44 @@ async fn a_paused_server_makes_readyz_unready_and_the_worker_recovers_by_itself(
             .unwrap()
     };
     signal("-STOP");
-    let mut unready = false;
-    for _ in 0..100 {
-        if let Some((503, _)) = d.get("/readyz").await {
-            unready = true;
+    let paused = std::time::Instant::now();
+    let mut unready = None;
+    while paused.elapsed() < Duration::from_secs(20) {
+        if let Some((503, body)) = d.get("/readyz").await {
+            unready = Some((paused.elapsed(), body));
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // Nothing is written while the server is paused: the ages grow at scrape time.
+    let stalled = d.get("/metrics").await.map(|r| r.1).unwrap_or_default();
     signal("-CONT");
-    assert!(unready, "/readyz went unready while the server was paused");
+    let (after, body) = unready.expect("/readyz went unready while the server was paused");
+    eprintln!("/readyz unready {after:?} after the pause: {body}");
+    assert!(
+        body.contains("no progress for"),
+        "unready because of the stall: {body}"
+    );
+    assert!(
+        after < Duration::from_secs(stall_bound + 3),
+        "unready within the bound ({stall_bound}s) plus a scrape: {after:?}"
+    );
+    let stalled_value = |name: &str| -> f64 {
+        stalled
+            .lines()
+            .filter(|l| l.starts_with(name))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    assert!(
+        stalled_value("counterd_stream_stall_seconds") > stall_bound as f64,
+        "the stall shows in /metrics:\n{stalled}"
+    );
+    assert!(
+        stalled_value("counterd_stream_lag_seconds") >= stall_bound as f64
+            && stalled_value("counterd_checkpoint_age_seconds") >= stall_bound as f64,
+        "lag and checkpoint age grow while nothing is written:\n{stalled}"
+    );
     // Back: the worker recovers without help and applies what comes next.
     comments
         .insert_one(doc! {"_id": 100, "post_id": "p", "created_at": DateTime::now()})
@@ -191,11 +230,108 @@ async fn a_paused_server_makes_readyz_unready_and_the_worker_recovers_by_itself(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert_eq!(shown, 21);
-    let metrics = d.get("/metrics").await.unwrap().1;
+    // Progress again: the stall is back under the bound.
+    let metrics = wait_metric(&d, "counterd_events_applied_total", 21.0).await;
     assert!(
-        metrics.contains("counterd_retries_total"),
-        "the retries were counted"
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("counterd_stream_stall_seconds"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .all(|v| v < stall_bound as f64),
+        "{metrics}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_scrape_passes_promtool_check_metrics() {
+    let Ok(promtool) = which_promtool() else {
+        support::skip(
+            "a_live_scrape_passes_promtool_check_metrics",
+            "promtool is not installed (Debian package `prometheus`; .ci/run installs it)",
+        );
+        return;
+    };
+    let t = TestDb::new("promtool").await;
+    let d = Daemon::start(&t.uri, &t.name, "scraped", &[]);
+    assert!(d.wait_role("active", Duration::from_secs(20)).await);
+    for i in 0..10 {
+        t.insert_comment(format!("p{i}"), &post(i % 3), now_secs() - 120)
+            .await;
+    }
+    // A reconcile run and a correction, so the histograms and every labelled family show up.
+    let _ = wait_metric(&d, "counterd_events_applied_total", 10.0).await;
+    t.db.collection::<mongodb::bson::Document>("comment_counters")
+        .update_one(doc! {"_id": "post-0"}, doc! {"$inc": {"base_count": 2_i64}})
+        .await
+        .unwrap();
+    t.comments
+        .update_one(
+            doc! {"_id": "p0"},
+            doc! {"$set": {"deleted_at": DateTime::now()}},
+        )
+        .await
+        .unwrap();
+    let scrape = wait_metric(&d, "counterd_reconcile_runs_total", 3.0).await;
+    let mut child = std::process::Command::new(promtool)
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run promtool");
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(scrape.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics failed:\n{}{}\n--- scrape ---\n{scrape}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for family in [
+        "counterd_stream_lag_seconds{stream=\"comments\"}",
+        "counterd_build_info{",
+        "process_cpu_seconds_total",
+        "counterd_mongodb_operation_duration_seconds_bucket{",
+    ] {
+        assert!(scrape.contains(family), "{family} in the scrape:\n{scrape}");
+    }
+}
+
+fn which_promtool() -> Result<std::path::PathBuf, ()> {
+    std::env::var_os("PATH")
+        .and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|p| p.join("promtool"))
+                .find(|p| p.is_file())
+        })
+        .ok_or(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_comments_collection_stops_run_with_exit_code_4() {
+    let t = TestDb::new("dropped").await;
+    let mut d = Daemon::start(&t.uri, &t.name, "dropped", &[]);
+    assert!(d.wait_role("active", Duration::from_secs(20)).await);
+    t.insert_comment("d0", &post(0), now_secs()).await;
+    t.comments.drop().await.unwrap();
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = d.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "counterd run did not stop after the collection was dropped"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(status.code(), Some(4), "the stream ended: exit code 4");
 }
 
 async fn wait_metric(d: &Daemon, name: &str, at_least: f64) -> String {

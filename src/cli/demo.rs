@@ -19,6 +19,7 @@ use tokio::sync::watch;
 use crate::cli::run::{run_with, shutdown_on_signals};
 use crate::config::Settings;
 use crate::event::PostId;
+use crate::outln;
 use crate::reconcile::Reconciler;
 use crate::store::{displayed_and_truth, Store};
 use crate::testdb::TestServer;
@@ -50,7 +51,10 @@ fn post(i: usize) -> PostId {
 pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     let server = tokio::task::spawn_blocking(TestServer::start)
         .await?
-        .map_err(|e| anyhow::anyhow!("cannot start the demo database: {e}"))?;
+        .map_err(|message| crate::store::StoreError::Fatal {
+            op: "start the demo's throwaway database",
+            message,
+        })?;
     let settings = Settings {
         mongodb_uri: server.uri.clone(),
         database: "counterd_demo".into(),
@@ -70,9 +74,10 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     let comments = db.collection::<bson::Document>(&settings.comments_collection);
 
     // Seed: comments that exist before counterd starts; a sweep creates their counters.
-    println!(
+    outln!(
         "seeding {} comments over {} posts ...",
-        args.seed_comments, args.posts
+        args.seed_comments,
+        args.posts
     );
     let mut rng = StdRng::seed_from_u64(42);
     let now = chrono::Utc::now().timestamp();
@@ -110,7 +115,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         crate::cli::run::reconcile_settings(&settings),
     );
     let swept = reconciler.sweep(now, |_| {}, None).await?;
-    println!("initial sweep created {} counters", swept.summary.corrected);
+    outln!("initial sweep created {} counters", swept.summary.corrected);
     let tally_from = DateTime::now();
     let injected = Arc::new(Mutex::new(DriftTally::default()));
     let (load_stop, load_rx) = watch::channel(false);
@@ -144,9 +149,9 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         let dirty = store.dirty_summary().await?;
         let last = store.last_run().await?;
         if terminal {
-            print!("\x1b[2J\x1b[H");
+            crate::cli::output::write_raw("\x1b[2J\x1b[H");
         }
-        println!(
+        outln!(
             "counterd demo  t={:>4}s  events/s {:>5}  lag {}s  dirty {:>4}  last reconcile: {} corrected, |drift| {}",
             started.elapsed().as_secs(),
             rate,
@@ -158,7 +163,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         let shown: Vec<PostId> = (0..5).map(post).collect();
         for o in crate::cli::observe(&settings, &store, &shown).await? {
             match o.truth {
-                Some(truth) => println!(
+                Some(truth) => outln!(
                     "  {}: displayed {:>4}  true {truth:>4}{}",
                     o.post,
                     o.displayed,
@@ -168,14 +173,15 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
                         "  (drift: to be corrected)"
                     }
                 ),
-                None => println!(
+                None => outln!(
                     "  {}: displayed {:>4}  (a change is in flight)",
-                    o.post, o.displayed
+                    o.post,
+                    o.displayed
                 ),
             }
         }
         let reported = reported_drift(&db, &settings.collections().runs, tally_from).await?;
-        println!(
+        outln!(
             "  drift injected {}   reported {}",
             injected.lock().unwrap(),
             reported
@@ -183,7 +189,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     }
     let _ = load_stop.send(true);
     let _ = load.await;
-    println!("load stopped; waiting for every counter to converge ...");
+    outln!("load stopped; waiting for every counter to converge ...");
     let posts: Vec<PostId> = (0..args.posts).map(post).collect();
     let deadline = Instant::now() + Duration::from_secs(60);
     let exact = loop {
@@ -197,17 +203,17 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         if wrong == 0 || Instant::now() > deadline || *shutdown.borrow() {
             break wrong == 0;
         }
-        println!("  {wrong} counters still converging");
+        outln!("  {wrong} counters still converging");
         tokio::time::sleep(Duration::from_secs(2)).await;
     };
     // Stop counterd if the signal did not already.
     counterd.abort();
     let injected = injected.lock().unwrap().clone();
     let reported = reported_drift(&db, &settings.collections().runs, tally_from).await?;
-    println!("drift injected by hand:   {injected}");
-    println!("drift the reconciler reported: {reported}");
+    outln!("drift injected by hand:   {injected}");
+    outln!("drift the reconciler reported: {reported}");
     let matched = injected == reported;
-    println!(
+    outln!(
         "{}",
         if matched {
             "they match: every correction was real, none was missed"
@@ -216,14 +222,14 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         }
     );
     if exact && matched {
-        println!(
+        outln!(
             "converged: all {} counters equal the true count",
             posts.len()
         );
         Ok(ExitCode::SUCCESS)
     } else {
         if !exact {
-            println!("NOT converged within 60 s");
+            outln!("NOT converged within 60 s");
         }
         Ok(ExitCode::FAILURE)
     }

@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use crate::cli::{age_secs, connect, print_json, rfc3339};
 use crate::config::Settings;
+use crate::outln;
 use crate::store::{DirtyOrder, Store};
 
 #[derive(Debug, clap::Args)]
@@ -34,7 +35,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         )?;
         return Ok(ExitCode::SUCCESS);
     }
-    println!(
+    outln!(
         "{} dirty posts{}",
         summary.size,
         summary
@@ -43,13 +44,16 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
             .unwrap_or_default()
     );
     if !entries.is_empty() {
-        println!(
+        outln!(
             "{:<32} {:>8} {:>12} {:>12}",
-            "post", "version", "first (s)", "last (s)"
+            "post",
+            "version",
+            "first (s)",
+            "last (s)"
         );
     }
     for e in entries {
-        println!(
+        outln!(
             "{:<32} {:>8} {:>12} {:>12}",
             e.post.to_string(),
             e.version,

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use crate::cli::{connect, observe, print_json, rfc3339};
 use crate::config::Settings;
 use crate::event::PostId;
+use crate::outln;
 use crate::store::Store;
 
 #[derive(Debug, clap::Args)]
@@ -40,6 +41,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         "count": counter.count,
         "base_count": state.base_count,
         "base_watermark": state.base_watermark,
+        "base_watermark_time": crate::cli::output::rfc3339(bson::DateTime::from_millis(state.base_watermark.saturating_mul(1000))),
         "live_delta": state.live_delta,
         "buckets": state.buckets.iter().map(|(k, v)| (k.to_string(), *v)).collect::<std::collections::BTreeMap<_, _>>(),
         "applied_through": counter.applied_through,
@@ -50,33 +52,33 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         print_json(&value)?;
         return Ok(ExitCode::SUCCESS);
     }
-    println!("post            {post}");
-    println!(
+    outln!("post            {post}");
+    outln!(
         "displayed       {}   (base {} + live {})",
         state.displayed(),
         state.base_count,
         state.live_delta
     );
     match (observation.truth, observation.mismatch()) {
-        (None, _) => println!(
+        (None, _) => outln!(
             "true count      in flight: a change to this post is not applied yet; ask again in a moment"
         ),
-        (Some(truth), None) => println!("true count      {truth}"),
-        (Some(truth), Some(difference)) => println!(
+        (Some(truth), None) => outln!("true count      {truth}"),
+        (Some(truth), Some(difference)) => outln!(
             "true count      {truth}   (differs by {difference:+}: drift the reconciler will correct{})",
             if dirty { "; the post is dirty" } else { " when it next recounts this post" }
         ),
     }
     if dirty {
-        println!("dirty           yes (waiting for a recount)");
+        outln!("dirty           yes (waiting for a recount)");
     }
-    println!("base watermark  {}", state.base_watermark);
+    outln!("base watermark  {}", state.base_watermark);
     let buckets: Vec<String> = state
         .buckets
         .iter()
         .map(|(k, v)| format!("{k}:{v:+}"))
         .collect();
-    println!(
+    outln!(
         "buckets         {}",
         if buckets.is_empty() {
             "none".into()
@@ -84,11 +86,11 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
             buckets.join(" ")
         }
     );
-    println!(
+    outln!(
         "applied through {}",
         counter.applied_through.unwrap_or_else(|| "-".into())
     );
-    println!(
+    outln!(
         "last drift      {}",
         counter
             .last_drift

@@ -1,8 +1,11 @@
 //! The command line: one file per subcommand, each with its own arguments and output.
 
+mod config;
 mod demo;
 mod dirty;
+pub mod exit;
 mod get;
+pub mod output;
 mod reconcile;
 mod replay;
 mod run;
@@ -15,11 +18,13 @@ use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 
-use crate::config::{ConfigError, Settings};
+use crate::config::{ConfigError, Loaded, Override, Settings};
 use crate::store::mongo::{ConnectOptions, MongoStore};
 
+pub use output::{print_json, rfc3339};
+
 /// Exit code for configuration errors (as for usage errors).
-pub const EXIT_CONFIG: u8 = 2;
+pub const EXIT_CONFIG: u8 = exit::USAGE;
 
 /// counterd keeps per-post comment counters in MongoDB honest: it tails the `comments` change
 /// stream into idempotent counter increments and recounts dirty posts in the background.
@@ -65,6 +70,9 @@ pub enum Command {
     Get(get::Args),
     /// Compare a sample of counters with the truth; exits 1 on any mismatch.
     Verify(verify::Args),
+    /// Print the effective settings (password redacted) and where each came from; with
+    /// --check, only validate them (nothing is contacted).
+    Config(config::Args),
     /// The demo: a throwaway database, the worker, a load generator and a live view.
     Demo(demo::Args),
 }
@@ -72,18 +80,28 @@ pub enum Command {
 impl Cli {
     /// Settings from file, environment and these flags.
     pub fn settings(&self) -> Result<Settings, ConfigError> {
+        self.load().map(|l| l.settings)
+    }
+
+    /// Settings with where each came from.
+    pub fn load(&self) -> Result<Loaded, ConfigError> {
         let mut overrides = Vec::new();
-        for (name, value) in [
-            ("mongodb_uri", &self.mongodb_uri),
-            ("database", &self.database),
-            ("http_addr", &self.http_addr),
+        let named = |name: &str, flag: &str, value: &str| Override {
+            name: name.into(),
+            value: value.into(),
+            origin: format!("flag {flag}"),
+        };
+        for (name, flag, value) in [
+            ("mongodb_uri", "--mongodb-uri", &self.mongodb_uri),
+            ("database", "--database", &self.database),
+            ("http_addr", "--http-addr", &self.http_addr),
         ] {
             if let Some(v) = value {
-                overrides.push((name.to_string(), v.clone()));
+                overrides.push(named(name, flag, v));
             }
         }
         if self.log_json {
-            overrides.push(("log_format".into(), "json".into()));
+            overrides.push(named("log_format", "--log-json", "json"));
         }
         for pair in &self.set {
             let Some((name, value)) = pair.split_once('=') else {
@@ -94,23 +112,32 @@ impl Cli {
                     message: "expected --set name=value".into(),
                 });
             };
-            overrides.push((name.trim().to_string(), value.to_string()));
+            overrides.push(Override {
+                name: name.trim().to_string(),
+                value: value.to_string(),
+                origin: "flag --set".into(),
+            });
         }
-        Settings::load(self.config.as_deref(), std::env::vars(), &overrides)
+        Settings::load_traced(self.config.as_deref(), std::env::vars(), &overrides)
     }
 }
 
 /// Runs the parsed command line.
 pub async fn main(cli: Cli) -> ExitCode {
-    let settings = match cli.settings() {
-        Ok(s) => s,
+    let loaded = match cli.load() {
+        Ok(l) => l,
         Err(e) => {
             eprintln!("counterd: configuration error: {e}");
             return ExitCode::from(EXIT_CONFIG);
         }
     };
+    let settings = loaded.settings.clone();
     crate::telemetry::init_logging(settings.log_format == "json", &settings.log_level);
+    for variable in &loaded.ignored_env {
+        tracing::debug!(%variable, "ignoring a Kubernetes service-link variable (not a setting)");
+    }
     let result = match cli.command {
+        Command::Config(args) => config::run(loaded, args).await,
         Command::Run(args) => run::run(settings, args).await,
         Command::Status(args) => status::run(settings, args).await,
         Command::Dirty(args) => dirty::run(settings, args).await,
@@ -124,7 +151,7 @@ pub async fn main(cli: Cli) -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("counterd: {e:#}");
-            ExitCode::FAILURE
+            exit::exit_code(exit::code_for(&e))
         }
     }
 }
@@ -174,18 +201,7 @@ pub async fn observe(
     Ok(out)
 }
 
-/// Prints a value as pretty JSON.
-pub fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
-    println!("{}", serde_json::to_string_pretty(value)?);
-    Ok(())
-}
-
 /// Seconds since a date, for "age" columns.
 pub fn age_secs(t: bson::DateTime) -> i64 {
     ((bson::DateTime::now().timestamp_millis() - t.timestamp_millis()) / 1000).max(0)
-}
-
-/// A date as RFC 3339.
-pub fn rfc3339(t: bson::DateTime) -> String {
-    t.try_to_rfc3339_string().unwrap_or_else(|_| t.to_string())
 }

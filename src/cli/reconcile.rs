@@ -6,6 +6,7 @@ use crate::cli::run::reconcile_settings;
 use crate::cli::{connect, print_json};
 use crate::config::Settings;
 use crate::event::PostId;
+use crate::outln;
 use crate::reconcile::{Reconciler, RunReport};
 
 #[derive(Debug, clap::Args)]
@@ -58,27 +59,30 @@ fn print_report(report: &RunReport, verbose: bool, json: bool) -> anyhow::Result
         return print_json(report);
     }
     let s = &report.summary;
-    println!(
+    outln!(
         "{} run: {} posts recounted ({} count queries), {} corrected, total |drift| {} (max {}, high +{}, low {}), watermark {}",
         s.kind, s.posts, s.counts, s.corrected, s.total_abs_drift, s.max_abs_drift, s.drift_high, s.drift_low, s.watermark
     );
     if verbose {
         for c in &report.corrections {
-            println!(
+            outln!(
                 "  {}: was {}, now {} (drift {:+})",
-                c.post, c.wrong, c.right, c.drift
+                c.post,
+                c.wrong,
+                c.right,
+                c.drift
             );
         }
     }
     if s.in_flight > 0 {
-        println!(
+        outln!(
             "  {} post(s) left dirty: a change to them was in flight while they were counted, or the worker did not apply everything the count could have seen within catch_up_timeout (is `counterd run` running and caught up?); they are recounted later: {}",
             s.in_flight,
             report.contended.join(", ")
         );
     }
     if s.waiting > 0 {
-        println!(
+        outln!(
             "  {} post(s) folded but kept dirty until the watermark passes their newest change",
             s.waiting
         );

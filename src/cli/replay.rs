@@ -6,9 +6,11 @@ use std::collections::BTreeSet;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use crate::cli::exit::{CheckFailed, UsageError};
 use crate::cli::{connect, print_json};
 use crate::config::{parse_time, Settings};
 use crate::event::{ChangeEvent, Token};
+use crate::outln;
 use crate::store::{Position, Store, StreamOptions, StreamStart};
 
 #[derive(Debug, clap::Args)]
@@ -34,17 +36,19 @@ pub struct Args {
 pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     let position = match (&args.from_token, &args.from_time) {
         (Some(t), _) => {
-            anyhow::ensure!(
-                !t.is_empty() && t.chars().all(|c| c.is_ascii_hexdigit()),
-                "--from-token {t:?}: expected the hex `_data` of a resume token"
-            );
+            if t.is_empty() || !t.chars().all(|c| c.is_ascii_hexdigit()) {
+                return Err(UsageError(format!(
+                    "--from-token {t:?}: expected the hex `_data` of a resume token"
+                ))
+                .into());
+            }
             Position::Token(Token(t.clone()))
         }
         (None, Some(time)) => {
             let secs = parse_time(time).ok_or_else(|| {
-                anyhow::anyhow!(
+                UsageError(format!(
                     "--from-time {time:?}: expected RFC 3339, e.g. 2026-01-31T12:00:00Z"
-                )
+                ))
             })?;
             Position::Time(bson::Timestamp {
                 time: secs as u32,
@@ -64,11 +68,12 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         let lease = store.read_lease(stream).await?;
         let held = lease.filter(|l| l.expires_at > bson::DateTime::now());
         if let (Some(l), false) = (held, args.force || args.dry_run) {
-            anyhow::bail!(
+            return Err(CheckFailed(format!(
                 "worker {} (epoch {}) holds stream `{stream}`: stop it first, or pass --force (it would resume from its own position until restarted)",
                 l.owner,
                 l.epoch
-            );
+            ))
+            .into());
         }
     }
     let stream = streams[0].clone();
@@ -81,7 +86,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     let mut report = serde_json::json!({
         "stream": stream,
         "from": checkpoint.token.as_ref().map(|t| t.to_string()),
-        "to": format!("{position:?}"),
+        "to": describe(&position),
         "high_water": checkpoint.high_water.as_ref().map(|t| t.to_string()),
         "dry_run": args.dry_run,
     });
@@ -138,14 +143,15 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         if args.json {
             print_json(&report)?;
         } else {
-            println!(
-                "dry run: would move `{}` from {} to {position:?}",
+            outln!(
+                "dry run: would move `{}` from {} to {}",
                 report["stream"].as_str().unwrap_or(""),
-                report["from"]
+                report["from"].as_str().unwrap_or("the start"),
+                describe(&position)
             );
-            println!("  {seen} events at or below the high water would be re-read: their posts (at least {}) are marked dirty and recounted, never counted twice", posts.len());
-            println!("  {new} events beyond the high water would be applied");
-            println!("nothing was changed");
+            outln!("  {seen} events at or below the high water would be re-read: their posts (at least {}) are marked dirty and recounted, never counted twice", posts.len());
+            outln!("  {new} events beyond the high water would be applied");
+            outln!("nothing was changed");
         }
         return Ok(ExitCode::SUCCESS);
     }
@@ -155,10 +161,20 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     if args.json {
         print_json(&report)?;
     } else {
-        println!(
-            "moved {} to {position:?}; restart the worker to replay from there",
-            streams.join(", ")
+        outln!(
+            "moved {} to {}; restart the worker to replay from there",
+            streams.join(", "),
+            describe(&position)
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A position for people and scripts: `after token <hex>`, `at <RFC 3339>`, `unset`.
+fn describe(position: &Position) -> String {
+    match position {
+        Position::Token(t) => format!("after token {t}"),
+        Position::Time(t) => format!("at {}", crate::cli::output::cluster_time(*t)),
+        Position::Unset => "unset (the configured start)".into(),
+    }
 }

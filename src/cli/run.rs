@@ -86,14 +86,30 @@ pub async fn run(settings: Settings, _args: Args) -> anyhow::Result<ExitCode> {
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on http_addr {}: {e}", settings.http_addr))?;
     tracing::info!(addr = %settings.http_addr, "HTTP endpoints: /metrics /healthz /readyz");
+    let names = crate::partition::stream_names(&settings.stream_name, settings.partitions);
+    for (name, _) in &names {
+        crate::telemetry::register_stream(name);
+    }
+    let named = names
+        .into_iter()
+        .map(|(name, _)| name)
+        .zip(statuses.iter().cloned())
+        .collect();
     let http = tokio::spawn(crate::http::serve(
         listener,
         metrics,
-        statuses.clone(),
-        settings.ready_max_lag,
+        named,
+        crate::http::ReadyBounds {
+            max_lag: settings.ready_max_lag,
+            max_stall: settings.ready_max_stall,
+        },
         shutdown.clone(),
     ));
     let result = run_with(settings, statuses, shutdown).await;
+    if result.is_err() {
+        // A fatal error stops the process (its exit code says why), HTTP endpoints included.
+        http.abort();
+    }
     let _ = http.await;
     match result {
         Ok(()) => Ok(ExitCode::SUCCESS),
@@ -243,7 +259,7 @@ async fn connect_patiently(
             Err(e) if e.is_transient() => {
                 metrics::counter!(crate::telemetry::RETRIES, "op" => "connect").increment(1);
                 let delay = backoff.next().unwrap_or(settings.retry_max_delay);
-                tracing::warn!(error = %e, retry_in = ?delay, "MongoDB unreachable");
+                tracing::warn!(error = %e, retry_in = %humantime::format_duration(delay), "MongoDB unreachable");
                 if sleep_or_shutdown(&crate::clock::SystemClock, delay, shutdown).await {
                     return Ok(None);
                 }

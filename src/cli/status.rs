@@ -1,5 +1,5 @@
-//! `counterd status`: where the stream stands, how far behind it is, the dirty backlog and the
-//! last reconcile run.
+//! `counterd status`: where the stream stands, how far behind it is, the dirty backlog, the last
+//! few reconcile runs and the last one that corrected a counter.
 
 use std::process::ExitCode;
 
@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use crate::cli::{age_secs, connect, print_json, rfc3339};
 use crate::config::{redact_uri, Settings};
+use crate::outln;
 use crate::partition::stream_names;
 use crate::store::{DirtySummary, Lease, RunSummary, Store, SweepCursor};
 
@@ -42,8 +43,14 @@ struct Status {
     streams: Vec<StreamStatus>,
     dirty: DirtySummary,
     dirty_oldest_age_seconds: Option<i64>,
-    last_reconcile: Option<RunSummary>,
+    /// The newest reconcile runs (of any process), newest first.
+    recent_reconciles: Vec<RunSummary>,
+    /// The newest run that corrected at least one counter (it may be older than the above).
+    last_correction: Option<RunSummary>,
 }
+
+/// How many recent runs `status` shows.
+const RECENT_RUNS: usize = 5;
 
 async fn stream_status(store: &impl Store, stream: String) -> anyhow::Result<StreamStatus> {
     let checkpoint = store.load_checkpoint(&stream).await?.unwrap_or_default();
@@ -99,33 +106,35 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         streams,
         dirty_oldest_age_seconds: dirty.oldest.map(age_secs),
         dirty,
-        last_reconcile: store.last_run().await?,
+        recent_reconciles: store.recent_runs(RECENT_RUNS).await?,
+        last_correction: store.last_correcting_run().await?,
     };
     if args.json {
         print_json(&status)?;
         return Ok(ExitCode::SUCCESS);
     }
     let or_none = |v: &Option<String>| v.clone().unwrap_or_else(|| "none".into());
-    println!(
+    outln!(
         "mongodb           {} (database {})",
-        status.mongodb, status.database
+        status.mongodb,
+        status.database
     );
     for s in &status.streams {
-        println!("stream            {}", s.stream);
-        println!("  role            {}", s.role);
-        println!("  checkpoint token {}", or_none(&s.checkpoint_token));
-        println!("  checkpoint time {}", or_none(&s.checkpoint_time));
+        outln!("stream            {}", s.stream);
+        outln!("  role            {}", s.role);
+        outln!("  checkpoint token {}", or_none(&s.checkpoint_token));
+        outln!("  checkpoint time {}", or_none(&s.checkpoint_time));
         let lag = s.lag_seconds.map(|l| format!("{l}s"));
-        println!(
+        outln!(
             "  stream lag      {}",
             lag.unwrap_or_else(|| "unknown".into())
         );
-        println!("  high water      {}", or_none(&s.high_water));
-        println!("  pending batch   {}", or_none(&s.pending_batch));
+        outln!("  high water      {}", or_none(&s.high_water));
+        outln!("  pending batch   {}", or_none(&s.pending_batch));
         if s.history_gaps.is_empty() {
-            println!("  history gaps    none");
+            outln!("  history gaps    none");
         } else {
-            println!(
+            outln!(
                 "  HISTORY GAPS    {} (events in them were never seen)",
                 s.history_gaps.join(", ")
             );
@@ -135,9 +144,9 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         } else {
             "no"
         };
-        println!("  sweep requested {sweep}");
+        outln!("  sweep requested {sweep}");
         match &s.background_sweep {
-            Some(c) => println!(
+            Some(c) => outln!(
                 "  background sweep {} posts into pass {} (last pass: {} posts){}",
                 c.posts_done,
                 c.passes + 1,
@@ -147,10 +156,10 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
                     .map(|p| format!(", after post {p}"))
                     .unwrap_or_default()
             ),
-            None => println!("  background sweep not started"),
+            None => outln!("  background sweep not started"),
         }
     }
-    println!(
+    outln!(
         "dirty backlog     {} posts, oldest {}",
         status.dirty.size,
         status
@@ -158,20 +167,36 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
             .map(|s| format!("{s}s ago"))
             .unwrap_or_else(|| "-".into())
     );
-    match &status.last_reconcile {
-        Some(run) => println!(
-            "last reconcile    {} ({}): {} posts, {} corrected, total |drift| {} (max {}, high +{}, low {}), {} in flight (retried later)",
-            run.finished_at.map(rfc3339).unwrap_or_default(),
-            run.kind,
-            run.posts,
-            run.corrected,
-            run.total_abs_drift,
-            run.max_abs_drift,
-            run.drift_high,
-            run.drift_low,
-            run.in_flight
-        ),
-        None => println!("last reconcile    never"),
+    if status.recent_reconciles.is_empty() {
+        outln!("last reconcile    never");
+    }
+    for (i, run) in status.recent_reconciles.iter().enumerate() {
+        let label = if i == 0 {
+            "last reconcile   "
+        } else {
+            "                 "
+        };
+        outln!("{label} {}", describe_run(run));
+    }
+    match &status.last_correction {
+        Some(run) => outln!("last correction   {}", describe_run(run)),
+        None => outln!("last correction   none recorded (runs are kept 30 days)"),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// One reconcile run on one line.
+fn describe_run(run: &RunSummary) -> String {
+    format!(
+        "{} ({}): {} posts, {} corrected, total |drift| {} (max {}, high +{}, low {}), {} in flight (retried later)",
+        run.finished_at.map(rfc3339).unwrap_or_else(|| "?".into()),
+        run.kind,
+        run.posts,
+        run.corrected,
+        run.total_abs_drift,
+        run.max_abs_drift,
+        run.drift_high,
+        run.drift_low,
+        run.in_flight
+    )
 }

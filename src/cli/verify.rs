@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use crate::cli::{connect, observe, print_json};
 use crate::config::Settings;
+use crate::outln;
 use crate::store::Store;
 
 #[derive(Debug, clap::Args)]
@@ -34,14 +35,14 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
             &serde_json::json!({"sampled": posts.len(), "mismatches": mismatches, "in_flight": in_flight}),
         )?;
     } else {
-        println!(
+        outln!(
             "sampled {} counters: {} mismatch(es), {} with a change in flight (not compared)",
             posts.len(),
             mismatches.len(),
             in_flight.len()
         );
         for m in &mismatches {
-            println!(
+            outln!(
                 "  {}: displayed {}, true {}",
                 m["post"].as_str().unwrap_or(""),
                 m["displayed"],
@@ -52,6 +53,6 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     Ok(if mismatches.is_empty() {
         ExitCode::SUCCESS
     } else {
-        ExitCode::FAILURE
+        crate::cli::exit::exit_code(crate::cli::exit::CHECK_FAILED)
     })
 }

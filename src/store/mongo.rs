@@ -138,6 +138,23 @@ impl MongoStore {
         client_options.server_selection_timeout = Some(options.connect_timeout);
         client_options.connect_timeout = Some(options.connect_timeout);
         client_options.app_name = Some("counterd".to_string());
+        // MongoDB command latency by command, for /metrics.
+        client_options.command_event_handler = Some(mongodb::event::EventHandler::callback(
+            |event: mongodb::event::command::CommandEvent| {
+                use mongodb::event::command::CommandEvent;
+                let (op, outcome, duration) = match event {
+                    CommandEvent::Succeeded(e) => (e.command_name, "ok", e.duration),
+                    CommandEvent::Failed(e) => (e.command_name, "error", e.duration),
+                    _ => return,
+                };
+                metrics::histogram!(
+                    crate::telemetry::MONGODB_OPERATION_DURATION,
+                    "op" => op,
+                    "outcome" => outcome
+                )
+                .record(duration.as_secs_f64());
+            },
+        ));
         let hosts = client_options
             .hosts
             .iter()
@@ -1080,11 +1097,21 @@ impl Store for MongoStore {
         let statements = marks
             .iter()
             .map(|m| {
+                // Fenced like every worker write: an entry this stream marked under a newer
+                // epoch refuses the write (the upsert then hits the `_id` and is dropped as a
+                // duplicate). An entry of another stream (a changed partitioning) is taken over.
+                let filter = doc! {
+                    "_id": m.post.to_bson(),
+                    "$or": [
+                        {"stream": {"$ne": &fence.stream}},
+                        {"epoch": {"$not": {"$gt": fence.epoch}}},
+                    ],
+                };
                 doc! {
-                    "q": {"_id": m.post.to_bson()},
+                    "q": filter,
                     "u": {
                         "$inc": {"version": 1_i64},
-                        "$set": {"last_dirty_at": now, "stream": &fence.stream},
+                        "$set": {"last_dirty_at": now, "stream": &fence.stream, "epoch": fence.epoch},
                         "$max": {"newest_bucket": m.newest_bucket},
                         "$setOnInsert": {"first_dirty_at": now},
                     },
@@ -1096,9 +1123,10 @@ impl Store for MongoStore {
             .update_many_statements("mark posts dirty", &self.names.dirty, statements)
             .await?;
         if duplicates > 0 {
-            // Two upserts raced on a new entry (another marker or a reconcile clear): the entry
-            // exists, so the post is dirty; nothing is lost, but the version may not have moved.
-            tracing::debug!(duplicates, "dirty upserts raced");
+            // Two upserts raced on a new entry (another marker or a reconcile clear), or the
+            // entry belongs to a newer epoch (this worker is fenced out): either way the entry
+            // exists, so the post is dirty and nothing is lost.
+            tracing::debug!(stream = %fence.stream, duplicates, "dirty marks not applied: raced, or fenced out by a newer epoch");
         }
         Ok(())
     }
@@ -1400,24 +1428,7 @@ impl Store for MongoStore {
             .sort(doc! {"finished_at": -1})
             .await
             .map_err(|e| map_err("read the last reconcile run", e))?;
-        Ok(found.map(|d| RunSummary {
-            started_at: d.get_datetime("started_at").ok().copied(),
-            finished_at: d.get_datetime("finished_at").ok().copied(),
-            kind: d.get_str("kind").unwrap_or_default().to_string(),
-            posts: d.get_i64("posts").unwrap_or_default() as u64,
-            counts: d.get_i64("counts").unwrap_or_default() as u64,
-            corrected: d.get_i64("corrected").unwrap_or_default() as u64,
-            total_abs_drift: d.get_i64("total_abs_drift").unwrap_or_default(),
-            max_abs_drift: d.get_i64("max_abs_drift").unwrap_or_default(),
-            drift_high: d.get_i64("drift_high").unwrap_or_default(),
-            drift_low: d.get_i64("drift_low").unwrap_or_default(),
-            corrected_high: d.get_i64("corrected_high").unwrap_or_default() as u64,
-            corrected_low: d.get_i64("corrected_low").unwrap_or_default() as u64,
-            watermark: d.get_i64("watermark").unwrap_or_default(),
-            in_flight: d.get_i64("in_flight").unwrap_or_default() as u64,
-            waiting: d.get_i64("waiting").unwrap_or_default() as u64,
-            snapshot_counts: d.get_i64("snapshot_counts").unwrap_or_default() as u64,
-        }))
+        Ok(found.as_ref().map(run_from_doc))
     }
 
     async fn load_sweep_cursor(&self, stream: &str) -> StoreResult<Option<SweepCursor>> {
@@ -1686,6 +1697,55 @@ pub fn position_from_reply(reply: &Document, local_now: DateTime) -> ServerNow {
             time: secs + 1,
             increment: 0,
         },
+    }
+}
+
+/// A stored reconcile run.
+fn run_from_doc(d: &Document) -> RunSummary {
+    RunSummary {
+        started_at: d.get_datetime("started_at").ok().copied(),
+        finished_at: d.get_datetime("finished_at").ok().copied(),
+        kind: d.get_str("kind").unwrap_or_default().to_string(),
+        posts: d.get_i64("posts").unwrap_or_default() as u64,
+        counts: d.get_i64("counts").unwrap_or_default() as u64,
+        corrected: d.get_i64("corrected").unwrap_or_default() as u64,
+        total_abs_drift: d.get_i64("total_abs_drift").unwrap_or_default(),
+        max_abs_drift: d.get_i64("max_abs_drift").unwrap_or_default(),
+        drift_high: d.get_i64("drift_high").unwrap_or_default(),
+        drift_low: d.get_i64("drift_low").unwrap_or_default(),
+        corrected_high: d.get_i64("corrected_high").unwrap_or_default() as u64,
+        corrected_low: d.get_i64("corrected_low").unwrap_or_default() as u64,
+        watermark: d.get_i64("watermark").unwrap_or_default(),
+        in_flight: d.get_i64("in_flight").unwrap_or_default() as u64,
+        waiting: d.get_i64("waiting").unwrap_or_default() as u64,
+        snapshot_counts: d.get_i64("snapshot_counts").unwrap_or_default() as u64,
+    }
+}
+impl MongoStore {
+    /// The newest `limit` reconcile runs (of any process), newest first (`status`).
+    pub async fn recent_runs(&self, limit: usize) -> StoreResult<Vec<RunSummary>> {
+        let docs: Vec<Document> = self
+            .coll(&self.names.runs)
+            .find(doc! {})
+            .sort(doc! {"finished_at": -1})
+            .limit(limit.min(i64::MAX as usize) as i64)
+            .await
+            .map_err(|e| map_err("read recent reconcile runs", e))?
+            .try_collect()
+            .await
+            .map_err(|e| map_err("read recent reconcile runs", e))?;
+        Ok(docs.iter().map(run_from_doc).collect())
+    }
+
+    /// The newest reconcile run that corrected at least one counter (`status`).
+    pub async fn last_correcting_run(&self) -> StoreResult<Option<RunSummary>> {
+        let found = self
+            .coll(&self.names.runs)
+            .find_one(doc! {"corrected": {"$gt": 0_i64}})
+            .sort(doc! {"finished_at": -1})
+            .await
+            .map_err(|e| map_err("read the last correcting reconcile run", e))?;
+        Ok(found.as_ref().map(run_from_doc))
     }
 }
 

@@ -1,0 +1,78 @@
+//! `counterd config`: the effective settings (the URI's password redacted) and where each came
+//! from; `--check` only validates them. Neither contacts MongoDB. The text form is itself a
+//! valid settings file.
+
+use std::process::ExitCode;
+
+use crate::cli::output::{object, print_json};
+use crate::config::Loaded;
+use crate::outln;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Only validate the settings (file, environment, flags) and say so; exit 2 if invalid.
+    #[arg(long)]
+    pub check: bool,
+    /// Print JSON instead of TOML.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub async fn run(loaded: Loaded, args: Args) -> anyhow::Result<ExitCode> {
+    // Invalid settings never get here: loading failed with exit code 2 and named the setting.
+    let redacted = loaded.settings.redacted();
+    let table = match toml::Value::try_from(&redacted)? {
+        toml::Value::Table(t) => t,
+        _ => anyhow::bail!("settings do not serialize to a table"),
+    };
+    let changed = loaded
+        .origins
+        .values()
+        .filter(|o| o.as_str() != "default")
+        .count();
+    if args.check {
+        if args.json {
+            print_json(&object(vec![
+                ("valid", true.into()),
+                ("settings", table.len().into()),
+                ("not_default", changed.into()),
+                ("ignored_environment", loaded.ignored_env.clone().into()),
+            ]))?;
+        } else {
+            outln!(
+                "configuration OK: {} settings, {changed} not at their default; nothing was contacted",
+                table.len()
+            );
+            for variable in &loaded.ignored_env {
+                outln!("ignored {variable}: a Kubernetes service link, not a setting");
+            }
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    if args.json {
+        let origins: serde_json::Map<String, serde_json::Value> = loaded
+            .origins
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone().into()))
+            .collect();
+        return print_json(&object(vec![
+            ("settings", serde_json::to_value(&redacted)?),
+            ("origins", origins.into()),
+            ("ignored_environment", loaded.ignored_env.clone().into()),
+        ]))
+        .map(|_| ExitCode::SUCCESS);
+    }
+    outln!("# counterd's effective settings; each line says where its value came from.");
+    for (name, value) in &table {
+        let origin = loaded
+            .origins
+            .get(name)
+            .map(String::as_str)
+            .unwrap_or("default");
+        outln!("{name} = {value}  # {origin}");
+    }
+    for variable in &loaded.ignored_env {
+        outln!("# ignored {variable}: a Kubernetes service link, not a setting");
+    }
+    Ok(ExitCode::SUCCESS)
+}

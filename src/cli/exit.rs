@@ -1,0 +1,124 @@
+//! Exit codes, and the one place that maps a failure to its code (documented in README.md):
+//!
+//! | code | meaning |
+//! | --- | --- |
+//! | 0 | ok |
+//! | 1 | a mismatch was found or a check failed (`verify`, `replay` refused while a worker holds the stream) |
+//! | 2 | usage or configuration error (a bad flag or setting; nothing was contacted) |
+//! | 3 | cannot reach or talk to MongoDB (unreachable, refused, a malformed stored document) |
+//! | 4 | stopped because the change stream ended (collection dropped or renamed) or history was lost |
+
+use std::process::ExitCode;
+
+use crate::classify::StreamEnded;
+use crate::config::ConfigError;
+use crate::store::StoreError;
+use crate::worker::WorkerError;
+
+pub const OK: u8 = 0;
+pub const CHECK_FAILED: u8 = 1;
+pub const USAGE: u8 = 2;
+pub const MONGODB: u8 = 3;
+pub const STREAM: u8 = 4;
+
+/// A command was used wrongly (a flag value it cannot use): exit code 2.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
+
+/// A check the command makes failed (a mismatch, a refusal): exit code 1.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct CheckFailed(pub String);
+
+/// The exit code for a store error.
+fn store_code(e: &StoreError) -> u8 {
+    match e {
+        StoreError::HistoryLost { .. } => STREAM,
+        StoreError::Transient { .. }
+        | StoreError::Fatal { .. }
+        | StoreError::Malformed { .. }
+        | StoreError::Fenced { .. } => MONGODB,
+    }
+}
+
+/// The exit code for a failed command: the first cause in the chain that says what it is;
+/// anything else is a failed check (1).
+pub fn code_for(error: &anyhow::Error) -> u8 {
+    for cause in error.chain() {
+        if cause.is::<ConfigError>() || cause.is::<UsageError>() {
+            return USAGE;
+        }
+        if cause.is::<CheckFailed>() {
+            return CHECK_FAILED;
+        }
+        if cause.is::<StreamEnded>() {
+            return STREAM;
+        }
+        if let Some(e) = cause.downcast_ref::<WorkerError>() {
+            return match e {
+                WorkerError::StreamEnded(_) | WorkerError::HistoryLost { .. } => STREAM,
+                WorkerError::Startup(s) | WorkerError::Store(s) => store_code(s),
+            };
+        }
+        if let Some(e) = cause.downcast_ref::<StoreError>() {
+            return store_code(e);
+        }
+        if cause.is::<mongodb::error::Error>() {
+            return MONGODB;
+        }
+    }
+    CHECK_FAILED
+}
+
+/// The exit code as a process exit code.
+pub fn exit_code(code: u8) -> ExitCode {
+    ExitCode::from(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::Token;
+
+    fn code(e: impl Into<anyhow::Error>) -> u8 {
+        code_for(&e.into())
+    }
+
+    #[test]
+    fn every_failure_maps_to_its_documented_code() {
+        let transient = || StoreError::Transient {
+            op: "connect",
+            message: "refused".into(),
+        };
+        let lost = || StoreError::HistoryLost {
+            code: 286,
+            token: "00".into(),
+        };
+        let ended = StreamEnded {
+            token: Token("00".into()),
+            operation: "drop".into(),
+        };
+        assert_eq!(code(CheckFailed("mismatch".into())), 1);
+        assert_eq!(code(anyhow::anyhow!("something else")), 1);
+        assert_eq!(
+            code(ConfigError::Unknown {
+                name: "x".into(),
+                origin: "flag --set".into()
+            }),
+            2
+        );
+        assert_eq!(code(UsageError("--from-token".into())), 2);
+        assert_eq!(code(transient()), 3);
+        assert_eq!(code(WorkerError::Startup(transient())), 3);
+        assert_eq!(
+            code(anyhow::Error::from(transient()).context("status: read the checkpoint")),
+            3,
+            "a cause further down the chain"
+        );
+        assert_eq!(code(lost()), 4);
+        assert_eq!(code(WorkerError::HistoryLost { source: lost() }), 4);
+        assert_eq!(code(WorkerError::StreamEnded(ended.clone())), 4);
+        assert_eq!(code(ended), 4);
+    }
+}
