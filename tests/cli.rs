@@ -498,3 +498,24 @@ fn config_prints_the_effective_settings_and_where_they_came_from() {
         "{err}"
     );
 }
+
+#[test]
+fn the_demo_says_clearly_when_no_test_server_can_be_started() {
+    // As from a container image: no checkout (COUNTERD_TESTDB_DIR), no mongod, no URI.
+    let o = Command::new(env!("CARGO_BIN_EXE_counterd"))
+        .args(["demo", "--duration", "1s"])
+        .env_remove("COUNTERD_TESTDB_DIR")
+        .env_remove("COUNTERD_TEST_MONGODB_URI")
+        .env_remove("COUNTERD_CONFIG")
+        .env("PATH", "/nonexistent")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert!(
+        err.contains("no throwaway MongoDB can be started here")
+            && err.contains("COUNTERD_TEST_MONGODB_URI")
+            && err.contains("scripts/demo"),
+        "{err}"
+    );
+}
