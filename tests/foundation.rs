@@ -108,6 +108,7 @@ async fn unreachable_server_gives_a_clear_error_within_the_timeout() {
         database: "x".into(),
         comments: "comments".into(),
         connect_timeout: Duration::from_millis(800),
+        collections: Default::default(),
     })
     .await;
     let elapsed = started.elapsed();
