@@ -228,3 +228,47 @@ async fn four_partitions_shared_by_two_processes_stay_exact() {
     let part = counterd::partition::Partition { index: 1, count: 4 };
     assert!(!dirty.is_empty() && dirty.iter().all(|d| part.owns(&d.post)));
 }
+
+#[tokio::test]
+async fn dirty_marks_carry_the_fencing_epoch() {
+    use counterd::batch::DirtyMark;
+    use counterd::store::Fence;
+    let t = TestDb::new("dirtyfence").await;
+    let fence = |stream: &str, epoch| Fence {
+        stream: stream.into(),
+        epoch,
+    };
+    let marks = [DirtyMark::settled(post(1))];
+    let entry = || async {
+        let dirty = t.db.collection::<mongodb::bson::Document>("counterd_dirty");
+        let d = dirty
+            .find_one(doc! {"_id": "post-1"})
+            .await
+            .unwrap()
+            .unwrap();
+        (d.get_i64("epoch").unwrap(), d.get_i64("version").unwrap())
+    };
+    let now = mongodb::bson::DateTime::now();
+    t.store
+        .mark_dirty(&fence("comments", 2), &marks, now)
+        .await
+        .unwrap();
+    assert_eq!(entry().await, (2, 1), "the mark carries its writer's epoch");
+    // A worker fenced out by epoch 2 cannot touch the entry, not even once.
+    t.store
+        .mark_dirty(&fence("comments", 1), &marks, now)
+        .await
+        .unwrap();
+    assert_eq!(entry().await, (2, 1), "a stale epoch's mark is refused");
+    t.store
+        .mark_dirty(&fence("comments", 3), &marks, now)
+        .await
+        .unwrap();
+    assert_eq!(entry().await, (3, 2), "the successor's mark lands");
+    // Another stream (a new partitioning) takes the entry over with its own epoch.
+    t.store
+        .mark_dirty(&fence("comments/p1of2", 1), &marks, now)
+        .await
+        .unwrap();
+    assert_eq!(entry().await, (1, 3));
+}
