@@ -106,6 +106,7 @@ pub fn plan_batch(
     events: &[ChangeEvent],
     ledger: &HashMap<String, Option<Row>>,
     attribution: Attribution,
+    schema: &crate::schema::Schema,
     bucket_width_secs: i64,
 ) -> (BatchPlan, Option<StreamEnded>) {
     let mut plan = BatchPlan::default();
@@ -124,7 +125,7 @@ pub fn plan_batch(
             },
             None => Before::Unknown,
         };
-        let classified = match classify(event, before.clone(), attribution) {
+        let classified = match classify(event, before.clone(), attribution, schema) {
             Ok(c) => c,
             Err(end) => {
                 return (
@@ -179,7 +180,7 @@ pub fn plan_batch(
             let known_rows = rows
                 .iter()
                 .flatten()
-                .filter(|r| r.post == *post)
+                .filter(|r| r.post.as_ref() == Some(post))
                 .map(|r| bucket_of(r.created_at, bucket_width_secs))
                 .max();
             let bucket = newest

@@ -6,13 +6,11 @@
 //! first, the pre-image, the comment ledger, or (neither known) best-effort rules whose guesses
 //! are documented drift sources that the reconciler later corrects.
 
-use bson::{Bson, DateTime};
+use bson::DateTime;
 use serde::{Deserialize, Serialize};
 
-use crate::event::{
-    read_looked_up_row, read_row, ChangeEvent, Operation, PostId, Row, RowRead, Token,
-    DELETED_FIELD, POST_FIELD,
-};
+use crate::event::{ChangeEvent, Operation, PostId, Row, RowRead, Token};
+use crate::schema::Schema;
 
 /// Where the worker takes a row's before-state from (the `attribution` setting).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -41,7 +39,8 @@ impl Attribution {
 /// What is known of the row just before the event.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Before {
-    /// Known: `None` means the row did not exist (or had no post, so it did not count).
+    /// Known: `None` means the row did not exist; a row without a post exists but does not
+    /// count.
     Known(Option<Row>),
     /// Nothing known: best-effort rules apply.
     Unknown,
@@ -67,7 +66,8 @@ pub struct Delta {
 /// What the ledger should record for the comment after this event.
 #[derive(Clone, Debug, PartialEq)]
 pub enum After {
-    /// The row's state is now known: `None` = gone (or not counted).
+    /// The row's state is now known: `None` = gone; a row without a post exists but does not
+    /// count.
     Known(Option<Row>),
     /// The event told nothing reliable about the row's state; keep what the ledger had.
     Unchanged,
@@ -104,11 +104,12 @@ pub struct StreamEnded {
 
 /// Classifies one event. `ledger` is the ledger's view of the row before this event
 /// (`Before::Unknown` when the ledger is off or has no entry); `attribution` says whether
-/// pre-images may be used.
+/// pre-images may be used; `schema` names the application's fields.
 pub fn classify(
     event: &ChangeEvent,
     ledger: Before,
     attribution: Attribution,
+    schema: &Schema,
 ) -> Result<Classification, StreamEnded> {
     if matches!(event.operation, Operation::Update { .. }) && event.comment.is_none() {
         // Only the fake server does this: an update whose row was deleted before the lookup, so
@@ -125,7 +126,11 @@ pub fn classify(
         // An insert creates the row: it did not exist just before, whatever a ledger says.
         Operation::Insert => (Before::Known(None), Source::Insert),
         _ => match (&event.pre_image, attribution.uses_pre_images()) {
-            (Some(pre), true) => (Before::Known(row_or_none(read_row(pre))), Source::PreImage),
+            // A pre-image shows a row that exists, counted or not.
+            (Some(pre), true) => (
+                Before::Known(Some(schema.read_existing_row(pre))),
+                Source::PreImage,
+            ),
             _ => match ledger {
                 Before::Known(row) if attribution.uses_ledger() => {
                     (Before::Known(row), Source::Ledger)
@@ -150,17 +155,17 @@ pub fn classify(
             ))
         }
         Operation::Insert | Operation::Replace => {
-            match event.full_document.as_ref().map(read_row) {
+            match event.full_document.as_ref().map(|d| schema.read_row(d)) {
                 Some(RowRead::Row(row)) => After::Known(Some(row)),
                 Some(RowRead::NoPost) => {
                     return Ok(problem_only(
                         &before,
                         source,
-                        Problem::Bad(format!("document has no `{POST_FIELD}`")),
+                        Problem::Bad(format!("document has no `{}`", schema.group)),
                     ))
                 }
                 Some(RowRead::BadPost(kind)) => {
-                    return Ok(problem_only(&before, source, bad_post_type(&kind)))
+                    return Ok(problem_only(&before, source, bad_post_type(schema, &kind)))
                 }
                 None => {
                     return Ok(problem_only(
@@ -171,21 +176,24 @@ pub fn classify(
                 }
             }
         }
-        // With a complete update description and a known before-state, the after-state is
-        // derived exactly at event time. Otherwise `updateLookup` shows the row as it is now,
-        // possibly later than the event: fine while before-states chain through the ledger (the
-        // transitions telescope), but never mixed with pre-images, which are event-time states.
-        // A pre-image with a complete update description gives the after-state exactly, even
-        // for a row without `post_id` (which the ledger cannot describe field by field).
+        // With a complete update description and a known existing row before it (from the
+        // pre-image or the ledger, counted or not), the after-state is derived exactly at event
+        // time. Otherwise `updateLookup` shows the row as it is now, possibly later than the
+        // event: fine while before-states chain through the ledger (the transitions telescope),
+        // but never mixed with pre-images, which are event-time states. So a row the ledger
+        // knows without a post is described field by field too: taking a later state for it
+        // from the lookup, when the next event's before-state comes from its own pre-image,
+        // would count the change in between twice.
         Operation::Update {
             summary: Some(summary),
         } if summary.complete && source == Source::PreImage => {
             let pre = event.pre_image.as_ref().expect("source is the pre-image");
-            match read_row(&summary.apply_to_document(pre)) {
+            let after = Schema::apply_to_document(summary, pre);
+            match schema.read_row(&after) {
                 RowRead::Row(row) => After::Known(Some(row)),
-                RowRead::NoPost => After::Known(None),
+                RowRead::NoPost => After::Known(Some(schema.read_existing_row(&after))),
                 RowRead::BadPost(kind) => {
-                    return Ok(problem_only(&before, source, bad_post_type(&kind)))
+                    return Ok(problem_only(&before, source, bad_post_type(schema, &kind)))
                 }
             }
         }
@@ -195,29 +203,35 @@ pub fn classify(
             let Before::Known(Some(row)) = &before else {
                 unreachable!("guarded above")
             };
-            match summary.apply(row) {
-                Ok(after) => After::Known(after),
-                Err(kind) => return Ok(problem_only(&before, source, bad_post_type(&kind))),
+            match schema.apply(summary, row) {
+                Ok(after) => After::Known(Some(after)),
+                Err(kind) => {
+                    return Ok(problem_only(&before, source, bad_post_type(schema, &kind)))
+                }
             }
         }
-        // A looked-up row without `post_id` no longer counts; no document at all (the row was
-        // deleted since) or the fake server's fragment (no `_id`) says nothing: the delete event
-        // that follows settles it.
-        Operation::Update { .. } => match event.full_document.as_ref().and_then(read_looked_up_row)
-        {
-            Some(RowRead::Row(row)) => After::Known(Some(row)),
-            Some(RowRead::BadPost(kind)) => {
-                return Ok(problem_only(&before, source, bad_post_type(&kind)))
+        // A looked-up row without `post_id` exists but no longer counts; no document at all
+        // (the row was deleted since) or the fake server's fragment (no `_id`) says nothing:
+        // the delete event that follows settles it.
+        Operation::Update { .. } => {
+            let looked_up = event.full_document.as_ref();
+            match looked_up.and_then(|d| schema.read_looked_up_row(d)) {
+                Some(RowRead::Row(row)) => After::Known(Some(row)),
+                Some(RowRead::BadPost(kind)) => {
+                    return Ok(problem_only(&before, source, bad_post_type(schema, &kind)))
+                }
+                Some(RowRead::NoPost) => {
+                    After::Known(looked_up.map(|d| schema.read_existing_row(d)))
+                }
+                None => After::Unchanged,
             }
-            Some(RowRead::NoPost) => After::Known(None),
-            None => After::Unchanged,
-        },
+        }
         Operation::Delete => After::Known(None),
     };
 
     let mut classified = match before {
         Before::Known(before_row) => exact(before_row, after, source),
-        Before::Unknown => best_effort(event, after),
+        Before::Unknown => best_effort(event, after, schema),
     };
     // A post the row moved to in this update is touched even when a later `updateLookup`
     // state hides the stop there: a recount folded in meanwhile may have counted the row there.
@@ -225,10 +239,7 @@ pub fn classify(
         summary: Some(summary),
     } = &event.operation
     {
-        push_unique(
-            &mut classified.dirty,
-            summary.set.get(POST_FIELD).and_then(PostId::from_bson),
-        );
+        push_unique(&mut classified.dirty, schema.post_set_by(summary));
     }
     Ok(classified)
 }
@@ -236,13 +247,13 @@ pub fn classify(
 /// Before-state known: the delta is exact (or zero when the after-state is unknown).
 fn exact(before: Option<Row>, after: After, source: Source) -> Classification {
     let mut dirty = Vec::new();
-    push_unique(&mut dirty, before.as_ref().map(|r| r.post.clone()));
+    push_unique(&mut dirty, before.as_ref().and_then(|r| r.post.clone()));
     let after_row = match &after {
         After::Known(row) => row.clone(),
         // No information: assume unchanged, so no delta; the post is still touched.
         After::Unchanged => before.clone(),
     };
-    push_unique(&mut dirty, after_row.as_ref().map(|r| r.post.clone()));
+    push_unique(&mut dirty, after_row.as_ref().and_then(|r| r.post.clone()));
     Classification {
         deltas: transition(before.as_ref(), after_row.as_ref()),
         dirty,
@@ -255,22 +266,22 @@ fn exact(before: Option<Row>, after: After, source: Source) -> Classification {
 /// `live_after - live_before` per post (and creation bucket).
 pub fn transition(before: Option<&Row>, after: Option<&Row>) -> Vec<Delta> {
     let mut deltas = Vec::new();
-    if let Some(row) = before.filter(|r| r.is_live()) {
+    if let Some((row, post)) = before.and_then(|r| Some((r, r.counted_post()?))) {
         deltas.push(Delta {
-            post: row.post.clone(),
+            post: post.clone(),
             created_at: row.created_at,
             amount: -1,
         });
     }
-    if let Some(row) = after.filter(|r| r.is_live()) {
+    if let Some((row, post)) = after.and_then(|r| Some((r, r.counted_post()?))) {
         if let Some(pos) = deltas
             .iter()
-            .position(|d| d.post == row.post && d.created_at == row.created_at)
+            .position(|d| d.post == *post && d.created_at == row.created_at)
         {
             deltas.remove(pos); // -1 and +1 on the same post and bucket cancel out
         } else {
             deltas.push(Delta {
-                post: row.post.clone(),
+                post: post.clone(),
                 created_at: row.created_at,
                 amount: 1,
             });
@@ -280,7 +291,7 @@ pub fn transition(before: Option<&Row>, after: Option<&Row>) -> Vec<Delta> {
 }
 
 /// Before-state unknown (no pre-image, no ledger entry): the documented guesses.
-fn best_effort(event: &ChangeEvent, after: After) -> Classification {
+fn best_effort(event: &ChangeEvent, after: After, schema: &Schema) -> Classification {
     let after_row = match &after {
         After::Known(row) => row.clone(),
         After::Unchanged => None,
@@ -292,10 +303,7 @@ fn best_effort(event: &ChangeEvent, after: After) -> Classification {
         source: Source::BestEffort,
         problem: None,
     };
-    let key_post = event
-        .document_key
-        .get(POST_FIELD)
-        .and_then(PostId::from_bson);
+    let key_post = schema.post_in(&event.document_key);
     match &event.operation {
         Operation::Delete => match key_post {
             // Sharded on post_id: the key names the post. Whether the row was live is a guess.
@@ -318,8 +326,8 @@ fn best_effort(event: &ChangeEvent, after: After) -> Classification {
         } => {
             let post = after_row
                 .as_ref()
-                .map(|r| r.post.clone())
-                .or_else(|| summary.set.get(POST_FIELD).and_then(PostId::from_bson))
+                .and_then(|r| r.post.clone())
+                .or_else(|| schema.post_set_by(summary))
                 .or(key_post);
             let Some(post) = post else {
                 c.problem = Some(Problem::Unattributable(
@@ -329,7 +337,7 @@ fn best_effort(event: &ChangeEvent, after: After) -> Classification {
             };
             let created_at = after_row.as_ref().and_then(|r| r.created_at);
             c.dirty.push(post.clone());
-            if summary.set.contains_key(POST_FIELD) {
+            if schema.moves(summary) {
                 if after_row.as_ref().is_some_and(Row::is_live) {
                     c.deltas.push(Delta {
                         post,
@@ -340,24 +348,18 @@ fn best_effort(event: &ChangeEvent, after: After) -> Classification {
                 c.problem = Some(Problem::Unattributable(
                     "post_id moved and the old post is unknown".into(),
                 ));
-            } else if let Some(value) = summary.set.get(DELETED_FIELD) {
-                // Guess: a set deleted_at deletes a live row (a re-stamp would be miscounted).
-                let amount = if matches!(value, Bson::Null) { 1 } else { -1 };
+            } else if let Some(amount) = schema.soft_delete_guess(summary) {
+                // Guess: setting the soft-delete field deletes a live row, clearing it revives
+                // a deleted one (a re-stamp would be miscounted: a documented drift source).
                 c.deltas.push(Delta {
                     post,
                     created_at,
                     amount,
                 });
-            } else if summary.removed.iter().any(|f| f == DELETED_FIELD) {
-                c.deltas.push(Delta {
-                    post,
-                    created_at,
-                    amount: 1,
-                });
             }
         }
         // Replace, or update without any description: only the post is known, if that.
-        _ => match after_row.map(|r| r.post).or(key_post) {
+        _ => match after_row.and_then(|r| r.post).or(key_post) {
             Some(post) => c.dirty.push(post),
             None => {
                 c.problem = Some(Problem::Unattributable(
@@ -369,16 +371,16 @@ fn best_effort(event: &ChangeEvent, after: After) -> Classification {
     c
 }
 
-/// The problem of a `post_id` whose BSON type cannot be a post id.
-fn bad_post_type(kind: &str) -> Problem {
-    Problem::Bad(format!("`{POST_FIELD}` has unsupported type {kind}"))
+/// The problem of a group field whose BSON type cannot be a post id.
+fn bad_post_type(schema: &Schema, kind: &str) -> Problem {
+    Problem::Bad(format!("`{}` has unsupported type {kind}", schema.group))
 }
 
 /// A classification that changes nothing but reports a problem and dirties the known post.
 fn problem_only(before: &Before, source: Source, problem: Problem) -> Classification {
     let mut dirty = Vec::new();
     if let Before::Known(Some(row)) = before {
-        dirty.push(row.post.clone());
+        push_unique(&mut dirty, row.post.clone());
     }
     Classification {
         deltas: Vec::new(),
@@ -386,13 +388,6 @@ fn problem_only(before: &Before, source: Source, problem: Problem) -> Classifica
         after: After::Unchanged,
         source,
         problem: Some(problem),
-    }
-}
-
-fn row_or_none(read: RowRead) -> Option<Row> {
-    match read {
-        RowRead::Row(row) => Some(row),
-        RowRead::NoPost | RowRead::BadPost(_) => None,
     }
 }
 

@@ -29,6 +29,20 @@ pub struct Settings {
     pub collection_prefix: String,
     /// Create the index `{count: -1}` on the counters collection (for top-N reads).
     pub count_index: bool,
+    /// The field (a dotted path such as `meta.post` works) that names a comment's post.
+    pub group_field: String,
+    /// The field holding a comment's creation time; a row without a date there is filed under
+    /// bucket 0 (below every watermark) and still counted.
+    pub created_field: String,
+    /// How a soft-deleted comment is recognised: present (the field is present and not null),
+    /// true (the field is the boolean true), one_of (the field equals one of
+    /// soft_delete_values), never (no soft deletes).
+    pub soft_delete: SoftDeleteRule,
+    /// The field the soft-delete rule reads.
+    pub soft_delete_field: String,
+    /// With soft_delete = "one_of": the values that mark a comment deleted (strings or whole
+    /// numbers).
+    pub soft_delete_values: Vec<SoftDeleteValue>,
     /// How long to look for a reachable server before failing.
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
@@ -125,6 +139,11 @@ impl Default for Settings {
             counters_collection: "comment_counters".into(),
             collection_prefix: "counterd_".into(),
             count_index: true,
+            group_field: "post_id".into(),
+            created_field: "created_at".into(),
+            soft_delete: SoftDeleteRule::Present,
+            soft_delete_field: "deleted_at".into(),
+            soft_delete_values: Vec::new(),
             connect_timeout: Duration::from_secs(5),
             stream_name: "comments".into(),
             attribution: Attribution::Auto,
@@ -375,6 +394,20 @@ impl Settings {
                 ));
             }
         }
+        if let Some((name, value)) = self.schema().problem() {
+            return Err(bad(
+                name,
+                value,
+                "expected a field name or a dotted path: not empty, no empty part, no part starting with `$`",
+            ));
+        }
+        if self.soft_delete == SoftDeleteRule::OneOf && self.soft_delete_values.is_empty() {
+            return Err(bad(
+                "soft_delete_values",
+                "[]".into(),
+                "soft_delete = \"one_of\" needs at least one value",
+            ));
+        }
         if self.counters_collection == self.comments_collection {
             return Err(bad(
                 "counters_collection",
@@ -495,6 +528,29 @@ impl Settings {
         })
     }
 
+    /// The application's schema: field names and the soft-delete rule.
+    pub fn schema(&self) -> crate::schema::Schema {
+        use crate::schema::SoftDelete;
+        let field = self.soft_delete_field.clone();
+        crate::schema::Schema {
+            group: self.group_field.clone(),
+            created: self.created_field.clone(),
+            soft_delete: match self.soft_delete {
+                SoftDeleteRule::Present => SoftDelete::Present { field },
+                SoftDeleteRule::True => SoftDelete::True { field },
+                SoftDeleteRule::OneOf => SoftDelete::OneOf {
+                    field,
+                    values: self
+                        .soft_delete_values
+                        .iter()
+                        .map(SoftDeleteValue::to_bson)
+                        .collect(),
+                },
+                SoftDeleteRule::Never => SoftDelete::Never,
+            },
+        }
+    }
+
     /// counterd's own collections.
     pub fn collections(&self) -> crate::store::mongo::Collections {
         crate::store::mongo::Collections::new(&self.collection_prefix, &self.counters_collection)
@@ -572,6 +628,17 @@ fn typed_like(
             .parse::<bool>()
             .map(toml::Value::Boolean)
             .map_err(|_| invalid("expected true or false".into()))?,
+        // A list: TOML array syntax (`["removed", 3]`), or comma-separated words.
+        toml::Value::Array(_) => match format!("v = {raw}").parse::<toml::Table>() {
+            Ok(mut t) if t.get("v").is_some_and(toml::Value::is_array) => t.remove("v").unwrap(),
+            _ => toml::Value::Array(
+                raw.split(',')
+                    .map(str::trim)
+                    .filter(|w| !w.is_empty())
+                    .map(|w| toml::Value::String(w.to_string()))
+                    .collect(),
+            ),
+        },
         _ => toml::Value::String(raw.to_string()),
     };
     check_one(name, &value, raw, origin)?;
@@ -591,6 +658,33 @@ pub fn redact_uri(uri: &str) -> String {
     let userinfo = &rest[..at];
     let user = userinfo.split(':').next().unwrap_or("");
     format!("{}://{}:***@{}", &uri[..scheme_end], user, &rest[at + 1..])
+}
+
+/// The soft-delete rules (see [`crate::schema::SoftDelete`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SoftDeleteRule {
+    Present,
+    True,
+    OneOf,
+    Never,
+}
+
+/// A value that marks a comment deleted under `soft_delete = "one_of"`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum SoftDeleteValue {
+    Int(i64),
+    Str(String),
+}
+
+impl SoftDeleteValue {
+    fn to_bson(&self) -> bson::Bson {
+        match self {
+            SoftDeleteValue::Int(i) => bson::Bson::Int64(*i),
+            SoftDeleteValue::Str(s) => bson::Bson::String(s.clone()),
+        }
+    }
 }
 
 /// Why `name` cannot be a collection name (`None`: it can).

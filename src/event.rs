@@ -11,13 +11,6 @@ use std::fmt;
 use bson::{oid::ObjectId, Bson, DateTime, Document, Timestamp};
 use serde::{Deserialize, Serialize};
 
-/// The field that says which post a comment belongs to.
-pub const POST_FIELD: &str = "post_id";
-/// The row's creation time, used to file deltas under a time bucket.
-pub const CREATED_FIELD: &str = "created_at";
-/// Soft-delete marker: a row with a non-null `deleted_at` does not count.
-pub const DELETED_FIELD: &str = "deleted_at";
-
 /// A position in the change stream: the resume token's `_data` string.
 ///
 /// Tokens of one deployment sort in event order when compared as strings (MongoDB 4.0.7+), which
@@ -147,58 +140,41 @@ impl CommentId {
     }
 }
 
-/// What counting needs to know about one comment row.
+/// What counting needs to know about one comment row that exists.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Row {
-    pub post: PostId,
-    /// `None` when the row has no `created_at` date: filed under the oldest bucket.
+    /// `None` when the row has no usable post id in its group field (none at all, or of a type
+    /// that cannot be a post id): the row exists but does not count. Its other fields are still known, so a
+    /// later update that gives it a post is derived exactly.
+    pub post: Option<PostId>,
+    /// `None` when the row has no creation date: filed under the oldest bucket.
     pub created_at: Option<DateTime>,
+    /// Soft-deleted, by the schema's rule ([`crate::schema::SoftDelete`]).
     pub deleted: bool,
 }
 
 impl Row {
-    /// A row counts when it exists and is not soft-deleted.
+    /// The post the row counts for: a row counts when it has a post and is not soft-deleted.
+    pub fn counted_post(&self) -> Option<&PostId> {
+        self.post.as_ref().filter(|_| !self.deleted)
+    }
+
+    /// A row counts when it has a post and is not soft-deleted.
     pub fn is_live(&self) -> bool {
-        !self.deleted
+        self.counted_post().is_some()
     }
 }
 
 /// What a document says about the row it shows.
 #[derive(Clone, Debug, PartialEq)]
 pub enum RowRead {
+    /// A row with a usable `post_id`.
     Row(Row),
     /// No `post_id` field at all: either a row outside counting or (on the fake server) the
     /// fragment `updateLookup` returns for a deleted row.
     NoPost,
     /// `post_id` with a type that cannot be a post id.
     BadPost(String),
-}
-
-/// Reads a looked-up `fullDocument` of an update event. A document without `_id` is not a row
-/// but the fragment the fake server returns when the row is already gone: no information.
-pub fn read_looked_up_row(doc: &Document) -> Option<RowRead> {
-    doc.contains_key("_id").then(|| read_row(doc))
-}
-
-/// Reads the counting-relevant fields of a comment document.
-pub fn read_row(doc: &Document) -> RowRead {
-    let post = match doc.get(POST_FIELD) {
-        None => return RowRead::NoPost,
-        Some(value) => match PostId::from_bson(value) {
-            Some(p) => p,
-            None => return RowRead::BadPost(format!("{:?}", value.element_type())),
-        },
-    };
-    let created_at = match doc.get(CREATED_FIELD) {
-        Some(Bson::DateTime(d)) => Some(*d),
-        _ => None,
-    };
-    let deleted = !matches!(doc.get(DELETED_FIELD), None | Some(Bson::Null));
-    RowRead::Row(Row {
-        post,
-        created_at,
-        deleted,
-    })
 }
 
 /// What an update changed, as far as the event says.
@@ -211,52 +187,6 @@ pub struct UpdateSummary {
     /// True for a server's `updateDescription`, which is complete; false for the fake server's
     /// update spec, which may use operators counterd does not read (`$currentDate`, `$rename`).
     pub complete: bool,
-}
-
-impl UpdateSummary {
-    /// A document after this update, from the document before it (top-level fields; dotted
-    /// paths change sub-documents counterd does not read).
-    pub fn apply_to_document(&self, before: &Document) -> Document {
-        let mut after = before.clone();
-        for (key, value) in &self.set {
-            if !key.contains('.') {
-                after.insert(key.clone(), value.clone());
-            }
-        }
-        for key in &self.removed {
-            after.remove(key);
-        }
-        after
-    }
-
-    /// The row after this update, derived from the row before it: exact at event time, unlike
-    /// an `updateLookup` document. `Err` names a `post_id` of an unsupported type.
-    pub fn apply(&self, before: &Row) -> Result<Option<Row>, String> {
-        let post = match self.set.get(POST_FIELD) {
-            Some(value) => match PostId::from_bson(value) {
-                Some(p) => p,
-                None => return Err(format!("{:?}", value.element_type())),
-            },
-            None if self.removed.iter().any(|f| f == POST_FIELD) => return Ok(None),
-            None => before.post.clone(),
-        };
-        let created_at = match self.set.get(CREATED_FIELD) {
-            Some(Bson::DateTime(d)) => Some(*d),
-            Some(_) => None,
-            None if self.removed.iter().any(|f| f == CREATED_FIELD) => None,
-            None => before.created_at,
-        };
-        let deleted = match self.set.get(DELETED_FIELD) {
-            Some(value) => !matches!(value, Bson::Null),
-            None if self.removed.iter().any(|f| f == DELETED_FIELD) => false,
-            None => before.deleted,
-        };
-        Ok(Some(Row {
-            post,
-            created_at,
-            deleted,
-        }))
-    }
 }
 
 /// The operation of a change event.

@@ -97,15 +97,21 @@ impl Schema {
         None
     }
 
-    /// Reads the counting-relevant fields of a comment document.
+    /// Reads the counting-relevant fields of a comment document: a row with a usable post id,
+    /// or why it has none.
     pub fn read_row(&self, doc: &Document) -> RowRead {
-        let post = match Self::get(doc, &self.group) {
-            None => return RowRead::NoPost,
+        match Self::get(doc, &self.group) {
+            None => RowRead::NoPost,
             Some(value) => match PostId::from_bson(value) {
-                Some(p) => p,
-                None => return RowRead::BadPost(format!("{:?}", value.element_type())),
+                Some(_) => RowRead::Row(self.read_existing_row(doc)),
+                None => RowRead::BadPost(format!("{:?}", value.element_type())),
             },
-        };
+        }
+    }
+
+    /// Reads a document that shows an existing row (a pre-image, a looked-up row), counted or
+    /// not: without a usable post id the row exists but does not count (`post: None`).
+    pub fn read_existing_row(&self, doc: &Document) -> Row {
         let created_at = match Self::get(doc, &self.created) {
             Some(Bson::DateTime(d)) => Some(*d),
             _ => None,
@@ -114,11 +120,63 @@ impl Schema {
             .soft_delete
             .field()
             .is_some_and(|f| self.soft_delete.is_deleted(Self::get(doc, f)));
-        RowRead::Row(Row {
-            post,
+        Row {
+            post: Self::get(doc, &self.group).and_then(PostId::from_bson),
             created_at,
             deleted,
-        })
+        }
+    }
+
+    /// Reads a looked-up `fullDocument` of an update event. A document without `_id` is not a
+    /// row but the fragment the fake server returns when the row is already gone: no
+    /// information.
+    pub fn read_looked_up_row(&self, doc: &Document) -> Option<RowRead> {
+        doc.contains_key("_id").then(|| self.read_row(doc))
+    }
+
+    /// The post id an event document names in the group field, if any (a `documentKey` on a
+    /// collection sharded on it, a looked-up row, an update's new value).
+    pub fn post_in(&self, doc: &Document) -> Option<PostId> {
+        Self::get(doc, &self.group).and_then(PostId::from_bson)
+    }
+
+    /// The post an update sets the group field to, if it does.
+    pub fn post_set_by(&self, update: &UpdateSummary) -> Option<PostId> {
+        match Self::change(update, &self.group) {
+            FieldChange::Set(Some(value)) => PostId::from_bson(&value),
+            _ => None,
+        }
+    }
+
+    /// Best effort without a before-state: the guessed count change of an update through the
+    /// soft-delete field alone (`-1`: deleted, `+1`: undeleted; a re-stamp is miscounted, a
+    /// documented drift source). `None`: the update did not touch it.
+    pub fn soft_delete_guess(&self, update: &UpdateSummary) -> Option<i64> {
+        match Self::change(update, self.soft_delete.field()?) {
+            FieldChange::Set(value) => Some(if self.soft_delete.is_deleted(value.as_ref()) {
+                -1
+            } else {
+                1
+            }),
+            FieldChange::Unchanged | FieldChange::Unknown => None,
+        }
+    }
+
+    /// Whether an update names the group field (moves the row, or changes part of it).
+    pub fn moves(&self, update: &UpdateSummary) -> bool {
+        Self::change(update, &self.group) != FieldChange::Unchanged
+    }
+
+    /// A document after `update`, from the document before it (dotted paths included).
+    pub fn apply_to_document(update: &UpdateSummary, before: &Document) -> Document {
+        let mut after = before.clone();
+        for (key, value) in &update.set {
+            set_path(&mut after, key, value.clone());
+        }
+        for key in &update.removed {
+            remove_path(&mut after, key);
+        }
+        after
     }
 
     /// What `update` did to the field at `path`.
@@ -160,18 +218,18 @@ impl Schema {
     }
 
     /// The row after `update`, derived from the row before it: exact at event time, unlike an
-    /// `updateLookup` document. `Ok(None)`: the row no longer names a post (it does not count);
-    /// `Err`: the group field now holds a value that cannot be a post id, or the description
-    /// changed a part of a field counterd reads (not derivable).
-    pub fn apply(&self, update: &UpdateSummary, before: &Row) -> Result<Option<Row>, String> {
+    /// `updateLookup` document, also for a row without a post (one that gets a post back is
+    /// then filed under its own creation time). `Err`: the group field now holds a value that
+    /// cannot be a post id (its type), or a part of a field counterd reads changed.
+    pub fn apply(&self, update: &UpdateSummary, before: &Row) -> Result<Row, String> {
         let post = match Self::change(update, &self.group) {
             FieldChange::Unchanged => before.post.clone(),
-            FieldChange::Set(None) => return Ok(None),
+            FieldChange::Set(None) => None,
             FieldChange::Set(Some(value)) => match PostId::from_bson(&value) {
-                Some(p) => p,
+                Some(p) => Some(p),
                 None => return Err(format!("{:?}", value.element_type())),
             },
-            FieldChange::Unknown => return Err(format!("a part of `{}` changed", self.group)),
+            FieldChange::Unknown => return Err("Document (a part of it changed)".into()),
         };
         let created_at = match Self::change(update, &self.created) {
             FieldChange::Unchanged => before.created_at,
@@ -183,16 +241,14 @@ impl Schema {
             Some(field) => match Self::change(update, field) {
                 FieldChange::Unchanged => before.deleted,
                 FieldChange::Set(value) => self.soft_delete.is_deleted(value.as_ref()),
-                FieldChange::Unknown => {
-                    return Err(format!("a part of `{field}` changed"));
-                }
+                FieldChange::Unknown => before.deleted,
             },
         };
-        Ok(Some(Row {
+        Ok(Row {
             post,
             created_at,
             deleted,
-        }))
+        })
     }
 
     /// Builds a comment document with this schema's fields (the demo and tests write rows).
@@ -245,6 +301,20 @@ impl Schema {
     }
 }
 
+/// Removes the value at a dotted `path` (nothing when a step is missing).
+fn remove_path(doc: &mut Document, path: &str) {
+    match path.split_once('.') {
+        None => {
+            doc.remove(path);
+        }
+        Some((head, rest)) => {
+            if let Some(Bson::Document(inner)) = doc.get_mut(head) {
+                remove_path(inner, rest);
+            }
+        }
+    }
+}
+
 /// Sets `value` at a dotted `path`, creating sub-documents.
 fn set_path(doc: &mut Document, path: &str, value: Bson) {
     match path.split_once('.') {
@@ -279,7 +349,15 @@ mod tests {
 
     fn row(post: i64, deleted: bool) -> Row {
         Row {
-            post: PostId::Int(post),
+            post: Some(PostId::Int(post)),
+            created_at: None,
+            deleted,
+        }
+    }
+
+    fn unposted(deleted: bool) -> Row {
+        Row {
+            post: None,
             created_at: None,
             deleted,
         }
@@ -355,23 +433,36 @@ mod tests {
         let before = row(1, false);
         assert_eq!(
             s.apply(&update(doc! {"deleted": true}, &[]), &before),
-            Ok(Some(row(1, true)))
+            Ok(row(1, true))
         );
         assert_eq!(
             s.apply(&update(doc! {}, &["deleted"]), &row(1, true)),
-            Ok(Some(row(1, false)))
+            Ok(row(1, false))
         );
         assert_eq!(
             s.apply(&update(doc! {"postId": 2}, &[]), &before),
-            Ok(Some(row(2, false)))
+            Ok(row(2, false))
         );
-        assert_eq!(s.apply(&update(doc! {}, &["postId"]), &before), Ok(None));
+        assert_eq!(
+            s.apply(&update(doc! {}, &["postId"]), &before),
+            Ok(unposted(false))
+        );
+        assert_eq!(
+            s.soft_delete_guess(&update(doc! {"deleted": true}, &[])),
+            Some(-1)
+        );
+        assert_eq!(s.soft_delete_guess(&update(doc! {}, &["deleted"])), Some(1));
+        assert_eq!(s.soft_delete_guess(&update(doc! {"body": 1}, &[])), None);
+        assert_eq!(
+            s.post_set_by(&update(doc! {"postId": 9}, &[])),
+            Some(PostId::Int(9))
+        );
         assert!(s
             .apply(&update(doc! {"postId": 2.5}, &[]), &before)
             .is_err());
         assert_eq!(
             s.apply(&update(doc! {"body": "x"}, &[]), &before),
-            Ok(Some(before.clone()))
+            Ok(before.clone())
         );
         assert!(!s.touches_counting(&update(doc! {"body": "x", "createdAt": 1}, &[])));
         assert!(s.touches_counting(&update(doc! {"deleted": false}, &[])));
@@ -386,19 +477,27 @@ mod tests {
         let before = row(1, false);
         assert_eq!(
             s.apply(&update(doc! {"meta": {"post": 3}}, &[]), &before),
-            Ok(Some(row(3, false)))
+            Ok(row(3, false))
         );
         assert_eq!(
             s.apply(&update(doc! {"meta.post": 4}, &[]), &before),
-            Ok(Some(row(4, false)))
+            Ok(row(4, false))
         );
-        assert_eq!(s.apply(&update(doc! {}, &["meta"]), &before), Ok(None));
+        assert_eq!(
+            s.apply(&update(doc! {}, &["meta"]), &before),
+            Ok(unposted(false))
+        );
+        let after = Schema::apply_to_document(
+            &update(doc! {"meta.post": 4}, &["meta.old"]),
+            &doc! {"_id": 1, "meta": {"post": 1, "old": 2}},
+        );
+        assert_eq!(after, doc! {"_id": 1, "meta": {"post": 4}});
         assert!(s
             .apply(&update(doc! {"meta.post.x": 1}, &[]), &before)
             .is_err());
         assert_eq!(
             s.apply(&update(doc! {"meta.other": 1}, &[]), &before),
-            Ok(Some(before.clone()))
+            Ok(before.clone())
         );
     }
 
@@ -418,7 +517,7 @@ mod tests {
                 assert_eq!(
                     s.read_row(&d),
                     RowRead::Row(Row {
-                        post: PostId::Int(5),
+                        post: Some(PostId::Int(5)),
                         created_at: Some(t),
                         deleted
                     }),

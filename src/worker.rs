@@ -68,6 +68,8 @@ pub struct WorkerSettings {
     pub operation_timeout: Duration,
     /// Keep only the posts of this partition (`None`: all posts).
     pub partition: Option<crate::partition::Partition>,
+    /// The application's field names and soft-delete rule.
+    pub schema: crate::schema::Schema,
 }
 
 impl Default for WorkerSettings {
@@ -88,6 +90,7 @@ impl Default for WorkerSettings {
             retry_max_delay: Duration::from_secs(5),
             operation_timeout: Duration::from_secs(30),
             partition: None,
+            schema: crate::schema::Schema::default(),
         }
     }
 }
@@ -502,6 +505,7 @@ impl<S: Store + ?Sized> Worker<S> {
             events,
             &ledger,
             self.settings.attribution,
+            &self.settings.schema,
             self.settings.bucket_width_secs,
         );
         if !self.settings.attribution.uses_ledger() {
@@ -556,7 +560,7 @@ impl<S: Store + ?Sized> Worker<S> {
                 .increment(plan.events as u64);
             metrics::counter!(m::BAD_EVENTS, "stream" => stream.clone()).increment(bad as u64);
             for skipped in &plan.skipped {
-                log_skipped(&fence.stream, skipped, events);
+                log_skipped(&fence.stream, &self.settings.schema, skipped, events);
             }
             self.status
                 .events_applied
@@ -635,7 +639,12 @@ fn take_batch(pending: &mut VecDeque<ChangeEvent>, high_water: Option<&Token>) -
 }
 
 /// Logs an event that was not counted, naming its comment and post where the event has them.
-fn log_skipped(stream: &str, skipped: &crate::batch::Skipped, events: &[ChangeEvent]) {
+fn log_skipped(
+    stream: &str,
+    schema: &crate::schema::Schema,
+    skipped: &crate::batch::Skipped,
+    events: &[ChangeEvent],
+) {
     let event = events.iter().find(|e| e.token == skipped.token);
     let comment = event
         .and_then(|e| e.comment.as_ref())
@@ -650,10 +659,7 @@ fn log_skipped(stream: &str, skipped: &crate::batch::Skipped, events: &[ChangeEv
             ]
             .into_iter()
             .flatten()
-            .find_map(|d| {
-                d.get(crate::event::POST_FIELD)
-                    .and_then(crate::event::PostId::from_bson)
-            })
+            .find_map(|d| schema.post_in(d))
         })
         .map(|p| p.to_string())
         .unwrap_or_else(|| "unknown".into());

@@ -14,6 +14,7 @@ use counterd::classify::{
     classify, After, Attribution, Before, Classification, Delta, Problem, Source, StreamEnded,
 };
 use counterd::event::{ChangeEvent, CommentId, Operation, PostId, Row, Token, UpdateSummary};
+use counterd::schema::Schema;
 
 // ---------------------------------------------------------------------------------------------
 // Fixture loading
@@ -45,7 +46,7 @@ fn parse(doc: &Document) -> ChangeEvent {
 }
 
 fn run(name: &str, before: Before, attribution: Attribution) -> Classification {
-    classify(&event(name), before, attribution)
+    classify(&event(name), before, attribution, &Schema::default())
         .unwrap_or_else(|e| panic!("{name} under {attribution:?}: {e}"))
 }
 
@@ -87,16 +88,24 @@ fn post(name: &str) -> PostId {
 }
 fn live(p: &str, created_at: Option<DateTime>) -> Row {
     Row {
-        post: post(p),
+        post: Some(post(p)),
         created_at,
         deleted: false,
     }
 }
 fn dead(p: &str, created_at: Option<DateTime>) -> Row {
     Row {
-        post: post(p),
+        post: Some(post(p)),
         created_at,
         deleted: true,
+    }
+}
+/// A row that exists without a `post_id`: it does not count, but the ledger knows its fields.
+fn unposted(created_at: Option<DateTime>, deleted: bool) -> Row {
+    Row {
+        post: None,
+        created_at,
+        deleted,
     }
 }
 fn delta(p: &str, created_at: Option<DateTime>, amount: i64) -> Delta {
@@ -164,6 +173,7 @@ const REAL: &[&str] = &[
     "rename",
     "replace",
     "replace_move",
+    "replace_unposted_with_pre_image",
     "restamp_deleted_at",
     "soft_delete",
     "undelete",
@@ -173,6 +183,8 @@ const REAL: &[&str] = &[
     "update_lookup_null",
     "update_no_update_description_lookup",
     "update_pre_image_expired",
+    "update_set_post_id_pre_image_expired",
+    "update_unposted_pre_image_expired",
     "update_unset_post_id",
     "update_with_pre_image",
 ];
@@ -726,16 +738,15 @@ fn update_unset_post_id_best_effort_is_unattributable() {
         outcome(
             vec![],
             &[],
-            After::Known(None),
+            After::Known(Some(unposted(c1(), false))),
             Source::BestEffort,
             unattributable(UPDATE_UNATTRIBUTABLE)
         )
     );
 }
 
-/// The looked-up row exists (it has `_id`) but no longer has a `post_id`: it stopped counting.
-/// `Before::Known(None)` and the pre-image path both treat a row without a post as "does not
-/// count", but the lookup path treats it as "no information".
+/// The row loses its `post_id`: it stopped counting, but it still exists, and the ledger keeps
+/// its other fields (a later update that gives it a post back is then derived exactly).
 #[test]
 fn update_unset_post_id_from_the_ledger() {
     for attribution in LEDGER_USERS {
@@ -748,7 +759,47 @@ fn update_unset_post_id_from_the_ledger() {
             outcome(
                 vec![delta("post-1", c1(), -1)],
                 &["post-1"],
-                After::Known(None),
+                After::Known(Some(unposted(c1(), false))),
+                Source::Ledger,
+                None
+            )
+        );
+    }
+}
+
+/// A row the ledger knows without a post, updated while its pre-image has expired: the
+/// after-state is derived from the ledger's fields and the update description at event time,
+/// never taken from the later `updateLookup` document (which here shows the row back on
+/// post-2, live, or soft-deleted again).
+#[test]
+fn update_of_an_unposted_row_without_pre_image_is_derived_from_the_ledger() {
+    for attribution in LEDGER_USERS {
+        // A soft delete: still not counted.
+        assert_eq!(
+            run(
+                "update_unposted_pre_image_expired",
+                Before::Known(Some(unposted(c1(), false))),
+                attribution
+            ),
+            outcome(
+                vec![],
+                &[],
+                After::Known(Some(unposted(c1(), true))),
+                Source::Ledger,
+                None
+            )
+        );
+        // It gets a post: counted there, under its own creation time.
+        assert_eq!(
+            run(
+                "update_set_post_id_pre_image_expired",
+                Before::Known(Some(unposted(c1(), false))),
+                attribution
+            ),
+            outcome(
+                vec![delta("post-2", c1(), 1)],
+                &["post-2"],
+                After::Known(Some(live("post-2", c1()))),
                 Source::Ledger,
                 None
             )
@@ -1187,7 +1238,7 @@ fn stream_ending_events_stop_the_stream() {
                 Before::Known(Some(live("post-1", c1()))),
             ] {
                 assert_eq!(
-                    classify(&ev, before, attribution),
+                    classify(&ev, before, attribution, &Schema::default()),
                     Err(StreamEnded {
                         token: ev.token.clone(),
                         operation: operation.to_string(),
@@ -1196,7 +1247,7 @@ fn stream_ending_events_stop_the_stream() {
                 );
             }
         }
-        let message = classify(&ev, Before::Unknown, Attribution::Auto)
+        let message = classify(&ev, Before::Unknown, Attribution::Auto, &Schema::default())
             .unwrap_err()
             .to_string();
         assert!(message.contains(operation), "{message}");
@@ -1484,7 +1535,13 @@ fn lifecycle_prompt() -> Vec<ChangeEvent> {
 fn batch_lifecycle_with_prompt_lookups() {
     let events = lifecycle_prompt();
     for attribution in LEDGER_USERS {
-        let (plan, end) = plan_batch(&events, &HashMap::new(), attribution, WIDTH);
+        let (plan, end) = plan_batch(
+            &events,
+            &HashMap::new(),
+            attribution,
+            &Schema::default(),
+            WIDTH,
+        );
         assert!(end.is_none());
         assert_eq!(net(&plan.counters), vec![counter("post-2", &[(c1(), 1)])]);
         assert_eq!(dirty_posts(&plan), posts(&["post-1", "post-2"]));
@@ -1503,7 +1560,13 @@ fn batch_lifecycle_with_prompt_lookups() {
         // ... then a hard delete in the same batch: everything telescopes to zero.
         let mut all = events.clone();
         all.push(retoken("hard_delete_without_pre_image", 5, None));
-        let (plan, end) = plan_batch(&all, &HashMap::new(), attribution, WIDTH);
+        let (plan, end) = plan_batch(
+            &all,
+            &HashMap::new(),
+            attribution,
+            &Schema::default(),
+            WIDTH,
+        );
         assert!(end.is_none());
         assert_eq!(net(&plan.counters), vec![]);
         assert_eq!(dirty_posts(&plan), posts(&["post-1", "post-2"]));
@@ -1521,7 +1584,13 @@ fn batch_touches_changes_that_cancel_out() {
     // records the touch. With the hard delete, post-2 nets zero too.
     let mut events = lifecycle_prompt();
     events.push(retoken("hard_delete_without_pre_image", 5, None));
-    let (plan, _) = plan_batch(&events, &HashMap::new(), Attribution::Ledger, WIDTH);
+    let (plan, _) = plan_batch(
+        &events,
+        &HashMap::new(),
+        Attribution::Ledger,
+        &Schema::default(),
+        WIDTH,
+    );
     let bucket = bucket_of(c1(), WIDTH);
     let touch_only = |p: &str| CounterDelta {
         post: post(p),
@@ -1554,7 +1623,13 @@ fn batch_lifecycle_with_late_lookups() {
         retoken("undelete", 3, late.clone()),
         retoken("move_post", 4, late),
     ];
-    let (plan, _) = plan_batch(&events, &HashMap::new(), Attribution::Auto, WIDTH);
+    let (plan, _) = plan_batch(
+        &events,
+        &HashMap::new(),
+        Attribution::Auto,
+        &Schema::default(),
+        WIDTH,
+    );
     assert_eq!(net(&plan.counters), vec![counter("post-2", &[(c1(), 1)])]);
     assert_eq!(dirty_posts(&plan), posts(&["post-1", "post-2"]));
     assert_eq!(plan.ledger[0].state, Some(live("post-2", c1())));
@@ -1567,7 +1642,13 @@ fn batch_lifecycle_with_late_lookups() {
         retoken("move_post", 4, Some(Bson::Null)),
         retoken("hard_delete_without_pre_image", 5, None),
     ];
-    let (plan, _) = plan_batch(&events, &HashMap::new(), Attribution::Auto, WIDTH);
+    let (plan, _) = plan_batch(
+        &events,
+        &HashMap::new(),
+        Attribution::Auto,
+        &Schema::default(),
+        WIDTH,
+    );
     assert_eq!(net(&plan.counters), vec![]);
     assert_eq!(
         dirty_posts(&plan),
@@ -1592,7 +1673,13 @@ fn batch_lifecycle_across_batches_with_a_ledger() {
     ];
     let mut net: BTreeMap<PostId, i64> = BTreeMap::new();
     for batch in &batches {
-        let (plan, _) = plan_batch(batch, &ledger, Attribution::Ledger, WIDTH);
+        let (plan, _) = plan_batch(
+            batch,
+            &ledger,
+            Attribution::Ledger,
+            &Schema::default(),
+            WIDTH,
+        );
         assert_buckets_sum(&plan.counters);
         assert!(plan.skipped.is_empty());
         for c in &plan.counters {
@@ -1608,6 +1695,47 @@ fn batch_lifecycle_across_batches_with_a_ledger() {
     assert_eq!(ledger[&oid_key(C1)], None);
 }
 
+/// The bug `with_pre_images` found (`SIM_PRE_IMAGES=1 SIM_SEED=88`): a comment without
+/// `post_id`, known to the ledger, is soft-deleted (pre-image expired) and then replaced onto
+/// post-2 (pre-image present). The soft delete used to take its after-state from the lookup,
+/// which already showed the replacement live on post-2 (+1), and the replace, classified from
+/// its own pre-image, counted the same change again (+1). Whatever the batch boundaries, post-2
+/// must gain exactly one.
+#[test]
+fn an_unposted_row_with_an_expired_pre_image_is_counted_once() {
+    let events = || -> Vec<ChangeEvent> {
+        vec![
+            event("update_unposted_pre_image_expired"),
+            event("replace_unposted_with_pre_image"),
+        ]
+    };
+    for attribution in LEDGER_USERS {
+        for cut in [1, 2] {
+            let mut ledger = ledger_of(&[(&oid_key(C1), Some(unposted(c1(), false)))]);
+            let events = events();
+            let mut net: BTreeMap<PostId, i64> = BTreeMap::new();
+            for batch in [&events[..cut], &events[cut..]] {
+                let (plan, _) = plan_batch(batch, &ledger, attribution, &Schema::default(), WIDTH);
+                assert_buckets_sum(&plan.counters);
+                assert!(plan.skipped.is_empty(), "{:?}", plan.skipped);
+                for c in &plan.counters {
+                    *net.entry(c.post.clone()).or_default() += c.delta;
+                }
+                for update in plan.ledger {
+                    ledger.insert(update.comment.key, update.state);
+                }
+            }
+            net.retain(|_, d| *d != 0);
+            assert_eq!(
+                net,
+                BTreeMap::from([(post("post-2"), 1)]),
+                "{attribution:?}, batches cut after {cut}"
+            );
+            assert_eq!(ledger[&oid_key(C1)], Some(live("post-2", c1())));
+        }
+    }
+}
+
 #[test]
 fn batch_fake_update_of_a_deleted_row_is_settled_by_the_delete() {
     // All in one batch: the update names no comment; the delete finds the insert's state.
@@ -1619,7 +1747,13 @@ fn batch_fake_update_of_a_deleted_row_is_settled_by_the_delete() {
     .iter()
     .map(|n| event(n))
     .collect();
-    let (plan, end) = plan_batch(&events, &HashMap::new(), Attribution::Auto, WIDTH);
+    let (plan, end) = plan_batch(
+        &events,
+        &HashMap::new(),
+        Attribution::Auto,
+        &Schema::default(),
+        WIDTH,
+    );
     assert!(end.is_none());
     assert_eq!(net(&plan.counters), vec![]);
     assert_eq!(dirty_posts(&plan), posts(&["p1"]));
@@ -1640,7 +1774,13 @@ fn batch_fake_update_of_a_deleted_row_is_settled_by_the_delete() {
         "fake/update_unset_deleted_at_row_gone",
     ] {
         let events = vec![event(name), event("fake/delete")];
-        let (plan, _) = plan_batch(&events, &ledger, Attribution::Auto, WIDTH);
+        let (plan, _) = plan_batch(
+            &events,
+            &ledger,
+            Attribution::Auto,
+            &Schema::default(),
+            WIDTH,
+        );
         assert_eq!(net(&plan.counters), vec![counter("p1", &[(fc(), -1)])]);
         assert_eq!(dirty_posts(&plan), posts(&["p1"]));
         assert_eq!(plan.ledger.len(), 1);
@@ -1653,12 +1793,24 @@ fn batch_fake_update_of_a_deleted_row_is_settled_by_the_delete() {
         event("fake/update_set_deleted_at_row_gone"),
         event("fake/delete"),
     ];
-    let (plan, _) = plan_batch(&events, &ledger, Attribution::Auto, WIDTH);
+    let (plan, _) = plan_batch(
+        &events,
+        &ledger,
+        Attribution::Auto,
+        &Schema::default(),
+        WIDTH,
+    );
     assert_eq!(net(&plan.counters), vec![]);
     assert_eq!(dirty_posts(&plan), posts(&["p1"]));
 
     // Without a ledger the delete is unattributable, and nothing is counted.
-    let (plan, _) = plan_batch(&events, &HashMap::new(), Attribution::BestEffort, WIDTH);
+    let (plan, _) = plan_batch(
+        &events,
+        &HashMap::new(),
+        Attribution::BestEffort,
+        &Schema::default(),
+        WIDTH,
+    );
     assert_eq!(net(&plan.counters), vec![]);
     assert_eq!(plan.unattributable_events(), 1);
     assert_eq!(plan.bad_events(), 0);
@@ -1678,14 +1830,26 @@ fn batch_fake_lifecycle_with_the_row_present() {
     .iter()
     .map(|n| event(n))
     .collect();
-    let (plan, _) = plan_batch(&events, &HashMap::new(), Attribution::Auto, WIDTH);
+    let (plan, _) = plan_batch(
+        &events,
+        &HashMap::new(),
+        Attribution::Auto,
+        &Schema::default(),
+        WIDTH,
+    );
     assert_eq!(net(&plan.counters), vec![counter("p2", &[(fc(), 1)])]);
     assert_eq!(dirty_posts(&plan), posts(&["p1", "p2"]));
     assert_eq!(plan.ledger[0].state, Some(live("p2", fc())));
 
     let mut all = events;
     all.push(event("fake/delete"));
-    let (plan, _) = plan_batch(&all, &HashMap::new(), Attribution::Auto, WIDTH);
+    let (plan, _) = plan_batch(
+        &all,
+        &HashMap::new(),
+        Attribution::Auto,
+        &Schema::default(),
+        WIDTH,
+    );
     assert_eq!(net(&plan.counters), vec![]);
     assert_eq!(plan.ledger[0].state, None);
     assert!(plan.skipped.is_empty());
@@ -1771,7 +1935,13 @@ fn batch_coalesces_a_hot_post_into_one_counter_delta() {
         }
     }
     let events: Vec<ChangeEvent> = docs.iter().map(parse).collect();
-    let (plan, end) = plan_batch(&events, &ledger, Attribution::Auto, WIDTH);
+    let (plan, end) = plan_batch(
+        &events,
+        &ledger,
+        Attribution::Auto,
+        &Schema::default(),
+        WIDTH,
+    );
     assert!(end.is_none());
     assert!(plan.skipped.is_empty());
     assert_eq!(plan.events, events.len());
@@ -1795,7 +1965,13 @@ fn batch_stops_at_a_stream_end() {
             event(end_name),
             retoken("insert_soft_deleted", 3, None),
         ];
-        let (plan, end) = plan_batch(&events, &HashMap::new(), Attribution::Auto, WIDTH);
+        let (plan, end) = plan_batch(
+            &events,
+            &HashMap::new(),
+            Attribution::Auto,
+            &Schema::default(),
+            WIDTH,
+        );
         let end = end.expect("the stream ended");
         assert_eq!(end.token, events[1].token);
         assert_eq!(plan.events, 1);
@@ -1814,7 +1990,13 @@ fn batch_reports_bad_and_unattributable_events() {
         retoken("hard_delete_without_pre_image", 4, None),
         retoken("insert_live", 5, None),
     ];
-    let (plan, end) = plan_batch(&events, &HashMap::new(), Attribution::Auto, WIDTH);
+    let (plan, end) = plan_batch(
+        &events,
+        &HashMap::new(),
+        Attribution::Auto,
+        &Schema::default(),
+        WIDTH,
+    );
     assert!(end.is_none());
     assert_eq!(plan.events, 5);
     assert_eq!(plan.bad_events(), 3);
@@ -1887,7 +2069,7 @@ fn batch_pre_images_with_late_lookups() {
                 continue; // without the ledger the update is a best-effort guess
             }
             let ledger = ledger_of(&[(&oid_key(C1), Some(live("post-1", c1())))]);
-            let (plan, _) = plan_batch(&events, &ledger, attribution, WIDTH);
+            let (plan, _) = plan_batch(&events, &ledger, attribution, &Schema::default(), WIDTH);
             if net(&plan.counters) != expected {
                 failures.push(format!(
                     "{what} ({attribution:?}): expected {expected:?}, got {:?}",

@@ -109,6 +109,7 @@ async fn unreachable_server_gives_a_clear_error_within_the_timeout() {
         comments: "comments".into(),
         connect_timeout: Duration::from_millis(800),
         collections: Default::default(),
+        schema: Default::default(),
     })
     .await;
     let elapsed = started.elapsed();

@@ -8,6 +8,7 @@ use counterd::batch::{bucket_of, plan_batch, BatchPlan};
 use counterd::classify::{classify, After, Attribution, Before, Source};
 use counterd::event::{ChangeEvent, CommentId, PostId, Row};
 use counterd::fold::{effective_watermark, fold, watermark_for, CounterState};
+use counterd::schema::Schema;
 use proptest::prelude::*;
 use proptest::sample::select;
 
@@ -80,7 +81,7 @@ impl Comment {
     }
     fn row(&self) -> Row {
         Row {
-            post: self.post.clone(),
+            post: Some(self.post.clone()),
             created_at: self.created_at,
             deleted: !self.is_live(),
         }
@@ -270,7 +271,7 @@ proptest! {
         };
 
         let event = ChangeEvent::parse(&doc).unwrap();
-        let c = classify(&event, ledger, attribution).unwrap();
+        let c = classify(&event, ledger, attribution, &Schema::default()).unwrap();
 
         let mut truth = Tally::new();
         add_live(&mut truth, truth_after.as_ref(), 1);
@@ -350,7 +351,7 @@ proptest! {
             }
         };
         let event = ChangeEvent::parse(&doc).unwrap();
-        let c = classify(&event, Before::Unknown, Attribution::BestEffort).unwrap();
+        let c = classify(&event, Before::Unknown, Attribution::BestEffort, &Schema::default()).unwrap();
         prop_assert!(c.deltas.len() <= 2);
         for d in &c.deltas {
             prop_assert!(c.dirty.contains(&d.post));
@@ -603,7 +604,13 @@ fn check_history(
         if end < events.len() && !cuts[end] {
             continue;
         }
-        let (plan, ended) = plan_batch(&events[start..end], &ledger, attribution, WIDTH);
+        let (plan, ended) = plan_batch(
+            &events[start..end],
+            &ledger,
+            attribution,
+            &Schema::default(),
+            WIDTH,
+        );
         prop_assert!(ended.is_none());
         prop_assert_eq!(plan.events, end - start);
         prop_assert!(plan.skipped.is_empty(), "{:?}", plan.skipped);
@@ -941,7 +948,7 @@ fn load_fixtures() -> Vec<Document> {
 
 fn befores() -> Vec<Before> {
     let row = |deleted| Row {
-        post: PostId::Str("p1".into()),
+        post: Some(PostId::Str("p1".into())),
         created_at: Some(DateTime::from_millis(BASE_MS)),
         deleted,
     };
@@ -951,8 +958,14 @@ fn befores() -> Vec<Before> {
         Before::Known(Some(row(false))),
         Before::Known(Some(row(true))),
         Before::Known(Some(Row {
-            post: PostId::Int(-1),
+            post: Some(PostId::Int(-1)),
             created_at: Some(DateTime::MIN),
+            deleted: false,
+        })),
+        // A row that exists without a post.
+        Before::Known(Some(Row {
+            post: None,
+            created_at: Some(DateTime::from_millis(BASE_MS)),
             deleted: false,
         })),
     ]
@@ -973,7 +986,7 @@ fn never_panics(docs: &[Document], ledger_pick: &[u8]) {
         };
         for before in befores() {
             for attribution in ALL {
-                let _ = classify(&event, before.clone(), attribution);
+                let _ = classify(&event, before.clone(), attribution, &Schema::default());
             }
         }
         events.push(event);
@@ -990,7 +1003,7 @@ fn never_panics(docs: &[Document], ledger_pick: &[u8]) {
     }
     for attribution in ALL {
         for width in [1, 60, 3600] {
-            let (plan, _) = plan_batch(&events, &ledger, attribution, width);
+            let (plan, _) = plan_batch(&events, &ledger, attribution, &Schema::default(), width);
             for c in &plan.counters {
                 assert_eq!(c.buckets.values().sum::<i64>(), c.delta);
             }
@@ -1025,8 +1038,8 @@ proptest! {
         let _ = CommentId::new(value.clone());
         let _ = PostId::from_bson(&value);
         if let Bson::Document(doc) = value {
-            let _ = counterd::event::read_row(&doc);
-            let _ = counterd::event::read_looked_up_row(&doc);
+            let _ = Schema::default().read_row(&doc);
+            let _ = Schema::default().read_looked_up_row(&doc);
         }
     }
 }

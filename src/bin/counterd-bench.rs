@@ -841,6 +841,7 @@ impl Bench {
             comments: "comments".into(),
             connect_timeout: Duration::from_secs(10),
             collections: Collections::default(),
+            schema: counterd::schema::Schema::default(),
         })
         .await?;
         store.ensure_indexes().await?;
@@ -1484,6 +1485,7 @@ async fn child_worker(args: &[String]) -> anyhow::Result<()> {
             comments: "comments".into(),
             connect_timeout: Duration::from_secs(10),
             collections: Collections::default(),
+            schema: counterd::schema::Schema::default(),
         })
         .await?,
     );

@@ -164,6 +164,7 @@ pub async fn connect(settings: &Settings) -> anyhow::Result<Arc<MongoStore>> {
         comments: settings.comments_collection.clone(),
         connect_timeout: settings.connect_timeout,
         collections: settings.collections(),
+        schema: settings.schema(),
     })
     .await?;
     Ok(Arc::new(store))

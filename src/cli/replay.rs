@@ -125,10 +125,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
                         .into_iter()
                         .flatten()
                     {
-                        if let Some(post) = key
-                            .get(crate::event::POST_FIELD)
-                            .and_then(crate::event::PostId::from_bson)
-                        {
+                        if let Some(post) = settings.schema().post_in(key) {
                             posts.insert(post.to_string());
                         }
                     }

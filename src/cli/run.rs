@@ -34,6 +34,7 @@ pub fn worker_settings(settings: &Settings, pre_images: bool) -> WorkerSettings 
         retry_max_delay: settings.retry_max_delay,
         operation_timeout: settings.operation_timeout,
         partition: None,
+        schema: settings.schema(),
     }
 }
 
@@ -252,6 +253,7 @@ async fn connect_patiently(
             comments: settings.comments_collection.clone(),
             connect_timeout: settings.connect_timeout,
             collections: settings.collections(),
+            schema: settings.schema(),
         })
         .await;
         match attempt {

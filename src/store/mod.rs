@@ -364,7 +364,8 @@ pub trait Store: Send + Sync {
 
     // --- the worker's batch writes, in this order --------------------------------------------
     /// Reads the ledger entries (of `stream`: each partition keeps its own) of these comments:
-    /// key → state (`None`: gone). Absent: unknown.
+    /// key → state (`None`: gone; a row without a post exists but does not count). Absent:
+    /// unknown.
     async fn read_ledger(
         &self,
         stream: &str,

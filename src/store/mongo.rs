@@ -23,7 +23,13 @@ use mongodb::{Client, Collection, Database};
 
 use super::*;
 use crate::batch::{CounterDelta, DirtyMark, LedgerUpdate};
-use crate::event::{CommentId, PostId, Row, Token, CREATED_FIELD, DELETED_FIELD, POST_FIELD};
+use crate::event::{CommentId, PostId, Row, Token};
+use crate::schema::{Schema, SoftDelete};
+
+/// Field names of counterd's own ledger and pending-batch documents (not the application's:
+/// those come from the [`Schema`]).
+const LEDGER_POST: &str = "post_id";
+const LEDGER_CREATED: &str = "created_at";
 use crate::fold::{CounterState, Fold};
 
 /// The names of counterd's own collections: a prefix (default `counterd_`) for its bookkeeping,
@@ -89,6 +95,8 @@ pub struct ConnectOptions {
     pub connect_timeout: Duration,
     /// counterd's own collections.
     pub collections: Collections,
+    /// The application's field names and soft-delete rule.
+    pub schema: Schema,
 }
 
 /// Operations issued through one store, for tests and the benchmark.
@@ -118,6 +126,7 @@ pub struct MongoStore {
     db: Database,
     comments: Collection<Document>,
     names: Collections,
+    schema: Schema,
     /// Host list for error messages (never the credentials).
     hosts: String,
 }
@@ -184,6 +193,7 @@ impl MongoStore {
             db,
             comments,
             names: options.collections.clone(),
+            schema: options.schema.clone(),
             hosts,
         })
     }
@@ -547,15 +557,18 @@ fn stream_err(e: DriverError, resumed_after: Option<&Token>) -> StoreError {
     }
 }
 
+/// A ledger entry's row: `None` when the comment is gone. An existing row without `post_id`
+/// does not count; `live` says whether a row counts, `deleted` whether it is soft-deleted
+/// (entries written before `deleted` existed always had a post, so `live` said it).
 fn row_from_ledger(doc: &Document) -> Option<Row> {
     if !doc.get_bool("exists").unwrap_or(false) {
         return None;
     }
-    let post = doc.get(POST_FIELD).and_then(PostId::from_bson)?;
+    let live = doc.get_bool("live").unwrap_or(false);
     Some(Row {
-        post,
-        created_at: doc.get_datetime(CREATED_FIELD).ok().copied(),
-        deleted: !doc.get_bool("live").unwrap_or(false),
+        post: doc.get(LEDGER_POST).and_then(PostId::from_bson),
+        created_at: doc.get_datetime(LEDGER_CREATED).ok().copied(),
+        deleted: doc.get_bool("deleted").unwrap_or(!live),
     })
 }
 
@@ -685,7 +698,10 @@ fn checkpoint_from_doc(stream: &str, doc: &Document) -> StoreResult<Checkpoint> 
 }
 
 fn row_to_doc(row: &Row) -> Document {
-    let mut d = doc! {"post": row.post.to_bson(), "deleted": row.deleted};
+    let mut d = doc! {"deleted": row.deleted};
+    if let Some(post) = &row.post {
+        d.insert("post", post.to_bson());
+    }
     if let Some(t) = row.created_at {
         d.insert("created_at", t);
     }
@@ -693,11 +709,12 @@ fn row_to_doc(row: &Row) -> Document {
 }
 
 fn row_from_doc(d: &Document) -> Result<Row, String> {
+    let post = match d.get("post") {
+        None => None, // a row that exists without a post
+        Some(p) => Some(PostId::from_bson(p).ok_or("pending ledger row with a malformed post")?),
+    };
     Ok(Row {
-        post: d
-            .get("post")
-            .and_then(PostId::from_bson)
-            .ok_or("pending ledger row without a post")?,
+        post,
         created_at: d.get_datetime("created_at").ok().copied(),
         deleted: d.get_bool("deleted").map_err(|e| e.to_string())?,
     })
@@ -1051,26 +1068,35 @@ impl Store for MongoStore {
                 let update = match &u.state {
                     Some(row) => {
                         let mut set = doc! {
-                            POST_FIELD: row.post.to_bson(),
                             "live": row.is_live(),
+                            "deleted": row.deleted,
                             "exists": true,
                             "applied_through": through.as_str(),
                             "epoch": fence.epoch,
                         };
                         let mut unset = doc! {"gone_at": ""};
-                        match row.created_at {
-                            Some(t) => {
-                                set.insert(CREATED_FIELD, t);
+                        // A row without a post exists but does not count.
+                        match &row.post {
+                            Some(post) => {
+                                set.insert(LEDGER_POST, post.to_bson());
                             }
                             None => {
-                                unset.insert(CREATED_FIELD, "");
+                                unset.insert(LEDGER_POST, "");
+                            }
+                        }
+                        match row.created_at {
+                            Some(t) => {
+                                set.insert(LEDGER_CREATED, t);
+                            }
+                            None => {
+                                unset.insert(LEDGER_CREATED, "");
                             }
                         }
                         doc! {"$set": set, "$unset": unset}
                     }
                     None => doc! {
                         "$set": {"exists": false, "live": false, "applied_through": through.as_str(), "epoch": fence.epoch, "gone_at": now},
-                        "$unset": {POST_FIELD: "", CREATED_FIELD: ""},
+                        "$unset": {LEDGER_POST: "", LEDGER_CREATED: "", "deleted": ""},
                     },
                 };
                 doc! {"q": filter, "u": update, "upsert": true}
@@ -1207,11 +1233,7 @@ impl Store for MongoStore {
         self.ops.count_queries.fetch_add(1, Ordering::Relaxed);
         let n = self
             .comments
-            .count_documents(doc! {
-                POST_FIELD: post.to_bson(),
-                DELETED_FIELD: Bson::Null,
-                CREATED_FIELD: not_gte(to_date(watermark)),
-            })
+            .count_documents(self.live_below(post, watermark))
             .await
             .map_err(|e| map_err("count live comments", e))?;
         Ok(n as i64)
@@ -1227,11 +1249,7 @@ impl Store for MongoStore {
             return Ok(None);
         }
         self.ops.count_queries.fetch_add(1, Ordering::Relaxed);
-        let filter = doc! {
-            POST_FIELD: post.to_bson(),
-            DELETED_FIELD: Bson::Null,
-            CREATED_FIELD: not_gte(to_date(watermark)),
-        };
+        let filter = self.live_below(post, watermark);
         match self.count_at(filter, at).await {
             Ok(n) => Ok(Some(n)),
             Err(e) if error_code(&e).is_some_and(|c| SNAPSHOT_GONE.contains(&c)) => {
@@ -1255,20 +1273,25 @@ impl Store for MongoStore {
         self.ops.count_queries.fetch_add(1, Ordering::Relaxed);
         let latest = self
             .comments
-            .find_one(doc! {POST_FIELD: post.to_bson(), CREATED_FIELD: {"$type": "date"}})
-            .sort(doc! {CREATED_FIELD: -1})
-            .projection(doc! {CREATED_FIELD: 1})
+            .find_one(
+                doc! {&self.schema.group: post.to_bson(), &self.schema.created: {"$type": "date"}},
+            )
+            .sort(doc! {&self.schema.created: -1})
+            .projection(doc! {&self.schema.created: 1})
             .await
             .map_err(|e| map_err("find the latest comment", e))?;
         Ok(latest
-            .and_then(|d| d.get_datetime(CREATED_FIELD).ok().copied())
+            .and_then(|d| match Schema::get(&d, &self.schema.created) {
+                Some(Bson::DateTime(t)) => Some(*t),
+                _ => None,
+            })
             .map(|t| t.timestamp_millis().div_euclid(1000)))
     }
 
     async fn count_live(&self, post: &PostId) -> StoreResult<i64> {
         let n = self
             .comments
-            .count_documents(doc! {POST_FIELD: post.to_bson(), DELETED_FIELD: Bson::Null})
+            .count_documents(self.live(post))
             .await
             .map_err(|e| map_err("count live comments", e))?;
         Ok(n as i64)
@@ -1353,8 +1376,8 @@ impl Store for MongoStore {
 
     async fn posts_after(&self, after: Option<&PostId>, limit: usize) -> StoreResult<Vec<PostId>> {
         let pipeline = vec![
-            doc! {"$match": after_filter(POST_FIELD, after)},
-            doc! {"$group": {"_id": format!("${POST_FIELD}")}},
+            doc! {"$match": after_filter(&self.schema.group, after)},
+            doc! {"$group": {"_id": format!("${}", self.schema.group)}},
             doc! {"$sort": {"_id": 1}},
             doc! {"$limit": limit as i64},
         ];
@@ -1550,6 +1573,32 @@ impl Store for MongoStore {
 }
 
 impl MongoStore {
+    /// The rows of `post` that count: the group field names it and the soft-delete rule does
+    /// not say the row is deleted (the schema's definition, as the worker applies it).
+    fn live(&self, post: &PostId) -> Document {
+        let mut filter = doc! {&self.schema.group: post.to_bson()};
+        match &self.schema.soft_delete {
+            SoftDelete::Present { field } => {
+                filter.insert(field, Bson::Null);
+            }
+            SoftDelete::True { field } => {
+                filter.insert(field, doc! {"$ne": true});
+            }
+            SoftDelete::OneOf { field, values } => {
+                filter.insert(field, doc! {"$nin": values.clone()});
+            }
+            SoftDelete::Never => {}
+        }
+        filter
+    }
+
+    /// The rows of `post` that count and whose creation time is not `>= watermark`.
+    fn live_below(&self, post: &PostId, watermark: i64) -> Document {
+        let mut filter = self.live(post);
+        filter.insert(&self.schema.created, not_gte(to_date(watermark)));
+        filter
+    }
+
     /// Whether reads at a cluster time really work, detected once: the server must send
     /// `operationTime`, answer a snapshot read at that time, and refuse one far in the future.
     /// The fake test server accepts `readConcern: snapshot` and ignores it, so accepting is

@@ -52,6 +52,7 @@ impl TestDb {
             comments: "comments".into(),
             connect_timeout: Duration::from_secs(10),
             collections: counterd::store::mongo::Collections::default(),
+            schema: counterd::schema::Schema::default(),
         })
         .await
         .expect("connect to the test database");
