@@ -279,6 +279,22 @@ impl Schema {
         doc
     }
 
+    /// The update that soft-deletes a row at `now` (`None`: the rule has no soft deletes).
+    pub fn soft_delete_update(&self, now: DateTime) -> Option<Document> {
+        let (field, value) = match &self.soft_delete {
+            SoftDelete::Present { field } => (field, Bson::DateTime(now)),
+            SoftDelete::True { field } => (field, Bson::Boolean(true)),
+            SoftDelete::OneOf { field, values } => (field, values.first()?.clone()),
+            SoftDelete::Never => return None,
+        };
+        Some(bson::doc! {"$set": {field: value}})
+    }
+
+    /// The update that undeletes a soft-deleted row (`None`: the rule has no soft deletes).
+    pub fn undelete_update(&self) -> Option<Document> {
+        Some(bson::doc! {"$unset": {self.soft_delete.field()?: ""}})
+    }
+
     /// Why the schema cannot be used (`None`: it can): an empty field name, a `$` in one.
     pub fn problem(&self) -> Option<(&'static str, String)> {
         let bad_path = |p: &str| {

@@ -32,10 +32,17 @@ pub struct TestDb {
     pub db: Database,
     pub comments: Collection<Document>,
     pub abilities: ServerAbilities,
+    /// The application schema this test's rows use.
+    pub schema: counterd::schema::Schema,
 }
 
 impl TestDb {
     pub async fn new(test: &str) -> TestDb {
+        Self::with_schema(test, counterd::schema::Schema::default()).await
+    }
+
+    /// A test database whose comments use `schema`'s field names and soft-delete rule.
+    pub async fn with_schema(test: &str, schema: counterd::schema::Schema) -> TestDb {
         let server = server();
         let name = format!(
             "t{}_{}_{}",
@@ -52,7 +59,7 @@ impl TestDb {
             comments: "comments".into(),
             connect_timeout: Duration::from_secs(10),
             collections: counterd::store::mongo::Collections::default(),
-            schema: counterd::schema::Schema::default(),
+            schema: schema.clone(),
         })
         .await
         .expect("connect to the test database");
@@ -80,6 +87,7 @@ impl TestDb {
             db,
             comments,
             abilities,
+            schema,
         }
     }
 
@@ -129,6 +137,7 @@ impl TestDb {
 
     pub fn worker_settings(&self) -> WorkerSettings {
         WorkerSettings {
+            schema: self.schema.clone(),
             idle_interval: Duration::from_millis(30),
             max_batch_wait: Duration::from_millis(100),
             max_await: Duration::from_millis(100),
