@@ -237,6 +237,41 @@ async fn bad_config_file_and_env_exit_2_with_a_clear_error() {
 }
 
 #[test]
+fn a_wrong_schema_setting_is_refused_at_start_with_exit_2() {
+    for (setting, value, says) in [
+        ("COUNTERD_GROUP_FIELD", "", "group_field"),
+        ("COUNTERD_CREATED_FIELD", "$createdAt", "created_field"),
+        ("COUNTERD_SOFT_DELETE_FIELD", "meta..deleted", "soft_delete_field"),
+        ("COUNTERD_SOFT_DELETE", "sometimes", "soft_delete"),
+        ("COUNTERD_SOFT_DELETE", "one_of", "soft_delete_values"),
+        ("COUNTERD_COUNTERS_COLLECTION", "comments", "counters_collection"),
+        ("COUNTERD_COLLECTION_PREFIX", "a$b", "collection_prefix"),
+    ] {
+        // `run` refuses before it connects or listens.
+        let o = Command::new(env!("CARGO_BIN_EXE_counterd"))
+            .arg("run")
+            .env(setting, value)
+            .env_remove("COUNTERD_CONFIG")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{setting}={value}: {err}");
+        assert!(err.contains(says), "{setting}={value} names {says}: {err}");
+    }
+    // A correct non-default schema loads.
+    let o = Command::new(env!("CARGO_BIN_EXE_counterd"))
+        .args(["config", "--check"])
+        .env("COUNTERD_GROUP_FIELD", "meta.postId")
+        .env("COUNTERD_SOFT_DELETE", "one_of")
+        .env("COUNTERD_SOFT_DELETE_FIELD", "status")
+        .env("COUNTERD_SOFT_DELETE_VALUES", "removed, spam")
+        .env_remove("COUNTERD_CONFIG")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
 fn every_subcommand_explains_itself() {
     for sub in [
         "run",

@@ -81,9 +81,20 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     );
     let mut rng = StdRng::seed_from_u64(42);
     let now = chrono::Utc::now().timestamp();
+    // Rows in the configured schema (`group_field`, `created_field`, `soft_delete`).
+    let schema = settings.schema();
     let seed: Vec<_> = (0..args.seed_comments)
-        .map(|i| doc! {"_id": format!("seed-{i}"), "post_id": post(rng.random_range(0..args.posts)).to_bson(),
-            "created_at": DateTime::from_millis((now - rng.random_range(60..86_400)) * 1000), "body": "hello"})
+        .map(|i| {
+            let created = DateTime::from_millis((now - rng.random_range(60..86_400)) * 1000);
+            let mut row = schema.row_document(
+                format!("seed-{i}"),
+                &post(rng.random_range(0..args.posts)),
+                created,
+                false,
+            );
+            row.insert("body", "hello");
+            row
+        })
         .collect();
     for chunk in seed.chunks(1000) {
         comments.insert_many(chunk.to_vec()).await?;
@@ -121,6 +132,8 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     let (load_stop, load_rx) = watch::channel(false);
     let load = tokio::spawn(load_generator(
         comments.clone(),
+        schema.clone(),
+        settings.counters_collection.clone(),
         args.posts,
         args.rate,
         args.drift_every,
@@ -290,8 +303,11 @@ async fn reported_drift(
 
 /// Inserts, soft-deletes, undeletes and hard-deletes comments at `rate` per second, and now and
 /// then knocks a counter off by hand (the drift counterd exists to correct).
+#[allow(clippy::too_many_arguments)]
 async fn load_generator(
     comments: mongodb::Collection<bson::Document>,
+    schema: crate::schema::Schema,
+    counters: String,
     posts: usize,
     rate: u32,
     drift_every: Duration,
@@ -307,7 +323,7 @@ async fn load_generator(
     let counters = comments
         .client()
         .database(comments.namespace().db.as_str())
-        .collection::<bson::Document>("comment_counters");
+        .collection::<bson::Document>(&counters);
     let mut n = 0u64;
     while !*stop.borrow() {
         tick.tick().await;
@@ -317,24 +333,30 @@ async fn load_generator(
             let id = format!("c-{n}");
             ids.push(id.clone());
             let created = chrono::Utc::now().timestamp() - rng.random_range(0..120);
-            comments
-                .insert_one(doc! {"_id": id, "post_id": post(rng.random_range(0..posts)).to_bson(), "created_at": DateTime::from_millis(created * 1000)})
-                .await
-                .map(|_| ())
+            let row = schema.row_document(
+                id,
+                &post(rng.random_range(0..posts)),
+                DateTime::from_millis(created * 1000),
+                false,
+            );
+            comments.insert_one(row).await.map(|_| ())
         } else {
             let id = ids[rng.random_range(0..ids.len())].clone();
             match roll {
-                55..=74 => comments
-                    .update_one(
-                        doc! {"_id": &id},
-                        doc! {"$set": {"deleted_at": DateTime::now()}},
-                    )
-                    .await
-                    .map(|_| ()),
-                75..=89 => comments
-                    .update_one(doc! {"_id": &id}, doc! {"$unset": {"deleted_at": ""}})
-                    .await
-                    .map(|_| ()),
+                55..=89 => {
+                    let update = if roll < 75 {
+                        schema.soft_delete_update(DateTime::now())
+                    } else {
+                        schema.undelete_update()
+                    };
+                    match update {
+                        Some(update) => comments
+                            .update_one(doc! {"_id": &id}, update)
+                            .await
+                            .map(|_| ()),
+                        None => Ok(()), // soft_delete = "never"
+                    }
+                }
                 _ => {
                     ids.retain(|i| *i != id);
                     comments.delete_one(doc! {"_id": &id}).await.map(|_| ())
