@@ -357,3 +357,41 @@ async fn a_dropped_collection_stops_the_worker_with_a_clear_error() {
         .unwrap();
     assert!(result.unwrap_err().contains("`drop` event"));
 }
+
+#[tokio::test]
+async fn worker_and_recount_agree_on_every_shape_of_post_id() {
+    let t = TestDb::new("shapes").await;
+    let worker = t.spawn_worker(t.worker_settings()).await;
+    let old = mongodb::bson::DateTime::from_millis((support::now_secs() - 3600) * 1000);
+    let shapes = [
+        mongodb::bson::Bson::Int32(8),
+        mongodb::bson::Bson::Int64(8),
+        mongodb::bson::Bson::Double(8.0),
+        mongodb::bson::Bson::Array(vec![mongodb::bson::Bson::Int32(8)]),
+        mongodb::bson::Bson::String("8".into()),
+        mongodb::bson::Bson::Document(doc! {"id": 8}),
+        mongodb::bson::Bson::Null,
+    ];
+    for (i, shape) in shapes.iter().enumerate() {
+        t.comments
+            .insert_one(doc! {"_id": i as i64, "post_id": shape.clone(), "created_at": old})
+            .await
+            .unwrap();
+    }
+    // Moved to an object and back to a double: no longer counted for 8.
+    t.comments
+        .insert_one(doc! {"_id": 100_i64, "post_id": 8_i64, "created_at": old})
+        .await
+        .unwrap();
+    t.comments
+        .update_one(doc! {"_id": 100_i64}, doc! {"$set": {"post_id": {"id": 8}}})
+        .await
+        .unwrap();
+    let eight = PostId::Int(8);
+    let text = PostId::Str("8".into());
+    // Int32 and Int64 8 count for post 8, "8" for post "8"; nothing else counts.
+    assert_eq!(t.truth(&eight).await, 2, "the recount's definition");
+    assert_eq!(t.truth(&text).await, 1);
+    t.wait_exact(&[eight, text], Duration::from_secs(20)).await;
+    worker.shutdown().await.unwrap();
+}

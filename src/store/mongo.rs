@@ -1576,7 +1576,18 @@ impl MongoStore {
     /// The rows of `post` that count: the group field names it and the soft-delete rule does
     /// not say the row is deleted (the schema's definition, as the worker applies it).
     fn live(&self, post: &PostId) -> Document {
-        let mut filter = doc! {&self.schema.group: post.to_bson()};
+        // Exactly the post ids the worker reads (`PostId::from_bson`): equality alone would
+        // also match the double 8.0 for 8, and an array holding the value.
+        let types = match post {
+            PostId::Int(_) => vec!["int", "long"],
+            PostId::Str(_) => vec!["string"],
+            PostId::Oid(_) => vec!["objectId"],
+        };
+        let mut filter = doc! {&self.schema.group: {
+            "$eq": post.to_bson(),
+            "$type": types,
+            "$not": {"$type": "array"},
+        }};
         match &self.schema.soft_delete {
             SoftDelete::Present { field } => {
                 filter.insert(field, Bson::Null);
