@@ -13,6 +13,7 @@ use counterd::event::PostId;
 use counterd::reconcile::{ReconcileSettings, Reconciler};
 use counterd::store::mongo::MongoStore;
 use counterd::store::{DirtyOrder, Fence, Store};
+use counterd::worker::WorkerSettings;
 use mongodb::bson::{doc, DateTime};
 use support::{now_secs, TestDb};
 
@@ -320,7 +321,13 @@ fn quick_buckets(t: &TestDb) -> Reconciler<MongoStore> {
 #[tokio::test]
 async fn a_post_stays_dirty_until_a_fold_covers_its_newest_change() {
     let t = TestDb::new("newest").await;
-    let worker = t.spawn_worker(t.worker_settings()).await;
+    // The worker files deltas under the reconciler's (small) buckets.
+    let worker = t
+        .spawn_worker(WorkerSettings {
+            bucket_width_secs: 2,
+            ..t.worker_settings()
+        })
+        .await;
     let p = post(0);
     for i in 0..5 {
         t.insert_comment(format!("n{i}"), &p, now_secs()).await;
