@@ -355,12 +355,20 @@ pub struct Observation {
     pub post: PostId,
     /// `base_count + live_delta` (0 without a counter).
     pub displayed: i64,
+    /// The readers' `count` field (`None`: no counter, or one from before `count` existed).
+    pub count: Option<i64>,
     /// Live rows, counted consistently with `displayed`; `None`: a change to the post was in
     /// flight (or the worker did not catch up in time), so no comparison is possible yet.
     pub truth: Option<i64>,
 }
 
 impl Observation {
+    /// The readers' `count` disagrees with `base_count + live_delta` (a hand edit of one of
+    /// them: counterd writes both in one single-document write).
+    pub fn count_broken(&self) -> bool {
+        self.count.is_some_and(|c| c != self.displayed)
+    }
+
     /// A real difference: both sides reflect the same events and disagree.
     pub fn mismatch(&self) -> Option<i64> {
         self.truth
@@ -387,18 +395,19 @@ impl<S: Store + ?Sized> Recounter<S> {
             out.push(match recount {
                 Recount::Consistent(c) => Observation {
                     post: post.clone(),
-                    displayed: c.counter.map_or(0, |c| c.state.displayed()),
+                    displayed: c.counter.as_ref().map_or(0, |c| c.state.displayed()),
+                    count: c.counter.as_ref().and_then(|c| c.count),
                     truth: Some(c.count),
                 },
-                Recount::InFlight => Observation {
-                    post: post.clone(),
-                    displayed: self
-                        .store
-                        .read_counter(post)
-                        .await?
-                        .map_or(0, |c| c.state.displayed()),
-                    truth: None,
-                },
+                Recount::InFlight => {
+                    let counter = self.store.read_counter(post).await?;
+                    Observation {
+                        post: post.clone(),
+                        displayed: counter.as_ref().map_or(0, |c| c.state.displayed()),
+                        count: counter.and_then(|c| c.count),
+                        truth: None,
+                    }
+                }
             });
         }
         Ok(out)
@@ -493,11 +502,18 @@ mod tests {
         let o = |displayed, truth| Observation {
             post: PostId::Int(1),
             displayed,
+            count: Some(displayed),
             truth,
         };
         assert_eq!(o(5, Some(5)).mismatch(), None);
         assert_eq!(o(8, Some(5)).mismatch(), Some(3));
         assert_eq!(o(3, Some(5)).mismatch(), Some(-2));
         assert_eq!(o(8, None).mismatch(), None, "in flight: not compared");
+        assert!(!o(5, Some(5)).count_broken());
+        let broken = Observation {
+            count: Some(6),
+            ..o(5, Some(5))
+        };
+        assert!(broken.count_broken());
     }
 }

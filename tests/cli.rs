@@ -95,7 +95,7 @@ async fn status_dirty_get_and_verify() {
     assert_eq!(json(&ok)["mismatches"].as_array().unwrap().len(), 0);
     // Knock one counter off: verify must notice and exit non-zero.
     t.db.collection::<mongodb::bson::Document>("comment_counters")
-        .update_one(doc! {"_id": "post-2"}, doc! {"$inc": {"live_delta": 5}})
+        .update_one(doc! {"_id": "post-2"}, doc! {"$inc": {"live_delta": 5, "count": 5}})
         .await
         .unwrap();
     let bad = counterd(&t, &["verify"]);
@@ -412,7 +412,7 @@ async fn exit_codes_say_what_went_wrong() {
     let t = populated("cliexit").await;
     assert_eq!(counterd(&t, &["status"]).status.code(), Some(0), "0: ok");
     t.db.collection::<mongodb::bson::Document>("comment_counters")
-        .update_one(doc! {"_id": "post-1"}, doc! {"$inc": {"live_delta": 1}})
+        .update_one(doc! {"_id": "post-1"}, doc! {"$inc": {"live_delta": 1, "count": 1}})
         .await
         .unwrap();
     assert_eq!(

@@ -54,8 +54,8 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     }
     outln!("post            {post}");
     outln!(
-        "displayed       {}   (base {} + live {})",
-        state.displayed(),
+        "displayed       {}   (count; base {} + live {})",
+        counter.shown(),
         state.base_count,
         state.live_delta
     );

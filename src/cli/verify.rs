@@ -24,6 +24,11 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     let mut mismatches = Vec::new();
     let mut in_flight = Vec::new();
     for o in &observations {
+        if o.count_broken() {
+            // Readers see `count`: it must equal `base_count + live_delta`.
+            mismatches.push(serde_json::json!({"post": o.post.to_string(), "displayed": o.displayed, "count": o.count, "problem": "count differs from base_count + live_delta"}));
+            continue;
+        }
         match (o.truth, o.mismatch()) {
             (None, _) => in_flight.push(o.post.to_string()),
             (Some(truth), Some(_)) => mismatches.push(serde_json::json!({"post": o.post.to_string(), "displayed": o.displayed, "true_count": truth})),
@@ -42,12 +47,21 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
             in_flight.len()
         );
         for m in &mismatches {
-            outln!(
-                "  {}: displayed {}, true {}",
-                m["post"].as_str().unwrap_or(""),
-                m["displayed"],
-                m["true_count"]
-            );
+            match m.get("problem") {
+                Some(problem) => outln!(
+                    "  {}: count {}, base_count + live_delta {}: {}",
+                    m["post"].as_str().unwrap_or(""),
+                    m["count"],
+                    m["displayed"],
+                    problem.as_str().unwrap_or("")
+                ),
+                None => outln!(
+                    "  {}: displayed {}, true {}",
+                    m["post"].as_str().unwrap_or(""),
+                    m["displayed"],
+                    m["true_count"]
+                ),
+            }
         }
     }
     Ok(if mismatches.is_empty() {

@@ -134,6 +134,14 @@ pub struct CounterDoc {
     pub reconciled_at: Option<DateTime>,
 }
 
+impl CounterDoc {
+    /// What readers see: the maintained `count`, or `base_count + live_delta` for a counter
+    /// written before `count` existed.
+    pub fn shown(&self) -> i64 {
+        self.count.unwrap_or_else(|| self.state.displayed())
+    }
+}
+
 /// One post waiting for a recount.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct DirtyEntry {
@@ -322,7 +330,7 @@ pub async fn displayed_and_truth<S: Store + ?Sized>(
     let displayed = store
         .read_counter(post)
         .await?
-        .map(|c| c.state.displayed())
+        .map(|c| c.shown())
         .unwrap_or(0);
     Ok((displayed, store.count_live(post).await?))
 }
