@@ -332,7 +332,7 @@ fn remove_path(doc: &mut Document, path: &str) {
 }
 
 /// Sets `value` at a dotted `path`, creating sub-documents.
-fn set_path(doc: &mut Document, path: &str, value: Bson) {
+pub fn set_path(doc: &mut Document, path: &str, value: Bson) {
     match path.split_once('.') {
         None => {
             doc.insert(path, value);

@@ -718,27 +718,11 @@ fn rename_path(key: &str) -> String {
     }
 }
 
-fn set_nested(doc: &mut Document, path: &str, value: Bson) {
-    match path.split_once('.') {
-        None => {
-            doc.insert(path, value);
-        }
-        Some((head, rest)) => {
-            if !matches!(doc.get(head), Some(Bson::Document(_))) {
-                doc.insert(head, Document::new());
-            }
-            if let Ok(inner) = doc.get_document_mut(head) {
-                set_nested(inner, rest, value);
-            }
-        }
-    }
-}
-
 /// A row document with its fields renamed (nested where the new path is dotted).
 fn rename_row(doc: &Document) -> Document {
     let mut out = Document::new();
     for (k, v) in doc {
-        set_nested(&mut out, &rename_path(k), v.clone());
+        counterd::schema::set_path(&mut out, &rename_path(k), v.clone());
     }
     out
 }
@@ -770,7 +754,7 @@ fn rename_event(event: &Document) -> Document {
                 ("$set" | "$unset", Bson::Document(d)) => {
                     renamed.insert(k.clone(), rename_keys(d));
                 }
-                _ => set_nested(&mut renamed, &rename_path(k), v.clone()),
+                _ => counterd::schema::set_path(&mut renamed, &rename_path(k), v.clone()),
             }
         }
         e.insert("documentKey", renamed);
