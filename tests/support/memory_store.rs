@@ -5,34 +5,40 @@
 //! statement: guarded upserts whose failed guard is a duplicate key ("already applied"),
 //! checkpoint updates filtered on the epoch whose failed upsert is `Fenced`, the conditional fold
 //! install, `count_live_below` as "not `>=`", a negative `limit` meaning one batch of `|limit|`.
+//! Like the fake test server it has no snapshot reads (`count_live_below_at` is `None`), so every
+//! recount takes the quiet window; `read_position` is exact, like an `operationTime`.
 //!
-//! Besides the counterd collections it holds the truth (`comments`) and an oplog whose change
-//! events are shaped like a real MongoDB 6/7 emits them with `fullDocument: updateLookup`: the
-//! looked-up document of an update is the row *as it is when the event is read* (null once the
-//! row is gone), which is what makes recovery tricky.
+//! Besides the counterd collections it holds the truth (`comments`, with its live rows per post
+//! and creation bucket kept up to date) and an oplog whose change events are shaped like a real
+//! MongoDB 6/7 emits them with `fullDocument: updateLookup`: the looked-up document of an update
+//! is the row *as it is when the event is read* (null once the row is gone), which is what makes
+//! recovery tricky.
 //!
 //! Simulation hooks, all driven by one seeded RNG so that a seed replays exactly:
 //! * every store call may first yield once (so that the actors the simulation polls side by
 //!   side interleave at every store call, and between the statements of a multi-statement
 //!   write) and may fail by an injected fault: before it runs, after a prefix of its statements
 //!   (a partial write), or after it ran (the write landed, the reply was lost).
-//! * the change stream waits for events while writers may still write (like an awaitData
-//!   getMore), stops a worker whose read budget is spent (an injected `Fatal`), and tells a
-//!   worker that is caught up and alone to shut down right after its idle checkpoint. Workers
-//!   therefore only ever sleep (a transient fault's backoff, on tokio's real clock) while
-//!   nothing else runs, so the interleaving never depends on time; transient faults are only
-//!   injected then.
-//! * `broken`: deliberately wrong variants (the guard removed, the seed's fold formula) that the
-//!   simulation must catch.
+//! * time is [`SimClock`]: `now` is the simulated clock, and a pause (the worker's idle pause
+//!   and backoff, the reconciler's wait for the worker) only yields to the other actors, never
+//!   on tokio's timer. So `src` reads simulated times only and the interleaving never depends on
+//!   real time.
+//! * the change stream, once drained, waits while other actors may still write (like an
+//!   awaitData getMore) but now and then (seeded, `drained_answers`) answers "nothing new"
+//!   instead, so workers record drained positions mid-round and the reconciler's quiet-window
+//!   wait can see them catch up. It stops a worker whose read budget is spent (an injected
+//!   `Fatal`) and, once only workers are left, stops them, letting the last one alone take one
+//!   idle turn (it is told to shut down right after): every round ends.
+//! * `broken`: deliberately wrong variants (the guard removed, the seed's fold formula, the
+//!   recount without its consistency condition) that the simulation must catch.
 //! * a shadow of every applied counter increment per (post, bucket): once the worker has caught
 //!   up it must equal the truth exactly, whatever the reconciler did, or an event was counted
 //!   twice (or never).
-//!
-//! Wall-clock times that `src` passes in are replaced by the simulated clock: dirty marks (so
-//! that the dirty set's "oldest first" order is the same on every run), a history gap's end, and
-//! the start position a worker pins (a stream then opened at that wall-clock time opens at the
-//! simulated one). In production the wall clock and the cluster time agree closely; here they
-//! would be years apart.
+//! * an operator's hand edits of counters (`inject_base`, `inject_bucket`, `delete_counter`),
+//!   recorded per post as the drift they cause (displayed minus truth), beside the drift every
+//!   installed fold corrected (`corrected`, `fold_log`): with no history lost, a fold may never
+//!   correct more drift of either sign than was injected into its post. A `probe` runs the
+//!   simulation's own checks at sampled store-call boundaries.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
@@ -44,7 +50,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bson::{doc, Bson, DateTime, Document, Timestamp};
 use counterd::batch::{bucket_of, CounterDelta, DirtyMark, LedgerUpdate};
-use counterd::event::{CommentId, PostId, Row, Token, CREATED_FIELD, DELETED_FIELD, POST_FIELD};
+use counterd::clock::Clock;
+use counterd::event::{CommentId, PostId, Row, Token};
+
+/// The simulated application uses counterd's default schema.
+const POST_FIELD: &str = "post_id";
+const CREATED_FIELD: &str = "created_at";
+const DELETED_FIELD: &str = "deleted_at";
 use counterd::fold::{CounterState, Fold};
 use counterd::store::{
     ApplyOutcome, Checkpoint, CounterDoc, DirtyEntry, DirtyOrder, DirtySummary, EventSource, Fence,
@@ -155,7 +167,8 @@ struct CounterRec {
 #[derive(Clone, Debug)]
 struct LedgerRec {
     exists: bool,
-    live: bool,
+    /// Soft-deleted (an existing row without a post keeps it too).
+    deleted: bool,
     post: Option<PostId>,
     created_at: Option<DateTime>,
     applied_through: String,
@@ -199,10 +212,13 @@ pub struct State {
     pub rng: StdRng,
     /// Simulated seconds.
     pub clock: i64,
-    logical_ms: i64,
+    /// The clock when the simulation began: rows back-dated "long ago" are created before it.
+    pub start_clock: i64,
     pub bucket_width: i64,
-    /// The truth: comment rows by `_id`.
+    /// The truth: comment rows by `_id` (change them only through `set_row`).
     pub comments: BTreeMap<i64, Document>,
+    /// Live rows per (post, creation bucket), kept by `set_row`.
+    live: BTreeMap<(PostId, i64), i64>,
     pub oplog: Vec<OplogEntry>,
     /// Entries below this index have been truncated away (the oplog window).
     pub oplog_floor: usize,
@@ -244,8 +260,11 @@ pub struct State {
     /// to stop right after its idle read, so that it never sleeps on tokio's (real) clock while
     /// another actor runs.
     pub shutdown: Vec<tokio::sync::watch::Sender<bool>>,
-    /// Reads the worker(s) may still do this round; `None`: unlimited.
+    /// Reads that return events the worker(s) may still do this round; `None`: unlimited.
     pub read_budget: Option<u32>,
+    /// Probability that a drained stream answers "nothing new" while other actors run, rather
+    /// than waiting for a write.
+    pub drained_answers: f64,
     /// Most events one read returns.
     pub read_max: usize,
     /// A short log of store calls (the tail is printed when a seed fails).
@@ -254,11 +273,61 @@ pub struct State {
     /// Gaps recorded since the stream last returned anything: a worker that keeps finding its
     /// history lost without ever reading is looping.
     gaps_in_a_row: u32,
-    /// Start positions the worker pinned from the wall clock, with the simulated time stored in
-    /// their place: a stream opened at such a wall-clock time opens at the simulated time of
-    /// the latest pin (the wall clock may not have moved on between two pins).
-    wall_starts: Vec<(Timestamp, Timestamp)>,
+    /// Drift injected by hand per post: displayed minus truth caused by each edit.
+    pub injected: BTreeMap<PostId, Drift>,
+    /// Injected amounts that sit in a counter's buckets, per (post, bucket): a bucket at or
+    /// above its counter's watermark holds exactly its live rows plus this. A deleted counter
+    /// leaves each bucket short of everything applied to it before.
+    pub injected_buckets: BTreeMap<(PostId, i64), i64>,
+    /// Drift corrected by every fold installed, per post (whether or not its run reported it).
+    pub corrected: BTreeMap<PostId, Drift>,
+    /// Every installed fold that corrected drift: (post, drift), in order.
+    pub fold_log: Vec<(PostId, i64)>,
+    /// Check, at every installed fold, that no post was corrected of more drift of either sign
+    /// than was injected into it (while no history was lost).
+    pub drift_bounds: bool,
+    /// Checks run at sampled store-call boundaries.
+    pub probe: Option<Probe>,
+    /// Bumped by every change to the store (a write call, a writer's row, a hand edit): the
+    /// probe skips a boundary at which nothing changed since it last looked.
+    generation: u64,
+    probed_generation: u64,
+    /// What the probe and the drift bounds found wrong.
+    pub probe_failures: Vec<String>,
 }
+
+/// Signed drift of one post: the net amount and its positive and negative parts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Drift {
+    pub net: i64,
+    /// Sum of the positive amounts (the counter made to run high).
+    pub high: i64,
+    /// Sum of the negative amounts (the counter made to run low).
+    pub low: i64,
+}
+
+impl Drift {
+    pub fn add(&mut self, amount: i64) {
+        self.net += amount;
+        if amount > 0 {
+            self.high += amount;
+        } else {
+            self.low += amount;
+        }
+    }
+}
+
+/// The simulation's checks, run at sampled store-call boundaries (a share `rate` of them, drawn
+/// from its own RNG so that sampling never changes a seed's run). `check` returns whether it
+/// applied (its checks hold only at some points: where every worker has caught up).
+pub struct Probe {
+    pub rate: f64,
+    pub rng: StdRng,
+    pub check: ProbeCheck,
+}
+
+/// The probe's checks: whether they applied at this point, or what they found wrong.
+pub type ProbeCheck = Box<dyn Fn(&State) -> Result<bool, String> + Send>;
 
 impl State {
     /// Only one worker is left and nothing else runs: sleeping on a real timer is harmless now.
@@ -280,10 +349,36 @@ impl State {
         }
     }
 
-    /// A strictly increasing stand-in for the wall clock, tied to the simulated clock.
-    fn logical_now(&mut self) -> DateTime {
-        self.logical_ms = (self.logical_ms + 1).max(self.clock * 1000);
-        DateTime::from_millis(self.logical_ms)
+    /// The simulated clock as a date.
+    pub fn now(&self) -> DateTime {
+        DateTime::from_millis(self.clock * 1000)
+    }
+
+    /// Runs the probe, if this store-call boundary is sampled.
+    fn probe_point(&mut self) {
+        if self.generation == self.probed_generation {
+            return;
+        }
+        let Some(mut probe) = self.probe.take() else {
+            return;
+        };
+        if probe.rng.random_bool(probe.rate) {
+            self.probed_generation = self.generation;
+            match (probe.check)(self) {
+                Ok(true) => {
+                    self.stat("probe checked a caught-up point");
+                    if self.others_running > 0 {
+                        self.stat("probe checked a caught-up point while others run");
+                    }
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    self.note(format!("  !! probe: {e}"));
+                    self.probe_failures.push(e);
+                }
+            }
+        }
+        self.probe = Some(probe);
     }
 
     /// Decides whether this call fails, and where.
@@ -322,9 +417,8 @@ impl State {
                 }
             }
         };
-        // A transient fault makes the worker back off on tokio's real clock: only when it runs
-        // alone, so that the backoff cannot change the interleaving.
-        let transient = self.rng.random_bool(self.faults.transient_share) && self.alone();
+        // A transient fault makes the worker back off on the simulated clock (it only yields).
+        let transient = self.rng.random_bool(self.faults.transient_share);
         let kind = if transient { "transient" } else { "fatal" };
         let at = match strike {
             Strike::Before => "before",
@@ -377,12 +471,46 @@ impl State {
         self.rng.random_range(0..self.posts)
     }
 
+    /// A row to change: often one of the oldest third (ids grow with time), whose events
+    /// change settled buckets, the ones a recount below the watermark counts.
     fn random_row(&mut self) -> Option<i64> {
-        if self.comments.is_empty() {
+        let n = self.comments.len();
+        if n == 0 {
             return None;
         }
-        let i = self.rng.random_range(0..self.comments.len());
+        let i = if self.rng.random_bool(0.4) {
+            self.rng.random_range(0..n.div_ceil(3))
+        } else {
+            self.rng.random_range(0..n)
+        };
         self.comments.keys().nth(i).copied()
+    }
+
+    /// Replaces (or removes) a row of the truth, keeping the live rows per bucket.
+    fn set_row(&mut self, id: i64, row: Option<Document>) -> Option<Document> {
+        self.generation += 1;
+        let old = match row {
+            Some(row) => {
+                self.count_row(&row, 1);
+                self.comments.insert(id, row)
+            }
+            None => self.comments.remove(&id),
+        };
+        if let Some(old) = &old {
+            self.count_row(old, -1);
+        }
+        old
+    }
+
+    fn count_row(&mut self, row: &Document, sign: i64) {
+        if let Some((post, created, true)) = row_facts(row) {
+            let key = (post, bucket_of(created, self.bucket_width));
+            let n = self.live.entry(key.clone()).or_default();
+            *n += sign;
+            if *n == 0 {
+                self.live.remove(&key);
+            }
+        }
     }
 
     fn new_row(&mut self, id: i64) -> Document {
@@ -390,7 +518,8 @@ impl State {
         let mut row = doc! {"_id": id, POST_FIELD: post};
         let created = match self.rng.random_range(0..20) {
             0 => None,                                                 // no created_at
-            1..=5 => Some(self.clock - self.rng.random_range(1..400)), // back-dated
+            1..=4 => Some(self.clock - self.rng.random_range(1..400)), // back-dated
+            5 => Some(self.long_ago()),                                // an import of old rows
             6 => Some(self.clock + self.rng.random_range(1..30)),      // clock skew
             _ => Some(self.clock),
         };
@@ -402,6 +531,11 @@ impl State {
         }
         row.insert("body", format!("b{}", self.rng.random_range(0..1000)));
         row
+    }
+
+    /// A creation time before the simulation began: below every watermark.
+    fn long_ago(&mut self) -> i64 {
+        self.start_clock - self.rng.random_range(0..3600)
     }
 
     /// `updateOne({_id}, {$set, $unset})`: no event when nothing changed, as on a real server.
@@ -426,7 +560,7 @@ impl State {
         if updated.is_empty() && removed.is_empty() {
             return false;
         }
-        self.comments.insert(id, new);
+        self.set_row(id, Some(new));
         self.append(id, OpKind::Update { updated, removed }, Some(old));
         true
     }
@@ -434,8 +568,18 @@ impl State {
     /// Inserts a row (and its insert event) at the simulated clock.
     pub fn insert_row(&mut self, row: Document) {
         let id = row.get_i64("_id").expect("an integer _id");
-        self.comments.insert(id, row.clone());
+        self.set_row(id, Some(row.clone()));
         self.append(id, OpKind::Insert(row), None);
+    }
+
+    /// `deleteOne({_id})` (and its delete event) at the simulated clock.
+    pub fn delete_row(&mut self, id: i64) -> bool {
+        let Some(old) = self.set_row(id, None) else {
+            return false;
+        };
+        self.append(id, OpKind::Delete, Some(old));
+        self.gone_ids.push(id);
+        true
     }
 
     /// One random write by an application, at the simulated clock. Returns what it did.
@@ -493,9 +637,7 @@ impl State {
                 }
             }
             66..=74 => {
-                let old = self.comments.remove(&id);
-                self.append(id, OpKind::Delete, old);
-                self.gone_ids.push(id);
+                self.delete_row(id);
                 "hard delete"
             }
             75..=88 => {
@@ -514,13 +656,17 @@ impl State {
                     };
                 }
                 if old.as_ref() != Some(&row) {
-                    self.comments.insert(id, row.clone());
+                    self.set_row(id, Some(row.clone()));
                     self.append(id, OpKind::Replace(row), old);
                 }
                 "replace"
             }
             _ => {
-                let secs = self.clock - self.rng.random_range(0..300);
+                let secs = if self.rng.random_bool(0.3) {
+                    self.long_ago()
+                } else {
+                    self.clock - self.rng.random_range(0..300)
+                };
                 self.update(
                     id,
                     doc! {CREATED_FIELD: DateTime::from_millis(secs * 1000)},
@@ -535,7 +681,13 @@ impl State {
     // --- the truth -------------------------------------------------------------------------
 
     /// Live rows per (post, creation bucket).
-    pub fn truth_by_bucket(&self) -> BTreeMap<(PostId, i64), i64> {
+    pub fn truth_by_bucket(&self) -> &BTreeMap<(PostId, i64), i64> {
+        &self.live
+    }
+
+    /// The live rows per bucket counted from the rows themselves: equal to `truth_by_bucket`,
+    /// or a write changed `comments` without `set_row`.
+    pub fn recount_truth(&self) -> BTreeMap<(PostId, i64), i64> {
         let mut out = BTreeMap::new();
         for row in self.comments.values() {
             if let Some((post, created, true)) = row_facts(row) {
@@ -548,10 +700,162 @@ impl State {
 
     pub fn truth(&self) -> BTreeMap<PostId, i64> {
         let mut out = BTreeMap::new();
-        for ((post, _), n) in self.truth_by_bucket() {
-            *out.entry(post).or_default() += n;
+        for ((post, _), n) in &self.live {
+            *out.entry(post.clone()).or_default() += n;
         }
         out
+    }
+
+    /// What every counter displays: `base_count + live_delta`.
+    pub fn displayed(&self) -> BTreeMap<PostId, i64> {
+        self.counters
+            .iter()
+            .map(|(p, c)| (p.clone(), c.base_count + c.live_delta))
+            .collect()
+    }
+
+    /// Whether a history gap was recorded on any stream.
+    pub fn has_gaps(&self) -> bool {
+        self.checkpoints.values().any(|c| !c.gaps.is_empty())
+    }
+
+    /// Every one of `streams` has nothing in flight and, resumed now, would count no event
+    /// anew: the events after its resume position (a token, else a start time, else the
+    /// worker's configured `start_at`) are all at or below its high water. Events truncated
+    /// away count too: a worker whose resume position fell off the oplog has not caught up
+    /// (it has yet to find its history lost).
+    pub fn caught_up(&self, streams: &[String], start_at: Option<Timestamp>) -> bool {
+        streams.iter().all(|stream| {
+            let Some(c) = self.checkpoints.get(stream) else {
+                return self.oplog.is_empty();
+            };
+            let from = match (&c.token, c.start_time.or(start_at)) {
+                (Some(token), _) => self.index_after(token),
+                (None, Some(at)) => self.oplog.partition_point(|e| e.time < at),
+                (None, None) => self.oplog.len(),
+            };
+            let from = from.min(self.oplog.len());
+            // Tokens grow along the oplog: the last event after `from` is the newest.
+            c.pending.is_none()
+                && (from == self.oplog.len()
+                    || c.high_water
+                        .as_deref()
+                        .is_some_and(|h| self.oplog.last().is_some_and(|e| e.token.as_str() <= h)))
+        })
+    }
+
+    // --- the operator's hand edits ------------------------------------------------------------
+
+    /// The buckets of a post's counter (`None`: no counter).
+    pub fn counter_buckets(&self, post: &PostId) -> Option<Vec<i64>> {
+        self.counters
+            .get(post)
+            .map(|c| c.buckets.keys().copied().collect())
+    }
+
+    fn inject(&mut self, post: &PostId, amount: i64) {
+        self.generation += 1;
+        self.injected.entry(post.clone()).or_default().add(amount);
+    }
+
+    /// `$inc: {base_count: k}` on an existing counter.
+    pub fn inject_base(&mut self, post: &PostId, k: i64) -> bool {
+        let Some(c) = self.counters.get_mut(post) else {
+            return false;
+        };
+        c.base_count += k;
+        self.inject(post, k);
+        self.note(format!("operator: {post} base_count {k:+}"));
+        self.stat("operator edit base");
+        true
+    }
+
+    /// `$inc: {live_delta: k, "live_by_bucket.<bucket>": k}` on an existing counter.
+    pub fn inject_bucket(&mut self, post: &PostId, bucket: i64, k: i64) -> bool {
+        let Some(c) = self.counters.get_mut(post) else {
+            return false;
+        };
+        c.live_delta += k;
+        *c.buckets.entry(bucket).or_default() += k;
+        self.inject(post, k);
+        *self
+            .injected_buckets
+            .entry((post.clone(), bucket))
+            .or_default() += k;
+        self.note(format!(
+            "operator: {post} live_delta and bucket {bucket} {k:+}"
+        ));
+        self.stat("operator edit bucket");
+        true
+    }
+
+    /// Deletes a counter document; returns what it displayed. Only while no batch of any
+    /// stream is in flight for the post (a pending intent re-applied to the new, empty
+    /// document would count its increments again: drift, but not the drift recorded here).
+    pub fn delete_counter(&mut self, post: &PostId) -> Option<i64> {
+        let in_flight = self.checkpoints.values().any(|c| {
+            c.pending
+                .as_ref()
+                .is_some_and(|p| p.counters.iter().any(|w| w.post == *post))
+        });
+        if in_flight {
+            return None;
+        }
+        let c = self.counters.remove(post)?;
+        let displayed = c.base_count + c.live_delta;
+        self.inject(post, -displayed);
+        // Every bucket of a counter created anew lacks all that was applied to it before.
+        self.injected_buckets.retain(|(p, _), _| p != post);
+        let before: Vec<((PostId, i64), i64)> = self
+            .shadow
+            .range((post.clone(), i64::MIN)..=(post.clone(), i64::MAX))
+            .map(|(k, v)| (k.clone(), -v))
+            .collect();
+        self.injected_buckets.extend(before);
+        self.note(format!(
+            "operator: deleted counter {post} (displayed {displayed})"
+        ));
+        self.stat("operator deleted counter");
+        Some(displayed)
+    }
+
+    /// A fold was installed.
+    fn installed(&mut self, post: &PostId, fold: &Fold) {
+        self.stat("fold installed");
+        let racing = self.others_running > 0;
+        if racing {
+            self.stat("fold installed while others run");
+        }
+        if fold.drift != 0 {
+            self.stat("fold corrected drift");
+            if racing {
+                self.stat("fold corrected drift while others run");
+            }
+        }
+        self.record_correction(post, fold.drift);
+    }
+
+    /// An installed fold corrected `drift` on `post`.
+    fn record_correction(&mut self, post: &PostId, drift: i64) {
+        if drift == 0 {
+            return;
+        }
+        self.fold_log.push((post.clone(), drift));
+        let corrected = {
+            let c = self.corrected.entry(post.clone()).or_default();
+            c.add(drift);
+            *c
+        };
+        if self.drift_bounds && !self.has_gaps() {
+            let injected = self.injected.get(post).copied().unwrap_or_default();
+            if corrected.high > injected.high || corrected.low < injected.low {
+                let e = format!(
+                    "a fold corrected post {post} by {drift:+}: corrections so far {corrected:?} exceed the drift injected {injected:?} (the reconciler invented drift)"
+                );
+                self.note(format!("  !! {e}"));
+                self.probe_failures.push(e);
+            }
+        }
     }
 
     /// (base_count, base_watermark, live_delta, buckets) of every counter.
@@ -721,9 +1025,10 @@ impl MemoryStore {
             state: Arc::new(Mutex::new(State {
                 rng: StdRng::seed_from_u64(seed),
                 clock,
-                logical_ms: 0,
+                start_clock: clock,
                 bucket_width,
                 comments: BTreeMap::new(),
+                live: BTreeMap::new(),
                 oplog: Vec::new(),
                 oplog_floor: 0,
                 next_id: 0,
@@ -753,17 +1058,31 @@ impl MemoryStore {
                 workers_running: 0,
                 shutdown: Vec::new(),
                 read_budget: None,
+                drained_answers: 0.0,
                 read_max: 10,
                 trace: Vec::new(),
                 trace_all: false,
                 gaps_in_a_row: 0,
-                wall_starts: Vec::new(),
+                injected: BTreeMap::new(),
+                injected_buckets: BTreeMap::new(),
+                corrected: BTreeMap::new(),
+                fold_log: Vec::new(),
+                drift_bounds: false,
+                probe: None,
+                generation: 1,
+                probed_generation: 0,
+                probe_failures: Vec::new(),
             })),
         }
     }
 
     pub fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The simulated clock, for `Worker::with_clock` and `Reconciler::with_clock`.
+    pub fn clock(&self) -> Arc<dyn Clock> {
+        Arc::new(SimClock(self.clone()))
     }
 
     /// Maybe yields to the other actors: the interleaving point before every store call.
@@ -787,6 +1106,10 @@ impl MemoryStore {
     ) -> Option<(Strike, StoreError)> {
         self.maybe_yield().await;
         let mut s = self.lock();
+        s.probe_point();
+        if writes {
+            s.generation += 1;
+        }
         s.stat(format!("call {op}"));
         s.strike(op, statements, writes)
     }
@@ -837,6 +1160,38 @@ impl MemoryStore {
     }
 }
 
+/// Whether a drained stream answers "nothing new" now, while other actors run.
+fn drained_answer(s: &mut State) -> bool {
+    let rate = s.drained_answers;
+    s.rng.random_bool(rate)
+}
+
+/// Simulated time: `now` is the simulated clock, and a pause only yields to the other actors (one
+/// to three times, seeded), whatever its length: it never sleeps on tokio's timer, and it never
+/// moves the clock (writers and the rounds do).
+pub struct SimClock(MemoryStore);
+
+#[async_trait]
+impl Clock for SimClock {
+    fn now(&self) -> DateTime {
+        self.0.lock().now()
+    }
+
+    async fn sleep(&self, _delay: Duration) {
+        let turns = {
+            let mut s = self.0.lock();
+            if s.alone() {
+                1
+            } else {
+                s.rng.random_range(1..=3)
+            }
+        };
+        for _ in 0..turns {
+            YieldOnce(false).await;
+        }
+    }
+}
+
 /// The ledger collection of a stream, as `mongo.rs` names it: partitions keep their own.
 fn ledger_collection(stream: &str) -> String {
     match stream.split_once('/') {
@@ -864,7 +1219,7 @@ fn checkpoint_update(
     update: impl FnOnce(&mut CheckpointRec, DateTime),
     insert_epoch: bool,
 ) -> StoreResult<()> {
-    let now = s.logical_now();
+    let now = s.now();
     match s.checkpoints.get_mut(&fence.stream) {
         Some(c) if matches(c) => {
             update(c, now);
@@ -910,7 +1265,7 @@ struct MemoryEvents {
     /// Resumed after a token (or at a time) that is no longer in the oplog: the first read
     /// fails with code 286, like a real server.
     lost: Option<String>,
-    /// This stream has answered once with "nothing new".
+    /// This stream has answered "nothing new" once while its worker ran alone.
     idled: bool,
 }
 
@@ -920,15 +1275,12 @@ impl EventSource for MemoryEvents {
         let strike = self.store.enter("next_batch", None, false).await;
         {
             let mut s = self.store.lock();
-            if let Some(budget) = s.read_budget.as_mut() {
-                if *budget == 0 {
-                    s.stat("pause budget");
-                    return Err(StoreError::Fatal {
-                        op: "next_batch",
-                        message: PAUSE.into(),
-                    });
-                }
-                *budget -= 1;
+            if s.read_budget == Some(0) {
+                s.stat("pause budget");
+                return Err(StoreError::Fatal {
+                    op: "next_batch",
+                    message: PAUSE.into(),
+                });
             }
             if let Some((_, e)) = strike {
                 return Err(e);
@@ -938,7 +1290,8 @@ impl EventSource for MemoryEvents {
                 return Err(StoreError::HistoryLost { code: 286, token });
             }
         }
-        // Like an awaitData getMore: while writers may still write, wait for events.
+        // Like an awaitData getMore: while writers may still write, wait for events, or now and
+        // then answer "nothing new" (the worker then records its drained position).
         loop {
             let wait = {
                 let mut s = self.store.lock();
@@ -951,6 +1304,16 @@ impl EventSource for MemoryEvents {
                     return Err(StoreError::Fatal {
                         op: "next_batch",
                         message: PAUSE.into(),
+                    });
+                } else if drained_answer(&mut s) {
+                    s.gaps_in_a_row = 0;
+                    let last = s.oplog.last().map_or(0, |e| e.seq);
+                    let token = high_water_token(last);
+                    s.note(format!("  read: none (others run), post-batch {token}"));
+                    s.stat("drained answer while others run");
+                    return Ok(RawBatch {
+                        events: Vec::new(),
+                        post_batch_token: s.post_batch_tokens.then_some(Token(token)),
                     });
                 } else {
                     true
@@ -1014,6 +1377,9 @@ impl EventSource for MemoryEvents {
         let line = format!("  read: {}", what.join(", "));
         s.note(line);
         self.next += n;
+        if let Some(budget) = s.read_budget.as_mut() {
+            *budget = budget.saturating_sub(1);
+        }
         Ok(RawBatch {
             events,
             post_batch_token: s.post_batch_tokens.then_some(Token(last)),
@@ -1041,12 +1407,6 @@ impl Store for MemoryStore {
                         (s.index_after(token.as_str()), lost)
                     }
                     StreamStart::AtTime(at) => {
-                        let at = &s
-                            .wall_starts
-                            .iter()
-                            .rev()
-                            .find(|(wall, _)| wall == at)
-                            .map_or(*at, |(_, sim)| *sim);
                         let lost = truncated.filter(|t| t.time >= *at).map(|_| String::new());
                         (s.oplog.partition_point(|e| e.time < *at), lost)
                     }
@@ -1137,7 +1497,7 @@ impl Store for MemoryStore {
 
     async fn move_checkpoint(&self, stream: &str, to: &Position) -> StoreResult<()> {
         self.single("move_checkpoint", true, |s| {
-            let now = s.logical_now();
+            let now = s.now();
             let c = s.checkpoints.entry(stream.to_string()).or_default();
             c.updated_at = Some(now);
             match to {
@@ -1164,20 +1524,13 @@ impl Store for MemoryStore {
 
     async fn record_start(&self, fence: &Fence, at: Timestamp) -> StoreResult<()> {
         self.single("record_start", true, |s| {
-            // The worker pins its wall-clock "now": pin the simulated now instead, and open the
-            // stream there when the worker asks for the wall-clock time (see `wall_starts`).
-            let sim = Timestamp {
-                time: s.clock as u32,
-                increment: 0,
-            };
-            s.wall_starts.push((at, sim));
-            s.note(format!("  start pinned at {sim:?} (wall clock {at:?})"));
+            s.note(format!("  start pinned at {at:?}"));
             checkpoint_update(
                 s,
                 fence,
                 |c| c.epoch == Some(fence.epoch),
                 |c, now| {
-                    c.start_time = Some(sim);
+                    c.start_time = Some(at);
                     c.updated_at = Some(now);
                 },
                 true,
@@ -1188,15 +1541,14 @@ impl Store for MemoryStore {
 
     async fn record_caught_up(&self, fence: &Fence, at: Timestamp) -> StoreResult<()> {
         self.single("record_caught_up", true, |s| {
-            // `at` is a position this store gave out (`read_position`): simulated time.
-            let sim = at;
+            s.note(format!("  drained at {at:?}"));
             checkpoint_update(
                 s,
                 fence,
                 |c| c.epoch == Some(fence.epoch),
                 |c, _now| {
-                    if c.caught_up_at.is_none_or(|t| t < sim) {
-                        c.caught_up_at = Some(sim);
+                    if c.caught_up_at.is_none_or(|t| t < at) {
+                        c.caught_up_at = Some(at);
                     }
                 },
                 true,
@@ -1220,18 +1572,14 @@ impl Store for MemoryStore {
                 fence,
                 |c| c.epoch == Some(fence.epoch),
                 |c, now| {
-                    // `to` is the worker's wall-clock now: record the simulated now.
-                    c.gaps.push(Gap {
-                        from: gap.from,
-                        to: DateTime::from_millis(now.timestamp_millis().div_euclid(1000) * 1000),
-                    });
+                    c.gaps.push(gap.clone());
                     c.sweep_requested = Some(true);
                     c.updated_at = Some(now);
                     c.token = None;
                     c.token_time = None;
                     // The new stream starts exactly where the gap ends.
                     c.start_time = Some(Timestamp {
-                        time: now.timestamp_millis().div_euclid(1000) as u32,
+                        time: gap.to.timestamp_millis().div_euclid(1000) as u32,
                         increment: 0,
                     });
                 },
@@ -1262,14 +1610,11 @@ impl Store for MemoryStore {
             let mut out = HashMap::new();
             for c in comments {
                 if let Some((_, entry)) = s.ledger.get(&(collection.clone(), c.key.clone())) {
-                    let row = match (&entry.post, entry.exists) {
-                        (Some(post), true) => Some(Row {
-                            post: post.clone(),
-                            created_at: entry.created_at,
-                            deleted: !entry.live,
-                        }),
-                        _ => None,
-                    };
+                    let row = entry.exists.then(|| Row {
+                        post: entry.post.clone(),
+                        created_at: entry.created_at,
+                        deleted: entry.deleted,
+                    });
                     out.insert(c.key.clone(), row);
                 }
             }
@@ -1353,15 +1698,15 @@ impl Store for MemoryStore {
             let entry = match &u.state {
                 Some(row) => LedgerRec {
                     exists: true,
-                    live: row.is_live(),
-                    post: Some(row.post.clone()),
+                    deleted: row.deleted,
+                    post: row.post.clone(),
                     created_at: row.created_at,
                     applied_through: through.to_string(),
                     epoch: fence.epoch,
                 },
                 None => LedgerRec {
                     exists: false,
-                    live: false,
+                    deleted: false,
                     post: None,
                     created_at: None,
                     applied_through: through.to_string(),
@@ -1377,10 +1722,9 @@ impl Store for MemoryStore {
         &self,
         fence: &Fence,
         marks: &[DirtyMark],
-        _now: DateTime,
+        now: DateTime,
     ) -> StoreResult<()> {
         self.statements("mark_dirty", marks, |s, m| {
-            let now = s.logical_now();
             let entry = s.dirty.entry(m.post.clone()).or_insert(DirtyRec {
                 first: now,
                 last: now,
@@ -1450,21 +1794,13 @@ impl Store for MemoryStore {
         .await
     }
 
-    async fn requeue_dirty(
-        &self,
-        post: &PostId,
-        version: i64,
-        _now: DateTime,
-    ) -> StoreResult<bool> {
-        self.single("requeue_dirty", true, |s| {
-            let now = s.logical_now();
-            match s.dirty.get_mut(post) {
-                Some(d) if d.version == version => {
-                    d.first = now;
-                    Ok(true)
-                }
-                _ => Ok(false),
+    async fn requeue_dirty(&self, post: &PostId, version: i64, now: DateTime) -> StoreResult<bool> {
+        self.single("requeue_dirty", true, |s| match s.dirty.get_mut(post) {
+            Some(d) if d.version == version => {
+                d.first = now;
+                Ok(true)
             }
+            _ => Ok(false),
         })
         .await
     }
@@ -1483,6 +1819,8 @@ impl Store for MemoryStore {
                 applied_time: c.applied_time,
                 touched: c.touched.clone(),
                 folds: c.folds,
+                // Kept in the same single-document writes as its parts (hand edits too).
+                count: Some(c.base_count + c.live_delta),
                 last_drift: c.last_drift,
                 reconciled_at: c.reconciled_at,
             }))
@@ -1596,7 +1934,7 @@ impl Store for MemoryStore {
                         reconciled_at: Some(now),
                     },
                 );
-                s.stat("fold installed");
+                s.installed(post, fold);
                 s.note(format!(
                     "  fold {post} (new): {} at W={}",
                     fold.right, fold.watermark
@@ -1631,10 +1969,7 @@ impl Store for MemoryStore {
                 c.touched.remove(bucket);
             }
             c.folds += 1;
-            s.stat("fold installed");
-            if fold.drift != 0 {
-                s.stat("fold corrected drift");
-            }
+            s.installed(post, fold);
             s.note(format!(
                 "  fold {post}: {} -> {} at W={}",
                 fold.wrong, fold.right, fold.watermark
@@ -1697,8 +2032,10 @@ impl Store for MemoryStore {
     }
 
     async fn load_sweep_cursor(&self, stream: &str) -> StoreResult<Option<SweepCursor>> {
-        self.single("load_sweep_cursor", false, |s| Ok(s.sweeps.get(stream).cloned()))
-            .await
+        self.single("load_sweep_cursor", false, |s| {
+            Ok(s.sweeps.get(stream).cloned())
+        })
+        .await
     }
 
     async fn save_sweep_cursor(&self, stream: &str, cursor: &SweepCursor) -> StoreResult<()> {
