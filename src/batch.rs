@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use bson::DateTime;
 
 use crate::classify::{classify, After, Attribution, Before, Problem, Source, StreamEnded};
-use crate::event::{ChangeEvent, CommentId, PostId, Row, Token};
+use crate::event::{ChangeEvent, CommentId, Operation, PostId, Row, Token};
 
 /// Seconds since the epoch at which a creation-time bucket starts.
 pub type BucketStart = i64;
@@ -176,6 +176,35 @@ pub fn plan_batch(
                 After::Unchanged => None,
             },
         ];
+        // An update whose after-state was not derived from a complete description (the
+        // `updateLookup` document, possibly later than the event, or nothing at all) may hide
+        // intermediate states in any bucket: a restamp into a settled bucket, a soft delete and
+        // undelete. A recount may have seen them, so the batch touches every bucket of the posts
+        // it names (bucket 0 is below every watermark).
+        // A delete known only from the ledger may follow such an update that named no row at
+        // all (the fake server's update of a row gone before its lookup).
+        let hidden_states = match &event.operation {
+            Operation::Update { summary } => {
+                !summary.as_ref().is_some_and(|s| s.complete)
+                    || classified.source == crate::classify::Source::BestEffort
+            }
+            Operation::Delete => classified.source != crate::classify::Source::PreImage,
+            _ => false,
+        };
+        if hidden_states {
+            for post in &classified.dirty {
+                counters
+                    .entry(post.clone())
+                    .or_insert_with(|| CounterDelta {
+                        post: post.clone(),
+                        delta: 0,
+                        buckets: BTreeMap::new(),
+                        touched: BTreeSet::new(),
+                    })
+                    .touched
+                    .insert(0);
+            }
+        }
         for post in &classified.dirty {
             let known_rows = rows
                 .iter()

@@ -565,6 +565,7 @@ fn biggest_corrections(corrections: &[Correction], n: usize) -> String {
 /// A fold that would write exactly what is there already.
 fn is_noop(state: &crate::fold::CounterState, folded: &Fold) -> bool {
     folded.drift == 0
+        && folded.watermark == state.base_watermark
         && folded.dropped.is_empty()
         && folded.base_count == state.base_count
         && folded.live_delta == state.live_delta

@@ -1526,7 +1526,6 @@ fn expect_clean(variant: Variant, seeds: u64) {
 }
 
 #[test]
-#[ignore = "open src bug (classify): when a pre-image has expired and the ledger knows a row only as not counted (no post_id), the update takes its after-state from updateLookup, a later state that the next event, classified from its own pre-image, counts again; was SIM_PRE_IMAGES=1 SIM_SEED=88 under the previous harness (seeds do not replay the same runs any more); with the ledger change of 9eec1b5 seeds 0..1800 pass: to be confirmed and un-ignored by its owner"]
 fn with_pre_images() {
     expect_clean(
         Variant {
@@ -1772,7 +1771,6 @@ fn a_post_a_row_passed_through_is_recounted() {
 /// watermark is recorded after the counter was first read, the recount is installed, and the
 /// counter is corrected by drift nobody injected (the minimal form of simulation seed 7202).
 #[test]
-#[ignore = "open src bug (batch/classify): an event whose after-state comes from updateLookup (no update description) can hide a change to a settled bucket; it records no touch there, so a quiet-window recount that saw the hidden state is installed (invented drift); SIM_SEED=7202, 7602, 8471 of the faithful run"]
 fn a_change_hidden_by_a_lookup_voids_a_recount() {
     let width = 60;
     let store = Arc::new(MemoryStore::new(1, width, 1, START_CLOCK));
@@ -1852,7 +1850,6 @@ fn a_change_hidden_by_a_lookup_voids_a_recount() {
 /// loses the row and reports a correction nobody needed (found as seeds 87 and 227 of
 /// `with_history_lost`, where a bucket above a counter's watermark missed a live row).
 #[test]
-#[ignore = "open src bug (reconcile::is_noop): a fold that would raise base_watermark but change no count is skipped, so a full recount after lost history leaves the old watermark, and a later fold at a lower watermark drops rows the full recount had counted"]
 fn a_noop_full_recount_keeps_its_watermark() {
     let width = 60;
     let store = Arc::new(MemoryStore::new(1, width, 1, START_CLOCK));

@@ -183,6 +183,8 @@ struct DirtyRec {
     /// The stream that marked it last.
     stream: String,
     newest_bucket: i64,
+    /// The fencing epoch of the worker that marked it last.
+    epoch: i64,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -1725,17 +1727,26 @@ impl Store for MemoryStore {
         now: DateTime,
     ) -> StoreResult<()> {
         self.statements("mark_dirty", marks, |s, m| {
+            // Fenced like mongo.rs: an entry this stream marked under a newer epoch refuses it.
+            if s.dirty
+                .get(&m.post)
+                .is_some_and(|d| d.stream == fence.stream && d.epoch > fence.epoch)
+            {
+                return;
+            }
             let entry = s.dirty.entry(m.post.clone()).or_insert(DirtyRec {
                 first: now,
                 last: now,
                 version: 0,
                 stream: fence.stream.clone(),
                 newest_bucket: m.newest_bucket,
+                epoch: fence.epoch,
             });
             entry.newest_bucket = entry.newest_bucket.max(m.newest_bucket);
             entry.version += 1;
             entry.last = now;
             entry.stream = fence.stream.clone();
+            entry.epoch = fence.epoch;
         })
         .await
     }
