@@ -140,6 +140,9 @@ pub fn classify(
         },
     };
 
+    // A malformed post id in the after-state: the row exists but no longer counts, and the
+    // event is reported as bad input.
+    let mut bad: Option<Problem> = None;
     let after = match &event.operation {
         Operation::End(op) => {
             return Err(StreamEnded {
@@ -158,14 +161,23 @@ pub fn classify(
             match event.full_document.as_ref().map(|d| schema.read_row(d)) {
                 Some(RowRead::Row(row)) => After::Known(Some(row)),
                 Some(RowRead::NoPost) => {
-                    return Ok(problem_only(
-                        &before,
-                        source,
-                        Problem::Bad(format!("document has no `{}`", schema.group)),
-                    ))
+                    bad = Some(Problem::Bad(format!("document has no `{}`", schema.group)));
+                    After::Known(
+                        event
+                            .full_document
+                            .as_ref()
+                            .map(|d| schema.read_existing_row(d)),
+                    )
                 }
+                // The row exists but does not count: a malformed post id.
                 Some(RowRead::BadPost(kind)) => {
-                    return Ok(problem_only(&before, source, bad_post_type(schema, &kind)))
+                    bad = Some(bad_post_type(schema, &kind));
+                    After::Known(
+                        event
+                            .full_document
+                            .as_ref()
+                            .map(|d| schema.read_existing_row(d)),
+                    )
                 }
                 None => {
                     return Ok(problem_only(
@@ -193,7 +205,8 @@ pub fn classify(
                 RowRead::Row(row) => After::Known(Some(row)),
                 RowRead::NoPost => After::Known(Some(schema.read_existing_row(&after))),
                 RowRead::BadPost(kind) => {
-                    return Ok(problem_only(&before, source, bad_post_type(schema, &kind)))
+                    bad = Some(bad_post_type(schema, &kind));
+                    After::Known(Some(schema.read_existing_row(&after)))
                 }
             }
         }
@@ -205,8 +218,9 @@ pub fn classify(
             };
             match schema.apply(summary, row) {
                 Ok(after) => After::Known(Some(after)),
-                Err(kind) => {
-                    return Ok(problem_only(&before, source, bad_post_type(schema, &kind)))
+                Err((after, kind)) => {
+                    bad = Some(bad_post_type(schema, &kind));
+                    After::Known(Some(after))
                 }
             }
         }
@@ -218,7 +232,8 @@ pub fn classify(
             match looked_up.and_then(|d| schema.read_looked_up_row(d)) {
                 Some(RowRead::Row(row)) => After::Known(Some(row)),
                 Some(RowRead::BadPost(kind)) => {
-                    return Ok(problem_only(&before, source, bad_post_type(schema, &kind)))
+                    bad = Some(bad_post_type(schema, &kind));
+                    After::Known(looked_up.map(|d| schema.read_existing_row(d)))
                 }
                 Some(RowRead::NoPost) => {
                     After::Known(looked_up.map(|d| schema.read_existing_row(d)))
@@ -233,6 +248,9 @@ pub fn classify(
         Before::Known(before_row) => exact(before_row, after, source),
         Before::Unknown => best_effort(event, after, schema),
     };
+    if let Some(problem) = bad {
+        classified.problem = Some(problem);
+    }
     // A post the row moved to in this update is touched even when a later `updateLookup`
     // state hides the stop there: a recount folded in meanwhile may have counted the row there.
     if let Operation::Update {

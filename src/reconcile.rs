@@ -224,21 +224,27 @@ impl<S: Store + ?Sized> Reconciler<S> {
         progress: impl FnMut(u64) + Send,
         shutdown: Option<watch::Receiver<bool>>,
     ) -> StoreResult<RunReport> {
-        self.sweep_posts(now_secs, false, progress, shutdown).await
+        self.sweep_posts(now_secs, None, progress, shutdown).await
     }
 
-    /// The sweep behind both: `after_gap` folds each post above every row and bucket it has
-    /// (a full recount), because after lost history no bucket can be trusted: a row dated
-    /// above the watermark may have had its events in the gap.
+    /// The sweep behind both. After lost history (`after_gap`: the stream's ledger generation)
+    /// it folds each post above every row and bucket it has (a full recount), because no
+    /// bucket can be trusted: a row dated above the watermark may have had its events in the
+    /// gap. It also rebuilds the ledger entries of each post's rows first: an entry from before
+    /// the gap may show a row where it no longer is.
     async fn sweep_posts(
         &self,
         now_secs: i64,
-        after_gap: bool,
+        after_gap: Option<u64>,
         mut progress: impl FnMut(u64) + Send,
         shutdown: Option<watch::Receiver<bool>>,
     ) -> StoreResult<RunReport> {
         let watermark = self.watermark(now_secs).await?;
-        let kind = if after_gap { "gap_sweep" } else { "sweep" };
+        let kind = if after_gap.is_some() {
+            "gap_sweep"
+        } else {
+            "sweep"
+        };
         let mut run = Run::new(
             &self.settings.stream,
             kind,
@@ -264,8 +270,11 @@ impl<S: Store + ?Sized> Reconciler<S> {
                 .cloned()
                 .collect();
             for group in owned.chunks(self.settings.group_size.max(1)) {
+                if let Some(generation) = after_gap {
+                    complete &= self.rebuild_ledger(group, generation).await?;
+                }
                 let outcomes = self
-                    .reconcile_posts(group, watermark, after_gap, &mut run)
+                    .reconcile_posts(group, watermark, after_gap.is_some(), &mut run)
                     .await?;
                 complete &= outcomes.iter().all(|o| *o != Outcome::NotNow);
             }
@@ -274,7 +283,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
             progress(run.summary.posts);
             after = Some(last);
         }
-        if complete || !after_gap {
+        if complete || after_gap.is_none() {
             self.store
                 .set_sweep_requested(&self.settings.stream, false)
                 .await?;
@@ -327,7 +336,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
         let report = self
             .sweep_posts(
                 now_secs,
-                !checkpoint.gaps.is_empty(),
+                (!checkpoint.gaps.is_empty()).then(|| checkpoint.ledger_generation()),
                 |done| {
                     progress.set(done as f64);
                     tracing::info!(%stream, posts = done, "sweep progress")
@@ -404,6 +413,27 @@ impl<S: Store + ?Sized> Reconciler<S> {
             .save_sweep_cursor(&self.settings.stream, &cursor)
             .await?;
         Ok(Some(self.finish(run).await?))
+    }
+
+    /// After lost history: rebuilds the ledger entries of these posts' rows, so that a later
+    /// event of a row that changed in the gap is classified against the row as it is, not
+    /// against an entry from before the gap (a row moved in the gap would be taken off its old
+    /// post and never off its new one). The rows are read, then every event before the read
+    /// must be applied (false if the worker did not catch up in time: the sweep runs again);
+    /// only entries from before the gap are replaced, and the worker's later writes win.
+    async fn rebuild_ledger(&self, posts: &[PostId], generation: u64) -> StoreResult<bool> {
+        let mut rows = Vec::new();
+        for post in posts {
+            rows.extend(self.store.rows_of_post(post).await?);
+        }
+        let read_at = self.store.read_position().await?.upper;
+        if !self.recounter.wait_until_applied(read_at).await? {
+            return Ok(false);
+        }
+        self.store
+            .rebuild_ledger(&self.settings.stream, generation, &rows)
+            .await?;
+        Ok(true)
     }
 
     /// Recounts a group of posts consistently with the stream and folds each recount in;

@@ -220,16 +220,23 @@ impl Schema {
     /// The row after `update`, derived from the row before it: exact at event time, unlike an
     /// `updateLookup` document, also for a row without a post (one that gets a post back is
     /// then filed under its own creation time). `Err`: the group field now holds a value that
-    /// cannot be a post id (its type), or a part of a field counterd reads changed.
-    pub fn apply(&self, update: &UpdateSummary, before: &Row) -> Result<Row, String> {
+    /// cannot be a post id (its type, beside the row, which exists but no longer counts).
+    pub fn apply(&self, update: &UpdateSummary, before: &Row) -> Result<Row, (Row, String)> {
+        let mut bad = None;
         let post = match Self::change(update, &self.group) {
             FieldChange::Unchanged => before.post.clone(),
             FieldChange::Set(None) => None,
             FieldChange::Set(Some(value)) => match PostId::from_bson(&value) {
                 Some(p) => Some(p),
-                None => return Err(format!("{:?}", value.element_type())),
+                None => {
+                    bad = Some(format!("{:?}", value.element_type()));
+                    None
+                }
             },
-            FieldChange::Unknown => return Err("Document (a part of it changed)".into()),
+            FieldChange::Unknown => {
+                bad = Some("Document (a part of it changed)".into());
+                None
+            }
         };
         let created_at = match Self::change(update, &self.created) {
             FieldChange::Unchanged => before.created_at,
@@ -244,11 +251,15 @@ impl Schema {
                 FieldChange::Unknown => before.deleted,
             },
         };
-        Ok(Row {
+        let row = Row {
             post,
             created_at,
             deleted,
-        })
+        };
+        match bad {
+            None => Ok(row),
+            Some(kind) => Err((row, kind)),
+        }
     }
 
     /// Builds a comment document with this schema's fields (the demo and tests write rows).

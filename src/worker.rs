@@ -497,7 +497,9 @@ impl<S: Store + ?Sized> Worker<S> {
     ) -> Result<(), SessionError> {
         let ledger = if self.settings.attribution.uses_ledger() {
             let ids: Vec<CommentId> = events.iter().filter_map(|e| e.comment.clone()).collect();
-            self.store.read_ledger(&fence.stream, &ids).await?
+            self.store
+                .read_ledger(&fence.stream, &ids, checkpoint.ledger_generation())
+                .await?
         } else {
             Default::default()
         };
@@ -600,8 +602,15 @@ impl<S: Store + ?Sized> Worker<S> {
             .apply_counters(fence, &batch.counters, &batch.end, batch.end_time)
             .await?; // (a)
         if !batch.ledger.is_empty() {
+            // A batch left in flight is re-applied before the stream is read again, so before
+            // a history gap can be recorded: its states are of this generation.
             self.store
-                .write_ledger(fence, &batch.ledger, &batch.end)
+                .write_ledger(
+                    fence,
+                    &batch.ledger,
+                    &batch.end,
+                    checkpoint.ledger_generation(),
+                )
                 .await?; // (b)
         }
         self.store

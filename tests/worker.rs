@@ -5,8 +5,8 @@ mod support;
 
 use std::time::Duration;
 
-use counterd::batch::CounterDelta;
-use counterd::event::{PostId, Token};
+use counterd::batch::{CounterDelta, LedgerUpdate};
+use counterd::event::{CommentId, PostId, Row, Token};
 use counterd::store::{DirtyOrder, Fence, Store};
 use mongodb::bson::{doc, DateTime};
 use rand::rngs::StdRng;
@@ -177,6 +177,116 @@ async fn restart_and_deliberate_replay_never_count_twice() {
         "the replay did write (and was rejected)"
     );
     replay.shutdown().await.unwrap();
+}
+
+/// The ledger keeps a row that exists without a post (its fields, not counted), leaves out
+/// entries from before the latest history gap, and the sweep's rebuild replaces only those
+/// (never an entry the worker wrote since), while the worker's next write replaces a rebuilt
+/// one.
+#[tokio::test]
+async fn ledger_entries_keep_unposted_rows_and_expire_with_a_history_gap() {
+    let t = TestDb::new("ledger").await;
+    let fence = Fence {
+        stream: "comments".into(),
+        epoch: 1,
+    };
+    let now = now_secs();
+    let created = Some(DateTime::from_millis(now * 1000));
+    let row = |p: Option<usize>, deleted| Row {
+        post: p.map(post),
+        created_at: created,
+        deleted,
+    };
+    let (a, b) = (CommentId::new("a".into()), CommentId::new("b".into()));
+    let update = |c: &CommentId, state| LedgerUpdate {
+        comment: c.clone(),
+        state,
+    };
+    let ids = [a.clone(), b.clone()];
+    let token = Token("0000000000000010".into());
+    t.store
+        .write_ledger(
+            &fence,
+            &[
+                update(&a, Some(row(None, true))),
+                update(&b, Some(row(Some(1), false))),
+            ],
+            &token,
+            0,
+        )
+        .await
+        .unwrap();
+    let read = t.store.read_ledger("comments", &ids, 0).await.unwrap();
+    assert_eq!(read[&a.key], Some(row(None, true)), "a row without a post");
+    assert_eq!(read[&b.key], Some(row(Some(1), false)));
+    // A gap: generation 1. Both entries are from before it.
+    assert!(t
+        .store
+        .read_ledger("comments", &ids, 1)
+        .await
+        .unwrap()
+        .is_empty());
+    // The worker applies an event of `a` after the gap; then the sweep rebuilds both.
+    let later = Token("0000000000000020".into());
+    t.store
+        .write_ledger(&fence, &[update(&a, Some(row(Some(2), false)))], &later, 1)
+        .await
+        .unwrap();
+    t.store
+        .rebuild_ledger(
+            "comments",
+            1,
+            &[
+                (a.clone(), row(Some(3), false)),
+                (b.clone(), row(Some(3), true)),
+            ],
+        )
+        .await
+        .unwrap();
+    let read = t.store.read_ledger("comments", &ids, 1).await.unwrap();
+    assert_eq!(
+        read[&a.key],
+        Some(row(Some(2), false)),
+        "the worker's entry stays"
+    );
+    assert_eq!(
+        read[&b.key],
+        Some(row(Some(3), true)),
+        "the stale entry is rebuilt"
+    );
+    // Any later write of the worker replaces a rebuilt entry, whatever its token.
+    t.store
+        .write_ledger(
+            &fence,
+            &[update(&b, None)],
+            &Token("0000000000000015".into()),
+            1,
+        )
+        .await
+        .unwrap();
+    let read = t.store.read_ledger("comments", &ids, 1).await.unwrap();
+    assert_eq!(read[&b.key], None, "gone");
+
+    // What the sweep rebuilds from: every row of a post, soft-deleted ones too.
+    t.insert_comment("c", &post(5), now).await;
+    t.insert_comment("d", &post(5), now).await;
+    t.insert_comment("e", &post(6), now).await;
+    t.comments
+        .update_one(
+            doc! {"_id": "d"},
+            doc! {"$set": {"deleted_at": DateTime::now()}},
+        )
+        .await
+        .unwrap();
+    let mut rows = t.store.rows_of_post(&post(5)).await.unwrap();
+    rows.sort_by(|x, y| x.0.key.cmp(&y.0.key));
+    assert_eq!(
+        rows,
+        vec![
+            (CommentId::new("c".into()), row(Some(5), false)),
+            (CommentId::new("d".into()), row(Some(5), true)),
+        ]
+    );
 }
 
 #[tokio::test]

@@ -97,6 +97,15 @@ pub struct Checkpoint {
     pub sweep_requested: bool,
 }
 
+impl Checkpoint {
+    /// The stream's ledger generation: the number of history gaps it has recorded. Ledger
+    /// entries of an older generation describe rows as they were before events were lost (a
+    /// row moved in the gap still shows its old post), so they are not used as before-states.
+    pub fn ledger_generation(&self) -> u64 {
+        self.gaps.len() as u64
+    }
+}
+
 /// The writes of one batch, recorded as its intent before any of them is issued. Replaying the
 /// stored plan (not re-reading and re-classifying the events) makes recovery exact even though
 /// `updateLookup` would now show later row states.
@@ -373,11 +382,14 @@ pub trait Store: Send + Sync {
     // --- the worker's batch writes, in this order --------------------------------------------
     /// Reads the ledger entries (of `stream`: each partition keeps its own) of these comments:
     /// key → state (`None`: gone; a row without a post exists but does not count). Absent:
-    /// unknown.
+    /// unknown. `generation` is the number of history gaps the stream has recorded: an entry
+    /// written under an older generation describes the row as it was before events were lost,
+    /// so it is left out (unknown) until the worker or the sweep after the gap rewrites it.
     async fn read_ledger(
         &self,
         stream: &str,
         comments: &[CommentId],
+        generation: u64,
     ) -> StoreResult<HashMap<String, Option<Row>>>;
     /// (a) Counter increments, each guarded by `applied_through < through`.
     /// Each statement also records `through` (and its cluster time) under every bucket the
@@ -389,12 +401,14 @@ pub trait Store: Send + Sync {
         through: &Token,
         through_time: Option<Timestamp>,
     ) -> StoreResult<ApplyOutcome>;
-    /// (b) Ledger states, each guarded per comment by `applied_through < through`.
+    /// (b) Ledger states, each guarded per comment by `applied_through < through`, stamped
+    /// with the stream's `generation` (see [`Store::read_ledger`]).
     async fn write_ledger(
         &self,
         fence: &Fence,
         updates: &[LedgerUpdate],
         through: &Token,
+        generation: u64,
     ) -> StoreResult<()>;
     /// (c) Dirty marks: upsert with `version + 1`, raising `newest_bucket`.
     async fn mark_dirty(
@@ -436,6 +450,19 @@ pub trait Store: Send + Sync {
     async fn latest_created(&self, post: &PostId) -> StoreResult<Option<i64>>;
     /// All live rows of `post` (for `get` and `verify`).
     async fn count_live(&self, post: &PostId) -> StoreResult<i64>;
+    /// Every row of `post` as it is now, live or not, with its comment id: the sweep after
+    /// lost history rebuilds their ledger entries.
+    async fn rows_of_post(&self, post: &PostId) -> StoreResult<Vec<(CommentId, Row)>>;
+    /// Writes ledger entries (of `stream`) rebuilt from rows read once every event before the
+    /// read was applied: each only where the comment has no entry or one older than
+    /// `generation`. An entry the worker wrote since the gap (it applied an event of the row)
+    /// is never replaced, and the worker's later writes always replace a rebuilt one.
+    async fn rebuild_ledger(
+        &self,
+        stream: &str,
+        generation: u64,
+        rows: &[(CommentId, Row)],
+    ) -> StoreResult<()>;
     /// Installs a fold if `applied_through` is still `expected` (`None`: the counter must not
     /// exist yet). Returns false when the condition failed (re-read and retry).
     async fn install_fold(

@@ -697,6 +697,32 @@ fn checkpoint_from_doc(stream: &str, doc: &Document) -> StoreResult<Checkpoint> 
     })
 }
 
+/// The history-gap generation a ledger entry was written under (entries written before
+/// generations existed: 0).
+fn entry_generation(doc: &Document) -> u64 {
+    match doc.get("generation") {
+        Some(Bson::Int64(g)) => (*g).max(0) as u64,
+        Some(Bson::Int32(g)) => (*g).max(0) as u64,
+        _ => 0,
+    }
+}
+
+/// The `$set` of a ledger entry's row state (a row that exists; without a post it does not
+/// count), and the fields to `$unset`.
+fn ledger_row_update(row: &Row) -> (Document, Document) {
+    let mut set = doc! {"live": row.is_live(), "deleted": row.deleted, "exists": true};
+    let mut unset = doc! {"gone_at": ""};
+    match &row.post {
+        Some(post) => set.insert(LEDGER_POST, post.to_bson()),
+        None => unset.insert(LEDGER_POST, ""),
+    };
+    match row.created_at {
+        Some(t) => set.insert(LEDGER_CREATED, t),
+        None => unset.insert(LEDGER_CREATED, ""),
+    };
+    (set, unset)
+}
+
 fn row_to_doc(row: &Row) -> Document {
     let mut d = doc! {"deleted": row.deleted};
     if let Some(post) = &row.post {
@@ -981,6 +1007,7 @@ impl Store for MongoStore {
         &self,
         stream: &str,
         comments: &[CommentId],
+        generation: u64,
     ) -> StoreResult<HashMap<String, Option<Row>>> {
         let mut out = HashMap::new();
         for chunk in comments.chunks(5000) {
@@ -995,6 +1022,9 @@ impl Store for MongoStore {
                 .await
                 .map_err(|e| map_err("read the ledger", e))?
             {
+                if entry_generation(&entry) < generation {
+                    continue; // written before the latest history gap: unknown
+                }
                 if let Some(id) = entry.get("_id") {
                     out.insert(CommentId::new(id.clone()).key, row_from_ledger(&entry));
                 }
@@ -1058,6 +1088,7 @@ impl Store for MongoStore {
         fence: &Fence,
         updates: &[LedgerUpdate],
         through: &Token,
+        generation: u64,
     ) -> StoreResult<()> {
         let now = DateTime::now();
         let statements = updates
@@ -1067,35 +1098,14 @@ impl Store for MongoStore {
                 fenced(&mut filter, fence);
                 let update = match &u.state {
                     Some(row) => {
-                        let mut set = doc! {
-                            "live": row.is_live(),
-                            "deleted": row.deleted,
-                            "exists": true,
-                            "applied_through": through.as_str(),
-                            "epoch": fence.epoch,
-                        };
-                        let mut unset = doc! {"gone_at": ""};
-                        // A row without a post exists but does not count.
-                        match &row.post {
-                            Some(post) => {
-                                set.insert(LEDGER_POST, post.to_bson());
-                            }
-                            None => {
-                                unset.insert(LEDGER_POST, "");
-                            }
-                        }
-                        match row.created_at {
-                            Some(t) => {
-                                set.insert(LEDGER_CREATED, t);
-                            }
-                            None => {
-                                unset.insert(LEDGER_CREATED, "");
-                            }
-                        }
+                        let (mut set, unset) = ledger_row_update(row);
+                        set.insert("applied_through", through.as_str());
+                        set.insert("epoch", fence.epoch);
+                        set.insert("generation", generation as i64);
                         doc! {"$set": set, "$unset": unset}
                     }
                     None => doc! {
-                        "$set": {"exists": false, "live": false, "applied_through": through.as_str(), "epoch": fence.epoch, "gone_at": now},
+                        "$set": {"exists": false, "live": false, "applied_through": through.as_str(), "epoch": fence.epoch, "gone_at": now, "generation": generation as i64},
                         "$unset": {LEDGER_POST: "", LEDGER_CREATED: "", "deleted": ""},
                     },
                 };
@@ -1295,6 +1305,61 @@ impl Store for MongoStore {
             .await
             .map_err(|e| map_err("count live comments", e))?;
         Ok(n as i64)
+    }
+
+    async fn rows_of_post(&self, post: &PostId) -> StoreResult<Vec<(CommentId, Row)>> {
+        let mut cursor = self
+            .comments
+            .find(doc! {&self.schema.group: post.to_bson()})
+            .await
+            .map_err(|e| map_err("read the rows of a post", e))?;
+        let mut rows = Vec::new();
+        while let Some(doc) = cursor
+            .try_next()
+            .await
+            .map_err(|e| map_err("read the rows of a post", e))?
+        {
+            if let Some(id) = doc.get("_id") {
+                rows.push((
+                    CommentId::new(id.clone()),
+                    self.schema.read_existing_row(&doc),
+                ));
+            }
+        }
+        Ok(rows)
+    }
+
+    async fn rebuild_ledger(
+        &self,
+        stream: &str,
+        generation: u64,
+        rows: &[(CommentId, Row)],
+    ) -> StoreResult<()> {
+        let statements = rows
+            .iter()
+            .map(|(comment, row)| {
+                let (mut set, mut unset) = ledger_row_update(row);
+                set.insert("generation", generation as i64);
+                // Any write of the worker replaces a rebuilt entry.
+                unset.insert("applied_through", "");
+                doc! {
+                    // No entry, or one from before the gap: a duplicate key otherwise (skipped).
+                    "q": {"_id": comment.value.clone(), "generation": not_gte(generation as i64)},
+                    "u": {"$set": set, "$unset": unset},
+                    "upsert": true,
+                }
+            })
+            .collect();
+        self.ops
+            .ledger_statements
+            .fetch_add(rows.len() as u64, Ordering::Relaxed);
+        self.update_many_statements(
+            "rebuild the comment ledger",
+            &self.names.ledger_of(stream),
+            statements,
+        )
+        .await?;
+        Ok(())
     }
 
     async fn install_fold(

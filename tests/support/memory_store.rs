@@ -171,8 +171,11 @@ struct LedgerRec {
     deleted: bool,
     post: Option<PostId>,
     created_at: Option<DateTime>,
-    applied_through: String,
-    epoch: i64,
+    /// `None`: rebuilt by the sweep after lost history (any worker write replaces it).
+    applied_through: Option<String>,
+    epoch: Option<i64>,
+    /// The stream's history-gap count when written.
+    generation: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -1606,12 +1609,18 @@ impl Store for MemoryStore {
         &self,
         stream: &str,
         comments: &[CommentId],
+        generation: u64,
     ) -> StoreResult<HashMap<String, Option<Row>>> {
         self.single("read_ledger", false, |s| {
             let collection = ledger_collection(stream);
             let mut out = HashMap::new();
             for c in comments {
-                if let Some((_, entry)) = s.ledger.get(&(collection.clone(), c.key.clone())) {
+                let key = (collection.clone(), c.key.clone());
+                let current = s
+                    .ledger
+                    .get(&key)
+                    .filter(|(_, e)| e.generation >= generation);
+                if let Some((_, entry)) = current {
                     let row = entry.exists.then(|| Row {
                         post: entry.post.clone(),
                         created_at: entry.created_at,
@@ -1683,14 +1692,15 @@ impl Store for MemoryStore {
         fence: &Fence,
         updates: &[LedgerUpdate],
         through: &Token,
+        generation: u64,
     ) -> StoreResult<()> {
         let collection = ledger_collection(&fence.stream);
         self.statements("write_ledger", updates, |s, u| {
             let key = (collection.clone(), u.comment.key.clone());
             let applies = match s.ledger.get(&key) {
                 Some((_, e)) => {
-                    not_gte(Some(e.applied_through.as_str()), through.as_str())
-                        && fence_ok(Some(e.epoch), fence)
+                    not_gte(e.applied_through.as_deref(), through.as_str())
+                        && fence_ok(e.epoch, fence)
                 }
                 None => true,
             };
@@ -1703,16 +1713,18 @@ impl Store for MemoryStore {
                     deleted: row.deleted,
                     post: row.post.clone(),
                     created_at: row.created_at,
-                    applied_through: through.to_string(),
-                    epoch: fence.epoch,
+                    applied_through: Some(through.to_string()),
+                    epoch: Some(fence.epoch),
+                    generation,
                 },
                 None => LedgerRec {
                     exists: false,
                     deleted: false,
                     post: None,
                     created_at: None,
-                    applied_through: through.to_string(),
-                    epoch: fence.epoch,
+                    applied_through: Some(through.to_string()),
+                    epoch: Some(fence.epoch),
+                    generation,
                 },
             };
             s.ledger.insert(key, (u.comment.value.clone(), entry));
@@ -1912,6 +1924,55 @@ impl Store for MemoryStore {
                 .filter_map(row_facts)
                 .filter(|(p, _, live)| p == post && *live)
                 .count() as i64)
+        })
+        .await
+    }
+
+    async fn rows_of_post(&self, post: &PostId) -> StoreResult<Vec<(CommentId, Row)>> {
+        self.single("rows_of_post", false, |s| {
+            Ok(s.comments
+                .iter()
+                .filter_map(|(id, row)| {
+                    let (p, created_at, live) = row_facts(row)?;
+                    (p == *post).then(|| {
+                        let row = Row {
+                            post: Some(p),
+                            created_at,
+                            deleted: !live,
+                        };
+                        (CommentId::new(Bson::Int64(*id)), row)
+                    })
+                })
+                .collect())
+        })
+        .await
+    }
+
+    async fn rebuild_ledger(
+        &self,
+        stream: &str,
+        generation: u64,
+        rows: &[(CommentId, Row)],
+    ) -> StoreResult<()> {
+        let collection = ledger_collection(stream);
+        self.statements("rebuild_ledger", rows, |s, (comment, row)| {
+            let key = (collection.clone(), comment.key.clone());
+            let old = s.ledger.get(&key).map(|(_, e)| e.clone());
+            if old.as_ref().is_some_and(|e| e.generation >= generation) {
+                return; // the upsert's insert: duplicate key
+            }
+            s.stat("ledger entry rebuilt");
+            s.note(format!("  ledger {} rebuilt: {row:?}", comment.key));
+            let entry = LedgerRec {
+                exists: true,
+                deleted: row.deleted,
+                post: row.post.clone(),
+                created_at: row.created_at,
+                applied_through: None,
+                epoch: old.and_then(|e| e.epoch),
+                generation,
+            };
+            s.ledger.insert(key, (comment.value.clone(), entry));
         })
         .await
     }
