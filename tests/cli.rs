@@ -95,7 +95,10 @@ async fn status_dirty_get_and_verify() {
     assert_eq!(json(&ok)["mismatches"].as_array().unwrap().len(), 0);
     // Knock one counter off: verify must notice and exit non-zero.
     t.db.collection::<mongodb::bson::Document>("comment_counters")
-        .update_one(doc! {"_id": "post-2"}, doc! {"$inc": {"live_delta": 5, "count": 5}})
+        .update_one(
+            doc! {"_id": "post-2"},
+            doc! {"$inc": {"live_delta": 5, "count": 5}},
+        )
         .await
         .unwrap();
     let bad = counterd(&t, &["verify"]);
@@ -241,10 +244,18 @@ fn a_wrong_schema_setting_is_refused_at_start_with_exit_2() {
     for (setting, value, says) in [
         ("COUNTERD_GROUP_FIELD", "", "group_field"),
         ("COUNTERD_CREATED_FIELD", "$createdAt", "created_field"),
-        ("COUNTERD_SOFT_DELETE_FIELD", "meta..deleted", "soft_delete_field"),
+        (
+            "COUNTERD_SOFT_DELETE_FIELD",
+            "meta..deleted",
+            "soft_delete_field",
+        ),
         ("COUNTERD_SOFT_DELETE", "sometimes", "soft_delete"),
         ("COUNTERD_SOFT_DELETE", "one_of", "soft_delete_values"),
-        ("COUNTERD_COUNTERS_COLLECTION", "comments", "counters_collection"),
+        (
+            "COUNTERD_COUNTERS_COLLECTION",
+            "comments",
+            "counters_collection",
+        ),
         ("COUNTERD_COLLECTION_PREFIX", "a$b", "collection_prefix"),
     ] {
         // `run` refuses before it connects or listens.
@@ -412,7 +423,10 @@ async fn exit_codes_say_what_went_wrong() {
     let t = populated("cliexit").await;
     assert_eq!(counterd(&t, &["status"]).status.code(), Some(0), "0: ok");
     t.db.collection::<mongodb::bson::Document>("comment_counters")
-        .update_one(doc! {"_id": "post-1"}, doc! {"$inc": {"live_delta": 1, "count": 1}})
+        .update_one(
+            doc! {"_id": "post-1"},
+            doc! {"$inc": {"live_delta": 1, "count": 1}},
+        )
         .await
         .unwrap();
     assert_eq!(
