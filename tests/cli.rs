@@ -51,6 +51,7 @@ async fn populated(name: &str) -> TestDb {
     }
     t.wait_exact(&[post(0), post(1), post(2)], Duration::from_secs(20))
         .await;
+    t.wait_drained(Duration::from_secs(20)).await;
     worker.shutdown().await.unwrap();
     t
 }

@@ -46,6 +46,7 @@ async fn settled_posts(t: &TestDb, posts: usize, per_post: usize) -> Vec<PostId>
     }
     let ids: Vec<PostId> = (0..posts).map(post).collect();
     t.wait_exact(&ids, Duration::from_secs(30)).await;
+    t.wait_drained(Duration::from_secs(30)).await;
     worker.shutdown().await.unwrap();
     ids
 }

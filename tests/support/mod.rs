@@ -135,6 +135,27 @@ impl TestDb {
         }
     }
 
+    /// Waits until the worker of stream `comments` has checkpointed everything it applied and
+    /// found the stream drained after it (no batch left in flight), so that stopping it now
+    /// leaves nothing pending: a later one-shot command sees a quiet stream.
+    pub async fn wait_drained(&self, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let c = self.store.load_checkpoint("comments").await.unwrap();
+            if let Some(c) = c {
+                if c.pending.is_none() && c.caught_up_at.is_some() && c.caught_up_at >= c.token_time
+                {
+                    return;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the worker did not drain within {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     pub fn worker_settings(&self) -> WorkerSettings {
         WorkerSettings {
             schema: self.schema.clone(),
