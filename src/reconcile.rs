@@ -59,7 +59,7 @@ impl Default for ReconcileSettings {
             fold_retries: 5,
             sweep_window: 500,
             partition: None,
-            group_size: 100,
+            group_size: 500,
             catch_up: CatchUp::default(),
             background_pass: Some(Duration::from_secs(24 * 3600)),
             interval: Duration::from_secs(10),

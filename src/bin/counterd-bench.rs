@@ -1313,6 +1313,20 @@ impl Bench {
             ..ReconcileSettings::default()
         };
         let reconciler = Reconciler::new(store.clone(), settings);
+        // Recounts wait for the worker (the quiet window), so one runs beside them, as in
+        // production; it starts after the seeded rows (the fake server also delivers the events
+        // of the current second).
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let worker = Running::spawn(
+            store.clone(),
+            worker_settings(
+                plan,
+                Timestamp {
+                    time: chrono::Utc::now().timestamp() as u32,
+                    increment: 0,
+                },
+            ),
+        );
 
         say!("reconcile: seeded in {seed_secs:.1} s; initial sweep (creates the counters) ...");
         let started = Instant::now();
@@ -1374,6 +1388,8 @@ impl Bench {
                 reconciled: report.summary.posts,
             });
         }
+        let _ = worker.stop.send(true);
+        let _ = worker.handle.await;
         self.drop_db(&store).await;
         Ok(Reconcile {
             posts: plan.posts,

@@ -49,7 +49,7 @@ pub fn reconcile_settings(settings: &Settings) -> ReconcileSettings {
         fold_retries: settings.fold_retries,
         sweep_window: settings.sweep_window,
         partition: None,
-        group_size: 100,
+        group_size: 500,
         catch_up: crate::recount::CatchUp {
             timeout: settings.catch_up_timeout,
             poll: settings
