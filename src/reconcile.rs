@@ -170,26 +170,46 @@ impl<S: Store + ?Sized> Reconciler<S> {
             watermark,
             self.settings.counts_per_second,
         );
-        for group in dirty.chunks(self.settings.group_size.max(1)) {
-            let posts: Vec<PostId> = group.iter().map(|e| e.post.clone()).collect();
-            let outcomes = self
-                .reconcile_posts(&posts, watermark, false, &mut run)
-                .await?;
-            for (entry, outcome) in group.iter().zip(outcomes) {
-                let Outcome::Folded { watermark } = outcome else {
-                    continue;
-                };
-                if entry.newest_bucket.is_none_or(|b| b < watermark) {
-                    self.store.clear_dirty(&entry.post, entry.version).await?;
-                } else {
-                    run.summary.waiting += 1;
-                    self.store
-                        .requeue_dirty(&entry.post, entry.version, self.clock.now())
-                        .await?;
+        let passed = async {
+            for group in dirty.chunks(self.settings.group_size.max(1)) {
+                let posts: Vec<PostId> = group.iter().map(|e| e.post.clone()).collect();
+                let outcomes = self
+                    .reconcile_posts(&posts, watermark, false, &mut run)
+                    .await?;
+                for (entry, outcome) in group.iter().zip(outcomes) {
+                    let Outcome::Folded { watermark } = outcome else {
+                        continue;
+                    };
+                    if entry.newest_bucket.is_none_or(|b| b < watermark) {
+                        self.store.clear_dirty(&entry.post, entry.version).await?;
+                    } else {
+                        run.summary.waiting += 1;
+                        self.store
+                            .requeue_dirty(&entry.post, entry.version, self.clock.now())
+                            .await?;
+                    }
                 }
             }
+            Ok(())
         }
-        self.finish(run).await
+        .await;
+        self.conclude(run, passed).await
+    }
+
+    /// Ends a run: records it (also when it failed midway, so the corrections it installed
+    /// before the failure are in its summary for `status`), then returns its report or error.
+    async fn conclude(&self, run: Run, passed: StoreResult<()>) -> StoreResult<RunReport> {
+        match passed {
+            Ok(()) => self.finish(run).await,
+            Err(e) => {
+                tracing::warn!(error = %e, kind = %run.summary.kind, posts = run.summary.posts,
+                    corrected = run.summary.corrected, "reconcile run failed midway; its summary so far is recorded");
+                if let Err(record) = self.finish(run).await {
+                    tracing::debug!(error = %record, "could not record the failed run either");
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Recounts one post (the `reconcile --post` path); clears its dirty entry if unchanged and
@@ -253,48 +273,52 @@ impl<S: Store + ?Sized> Reconciler<S> {
         );
         let mut after: Option<PostId> = None;
         let mut complete = true;
-        loop {
-            if shutdown.as_ref().is_some_and(|s| *s.borrow()) {
-                return self.finish(run).await;
-            }
-            let window = self
-                .store
-                .posts_after(after.as_ref(), self.settings.sweep_window)
-                .await?;
-            let Some(last) = window.last().cloned() else {
-                break;
-            };
-            let owned: Vec<PostId> = window
-                .iter()
-                .filter(|p| self.settings.partition.is_none_or(|part| part.owns(p)))
-                .cloned()
-                .collect();
-            for group in owned.chunks(self.settings.group_size.max(1)) {
-                if let Some(generation) = after_gap {
-                    complete &= self.rebuild_ledger(group, generation).await?;
+        let passed = async {
+            loop {
+                if shutdown.as_ref().is_some_and(|s| *s.borrow()) {
+                    return Ok(()); // interrupted: a requested sweep stays requested
                 }
-                let outcomes = self
-                    .reconcile_posts(group, watermark, after_gap.is_some(), &mut run)
+                let window = self
+                    .store
+                    .posts_after(after.as_ref(), self.settings.sweep_window)
                     .await?;
-                complete &= outcomes.iter().all(|o| *o != Outcome::NotNow);
+                let Some(last) = window.last().cloned() else {
+                    break;
+                };
+                let owned: Vec<PostId> = window
+                    .iter()
+                    .filter(|p| self.settings.partition.is_none_or(|part| part.owns(p)))
+                    .cloned()
+                    .collect();
+                for group in owned.chunks(self.settings.group_size.max(1)) {
+                    if let Some(generation) = after_gap {
+                        complete &= self.rebuild_ledger(group, generation).await?;
+                    }
+                    let outcomes = self
+                        .reconcile_posts(group, watermark, after_gap.is_some(), &mut run)
+                        .await?;
+                    complete &= outcomes.iter().all(|o| *o != Outcome::NotNow);
+                }
+                metrics::counter!(m::SWEEP_POSTS, "stream" => self.settings.stream.clone())
+                    .increment(window.len() as u64);
+                progress(run.summary.posts);
+                after = Some(last);
             }
-            metrics::counter!(m::SWEEP_POSTS, "stream" => self.settings.stream.clone())
-                .increment(window.len() as u64);
-            progress(run.summary.posts);
-            after = Some(last);
+            if complete || after_gap.is_none() {
+                self.store
+                    .set_sweep_requested(&self.settings.stream, false)
+                    .await?;
+            } else {
+                tracing::warn!(
+                    stream = %self.settings.stream,
+                    in_flight = run.summary.in_flight,
+                    "the sweep after lost history could not recount every post consistently; it runs again"
+                );
+            }
+            Ok(())
         }
-        if complete || after_gap.is_none() {
-            self.store
-                .set_sweep_requested(&self.settings.stream, false)
-                .await?;
-        } else {
-            tracing::warn!(
-                stream = %self.settings.stream,
-                in_flight = run.summary.in_flight,
-                "the sweep after lost history could not recount every post consistently; it runs again"
-            );
-        }
-        self.finish(run).await
+        .await;
+        self.conclude(run, passed).await
     }
 
     /// Runs the full sweep that a lost history requested, once the watermark has passed the end
