@@ -917,6 +917,13 @@ impl Sim {
     /// Checks that hold at every round boundary.
     fn check_invariants(&self) -> Result<(), String> {
         let s = self.store.lock();
+        for (post, count, parts) in s.counts() {
+            if count != parts {
+                return Err(format!(
+                    "counter {post}: count {count} != base_count + live_delta {parts}"
+                ));
+            }
+        }
         if self.plan.variant.broken != Broken::SeedFold {
             for (post, (_, _, live, buckets)) in s.counters() {
                 let sum: i64 = buckets.values().sum();

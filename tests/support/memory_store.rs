@@ -159,6 +159,8 @@ struct CounterRec {
     applied_time: Option<Timestamp>,
     touched: BTreeMap<i64, String>,
     folds: i64,
+    /// The readers' field: `base_count + live_delta`, kept in the same writes.
+    count: i64,
     epoch: Option<i64>,
     last_drift: Option<i64>,
     reconciled_at: Option<DateTime>,
@@ -764,11 +766,20 @@ impl State {
     }
 
     /// `$inc: {base_count: k}` on an existing counter.
+    /// Every counter's `count` beside its `base_count + live_delta`.
+    pub fn counts(&self) -> Vec<(PostId, i64, i64)> {
+        self.counters
+            .iter()
+            .map(|(p, c)| (p.clone(), c.count, c.base_count + c.live_delta))
+            .collect()
+    }
+
     pub fn inject_base(&mut self, post: &PostId, k: i64) -> bool {
         let Some(c) = self.counters.get_mut(post) else {
             return false;
         };
         c.base_count += k;
+        c.count += k;
         self.inject(post, k);
         self.note(format!("operator: {post} base_count {k:+}"));
         self.stat("operator edit base");
@@ -781,6 +792,7 @@ impl State {
             return false;
         };
         c.live_delta += k;
+        c.count += k;
         *c.buckets.entry(bucket).or_default() += k;
         self.inject(post, k);
         *self
@@ -1668,6 +1680,7 @@ impl Store for MemoryStore {
             ));
             let c = s.counters.entry(w.post.clone()).or_default();
             c.live_delta += w.delta;
+            c.count += w.delta;
             for (bucket, amount) in &w.buckets {
                 *c.buckets.entry(*bucket).or_default() += amount;
             }
@@ -1843,7 +1856,7 @@ impl Store for MemoryStore {
                 touched: c.touched.clone(),
                 folds: c.folds,
                 // Kept in the same single-document writes as its parts (hand edits too).
-                count: Some(c.base_count + c.live_delta),
+                count: Some(c.count),
                 last_drift: c.last_drift,
                 reconciled_at: c.reconciled_at,
             }))
@@ -2001,6 +2014,7 @@ impl Store for MemoryStore {
                         applied_time: None,
                         touched: BTreeMap::new(),
                         folds: 1,
+                        count: fold.base_count + fold.live_delta,
                         epoch: None,
                         last_drift: Some(fold.drift),
                         reconciled_at: Some(now),
@@ -2031,6 +2045,7 @@ impl Store for MemoryStore {
                 c.live_delta = fold.live_delta;
             }
             c.base_count = fold.base_count;
+            c.count = c.base_count + c.live_delta;
             c.base_watermark = fold.watermark;
             c.last_drift = Some(fold.drift);
             c.reconciled_at = Some(now);
