@@ -569,3 +569,26 @@ fn the_demo_says_clearly_when_no_test_server_can_be_started() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn verify_finds_posts_with_comments_but_no_counter() {
+    let t = TestDb::new("cliverifynew").await;
+    // Comments that predate counterd: no worker ever ran, so no counter exists.
+    for i in 0..4 {
+        t.insert_comment(format!("old{i}"), &post(9), now_secs() - 3600)
+            .await;
+    }
+    let o = counterd(&t, &["verify", "--json"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let mismatches = v["mismatches"].as_array().unwrap();
+    assert_eq!(mismatches.len(), 1, "{v}");
+    assert_eq!(mismatches[0]["post"], "post-9");
+    assert_eq!(
+        (
+            mismatches[0]["displayed"].as_i64(),
+            mismatches[0]["true_count"].as_i64()
+        ),
+        (Some(0), Some(4))
+    );
+}

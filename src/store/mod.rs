@@ -475,7 +475,8 @@ pub trait Store: Send + Sync {
     /// Posts greater than `after`, in order, from `comments` and from the counters: the unit
     /// of the windowed full sweep.
     async fn posts_after(&self, after: Option<&PostId>, limit: usize) -> StoreResult<Vec<PostId>>;
-    /// Up to `n` posts that have counters, chosen at random (for `verify`).
+    /// Posts chosen at random (for `verify`): up to `n` that have counters and up to `n` that
+    /// have comments, so a post with rows but no counter is sampled too.
     async fn sample_posts(&self, n: usize) -> StoreResult<Vec<PostId>>;
     async fn record_run(&self, run: &RunSummary) -> StoreResult<()>;
     async fn last_run(&self) -> StoreResult<Option<RunSummary>>;

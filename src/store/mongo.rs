@@ -1477,20 +1477,33 @@ impl Store for MongoStore {
     }
 
     async fn sample_posts(&self, n: usize) -> StoreResult<Vec<PostId>> {
-        let docs: Vec<Document> = self
-            .coll(&self.names.counters)
-            .aggregate(vec![
+        let sample = |field: String| {
+            vec![
                 doc! {"$sample": {"size": n as i64}},
-                doc! {"$project": {"_id": 1}},
-            ])
+                doc! {"$project": {"_id": 0, "post": format!("${field}")}},
+            ]
+        };
+        let mut docs: Vec<Document> = self
+            .coll(&self.names.counters)
+            .aggregate(sample("_id".into()))
             .await
             .map_err(|e| map_err("sample counters", e))?
             .try_collect()
             .await
             .map_err(|e| map_err("sample counters", e))?;
+        // Comments too: a post with rows but no counter is as wrong as a counter that is off.
+        let from_comments: Vec<Document> = self
+            .comments
+            .aggregate(sample(self.schema.group.clone()))
+            .await
+            .map_err(|e| map_err("sample comments", e))?
+            .try_collect()
+            .await
+            .map_err(|e| map_err("sample comments", e))?;
+        docs.extend(from_comments);
         let mut posts: Vec<PostId> = docs
             .iter()
-            .filter_map(|d| d.get("_id").and_then(PostId::from_bson))
+            .filter_map(|d| d.get("post").and_then(PostId::from_bson))
             .collect();
         posts.sort();
         posts.dedup();

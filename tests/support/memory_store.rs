@@ -2096,6 +2096,11 @@ impl Store for MemoryStore {
             let mut posts: Vec<PostId> = (0..n.min(all.len()))
                 .map(|_| all[s.rng.random_range(0..all.len())].clone())
                 .collect();
+            let with_rows: Vec<PostId> = s.truth().into_keys().collect();
+            posts.extend(
+                (0..n.min(with_rows.len()))
+                    .map(|_| with_rows[s.rng.random_range(0..with_rows.len())].clone()),
+            );
             posts.sort();
             posts.dedup();
             Ok(posts)
