@@ -1,8 +1,10 @@
 //! counterd keeps per-post comment counters in MongoDB honest.
 //!
 //! The data flows top to bottom through these modules:
-//! stream ([`event`]) → classify ([`classify`]) → coalesce ([`batch`]) → apply and mark dirty
-//! ([`worker`] over the [`store`] seam) → reconcile ([`reconcile`], arithmetic in [`fold`]).
+//! stream ([`event`], rows read through the application's [`schema`]) → classify ([`classify`])
+//! → coalesce ([`batch`]) → apply and mark dirty ([`worker`] over the [`store`] seam) →
+//! reconcile ([`reconcile`]: recounts consistent with the stream in [`recount`], arithmetic in
+//! [`fold`]). Worker and reconciler read time from a [`clock::Clock`].
 
 pub mod batch;
 pub mod classify;
