@@ -150,14 +150,7 @@ pub fn plan_batch(
         let mut newest: BTreeMap<&PostId, BucketStart> = BTreeMap::new();
         for delta in &classified.deltas {
             let bucket = bucket_of(delta.created_at, bucket_width_secs);
-            let entry = counters
-                .entry(delta.post.clone())
-                .or_insert_with(|| CounterDelta {
-                    post: delta.post.clone(),
-                    delta: 0,
-                    buckets: BTreeMap::new(),
-                    touched: BTreeSet::new(),
-                });
+            let entry = counter_of(&mut counters, &delta.post);
             entry.delta += delta.amount;
             *entry.buckets.entry(bucket).or_default() += delta.amount;
             entry.touched.insert(bucket);
@@ -193,16 +186,7 @@ pub fn plan_batch(
         };
         if hidden_states {
             for post in &classified.dirty {
-                counters
-                    .entry(post.clone())
-                    .or_insert_with(|| CounterDelta {
-                        post: post.clone(),
-                        delta: 0,
-                        buckets: BTreeMap::new(),
-                        touched: BTreeSet::new(),
-                    })
-                    .touched
-                    .insert(0);
+                counter_of(&mut counters, post).touched.insert(0);
             }
         }
         for post in &classified.dirty {
@@ -241,6 +225,21 @@ pub fn plan_batch(
         finish(plan, counters, (dirty_order, dirty), ledger_order, &known),
         None,
     )
+}
+
+/// The batch's write for `post`, empty until an event adds to it.
+fn counter_of<'a>(
+    counters: &'a mut BTreeMap<PostId, CounterDelta>,
+    post: &PostId,
+) -> &'a mut CounterDelta {
+    counters
+        .entry(post.clone())
+        .or_insert_with(|| CounterDelta {
+            post: post.clone(),
+            delta: 0,
+            buckets: BTreeMap::new(),
+            touched: BTreeSet::new(),
+        })
 }
 
 fn finish(

@@ -1745,15 +1745,7 @@ fn passes_through(descriptions: bool) -> Vec<String> {
         recount(&store).run_dirty(now).await.unwrap();
     });
     let s = store.lock();
-    let truth = s.truth();
-    let mut wrong: Vec<String> = s
-        .counters()
-        .into_iter()
-        .filter_map(|(post, (base, _, live, _))| {
-            let want = truth.get(&post).copied().unwrap_or(0);
-            (base + live != want).then(|| format!("post {post}: {} != truth {want}", base + live))
-        })
-        .collect();
+    let mut wrong = off_truth(&s);
     if !s.dirty_posts().is_empty() {
         wrong.push(format!("still dirty: {:?}", s.dirty_posts()));
     }
@@ -1965,7 +1957,7 @@ fn events_after_lost_history_are_not_classified_against_stale_ledger_entries() {
         catch_up(&store, settings.clone(), 2).await;
         assert_eq!(store.lock().checkpoint_view(STREAM).unwrap().gaps.len(), 1);
         // Writes long paused: the requested sweep recounts every post.
-        let now = settle(&store, 100, 2).await;
+        let now = settle(&store, 100).await;
         let swept = reconciler.run_requested_sweep(now, None).await.unwrap();
         assert!(swept.is_some(), "the sweep after lost history did not run");
         {
@@ -1976,37 +1968,36 @@ fn events_after_lost_history_are_not_classified_against_stale_ledger_entries() {
             s.update(2, bson::doc! {"post_id": 0_i64}, &[]);
         }
         catch_up(&store, settings, 3).await;
-        let now = settle(&store, 100, 3).await;
+        let now = settle(&store, 100).await;
         reconciler.run_dirty(now).await.unwrap();
     });
     let s = store.lock();
-    let truth = s.truth();
-    let wrong: Vec<String> = s
-        .counters()
-        .into_iter()
-        .filter_map(|(post, (base, _, live, _))| {
-            let want = truth.get(&post).copied().unwrap_or(0);
-            (base + live != want).then(|| format!("post {post}: {} != truth {want}", base + live))
-        })
-        .collect();
+    let wrong = off_truth(&s);
     assert!(wrong.is_empty(), "{wrong:?}");
     let dirty = s.dirty_posts();
     assert!(dirty.is_empty(), "still dirty: {dirty:?}");
 }
 
-/// Moves the clock on by `secs` with writes paused, and records for the stopped worker (of
-/// epoch `epoch`) that it is drained at the new position, as a running worker would.
-async fn settle(store: &Arc<MemoryStore>, secs: i64, epoch: i64) -> i64 {
+/// Moves the clock on by `secs` with writes paused, and records for the stopped worker that it
+/// is drained at the new position, as a running worker would.
+async fn settle(store: &Arc<MemoryStore>, secs: i64) -> i64 {
     let now = {
         let mut s = store.lock();
         s.clock += secs;
         s.clock
     };
-    let fence = Fence {
-        stream: STREAM.into(),
-        epoch,
-    };
-    let drained = store.read_position().await.unwrap().lower;
-    store.record_caught_up(&fence, drained).await.unwrap();
+    record_drained(store, &[STREAM.into()]).await.unwrap();
     now
+}
+
+/// Every counter whose displayed value differs from its post's truth, described.
+fn off_truth(s: &State) -> Vec<String> {
+    let truth = s.truth();
+    s.counters()
+        .into_iter()
+        .filter_map(|(post, (base, _, live, _))| {
+            let want = truth.get(&post).copied().unwrap_or(0);
+            (base + live != want).then(|| format!("post {post}: {} != truth {want}", base + live))
+        })
+        .collect()
 }
