@@ -99,12 +99,43 @@ impl BatchPlan {
     }
 }
 
-/// Plans a batch. `ledger` maps comment keys to their ledger state before the batch (absent:
-/// no entry). Events after a stream-ending event are not planned; the end is returned beside
-/// the plan of what came before it.
+/// How much of `comments` the ledger describes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Coverage {
+    /// Only the rows the stream has seen change: a comment without an entry is unknown.
+    Partial,
+    /// Every row the counters count (the initial snapshot claimed the rows that existed before
+    /// the stream's start, see [`crate::snapshot`]): a comment without an entry does not count,
+    /// and the ledger's state is every event's before-state.
+    Complete,
+}
+
+/// Plans a batch against a ledger that covers only what the stream has seen (see
+/// [`plan_batch_covering`]).
 pub fn plan_batch(
     events: &[ChangeEvent],
     ledger: &HashMap<String, Option<Row>>,
+    attribution: Attribution,
+    schema: &crate::schema::Schema,
+    bucket_width_secs: i64,
+) -> (BatchPlan, Option<StreamEnded>) {
+    plan_batch_covering(
+        events,
+        ledger,
+        Coverage::Partial,
+        attribution,
+        schema,
+        bucket_width_secs,
+    )
+}
+
+/// Plans a batch. `ledger` maps comment keys to their ledger state before the batch (absent:
+/// no entry), and `coverage` says what an absent entry means. Events after a stream-ending
+/// event are not planned; the end is returned beside the plan of what came before it.
+pub fn plan_batch_covering(
+    events: &[ChangeEvent],
+    ledger: &HashMap<String, Option<Row>>,
+    coverage: Coverage,
     attribution: Attribution,
     schema: &crate::schema::Schema,
     bucket_width_secs: i64,
@@ -118,12 +149,11 @@ pub fn plan_batch(
 
     for event in events {
         let key = event.comment.as_ref().map(|c| c.key.clone());
-        let before = match key.as_ref() {
-            Some(k) => match known.get(k).or_else(|| ledger.get(k)) {
-                Some(row) => Before::Known(row.clone()),
-                None => Before::Unknown,
-            },
-            None => Before::Unknown,
+        let entry = key.as_ref().map(|k| known.get(k).or_else(|| ledger.get(k)));
+        let before = match (entry, coverage) {
+            (Some(row), Coverage::Complete) => Before::Complete(row.cloned().flatten()),
+            (Some(Some(row)), Coverage::Partial) => Before::Known(row.clone()),
+            _ => Before::Unknown,
         };
         let classified = match classify(event, before.clone(), attribution, schema) {
             Ok(c) => c,
@@ -161,7 +191,7 @@ pub fn plan_batch(
         // (a body edit, say) belongs to.
         let rows = [
             match &before {
-                Before::Known(row) => row.as_ref(),
+                Before::Known(row) | Before::Complete(row) => row.as_ref(),
                 Before::Unknown => None,
             },
             match &classified.after {

@@ -44,6 +44,11 @@ pub enum Before {
     Known(Option<Row>),
     /// Nothing known: best-effort rules apply.
     Unknown,
+    /// From a complete ledger (see [`crate::snapshot`]): `None` means no entry or gone, so the
+    /// row does not count. It is the before-state of every event, ahead of a pre-image and of
+    /// an insert's "did not exist": the counters hold exactly what the ledger's states count,
+    /// and an entry the snapshot claimed may already show the row an older event creates.
+    Complete(Option<Row>),
 }
 
 /// Which source the before-state came from (reported in metrics).
@@ -122,10 +127,13 @@ pub fn classify(
             problem: None,
         });
     }
-    let (before, source) = match &event.operation {
+    let (before, source) = match (&event.operation, ledger) {
+        (_, Before::Complete(row)) if attribution.uses_ledger() => {
+            (Before::Known(row), Source::Ledger)
+        }
         // An insert creates the row: it did not exist just before, whatever a ledger says.
-        Operation::Insert => (Before::Known(None), Source::Insert),
-        _ => match (&event.pre_image, attribution.uses_pre_images()) {
+        (Operation::Insert, _) => (Before::Known(None), Source::Insert),
+        (_, ledger) => match (&event.pre_image, attribution.uses_pre_images()) {
             // A pre-image shows a row that exists, counted or not.
             (Some(pre), true) => (
                 Before::Known(Some(schema.read_existing_row(pre))),
@@ -245,7 +253,9 @@ pub fn classify(
     };
 
     let mut classified = match before {
-        Before::Known(before_row) => exact(before_row, after, source),
+        Before::Known(before_row) | Before::Complete(before_row) => {
+            exact(before_row, after, source)
+        }
         Before::Unknown => best_effort(event, after, schema),
     };
     if let Some(problem) = bad {

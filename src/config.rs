@@ -10,6 +10,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::classify::Attribution;
+use crate::snapshot::InitialSnapshot;
 use crate::worker::OnHistoryLost;
 
 /// All of counterd's settings.
@@ -65,6 +66,13 @@ pub struct Settings {
     pub start_at: String,
     /// When the checkpoint fell off the oplog: fail, or resweep (start from now + full recount).
     pub on_history_lost: OnHistoryLost,
+    /// A stream that has never applied anything first counts the rows that already exist
+    /// (`auto`), or counts only what it sees change (`never`).
+    pub initial_snapshot: InitialSnapshot,
+    /// Rows the initial snapshot reads per second at most (0: unthrottled).
+    pub snapshot_rows_per_second: u32,
+    /// Rows per snapshot chunk (each chunk is recorded, so a restart resumes after the last).
+    pub snapshot_chunk_rows: usize,
     /// Width of the creation-time buckets deltas are filed under.
     #[serde(with = "humantime_serde")]
     pub bucket_width: Duration,
@@ -153,6 +161,9 @@ impl Default for Settings {
             max_await: Duration::from_millis(500),
             start_at: String::new(),
             on_history_lost: OnHistoryLost::Resweep,
+            initial_snapshot: InitialSnapshot::Auto,
+            snapshot_rows_per_second: 5000,
+            snapshot_chunk_rows: 1000,
             bucket_width: Duration::from_secs(60),
             reconcile_interval: Duration::from_secs(10),
             reconcile_jitter: 0.2,
@@ -413,6 +424,20 @@ impl Settings {
                 "counters_collection",
                 self.counters_collection.clone(),
                 "must differ from comments_collection",
+            ));
+        }
+        if !(1..=10_000).contains(&self.snapshot_chunk_rows) {
+            return Err(bad(
+                "snapshot_chunk_rows",
+                self.snapshot_chunk_rows.to_string(),
+                "expected 1 to 10000 rows",
+            ));
+        }
+        if self.initial_snapshot == InitialSnapshot::Auto && !self.attribution.uses_ledger() {
+            return Err(bad(
+                "initial_snapshot",
+                "auto".into(),
+                "the initial snapshot keeps its counts honest through the comment ledger: use attribution = \"auto\" or \"ledger\", or set initial_snapshot = \"never\"",
             ));
         }
         if !(1..=100_000).contains(&self.batch_size) {

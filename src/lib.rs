@@ -19,6 +19,7 @@ pub mod partition;
 pub mod reconcile;
 pub mod recount;
 pub mod schema;
+pub mod snapshot;
 pub mod store;
 pub mod telemetry;
 pub mod testdb;

@@ -486,6 +486,10 @@ impl<S: Store + ?Sized> Reconciler<S> {
         let mut outcomes = Vec::with_capacity(recounts.len());
         for recount in recounts {
             let outcome = match recount {
+                Recount::SnapshotRunning => {
+                    run.summary.waiting_for_snapshot += 1;
+                    Outcome::NotNow
+                }
                 Recount::InFlight => {
                     run.summary.in_flight += 1;
                     metrics::counter!(m::RECOUNTS_IN_FLIGHT, "stream" => self.settings.stream.clone())

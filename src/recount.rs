@@ -74,6 +74,9 @@ pub enum Recount {
     /// An event that changed a settled row of the post was in flight while it was counted (or
     /// the worker did not catch up in time): try again later.
     InFlight,
+    /// The initial snapshot has not claimed every row yet: a count now would include rows it
+    /// adds later (see [`crate::snapshot`]). Not counted; try again once it is done.
+    SnapshotRunning,
 }
 
 /// A recount that may be folded into `counter` (or a later state of it, see [`Consistent::holds_for`]).
@@ -172,11 +175,11 @@ impl<S: Store + ?Sized> Recounter<S> {
         requests: &[Request],
         pace: &mut Pace,
     ) -> StoreResult<Vec<Recount>> {
-        let checkpoint_time = self
-            .store
-            .load_checkpoint(&self.stream)
-            .await?
-            .and_then(|c| c.token_time);
+        let checkpoint = self.store.load_checkpoint(&self.stream).await?;
+        if checkpoint.as_ref().is_some_and(Checkpoint::snapshot_running) {
+            return Ok(vec![Recount::SnapshotRunning; requests.len()]);
+        }
+        let checkpoint_time = checkpoint.and_then(|c| c.token_time);
         let mut out: Vec<Option<Recount>> = vec![None; requests.len()];
         let mut quiet: Vec<(usize, Consistent)> = Vec::new();
         for (i, request) in requests.iter().enumerate() {
@@ -402,7 +405,7 @@ impl<S: Store + ?Sized> Recounter<S> {
                     count: c.counter.as_ref().and_then(|c| c.count),
                     truth: Some(c.count),
                 },
-                Recount::InFlight => {
+                Recount::InFlight | Recount::SnapshotRunning => {
                     let counter = self.store.read_counter(post).await?;
                     Observation {
                         post: post.clone(),

@@ -52,6 +52,13 @@ pub const BACKGROUND_SWEEP_LAST_PASS: &str = "counterd_background_sweep_last_pas
 // --- the dirty set (shared by all streams; scrape-time age) -------------------------------
 pub const DIRTY_POSTS: &str = "counterd_dirty_posts";
 pub const DIRTY_OLDEST_AGE: &str = "counterd_dirty_oldest_age_seconds";
+// --- The initial snapshot ----------------------------------------------------------------
+pub const SNAPSHOT_ROWS: &str = "counterd_snapshot_rows_total";
+pub const SNAPSHOT_RUNNING: &str = "counterd_snapshot_running";
+pub const SNAPSHOT_ROWS_SCANNED: &str = "counterd_snapshot_rows_scanned";
+pub const SNAPSHOT_ROWS_ESTIMATED: &str = "counterd_snapshot_rows_estimated";
+pub const SNAPSHOT_SECONDS_LEFT: &str = "counterd_snapshot_seconds_left";
+
 // --- MongoDB and the process --------------------------------------------------------------
 pub const RETRIES: &str = "counterd_retries_total";
 /// Histogram of MongoDB command latency, by `op` (the command name) and `outcome` (ok, error).
@@ -59,7 +66,7 @@ pub const MONGODB_OPERATION_DURATION: &str = "counterd_mongodb_operation_duratio
 pub const BUILD_INFO: &str = "counterd_build_info";
 
 /// Every counterd metric name, for documentation, the deploy checks and the scrape test.
-pub const ALL: [&str; 39] = [
+pub const ALL: [&str; 44] = [
     EVENTS_APPLIED,
     BAD_EVENTS,
     UNATTRIBUTABLE_EVENTS,
@@ -89,6 +96,11 @@ pub const ALL: [&str; 39] = [
     BACKGROUND_SWEEP_LAST_PASS,
     DIRTY_POSTS,
     DIRTY_OLDEST_AGE,
+    SNAPSHOT_ROWS,
+    SNAPSHOT_RUNNING,
+    SNAPSHOT_ROWS_SCANNED,
+    SNAPSHOT_ROWS_ESTIMATED,
+    SNAPSHOT_SECONDS_LEFT,
     RETRIES,
     MONGODB_OPERATION_DURATION,
     BUILD_INFO,
@@ -112,7 +124,17 @@ pub const HISTOGRAMS: [&str; 5] = [
 
 /// Series that appear only on their first observation (an error, a correction, a takeover),
 /// or only for a stream this process works on.
-pub const ON_FIRST_USE: [&str; 4] = [RETRIES, DRIFT, FULL_SWEEP_PROGRESS, LEASE_TAKEOVERS];
+pub const ON_FIRST_USE: [&str; 9] = [
+    RETRIES,
+    DRIFT,
+    FULL_SWEEP_PROGRESS,
+    LEASE_TAKEOVERS,
+    SNAPSHOT_ROWS,
+    SNAPSHOT_RUNNING,
+    SNAPSHOT_ROWS_SCANNED,
+    SNAPSHOT_ROWS_ESTIMATED,
+    SNAPSHOT_SECONDS_LEFT,
+];
 
 // The standard process metrics (the names every Prometheus client library uses).
 pub const PROCESS_CPU: &str = "process_cpu_seconds_total";
@@ -219,6 +241,26 @@ pub fn describe() {
     describe_gauge!(
         DIRTY_POSTS,
         "Posts waiting for a recount, as of this process's last reconcile run."
+    );
+    describe_counter!(
+        SNAPSHOT_ROWS,
+        "Rows of `comments` read by the initial snapshot (each chunk once; a chunk finished after a restart is not read again)."
+    );
+    describe_gauge!(
+        SNAPSHOT_RUNNING,
+        "1 while the initial snapshot is counting the rows that existed before the stream's start (folds wait until it is done), else 0."
+    );
+    describe_gauge!(
+        SNAPSHOT_ROWS_SCANNED,
+        "Rows the initial snapshot has scanned so far."
+    );
+    describe_gauge!(
+        SNAPSHOT_ROWS_ESTIMATED,
+        "The estimated size of `comments` when the initial snapshot began."
+    );
+    describe_gauge!(
+        SNAPSHOT_SECONDS_LEFT,
+        "Estimated seconds until the initial snapshot is done, at its configured rate (0 when none runs)."
     );
     describe_counter!(
         RETRIES,

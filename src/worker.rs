@@ -22,7 +22,7 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 use bson::{DateTime, Timestamp};
 use tokio::sync::watch;
 
-use crate::batch::plan_batch;
+use crate::batch::{plan_batch_covering, Coverage};
 use crate::classify::{Attribution, StreamEnded};
 use crate::clock::{Clock, SystemClock};
 use crate::event::{ChangeEvent, CommentId, Token};
@@ -70,6 +70,8 @@ pub struct WorkerSettings {
     pub partition: Option<crate::partition::Partition>,
     /// The application's field names and soft-delete rule.
     pub schema: crate::schema::Schema,
+    /// The initial snapshot of rows that exist before the stream's start.
+    pub snapshot: crate::snapshot::SnapshotSettings,
 }
 
 impl Default for WorkerSettings {
@@ -91,6 +93,7 @@ impl Default for WorkerSettings {
             operation_timeout: Duration::from_secs(30),
             partition: None,
             schema: crate::schema::Schema::default(),
+            snapshot: crate::snapshot::SnapshotSettings::default(),
         }
     }
 }
@@ -194,6 +197,17 @@ impl<S: Store + ?Sized> Worker<S> {
         Timestamp {
             time: crate::clock::secs(self.clock.now()).clamp(0, u32::MAX as i64) as u32,
             increment: 0,
+        }
+    }
+
+    /// The initial snapshot's driver for this stream.
+    fn snapshotter<'a>(&'a self, fence: &'a Fence) -> crate::snapshot::Snapshotter<'a, S> {
+        crate::snapshot::Snapshotter {
+            store: self.store.as_ref(),
+            fence,
+            settings: &self.settings.snapshot,
+            partition: self.settings.partition,
+            bucket_width_secs: self.settings.bucket_width_secs,
         }
     }
 
@@ -317,6 +331,19 @@ impl<S: Store + ?Sized> Worker<S> {
         } else {
             None
         };
+        // A stream that never applied anything first snapshots the rows that exist; a chunk a
+        // previous run left in flight is finished before the stream is read.
+        let snapshotter = self.snapshotter(fence);
+        snapshotter
+            .begin_if_new(&mut checkpoint, configured_start, self.clock.now())
+            .await?;
+        if checkpoint
+            .snapshot
+            .as_ref()
+            .is_some_and(|s| s.pending.is_some())
+        {
+            snapshotter.step(&mut checkpoint).await?;
+        }
         if checkpoint.token.is_none()
             && checkpoint.start_time.is_none()
             && configured_start.is_none()
@@ -368,9 +395,30 @@ impl<S: Store + ?Sized> Worker<S> {
             applied_since_drained: true,
             idle_reads: 0,
         };
+        let mut next_chunk_at = self.clock.now();
         loop {
             if *shutdown.borrow() {
                 return Ok(());
+            }
+            if checkpoint.snapshot_running() && self.clock.now() >= next_chunk_at {
+                // One chunk between two batches, at the configured rate.
+                let chunk = tokio::time::timeout(
+                    self.settings.operation_timeout,
+                    snapshotter.step(&mut checkpoint),
+                );
+                let step = tokio::select! {
+                    result = chunk => result.map_err(|_| StoreError::Transient {
+                        op: "read and apply a snapshot chunk",
+                        message: format!("no answer within {:?} (operation_timeout)", self.settings.operation_timeout),
+                    })??,
+                    _ = shutdown.changed() => return Ok(()),
+                };
+                if let crate::snapshot::Step::Chunk { rows } = step {
+                    let pause = self.settings.snapshot.pause_after(rows);
+                    next_chunk_at = DateTime::from_millis(
+                        self.clock.now().timestamp_millis() + pause.as_millis() as i64,
+                    );
+                }
             }
             let step = tokio::time::timeout(
                 self.settings.operation_timeout,
@@ -503,9 +551,15 @@ impl<S: Store + ?Sized> Worker<S> {
         } else {
             Default::default()
         };
-        let (mut plan, ended) = plan_batch(
+        let coverage = if checkpoint.ledger_complete() {
+            Coverage::Complete
+        } else {
+            Coverage::Partial
+        };
+        let (mut plan, ended) = plan_batch_covering(
             events,
             &ledger,
+            coverage,
             self.settings.attribution,
             &self.settings.schema,
             self.settings.bucket_width_secs,

@@ -30,13 +30,15 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         .await?
         .into_iter()
         .any(|d| d.post == post);
+    let snapshotting = crate::cli::snapshot_running(&settings, &store).await?;
     let state = &counter.state;
     let value = serde_json::json!({
         "post": post.to_string(),
         "displayed": observation.displayed,
         "true_count": observation.truth,
         "difference": observation.mismatch().unwrap_or(0),
-        "in_flight": observation.truth.is_none(),
+        "in_flight": observation.truth.is_none() && !snapshotting,
+        "snapshot_running": snapshotting,
         "dirty": dirty,
         "count": counter.count,
         "base_count": state.base_count,
@@ -60,6 +62,9 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         state.live_delta
     );
     match (observation.truth, observation.mismatch()) {
+        (None, _) if snapshotting => outln!(
+            "true count      not compared: the initial snapshot is still counting the rows that existed before the stream's start (see `counterd status`)"
+        ),
         (None, _) => outln!(
             "true count      in flight: a change to this post is not applied yet; ask again in a moment"
         ),

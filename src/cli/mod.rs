@@ -172,6 +172,21 @@ pub async fn connect(settings: &Settings) -> anyhow::Result<Arc<MongoStore>> {
 
 /// Each post's displayed value beside its true count, compared consistently with the stream of
 /// the partition that owns it (a post with a change in flight has no `truth`).
+/// Whether the initial snapshot of any of the configured streams is still running (counts are
+/// not comparable until it is done).
+pub async fn snapshot_running(settings: &Settings, store: &MongoStore) -> anyhow::Result<bool> {
+    for (stream, _) in crate::partition::stream_names(&settings.stream_name, settings.partitions) {
+        if store
+            .load_checkpoint(&stream)
+            .await?
+            .is_some_and(|c| c.snapshot_running())
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 pub async fn observe(
     settings: &Settings,
     store: &Arc<MongoStore>,

@@ -35,6 +35,11 @@ pub fn worker_settings(settings: &Settings, pre_images: bool) -> WorkerSettings 
         operation_timeout: settings.operation_timeout,
         partition: None,
         schema: settings.schema(),
+        snapshot: crate::snapshot::SnapshotSettings {
+            initial: settings.initial_snapshot,
+            chunk_rows: settings.snapshot_chunk_rows,
+            rows_per_second: settings.snapshot_rows_per_second,
+        },
     }
 }
 

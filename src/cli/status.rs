@@ -9,7 +9,10 @@ use crate::cli::{age_secs, connect, print_json, rfc3339};
 use crate::config::{redact_uri, Settings};
 use crate::outln;
 use crate::partition::stream_names;
-use crate::store::{DirtySummary, Lease, RunSummary, Store, SweepCursor};
+use crate::store::{
+    Checkpoint, DirtySummary, Lease, RunSummary, SnapshotProgress, SnapshotState, Store,
+    SweepCursor,
+};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -34,6 +37,10 @@ struct StreamStatus {
     sweep_requested: bool,
     /// The background sweep's pass over every post.
     background_sweep: Option<SweepCursor>,
+    /// The initial snapshot of the rows that existed before the stream's start.
+    initial_snapshot: Option<SnapshotProgress>,
+    /// One line on it for people.
+    initial_snapshot_summary: String,
 }
 
 #[derive(Serialize)]
@@ -52,7 +59,44 @@ struct Status {
 /// How many recent runs `status` shows.
 const RECENT_RUNS: usize = 5;
 
-async fn stream_status(store: &impl Store, stream: String) -> anyhow::Result<StreamStatus> {
+/// One line on the initial snapshot.
+fn describe_snapshot(checkpoint: &Checkpoint, rows_per_second: u32) -> String {
+    let Some(p) = &checkpoint.snapshot else {
+        return "none (the stream counts only what it saw change)".into();
+    };
+    if !checkpoint.gaps.is_empty() && p.state == SnapshotState::Running {
+        return format!(
+            "abandoned after {} rows: history was lost, and the sweep after the gap recounts every post instead",
+            p.rows_scanned
+        );
+    }
+    match p.state {
+        SnapshotState::Running => format!(
+            "RUNNING: {} of about {} rows scanned in {} chunks, {} counted; about {} left (folds wait until it is done)",
+            p.rows_scanned,
+            p.estimated_rows,
+            p.chunks_done,
+            p.rows_counted,
+            crate::snapshot::seconds_left(p, rows_per_second)
+                .map(|s| humantime::format_duration(std::time::Duration::from_secs(s)).to_string())
+                .unwrap_or_else(|| "unknown".into())
+        ),
+        SnapshotState::Done => format!(
+            "done {}: {} rows scanned, {} counted, {} chunk(s) finished after a restart",
+            p.finished_at.map(rfc3339).unwrap_or_default(),
+            p.rows_scanned,
+            p.rows_counted,
+            p.chunks_resumed
+        ),
+        SnapshotState::Abandoned => "abandoned".into(),
+    }
+}
+
+async fn stream_status(
+    store: &impl Store,
+    stream: String,
+    rows_per_second: u32,
+) -> anyhow::Result<StreamStatus> {
     let checkpoint = store.load_checkpoint(&stream).await?.unwrap_or_default();
     let lease = store.read_lease(&stream).await?;
     let now = bson::DateTime::now();
@@ -89,6 +133,8 @@ async fn stream_status(store: &impl Store, stream: String) -> anyhow::Result<Str
             .collect(),
         sweep_requested: checkpoint.sweep_requested,
         background_sweep: store.load_sweep_cursor(&stream).await?,
+        initial_snapshot_summary: describe_snapshot(&checkpoint, rows_per_second),
+        initial_snapshot: checkpoint.snapshot.clone(),
         stream,
     })
 }
@@ -97,7 +143,9 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     let store = connect(&settings).await?;
     let mut streams = Vec::new();
     for (stream, _) in stream_names(&settings.stream_name, settings.partitions) {
-        streams.push(stream_status(store.as_ref(), stream).await?);
+        streams.push(
+            stream_status(store.as_ref(), stream, settings.snapshot_rows_per_second).await?,
+        );
     }
     let dirty = store.dirty_summary().await?;
     let status = Status {
@@ -131,6 +179,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         );
         outln!("  high water      {}", or_none(&s.high_water));
         outln!("  pending batch   {}", or_none(&s.pending_batch));
+        outln!("  initial snapshot {}", s.initial_snapshot_summary);
         if s.history_gaps.is_empty() {
             outln!("  history gaps    none");
         } else {

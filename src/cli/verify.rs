@@ -20,6 +20,10 @@ pub struct Args {
 pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     let store = connect(&settings).await?;
     let posts = store.sample_posts(args.sample).await?;
+    if crate::cli::snapshot_running(&settings, &store).await? {
+        outln!("not verified: the initial snapshot is still counting the rows that existed before the stream's start; counters are comparable once it is done (see `counterd status`)");
+        return Ok(crate::cli::exit::exit_code(crate::cli::exit::CHECK_FAILED));
+    }
     let observations = observe(&settings, &store, &posts).await?;
     let mut mismatches = Vec::new();
     let mut in_flight = Vec::new();

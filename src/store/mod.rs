@@ -95,6 +95,9 @@ pub struct Checkpoint {
     pub gaps: Vec<Gap>,
     /// A full sweep was requested (history lost, unattributable events) and not yet finished.
     pub sweep_requested: bool,
+    /// The initial snapshot of the rows that existed before the stream's start (`None`: none
+    /// was taken; the stream counts only what it sees change).
+    pub snapshot: Option<SnapshotProgress>,
 }
 
 impl Checkpoint {
@@ -104,6 +107,107 @@ impl Checkpoint {
     pub fn ledger_generation(&self) -> u64 {
         self.gaps.len() as u64
     }
+
+    /// The ledger holds every row the counters count: the initial snapshot has claimed (or is
+    /// claiming, chunk by chunk) the rows that existed before the stream's start, and no
+    /// history was lost since. A comment without an entry is then known not to count, and the
+    /// ledger's state wins over a pre-image (see [`crate::classify::Before::Complete`]).
+    pub fn ledger_complete(&self) -> bool {
+        self.gaps.is_empty()
+            && self
+                .snapshot
+                .as_ref()
+                .is_some_and(|s| s.state != SnapshotState::Abandoned)
+    }
+
+    /// The initial snapshot is still claiming rows: folds would count rows the snapshot has yet
+    /// to claim, so the reconciler leaves the stream's posts dirty until it is done.
+    pub fn snapshot_running(&self) -> bool {
+        self.gaps.is_empty()
+            && self
+                .snapshot
+                .as_ref()
+                .is_some_and(|s| s.state == SnapshotState::Running)
+    }
+}
+
+/// Where the initial snapshot stands (stored in the checkpoint document).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SnapshotProgress {
+    pub state: SnapshotState,
+    pub started_at: DateTime,
+    pub finished_at: Option<DateTime>,
+    /// The largest `_id` in `comments` just after the stream's start was pinned: every row that
+    /// existed before the start is at or below it (`None`: the collection was empty).
+    #[serde(skip)]
+    pub last_id: Option<CommentId>,
+    /// The last `_id` of the last finished chunk (`None`: none finished yet).
+    #[serde(skip)]
+    pub cursor: Option<CommentId>,
+    pub chunks_done: u64,
+    pub rows_scanned: u64,
+    /// Rows the snapshot added to counters (the others were already known from the stream, or
+    /// do not count).
+    pub rows_counted: u64,
+    /// `comments`' estimated size when the snapshot began.
+    pub estimated_rows: u64,
+    /// A chunk whose intent was recorded but whose writes may not all have landed: finished,
+    /// exactly as planned, before anything else.
+    #[serde(skip)]
+    pub pending: Option<SnapshotChunk>,
+    /// Chunks finished after a restart found them in flight (each was read once, and its
+    /// writes issued at most twice).
+    pub chunks_resumed: u64,
+}
+
+/// The snapshot's lifecycle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SnapshotState {
+    Running,
+    Done,
+    /// History was lost while it ran: the sweep after the gap recounts every post and rebuilds
+    /// the ledger instead.
+    Abandoned,
+}
+
+impl SnapshotState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SnapshotState::Running => "running",
+            SnapshotState::Done => "done",
+            SnapshotState::Abandoned => "abandoned",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<SnapshotState> {
+        match text {
+            "running" => Some(SnapshotState::Running),
+            "done" => Some(SnapshotState::Done),
+            "abandoned" => Some(SnapshotState::Abandoned),
+            _ => None,
+        }
+    }
+}
+
+/// One chunk of the snapshot, planned: the ledger claims (comments the ledger did not know,
+/// with their state as read) and the counter increments they add.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct SnapshotChunk {
+    /// Chunk numbers start at 1 and guard the counter increments (`snapshot_chunk < number`).
+    pub number: u64,
+    /// The chunk's last `_id`: the cursor once it is done.
+    pub last: Option<CommentId>,
+    pub rows: u64,
+    pub claims: Vec<LedgerUpdate>,
+    pub counters: Vec<CounterDelta>,
+}
+
+/// The extent of `comments` as the snapshot begins.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct CommentsExtent {
+    pub last_id: Option<CommentId>,
+    pub estimated_rows: u64,
 }
 
 /// The writes of one batch, recorded as its intent before any of them is issued. Replaying the
@@ -221,6 +325,8 @@ pub struct RunSummary {
     pub waiting: u64,
     /// Recounts read at a cluster time (snapshot reads) rather than by the quiet window.
     pub snapshot_counts: u64,
+    /// Posts not counted because the initial snapshot was still running (they stay dirty).
+    pub waiting_for_snapshot: u64,
 }
 
 /// Where the server stands, as two cluster times: `upper` is after every write acknowledged
@@ -510,4 +616,34 @@ pub trait Store: Send + Sync {
     /// Stamps the checkpoint with a newer epoch at takeover; fails `Fenced` if a newer one is
     /// already there.
     async fn adopt_checkpoint(&self, fence: &Fence) -> StoreResult<()>;
+
+    // The initial snapshot (see `crate::snapshot`).
+    /// The largest `_id` of `comments` and its estimated size.
+    async fn comments_extent(&self) -> StoreResult<CommentsExtent>;
+    /// Up to `limit` rows with `_id` after `after` and at most `last`, in `_id` order (rows of
+    /// another BSON type than `last`'s are outside the range: see `crate::snapshot`).
+    async fn rows_after(
+        &self,
+        after: Option<&CommentId>,
+        last: &CommentId,
+        limit: usize,
+    ) -> StoreResult<Vec<(CommentId, Row)>>;
+    /// Stores the snapshot's progress in the stream's checkpoint (fenced; creates the checkpoint
+    /// if there is none).
+    async fn save_snapshot(&self, fence: &Fence, progress: &SnapshotProgress) -> StoreResult<()>;
+    /// Writes each claim only where the ledger has no entry for its comment yet: a state the
+    /// stream wrote is newer than anything the snapshot read.
+    async fn claim_ledger(
+        &self,
+        fence: &Fence,
+        claims: &[LedgerUpdate],
+        generation: u64,
+    ) -> StoreResult<()>;
+    /// Adds a chunk's increments, each guarded by the counter's `snapshot_chunk < chunk`.
+    async fn apply_snapshot_counters(
+        &self,
+        fence: &Fence,
+        chunk: u64,
+        writes: &[CounterDelta],
+    ) -> StoreResult<ApplyOutcome>;
 }

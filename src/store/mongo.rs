@@ -682,7 +682,13 @@ fn checkpoint_from_doc(stream: &str, doc: &Document) -> StoreResult<Checkpoint> 
         Some(Bson::Document(p)) => Some(pending_from_doc(p).map_err(malformed)?),
         Some(other) => return Err(malformed(format!("`pending` is {other:?}"))),
     };
+    let snapshot = match doc.get("snapshot") {
+        None | Some(Bson::Null) => None,
+        Some(Bson::Document(p)) => Some(snapshot_from_doc(p).map_err(malformed)?),
+        Some(other) => return Err(malformed(format!("`snapshot` is {other:?}"))),
+    };
     Ok(Checkpoint {
+        snapshot,
         stream: stream.to_string(),
         pending,
         token,
@@ -748,8 +754,26 @@ fn row_from_doc(d: &Document) -> Result<Row, String> {
 
 /// The pending batch as stored in the checkpoint document.
 fn pending_to_doc(batch: &PendingBatch) -> Document {
-    let counters: Vec<Bson> = batch
-        .counters
+    let dirty: Vec<Bson> = batch
+        .dirty
+        .iter()
+        .map(|d| Bson::Document(doc! {"post": d.post.to_bson(), "bucket": d.newest_bucket}))
+        .collect();
+    let mut d = doc! {
+        "end": batch.end.as_str(),
+        "counters": counters_to_bson(&batch.counters),
+        "ledger": ledger_to_bson(&batch.ledger),
+        "dirty": dirty,
+    };
+    if let Some(t) = batch.end_time {
+        d.insert("end_time", t);
+    }
+    d
+}
+
+/// Planned counter increments as stored in an intent (a pending batch or snapshot chunk).
+fn counters_to_bson(counters: &[CounterDelta]) -> Vec<Bson> {
+    counters
         .iter()
         .map(|c| {
             let mut buckets = Document::new();
@@ -761,9 +785,12 @@ fn pending_to_doc(batch: &PendingBatch) -> Document {
                 doc! {"post": c.post.to_bson(), "delta": c.delta, "buckets": buckets, "touched": touched},
             )
         })
-        .collect();
-    let ledger: Vec<Bson> = batch
-        .ledger
+        .collect()
+}
+
+/// Planned ledger states as stored in an intent.
+fn ledger_to_bson(ledger: &[LedgerUpdate]) -> Vec<Bson> {
+    ledger
         .iter()
         .map(|l| {
             Bson::Document(doc! {
@@ -771,21 +798,10 @@ fn pending_to_doc(batch: &PendingBatch) -> Document {
                 "state": l.state.as_ref().map(|r| Bson::Document(row_to_doc(r))).unwrap_or(Bson::Null),
             })
         })
-        .collect();
-    let dirty: Vec<Bson> = batch
-        .dirty
-        .iter()
-        .map(|d| Bson::Document(doc! {"post": d.post.to_bson(), "bucket": d.newest_bucket}))
-        .collect();
-    let mut d =
-        doc! {"end": batch.end.as_str(), "counters": counters, "ledger": ledger, "dirty": dirty};
-    if let Some(t) = batch.end_time {
-        d.insert("end_time", t);
-    }
-    d
+        .collect()
 }
 
-fn pending_from_doc(d: &Document) -> Result<PendingBatch, String> {
+fn counters_from_doc(d: &Document) -> Result<Vec<CounterDelta>, String> {
     let err = |e: bson::document::ValueAccessError| format!("pending batch: {e}");
     let mut counters = Vec::new();
     for c in d.get_array("counters").map_err(err)? {
@@ -816,6 +832,11 @@ fn pending_from_doc(d: &Document) -> Result<PendingBatch, String> {
             touched,
         });
     }
+    Ok(counters)
+}
+
+fn ledger_from_doc(d: &Document) -> Result<Vec<LedgerUpdate>, String> {
+    let err = |e: bson::document::ValueAccessError| format!("pending batch: {e}");
     let mut ledger = Vec::new();
     for l in d.get_array("ledger").map_err(err)? {
         let l = l
@@ -830,6 +851,11 @@ fn pending_from_doc(d: &Document) -> Result<PendingBatch, String> {
             state,
         });
     }
+    Ok(ledger)
+}
+
+fn pending_from_doc(d: &Document) -> Result<PendingBatch, String> {
+    let err = |e: bson::document::ValueAccessError| format!("pending batch: {e}");
     let dirty = d
         .get_array("dirty")
         .map_err(err)?
@@ -850,9 +876,78 @@ fn pending_from_doc(d: &Document) -> Result<PendingBatch, String> {
     Ok(PendingBatch {
         end: Token(d.get_str("end").map_err(err)?.to_string()),
         end_time: d.get_timestamp("end_time").ok(),
-        counters,
-        ledger,
+        counters: counters_from_doc(d)?,
+        ledger: ledger_from_doc(d)?,
         dirty,
+    })
+}
+
+/// The snapshot's progress as stored in the checkpoint document.
+fn snapshot_to_doc(p: &SnapshotProgress) -> Document {
+    let id = |c: &Option<CommentId>| c.as_ref().map(|c| c.value.clone()).unwrap_or(Bson::Null);
+    let count = |n: u64| n as i64;
+    doc! {
+        "state": p.state.as_str(),
+        "started_at": p.started_at,
+        "finished_at": p.finished_at.map(Bson::DateTime).unwrap_or(Bson::Null),
+        "last_id": id(&p.last_id),
+        "cursor": id(&p.cursor),
+        "chunks_done": count(p.chunks_done),
+        "rows_scanned": count(p.rows_scanned),
+        "rows_counted": count(p.rows_counted),
+        "estimated_rows": count(p.estimated_rows),
+        "chunks_resumed": count(p.chunks_resumed),
+        "pending": match &p.pending {
+            None => Bson::Null,
+            Some(c) => Bson::Document(doc! {
+                "number": count(c.number),
+                "last": id(&c.last),
+                "rows": count(c.rows),
+                "ledger": ledger_to_bson(&c.claims),
+                "counters": counters_to_bson(&c.counters),
+            }),
+        },
+    }
+}
+
+fn snapshot_from_doc(d: &Document) -> Result<SnapshotProgress, String> {
+    let id = |v: Option<&Bson>| match v {
+        None | Some(Bson::Null) => None,
+        Some(v) => Some(CommentId::new(v.clone())),
+    };
+    let count = |d: &Document, field: &str| match d.get(field) {
+        Some(Bson::Int64(n)) => (*n).max(0) as u64,
+        Some(Bson::Int32(n)) => (*n).max(0) as u64,
+        _ => 0,
+    };
+    let state = d.get_str("state").unwrap_or_default();
+    let pending = match d.get("pending") {
+        None | Some(Bson::Null) => None,
+        Some(Bson::Document(c)) => Some(SnapshotChunk {
+            number: count(c, "number"),
+            last: id(c.get("last")),
+            rows: count(c, "rows"),
+            claims: ledger_from_doc(c)?,
+            counters: counters_from_doc(c)?,
+        }),
+        Some(other) => return Err(format!("snapshot `pending` is {other:?}")),
+    };
+    Ok(SnapshotProgress {
+        state: SnapshotState::parse(state)
+            .ok_or_else(|| format!("snapshot `state` is {state:?}"))?,
+        started_at: d
+            .get_datetime("started_at")
+            .copied()
+            .map_err(|e| format!("snapshot: {e}"))?,
+        finished_at: d.get_datetime("finished_at").ok().copied(),
+        last_id: id(d.get("last_id")),
+        cursor: id(d.get("cursor")),
+        chunks_done: count(d, "chunks_done"),
+        rows_scanned: count(d, "rows_scanned"),
+        rows_counted: count(d, "rows_counted"),
+        estimated_rows: count(d, "estimated_rows"),
+        chunks_resumed: count(d, "chunks_resumed"),
+        pending,
     })
 }
 
@@ -1648,6 +1743,126 @@ impl Store for MongoStore {
         self.checkpoint_update("adopt the checkpoint", fence, filter, update)
             .await
     }
+
+    async fn comments_extent(&self) -> StoreResult<CommentsExtent> {
+        let comments = &self.comments;
+        let last = comments
+            .find_one(doc! {})
+            .sort(doc! {"_id": -1})
+            .projection(doc! {"_id": 1})
+            .await
+            .map_err(|e| map_err("find the last comment", e))?;
+        let estimated_rows = comments
+            .estimated_document_count()
+            .await
+            .map_err(|e| map_err("estimate the comments", e))?;
+        Ok(CommentsExtent {
+            last_id: last.and_then(|d| d.get("_id").cloned()).map(CommentId::new),
+            estimated_rows,
+        })
+    }
+
+    async fn rows_after(
+        &self,
+        after: Option<&CommentId>,
+        last: &CommentId,
+        limit: usize,
+    ) -> StoreResult<Vec<(CommentId, Row)>> {
+        let mut range = doc! {"$lte": last.value.clone()};
+        if let Some(after) = after {
+            range.insert("$gt", after.value.clone());
+        }
+        let found: Vec<Document> = self
+            .comments
+            .find(doc! {"_id": range})
+            .sort(doc! {"_id": 1})
+            .limit(limit as i64)
+            .await
+            .map_err(|e| map_err("read a snapshot chunk", e))?
+            .try_collect()
+            .await
+            .map_err(|e| map_err("read a snapshot chunk", e))?;
+        Ok(found
+            .into_iter()
+            .filter_map(|d| {
+                let id = CommentId::new(d.get("_id")?.clone());
+                Some((id, self.schema.read_existing_row(&d)))
+            })
+            .collect())
+    }
+
+    async fn save_snapshot(&self, fence: &Fence, progress: &SnapshotProgress) -> StoreResult<()> {
+        let update = doc! {"$set": {"snapshot": snapshot_to_doc(progress), "updated_at": DateTime::now()}};
+        self.owned_checkpoint_update("record the snapshot's progress", fence, update)
+            .await
+    }
+
+    async fn claim_ledger(
+        &self,
+        fence: &Fence,
+        claims: &[LedgerUpdate],
+        generation: u64,
+    ) -> StoreResult<()> {
+        let statements = claims
+            .iter()
+            .filter_map(|c| {
+                let row = c.state.as_ref()?;
+                let (mut set, _) = ledger_row_update(row);
+                set.insert("epoch", fence.epoch);
+                set.insert("generation", generation as i64);
+                set.insert("claimed_by_snapshot", true);
+                // Only where no entry exists: `$setOnInsert` leaves any state the stream wrote.
+                Some(doc! {
+                    "q": {"_id": c.comment.value.clone()},
+                    "u": {"$setOnInsert": set},
+                    "upsert": true,
+                })
+            })
+            .collect();
+        self.update_many_statements(
+            "claim ledger entries for the snapshot",
+            &self.names.ledger_of(&fence.stream),
+            statements,
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn apply_snapshot_counters(
+        &self,
+        fence: &Fence,
+        chunk: u64,
+        writes: &[CounterDelta],
+    ) -> StoreResult<ApplyOutcome> {
+        let statements = writes
+            .iter()
+            .map(|w| {
+                let mut filter =
+                    doc! {"_id": w.post.to_bson(), "snapshot_chunk": not_gte(chunk as i64)};
+                fenced(&mut filter, fence);
+                let mut inc = doc! {"live_delta": w.delta, "count": w.delta};
+                for (bucket, amount) in &w.buckets {
+                    inc.insert(format!("live_by_bucket.{bucket}"), *amount);
+                }
+                doc! {
+                    "q": filter,
+                    "u": {
+                        "$inc": inc,
+                        "$set": {"snapshot_chunk": chunk as i64, "epoch": fence.epoch},
+                        "$setOnInsert": {"base_count": 0_i64, "base_watermark": 0_i64},
+                    },
+                    "upsert": true,
+                }
+            })
+            .collect();
+        let (applied, already_applied) = self
+            .update_many_statements("add snapshot counts", &self.names.counters, statements)
+            .await?;
+        Ok(ApplyOutcome {
+            applied,
+            already_applied,
+        })
+    }
 }
 
 impl MongoStore {
@@ -1857,6 +2072,7 @@ fn run_from_doc(d: &Document) -> RunSummary {
         in_flight: d.get_i64("in_flight").unwrap_or_default() as u64,
         waiting: d.get_i64("waiting").unwrap_or_default() as u64,
         snapshot_counts: d.get_i64("snapshot_counts").unwrap_or_default() as u64,
+        waiting_for_snapshot: d.get_i64("waiting_for_snapshot").unwrap_or_default() as u64,
     }
 }
 impl MongoStore {
