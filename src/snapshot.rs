@@ -104,6 +104,8 @@ pub fn begin(extent: &CommentsExtent, now: DateTime) -> SnapshotProgress {
         estimated_rows: extent.estimated_rows,
         pending: None,
         chunks_resumed: 0,
+        reading: None,
+        chunks_reread: 0,
     }
 }
 
@@ -159,6 +161,7 @@ pub fn finish_chunk(progress: &mut SnapshotProgress, chunk: &SnapshotChunk) {
     progress.rows_scanned += chunk.rows;
     progress.rows_counted += chunk.counters.iter().map(|c| c.delta as u64).sum::<u64>();
     progress.pending = None;
+    progress.reading = None;
 }
 
 /// Seconds left at `rows_per_second`, from the estimated size (`None`: unknown or unthrottled).
@@ -242,6 +245,14 @@ impl<S: Store + ?Sized> Snapshotter<'_, S> {
                 let Some(last) = progress.last_id.clone() else {
                     return self.finish(checkpoint, progress).await;
                 };
+                let number = progress.chunks_done + 1;
+                if progress.reading == Some(number) {
+                    // A restart came between this chunk's read and its plan: read again.
+                    progress.chunks_reread += 1;
+                    tracing::info!(stream = %self.fence.stream, chunk = number, "reading again the snapshot chunk a previous run was reading");
+                }
+                progress.reading = Some(number);
+                self.store.save_snapshot(self.fence, &progress).await?;
                 let rows = self
                     .store
                     .rows_after(progress.cursor.as_ref(), &last, self.settings.chunk_rows)
@@ -255,7 +266,7 @@ impl<S: Store + ?Sized> Snapshotter<'_, S> {
                     .read_ledger(&self.fence.stream, &ids, generation)
                     .await?;
                 let chunk = plan_chunk(
-                    progress.chunks_done + 1,
+                    number,
                     &rows,
                     &ledger,
                     self.partition,
@@ -294,10 +305,12 @@ impl<S: Store + ?Sized> Snapshotter<'_, S> {
         mut progress: SnapshotProgress,
     ) -> StoreResult<Step> {
         progress.state = SnapshotState::Done;
+        progress.reading = None;
         progress.finished_at = Some(DateTime::now());
         self.store.save_snapshot(self.fence, &progress).await?;
         tracing::info!(stream = %self.fence.stream, rows_scanned = progress.rows_scanned,
             rows_counted = progress.rows_counted, chunks_resumed = progress.chunks_resumed,
+            chunks_reread = progress.chunks_reread,
             "initial snapshot done: every row that existed before the stream's start is counted");
         self.report(&progress);
         checkpoint.snapshot = Some(progress);

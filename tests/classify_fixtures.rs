@@ -2221,7 +2221,7 @@ fn every_soft_delete_rule_on_real_and_fake_shapes() {
         let ev = event(&format!("schema/{name}"));
         let attribution = match before {
             Before::Unknown => Attribution::BestEffort,
-            Before::Known(_) => Attribution::Ledger,
+            Before::Known(_) | Before::Complete(_) => Attribution::Ledger,
         };
         let c = classify(&ev, before.clone(), attribution, &schema)
             .unwrap_or_else(|e| panic!("{name}: {e}"));

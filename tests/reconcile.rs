@@ -133,11 +133,18 @@ async fn only_dirty_posts_are_counted() {
         .await
         .unwrap();
     let before = t.store.op_counts().count_queries;
-    // The rows predate the worker: it never sees them, and the recount installs them. (A stream
-    // started "now" on the fake server also delivers the events of the current second: start
-    // in the next one.)
+    // The rows predate the worker, which takes no initial snapshot here: it never sees them,
+    // and the recount installs them. (A stream started "now" on the fake server also delivers
+    // the events of the current second: start in the next one.)
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    let worker = t.spawn_worker(t.worker_settings()).await;
+    let settings = WorkerSettings {
+        snapshot: counterd::snapshot::SnapshotSettings {
+            initial: counterd::snapshot::InitialSnapshot::Never,
+            ..Default::default()
+        },
+        ..t.worker_settings()
+    };
+    let worker = t.spawn_worker(settings).await;
     let report = reconciler(&t).run_dirty(now_secs()).await.unwrap();
     worker.shutdown().await.unwrap();
     assert_eq!(

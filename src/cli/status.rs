@@ -82,11 +82,12 @@ fn describe_snapshot(checkpoint: &Checkpoint, rows_per_second: u32) -> String {
                 .unwrap_or_else(|| "unknown".into())
         ),
         SnapshotState::Done => format!(
-            "done {}: {} rows scanned, {} counted, {} chunk(s) finished after a restart",
+            "done {}: {} rows scanned, {} counted; after restarts {} chunk(s) finished from their plan, {} read again",
             p.finished_at.map(rfc3339).unwrap_or_default(),
             p.rows_scanned,
             p.rows_counted,
-            p.chunks_resumed
+            p.chunks_resumed,
+            p.chunks_reread
         ),
         SnapshotState::Abandoned => "abandoned".into(),
     }

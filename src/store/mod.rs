@@ -158,6 +158,11 @@ pub struct SnapshotProgress {
     /// Chunks finished after a restart found them in flight (each was read once, and its
     /// writes issued at most twice).
     pub chunks_resumed: u64,
+    /// The chunk being read (recorded before the read): a restart that finds it without a
+    /// recorded plan reads it again.
+    pub reading: Option<u64>,
+    /// Chunks read a second time because a restart came between their read and their plan.
+    pub chunks_reread: u64,
 }
 
 /// The snapshot's lifecycle.

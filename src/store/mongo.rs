@@ -897,6 +897,8 @@ fn snapshot_to_doc(p: &SnapshotProgress) -> Document {
         "rows_counted": count(p.rows_counted),
         "estimated_rows": count(p.estimated_rows),
         "chunks_resumed": count(p.chunks_resumed),
+        "reading": p.reading.map(|n| Bson::Int64(n as i64)).unwrap_or(Bson::Null),
+        "chunks_reread": count(p.chunks_reread),
         "pending": match &p.pending {
             None => Bson::Null,
             Some(c) => Bson::Document(doc! {
@@ -947,6 +949,8 @@ fn snapshot_from_doc(d: &Document) -> Result<SnapshotProgress, String> {
         rows_counted: count(d, "rows_counted"),
         estimated_rows: count(d, "estimated_rows"),
         chunks_resumed: count(d, "chunks_resumed"),
+        reading: d.get_i64("reading").ok().map(|n| n.max(0) as u64),
+        chunks_reread: count(d, "chunks_reread"),
         pending,
     })
 }

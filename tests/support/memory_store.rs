@@ -61,7 +61,7 @@ use counterd::fold::{CounterState, Fold};
 use counterd::store::{
     ApplyOutcome, Checkpoint, CounterDoc, DirtyEntry, DirtyOrder, DirtySummary, EventSource, Fence,
     Gap, Lease, PendingBatch, Position, RawBatch, RunSummary, ServerNow, Store, StoreError,
-    StoreResult, StreamOptions, StreamStart, SweepCursor,
+    StoreResult, StreamOptions, StreamStart, SweepCursor, CommentsExtent, SnapshotProgress,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -159,6 +159,8 @@ struct CounterRec {
     applied_time: Option<Timestamp>,
     touched: BTreeMap<i64, String>,
     folds: i64,
+    /// The last initial-snapshot chunk added to it.
+    snapshot_chunk: Option<u64>,
     /// The readers' field: `base_count + live_delta`, kept in the same writes.
     count: i64,
     epoch: Option<i64>,
@@ -204,6 +206,7 @@ struct CheckpointRec {
     updated_at: Option<DateTime>,
     gaps: Vec<Gap>,
     sweep_requested: Option<bool>,
+    snapshot: Option<SnapshotProgress>,
 }
 
 #[derive(Clone, Debug)]
@@ -811,9 +814,11 @@ impl State {
     /// document would count its increments again: drift, but not the drift recorded here).
     pub fn delete_counter(&mut self, post: &PostId) -> Option<i64> {
         let in_flight = self.checkpoints.values().any(|c| {
+            let chunk = c.snapshot.as_ref().and_then(|s| s.pending.as_ref());
             c.pending
                 .as_ref()
                 .is_some_and(|p| p.counters.iter().any(|w| w.post == *post))
+                || chunk.is_some_and(|p| p.counters.iter().any(|w| w.post == *post))
         });
         if in_flight {
             return None;
@@ -1007,6 +1012,7 @@ fn to_checkpoint(stream: &str, c: &CheckpointRec) -> Checkpoint {
         updated_at: c.updated_at,
         gaps: c.gaps.clone(),
         sweep_requested: c.sweep_requested.unwrap_or(false),
+        snapshot: c.snapshot.clone(),
     }
 }
 
@@ -2014,6 +2020,7 @@ impl Store for MemoryStore {
                         applied_time: None,
                         touched: BTreeMap::new(),
                         folds: 1,
+                        snapshot_chunk: None,
                         count: fold.base_count + fold.live_delta,
                         epoch: None,
                         last_drift: Some(fold.drift),
@@ -2212,6 +2219,133 @@ impl Store for MemoryStore {
             Ok(())
         })
         .await
+    }
+
+    async fn comments_extent(&self) -> StoreResult<CommentsExtent> {
+        self.single("comments_extent", false, |s| {
+            Ok(CommentsExtent {
+                last_id: s.comments.keys().next_back().map(|id| CommentId::new(Bson::Int64(*id))),
+                estimated_rows: s.comments.len() as u64,
+            })
+        })
+        .await
+    }
+
+    async fn rows_after(
+        &self,
+        after: Option<&CommentId>,
+        last: &CommentId,
+        limit: usize,
+    ) -> StoreResult<Vec<(CommentId, Row)>> {
+        let int = |c: &CommentId| c.value.as_i64().expect("the simulation's ids are longs");
+        let (after, last) = (after.map(int), int(last));
+        self.single("rows_after", false, |s| {
+            let from = after.map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded);
+            Ok(s.comments
+                .range((from, std::ops::Bound::Included(last)))
+                .take(limit)
+                .map(|(id, row)| {
+                    let row = match row_facts(row) {
+                        Some((post, created_at, live)) => Row {
+                            post: Some(post),
+                            created_at,
+                            deleted: !live,
+                        },
+                        None => Row {
+                            post: None,
+                            created_at: None,
+                            deleted: false,
+                        },
+                    };
+                    (CommentId::new(Bson::Int64(*id)), row)
+                })
+                .collect())
+        })
+        .await
+    }
+
+    async fn save_snapshot(&self, fence: &Fence, progress: &SnapshotProgress) -> StoreResult<()> {
+        self.single("save_snapshot", true, |s| {
+            s.note(format!(
+                "  snapshot {:?}: {} chunks, pending {:?}",
+                progress.state,
+                progress.chunks_done,
+                progress.pending.as_ref().map(|c| c.number)
+            ));
+            checkpoint_update(
+                s,
+                fence,
+                |c| c.epoch == Some(fence.epoch),
+                |c, now| {
+                    c.snapshot = Some(progress.clone());
+                    c.updated_at = Some(now);
+                },
+                true,
+            )
+        })
+        .await
+    }
+
+    async fn claim_ledger(
+        &self,
+        fence: &Fence,
+        claims: &[LedgerUpdate],
+        generation: u64,
+    ) -> StoreResult<()> {
+        let collection = ledger_collection(&fence.stream);
+        self.statements("claim_ledger", claims, |s, c| {
+            let Some(row) = &c.state else { return };
+            let key = (collection.clone(), c.comment.key.clone());
+            if s.ledger.contains_key(&key) {
+                return; // `$setOnInsert`: the stream's entry stays
+            }
+            s.note(format!("  ledger {} claimed: {row:?}", c.comment.key));
+            let entry = LedgerRec {
+                exists: true,
+                deleted: row.deleted,
+                post: row.post.clone(),
+                created_at: row.created_at,
+                applied_through: None,
+                epoch: Some(fence.epoch),
+                generation,
+            };
+            s.ledger.insert(key, (c.comment.value.clone(), entry));
+        })
+        .await
+    }
+
+    async fn apply_snapshot_counters(
+        &self,
+        fence: &Fence,
+        chunk: u64,
+        writes: &[CounterDelta],
+    ) -> StoreResult<ApplyOutcome> {
+        let mut outcome = ApplyOutcome::default();
+        self.statements("apply_snapshot_counters", writes, |s, w| {
+            let applies = match s.counters.get(&w.post) {
+                Some(c) => c.snapshot_chunk.is_none_or(|n| n < chunk) && fence_ok(c.epoch, fence),
+                None => true,
+            };
+            if !applies {
+                outcome.already_applied += 1;
+                return;
+            }
+            outcome.applied += 1;
+            s.note(format!("  counter {} {:+} from snapshot chunk {chunk}", w.post, w.delta));
+            let c = s.counters.entry(w.post.clone()).or_default();
+            c.live_delta += w.delta;
+            c.count += w.delta;
+            for (bucket, amount) in &w.buckets {
+                *c.buckets.entry(*bucket).or_default() += amount;
+            }
+            c.snapshot_chunk = Some(chunk);
+            c.epoch = Some(fence.epoch);
+            for (bucket, amount) in &w.buckets {
+                *s.shadow.entry((w.post.clone(), *bucket)).or_default() += amount;
+            }
+        })
+        .await?;
+        Ok(outcome)
     }
 
     async fn adopt_checkpoint(&self, fence: &Fence) -> StoreResult<()> {
