@@ -9,6 +9,12 @@
 //!
 //! A started server lives as long as the [`TestServer`] value; the fake also exits by itself
 //! when this process dies (it watches its standard input), so a crashed test leaves nothing.
+//!
+//! The fake's launcher (`testdb/FakeMongo.java`) serves every filter that pins `_id` by plain
+//! equality (`{_id: v, ...}`, `{_id: {$eq: v}, ...}`, also inside `$and`) from the `_id` index and
+//! applies the rest of the filter to the one document found, as MongoDB does; the stock server
+//! scans the whole collection for any filter beyond exactly `{_id}`. [`FAKE_ID_INDEX_VAR`]`=0`
+//! turns that off (`tests/testdb_index.rs` compares the two).
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -32,6 +38,8 @@ pub struct TestServer {
     child: Option<Child>,
     /// Kept so the mongod data directory lives as long as the server.
     _dir: Option<tempfile::TempDir>,
+    /// The fake only: whether it serves `_id`-equality filters from its `_id` index.
+    fake_id_index: Option<bool>,
 }
 
 impl Drop for TestServer {
@@ -42,6 +50,11 @@ impl Drop for TestServer {
         }
     }
 }
+
+/// The fake server's switch: `0` gives the stock query planner (filters beyond `_id` scan the
+/// collection), `1` or unset the `_id`-index lookup for `_id`-equality filters. Read by
+/// `testdb/FakeMongo.java`; named `COUNTERD_TEST…` so that counterd's settings ignore it.
+pub const FAKE_ID_INDEX_VAR: &str = "COUNTERD_TESTDB_ID_INDEX";
 
 /// What to do when no test server can be had here.
 pub const NO_TEST_SERVER: &str = "no throwaway MongoDB can be started here: set COUNTERD_TEST_MONGODB_URI to a replica set you may write to, put `mongod` on PATH, or run from a checkout with scripts/demo (which sets COUNTERD_TESTDB_DIR to its testdb/ and installs Java and Maven for the fake server)";
@@ -61,6 +74,17 @@ fn testdb_dir() -> Result<PathBuf, String> {
     Ok(dir)
 }
 
+/// Which kind of server [`TestServer::start`] would use here.
+pub fn preferred_kind() -> ServerKind {
+    if std::env::var("COUNTERD_TEST_MONGODB_URI").is_ok() {
+        ServerKind::External
+    } else if which("mongod") {
+        ServerKind::Mongod
+    } else {
+        ServerKind::Fake
+    }
+}
+
 impl TestServer {
     /// Starts (or finds) a server, printing which one to stderr.
     pub fn start() -> Result<TestServer, String> {
@@ -74,6 +98,7 @@ impl TestServer {
                 kind: ServerKind::External,
                 child: None,
                 _dir: None,
+                fake_id_index: None,
             });
         }
         if which("mongod") {
@@ -82,10 +107,29 @@ impl TestServer {
         Self::start_fake()
     }
 
-    /// The fake: `testdb/start` prints `LISTENING host:port` once bound.
+    /// The fake: `testdb/start` prints `LISTENING host:port` once bound. Its `_id`-index lookup
+    /// is on unless this process's environment sets [`FAKE_ID_INDEX_VAR`]`=0`.
     pub fn start_fake() -> Result<TestServer, String> {
+        Self::launch_fake(None)
+    }
+
+    /// The fake with its `_id`-index lookup on or off, whatever the environment says.
+    pub fn start_fake_with_id_index(on: bool) -> Result<TestServer, String> {
+        Self::launch_fake(Some(on))
+    }
+
+    fn launch_fake(id_index: Option<bool>) -> Result<TestServer, String> {
         let script = testdb_dir()?.join("start");
-        let mut child = Command::new("bash")
+        let mut command = Command::new("bash");
+        if let Some(on) = id_index {
+            command.env(FAKE_ID_INDEX_VAR, if on { "1" } else { "0" });
+        }
+        let id_index = id_index.unwrap_or_else(|| {
+            std::env::var(FAKE_ID_INDEX_VAR)
+                .ok()
+                .is_none_or(|v| v != "0")
+        });
+        let mut child = command
             .arg(&script)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -107,12 +151,18 @@ impl TestServer {
             })?
             .to_string();
         let uri = format!("mongodb://{address}/?directConnection=true");
-        eprintln!("test database: fake mongo-java-server (oplog on, wire 13) at {uri}");
+        let planner = if id_index {
+            "_id index for _id-equality filters"
+        } else {
+            "stock planner: COUNTERD_TESTDB_ID_INDEX=0"
+        };
+        eprintln!("test database: fake mongo-java-server (oplog on, wire 13, {planner}) at {uri}");
         Ok(TestServer {
             uri,
             kind: ServerKind::Fake,
             child: Some(child),
             _dir: None,
+            fake_id_index: Some(id_index),
         })
     }
 
@@ -136,6 +186,7 @@ impl TestServer {
             kind: ServerKind::Mongod,
             child: Some(child),
             _dir: Some(dir),
+            fake_id_index: None,
         };
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -166,6 +217,12 @@ impl TestServer {
         })?;
         eprintln!("test database: throwaway mongod replica set at {uri}");
         Ok(server)
+    }
+
+    /// The fake only: whether it serves `_id`-equality filters from its `_id` index (see
+    /// [`FAKE_ID_INDEX_VAR`]); `None` for other servers.
+    pub fn fake_id_index(&self) -> Option<bool> {
+        self.fake_id_index
     }
 
     /// The server's process id, when this process started it (to pause it in fault tests).

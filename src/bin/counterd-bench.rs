@@ -64,7 +64,7 @@ struct Args {
     #[arg(long, default_value = "bench/latest.json")]
     out: PathBuf,
     /// Events per backlog (tail, worker and baseline phases). Default: 5000 quick; full: 100000,
-    /// or 20000 on the fake server (its guarded updates scan whole collections).
+    /// or 20000 on the fake server (sized when its guarded updates scanned whole collections).
     #[arg(long)]
     events: Option<usize>,
     /// Posts seeded for the reconcile phase. Default: 5000 quick; full: 100000, or 10000 on the
@@ -109,9 +109,10 @@ struct Plan {
 impl Plan {
     fn from(args: &Args, kind: ServerKind) -> Plan {
         let quick = args.quick;
-        // The fake server has no secondary indexes and scans for any filter beyond `_id`, so the
-        // worker is quadratic in the backlog and a sweep in the number of posts: full-mode
-        // defaults sized to finish within ~10 minutes there.
+        // The fake server has no secondary indexes, so a sweep is quadratic in the number of
+        // posts; and until its launcher's `_id`-index lookup (2026-12-03) it scanned for any
+        // filter beyond exactly `_id`, so the worker was quadratic in the backlog. Full-mode
+        // defaults sized then to finish within ~10 minutes there; not re-measured since.
         let fake = kind == ServerKind::Fake;
         let (full_events, full_posts) = if fake {
             (20_000, 10_000)
@@ -242,6 +243,9 @@ struct ServerInfo {
     description: String,
     version: String,
     wire_version: i32,
+    /// The fake only: whether its launcher serves `_id`-equality filters from the `_id` index
+    /// (`counterd::testdb::FAKE_ID_INDEX_VAR`).
+    fake_id_index: Option<bool>,
 }
 
 fn main() -> ExitCode {
@@ -297,9 +301,10 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     bench.drop_db(&probe).await;
     let server_info = ServerInfo {
         kind: format!("{:?}", server.kind),
-        description: describe_server(server.kind),
+        description: describe_server(&server),
         version: abilities.version.clone(),
         wire_version: abilities.wire_version,
+        fake_id_index: server.fake_id_index(),
     };
     say!(
         "server: {} (reports MongoDB {}, wire {})",
@@ -1449,8 +1454,9 @@ async fn bare_read(
 
 /// Times 1000 ledger updates with the worker's guarded filter against the same updates on `_id`
 /// alone. A server that uses the `_id` index for both shows a ratio near 1; one that scans the
-/// collection for the guarded shape (mongo-java-server does: it only uses an index when the
-/// query has exactly the index's keys) shows its collection size in the ratio.
+/// collection for the guarded shape (the stock mongo-java-server does: it only uses an index
+/// when the query has exactly the index's keys; testdb/FakeMongo.java's `_id`-index lookup,
+/// off with `COUNTERD_TESTDB_ID_INDEX=0`, changes that) shows its collection size in the ratio.
 async fn guard_probe(store: &MongoStore, n: usize) -> anyhow::Result<GuardProbe> {
     let db = store.database();
     let ledger_docs = db
@@ -1570,8 +1576,8 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
     sorted[rank - 1]
 }
 
-fn describe_server(kind: ServerKind) -> String {
-    match kind {
+fn describe_server(server: &TestServer) -> String {
+    match server.kind {
         ServerKind::External => "COUNTERD_TEST_MONGODB_URI (external server)".into(),
         ServerKind::Mongod => "throwaway mongod single-node replica set".into(),
         ServerKind::Fake => {
@@ -1588,7 +1594,12 @@ fn describe_server(kind: ServerKind) -> String {
                     Some(rest[from..from + to].trim().to_string())
                 })
                 .unwrap_or_else(|| "unknown version".into());
-            format!("fake mongo-java-server {version} (in-memory, oplog on)")
+            let planner = if server.fake_id_index() == Some(false) {
+                "stock planner"
+            } else {
+                "_id index for _id-equality filters"
+            };
+            format!("fake mongo-java-server {version} (in-memory, oplog on, {planner})")
         }
     }
 }
@@ -1634,9 +1645,18 @@ fn print_table(report: &Report) {
         "counterd-bench ({} mode) on {}: {} events per backlog over {} posts, {} reconcile posts, lag writer {}/s for {} s",
         plan.mode, report.server.description, plan.events, plan.load_posts, plan.posts, plan.lag_rate, plan.lag_secs
     );
+    match report.server.fake_id_index {
+        Some(true) => println!(
+            "note: since 2026-12-03 (issue #16) the fake server's launcher (testdb/FakeMongo.java) serves every filter that pins _id by equality from its _id index, as MongoDB does, so guarded updates no longer scan their collection; runs before that (bench/RESULTS.md of 2026-12-02) measured the scans"
+        ),
+        Some(false) => println!(
+            "note: COUNTERD_TESTDB_ID_INDEX=0: the fake server's stock planner, as in runs before 2026-12-03, so every guarded update scans its collection"
+        ),
+        None => {}
+    }
     if plan.reduced_for_fake_server {
         println!(
-            "note: full-mode sizes reduced for the fake server (100000 events / 100000 posts on a real MongoDB): its updates with filters beyond `_id` and its recount queries scan whole collections, so larger sizes take far beyond 10 minutes; pass --events/--posts to override"
+            "note: full-mode sizes reduced for the fake server (100000 events / 100000 posts on a real MongoDB): its recount queries scan whole collections (and its guarded updates did before the launcher's _id-index lookup; the sizes were set then and not re-measured since), so larger sizes take far beyond 10 minutes; pass --events/--posts to override"
         );
     }
     let header = ["metric", "value", "baseline", "ratio", "target", "status"];

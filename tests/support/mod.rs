@@ -43,7 +43,16 @@ impl TestDb {
 
     /// A test database whose comments use `schema`'s field names and soft-delete rule.
     pub async fn with_schema(test: &str, schema: counterd::schema::Schema) -> TestDb {
-        let server = server();
+        Self::on_server(server(), test, schema).await
+    }
+
+    /// A test database on `server` instead of this binary's shared one (for tests that compare
+    /// servers). The abilities are still the ones detected first in this binary.
+    pub async fn on_server(
+        server: &TestServer,
+        test: &str,
+        schema: counterd::schema::Schema,
+    ) -> TestDb {
         let name = format!(
             "t{}_{}_{}",
             std::process::id() % 100_000,
