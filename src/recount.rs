@@ -176,7 +176,10 @@ impl<S: Store + ?Sized> Recounter<S> {
         pace: &mut Pace,
     ) -> StoreResult<Vec<Recount>> {
         let checkpoint = self.store.load_checkpoint(&self.stream).await?;
-        if checkpoint.as_ref().is_some_and(Checkpoint::snapshot_running) {
+        if checkpoint
+            .as_ref()
+            .is_some_and(Checkpoint::snapshot_running)
+        {
             return Ok(vec![Recount::SnapshotRunning; requests.len()]);
         }
         let checkpoint_time = checkpoint.and_then(|c| c.token_time);

@@ -135,12 +135,14 @@ pub fn plan_chunk(
             continue;
         }
         let bucket = bucket_of(row.created_at, bucket_width_secs);
-        let entry = counters.entry(post.clone()).or_insert_with(|| CounterDelta {
-            post: post.clone(),
-            delta: 0,
-            buckets: BTreeMap::new(),
-            touched: BTreeSet::new(),
-        });
+        let entry = counters
+            .entry(post.clone())
+            .or_insert_with(|| CounterDelta {
+                post: post.clone(),
+                delta: 0,
+                buckets: BTreeMap::new(),
+                touched: BTreeSet::new(),
+            });
         entry.delta += 1;
         *entry.buckets.entry(bucket).or_default() += 1;
         entry.touched.insert(bucket);
@@ -169,7 +171,9 @@ pub fn seconds_left(progress: &SnapshotProgress, rows_per_second: u32) -> Option
     if progress.state != SnapshotState::Running || rows_per_second == 0 {
         return None;
     }
-    let left = progress.estimated_rows.saturating_sub(progress.rows_scanned);
+    let left = progress
+        .estimated_rows
+        .saturating_sub(progress.rows_scanned);
     Some(left.div_ceil(rows_per_second as u64))
 }
 
@@ -411,7 +415,11 @@ mod tests {
         finish_chunk(&mut progress, &chunk);
         assert_eq!(progress.cursor, Some(id(2)));
         assert_eq!(
-            (progress.rows_scanned, progress.rows_counted, progress.chunks_done),
+            (
+                progress.rows_scanned,
+                progress.rows_counted,
+                progress.chunks_done
+            ),
             (2, 1, 1)
         );
         assert!(progress.pending.is_none());

@@ -144,9 +144,8 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     let store = connect(&settings).await?;
     let mut streams = Vec::new();
     for (stream, _) in stream_names(&settings.stream_name, settings.partitions) {
-        streams.push(
-            stream_status(store.as_ref(), stream, settings.snapshot_rows_per_second).await?,
-        );
+        streams
+            .push(stream_status(store.as_ref(), stream, settings.snapshot_rows_per_second).await?);
     }
     let dirty = store.dirty_summary().await?;
     let status = Status {

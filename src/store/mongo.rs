@@ -1796,7 +1796,8 @@ impl Store for MongoStore {
     }
 
     async fn save_snapshot(&self, fence: &Fence, progress: &SnapshotProgress) -> StoreResult<()> {
-        let update = doc! {"$set": {"snapshot": snapshot_to_doc(progress), "updated_at": DateTime::now()}};
+        let update =
+            doc! {"$set": {"snapshot": snapshot_to_doc(progress), "updated_at": DateTime::now()}};
         self.owned_checkpoint_update("record the snapshot's progress", fence, update)
             .await
     }

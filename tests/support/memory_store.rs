@@ -59,9 +59,9 @@ const CREATED_FIELD: &str = "created_at";
 const DELETED_FIELD: &str = "deleted_at";
 use counterd::fold::{CounterState, Fold};
 use counterd::store::{
-    ApplyOutcome, Checkpoint, CounterDoc, DirtyEntry, DirtyOrder, DirtySummary, EventSource, Fence,
-    Gap, Lease, PendingBatch, Position, RawBatch, RunSummary, ServerNow, Store, StoreError,
-    StoreResult, StreamOptions, StreamStart, SweepCursor, CommentsExtent, SnapshotProgress,
+    ApplyOutcome, Checkpoint, CommentsExtent, CounterDoc, DirtyEntry, DirtyOrder, DirtySummary,
+    EventSource, Fence, Gap, Lease, PendingBatch, Position, RawBatch, RunSummary, ServerNow,
+    SnapshotProgress, Store, StoreError, StoreResult, StreamOptions, StreamStart, SweepCursor,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -2224,7 +2224,11 @@ impl Store for MemoryStore {
     async fn comments_extent(&self) -> StoreResult<CommentsExtent> {
         self.single("comments_extent", false, |s| {
             Ok(CommentsExtent {
-                last_id: s.comments.keys().next_back().map(|id| CommentId::new(Bson::Int64(*id))),
+                last_id: s
+                    .comments
+                    .keys()
+                    .next_back()
+                    .map(|id| CommentId::new(Bson::Int64(*id))),
                 estimated_rows: s.comments.len() as u64,
             })
         })
@@ -2331,7 +2335,10 @@ impl Store for MemoryStore {
                 return;
             }
             outcome.applied += 1;
-            s.note(format!("  counter {} {:+} from snapshot chunk {chunk}", w.post, w.delta));
+            s.note(format!(
+                "  counter {} {:+} from snapshot chunk {chunk}",
+                w.post, w.delta
+            ));
             let c = s.counters.entry(w.post.clone()).or_default();
             c.live_delta += w.delta;
             c.count += w.delta;
