@@ -34,7 +34,7 @@ pub struct CheckFailed(pub String);
 /// The exit code for a store error.
 fn store_code(e: &StoreError) -> u8 {
     match e {
-        StoreError::HistoryLost { .. } => STREAM,
+        StoreError::HistoryLost { .. } | StoreError::HistoryMismatch { .. } => STREAM,
         StoreError::Transient { .. }
         | StoreError::Fatal { .. }
         | StoreError::Malformed { .. }
