@@ -277,12 +277,26 @@ impl<S: Store + ?Sized> Worker<S> {
             .load_checkpoint(&fence.stream)
             .await
             .map_err(WorkerError::Store)?;
+        let mut to = self.clock.now();
+        if matches!(error, StoreError::HistoryMismatch { .. }) {
+            // Another history (a restored backup): restart after every write the server has
+            // acknowledged so far, so the restore's own inserts, which the restored counters
+            // already hold, are not read again; the first whole second after them.
+            let upper = self
+                .store
+                .read_position()
+                .await
+                .map_err(WorkerError::Store)?
+                .upper;
+            let secs = upper.time as i64 + i64::from(upper.increment > 0);
+            to = to.max(DateTime::from_millis(secs * 1000));
+        }
         let gap = Gap {
             from: checkpoint
                 .as_ref()
                 .and_then(|c| c.token_time)
                 .map(|t| DateTime::from_millis(t.time as i64 * 1000)),
-            to: self.clock.now(),
+            to,
         };
         let rfc3339 = |t: DateTime| t.try_to_rfc3339_string().unwrap_or_default();
         let gap_from = gap.from.map(rfc3339).unwrap_or_else(|| "unknown".into());

@@ -98,6 +98,7 @@ mod tests {
         let ended = StreamEnded {
             token: Token("00".into()),
             operation: "drop".into(),
+            at: None,
         };
         assert_eq!(code(CheckFailed("mismatch".into())), 1);
         assert_eq!(code(anyhow::anyhow!("something else")), 1);
