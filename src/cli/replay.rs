@@ -62,7 +62,10 @@ const MIN_TOKEN_HEX: usize = 16;
 
 /// A resume token's `_data`: hex digits, whole bytes, at least 8 of them.
 fn check_token_shape(t: &str) -> Result<Token, UsageError> {
-    if t.len() < MIN_TOKEN_HEX || t.len() % 2 != 0 || !t.chars().all(|c| c.is_ascii_hexdigit()) {
+    if t.len() < MIN_TOKEN_HEX
+        || !t.len().is_multiple_of(2)
+        || !t.chars().all(|c| c.is_ascii_hexdigit())
+    {
         return Err(UsageError(format!(
             "--from-token {t:?}: expected the hex `_data` of a resume token (an even number of hex digits, at least {MIN_TOKEN_HEX}), as `counterd status` shows the checkpoint token; or use --from-time"
         )));
