@@ -99,12 +99,33 @@ pub struct Classification {
 }
 
 /// The stream can no longer be followed: the collection was dropped or renamed, or the stream
-/// was invalidated. Never guessed past.
+/// was invalidated. Never guessed past. The message says how to recover, with the time to
+/// replay from.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("change stream ended by a `{operation}` event at token {token}: the `comments` collection was dropped, renamed or the stream invalidated; counterd stops rather than guess (restore the collection, then `counterd replay --from-time` and `counterd reconcile --sweep`)")]
+#[error("change stream ended by a `{operation}` event at token {token}{}: the `comments` collection was dropped, renamed or the stream invalidated, and counterd stops rather than guess. To recover: restore or recreate the collection, run `counterd replay --from-time {}` (just after this event: what happened since is counted), start `counterd run` again, and run `counterd reconcile --sweep` once beside it to recount every post (the counters still include the rows that went away)", at_text(.at), replay_from(.at))]
 pub struct StreamEnded {
     pub token: Token,
     pub operation: String,
+    /// The event's cluster time, where the server sent one.
+    pub at: Option<bson::Timestamp>,
+}
+
+/// ` (at <time>)`, or nothing without a time.
+fn at_text(at: &Option<bson::Timestamp>) -> String {
+    at.map(|t| format!(" (at {})", seconds_rfc3339(t.time as i64)))
+        .unwrap_or_default()
+}
+
+/// The first whole second after the event, where to replay from.
+fn replay_from(at: &Option<bson::Timestamp>) -> String {
+    at.map(|t| seconds_rfc3339(t.time as i64 + 1))
+        .unwrap_or_else(|| "<RFC 3339 time just after the drop>".into())
+}
+
+fn seconds_rfc3339(secs: i64) -> String {
+    chrono::DateTime::from_timestamp(secs, 0)
+        .map(|d| d.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+        .unwrap_or_else(|| secs.to_string())
 }
 
 /// Classifies one event. `ledger` is the ledger's view of the row before this event
@@ -156,6 +177,7 @@ pub fn classify(
             return Err(StreamEnded {
                 token: event.token.clone(),
                 operation: op.clone(),
+                at: event.cluster_time,
             })
         }
         Operation::Unknown(op) => {

@@ -155,7 +155,13 @@ where
         status.active.store(false, Ordering::Relaxed);
         status.stream_open.store(false, Ordering::Relaxed);
         metrics::gauge!(m::WORKER_ACTIVE, "stream" => label).set(0.0);
-        if *shutdown.borrow() {
+        // Released on shutdown, and when the work failed for good (the process stops): a
+        // standby, or an operator's `replay`, need not wait for it to lapse.
+        let stops = !matches!(
+            result,
+            Ok(Ok(())) | Ok(Err(WorkerError::Store(StoreError::Fenced { .. })))
+        );
+        if *shutdown.borrow() || stops {
             let _ = store
                 .release_lease(&settings.stream, &settings.owner, epoch)
                 .await;

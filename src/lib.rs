@@ -11,6 +11,7 @@ pub mod classify;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod deployment;
 pub mod event;
 pub mod fold;
 pub mod http;

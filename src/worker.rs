@@ -143,7 +143,7 @@ impl WorkerStatus {
 pub enum WorkerError {
     #[error(transparent)]
     StreamEnded(#[from] StreamEnded),
-    #[error("{source}. on_history_lost = fail: to continue, run `counterd replay --from-time <RFC3339 within the oplog window>` and then `counterd reconcile --sweep`, or set on_history_lost = \"resweep\"")]
+    #[error("{source}. on_history_lost = \"fail\": nothing was counted from this position. To continue, either set on_history_lost = \"resweep\" and start again (counterd records the gap, restarts the stream from now and recounts every post), or run `counterd replay --from-time <RFC 3339 time this deployment's oplog still holds>`, start `counterd run` again and run `counterd reconcile --sweep` once beside it")]
     HistoryLost { source: StoreError },
     #[error("cannot start: {0}")]
     Startup(StoreError),
@@ -174,6 +174,10 @@ struct Pending {
     applied_since_drained: bool,
     /// Empty reads since the drained position was last recorded.
     idle_reads: u32,
+    /// Resumed after a token whose event had this cluster time: the first event read may not
+    /// be older (checked once, then `None`). Catches a server that resumes "after" a token it
+    /// never issued, where it reports no deployment identity.
+    resumed_after: Option<Timestamp>,
 }
 
 impl<S: Store + ?Sized> Worker<S> {
@@ -251,9 +255,8 @@ impl<S: Store + ?Sized> Worker<S> {
                         return Ok(());
                     }
                 }
-                Err(SessionError::Store(StoreError::HistoryLost { code, token })) => {
+                Err(SessionError::Store(error)) if error.is_history_lost() => {
                     self.status.stream_open.store(false, Ordering::Relaxed);
-                    let error = StoreError::HistoryLost { code, token };
                     metrics::counter!(m::HISTORY_LOST, "stream" => fence.stream.clone())
                         .increment(1);
                     match self.settings.on_history_lost {
@@ -288,12 +291,26 @@ impl<S: Store + ?Sized> Worker<S> {
             .load_checkpoint(&fence.stream)
             .await
             .map_err(WorkerError::Store)?;
+        let mut to = self.clock.now();
+        if matches!(error, StoreError::HistoryMismatch { .. }) {
+            // Another history (a restored backup): restart after every write the server has
+            // acknowledged so far, so the restore's own inserts, which the restored counters
+            // already hold, are not read again; the first whole second after them.
+            let upper = self
+                .store
+                .read_position()
+                .await
+                .map_err(WorkerError::Store)?
+                .upper;
+            let secs = upper.time as i64 + i64::from(upper.increment > 0);
+            to = to.max(DateTime::from_millis(secs * 1000));
+        }
         let gap = Gap {
             from: checkpoint
                 .as_ref()
                 .and_then(|c| c.token_time)
                 .map(|t| DateTime::from_millis(t.time as i64 * 1000)),
-            to: self.clock.now(),
+            to,
         };
         let rfc3339 = |t: DateTime| t.try_to_rfc3339_string().unwrap_or_default();
         let gap_from = gap.from.map(rfc3339).unwrap_or_else(|| "unknown".into());
@@ -302,7 +319,69 @@ impl<S: Store + ?Sized> Worker<S> {
         self.store
             .record_gap(fence, &gap)
             .await
-            .map_err(WorkerError::Store)
+            .map_err(WorkerError::Store)?;
+        // The new start ("now") belongs to this deployment. Recorded after the gap: a crash in
+        // between finds the old deployment again and records a second gap, never resumes the
+        // old position here.
+        let here = self.store.deployment().await.map_err(WorkerError::Store)?;
+        if !here.is_unknown() {
+            self.store
+                .record_deployment(fence, &here)
+                .await
+                .map_err(WorkerError::Store)?;
+        }
+        Ok(())
+    }
+
+    /// Re-applies the batch a stopped worker left in flight, exactly as planned (what a session
+    /// does before it reads the stream), so that an operator's move of the checkpoint is not
+    /// undone by it later. Returns the batch, if there was one.
+    pub async fn resolve_pending(&self, fence: &Fence) -> Result<Option<PendingBatch>, StoreError> {
+        let Some(mut checkpoint) = self.store.load_checkpoint(&fence.stream).await? else {
+            return Ok(None);
+        };
+        let Some(batch) = checkpoint.pending.clone() else {
+            return Ok(None);
+        };
+        match self.write_batch(fence, &mut checkpoint, &batch).await {
+            Ok(()) => Ok(Some(batch)),
+            Err(SessionError::Store(e)) => Err(e),
+            Err(SessionError::Ended(end)) => Err(StoreError::Fatal {
+                op: "re-apply the batch left in flight",
+                message: end.to_string(),
+            }),
+        }
+    }
+
+    /// A position belongs to the deployment it was recorded on: resuming it on another one (a
+    /// backup restored there) is lost history, whatever the server says. Records the
+    /// deployment where the checkpoint has none yet or the server now reports more of it.
+    async fn check_deployment(
+        &self,
+        fence: &Fence,
+        checkpoint: &mut Checkpoint,
+    ) -> Result<(), SessionError> {
+        let here = self.store.deployment().await?;
+        if here.is_unknown() {
+            return Ok(());
+        }
+        if let Some(recorded) = &checkpoint.deployment {
+            let positioned = checkpoint.token.is_some() || checkpoint.start_time.is_some();
+            if positioned && !recorded.same_as(&here) {
+                return Err(StoreError::HistoryMismatch {
+                    position: position_of(checkpoint),
+                    reason: format!("the checkpoint was recorded on {recorded}, but this server is {here}. A backup restored onto another deployment? Its position means nothing here, and resuming from it would count restored rows again"),
+                }
+                .into());
+            }
+            if !here.adds_to(recorded) {
+                return Ok(());
+            }
+        }
+        tracing::info!(stream = %fence.stream, deployment = %here, "checkpoint belongs to this deployment");
+        self.store.record_deployment(fence, &here).await?;
+        checkpoint.deployment = Some(here);
+        Ok(())
     }
 
     /// One stream session: open from the checkpoint and apply batches until shutdown or error.
@@ -325,6 +404,7 @@ impl<S: Store + ?Sized> Worker<S> {
             tracing::info!(stream = %fence.stream, end = %batch.end, posts = batch.counters.len(), "re-applying the batch a previous run left in flight");
             self.write_batch(fence, &mut checkpoint, &batch).await?;
         }
+        self.check_deployment(fence, &mut checkpoint).await?;
         // A configured start applies once: after a history gap it is lost too, so "now" then.
         let configured_start = if checkpoint.gaps.is_empty() {
             self.settings.start_at
@@ -394,6 +474,7 @@ impl<S: Store + ?Sized> Worker<S> {
             idle: true,
             applied_since_drained: true,
             idle_reads: 0,
+            resumed_after: checkpoint.token.as_ref().and(checkpoint.token_time),
         };
         let mut next_chunk_at = self.clock.now();
         loop {
@@ -474,6 +555,20 @@ impl<S: Store + ?Sized> Worker<S> {
                             .increment(1);
                         tracing::warn!(stream = %fence.stream, error = %e, "skipping an unreadable change event");
                     }
+                }
+            }
+            if let Some(first) = pending
+                .events
+                .front()
+                .filter(|_| pending.resumed_after.is_some())
+            {
+                let since = pending.resumed_after.take().expect("checked");
+                if let Some(at) = first.cluster_time.filter(|at| *at < since) {
+                    return Err(StoreError::HistoryMismatch {
+                        position: position_of(checkpoint),
+                        reason: format!("the first event after it ({} at {}) is older than the checkpoint's own event (at {}): this stream is not the history the checkpoint came from", first.token, rfc3339(at), rfc3339(since)),
+                    }
+                    .into());
                 }
             }
             if pending.events.is_empty() {
@@ -685,6 +780,22 @@ impl<S: Store + ?Sized> Worker<S> {
         tracing::debug!(stream = %fence.stream, end = %batch.end, writes = batch.counters.len(), already = outcome.already_applied, "batch applied");
         Ok(())
     }
+}
+
+/// The checkpoint's position, for messages.
+fn position_of(checkpoint: &Checkpoint) -> String {
+    match (&checkpoint.token, checkpoint.start_time) {
+        (Some(token), _) => format!("token {token}"),
+        (None, Some(at)) => format!("time {}", rfc3339(at)),
+        (None, None) => "the start".into(),
+    }
+}
+
+/// A cluster time as RFC 3339 (whole seconds).
+fn rfc3339(at: Timestamp) -> String {
+    DateTime::from_millis(at.time as i64 * 1000)
+        .try_to_rfc3339_string()
+        .unwrap_or_else(|_| at.time.to_string())
 }
 
 /// Takes the next batch from the buffer: everything read so far, cut at the high water so that

@@ -1255,6 +1255,7 @@ fn stream_ending_events_stop_the_stream() {
                     Err(StreamEnded {
                         token: ev.token.clone(),
                         operation: operation.to_string(),
+                        at: ev.cluster_time,
                     }),
                     "{name}"
                 );
@@ -1264,6 +1265,16 @@ fn stream_ending_events_stop_the_stream() {
             .unwrap_err()
             .to_string();
         assert!(message.contains(operation), "{message}");
+        if let Some(at) = ev.cluster_time {
+            // The recovery names the second after the event to replay from.
+            let from = chrono::DateTime::from_timestamp(at.time as i64 + 1, 0)
+                .unwrap()
+                .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+            assert!(
+                message.contains(&format!("counterd replay --from-time {from}")),
+                "{message}"
+            );
+        }
     }
 }
 

@@ -192,18 +192,54 @@ async fn replay_dry_run_refusal_and_move() {
     let refused = counterd(&t, &["replay", "--from-time", "2000-01-01T00:00:00Z"]);
     assert_eq!(refused.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&refused.stderr).contains("holds stream `comments`"));
-    let forced = counterd(&t, &["replay", "--from-token", "00", "--force"]);
+    // An older token of this stream: its first event's.
+    let mut source = t
+        .store
+        .open_stream(counterd::store::StreamOptions {
+            start: counterd::store::StreamStart::AtTime(mongodb::bson::Timestamp {
+                time: 1,
+                increment: 0,
+            }),
+            pre_images: false,
+            pipeline: vec![],
+            max_await: Duration::from_millis(100),
+        })
+        .await
+        .unwrap();
+    let first = source
+        .next_batch(1, Duration::from_millis(100))
+        .await
+        .unwrap()
+        .events
+        .remove(0);
+    let older = counterd::event::ChangeEvent::parse(&first).unwrap().token.0;
+    assert!(older < before.token.clone().unwrap().0);
+    let forced = counterd(&t, &["replay", "--from-token", &older, "--force"]);
     assert!(
         forced.status.success(),
         "{}",
         String::from_utf8_lossy(&forced.stderr)
     );
+    assert!(stdout(&forced).contains("fenced out worker someone-else"));
     let moved = t.store.load_checkpoint("comments").await.unwrap().unwrap();
-    assert_eq!(moved.token.unwrap().0, "00");
+    assert_eq!(moved.token.unwrap().0, older);
     assert_eq!(moved.high_water, before.high_water, "the high water stays");
-    let bad = counterd(&t, &["replay", "--from-token", "not-hex", "--force"]);
-    assert!(!bad.status.success());
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("--from-token"));
+    let lease = t.store.read_lease("comments").await.unwrap().unwrap();
+    assert!(
+        lease.expires_at <= mongodb::bson::DateTime::now(),
+        "replay gave the lease back: {lease:?}"
+    );
+    // A token's shape is checked (usage error, exit 2): hex, whole bytes, this stream's format.
+    let other_format = if older.len() == 16 {
+        "82695B6F99000000012B042C0100296E5A1004"
+    } else {
+        "6b11572600000001"
+    };
+    for bad in ["not-hex", "00", other_format] {
+        let o = counterd(&t, &["replay", "--from-token", bad, "--force"]);
+        assert_eq!(o.status.code(), Some(2), "{bad}");
+        assert!(String::from_utf8_lossy(&o.stderr).contains("--from-token"));
+    }
 }
 
 #[tokio::test]

@@ -34,7 +34,7 @@ pub struct CheckFailed(pub String);
 /// The exit code for a store error.
 fn store_code(e: &StoreError) -> u8 {
     match e {
-        StoreError::HistoryLost { .. } => STREAM,
+        StoreError::HistoryLost { .. } | StoreError::HistoryMismatch { .. } => STREAM,
         StoreError::Transient { .. }
         | StoreError::Fatal { .. }
         | StoreError::Malformed { .. }
@@ -98,6 +98,7 @@ mod tests {
         let ended = StreamEnded {
             token: Token("00".into()),
             operation: "drop".into(),
+            at: None,
         };
         assert_eq!(code(CheckFailed("mismatch".into())), 1);
         assert_eq!(code(anyhow::anyhow!("something else")), 1);

@@ -33,6 +33,8 @@ struct StreamStatus {
     lag_seconds: Option<i64>,
     high_water: Option<String>,
     pending_batch: Option<String>,
+    /// The deployment the checkpoint's position belongs to (resuming on another is lost history).
+    deployment: Option<String>,
     history_gaps: Vec<String>,
     sweep_requested: bool,
     /// The background sweep's pass over every post.
@@ -124,6 +126,7 @@ async fn stream_status(
             .pending
             .as_ref()
             .map(|p| format!("through {} ({} counter writes)", p.end, p.counters.len())),
+        deployment: checkpoint.deployment.as_ref().map(|d| d.to_string()),
         history_gaps: checkpoint
             .gaps
             .iter()
@@ -180,6 +183,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         outln!("  high water      {}", or_none(&s.high_water));
         outln!("  pending batch   {}", or_none(&s.pending_batch));
         outln!("  initial snapshot {}", s.initial_snapshot_summary);
+        outln!("  deployment      {}", or_none(&s.deployment));
         if s.history_gaps.is_empty() {
             outln!("  history gaps    none");
         } else {

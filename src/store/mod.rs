@@ -14,6 +14,7 @@ use bson::{DateTime, Document, Timestamp};
 use serde::Serialize;
 
 use crate::batch::{BucketStart, CounterDelta, DirtyMark, LedgerUpdate};
+use crate::deployment::Deployment;
 use crate::event::{CommentId, PostId, Row, Token};
 use crate::fold::{CounterState, Fold};
 
@@ -26,6 +27,11 @@ pub enum StoreError {
     /// The resume token fell off the oplog (codes 286, 280, 260).
     #[error("change stream history lost (code {code}) while resuming after token {token}: the checkpoint is older than the oplog window")]
     HistoryLost { code: i32, token: String },
+    /// The checkpoint cannot be resumed here although the server did not refuse it: it belongs
+    /// to another deployment (a restored backup), or the stream answered with an event older
+    /// than the checkpoint. Handled like [`StoreError::HistoryLost`].
+    #[error("change stream history lost while resuming from {position}: {reason}")]
+    HistoryMismatch { position: String, reason: String },
     /// Another worker holds a newer fencing epoch for this stream: step down.
     #[error(
         "fenced out of stream `{stream}`: another worker took over with a newer epoch than {epoch}"
@@ -46,6 +52,15 @@ pub enum StoreError {
 impl StoreError {
     pub fn is_transient(&self) -> bool {
         matches!(self, StoreError::Transient { .. })
+    }
+
+    /// The checkpoint's history is gone: the server refused it, or counterd found it belongs
+    /// to another history. Both follow `on_history_lost`.
+    pub fn is_history_lost(&self) -> bool {
+        matches!(
+            self,
+            StoreError::HistoryLost { .. } | StoreError::HistoryMismatch { .. }
+        )
     }
 }
 
@@ -90,6 +105,9 @@ pub struct Checkpoint {
     pub pending: Option<PendingBatch>,
     /// Fencing epoch of the worker that owns the stream.
     pub epoch: i64,
+    /// The deployment the position belongs to (`None`: not recorded yet); resuming on another
+    /// one is lost history (see [`crate::deployment`]).
+    pub deployment: Option<Deployment>,
     pub updated_at: Option<DateTime>,
     /// Gaps recorded after history loss.
     pub gaps: Vec<Gap>,
@@ -487,6 +505,10 @@ pub trait Store: Send + Sync {
     /// Records a history-lost gap, requests a full sweep, and sets the stream to start again
     /// exactly where the gap ends.
     async fn record_gap(&self, fence: &Fence, gap: &Gap) -> StoreResult<()>;
+    /// What identifies the deployment this store talks to now (unknown parts left out).
+    async fn deployment(&self) -> StoreResult<Deployment>;
+    /// Records that the stream's position belongs to `deployment`.
+    async fn record_deployment(&self, fence: &Fence, deployment: &Deployment) -> StoreResult<()>;
     /// Sets or clears the "full sweep requested" flag.
     async fn set_sweep_requested(&self, stream: &str, requested: bool) -> StoreResult<()>;
 
@@ -616,6 +638,15 @@ pub trait Store: Send + Sync {
         ttl: Duration,
         now: DateTime,
     ) -> StoreResult<bool>;
+    /// Takes the lease whoever holds it, unexpired or not (an operator's `replay --force`):
+    /// returns the new epoch, higher than any before, so the holder is fenced out.
+    async fn seize_lease(
+        &self,
+        stream: &str,
+        owner: &str,
+        ttl: Duration,
+        now: DateTime,
+    ) -> StoreResult<i64>;
     /// Gives the lease up at once (graceful shutdown), so a standby need not wait for expiry.
     async fn release_lease(&self, stream: &str, owner: &str, epoch: i64) -> StoreResult<()>;
     /// Stamps the checkpoint with a newer epoch at takeover; fails `Fenced` if a newer one is

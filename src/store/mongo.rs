@@ -697,6 +697,11 @@ fn checkpoint_from_doc(stream: &str, doc: &Document) -> StoreResult<Checkpoint> 
         caught_up_at: doc.get_timestamp("caught_up_at").ok(),
         high_water,
         epoch,
+        deployment: match doc.get("deployment") {
+            None | Some(Bson::Null) => None,
+            Some(Bson::Document(d)) => Some(Deployment::from_document(d)),
+            Some(other) => return Err(malformed(format!("`deployment` is {other:?}"))),
+        },
         updated_at: doc.get_datetime("updated_at").ok().copied(),
         gaps,
         sweep_requested: doc.get_bool("sweep_requested").unwrap_or(false),
@@ -1087,6 +1092,76 @@ impl Store for MongoStore {
             "$unset": {"token": "", "token_time": ""},
         };
         self.owned_checkpoint_update("record the history gap", fence, update)
+            .await
+    }
+
+    async fn deployment(&self) -> StoreResult<Deployment> {
+        let admin = self.db.client().database("admin");
+        // An optional reading: refused (not allowed, not supported) is "not reported", but a
+        // transient failure is retried rather than taken for a server that reports nothing.
+        async fn optional(
+            op: &'static str,
+            reply: Result<Document, DriverError>,
+        ) -> StoreResult<Option<Document>> {
+            match reply {
+                Ok(d) => Ok(Some(d)),
+                Err(e) => match map_err(op, e) {
+                    t @ StoreError::Transient { .. } => Err(t),
+                    _ => Ok(None),
+                },
+            }
+        }
+        let is_master = admin
+            .run_command(doc! {"isMaster": 1})
+            .await
+            .map_err(|e| map_err("isMaster", e))?;
+        let replica_set = is_master.contains_key("setName");
+        let sharded = is_master.get_str("msg") == Ok("isdbgrid");
+        let repl_config = if replica_set {
+            optional(
+                "replSetGetConfig",
+                admin.run_command(doc! {"replSetGetConfig": 1}).await,
+            )
+            .await?
+        } else {
+            None
+        };
+        let cluster = if sharded {
+            optional(
+                "read config.version",
+                self.db
+                    .client()
+                    .database("config")
+                    .collection::<Document>("version")
+                    .find_one(doc! {})
+                    .await
+                    .map(Option::unwrap_or_default),
+            )
+            .await?
+        } else {
+            None
+        };
+        let status = if replica_set || sharded {
+            None
+        } else {
+            optional(
+                "serverStatus",
+                admin.run_command(doc! {"serverStatus": 1}).await,
+            )
+            .await?
+        };
+        Ok(Deployment::from_replies(
+            &is_master,
+            repl_config.as_ref(),
+            cluster.as_ref(),
+            status.as_ref(),
+        ))
+    }
+
+    async fn record_deployment(&self, fence: &Fence, deployment: &Deployment) -> StoreResult<()> {
+        let update =
+            doc! {"$set": {"deployment": deployment.to_document(), "updated_at": DateTime::now()}};
+        self.owned_checkpoint_update("record the deployment", fence, update)
             .await
     }
 
@@ -1728,6 +1803,27 @@ impl Store for MongoStore {
             .await
             .map_err(|e| map_err("renew the lease", e))?;
         Ok(result.matched_count == 1)
+    }
+
+    async fn seize_lease(
+        &self,
+        stream: &str,
+        owner: &str,
+        ttl: Duration,
+        now: DateTime,
+    ) -> StoreResult<i64> {
+        let expires = DateTime::from_millis(now.timestamp_millis() + ttl.as_millis() as i64);
+        let found = self
+            .coll(&self.names.leases)
+            .find_one_and_update(
+                doc! {"_id": stream},
+                doc! {"$set": {"owner": owner, "expires_at": expires}, "$inc": {"epoch": 1_i64}},
+            )
+            .upsert(true)
+            .return_document(mongodb::options::ReturnDocument::After)
+            .await
+            .map_err(|e| map_err("seize the lease", e))?;
+        Ok(found.and_then(|d| d.get_i64("epoch").ok()).unwrap_or(1))
     }
 
     async fn release_lease(&self, stream: &str, owner: &str, epoch: i64) -> StoreResult<()> {

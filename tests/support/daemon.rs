@@ -17,9 +17,20 @@ impl Daemon {
     /// until its HTTP endpoint listens. A port that another test took between our probe and the
     /// daemon's bind makes it exit at once: then it is started again on another port.
     pub fn start(uri: &str, database: &str, owner: &str, extra: &[(&str, &str)]) -> Daemon {
+        Self::start_logged(uri, database, owner, extra, None)
+    }
+
+    /// [`Daemon::start`] with its standard error written to `log` (to check what it said).
+    pub fn start_logged(
+        uri: &str,
+        database: &str,
+        owner: &str,
+        extra: &[(&str, &str)],
+        log: Option<&std::path::Path>,
+    ) -> Daemon {
         for _ in 0..10 {
             let port = counterd::testdb::free_port();
-            let mut child = Self::spawn(uri, database, owner, extra, port);
+            let mut child = Self::spawn(uri, database, owner, extra, port, log);
             let deadline = Instant::now() + Duration::from_secs(10);
             while Instant::now() < deadline {
                 if let Ok(Some(_)) = child.try_wait() {
@@ -39,7 +50,14 @@ impl Daemon {
         panic!("counterd run did not start listening after 10 attempts");
     }
 
-    fn spawn(uri: &str, database: &str, owner: &str, extra: &[(&str, &str)], port: u16) -> Child {
+    fn spawn(
+        uri: &str,
+        database: &str,
+        owner: &str,
+        extra: &[(&str, &str)],
+        port: u16,
+        log: Option<&std::path::Path>,
+    ) -> Child {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_counterd"));
         cmd.arg("run")
             .env_remove("COUNTERD_CONFIG")
@@ -58,12 +76,15 @@ impl Daemon {
             .env("COUNTERD_RETRY_MAX_DELAY", "500ms")
             .env("COUNTERD_LOG_LEVEL", "warn")
             .stdout(Stdio::null())
-            .stderr(match std::env::var("COUNTERD_TEST_LOG_DIR") {
+            .stderr(match (log, std::env::var("COUNTERD_TEST_LOG_DIR")) {
+                (Some(path), _) => {
+                    Stdio::from(std::fs::File::create(path).expect("create the log"))
+                }
                 // Keep each daemon's log apart when debugging a test.
-                Ok(dir) => std::fs::File::create(format!("{dir}/{owner}-{port}.log"))
+                (None, Ok(dir)) => std::fs::File::create(format!("{dir}/{owner}-{port}.log"))
                     .map(Stdio::from)
                     .unwrap_or_else(|_| Stdio::inherit()),
-                Err(_) => Stdio::inherit(),
+                (None, Err(_)) => Stdio::inherit(),
             });
         for (k, v) in extra {
             cmd.env(k, v);

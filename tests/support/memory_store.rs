@@ -51,6 +51,7 @@ use async_trait::async_trait;
 use bson::{doc, Bson, DateTime, Document, Timestamp};
 use counterd::batch::{bucket_of, CounterDelta, DirtyMark, LedgerUpdate};
 use counterd::clock::Clock;
+use counterd::deployment::Deployment;
 use counterd::event::{CommentId, PostId, Row, Token};
 
 /// The simulated application uses counterd's default schema.
@@ -197,6 +198,7 @@ struct DirtyRec {
 #[derive(Clone, Debug, Default)]
 struct CheckpointRec {
     epoch: Option<i64>,
+    deployment: Option<Deployment>,
     token: Option<String>,
     token_time: Option<Timestamp>,
     start_time: Option<Timestamp>,
@@ -1009,6 +1011,7 @@ fn to_checkpoint(stream: &str, c: &CheckpointRec) -> Checkpoint {
         high_water: c.high_water.clone().map(Token),
         pending: c.pending.clone(),
         epoch: c.epoch.unwrap_or(0),
+        deployment: c.deployment.clone(),
         updated_at: c.updated_at,
         gaps: c.gaps.clone(),
         sweep_requested: c.sweep_requested.unwrap_or(false),
@@ -1612,6 +1615,28 @@ impl Store for MemoryStore {
         .await
     }
 
+    /// Like the fake test server without `serverStatus`: nothing identifies the deployment
+    /// (and no store call is made, so the simulation's interleavings are unchanged).
+    async fn deployment(&self) -> StoreResult<Deployment> {
+        Ok(Deployment::default())
+    }
+
+    async fn record_deployment(&self, fence: &Fence, deployment: &Deployment) -> StoreResult<()> {
+        self.single("record_deployment", true, |s| {
+            checkpoint_update(
+                s,
+                fence,
+                |c| c.epoch == Some(fence.epoch),
+                |c, now| {
+                    c.deployment = Some(deployment.clone());
+                    c.updated_at = Some(now);
+                },
+                true,
+            )
+        })
+        .await
+    }
+
     async fn set_sweep_requested(&self, stream: &str, requested: bool) -> StoreResult<()> {
         self.single("set_sweep_requested", true, |s| {
             s.checkpoints
@@ -2205,6 +2230,28 @@ impl Store for MemoryStore {
                 Ok(true)
             }
             _ => Ok(false),
+        })
+        .await
+    }
+
+    async fn seize_lease(
+        &self,
+        stream: &str,
+        owner: &str,
+        ttl: Duration,
+        now: DateTime,
+    ) -> StoreResult<i64> {
+        self.single("seize_lease", true, |s| {
+            let expires_at = DateTime::from_millis(now.timestamp_millis() + ttl.as_millis() as i64);
+            let lease = s.leases.entry(stream.to_string()).or_insert(LeaseRec {
+                owner: String::new(),
+                expires_at,
+                epoch: 0,
+            });
+            lease.owner = owner.to_string();
+            lease.expires_at = expires_at;
+            lease.epoch += 1;
+            Ok(lease.epoch)
         })
         .await
     }
