@@ -196,6 +196,7 @@ pub struct Snapshotter<'a, S: Store + ?Sized> {
     pub settings: &'a SnapshotSettings,
     pub partition: Option<Partition>,
     pub bucket_width_secs: i64,
+    pub clock: &'a dyn crate::clock::Clock,
 }
 
 impl<S: Store + ?Sized> Snapshotter<'_, S> {
@@ -206,7 +207,6 @@ impl<S: Store + ?Sized> Snapshotter<'_, S> {
         &self,
         checkpoint: &mut Checkpoint,
         configured_start: Option<bson::Timestamp>,
-        now: DateTime,
     ) -> StoreResult<bool> {
         let fresh = checkpoint.token.is_none()
             && checkpoint.high_water.is_none()
@@ -223,7 +223,7 @@ impl<S: Store + ?Sized> Snapshotter<'_, S> {
             checkpoint.start_time = Some(at);
         }
         let extent = self.store.comments_extent().await?;
-        let progress = begin(&extent, now);
+        let progress = begin(&extent, self.clock.now());
         self.store.save_snapshot(self.fence, &progress).await?;
         tracing::info!(stream = %self.fence.stream, estimated_rows = extent.estimated_rows,
             state = progress.state.as_str(), "initial snapshot: counting the rows that exist before the stream's start");
@@ -288,9 +288,14 @@ impl<S: Store + ?Sized> Snapshotter<'_, S> {
             .apply_snapshot_counters(self.fence, chunk.number, &chunk.counters)
             .await?;
         finish_chunk(&mut progress, &chunk);
-        self.store.save_snapshot(self.fence, &progress).await?;
         metrics::counter!(m::SNAPSHOT_ROWS, "stream" => self.fence.stream.clone())
             .increment(chunk.rows);
+        if chunk.rows < self.settings.chunk_rows as u64 {
+            // A short chunk: no row of the range was left at its read. Rows inserted since
+            // are the stream's (their inserts came after the start).
+            return self.finish(checkpoint, progress).await;
+        }
+        self.store.save_snapshot(self.fence, &progress).await?;
         self.report(&progress);
         if progress.chunks_done % 10 == 0 {
             tracing::info!(stream = %self.fence.stream, chunks = progress.chunks_done,
@@ -310,7 +315,7 @@ impl<S: Store + ?Sized> Snapshotter<'_, S> {
     ) -> StoreResult<Step> {
         progress.state = SnapshotState::Done;
         progress.reading = None;
-        progress.finished_at = Some(DateTime::now());
+        progress.finished_at = Some(self.clock.now());
         self.store.save_snapshot(self.fence, &progress).await?;
         tracing::info!(stream = %self.fence.stream, rows_scanned = progress.rows_scanned,
             rows_counted = progress.rows_counted, chunks_resumed = progress.chunks_resumed,

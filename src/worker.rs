@@ -212,6 +212,7 @@ impl<S: Store + ?Sized> Worker<S> {
             settings: &self.settings.snapshot,
             partition: self.settings.partition,
             bucket_width_secs: self.settings.bucket_width_secs,
+            clock: self.clock.as_ref(),
         }
     }
 
@@ -415,7 +416,7 @@ impl<S: Store + ?Sized> Worker<S> {
         // previous run left in flight is finished before the stream is read.
         let snapshotter = self.snapshotter(fence);
         snapshotter
-            .begin_if_new(&mut checkpoint, configured_start, self.clock.now())
+            .begin_if_new(&mut checkpoint, configured_start)
             .await?;
         if checkpoint
             .snapshot

@@ -94,6 +94,7 @@ use counterd::event::{PostId, Token};
 use counterd::partition::{stream_names, Partition};
 use counterd::reconcile::{ReconcileSettings, Reconciler, RunReport};
 use counterd::recount::CatchUp;
+use counterd::snapshot::{InitialSnapshot, SnapshotSettings};
 use counterd::store::{Fence, Position, Store, StoreError, StoreResult};
 use counterd::worker::{OnHistoryLost, Worker, WorkerError, WorkerSettings, WorkerStatus};
 use memory_store::{yield_now, Broken, Faults, MemoryStore, Probe, State};
@@ -224,6 +225,11 @@ struct Plan {
     /// Share of store-call boundaries at which the caught-up checks run.
     probe_rate: f64,
     variant: Variant,
+    /// The workers take the initial snapshot (else `initial_snapshot = never`), in chunks of
+    /// this many rows, of the writes made before the first worker starts.
+    snapshot: bool,
+    snapshot_chunk_rows: usize,
+    existing_writes: usize,
 }
 
 impl Plan {
@@ -262,7 +268,17 @@ impl Plan {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(1.0),
             variant,
+            snapshot: false,
+            snapshot_chunk_rows: 1,
+            existing_writes: 0,
         };
+        // Drawn last, so that the plans of the other fields stay what they were per seed.
+        plan.snapshot = r.random_bool(0.7);
+        plan.snapshot_chunk_rows = r.random_range(1..=6);
+        plan.existing_writes = [0, 5, 30][r.random_range(0..3)];
+        if !plan.snapshot && !plan.start_at_zero {
+            plan.existing_writes = 0; // nothing would count them before the final sweep
+        }
         if plan.pre_images && !variant.pre_images {
             // Either expired pre-images or rows that lose `post_id`, not both.
             plan.pre_image_expiry = r.random_bool(0.5);
@@ -297,6 +313,15 @@ impl Plan {
             pipeline: Vec::new(),
             retry_min_delay: Duration::ZERO,
             retry_max_delay: Duration::ZERO,
+            snapshot: SnapshotSettings {
+                initial: if self.snapshot {
+                    InitialSnapshot::Auto
+                } else {
+                    InitialSnapshot::Never
+                },
+                chunk_rows: self.snapshot_chunk_rows,
+                rows_per_second: 0,
+            },
             ..WorkerSettings::default()
         }
     }
@@ -1202,6 +1227,16 @@ impl Sim {
     }
 
     async fn run(&mut self) -> Result<Summary, String> {
+        {
+            // The application's history before counterd is deployed: the initial snapshot
+            // counts it (or, without one, the stream from time 0 or the reconciler does).
+            let mut s = self.store.lock();
+            for _ in 0..self.plan.existing_writes {
+                let what = s.write_random();
+                let line = format!("write before deployment @{}: {what}", s.clock);
+                s.note(line);
+            }
+        }
         if !self.plan.start_at_zero {
             // Starting "now": the first worker takes its position before anything is written.
             self.round(true).await?;
@@ -1375,6 +1410,19 @@ const COVERAGE: &[&str] = &[
     "fault mark_dirty after",
     "fault save_checkpoint before",
     "fault save_checkpoint after",
+    "fault rows_after before",
+    "fault save_snapshot before",
+    "fault save_snapshot after",
+    "fault claim_ledger partial",
+    "fault claim_ledger after",
+    "fault apply_snapshot_counters partial",
+    "fault apply_snapshot_counters after",
+    "snapshot chunk planned",
+    "snapshot chunk finished after a restart",
+    "snapshot chunk read again after a restart",
+    "snapshot claim found the stream's entry",
+    "snapshot increment already applied",
+    "snapshot done",
     "fault install_fold before",
     "fault install_fold after",
     "fault count_live_below before",

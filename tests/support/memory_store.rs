@@ -343,6 +343,16 @@ pub type ProbeCheck = Box<dyn Fn(&State) -> Result<bool, String> + Send>;
 
 impl State {
     /// Only one worker is left and nothing else runs: sleeping on a real timer is harmless now.
+    /// Some stream's initial snapshot is still running (its worker is not caught up).
+    pub fn snapshot_running(&self) -> bool {
+        self.checkpoints.values().any(|c| {
+            c.gaps.is_empty()
+                && c.snapshot
+                    .as_ref()
+                    .is_some_and(|p| p.state == counterd::store::SnapshotState::Running)
+        })
+    }
+
     pub fn alone(&self) -> bool {
         self.others_running == 0 && self.workers_running <= 1
     }
@@ -747,8 +757,21 @@ impl State {
                 (None, None) => self.oplog.len(),
             };
             let from = from.min(self.oplog.len());
+            let snapshotting = c.gaps.is_empty()
+                && c.snapshot
+                    .as_ref()
+                    .is_some_and(|p| p.state == counterd::store::SnapshotState::Running);
+            // A stream that has applied nothing yet, beside existing rows, is about to snapshot
+            // them (with `initial_snapshot = never` the simulation writes none before it).
+            let to_snapshot = c.gaps.is_empty()
+                && c.snapshot.is_none()
+                && c.token.is_none()
+                && c.high_water.is_none()
+                && !self.comments.is_empty();
             // Tokens grow along the oplog: the last event after `from` is the newest.
-            c.pending.is_none()
+            !snapshotting
+                && !to_snapshot
+                && c.pending.is_none()
                 && (from == self.oplog.len()
                     || c.high_water
                         .as_deref()
@@ -1293,7 +1316,13 @@ struct MemoryEvents {
     lost: Option<String>,
     /// This stream has answered "nothing new" once while its worker ran alone.
     idled: bool,
+    /// "Nothing new" answers given instead of stopping because some stream's initial snapshot
+    /// runs (bounded: the snapshot may be another partition's, whose worker is not running).
+    snapshot_waits: u32,
 }
+
+/// At most this many "nothing new" answers while a snapshot runs, per opened stream.
+const SNAPSHOT_WAITS: u32 = 200;
 
 #[async_trait]
 impl EventSource for MemoryEvents {
@@ -1323,6 +1352,13 @@ impl EventSource for MemoryEvents {
                 let mut s = self.store.lock();
                 if s.oplog.len() > self.next || s.alone() {
                     false
+                } else if s.others_running == 0
+                    && s.snapshot_running()
+                    && self.snapshot_waits < SNAPSHOT_WAITS
+                {
+                    self.snapshot_waits += 1;
+                    s.note("  read: none (a snapshot runs)".into());
+                    return Ok(RawBatch::default());
                 } else if s.others_running == 0 {
                     // Only workers are left, all caught up: this one stops, so that the last
                     // can take its idle turn alone.
@@ -1353,6 +1389,13 @@ impl EventSource for MemoryEvents {
         let mut s = self.store.lock();
         s.gaps_in_a_row = 0;
         let available = s.oplog.len() - self.next;
+        if available == 0 && s.snapshot_running() && self.snapshot_waits < SNAPSHOT_WAITS {
+            self.snapshot_waits += 1;
+            // Not caught up until the initial snapshot is done: the worker takes a chunk
+            // between reads.
+            s.note("  read: none (a snapshot runs)".into());
+            return Ok(RawBatch::default());
+        }
         if available == 0 {
             if self.idled {
                 s.stat("pause caught up");
@@ -1452,6 +1495,7 @@ impl Store for MemoryStore {
             pre_images: options.pre_images,
             lost,
             idled: false,
+            snapshot_waits: 0,
         }))
     }
 
@@ -2296,17 +2340,14 @@ impl Store for MemoryStore {
                 .range((from, std::ops::Bound::Included(last)))
                 .take(limit)
                 .map(|(id, row)| {
-                    let row = match row_facts(row) {
-                        Some((post, created_at, live)) => Row {
-                            post: Some(post),
-                            created_at,
-                            deleted: !live,
+                    // The row as it is, counted or not (`read_existing_row`).
+                    let row = Row {
+                        post: row.get(POST_FIELD).and_then(PostId::from_bson),
+                        created_at: match row.get(CREATED_FIELD) {
+                            Some(Bson::DateTime(d)) => Some(*d),
+                            _ => None,
                         },
-                        None => Row {
-                            post: None,
-                            created_at: None,
-                            deleted: false,
-                        },
+                        deleted: !matches!(row.get(DELETED_FIELD), None | Some(Bson::Null)),
                     };
                     (CommentId::new(Bson::Int64(*id)), row)
                 })
@@ -2323,6 +2364,23 @@ impl Store for MemoryStore {
                 progress.chunks_done,
                 progress.pending.as_ref().map(|c| c.number)
             ));
+            let old = s
+                .checkpoints
+                .get(&fence.stream)
+                .and_then(|c| c.snapshot.clone());
+            let was = |f: fn(&SnapshotProgress) -> u64| old.as_ref().map_or(0, f);
+            if progress.pending.is_some() && old.as_ref().is_none_or(|o| o.pending.is_none()) {
+                s.stat("snapshot chunk planned");
+            }
+            if progress.chunks_resumed > was(|p| p.chunks_resumed) {
+                s.stat("snapshot chunk finished after a restart");
+            }
+            if progress.chunks_reread > was(|p| p.chunks_reread) {
+                s.stat("snapshot chunk read again after a restart");
+            }
+            if progress.state == counterd::store::SnapshotState::Done {
+                s.stat("snapshot done");
+            }
             checkpoint_update(
                 s,
                 fence,
@@ -2348,6 +2406,7 @@ impl Store for MemoryStore {
             let Some(row) = &c.state else { return };
             let key = (collection.clone(), c.comment.key.clone());
             if s.ledger.contains_key(&key) {
+                s.stat("snapshot claim found the stream's entry");
                 return; // `$setOnInsert`: the stream's entry stays
             }
             s.note(format!("  ledger {} claimed: {row:?}", c.comment.key));
@@ -2378,6 +2437,7 @@ impl Store for MemoryStore {
                 None => true,
             };
             if !applies {
+                s.stat("snapshot increment already applied");
                 outcome.already_applied += 1;
                 return;
             }
