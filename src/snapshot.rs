@@ -297,7 +297,7 @@ impl<S: Store + ?Sized> Snapshotter<'_, S> {
         }
         self.store.save_snapshot(self.fence, &progress).await?;
         self.report(&progress);
-        if progress.chunks_done % 10 == 0 {
+        if progress.chunks_done.is_multiple_of(10) {
             tracing::info!(stream = %self.fence.stream, chunks = progress.chunks_done,
                 rows_scanned = progress.rows_scanned, estimated_rows = progress.estimated_rows,
                 seconds_left = ?seconds_left(&progress, self.settings.rows_per_second),
@@ -376,7 +376,8 @@ mod tests {
         assert_eq!(chunk.last, Some(id(4)));
         let claimed: Vec<&CommentId> = chunk.claims.iter().map(|c| &c.comment).collect();
         assert_eq!(claimed, vec![&id(1), &id(3), &id(4)]);
-        let deltas: Vec<(PostId, i64, Vec<(i64, i64)>)> = chunk
+        type Increment = (PostId, i64, Vec<(i64, i64)>);
+        let deltas: Vec<Increment> = chunk
             .counters
             .iter()
             .map(|c| {
