@@ -271,6 +271,16 @@ impl<S: Store + ?Sized> Reconciler<S> {
             watermark,
             self.settings.counts_per_second,
         );
+        // Every sweep also rebuilds the ledger entries of the rows it passes over: after a gap
+        // they are stale, and a stream that never had them (started on existing rows without
+        // a snapshot) needs them to attribute a later delete or move of an old comment. Not
+        // while the initial snapshot runs: an entry written then would hide its row from it.
+        let checkpoint = self.store.load_checkpoint(&self.settings.stream).await?;
+        let rebuild = match (&checkpoint, after_gap) {
+            (Some(c), _) if c.snapshot_running() => None,
+            (_, Some(generation)) => Some(generation),
+            (c, None) => Some(c.as_ref().map_or(0, |c| c.ledger_generation())),
+        };
         let mut after: Option<PostId> = None;
         let mut complete = true;
         let passed = async {
@@ -291,7 +301,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
                     .cloned()
                     .collect();
                 for group in owned.chunks(self.settings.group_size.max(1)) {
-                    if let Some(generation) = after_gap {
+                    if let Some(generation) = rebuild {
                         complete &= self.rebuild_ledger(group, generation).await?;
                     }
                     let outcomes = self

@@ -327,6 +327,7 @@ fn every_subcommand_explains_itself() {
         "dirty",
         "reconcile",
         "replay",
+        "snapshot",
         "get",
         "verify",
         "config",

@@ -8,11 +8,14 @@ mod support;
 #[path = "support/daemon.rs"]
 mod daemon;
 
+use std::process::{Command, Output};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use counterd::event::PostId;
+use counterd::snapshot::{InitialSnapshot, SnapshotSettings};
 use counterd::store::{SnapshotProgress, SnapshotState, Store};
+use counterd::worker::WorkerSettings;
 use daemon::Daemon;
 use mongodb::bson::{doc, DateTime};
 use rand::rngs::StdRng;
@@ -268,4 +271,94 @@ async fn folds_wait_for_the_snapshot_and_never_count_a_row_twice() {
     assert_eq!(corrected, 0, "no fold corrected anything: {runs:?}");
     t.wait_exact(&all, Duration::from_secs(5)).await;
     drop(daemon);
+}
+
+fn counterd(t: &TestDb, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_counterd"))
+        .args(args)
+        .env("COUNTERD_MONGODB_URI", &t.uri)
+        .env("COUNTERD_DATABASE", &t.name)
+        .env("COUNTERD_SNAPSHOT_ROWS_PER_SECOND", "0")
+        .env("COUNTERD_OPERATION_TIMEOUT", "30s")
+        .env_remove("COUNTERD_CONFIG")
+        .output()
+        .expect("run counterd")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counterd_snapshot_takes_it_by_hand_and_refuses_a_stream_that_already_counts() {
+    let t = TestDb::new("snapcmd").await;
+    for i in 0..300_i64 {
+        t.comments
+            .insert_one(doc! {"_id": i, "post_id": i % 30, "created_at": DateTime::from_millis((now_secs() - 7200) * 1000)})
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let all: Vec<PostId> = (0..30).map(post).collect();
+    let o = counterd(&t, &["snapshot"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("snapshot taken"), "{}", text(&o));
+    let done = progress(&t).await.unwrap();
+    assert_eq!((done.state, done.rows_counted), (SnapshotState::Done, 300));
+    t.wait_exact(&all, Duration::from_secs(1)).await;
+    // Again: nothing to do.
+    let o = counterd(&t, &["snapshot"]);
+    assert!(
+        o.status.success() && text(&o).contains("already done"),
+        "{}",
+        text(&o)
+    );
+    // `run` (with initial_snapshot = never) continues from the snapshot's pinned start, and a
+    // hard delete of a snapshotted comment is attributed through the ledger it built.
+    let daemon = Daemon::start(
+        &t.uri,
+        &t.name,
+        "after-snapshot",
+        &[
+            ("COUNTERD_INITIAL_SNAPSHOT", "never"),
+            ("COUNTERD_RECONCILE_INTERVAL", "1h"),
+        ],
+    );
+    assert!(daemon.wait_role("active", Duration::from_secs(20)).await);
+    t.comments.delete_one(doc! {"_id": 7_i64}).await.unwrap();
+    t.comments
+        .update_one(doc! {"_id": 8_i64}, doc! {"$set": {"post_id": 9_i64}})
+        .await
+        .unwrap();
+    t.wait_exact(&all, Duration::from_secs(20)).await;
+    assert_eq!(t.displayed(&post(7)).await, 9);
+    drop(daemon);
+
+    // A stream that applied events without a snapshot already counts: refused, exit 1.
+    let other = TestDb::new("snapcmd2").await;
+    let worker = other
+        .spawn_worker(WorkerSettings {
+            snapshot: SnapshotSettings {
+                initial: InitialSnapshot::Never,
+                ..Default::default()
+            },
+            ..other.worker_settings()
+        })
+        .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    other
+        .comments
+        .insert_one(doc! {"_id": 1_i64, "post_id": 1_i64, "created_at": DateTime::now()})
+        .await
+        .unwrap();
+    other.wait_exact(&[post(1)], Duration::from_secs(20)).await;
+    other.wait_drained(Duration::from_secs(20)).await;
+    worker.shutdown().await.unwrap();
+    let o = counterd(&other, &["snapshot"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("reconcile --sweep"), "{}", text(&o));
 }

@@ -9,6 +9,7 @@ pub mod output;
 mod reconcile;
 mod replay;
 mod run;
+mod snapshot;
 mod status;
 mod verify;
 
@@ -66,6 +67,9 @@ pub enum Command {
     /// Move the stream's checkpoint to a token or a time (events already applied are only
     /// re-marked dirty, never counted twice).
     Replay(replay::Args),
+    /// Take (or finish) the initial snapshot of existing comments by hand, in the foreground
+    /// (`run` takes it by itself on a new stream unless initial_snapshot = "never").
+    Snapshot(snapshot::Args),
     /// Show one post's counter (displayed, base, live, buckets) beside its true count.
     Get(get::Args),
     /// Compare a sample of counters with the truth; exits 1 on any mismatch.
@@ -143,6 +147,7 @@ pub async fn main(cli: Cli) -> ExitCode {
         Command::Dirty(args) => dirty::run(settings, args).await,
         Command::Reconcile(args) => reconcile::run(settings, args).await,
         Command::Replay(args) => replay::run(settings, args).await,
+        Command::Snapshot(args) => snapshot::run(settings, args).await,
         Command::Get(args) => get::run(settings, args).await,
         Command::Verify(args) => verify::run(settings, args).await,
         Command::Demo(args) => demo::run(settings, args).await,
