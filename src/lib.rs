@@ -4,7 +4,8 @@
 //! stream ([`event`], rows read through the application's [`schema`]) → classify ([`classify`])
 //! → coalesce ([`batch`]) → apply and mark dirty ([`worker`] over the [`store`] seam) →
 //! reconcile ([`reconcile`]: recounts consistent with the stream in [`recount`], arithmetic in
-//! [`fold`]). Worker and reconciler read time from a [`clock::Clock`].
+//! [`fold`]). Before its first batch, a new stream's worker counts the rows that already exist
+//! ([`snapshot`]). Worker and reconciler read time from a [`clock::Clock`].
 
 pub mod batch;
 pub mod classify;
