@@ -51,8 +51,11 @@ pub struct Settings {
     pub stream_name: String,
     /// Where before-states come from: auto, pre_image, ledger, best_effort.
     pub attribution: Attribution,
-    /// Most events per batch.
+    /// Events per batch while caught up (low latency).
     pub batch_size: usize,
+    /// Most events per batch while behind: batches grow to it while reads come back full (more
+    /// repeats coalesce) and shrink back to `batch_size` once caught up.
+    pub max_batch_size: usize,
     /// Longest time spent gathering one batch while events keep coming.
     #[serde(with = "humantime_serde")]
     pub max_batch_wait: Duration,
@@ -156,6 +159,7 @@ impl Default for Settings {
             stream_name: "comments".into(),
             attribution: Attribution::Auto,
             batch_size: 1000,
+            max_batch_size: 10_000,
             max_batch_wait: Duration::from_millis(200),
             idle_interval: Duration::from_millis(100),
             max_await: Duration::from_millis(500),
@@ -445,6 +449,13 @@ impl Settings {
                 "batch_size",
                 self.batch_size.to_string(),
                 "allowed: 1 to 100000",
+            ));
+        }
+        if self.max_batch_size < self.batch_size || self.max_batch_size > 100_000 {
+            return Err(bad(
+                "max_batch_size",
+                self.max_batch_size.to_string(),
+                "expected at least batch_size and at most 100000",
             ));
         }
         if self.bucket_width < Duration::from_secs(1) || self.bucket_width.subsec_nanos() != 0 {

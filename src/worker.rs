@@ -48,7 +48,12 @@ pub enum OnHistoryLost {
 pub struct WorkerSettings {
     /// The checkpoint's id: one stream (or partition) per id.
     pub stream: String,
+    /// Events per batch while the worker is caught up (low latency).
     pub batch_size: usize,
+    /// Events per batch at most while it is behind: batches double up to it while reads come
+    /// back full, so more repeats coalesce into one write exactly when the worker needs it, and
+    /// halve back once it has caught up.
+    pub max_batch_size: usize,
     pub max_batch_wait: Duration,
     /// Pause after a read that returned no events (the fake server ignores `maxAwaitTimeMS`).
     pub idle_interval: Duration,
@@ -79,6 +84,7 @@ impl Default for WorkerSettings {
         WorkerSettings {
             stream: "comments".into(),
             batch_size: 1000,
+            max_batch_size: 10_000,
             max_batch_wait: Duration::from_millis(200),
             idle_interval: Duration::from_millis(100),
             max_await: Duration::from_millis(500),
@@ -178,6 +184,23 @@ struct Pending {
     /// be older (checked once, then `None`). Catches a server that resumes "after" a token it
     /// never issued, where it reports no deployment identity.
     resumed_after: Option<Timestamp>,
+    /// Events the next batch may hold (see [`next_batch_limit`]).
+    batch_limit: usize,
+}
+
+/// The batch limit after a read that asked for `asked` events and got `got`: a full read means
+/// the worker is behind, so the next batch may be twice as large (up to `max`); a read that
+/// came back less than half full means it has caught up, so it halves (down to `min`).
+pub fn next_batch_limit(current: usize, asked: usize, got: usize, min: usize, max: usize) -> usize {
+    let max = max.max(min);
+    let next = if asked > 0 && got >= asked {
+        current.saturating_mul(2)
+    } else if got < asked / 2 {
+        current / 2
+    } else {
+        current
+    };
+    next.clamp(min, max)
 }
 
 impl<S: Store + ?Sized> Worker<S> {
@@ -476,6 +499,7 @@ impl<S: Store + ?Sized> Worker<S> {
             applied_since_drained: true,
             idle_reads: 0,
             resumed_after: checkpoint.token.as_ref().and(checkpoint.token_time),
+            batch_limit: self.settings.batch_size,
         };
         let mut next_chunk_at = self.clock.now();
         loop {
@@ -533,7 +557,7 @@ impl<S: Store + ?Sized> Worker<S> {
         source: &mut dyn EventSource,
         pending: &mut Pending,
     ) -> Result<bool, SessionError> {
-        if pending.events.len() < self.settings.batch_size {
+        if pending.events.len() < pending.batch_limit {
             // On an idle stream, note where the server stands before reading: an empty answer
             // then proves that every event before that position is applied.
             let before_read = if pending.events.is_empty() && pending.idle {
@@ -541,13 +565,18 @@ impl<S: Store + ?Sized> Worker<S> {
             } else {
                 None
             };
+            let asked = pending.batch_limit - pending.events.len();
             let raw = source
-                .next_batch(
-                    self.settings.batch_size - pending.events.len(),
-                    self.settings.max_batch_wait,
-                )
+                .next_batch(asked, self.settings.max_batch_wait)
                 .await?;
             self.status.progressed();
+            pending.batch_limit = next_batch_limit(
+                pending.batch_limit,
+                asked,
+                raw.events.len(),
+                self.settings.batch_size,
+                self.settings.max_batch_size,
+            );
             for doc in &raw.events {
                 match ChangeEvent::parse(doc) {
                     Ok(event) => pending.events.push_back(event),
@@ -869,5 +898,27 @@ enum SessionError {
 impl From<StoreError> for SessionError {
     fn from(e: StoreError) -> Self {
         SessionError::Store(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::next_batch_limit;
+
+    #[test]
+    fn batches_grow_while_behind_and_shrink_once_caught_up() {
+        // Full reads double the limit, up to the maximum.
+        assert_eq!(next_batch_limit(1000, 1000, 1000, 1000, 10_000), 2000);
+        assert_eq!(next_batch_limit(8000, 8000, 8000, 1000, 10_000), 10_000);
+        assert_eq!(
+            next_batch_limit(10_000, 10_000, 10_000, 1000, 10_000),
+            10_000
+        );
+        // A half-full read keeps it; a sparse one halves it, down to the minimum.
+        assert_eq!(next_batch_limit(4000, 4000, 2500, 1000, 10_000), 4000);
+        assert_eq!(next_batch_limit(4000, 4000, 10, 1000, 10_000), 2000);
+        assert_eq!(next_batch_limit(1000, 1000, 0, 1000, 10_000), 1000);
+        // A maximum below the minimum never shrinks the minimum.
+        assert_eq!(next_batch_limit(1000, 1000, 1000, 1000, 10), 1000);
     }
 }

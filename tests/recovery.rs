@@ -532,8 +532,20 @@ async fn a_dropped_collection_stops_run_and_the_advice_recovers() {
     let mut d = Daemon::start(&t.uri, &t.name, "dropped-back", &[]);
     assert!(d.wait_role("active", Duration::from_secs(20)).await);
     t.insert_comment("new", &post(1), now_secs() - 3600).await;
-    let sweep = counterd(&t.uri, &t.name, &["reconcile", "--sweep"]);
-    assert!(sweep.status.success(), "{}", text(&sweep));
+    // A post whose recount found a change in flight (a loaded machine: the worker did not
+    // catch up within catch_up_timeout) is left as it was by a one-shot sweep, which says so:
+    // the operator runs it again.
+    for attempt in 1..=3 {
+        let sweep = counterd(&t.uri, &t.name, &["reconcile", "--sweep"]);
+        assert!(sweep.status.success(), "{}", text(&sweep));
+        if t.mismatches(&posts).await.is_empty() || attempt == 3 {
+            break;
+        }
+        eprintln!(
+            "sweep attempt {attempt} left posts in flight: {}",
+            text(&sweep)
+        );
+    }
     t.wait_exact(&posts, Duration::from_secs(20)).await;
     assert_eq!(
         t.displayed(&post(2)).await,

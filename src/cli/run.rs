@@ -21,6 +21,7 @@ pub fn worker_settings(settings: &Settings, pre_images: bool) -> WorkerSettings 
     WorkerSettings {
         stream: settings.stream_name.clone(),
         batch_size: settings.batch_size,
+        max_batch_size: settings.max_batch_size,
         max_batch_wait: settings.max_batch_wait,
         idle_interval: settings.idle_interval,
         max_await: settings.max_await,
