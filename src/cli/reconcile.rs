@@ -81,6 +81,12 @@ fn print_report(report: &RunReport, verbose: bool, json: bool) -> anyhow::Result
             report.contended.join(", ")
         );
     }
+    if s.waiting_for_snapshot > 0 {
+        outln!(
+            "  {} post(s) not counted: the initial snapshot is still running (see `counterd status`); they are recounted once it is done",
+            s.waiting_for_snapshot
+        );
+    }
     if s.waiting > 0 {
         outln!(
             "  {} post(s) folded but kept dirty until the watermark passes their newest change",
