@@ -258,7 +258,7 @@ pub fn plan_batch_covering(
 }
 
 /// The batch's write for `post`, empty until an event adds to it.
-fn counter_of<'a>(
+pub(crate) fn counter_of<'a>(
     counters: &'a mut BTreeMap<PostId, CounterDelta>,
     post: &PostId,
 ) -> &'a mut CounterDelta {

@@ -28,12 +28,12 @@
 //! most once more after a crash, and its writes land once. Folds wait until the snapshot is
 //! done (a recount would count rows that a later chunk then adds again).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use bson::DateTime;
 
-use crate::batch::{bucket_of, CounterDelta, LedgerUpdate};
+use crate::batch::{bucket_of, counter_of, CounterDelta, LedgerUpdate};
 use crate::event::{CommentId, PostId, Row};
 use crate::partition::Partition;
 use crate::store::{
@@ -135,14 +135,7 @@ pub fn plan_chunk(
             continue;
         }
         let bucket = bucket_of(row.created_at, bucket_width_secs);
-        let entry = counters
-            .entry(post.clone())
-            .or_insert_with(|| CounterDelta {
-                post: post.clone(),
-                delta: 0,
-                buckets: BTreeMap::new(),
-                touched: BTreeSet::new(),
-            });
+        let entry = counter_of(&mut counters, post);
         entry.delta += 1;
         *entry.buckets.entry(bucket).or_default() += 1;
         entry.touched.insert(bucket);
