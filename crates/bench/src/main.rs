@@ -15,7 +15,7 @@
 //! missed are reported (MISSED), never turned into a failure: the process exits non-zero only
 //! when the benchmark itself breaks.
 //!
-//! Usage: `cargo run --release --bin counterd-bench -- [--quick] [--out bench/latest.json]`.
+//! Usage: `cargo run --release -p counterd-bench -- [--quick] [--out bench/latest.json]`.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -31,8 +31,8 @@ use counterd::event::PostId;
 use counterd::reconcile::{ReconcileSettings, Reconciler};
 use counterd::store::mongo::{Collections, ConnectOptions, MongoStore, OpCounts};
 use counterd::store::{Fence, Store, StreamOptions, StreamStart};
-use counterd::testdb::{ServerKind, TestServer};
 use counterd::worker::{Worker, WorkerSettings, WorkerStatus};
+use counterd_testdb::{ServerKind, TestServer};
 use futures::TryStreamExt;
 use mongodb::Collection;
 use rand::rngs::StdRng;
@@ -53,7 +53,7 @@ const TARGET_RSS_MB: f64 = 50.0;
 const ZIPF_EXPONENT: f64 = 1.1;
 const DIRTY_FRACTIONS: [f64; 3] = [0.001, 0.01, 0.1];
 
-/// Benchmark counterd against the test database (see `counterd::testdb`).
+/// Benchmark counterd against the test database (see `counterd_testdb`).
 #[derive(Debug, Parser)]
 #[command(name = "counterd-bench", about, long_about = None)]
 struct Args {
@@ -244,7 +244,7 @@ struct ServerInfo {
     version: String,
     wire_version: i32,
     /// The fake only: whether its launcher serves `_id`-equality filters from the `_id` index
-    /// (`counterd::testdb::FAKE_ID_INDEX_VAR`).
+    /// (`counterd_testdb::FAKE_ID_INDEX_VAR`).
     fake_id_index: Option<bool>,
 }
 
@@ -1173,7 +1173,7 @@ impl Bench {
         start: Timestamp,
         n: usize,
     ) -> anyhow::Result<(String, Option<f64>)> {
-        let port = counterd::testdb::free_port();
+        let port = counterd_testdb::free_port();
         let addr = format!("127.0.0.1:{port}");
         let start_at = chrono::DateTime::from_timestamp(start.time as i64, 0)
             .ok_or_else(|| anyhow!("bad start time"))?
