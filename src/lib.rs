@@ -24,5 +24,4 @@ pub mod schema;
 pub mod snapshot;
 pub mod store;
 pub mod telemetry;
-pub mod testdb;
 pub mod worker;

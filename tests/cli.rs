@@ -475,7 +475,7 @@ async fn exit_codes_say_what_went_wrong() {
     let usage = counterd(&t, &["replay", "--from-token", "not-hex", "--force"]);
     assert_eq!(usage.status.code(), Some(2), "2: a bad flag value");
     assert_eq!(counterd(&t, &["no-such-command"]).status.code(), Some(2));
-    let port = counterd::testdb::free_port();
+    let port = counterd_testdb::free_port();
     let unreachable = Command::new(env!("CARGO_BIN_EXE_counterd"))
         .args(["status"])
         .env(

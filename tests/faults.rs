@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use counterd::event::PostId;
 use counterd::store::Store;
-use counterd::testdb::{ServerKind, TestServer};
+use counterd_testdb::{ServerKind, TestServer};
 use daemon::Daemon;
 use mongodb::bson::{doc, DateTime};
 use rand::rngs::StdRng;
@@ -428,7 +428,7 @@ async fn history_lost_follows_the_policy() {
 
 #[tokio::test]
 async fn unreachable_server_keeps_readyz_unready_and_run_keeps_retrying() {
-    let port = counterd::testdb::free_port();
+    let port = counterd_testdb::free_port();
     let d = Daemon::start(
         &format!("mongodb://127.0.0.1:{port}/?directConnection=true"),
         "x",

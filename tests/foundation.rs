@@ -101,7 +101,7 @@ async fn change_stream_delivers_inserts_and_resumes_after_a_token() {
 
 #[tokio::test]
 async fn unreachable_server_gives_a_clear_error_within_the_timeout() {
-    let port = counterd::testdb::free_port();
+    let port = counterd_testdb::free_port();
     let started = Instant::now();
     let result = MongoStore::connect(&ConnectOptions {
         uri: format!("mongodb://user:hunter2@127.0.0.1:{port}/?directConnection=true"),
@@ -145,7 +145,7 @@ async fn abilities_are_detected_and_the_fake_is_recognised() {
         "driver needs wire 9+, got {}",
         a.wire_version
     );
-    if support::server().kind == counterd::testdb::ServerKind::Fake {
+    if support::server().kind == counterd_testdb::ServerKind::Fake {
         assert!(!a.hello, "the fake answers isMaster only");
         assert!(!a.sessions && !a.pre_images && !a.snapshot_reads);
     }

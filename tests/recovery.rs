@@ -16,7 +16,7 @@ use counterd::event::{ChangeEvent, PostId};
 use counterd::schema::Schema;
 use counterd::store::mongo::{ConnectOptions, MongoStore};
 use counterd::store::{Fence, PendingBatch, Store, StreamOptions, StreamStart};
-use counterd::testdb::{ServerKind, TestServer};
+use counterd_testdb::{ServerKind, TestServer};
 use daemon::Daemon;
 use futures::TryStreamExt;
 use mongodb::bson::{doc, DateTime, Document};

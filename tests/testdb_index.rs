@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use counterd::schema::Schema;
-use counterd::testdb::{preferred_kind, ServerKind, TestServer};
+use counterd_testdb::{preferred_kind, ServerKind, TestServer};
 use mongodb::bson::{doc, oid::ObjectId, Bson, Document, RawDocumentBuf};
 use mongodb::Database;
 use support::{skip, TestDb};

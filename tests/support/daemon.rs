@@ -29,7 +29,7 @@ impl Daemon {
         log: Option<&std::path::Path>,
     ) -> Daemon {
         for _ in 0..10 {
-            let port = counterd::testdb::free_port();
+            let port = counterd_testdb::free_port();
             let mut child = Self::spawn(uri, database, owner, extra, port, log);
             let deadline = Instant::now() + Duration::from_secs(10);
             while Instant::now() < deadline {

@@ -1,5 +1,5 @@
 //! The test-database harness shared by every integration test: one server per test binary
-//! (see `counterd::testdb` for the order of preference), one fresh database per test.
+//! (see `counterd_testdb` for the order of preference), one fresh database per test.
 #![allow(dead_code)]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use counterd::event::PostId;
 use counterd::store::mongo::{ConnectOptions, MongoStore};
 use counterd::store::{ServerAbilities, Store};
-use counterd::testdb::TestServer;
 use counterd::worker::{Worker, WorkerSettings, WorkerStatus};
+use counterd_testdb::TestServer;
 use mongodb::bson::{doc, Bson, Document};
 use mongodb::{Collection, Database};
 use tokio::sync::watch;

@@ -22,8 +22,11 @@ use crate::event::PostId;
 use crate::outln;
 use crate::reconcile::Reconciler;
 use crate::store::{displayed_and_truth, Store};
-use crate::testdb::TestServer;
 use std::sync::Mutex;
+
+mod database;
+
+use database::DemoDatabase;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -49,7 +52,7 @@ fn post(i: usize) -> PostId {
 }
 
 pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
-    let server = tokio::task::spawn_blocking(TestServer::start)
+    let server = tokio::task::spawn_blocking(DemoDatabase::start)
         .await?
         .map_err(|message| crate::store::StoreError::Fatal {
             op: "start the demo's throwaway database",

@@ -15,7 +15,7 @@
 //! missed are reported (MISSED), never turned into a failure: the process exits non-zero only
 //! when the benchmark itself breaks.
 //!
-//! Usage: `cargo run --release --bin counterd-bench -- [--quick] [--out bench/latest.json]`.
+//! Usage: `cargo run --release -p counterd-bench -- [--quick] [--out bench/latest.json]`.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -31,8 +31,8 @@ use counterd::event::PostId;
 use counterd::reconcile::{ReconcileSettings, Reconciler};
 use counterd::store::mongo::{Collections, ConnectOptions, MongoStore, OpCounts};
 use counterd::store::{Fence, Store, StreamOptions, StreamStart};
-use counterd::testdb::{ServerKind, TestServer};
 use counterd::worker::{Worker, WorkerSettings, WorkerStatus};
+use counterd_testdb::{ServerKind, TestServer};
 use futures::TryStreamExt;
 use mongodb::Collection;
 use rand::rngs::StdRng;
@@ -53,7 +53,7 @@ const TARGET_RSS_MB: f64 = 50.0;
 const ZIPF_EXPONENT: f64 = 1.1;
 const DIRTY_FRACTIONS: [f64; 3] = [0.001, 0.01, 0.1];
 
-/// Benchmark counterd against the test database (see `counterd::testdb`).
+/// Benchmark counterd against the test database (see `counterd_testdb`).
 #[derive(Debug, Parser)]
 #[command(name = "counterd-bench", about, long_about = None)]
 struct Args {
@@ -244,7 +244,7 @@ struct ServerInfo {
     version: String,
     wire_version: i32,
     /// The fake only: whether its launcher serves `_id`-equality filters from the `_id` index
-    /// (`counterd::testdb::FAKE_ID_INDEX_VAR`).
+    /// (`counterd_testdb::FAKE_ID_INDEX_VAR`).
     fake_id_index: Option<bool>,
 }
 
@@ -285,12 +285,41 @@ macro_rules! say {
 
 static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
 
+/// What the phases add up: the table's rows and each phase's raw figures for the JSON file.
+#[derive(Default)]
+struct Collected {
+    rows: Vec<Row>,
+    phases: serde_json::Map<String, serde_json::Value>,
+}
+
+/// The run, phase by phase, in the order that keeps the measurements apart (see the module
+/// documentation for why the worker's memory is taken before the reconcile phase).
 async fn bench(args: Args) -> anyhow::Result<()> {
+    START.get_or_init(Instant::now);
+    let (server, plan, bench, server_info) = start(&args).await?;
+    let mut out = Collected::default();
+    let (zipf, uniform, bench_rss_mb) = throughput_phase(&bench, &plan, &mut out).await?;
+    seed_phase(&bench, &plan, &zipf, &uniform, &mut out).await?;
+    lag_phase(&bench, &plan, &zipf, &mut out).await?;
+    // 6. Memory of a worker process on its own (before the reconcile phase: it tails a stream,
+    // and the fake server's change streams slow down as its oplog grows).
+    let child = bench.child_rss(&plan).await?;
+    out.phases
+        .insert("worker_process_rss".into(), serde_json::to_value(&child)?);
+    reconcile_phase(&bench, &plan, &mut out).await?;
+    memory_rows(&child, bench_rss_mb, &mut out);
+    write_report(&args, server_info, plan, out)?;
+    drop(server);
+    Ok(())
+}
+
+/// The test database, the plan for it, and what the server says it is.
+async fn start(args: &Args) -> anyhow::Result<(TestServer, Plan, Bench, ServerInfo)> {
     START.get_or_init(Instant::now);
     let server = tokio::task::spawn_blocking(TestServer::start)
         .await?
         .map_err(|e| anyhow!("cannot start the test database: {e}"))?;
-    let plan = Plan::from(&args, server.kind);
+    let plan = Plan::from(args, server.kind);
     say!("plan: {plan:?}");
     let bench = Bench {
         uri: server.uri.clone(),
@@ -313,27 +342,36 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         abilities.wire_version
     );
 
-    let mut rows = Vec::new();
-    let mut phases = serde_json::Map::new();
+    Ok((server, plan, bench, server_info))
+}
 
+/// 1-2. Warm-up, then tail rate, worker throughput and coalescing on Zipf and uniform backlogs;
+/// the bench process's memory after them.
+async fn throughput_phase(
+    bench: &Bench,
+    plan: &Plan,
+    out: &mut Collected,
+) -> anyhow::Result<(Throughput, Throughput, Option<f64>)> {
     // Warm-up (the fake server is a JVM): a small backlog through both readers, not reported.
     let warm = (plan.events / 10).clamp(500, 5_000);
-    let w = bench.throughput("warmup", Dist::Zipf, warm, &plan).await?;
-    phases.insert("warmup".into(), serde_json::to_value(&w)?);
+    let w = bench.throughput("warmup", Dist::Zipf, warm, plan).await?;
+    out.phases
+        .insert("warmup".into(), serde_json::to_value(&w)?);
 
     // 1-3. Tail rate, worker throughput and coalescing on Zipf; coalescing on uniform.
     let zipf = bench
-        .throughput("zipf", Dist::Zipf, plan.events, &plan)
+        .throughput("zipf", Dist::Zipf, plan.events, plan)
         .await?;
-    phases.insert("zipf".into(), serde_json::to_value(&zipf)?);
+    out.phases
+        .insert("zipf".into(), serde_json::to_value(&zipf)?);
     let uniform = bench
-        .throughput("uniform", Dist::Uniform, plan.events, &plan)
+        .throughput("uniform", Dist::Uniform, plan.events, plan)
         .await?;
-    phases.insert("uniform".into(), serde_json::to_value(&uniform)?);
+    out.phases
+        .insert("uniform".into(), serde_json::to_value(&uniform)?);
     let bench_rss_mb = vm_hwm_kb(None).map(|kb| kb as f64 / 1024.0);
 
-    let n = plan.events as f64;
-    rows.push(
+    out.rows.push(
         Row::info(
             "raw_tail_rate",
             "1. raw tail rate (bare change-stream reader, Zipf backlog)",
@@ -345,7 +383,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
             zipf.events, zipf.raw_secs
         )),
     );
-    rows.push(
+    out.rows.push(
         Row::info(
             "worker_rate",
             "2. worker throughput (Zipf backlog)",
@@ -362,7 +400,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
             zipf.events, zipf.worker_secs
         )),
     );
-    rows.push(
+    out.rows.push(
         Row::info(
             "worker_rate_uniform",
             "2. worker throughput (uniform backlog)",
@@ -371,7 +409,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         )
         .against(uniform.raw_rate, "raw tail rate (uniform backlog)"),
     );
-    rows.push(
+    out.rows.push(
         Row::info(
             "guard_probe",
             "2. why: 1000 guarded ledger updates (worker's filter shape)",
@@ -385,14 +423,26 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         )),
     );
 
+    Ok((zipf, uniform, bench_rss_mb))
+}
+
+/// 3. The seed's hot path against counterd's coalesced writes.
+async fn seed_phase(
+    bench: &Bench,
+    plan: &Plan,
+    zipf: &Throughput,
+    uniform: &Throughput,
+    out: &mut Collected,
+) -> anyhow::Result<()> {
+    let n = plan.events as f64;
     // 3. The seed's hot path: one sequential `$inc` per event.
     let base_zipf = bench.baseline("seed_zipf", &zipf.posts).await?;
     let base_uniform = bench.baseline("seed_uniform", &uniform.posts).await?;
-    phases.insert(
+    out.phases.insert(
         "seed_baseline".into(),
         serde_json::json!({"zipf": base_zipf, "uniform": base_uniform}),
     );
-    rows.push(
+    out.rows.push(
         Row::info(
             "zipf_counter_writes",
             "3. counter writes, Zipf(1.1): counterd coalesced",
@@ -417,7 +467,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         .filter(|window| *window <= plan.events.max(plan.batch_size))
         .map(|window| (window, windowed_distinct(&zipf.posts, window)))
         .collect();
-    phases.insert(
+    out.phases.insert(
         "zipf_coalescing_by_batch_size".into(),
         serde_json::json!(model
             .iter()
@@ -425,7 +475,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
             .collect::<Vec<_>>()),
     );
     if let Some((window, writes)) = model.last().filter(|_| model.len() > 1) {
-        rows.push(
+        out.rows.push(
             Row::info(
                 "zipf_writes_larger_batches",
                 &format!("3. Zipf writes if batches held {window} events (computed)"),
@@ -439,7 +489,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
             )),
         );
     }
-    rows.push(
+    out.rows.push(
         Row::info(
             "uniform_counter_writes",
             "3. counter writes, uniform: counterd coalesced",
@@ -452,7 +502,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
             uniform.ops.ledger_statements
         )),
     );
-    rows.push(
+    out.rows.push(
         Row::info(
             "seed_time_zipf",
             "3. seed hot path time (N sequential $inc, Zipf)",
@@ -461,7 +511,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         )
         .note(format!("{:.0} writes/s", base_zipf.rate)),
     );
-    rows.push(
+    out.rows.push(
         Row::info(
             "worker_time_zipf",
             "3. counterd worker time (same N, Zipf, tail included)",
@@ -470,7 +520,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         )
         .against(base_zipf.secs, "seed hot path time"),
     );
-    rows.push(
+    out.rows.push(
         Row::info(
             "seed_time_uniform",
             "3. seed hot path time (N sequential $inc, uniform)",
@@ -479,7 +529,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         )
         .note(format!("{:.0} writes/s", base_uniform.rate)),
     );
-    rows.push(
+    out.rows.push(
         Row::info(
             "worker_time_uniform",
             "3. counterd worker time (same N, uniform, tail included)",
@@ -489,10 +539,20 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         .against(base_uniform.secs, "seed hot path time"),
     );
 
+    Ok(())
+}
+
+/// 4. Event-to-counter lag.
+async fn lag_phase(
+    bench: &Bench,
+    plan: &Plan,
+    zipf: &Throughput,
+    out: &mut Collected,
+) -> anyhow::Result<()> {
     // 4. Lag at a fixed offered rate; and, where the worker cannot sustain that rate on this
     // server, also at half its measured throughput (the lag floor when it keeps up).
-    let lag = bench.lag("lag", &plan, plan.lag_rate).await?;
-    phases.insert("lag".into(), serde_json::to_value(&lag)?);
+    let lag = bench.lag("lag", plan, plan.lag_rate).await?;
+    out.phases.insert("lag".into(), serde_json::to_value(&lag)?);
     let at_target_rate = lag.achieved_rate >= 0.95 * TARGET_LAG_RATE;
     let lag_note = format!(
         "offered {}/s, achieved {:.0}/s for {:.1} s; {} probes, {} not seen within {} s after the writer stopped (counted at that cut-off, which makes the figures lower bounds when any are); worker applied {} of {} events by then",
@@ -503,7 +563,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     } else {
         Status::NotJudged
     };
-    rows.push(
+    out.rows.push(
         Row::info(
             "lag_median",
             &format!("4. event-to-counter lag, median, at {}/s", plan.lag_rate),
@@ -520,7 +580,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
             format!("{lag_note}; the writer did not reach {TARGET_LAG_RATE:.0}/s, so the target is not judged")
         }),
     );
-    rows.push(Row::info(
+    out.rows.push(Row::info(
         "lag_p99",
         &format!("4. event-to-counter lag, p99, at {}/s", plan.lag_rate),
         lag.p99_ms,
@@ -528,9 +588,10 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     ));
     let sustainable = ((zipf.worker_rate * 0.5 / 100.0).floor() * 100.0).max(100.0) as u32;
     if sustainable < plan.lag_rate {
-        let low = bench.lag("lag_sustainable", &plan, sustainable).await?;
-        phases.insert("lag_sustainable".into(), serde_json::to_value(&low)?);
-        rows.push(
+        let low = bench.lag("lag_sustainable", plan, sustainable).await?;
+        out.phases
+            .insert("lag_sustainable".into(), serde_json::to_value(&low)?);
+        out.rows.push(
             Row::info(
                 "lag_median_sustainable",
                 &format!("4. lag, median, at {sustainable}/s (half the worker's rate)"),
@@ -542,7 +603,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
                 low.achieved_rate, low.writer_secs, low.probes, low.missing
             )),
         );
-        rows.push(Row::info(
+        out.rows.push(Row::info(
             "lag_p99_sustainable",
             &format!("4. lag, p99, at {sustainable}/s"),
             low.p99_ms,
@@ -550,15 +611,15 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         ));
     }
 
-    // 6. Memory of a worker process on its own (before the reconcile phase: it tails a stream,
-    // and the fake server's change streams slow down as its oplog grows).
-    let child = bench.child_rss(&plan).await?;
-    phases.insert("worker_process_rss".into(), serde_json::to_value(&child)?);
+    Ok(())
+}
 
-    // 5. Reconcile cost against the dirty fraction.
-    let rec = bench.reconcile(&plan).await?;
-    phases.insert("reconcile".into(), serde_json::to_value(&rec)?);
-    rows.push(
+/// 5. Reconcile cost against the dirty fraction.
+async fn reconcile_phase(bench: &Bench, plan: &Plan, out: &mut Collected) -> anyhow::Result<()> {
+    let rec = bench.reconcile(plan).await?;
+    out.phases
+        .insert("reconcile".into(), serde_json::to_value(&rec)?);
+    out.rows.push(
         Row::info(
             "full_sweep_time",
             "5. full sweep (all posts recounted)",
@@ -588,11 +649,15 @@ async fn bench(args: Args) -> anyhow::Result<()> {
                 Status::of(d.secs <= TARGET_RECONCILE_1PCT * rec.sweep_secs),
             );
         }
-        rows.push(row);
+        out.rows.push(row);
     }
 
-    // 6. Memory.
-    rows.push(match child.peak_rss_mb {
+    Ok(())
+}
+
+/// 6. Memory rows: the worker process on its own, and this process.
+fn memory_rows(child: &ChildRss, bench_rss_mb: Option<f64>, out: &mut Collected) {
+    out.rows.push(match child.peak_rss_mb {
         Some(mb) => Row::info("worker_rss", "6. worker process peak RSS (VmHWM)", mb, "MB")
             .target(
                 &format!("< {TARGET_RSS_MB:.0} MB"),
@@ -608,7 +673,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         .target(&format!("< {TARGET_RSS_MB:.0} MB"), Status::NotJudged)
         .note(format!("not measured: {}", child.what)),
     });
-    rows.push(
+    out.rows.push(
         Row::info(
             "bench_rss",
             "6. bench process peak RSS (worker + load generator)",
@@ -617,15 +682,23 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         )
         .note("VmHWM of this process after the throughput phases; holds the load data too"),
     );
+}
 
+/// The table on stdout and the JSON file.
+fn write_report(
+    args: &Args,
+    server_info: ServerInfo,
+    plan: Plan,
+    out: Collected,
+) -> anyhow::Result<()> {
     let report = Report {
         date: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         command: std::env::args().collect::<Vec<_>>().join(" "),
         machine: machine(),
         server: server_info,
         plan,
-        rows,
-        phases,
+        rows: out.rows,
+        phases: out.phases,
         total_secs: START
             .get()
             .map(|s| s.elapsed().as_secs_f64())
@@ -639,7 +712,6 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     std::fs::write(&args.out, json + "\n")
         .with_context(|| format!("write {}", args.out.display()))?;
     say!("results written to {}", args.out.display());
-    drop(server);
     Ok(())
 }
 
@@ -1173,7 +1245,7 @@ impl Bench {
         start: Timestamp,
         n: usize,
     ) -> anyhow::Result<(String, Option<f64>)> {
-        let port = counterd::testdb::free_port();
+        let port = counterd_testdb::free_port();
         let addr = format!("127.0.0.1:{port}");
         let start_at = chrono::DateTime::from_timestamp(start.time as i64, 0)
             .ok_or_else(|| anyhow!("bad start time"))?

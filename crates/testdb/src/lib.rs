@@ -1,4 +1,6 @@
-//! A throwaway MongoDB for the tests, the demo and the benchmark, in this order of preference:
+//! `counterd-testdb`: a throwaway MongoDB for counterd's integration tests and benchmark (tooling
+//! of the workspace, not part of the product; the product's `counterd demo` has its own minimal
+//! launcher, src/cli/demo/database.rs), in this order of preference:
 //! 1. `COUNTERD_TEST_MONGODB_URI` if set;
 //! 2. `mongod` on PATH: a single-node replica set in a temp dir on a free port;
 //! 3. the fake server `mongo-java-server` (with its oplog), started by `testdb/start` of a
@@ -91,7 +93,7 @@ impl TestServer {
         if let Ok(uri) = std::env::var("COUNTERD_TEST_MONGODB_URI") {
             eprintln!(
                 "test database: COUNTERD_TEST_MONGODB_URI ({})",
-                crate::config::redact_uri(&uri)
+                redact_uri(&uri)
             );
             return Ok(TestServer {
                 uri,
@@ -235,6 +237,21 @@ fn which(program: &str) -> bool {
     std::env::var_os("PATH")
         .map(|paths| std::env::split_paths(&paths).any(|p| p.join(program).is_file()))
         .unwrap_or(false)
+}
+
+/// `scheme://user:***@host...`: the password of a URI left out of what is printed (as
+/// `counterd::config::redact_uri`; this crate does not depend on the product).
+fn redact_uri(uri: &str) -> String {
+    let Some(scheme_end) = uri.find("://") else {
+        return uri.to_string();
+    };
+    let rest = &uri[scheme_end + 3..];
+    let host_start = rest.find('/').unwrap_or(rest.len());
+    let Some(at) = rest[..host_start].rfind('@') else {
+        return uri.to_string();
+    };
+    let user = rest[..at].split(':').next().unwrap_or("");
+    format!("{}://{}:***@{}", &uri[..scheme_end], user, &rest[at + 1..])
 }
 
 /// A port that was free a moment ago.
