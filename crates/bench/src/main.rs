@@ -842,11 +842,21 @@ fn just_before_now() -> Timestamp {
 }
 
 /// The worker's settings: counterd's defaults, starting at `start`.
+/// The worker measured: it applies the stream from `start` (the events written for the
+/// benchmark); no initial snapshot, whose scan would be measured instead.
 fn worker_settings(plan: &Plan, start: Timestamp) -> WorkerSettings {
     WorkerSettings {
         batch_size: plan.batch_size,
         start_at: Some(start),
+        snapshot: no_snapshot(),
         ..WorkerSettings::default()
+    }
+}
+
+fn no_snapshot() -> counterd::snapshot::SnapshotSettings {
+    counterd::snapshot::SnapshotSettings {
+        initial: counterd::snapshot::InitialSnapshot::Never,
+        ..Default::default()
     }
 }
 
@@ -1588,6 +1598,7 @@ async fn child_worker(args: &[String]) -> anyhow::Result<()> {
             time: start.parse()?,
             increment: 0,
         }),
+        snapshot: no_snapshot(),
         ..WorkerSettings::default()
     };
     let n: i64 = events.parse()?;
