@@ -12,7 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use counterd::event::PostId;
-use counterd::store::{SnapshotProgress, SnapshotState, Store};
+use counterd::store::prelude::*;
+use counterd::store::{SnapshotProgress, SnapshotState};
 use daemon::Daemon;
 use mongodb::bson::{doc, DateTime};
 use rand::rngs::StdRng;

@@ -998,7 +998,7 @@ fn after_filter(field: &str, after: Option<&PostId>) -> Document {
 }
 
 #[async_trait]
-impl Store for MongoStore {
+impl ChangeStreams for MongoStore {
     async fn open_stream(&self, options: StreamOptions) -> StoreResult<Box<dyn EventSource>> {
         let stream = self.watch(&options).await?;
         Ok(Box::new(MongoEvents {
@@ -1009,6 +1009,18 @@ impl Store for MongoStore {
         }))
     }
 
+    async fn read_position(&self) -> StoreResult<ServerNow> {
+        let reply = self
+            .db
+            .run_command(doc! {"isMaster": 1})
+            .await
+            .map_err(|e| map_err("read the server's position", e))?;
+        Ok(position_from_reply(&reply, DateTime::now()))
+    }
+}
+
+#[async_trait]
+impl Checkpoints for MongoStore {
     async fn load_checkpoint(&self, stream: &str) -> StoreResult<Option<Checkpoint>> {
         let found = self
             .coll(&self.names.checkpoints)
@@ -1177,36 +1189,23 @@ impl Store for MongoStore {
         Ok(())
     }
 
-    async fn read_ledger(
-        &self,
-        stream: &str,
-        comments: &[CommentId],
-        generation: u64,
-    ) -> StoreResult<HashMap<String, Option<Row>>> {
-        let mut out = HashMap::new();
-        for chunk in comments.chunks(5000) {
-            let ids: Vec<Bson> = chunk.iter().map(|c| c.value.clone()).collect();
-            let mut cursor = self
-                .coll(&self.names.ledger_of(stream))
-                .find(doc! {"_id": {"$in": ids}})
-                .await
-                .map_err(|e| map_err("read the ledger", e))?;
-            while let Some(entry) = cursor
-                .try_next()
-                .await
-                .map_err(|e| map_err("read the ledger", e))?
-            {
-                if entry_generation(&entry) < generation {
-                    continue; // written before the latest history gap: unknown
-                }
-                if let Some(id) = entry.get("_id") {
-                    out.insert(CommentId::new(id.clone()).key, row_from_ledger(&entry));
-                }
-            }
-        }
-        Ok(out)
+    async fn adopt_checkpoint(&self, fence: &Fence) -> StoreResult<()> {
+        let filter = doc! {"_id": &fence.stream, "epoch": {"$not": {"$gt": fence.epoch}}};
+        let update = doc! {"$set": {"epoch": fence.epoch, "updated_at": DateTime::now()}};
+        self.checkpoint_update("adopt the checkpoint", fence, filter, update)
+            .await
     }
 
+    async fn save_snapshot(&self, fence: &Fence, progress: &SnapshotProgress) -> StoreResult<()> {
+        let update =
+            doc! {"$set": {"snapshot": snapshot_to_doc(progress), "updated_at": DateTime::now()}};
+        self.owned_checkpoint_update("record the snapshot's progress", fence, update)
+            .await
+    }
+}
+
+#[async_trait]
+impl Counters for MongoStore {
     async fn apply_counters(
         &self,
         fence: &Fence,
@@ -1257,153 +1256,6 @@ impl Store for MongoStore {
         })
     }
 
-    async fn write_ledger(
-        &self,
-        fence: &Fence,
-        updates: &[LedgerUpdate],
-        through: &Token,
-        generation: u64,
-    ) -> StoreResult<()> {
-        let now = DateTime::now();
-        let statements = updates
-            .iter()
-            .map(|u| {
-                let mut filter = doc! {"_id": u.comment.value.clone(), "applied_through": not_gte(through.as_str())};
-                fenced(&mut filter, fence);
-                let update = match &u.state {
-                    Some(row) => {
-                        let (mut set, unset) = ledger_row_update(row);
-                        set.insert("applied_through", through.as_str());
-                        set.insert("epoch", fence.epoch);
-                        set.insert("generation", generation as i64);
-                        doc! {"$set": set, "$unset": unset}
-                    }
-                    None => doc! {
-                        "$set": {"exists": false, "live": false, "applied_through": through.as_str(), "epoch": fence.epoch, "gone_at": now, "generation": generation as i64},
-                        "$unset": {LEDGER_POST: "", LEDGER_CREATED: "", "deleted": ""},
-                    },
-                };
-                doc! {"q": filter, "u": update, "upsert": true}
-            })
-            .collect();
-        self.ops
-            .ledger_statements
-            .fetch_add(updates.len() as u64, Ordering::Relaxed);
-        self.update_many_statements(
-            "write the comment ledger",
-            &self.names.ledger_of(&fence.stream),
-            statements,
-        )
-        .await?;
-        Ok(())
-    }
-
-    async fn mark_dirty(
-        &self,
-        fence: &Fence,
-        marks: &[DirtyMark],
-        now: DateTime,
-    ) -> StoreResult<()> {
-        let statements = marks
-            .iter()
-            .map(|m| {
-                // Fenced like every worker write: an entry this stream marked under a newer
-                // epoch refuses the write (the upsert then hits the `_id` and is dropped as a
-                // duplicate). An entry of another stream (a changed partitioning) is taken over.
-                let filter = doc! {
-                    "_id": m.post.to_bson(),
-                    "$or": [
-                        {"stream": {"$ne": &fence.stream}},
-                        {"epoch": {"$not": {"$gt": fence.epoch}}},
-                    ],
-                };
-                doc! {
-                    "q": filter,
-                    "u": {
-                        "$inc": {"version": 1_i64},
-                        "$set": {"last_dirty_at": now, "stream": &fence.stream, "epoch": fence.epoch},
-                        "$max": {"newest_bucket": m.newest_bucket},
-                        "$setOnInsert": {"first_dirty_at": now},
-                    },
-                    "upsert": true,
-                }
-            })
-            .collect();
-        let (_, duplicates) = self
-            .update_many_statements("mark posts dirty", &self.names.dirty, statements)
-            .await?;
-        if duplicates > 0 {
-            // Two upserts raced on a new entry (another marker or a reconcile clear), or the
-            // entry belongs to a newer epoch (this worker is fenced out): either way the entry
-            // exists, so the post is dirty and nothing is lost.
-            tracing::debug!(stream = %fence.stream, duplicates, "dirty marks not applied: raced, or fenced out by a newer epoch");
-        }
-        Ok(())
-    }
-
-    async fn dirty_list(
-        &self,
-        stream: Option<&str>,
-        order: DirtyOrder,
-        limit: usize,
-    ) -> StoreResult<Vec<DirtyEntry>> {
-        let filter = match stream {
-            Some(s) => doc! {"stream": s},
-            None => doc! {},
-        };
-        let sort = match order {
-            DirtyOrder::Oldest => doc! {"first_dirty_at": 1, "_id": 1},
-            DirtyOrder::ByVersion => doc! {"version": -1, "_id": 1},
-        };
-        let docs: Vec<Document> = self
-            .coll(&self.names.dirty)
-            .find(filter)
-            .sort(sort)
-            .limit(limit.min(i64::MAX as usize) as i64)
-            .await
-            .map_err(|e| map_err("list dirty posts", e))?
-            .try_collect()
-            .await
-            .map_err(|e| map_err("list dirty posts", e))?;
-        Ok(docs.iter().filter_map(dirty_from_doc).collect())
-    }
-
-    async fn dirty_summary(&self) -> StoreResult<DirtySummary> {
-        let dirty = self.coll(&self.names.dirty);
-        let size = dirty
-            .estimated_document_count()
-            .await
-            .map_err(|e| map_err("count dirty posts", e))?;
-        let oldest = dirty
-            .find_one(doc! {})
-            .sort(doc! {"first_dirty_at": 1})
-            .await
-            .map_err(|e| map_err("find the oldest dirty post", e))?
-            .and_then(|d| d.get_datetime("first_dirty_at").ok().copied());
-        Ok(DirtySummary { size, oldest })
-    }
-
-    async fn clear_dirty(&self, post: &PostId, version: i64) -> StoreResult<bool> {
-        let result = self
-            .coll(&self.names.dirty)
-            .delete_one(doc! {"_id": post.to_bson(), "version": version})
-            .await
-            .map_err(|e| map_err("clear a dirty entry", e))?;
-        Ok(result.deleted_count == 1)
-    }
-
-    async fn requeue_dirty(&self, post: &PostId, version: i64, now: DateTime) -> StoreResult<bool> {
-        let result = self
-            .coll(&self.names.dirty)
-            .update_one(
-                doc! {"_id": post.to_bson(), "version": version},
-                doc! {"$set": {"first_dirty_at": now}},
-            )
-            .await
-            .map_err(|e| map_err("requeue a dirty entry", e))?;
-        Ok(result.matched_count == 1)
-    }
-
     async fn read_counter(&self, post: &PostId) -> StoreResult<Option<CounterDoc>> {
         let found = self
             .coll(&self.names.counters)
@@ -1411,129 +1263,6 @@ impl Store for MongoStore {
             .await
             .map_err(|e| map_err("read a counter", e))?;
         found.map(|d| counter_from_doc(&d)).transpose()
-    }
-
-    async fn count_live_below(&self, post: &PostId, watermark: i64) -> StoreResult<i64> {
-        self.ops.count_queries.fetch_add(1, Ordering::Relaxed);
-        let n = self
-            .comments
-            .count_documents(self.live_below(post, watermark))
-            .await
-            .map_err(|e| map_err("count live comments", e))?;
-        Ok(n as i64)
-    }
-
-    async fn count_live_below_at(
-        &self,
-        post: &PostId,
-        watermark: i64,
-        at: Timestamp,
-    ) -> StoreResult<Option<i64>> {
-        if !self.snapshot_reads().await {
-            return Ok(None);
-        }
-        self.ops.count_queries.fetch_add(1, Ordering::Relaxed);
-        let filter = self.live_below(post, watermark);
-        match self.count_at(filter, at).await {
-            Ok(n) => Ok(Some(n)),
-            Err(e) if error_code(&e).is_some_and(|c| SNAPSHOT_GONE.contains(&c)) => {
-                tracing::debug!(%post, at = ?at, "snapshot too old; falling back to the quiet window");
-                Ok(None)
-            }
-            Err(e) => Err(map_err("count live comments at a cluster time", e)),
-        }
-    }
-
-    async fn read_position(&self) -> StoreResult<ServerNow> {
-        let reply = self
-            .db
-            .run_command(doc! {"isMaster": 1})
-            .await
-            .map_err(|e| map_err("read the server's position", e))?;
-        Ok(position_from_reply(&reply, DateTime::now()))
-    }
-
-    async fn latest_created(&self, post: &PostId) -> StoreResult<Option<i64>> {
-        self.ops.count_queries.fetch_add(1, Ordering::Relaxed);
-        let latest = self
-            .comments
-            .find_one(
-                doc! {&self.schema.group: post.to_bson(), &self.schema.created: {"$type": "date"}},
-            )
-            .sort(doc! {&self.schema.created: -1})
-            .projection(doc! {&self.schema.created: 1})
-            .await
-            .map_err(|e| map_err("find the latest comment", e))?;
-        Ok(latest
-            .and_then(|d| match Schema::get(&d, &self.schema.created) {
-                Some(Bson::DateTime(t)) => Some(*t),
-                _ => None,
-            })
-            .map(|t| t.timestamp_millis().div_euclid(1000)))
-    }
-
-    async fn count_live(&self, post: &PostId) -> StoreResult<i64> {
-        let n = self
-            .comments
-            .count_documents(self.live(post))
-            .await
-            .map_err(|e| map_err("count live comments", e))?;
-        Ok(n as i64)
-    }
-
-    async fn rows_of_post(&self, post: &PostId) -> StoreResult<Vec<(CommentId, Row)>> {
-        let mut cursor = self
-            .comments
-            .find(doc! {&self.schema.group: post.to_bson()})
-            .await
-            .map_err(|e| map_err("read the rows of a post", e))?;
-        let mut rows = Vec::new();
-        while let Some(doc) = cursor
-            .try_next()
-            .await
-            .map_err(|e| map_err("read the rows of a post", e))?
-        {
-            if let Some(id) = doc.get("_id") {
-                rows.push((
-                    CommentId::new(id.clone()),
-                    self.schema.read_existing_row(&doc),
-                ));
-            }
-        }
-        Ok(rows)
-    }
-
-    async fn rebuild_ledger(
-        &self,
-        stream: &str,
-        generation: u64,
-        rows: &[(CommentId, Row)],
-    ) -> StoreResult<()> {
-        let statements = rows
-            .iter()
-            .map(|(comment, row)| {
-                let (mut set, mut unset) = ledger_row_update(row);
-                set.insert("generation", generation as i64);
-                // Any write of the worker replaces a rebuilt entry.
-                unset.insert("applied_through", "");
-                doc! {
-                    // No entry, or one from before the gap: a duplicate key otherwise (skipped).
-                    "q": {"_id": comment.value.clone(), "generation": not_gte(generation as i64)},
-                    "u": {"$set": set, "$unset": unset},
-                    "upsert": true,
-                }
-            })
-            .collect();
-        self.ops
-            .ledger_statements
-            .fetch_add(rows.len() as u64, Ordering::Relaxed);
-        self.update_many_statements(
-            "rebuild the comment ledger",
-            &self.names.ledger_of(stream),
-            statements,
-        )
-        .await?;
-        Ok(())
     }
 
     async fn install_fold(
@@ -1684,64 +1413,423 @@ impl Store for MongoStore {
         Ok(posts)
     }
 
-    async fn record_run(&self, run: &RunSummary) -> StoreResult<()> {
-        let doc = bson::to_document(run).map_err(|e| StoreError::Fatal {
-            op: "record a reconcile run",
-            message: e.to_string(),
-        })?;
-        self.coll(&self.names.runs)
-            .insert_one(doc)
-            .await
-            .map_err(|e| map_err("record a reconcile run", e))?;
+    async fn apply_snapshot_counters(
+        &self,
+        fence: &Fence,
+        chunk: u64,
+        writes: &[CounterDelta],
+    ) -> StoreResult<ApplyOutcome> {
+        let statements = writes
+            .iter()
+            .map(|w| {
+                let mut filter =
+                    doc! {"_id": w.post.to_bson(), "snapshot_chunk": not_gte(chunk as i64)};
+                fenced(&mut filter, fence);
+                let mut inc = doc! {"live_delta": w.delta, "count": w.delta};
+                for (bucket, amount) in &w.buckets {
+                    inc.insert(format!("live_by_bucket.{bucket}"), *amount);
+                }
+                doc! {
+                    "q": filter,
+                    "u": {
+                        "$inc": inc,
+                        "$set": {"snapshot_chunk": chunk as i64, "epoch": fence.epoch},
+                        "$setOnInsert": {"base_count": 0_i64, "base_watermark": 0_i64},
+                    },
+                    "upsert": true,
+                }
+            })
+            .collect();
+        let (applied, already_applied) = self
+            .update_many_statements("add snapshot counts", &self.names.counters, statements)
+            .await?;
+        Ok(ApplyOutcome {
+            applied,
+            already_applied,
+        })
+    }
+}
+
+#[async_trait]
+impl Ledger for MongoStore {
+    async fn read_ledger(
+        &self,
+        stream: &str,
+        comments: &[CommentId],
+        generation: u64,
+    ) -> StoreResult<HashMap<String, Option<Row>>> {
+        let mut out = HashMap::new();
+        for chunk in comments.chunks(5000) {
+            let ids: Vec<Bson> = chunk.iter().map(|c| c.value.clone()).collect();
+            let mut cursor = self
+                .coll(&self.names.ledger_of(stream))
+                .find(doc! {"_id": {"$in": ids}})
+                .await
+                .map_err(|e| map_err("read the ledger", e))?;
+            while let Some(entry) = cursor
+                .try_next()
+                .await
+                .map_err(|e| map_err("read the ledger", e))?
+            {
+                if entry_generation(&entry) < generation {
+                    continue; // written before the latest history gap: unknown
+                }
+                if let Some(id) = entry.get("_id") {
+                    out.insert(CommentId::new(id.clone()).key, row_from_ledger(&entry));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn write_ledger(
+        &self,
+        fence: &Fence,
+        updates: &[LedgerUpdate],
+        through: &Token,
+        generation: u64,
+    ) -> StoreResult<()> {
+        let now = DateTime::now();
+        let statements = updates
+            .iter()
+            .map(|u| {
+                let mut filter = doc! {"_id": u.comment.value.clone(), "applied_through": not_gte(through.as_str())};
+                fenced(&mut filter, fence);
+                let update = match &u.state {
+                    Some(row) => {
+                        let (mut set, unset) = ledger_row_update(row);
+                        set.insert("applied_through", through.as_str());
+                        set.insert("epoch", fence.epoch);
+                        set.insert("generation", generation as i64);
+                        doc! {"$set": set, "$unset": unset}
+                    }
+                    None => doc! {
+                        "$set": {"exists": false, "live": false, "applied_through": through.as_str(), "epoch": fence.epoch, "gone_at": now, "generation": generation as i64},
+                        "$unset": {LEDGER_POST: "", LEDGER_CREATED: "", "deleted": ""},
+                    },
+                };
+                doc! {"q": filter, "u": update, "upsert": true}
+            })
+            .collect();
+        self.ops
+            .ledger_statements
+            .fetch_add(updates.len() as u64, Ordering::Relaxed);
+        self.update_many_statements(
+            "write the comment ledger",
+            &self.names.ledger_of(&fence.stream),
+            statements,
+        )
+        .await?;
         Ok(())
     }
 
-    async fn last_run(&self) -> StoreResult<Option<RunSummary>> {
-        let found = self
-            .coll(&self.names.runs)
+    async fn rebuild_ledger(
+        &self,
+        stream: &str,
+        generation: u64,
+        rows: &[(CommentId, Row)],
+    ) -> StoreResult<()> {
+        let statements = rows
+            .iter()
+            .map(|(comment, row)| {
+                let (mut set, mut unset) = ledger_row_update(row);
+                set.insert("generation", generation as i64);
+                // Any write of the worker replaces a rebuilt entry.
+                unset.insert("applied_through", "");
+                doc! {
+                    // No entry, or one from before the gap: a duplicate key otherwise (skipped).
+                    "q": {"_id": comment.value.clone(), "generation": not_gte(generation as i64)},
+                    "u": {"$set": set, "$unset": unset},
+                    "upsert": true,
+                }
+            })
+            .collect();
+        self.ops
+            .ledger_statements
+            .fetch_add(rows.len() as u64, Ordering::Relaxed);
+        self.update_many_statements(
+            "rebuild the comment ledger",
+            &self.names.ledger_of(stream),
+            statements,
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn claim_ledger(
+        &self,
+        fence: &Fence,
+        claims: &[LedgerUpdate],
+        generation: u64,
+    ) -> StoreResult<()> {
+        let statements = claims
+            .iter()
+            .filter_map(|c| {
+                let row = c.state.as_ref()?;
+                let (mut set, _) = ledger_row_update(row);
+                set.insert("epoch", fence.epoch);
+                set.insert("generation", generation as i64);
+                set.insert("claimed_by_snapshot", true);
+                // Only where no entry exists: `$setOnInsert` leaves any state the stream wrote.
+                Some(doc! {
+                    "q": {"_id": c.comment.value.clone()},
+                    "u": {"$setOnInsert": set},
+                    "upsert": true,
+                })
+            })
+            .collect();
+        self.update_many_statements(
+            "claim ledger entries for the snapshot",
+            &self.names.ledger_of(&fence.stream),
+            statements,
+        )
+        .await?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl DirtySet for MongoStore {
+    async fn mark_dirty(
+        &self,
+        fence: &Fence,
+        marks: &[DirtyMark],
+        now: DateTime,
+    ) -> StoreResult<()> {
+        let statements = marks
+            .iter()
+            .map(|m| {
+                // Fenced like every worker write: an entry this stream marked under a newer
+                // epoch refuses the write (the upsert then hits the `_id` and is dropped as a
+                // duplicate). An entry of another stream (a changed partitioning) is taken over.
+                let filter = doc! {
+                    "_id": m.post.to_bson(),
+                    "$or": [
+                        {"stream": {"$ne": &fence.stream}},
+                        {"epoch": {"$not": {"$gt": fence.epoch}}},
+                    ],
+                };
+                doc! {
+                    "q": filter,
+                    "u": {
+                        "$inc": {"version": 1_i64},
+                        "$set": {"last_dirty_at": now, "stream": &fence.stream, "epoch": fence.epoch},
+                        "$max": {"newest_bucket": m.newest_bucket},
+                        "$setOnInsert": {"first_dirty_at": now},
+                    },
+                    "upsert": true,
+                }
+            })
+            .collect();
+        let (_, duplicates) = self
+            .update_many_statements("mark posts dirty", &self.names.dirty, statements)
+            .await?;
+        if duplicates > 0 {
+            // Two upserts raced on a new entry (another marker or a reconcile clear), or the
+            // entry belongs to a newer epoch (this worker is fenced out): either way the entry
+            // exists, so the post is dirty and nothing is lost.
+            tracing::debug!(stream = %fence.stream, duplicates, "dirty marks not applied: raced, or fenced out by a newer epoch");
+        }
+        Ok(())
+    }
+
+    async fn dirty_list(
+        &self,
+        stream: Option<&str>,
+        order: DirtyOrder,
+        limit: usize,
+    ) -> StoreResult<Vec<DirtyEntry>> {
+        let filter = match stream {
+            Some(s) => doc! {"stream": s},
+            None => doc! {},
+        };
+        let sort = match order {
+            DirtyOrder::Oldest => doc! {"first_dirty_at": 1, "_id": 1},
+            DirtyOrder::ByVersion => doc! {"version": -1, "_id": 1},
+        };
+        let docs: Vec<Document> = self
+            .coll(&self.names.dirty)
+            .find(filter)
+            .sort(sort)
+            .limit(limit.min(i64::MAX as usize) as i64)
+            .await
+            .map_err(|e| map_err("list dirty posts", e))?
+            .try_collect()
+            .await
+            .map_err(|e| map_err("list dirty posts", e))?;
+        Ok(docs.iter().filter_map(dirty_from_doc).collect())
+    }
+
+    async fn dirty_summary(&self) -> StoreResult<DirtySummary> {
+        let dirty = self.coll(&self.names.dirty);
+        let size = dirty
+            .estimated_document_count()
+            .await
+            .map_err(|e| map_err("count dirty posts", e))?;
+        let oldest = dirty
             .find_one(doc! {})
-            .sort(doc! {"finished_at": -1})
+            .sort(doc! {"first_dirty_at": 1})
             .await
-            .map_err(|e| map_err("read the last reconcile run", e))?;
-        Ok(found.as_ref().map(run_from_doc))
+            .map_err(|e| map_err("find the oldest dirty post", e))?
+            .and_then(|d| d.get_datetime("first_dirty_at").ok().copied());
+        Ok(DirtySummary { size, oldest })
     }
 
-    async fn load_sweep_cursor(&self, stream: &str) -> StoreResult<Option<SweepCursor>> {
-        let found = self
-            .coll(&self.names.sweeps)
-            .find_one(doc! {"_id": stream})
+    async fn clear_dirty(&self, post: &PostId, version: i64) -> StoreResult<bool> {
+        let result = self
+            .coll(&self.names.dirty)
+            .delete_one(doc! {"_id": post.to_bson(), "version": version})
             .await
-            .map_err(|e| map_err("read the sweep cursor", e))?;
-        Ok(found.map(|d| SweepCursor {
-            after: d.get("after").and_then(PostId::from_bson),
-            pass_started: d.get_datetime("pass_started").ok().copied(),
-            posts_done: d.get_i64("posts_done").unwrap_or_default() as u64,
-            passes: d.get_i64("passes").unwrap_or_default() as u64,
-            last_pass_posts: d.get_i64("last_pass_posts").unwrap_or_default() as u64,
-        }))
+            .map_err(|e| map_err("clear a dirty entry", e))?;
+        Ok(result.deleted_count == 1)
     }
 
-    async fn save_sweep_cursor(&self, stream: &str, cursor: &SweepCursor) -> StoreResult<()> {
-        let after = cursor.after.as_ref().map_or(Bson::Null, PostId::to_bson);
-        let started = cursor.pass_started.map_or(Bson::Null, Bson::DateTime);
-        self.coll(&self.names.sweeps)
+    async fn requeue_dirty(&self, post: &PostId, version: i64, now: DateTime) -> StoreResult<bool> {
+        let result = self
+            .coll(&self.names.dirty)
             .update_one(
-                doc! {"_id": stream},
-                doc! {"$set": {
-                    "after": after,
-                    "pass_started": started,
-                    "posts_done": cursor.posts_done as i64,
-                    "passes": cursor.passes as i64,
-                    "last_pass_posts": cursor.last_pass_posts as i64,
-                    "updated_at": DateTime::now(),
-                }},
+                doc! {"_id": post.to_bson(), "version": version},
+                doc! {"$set": {"first_dirty_at": now}},
             )
-            .upsert(true)
             .await
-            .map_err(|e| map_err("save the sweep cursor", e))?;
-        Ok(())
+            .map_err(|e| map_err("requeue a dirty entry", e))?;
+        Ok(result.matched_count == 1)
+    }
+}
+
+#[async_trait]
+impl Truth for MongoStore {
+    async fn count_live_below(&self, post: &PostId, watermark: i64) -> StoreResult<i64> {
+        self.ops.count_queries.fetch_add(1, Ordering::Relaxed);
+        let n = self
+            .comments
+            .count_documents(self.live_below(post, watermark))
+            .await
+            .map_err(|e| map_err("count live comments", e))?;
+        Ok(n as i64)
     }
 
+    async fn count_live_below_at(
+        &self,
+        post: &PostId,
+        watermark: i64,
+        at: Timestamp,
+    ) -> StoreResult<Option<i64>> {
+        if !self.snapshot_reads().await {
+            return Ok(None);
+        }
+        self.ops.count_queries.fetch_add(1, Ordering::Relaxed);
+        let filter = self.live_below(post, watermark);
+        match self.count_at(filter, at).await {
+            Ok(n) => Ok(Some(n)),
+            Err(e) if error_code(&e).is_some_and(|c| SNAPSHOT_GONE.contains(&c)) => {
+                tracing::debug!(%post, at = ?at, "snapshot too old; falling back to the quiet window");
+                Ok(None)
+            }
+            Err(e) => Err(map_err("count live comments at a cluster time", e)),
+        }
+    }
+
+    async fn latest_created(&self, post: &PostId) -> StoreResult<Option<i64>> {
+        self.ops.count_queries.fetch_add(1, Ordering::Relaxed);
+        let latest = self
+            .comments
+            .find_one(
+                doc! {&self.schema.group: post.to_bson(), &self.schema.created: {"$type": "date"}},
+            )
+            .sort(doc! {&self.schema.created: -1})
+            .projection(doc! {&self.schema.created: 1})
+            .await
+            .map_err(|e| map_err("find the latest comment", e))?;
+        Ok(latest
+            .and_then(|d| match Schema::get(&d, &self.schema.created) {
+                Some(Bson::DateTime(t)) => Some(*t),
+                _ => None,
+            })
+            .map(|t| t.timestamp_millis().div_euclid(1000)))
+    }
+
+    async fn count_live(&self, post: &PostId) -> StoreResult<i64> {
+        let n = self
+            .comments
+            .count_documents(self.live(post))
+            .await
+            .map_err(|e| map_err("count live comments", e))?;
+        Ok(n as i64)
+    }
+
+    async fn rows_of_post(&self, post: &PostId) -> StoreResult<Vec<(CommentId, Row)>> {
+        let mut cursor = self
+            .comments
+            .find(doc! {&self.schema.group: post.to_bson()})
+            .await
+            .map_err(|e| map_err("read the rows of a post", e))?;
+        let mut rows = Vec::new();
+        while let Some(doc) = cursor
+            .try_next()
+            .await
+            .map_err(|e| map_err("read the rows of a post", e))?
+        {
+            if let Some(id) = doc.get("_id") {
+                rows.push((
+                    CommentId::new(id.clone()),
+                    self.schema.read_existing_row(&doc),
+                ));
+            }
+        }
+        Ok(rows)
+    }
+
+    async fn comments_extent(&self) -> StoreResult<CommentsExtent> {
+        let comments = &self.comments;
+        let last = comments
+            .find_one(doc! {})
+            .sort(doc! {"_id": -1})
+            .projection(doc! {"_id": 1})
+            .await
+            .map_err(|e| map_err("find the last comment", e))?;
+        let estimated_rows = comments
+            .estimated_document_count()
+            .await
+            .map_err(|e| map_err("estimate the comments", e))?;
+        Ok(CommentsExtent {
+            last_id: last.and_then(|d| d.get("_id").cloned()).map(CommentId::new),
+            estimated_rows,
+        })
+    }
+
+    async fn rows_after(
+        &self,
+        after: Option<&CommentId>,
+        last: &CommentId,
+        limit: usize,
+    ) -> StoreResult<Vec<(CommentId, Row)>> {
+        let mut range = doc! {"$lte": last.value.clone()};
+        if let Some(after) = after {
+            range.insert("$gt", after.value.clone());
+        }
+        let found: Vec<Document> = self
+            .comments
+            .find(doc! {"_id": range})
+            .sort(doc! {"_id": 1})
+            .limit(limit as i64)
+            .await
+            .map_err(|e| map_err("read a snapshot chunk", e))?
+            .try_collect()
+            .await
+            .map_err(|e| map_err("read a snapshot chunk", e))?;
+        Ok(found
+            .into_iter()
+            .filter_map(|d| {
+                let id = CommentId::new(d.get("_id")?.clone());
+                Some((id, self.schema.read_existing_row(&d)))
+            })
+            .collect())
+    }
+}
+
+#[async_trait]
+impl Leases for MongoStore {
     async fn read_lease(&self, stream: &str) -> StoreResult<Option<Lease>> {
         let found = self
             .coll(&self.names.leases)
@@ -1836,133 +1924,66 @@ impl Store for MongoStore {
             .map_err(|e| map_err("release the lease", e))?;
         Ok(())
     }
+}
 
-    async fn adopt_checkpoint(&self, fence: &Fence) -> StoreResult<()> {
-        let filter = doc! {"_id": &fence.stream, "epoch": {"$not": {"$gt": fence.epoch}}};
-        let update = doc! {"$set": {"epoch": fence.epoch, "updated_at": DateTime::now()}};
-        self.checkpoint_update("adopt the checkpoint", fence, filter, update)
+#[async_trait]
+impl RunHistory for MongoStore {
+    async fn record_run(&self, run: &RunSummary) -> StoreResult<()> {
+        let doc = bson::to_document(run).map_err(|e| StoreError::Fatal {
+            op: "record a reconcile run",
+            message: e.to_string(),
+        })?;
+        self.coll(&self.names.runs)
+            .insert_one(doc)
             .await
-    }
-
-    async fn comments_extent(&self) -> StoreResult<CommentsExtent> {
-        let comments = &self.comments;
-        let last = comments
-            .find_one(doc! {})
-            .sort(doc! {"_id": -1})
-            .projection(doc! {"_id": 1})
-            .await
-            .map_err(|e| map_err("find the last comment", e))?;
-        let estimated_rows = comments
-            .estimated_document_count()
-            .await
-            .map_err(|e| map_err("estimate the comments", e))?;
-        Ok(CommentsExtent {
-            last_id: last.and_then(|d| d.get("_id").cloned()).map(CommentId::new),
-            estimated_rows,
-        })
-    }
-
-    async fn rows_after(
-        &self,
-        after: Option<&CommentId>,
-        last: &CommentId,
-        limit: usize,
-    ) -> StoreResult<Vec<(CommentId, Row)>> {
-        let mut range = doc! {"$lte": last.value.clone()};
-        if let Some(after) = after {
-            range.insert("$gt", after.value.clone());
-        }
-        let found: Vec<Document> = self
-            .comments
-            .find(doc! {"_id": range})
-            .sort(doc! {"_id": 1})
-            .limit(limit as i64)
-            .await
-            .map_err(|e| map_err("read a snapshot chunk", e))?
-            .try_collect()
-            .await
-            .map_err(|e| map_err("read a snapshot chunk", e))?;
-        Ok(found
-            .into_iter()
-            .filter_map(|d| {
-                let id = CommentId::new(d.get("_id")?.clone());
-                Some((id, self.schema.read_existing_row(&d)))
-            })
-            .collect())
-    }
-
-    async fn save_snapshot(&self, fence: &Fence, progress: &SnapshotProgress) -> StoreResult<()> {
-        let update =
-            doc! {"$set": {"snapshot": snapshot_to_doc(progress), "updated_at": DateTime::now()}};
-        self.owned_checkpoint_update("record the snapshot's progress", fence, update)
-            .await
-    }
-
-    async fn claim_ledger(
-        &self,
-        fence: &Fence,
-        claims: &[LedgerUpdate],
-        generation: u64,
-    ) -> StoreResult<()> {
-        let statements = claims
-            .iter()
-            .filter_map(|c| {
-                let row = c.state.as_ref()?;
-                let (mut set, _) = ledger_row_update(row);
-                set.insert("epoch", fence.epoch);
-                set.insert("generation", generation as i64);
-                set.insert("claimed_by_snapshot", true);
-                // Only where no entry exists: `$setOnInsert` leaves any state the stream wrote.
-                Some(doc! {
-                    "q": {"_id": c.comment.value.clone()},
-                    "u": {"$setOnInsert": set},
-                    "upsert": true,
-                })
-            })
-            .collect();
-        self.update_many_statements(
-            "claim ledger entries for the snapshot",
-            &self.names.ledger_of(&fence.stream),
-            statements,
-        )
-        .await?;
+            .map_err(|e| map_err("record a reconcile run", e))?;
         Ok(())
     }
 
-    async fn apply_snapshot_counters(
-        &self,
-        fence: &Fence,
-        chunk: u64,
-        writes: &[CounterDelta],
-    ) -> StoreResult<ApplyOutcome> {
-        let statements = writes
-            .iter()
-            .map(|w| {
-                let mut filter =
-                    doc! {"_id": w.post.to_bson(), "snapshot_chunk": not_gte(chunk as i64)};
-                fenced(&mut filter, fence);
-                let mut inc = doc! {"live_delta": w.delta, "count": w.delta};
-                for (bucket, amount) in &w.buckets {
-                    inc.insert(format!("live_by_bucket.{bucket}"), *amount);
-                }
-                doc! {
-                    "q": filter,
-                    "u": {
-                        "$inc": inc,
-                        "$set": {"snapshot_chunk": chunk as i64, "epoch": fence.epoch},
-                        "$setOnInsert": {"base_count": 0_i64, "base_watermark": 0_i64},
-                    },
-                    "upsert": true,
-                }
-            })
-            .collect();
-        let (applied, already_applied) = self
-            .update_many_statements("add snapshot counts", &self.names.counters, statements)
-            .await?;
-        Ok(ApplyOutcome {
-            applied,
-            already_applied,
-        })
+    async fn last_run(&self) -> StoreResult<Option<RunSummary>> {
+        let found = self
+            .coll(&self.names.runs)
+            .find_one(doc! {})
+            .sort(doc! {"finished_at": -1})
+            .await
+            .map_err(|e| map_err("read the last reconcile run", e))?;
+        Ok(found.as_ref().map(run_from_doc))
+    }
+
+    async fn load_sweep_cursor(&self, stream: &str) -> StoreResult<Option<SweepCursor>> {
+        let found = self
+            .coll(&self.names.sweeps)
+            .find_one(doc! {"_id": stream})
+            .await
+            .map_err(|e| map_err("read the sweep cursor", e))?;
+        Ok(found.map(|d| SweepCursor {
+            after: d.get("after").and_then(PostId::from_bson),
+            pass_started: d.get_datetime("pass_started").ok().copied(),
+            posts_done: d.get_i64("posts_done").unwrap_or_default() as u64,
+            passes: d.get_i64("passes").unwrap_or_default() as u64,
+            last_pass_posts: d.get_i64("last_pass_posts").unwrap_or_default() as u64,
+        }))
+    }
+
+    async fn save_sweep_cursor(&self, stream: &str, cursor: &SweepCursor) -> StoreResult<()> {
+        let after = cursor.after.as_ref().map_or(Bson::Null, PostId::to_bson);
+        let started = cursor.pass_started.map_or(Bson::Null, Bson::DateTime);
+        self.coll(&self.names.sweeps)
+            .update_one(
+                doc! {"_id": stream},
+                doc! {"$set": {
+                    "after": after,
+                    "pass_started": started,
+                    "posts_done": cursor.posts_done as i64,
+                    "passes": cursor.passes as i64,
+                    "last_pass_posts": cursor.last_pass_posts as i64,
+                    "updated_at": DateTime::now(),
+                }},
+            )
+            .upsert(true)
+            .await
+            .map_err(|e| map_err("save the sweep cursor", e))?;
+        Ok(())
     }
 }
 
