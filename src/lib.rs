@@ -5,6 +5,10 @@
 //! → coalesce ([`batch`]) → apply and mark dirty ([`worker`] over the [`store`] seam) →
 //! reconcile ([`reconcile`]: recounts consistent with the stream in [`recount`], arithmetic in
 //! [`fold`]). Worker and reconciler read time from a [`clock::Clock`].
+//!
+//! The [`store`] seam is one small trait per concern (change streams, checkpoints, counters,
+//! ledger, dirty set, truth counts, leases, run history; `store::Store` is all of them), with
+//! the MongoDB implementation in [`store::mongo`], one file per concern.
 
 pub mod batch;
 pub mod classify;
