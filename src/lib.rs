@@ -6,6 +6,10 @@
 //! reconcile ([`reconcile`]: recounts consistent with the stream in [`recount`], arithmetic in
 //! [`fold`]). Before its first batch, a new stream's worker counts the rows that already exist
 //! ([`snapshot`]). Worker and reconciler read time from a [`clock::Clock`].
+//!
+//! The [`store`] seam is one small trait per concern (change streams, checkpoints, counters,
+//! ledger, dirty set, truth counts, leases, run history; `store::Store` is all of them), with
+//! the MongoDB implementation in [`store::mongo`], one file per concern.
 
 pub mod batch;
 pub mod classify;

@@ -6,7 +6,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use counterd::event::PostId;
-use counterd::store::Store;
+use counterd::store::prelude::*;
 use mongodb::bson::doc;
 use support::{now_secs, TestDb};
 

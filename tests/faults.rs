@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use counterd::event::PostId;
-use counterd::store::Store;
+use counterd::store::prelude::*;
 use counterd_testdb::{ServerKind, TestServer};
 use daemon::Daemon;
 use mongodb::bson::{doc, DateTime};

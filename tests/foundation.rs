@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use counterd::event::{ChangeEvent, Operation};
 use counterd::store::mongo::{ConnectOptions, MongoStore};
-use counterd::store::{Store, StoreError, StreamOptions, StreamStart};
+use counterd::store::prelude::*;
+use counterd::store::{StoreError, StreamOptions, StreamStart};
 use mongodb::bson::doc;
 use support::TestDb;
 

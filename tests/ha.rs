@@ -9,7 +9,7 @@ mod daemon;
 use std::time::{Duration, Instant};
 
 use counterd::event::PostId;
-use counterd::store::Store;
+use counterd::store::prelude::*;
 use daemon::Daemon;
 use mongodb::bson::doc;
 use support::{now_secs, TestDb};

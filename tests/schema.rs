@@ -11,7 +11,7 @@ use std::time::Duration;
 use counterd::event::PostId;
 use counterd::reconcile::{ReconcileSettings, Reconciler};
 use counterd::schema::{Schema, SoftDelete};
-use counterd::store::Store;
+use counterd::store::prelude::*;
 use mongodb::bson::{doc, Bson, DateTime, Document};
 use support::{now_secs, TestDb};
 

@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use counterd::event::PostId;
 use counterd::snapshot::{InitialSnapshot, SnapshotSettings};
-use counterd::store::{SnapshotProgress, SnapshotState, Store};
+use counterd::store::prelude::*;
+use counterd::store::{SnapshotProgress, SnapshotState};
 use counterd::worker::WorkerSettings;
 use daemon::Daemon;
 use mongodb::bson::{doc, DateTime};

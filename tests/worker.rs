@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use counterd::batch::{CounterDelta, LedgerUpdate};
 use counterd::event::{CommentId, PostId, Row, Token};
-use counterd::store::{DirtyOrder, Fence, Store};
+use counterd::store::prelude::*;
+use counterd::store::{DirtyOrder, Fence};
 use mongodb::bson::{doc, DateTime};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

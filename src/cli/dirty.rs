@@ -5,7 +5,8 @@ use std::process::ExitCode;
 use crate::cli::{age_secs, connect, print_json, rfc3339};
 use crate::config::Settings;
 use crate::outln;
-use crate::store::{DirtyOrder, Store};
+use crate::store::prelude::*;
+use crate::store::DirtyOrder;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {

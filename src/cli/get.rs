@@ -6,7 +6,7 @@ use crate::cli::{connect, observe, print_json, rfc3339};
 use crate::config::Settings;
 use crate::event::PostId;
 use crate::outln;
-use crate::store::Store;
+use crate::store::prelude::*;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {

@@ -181,7 +181,7 @@ pub async fn connect(settings: &Settings) -> anyhow::Result<Arc<MongoStore>> {
 /// not comparable until it is done).
 pub async fn snapshot_running(settings: &Settings, store: &MongoStore) -> anyhow::Result<bool> {
     for (stream, _) in crate::partition::stream_names(&settings.stream_name, settings.partitions) {
-        if crate::store::Store::load_checkpoint(store, &stream)
+        if crate::store::Checkpoints::load_checkpoint(store, &stream)
             .await?
             .is_some_and(|c| c.snapshot_running())
         {

@@ -28,7 +28,8 @@ use crate::config::{parse_time, Settings};
 use crate::event::{ChangeEvent, Token};
 use crate::outln;
 use crate::store::mongo::MongoStore;
-use crate::store::{Checkpoint, Fence, Lease, Position, Store, StreamOptions, StreamStart};
+use crate::store::prelude::*;
+use crate::store::{Checkpoint, Fence, Lease, Position, StreamOptions, StreamStart};
 use crate::worker::{Worker, WorkerStatus};
 
 #[derive(Debug, clap::Args)]

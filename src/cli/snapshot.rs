@@ -23,7 +23,8 @@ use crate::config::Settings;
 use crate::outln;
 use crate::snapshot::{InitialSnapshot, SnapshotSettings, Snapshotter, Step};
 use crate::store::mongo::MongoStore;
-use crate::store::{Checkpoint, Fence, SnapshotProgress, SnapshotState, Store};
+use crate::store::prelude::*;
+use crate::store::{Checkpoint, Fence, SnapshotProgress, SnapshotState};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {

@@ -9,6 +9,7 @@ use crate::cli::{age_secs, connect, print_json, rfc3339};
 use crate::config::{redact_uri, Settings};
 use crate::outln;
 use crate::partition::stream_names;
+use crate::store::prelude::*;
 use crate::store::{
     Checkpoint, DirtySummary, Lease, RunSummary, SnapshotProgress, SnapshotState, Store,
     SweepCursor,

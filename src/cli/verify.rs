@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use crate::cli::{connect, observe, print_json};
 use crate::config::Settings;
 use crate::outln;
-use crate::store::Store;
+use crate::store::prelude::*;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {

@@ -1,8 +1,19 @@
 //! The seam between counterd's logic and its database: counters, the comment ledger, the dirty
 //! set, checkpoints, leases, counts of the truth, and the change stream itself.
 //!
-//! `worker` and `reconcile` speak only to these traits. [`mongo`] is the one implementation that
-//! knows MongoDB's command shapes; the deterministic simulation plugs an in-process store in here.
+//! One trait per concern, so each can be read (and implemented) on its own:
+//! - [`ChangeStreams`]: open the change stream, read the server's cluster time;
+//! - [`Checkpoints`]: each stream's position, pending batch, gaps, epoch and snapshot progress;
+//! - [`Counters`]: the per-post counters (guarded increments, conditional fold installs);
+//! - [`Ledger`]: the last known state of each comment;
+//! - [`DirtySet`]: posts waiting for a recount;
+//! - [`Truth`]: counts and reads of the application's `comments` collection;
+//! - [`Leases`]: who may write for a stream;
+//! - [`RunHistory`]: reconcile runs and the sweep cursor.
+//!
+//! [`Store`] is all of them at once. `worker` and `reconcile` speak only to these traits.
+//! [`mongo`] is the one implementation that knows MongoDB's command shapes; the deterministic
+//! simulation plugs an in-process store in here.
 
 pub mod mongo;
 
@@ -473,15 +484,44 @@ pub async fn displayed_and_truth<S: Store + ?Sized>(
     Ok((displayed, store.count_live(post).await?))
 }
 
-/// Counters, ledger, dirty set and checkpoints: everything the worker writes and the
-/// reconciler reads and folds.
+/// Everything the worker writes and the reconciler reads and folds: every concern's trait at
+/// once. Implemented for any type that implements them all, so `S: Store` bounds need nothing
+/// more; callers holding a concrete store import [`prelude`] to call the methods.
+pub trait Store:
+    ChangeStreams + Checkpoints + Counters + Ledger + DirtySet + Truth + Leases + RunHistory
+{
+}
+
+impl<T> Store for T where
+    T: ChangeStreams + Checkpoints + Counters + Ledger + DirtySet + Truth + Leases + RunHistory
+{
+}
+
+/// The store's traits, for callers that hold a concrete store (not an `S: Store` bound).
+pub mod prelude {
+    pub use super::{
+        ChangeStreams, Checkpoints, Counters, DirtySet, Leases, Ledger, RunHistory, Store, Truth,
+    };
+}
+
+/// The change stream and where the server stands.
 #[async_trait]
-pub trait Store: Send + Sync {
-    // --- stream and checkpoint -------------------------------------------------------------
+pub trait ChangeStreams: Send + Sync {
     async fn open_stream(&self, options: StreamOptions) -> StoreResult<Box<dyn EventSource>>;
+
+    /// Where the server stands now, in cluster time (see [`ServerNow`]).
+    async fn read_position(&self) -> StoreResult<ServerNow>;
+}
+
+/// Where each stream stands: resume position, pending batch, gaps, deployment, fencing epoch
+/// and snapshot progress.
+#[async_trait]
+pub trait Checkpoints: Send + Sync {
     async fn load_checkpoint(&self, stream: &str) -> StoreResult<Option<Checkpoint>>;
+
     /// Records a batch's intent: raises `high_water` to its end and stores its plan as pending.
     async fn record_intent(&self, fence: &Fence, batch: &PendingBatch) -> StoreResult<()>;
+
     /// Advances the resume position (and clears any pending batch) after every write of a batch
     /// was acknowledged.
     async fn save_checkpoint(
@@ -490,29 +530,89 @@ pub trait Store: Send + Sync {
         token: &Token,
         token_time: Option<Timestamp>,
     ) -> StoreResult<()>;
+
     /// Operator moves: set the resume position (the high water is kept, so events already
     /// applied are only re-marked dirty).
     async fn move_checkpoint(&self, stream: &str, to: &Position) -> StoreResult<()>;
+
     /// Pins where a stream without a position starts (its first open), so a successor that takes
     /// over before the first checkpoint resumes there instead of at its own, later "now".
     async fn record_start(&self, fence: &Fence, at: Timestamp) -> StoreResult<()>;
+
     /// Records that the stream was drained at `at`: every event with a cluster time before
-    /// `at` is applied. `at` is the `lower` bound of a [`Store::read_position`] taken before
+    /// `at` is applied. `at` is the `lower` bound of a [`ChangeStreams::read_position`] taken before
     /// the read that came back empty.
     async fn record_caught_up(&self, fence: &Fence, at: Timestamp) -> StoreResult<()>;
-    /// Where the server stands now, in cluster time (see [`ServerNow`]).
-    async fn read_position(&self) -> StoreResult<ServerNow>;
+
     /// Records a history-lost gap, requests a full sweep, and sets the stream to start again
     /// exactly where the gap ends.
     async fn record_gap(&self, fence: &Fence, gap: &Gap) -> StoreResult<()>;
+
     /// What identifies the deployment this store talks to now (unknown parts left out).
     async fn deployment(&self) -> StoreResult<Deployment>;
+
     /// Records that the stream's position belongs to `deployment`.
     async fn record_deployment(&self, fence: &Fence, deployment: &Deployment) -> StoreResult<()>;
+
     /// Sets or clears the "full sweep requested" flag.
     async fn set_sweep_requested(&self, stream: &str, requested: bool) -> StoreResult<()>;
 
-    // --- the worker's batch writes, in this order --------------------------------------------
+    /// Stamps the checkpoint with a newer epoch at takeover; fails `Fenced` if a newer one is
+    /// already there.
+    async fn adopt_checkpoint(&self, fence: &Fence) -> StoreResult<()>;
+
+    /// Stores the snapshot's progress in the stream's checkpoint (fenced; creates the checkpoint
+    /// if there is none).
+    async fn save_snapshot(&self, fence: &Fence, progress: &SnapshotProgress) -> StoreResult<()>;
+}
+
+/// The per-post counter documents: guarded increments and the reconciler's conditional
+/// installs.
+#[async_trait]
+pub trait Counters: Send + Sync {
+    /// (a) Counter increments, each guarded by `applied_through < through`.
+    /// Each statement also records `through` (and its cluster time) under every bucket the
+    /// write touched.
+    async fn apply_counters(
+        &self,
+        fence: &Fence,
+        writes: &[CounterDelta],
+        through: &Token,
+        through_time: Option<Timestamp>,
+    ) -> StoreResult<ApplyOutcome>;
+
+    async fn read_counter(&self, post: &PostId) -> StoreResult<Option<CounterDoc>>;
+
+    /// Installs a fold if `applied_through` is still `expected` (`None`: the counter must not
+    /// exist yet). Returns false when the condition failed (re-read and retry).
+    async fn install_fold(
+        &self,
+        post: &PostId,
+        expected: Option<&CounterDoc>,
+        fold: &Fold,
+        now: DateTime,
+    ) -> StoreResult<bool>;
+
+    /// Posts greater than `after`, in order, from `comments` and from the counters: the unit
+    /// of the windowed full sweep.
+    async fn posts_after(&self, after: Option<&PostId>, limit: usize) -> StoreResult<Vec<PostId>>;
+
+    /// Posts chosen at random (for `verify`): up to `n` that have counters and up to `n` that
+    /// have comments, so a post with rows but no counter is sampled too.
+    async fn sample_posts(&self, n: usize) -> StoreResult<Vec<PostId>>;
+
+    /// Adds a chunk's increments, each guarded by the counter's `snapshot_chunk < chunk`.
+    async fn apply_snapshot_counters(
+        &self,
+        fence: &Fence,
+        chunk: u64,
+        writes: &[CounterDelta],
+    ) -> StoreResult<ApplyOutcome>;
+}
+
+/// The comment ledger: the last known state of each comment, per stream.
+#[async_trait]
+pub trait Ledger: Send + Sync {
     /// Reads the ledger entries (of `stream`: each partition keeps its own) of these comments:
     /// key → state (`None`: gone; a row without a post exists but does not count). Absent:
     /// unknown. `generation` is the number of history gaps the stream has recorded: an entry
@@ -524,18 +624,9 @@ pub trait Store: Send + Sync {
         comments: &[CommentId],
         generation: u64,
     ) -> StoreResult<HashMap<String, Option<Row>>>;
-    /// (a) Counter increments, each guarded by `applied_through < through`.
-    /// Each statement also records `through` (and its cluster time) under every bucket the
-    /// write touched.
-    async fn apply_counters(
-        &self,
-        fence: &Fence,
-        writes: &[CounterDelta],
-        through: &Token,
-        through_time: Option<Timestamp>,
-    ) -> StoreResult<ApplyOutcome>;
+
     /// (b) Ledger states, each guarded per comment by `applied_through < through`, stamped
-    /// with the stream's `generation` (see [`Store::read_ledger`]).
+    /// with the stream's `generation` (see [`Ledger::read_ledger`]).
     async fn write_ledger(
         &self,
         fence: &Fence,
@@ -543,49 +634,7 @@ pub trait Store: Send + Sync {
         through: &Token,
         generation: u64,
     ) -> StoreResult<()>;
-    /// (c) Dirty marks: upsert with `version + 1`, raising `newest_bucket`.
-    async fn mark_dirty(
-        &self,
-        fence: &Fence,
-        marks: &[DirtyMark],
-        now: DateTime,
-    ) -> StoreResult<()>;
 
-    // --- the reconciler ----------------------------------------------------------------------
-    /// The dirty entries marked by `stream` (all streams: `None`).
-    async fn dirty_list(
-        &self,
-        stream: Option<&str>,
-        order: DirtyOrder,
-        limit: usize,
-    ) -> StoreResult<Vec<DirtyEntry>>;
-    async fn dirty_summary(&self) -> StoreResult<DirtySummary>;
-    /// Deletes the dirty entry only if its version is still `version`.
-    async fn clear_dirty(&self, post: &PostId, version: i64) -> StoreResult<bool>;
-    /// A fold covered the entry's settled changes but not its newest ones (above the
-    /// watermark): if its version is still `version`, restart its age at `now`, so the backlog's
-    /// oldest age measures the reconciler, not a post that keeps getting new comments.
-    async fn requeue_dirty(&self, post: &PostId, version: i64, now: DateTime) -> StoreResult<bool>;
-    async fn read_counter(&self, post: &PostId) -> StoreResult<Option<CounterDoc>>;
-    /// Live rows of `post` whose `created_at` is not `>= watermark` (seconds).
-    async fn count_live_below(&self, post: &PostId, watermark: i64) -> StoreResult<i64>;
-    /// The same count as of cluster time `at` (a snapshot read), on servers whose snapshot
-    /// reads were detected for real. `None`: no snapshot reads here, or `at` is older than the
-    /// server's snapshot window; the caller falls back to the quiet-window check.
-    async fn count_live_below_at(
-        &self,
-        post: &PostId,
-        watermark: i64,
-        at: Timestamp,
-    ) -> StoreResult<Option<i64>>;
-    /// Seconds of the latest `created_at` among all rows of `post`, live or not (`None`: no
-    /// dated row). Used by the sweep after lost history to fold above every known row.
-    async fn latest_created(&self, post: &PostId) -> StoreResult<Option<i64>>;
-    /// All live rows of `post` (for `get` and `verify`).
-    async fn count_live(&self, post: &PostId) -> StoreResult<i64>;
-    /// Every row of `post` as it is now, live or not, with its comment id: the sweep after
-    /// lost history rebuilds their ledger entries.
-    async fn rows_of_post(&self, post: &PostId) -> StoreResult<Vec<(CommentId, Row)>>;
     /// Writes ledger entries (of `stream`) rebuilt from rows read once every event before the
     /// read was applied: each only where the comment has no entry or one older than
     /// `generation`. An entry the worker wrote since the gap (it applied an event of the row)
@@ -596,30 +645,93 @@ pub trait Store: Send + Sync {
         generation: u64,
         rows: &[(CommentId, Row)],
     ) -> StoreResult<()>;
-    /// Installs a fold if `applied_through` is still `expected` (`None`: the counter must not
-    /// exist yet). Returns false when the condition failed (re-read and retry).
-    async fn install_fold(
+
+    /// Writes each claim only where the ledger has no entry for its comment yet: a state the
+    /// stream wrote is newer than anything the snapshot read.
+    async fn claim_ledger(
+        &self,
+        fence: &Fence,
+        claims: &[LedgerUpdate],
+        generation: u64,
+    ) -> StoreResult<()>;
+}
+
+/// Posts waiting for a recount.
+#[async_trait]
+pub trait DirtySet: Send + Sync {
+    /// (c) Dirty marks: upsert with `version + 1`, raising `newest_bucket`.
+    async fn mark_dirty(
+        &self,
+        fence: &Fence,
+        marks: &[DirtyMark],
+        now: DateTime,
+    ) -> StoreResult<()>;
+
+    /// The dirty entries marked by `stream` (all streams: `None`).
+    async fn dirty_list(
+        &self,
+        stream: Option<&str>,
+        order: DirtyOrder,
+        limit: usize,
+    ) -> StoreResult<Vec<DirtyEntry>>;
+
+    async fn dirty_summary(&self) -> StoreResult<DirtySummary>;
+
+    /// Deletes the dirty entry only if its version is still `version`.
+    async fn clear_dirty(&self, post: &PostId, version: i64) -> StoreResult<bool>;
+
+    /// A fold covered the entry's settled changes but not its newest ones (above the
+    /// watermark): if its version is still `version`, restart its age at `now`, so the backlog's
+    /// oldest age measures the reconciler, not a post that keeps getting new comments.
+    async fn requeue_dirty(&self, post: &PostId, version: i64, now: DateTime) -> StoreResult<bool>;
+}
+
+/// Reads of the application's own `comments` collection: the truth the counters are checked
+/// against.
+#[async_trait]
+pub trait Truth: Send + Sync {
+    /// Live rows of `post` whose `created_at` is not `>= watermark` (seconds).
+    async fn count_live_below(&self, post: &PostId, watermark: i64) -> StoreResult<i64>;
+
+    /// The same count as of cluster time `at` (a snapshot read), on servers whose snapshot
+    /// reads were detected for real. `None`: no snapshot reads here, or `at` is older than the
+    /// server's snapshot window; the caller falls back to the quiet-window check.
+    async fn count_live_below_at(
         &self,
         post: &PostId,
-        expected: Option<&CounterDoc>,
-        fold: &Fold,
-        now: DateTime,
-    ) -> StoreResult<bool>;
-    /// Posts greater than `after`, in order, from `comments` and from the counters: the unit
-    /// of the windowed full sweep.
-    async fn posts_after(&self, after: Option<&PostId>, limit: usize) -> StoreResult<Vec<PostId>>;
-    /// Posts chosen at random (for `verify`): up to `n` that have counters and up to `n` that
-    /// have comments, so a post with rows but no counter is sampled too.
-    async fn sample_posts(&self, n: usize) -> StoreResult<Vec<PostId>>;
-    async fn record_run(&self, run: &RunSummary) -> StoreResult<()>;
-    async fn last_run(&self) -> StoreResult<Option<RunSummary>>;
-    /// Where the background sweep of `stream` stands: the last post it finished (`None`: at
-    /// the start of a pass) and when its current pass began.
-    async fn load_sweep_cursor(&self, stream: &str) -> StoreResult<Option<SweepCursor>>;
-    async fn save_sweep_cursor(&self, stream: &str, cursor: &SweepCursor) -> StoreResult<()>;
+        watermark: i64,
+        at: Timestamp,
+    ) -> StoreResult<Option<i64>>;
 
-    // --- leases ------------------------------------------------------------------------------
+    /// Seconds of the latest `created_at` among all rows of `post`, live or not (`None`: no
+    /// dated row). Used by the sweep after lost history to fold above every known row.
+    async fn latest_created(&self, post: &PostId) -> StoreResult<Option<i64>>;
+
+    /// All live rows of `post` (for `get` and `verify`).
+    async fn count_live(&self, post: &PostId) -> StoreResult<i64>;
+
+    /// Every row of `post` as it is now, live or not, with its comment id: the sweep after
+    /// lost history rebuilds their ledger entries.
+    async fn rows_of_post(&self, post: &PostId) -> StoreResult<Vec<(CommentId, Row)>>;
+
+    /// The largest `_id` of `comments` and its estimated size.
+    async fn comments_extent(&self) -> StoreResult<CommentsExtent>;
+
+    /// Up to `limit` rows with `_id` after `after` and at most `last`, in `_id` order (rows of
+    /// another BSON type than `last`'s are outside the range: see `crate::snapshot`).
+    async fn rows_after(
+        &self,
+        after: Option<&CommentId>,
+        last: &CommentId,
+        limit: usize,
+    ) -> StoreResult<Vec<(CommentId, Row)>>;
+}
+
+/// Who may write for a stream.
+#[async_trait]
+pub trait Leases: Send + Sync {
     async fn read_lease(&self, stream: &str) -> StoreResult<Option<Lease>>;
+
     /// Takes the lease if it is free, expired, or already ours; returns the new epoch (always
     /// higher than any before), or `None` when another owner holds it.
     async fn acquire_lease(
@@ -629,6 +741,7 @@ pub trait Store: Send + Sync {
         ttl: Duration,
         now: DateTime,
     ) -> StoreResult<Option<i64>>;
+
     /// Extends our lease; false when it is no longer ours (a successor took over).
     async fn renew_lease(
         &self,
@@ -638,6 +751,7 @@ pub trait Store: Send + Sync {
         ttl: Duration,
         now: DateTime,
     ) -> StoreResult<bool>;
+
     /// Takes the lease whoever holds it, unexpired or not (an operator's `replay --force`):
     /// returns the new epoch, higher than any before, so the holder is fenced out.
     async fn seize_lease(
@@ -647,39 +761,21 @@ pub trait Store: Send + Sync {
         ttl: Duration,
         now: DateTime,
     ) -> StoreResult<i64>;
+
     /// Gives the lease up at once (graceful shutdown), so a standby need not wait for expiry.
     async fn release_lease(&self, stream: &str, owner: &str, epoch: i64) -> StoreResult<()>;
-    /// Stamps the checkpoint with a newer epoch at takeover; fails `Fenced` if a newer one is
-    /// already there.
-    async fn adopt_checkpoint(&self, fence: &Fence) -> StoreResult<()>;
+}
 
-    // The initial snapshot (see `crate::snapshot`).
-    /// The largest `_id` of `comments` and its estimated size.
-    async fn comments_extent(&self) -> StoreResult<CommentsExtent>;
-    /// Up to `limit` rows with `_id` after `after` and at most `last`, in `_id` order (rows of
-    /// another BSON type than `last`'s are outside the range: see `crate::snapshot`).
-    async fn rows_after(
-        &self,
-        after: Option<&CommentId>,
-        last: &CommentId,
-        limit: usize,
-    ) -> StoreResult<Vec<(CommentId, Row)>>;
-    /// Stores the snapshot's progress in the stream's checkpoint (fenced; creates the checkpoint
-    /// if there is none).
-    async fn save_snapshot(&self, fence: &Fence, progress: &SnapshotProgress) -> StoreResult<()>;
-    /// Writes each claim only where the ledger has no entry for its comment yet: a state the
-    /// stream wrote is newer than anything the snapshot read.
-    async fn claim_ledger(
-        &self,
-        fence: &Fence,
-        claims: &[LedgerUpdate],
-        generation: u64,
-    ) -> StoreResult<()>;
-    /// Adds a chunk's increments, each guarded by the counter's `snapshot_chunk < chunk`.
-    async fn apply_snapshot_counters(
-        &self,
-        fence: &Fence,
-        chunk: u64,
-        writes: &[CounterDelta],
-    ) -> StoreResult<ApplyOutcome>;
+/// Reconcile runs and the background sweep's place, kept for `status` and restarts.
+#[async_trait]
+pub trait RunHistory: Send + Sync {
+    async fn record_run(&self, run: &RunSummary) -> StoreResult<()>;
+
+    async fn last_run(&self) -> StoreResult<Option<RunSummary>>;
+
+    /// Where the background sweep of `stream` stands: the last post it finished (`None`: at
+    /// the start of a pass) and when its current pass began.
+    async fn load_sweep_cursor(&self, stream: &str) -> StoreResult<Option<SweepCursor>>;
+
+    async fn save_sweep_cursor(&self, stream: &str, cursor: &SweepCursor) -> StoreResult<()>;
 }

@@ -59,10 +59,11 @@ const POST_FIELD: &str = "post_id";
 const CREATED_FIELD: &str = "created_at";
 const DELETED_FIELD: &str = "deleted_at";
 use counterd::fold::{CounterState, Fold};
+use counterd::store::prelude::*;
 use counterd::store::{
     ApplyOutcome, Checkpoint, CommentsExtent, CounterDoc, DirtyEntry, DirtyOrder, DirtySummary,
     EventSource, Fence, Gap, Lease, PendingBatch, Position, RawBatch, RunSummary, ServerNow,
-    SnapshotProgress, Store, StoreError, StoreResult, StreamOptions, StreamStart, SweepCursor,
+    SnapshotProgress, StoreError, StoreResult, StreamOptions, StreamStart, SweepCursor,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -1457,7 +1458,7 @@ impl EventSource for MemoryEvents {
 }
 
 #[async_trait]
-impl Store for MemoryStore {
+impl ChangeStreams for MemoryStore {
     async fn open_stream(&self, options: StreamOptions) -> StoreResult<Box<dyn EventSource>> {
         if !options.pipeline.is_empty() {
             return Err(StoreError::Fatal {
@@ -1499,6 +1500,38 @@ impl Store for MemoryStore {
         }))
     }
 
+    async fn read_position(&self) -> StoreResult<ServerNow> {
+        self.single("read_position", false, |s| {
+            if s.broken == Broken::UnconditionedRecount {
+                let zero = Timestamp {
+                    time: 0,
+                    increment: 0,
+                };
+                return Ok(ServerNow {
+                    lower: zero,
+                    upper: zero,
+                });
+            }
+            // Exact, like an `operationTime`: just after the newest event, or the clock.
+            let after_last = Timestamp {
+                time: s.last_time.time,
+                increment: s.last_time.increment + 1,
+            };
+            let now = after_last.max(Timestamp {
+                time: s.clock as u32,
+                increment: 0,
+            });
+            Ok(ServerNow {
+                lower: now,
+                upper: now,
+            })
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl Checkpoints for MemoryStore {
     async fn load_checkpoint(&self, stream: &str) -> StoreResult<Option<Checkpoint>> {
         self.single("load_checkpoint", false, |s| {
             let c = s.checkpoints.get(stream);
@@ -1692,35 +1725,65 @@ impl Store for MemoryStore {
         .await
     }
 
-    async fn read_ledger(
-        &self,
-        stream: &str,
-        comments: &[CommentId],
-        generation: u64,
-    ) -> StoreResult<HashMap<String, Option<Row>>> {
-        self.single("read_ledger", false, |s| {
-            let collection = ledger_collection(stream);
-            let mut out = HashMap::new();
-            for c in comments {
-                let key = (collection.clone(), c.key.clone());
-                let current = s
-                    .ledger
-                    .get(&key)
-                    .filter(|(_, e)| e.generation >= generation);
-                if let Some((_, entry)) = current {
-                    let row = entry.exists.then(|| Row {
-                        post: entry.post.clone(),
-                        created_at: entry.created_at,
-                        deleted: entry.deleted,
-                    });
-                    out.insert(c.key.clone(), row);
-                }
+    async fn save_snapshot(&self, fence: &Fence, progress: &SnapshotProgress) -> StoreResult<()> {
+        self.single("save_snapshot", true, |s| {
+            s.note(format!(
+                "  snapshot {:?}: {} chunks, pending {:?}",
+                progress.state,
+                progress.chunks_done,
+                progress.pending.as_ref().map(|c| c.number)
+            ));
+            let old = s
+                .checkpoints
+                .get(&fence.stream)
+                .and_then(|c| c.snapshot.clone());
+            let was = |f: fn(&SnapshotProgress) -> u64| old.as_ref().map_or(0, f);
+            if progress.pending.is_some() && old.as_ref().is_none_or(|o| o.pending.is_none()) {
+                s.stat("snapshot chunk planned");
             }
-            Ok(out)
+            if progress.chunks_resumed > was(|p| p.chunks_resumed) {
+                s.stat("snapshot chunk finished after a restart");
+            }
+            if progress.chunks_reread > was(|p| p.chunks_reread) {
+                s.stat("snapshot chunk read again after a restart");
+            }
+            if progress.state == counterd::store::SnapshotState::Done {
+                s.stat("snapshot done");
+            }
+            checkpoint_update(
+                s,
+                fence,
+                |c| c.epoch == Some(fence.epoch),
+                |c, now| {
+                    c.snapshot = Some(progress.clone());
+                    c.updated_at = Some(now);
+                },
+                true,
+            )
         })
         .await
     }
 
+    async fn adopt_checkpoint(&self, fence: &Fence) -> StoreResult<()> {
+        self.single("adopt_checkpoint", true, |s| {
+            s.note(format!("  adopt epoch {}", fence.epoch));
+            checkpoint_update(
+                s,
+                fence,
+                |c| fence_ok(c.epoch, fence),
+                |c, now| {
+                    c.epoch = Some(fence.epoch);
+                    c.updated_at = Some(now);
+                },
+                true,
+            )
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl Counters for MemoryStore {
     async fn apply_counters(
         &self,
         fence: &Fence,
@@ -1775,147 +1838,6 @@ impl Store for MemoryStore {
         Ok(outcome)
     }
 
-    async fn write_ledger(
-        &self,
-        fence: &Fence,
-        updates: &[LedgerUpdate],
-        through: &Token,
-        generation: u64,
-    ) -> StoreResult<()> {
-        let collection = ledger_collection(&fence.stream);
-        self.statements("write_ledger", updates, |s, u| {
-            let key = (collection.clone(), u.comment.key.clone());
-            let applies = match s.ledger.get(&key) {
-                Some((_, e)) => {
-                    not_gte(e.applied_through.as_deref(), through.as_str())
-                        && fence_ok(e.epoch, fence)
-                }
-                None => true,
-            };
-            if !applies {
-                return;
-            }
-            let entry = match &u.state {
-                Some(row) => LedgerRec {
-                    exists: true,
-                    deleted: row.deleted,
-                    post: row.post.clone(),
-                    created_at: row.created_at,
-                    applied_through: Some(through.to_string()),
-                    epoch: Some(fence.epoch),
-                    generation,
-                },
-                None => LedgerRec {
-                    exists: false,
-                    deleted: false,
-                    post: None,
-                    created_at: None,
-                    applied_through: Some(through.to_string()),
-                    epoch: Some(fence.epoch),
-                    generation,
-                },
-            };
-            s.ledger.insert(key, (u.comment.value.clone(), entry));
-        })
-        .await
-    }
-
-    async fn mark_dirty(
-        &self,
-        fence: &Fence,
-        marks: &[DirtyMark],
-        now: DateTime,
-    ) -> StoreResult<()> {
-        self.statements("mark_dirty", marks, |s, m| {
-            // Fenced like mongo.rs: an entry this stream marked under a newer epoch refuses it.
-            if s.dirty
-                .get(&m.post)
-                .is_some_and(|d| d.stream == fence.stream && d.epoch > fence.epoch)
-            {
-                return;
-            }
-            let entry = s.dirty.entry(m.post.clone()).or_insert(DirtyRec {
-                first: now,
-                last: now,
-                version: 0,
-                stream: fence.stream.clone(),
-                newest_bucket: m.newest_bucket,
-                epoch: fence.epoch,
-            });
-            entry.newest_bucket = entry.newest_bucket.max(m.newest_bucket);
-            entry.version += 1;
-            entry.last = now;
-            entry.stream = fence.stream.clone();
-            entry.epoch = fence.epoch;
-        })
-        .await
-    }
-
-    async fn dirty_list(
-        &self,
-        stream: Option<&str>,
-        order: DirtyOrder,
-        limit: usize,
-    ) -> StoreResult<Vec<DirtyEntry>> {
-        self.single("dirty_list", false, |s| {
-            let mut list: Vec<DirtyEntry> = s
-                .dirty
-                .iter()
-                .filter(|(_, d)| stream.is_none_or(|st| d.stream == st))
-                .map(|(p, d)| DirtyEntry {
-                    post: p.clone(),
-                    first_dirty_at: d.first,
-                    last_dirty_at: d.last,
-                    version: d.version,
-                    newest_bucket: Some(d.newest_bucket),
-                })
-                .collect();
-            match order {
-                DirtyOrder::Oldest => list
-                    .sort_by(|a, b| (a.first_dirty_at, &a.post).cmp(&(b.first_dirty_at, &b.post))),
-                DirtyOrder::ByVersion => {
-                    list.sort_by(|a, b| (-a.version, &a.post).cmp(&(-b.version, &b.post)))
-                }
-            }
-            list.truncate(mongo_limit(limit));
-            Ok(list)
-        })
-        .await
-    }
-
-    async fn dirty_summary(&self) -> StoreResult<DirtySummary> {
-        self.single("dirty_summary", false, |s| {
-            Ok(DirtySummary {
-                size: s.dirty.len() as u64,
-                oldest: s.dirty.values().map(|d| d.first).min(),
-            })
-        })
-        .await
-    }
-
-    async fn clear_dirty(&self, post: &PostId, version: i64) -> StoreResult<bool> {
-        self.single("clear_dirty", true, |s| {
-            if s.dirty.get(post).is_some_and(|d| d.version == version) {
-                s.dirty.remove(post);
-                Ok(true)
-            } else {
-                Ok(false)
-            }
-        })
-        .await
-    }
-
-    async fn requeue_dirty(&self, post: &PostId, version: i64, now: DateTime) -> StoreResult<bool> {
-        self.single("requeue_dirty", true, |s| match s.dirty.get_mut(post) {
-            Some(d) if d.version == version => {
-                d.first = now;
-                Ok(true)
-            }
-            _ => Ok(false),
-        })
-        .await
-    }
-
     async fn read_counter(&self, post: &PostId) -> StoreResult<Option<CounterDoc>> {
         self.single("read_counter", false, |s| {
             Ok(s.counters.get(post).map(|c| CounterDoc {
@@ -1935,132 +1857,6 @@ impl Store for MemoryStore {
                 last_drift: c.last_drift,
                 reconciled_at: c.reconciled_at,
             }))
-        })
-        .await
-    }
-
-    async fn count_live_below(&self, post: &PostId, watermark: i64) -> StoreResult<i64> {
-        self.single("count_live_below", false, |s| {
-            let below = watermark.saturating_mul(1000);
-            Ok(s.comments
-                .values()
-                .filter_map(row_facts)
-                .filter(|(p, created, live)| {
-                    p == post && *live && !created.is_some_and(|c| c.timestamp_millis() >= below)
-                })
-                .count() as i64)
-        })
-        .await
-    }
-
-    async fn count_live_below_at(
-        &self,
-        _post: &PostId,
-        _watermark: i64,
-        _at: Timestamp,
-    ) -> StoreResult<Option<i64>> {
-        // Like the fake server: no snapshot reads, so every recount takes the quiet window.
-        Ok(None)
-    }
-
-    async fn read_position(&self) -> StoreResult<ServerNow> {
-        self.single("read_position", false, |s| {
-            if s.broken == Broken::UnconditionedRecount {
-                let zero = Timestamp {
-                    time: 0,
-                    increment: 0,
-                };
-                return Ok(ServerNow {
-                    lower: zero,
-                    upper: zero,
-                });
-            }
-            // Exact, like an `operationTime`: just after the newest event, or the clock.
-            let after_last = Timestamp {
-                time: s.last_time.time,
-                increment: s.last_time.increment + 1,
-            };
-            let now = after_last.max(Timestamp {
-                time: s.clock as u32,
-                increment: 0,
-            });
-            Ok(ServerNow {
-                lower: now,
-                upper: now,
-            })
-        })
-        .await
-    }
-
-    async fn latest_created(&self, post: &PostId) -> StoreResult<Option<i64>> {
-        self.single("latest_created", false, |s| {
-            Ok(s.comments
-                .values()
-                .filter_map(row_facts)
-                .filter(|(p, _, _)| p == post)
-                .filter_map(|(_, created, _)| created)
-                .map(|t| t.timestamp_millis().div_euclid(1000))
-                .max())
-        })
-        .await
-    }
-
-    async fn count_live(&self, post: &PostId) -> StoreResult<i64> {
-        self.single("count_live", false, |s| {
-            Ok(s.comments
-                .values()
-                .filter_map(row_facts)
-                .filter(|(p, _, live)| p == post && *live)
-                .count() as i64)
-        })
-        .await
-    }
-
-    async fn rows_of_post(&self, post: &PostId) -> StoreResult<Vec<(CommentId, Row)>> {
-        self.single("rows_of_post", false, |s| {
-            Ok(s.comments
-                .iter()
-                .filter_map(|(id, row)| {
-                    let (p, created_at, live) = row_facts(row)?;
-                    (p == *post).then(|| {
-                        let row = Row {
-                            post: Some(p),
-                            created_at,
-                            deleted: !live,
-                        };
-                        (CommentId::new(Bson::Int64(*id)), row)
-                    })
-                })
-                .collect())
-        })
-        .await
-    }
-
-    async fn rebuild_ledger(
-        &self,
-        stream: &str,
-        generation: u64,
-        rows: &[(CommentId, Row)],
-    ) -> StoreResult<()> {
-        let collection = ledger_collection(stream);
-        self.statements("rebuild_ledger", rows, |s, (comment, row)| {
-            let key = (collection.clone(), comment.key.clone());
-            let old = s.ledger.get(&key).map(|(_, e)| e.clone());
-            if old.as_ref().is_some_and(|e| e.generation >= generation) {
-                return; // the upsert's insert: duplicate key
-            }
-            s.stat("ledger entry rebuilt");
-            s.note(format!("  ledger {} rebuilt: {row:?}", comment.key));
-            let entry = LedgerRec {
-                exists: true,
-                deleted: row.deleted,
-                post: row.post.clone(),
-                created_at: row.created_at,
-                applied_through: None,
-                epoch: old.and_then(|e| e.epoch),
-                generation,
-            };
-            s.ledger.insert(key, (comment.value.clone(), entry));
         })
         .await
     }
@@ -2184,36 +1980,396 @@ impl Store for MemoryStore {
         .await
     }
 
-    async fn record_run(&self, run: &RunSummary) -> StoreResult<()> {
-        self.single("record_run", true, |s| {
-            s.runs.push(run.clone());
-            Ok(())
+    async fn apply_snapshot_counters(
+        &self,
+        fence: &Fence,
+        chunk: u64,
+        writes: &[CounterDelta],
+    ) -> StoreResult<ApplyOutcome> {
+        let mut outcome = ApplyOutcome::default();
+        self.statements("apply_snapshot_counters", writes, |s, w| {
+            let applies = match s.counters.get(&w.post) {
+                Some(c) => c.snapshot_chunk.is_none_or(|n| n < chunk) && fence_ok(c.epoch, fence),
+                None => true,
+            };
+            if !applies {
+                s.stat("snapshot increment already applied");
+                outcome.already_applied += 1;
+                return;
+            }
+            outcome.applied += 1;
+            s.note(format!(
+                "  counter {} {:+} from snapshot chunk {chunk}",
+                w.post, w.delta
+            ));
+            let c = s.counters.entry(w.post.clone()).or_default();
+            c.live_delta += w.delta;
+            c.count += w.delta;
+            for (bucket, amount) in &w.buckets {
+                *c.buckets.entry(*bucket).or_default() += amount;
+            }
+            c.snapshot_chunk = Some(chunk);
+            c.epoch = Some(fence.epoch);
+            for (bucket, amount) in &w.buckets {
+                *s.shadow.entry((w.post.clone(), *bucket)).or_default() += amount;
+            }
+        })
+        .await?;
+        Ok(outcome)
+    }
+}
+
+#[async_trait]
+impl Ledger for MemoryStore {
+    async fn read_ledger(
+        &self,
+        stream: &str,
+        comments: &[CommentId],
+        generation: u64,
+    ) -> StoreResult<HashMap<String, Option<Row>>> {
+        self.single("read_ledger", false, |s| {
+            let collection = ledger_collection(stream);
+            let mut out = HashMap::new();
+            for c in comments {
+                let key = (collection.clone(), c.key.clone());
+                let current = s
+                    .ledger
+                    .get(&key)
+                    .filter(|(_, e)| e.generation >= generation);
+                if let Some((_, entry)) = current {
+                    let row = entry.exists.then(|| Row {
+                        post: entry.post.clone(),
+                        created_at: entry.created_at,
+                        deleted: entry.deleted,
+                    });
+                    out.insert(c.key.clone(), row);
+                }
+            }
+            Ok(out)
         })
         .await
     }
 
-    async fn last_run(&self) -> StoreResult<Option<RunSummary>> {
-        self.single("last_run", false, |s| {
-            Ok(s.runs.iter().rev().max_by_key(|r| r.finished_at).cloned())
+    async fn write_ledger(
+        &self,
+        fence: &Fence,
+        updates: &[LedgerUpdate],
+        through: &Token,
+        generation: u64,
+    ) -> StoreResult<()> {
+        let collection = ledger_collection(&fence.stream);
+        self.statements("write_ledger", updates, |s, u| {
+            let key = (collection.clone(), u.comment.key.clone());
+            let applies = match s.ledger.get(&key) {
+                Some((_, e)) => {
+                    not_gte(e.applied_through.as_deref(), through.as_str())
+                        && fence_ok(e.epoch, fence)
+                }
+                None => true,
+            };
+            if !applies {
+                return;
+            }
+            let entry = match &u.state {
+                Some(row) => LedgerRec {
+                    exists: true,
+                    deleted: row.deleted,
+                    post: row.post.clone(),
+                    created_at: row.created_at,
+                    applied_through: Some(through.to_string()),
+                    epoch: Some(fence.epoch),
+                    generation,
+                },
+                None => LedgerRec {
+                    exists: false,
+                    deleted: false,
+                    post: None,
+                    created_at: None,
+                    applied_through: Some(through.to_string()),
+                    epoch: Some(fence.epoch),
+                    generation,
+                },
+            };
+            s.ledger.insert(key, (u.comment.value.clone(), entry));
         })
         .await
     }
 
-    async fn load_sweep_cursor(&self, stream: &str) -> StoreResult<Option<SweepCursor>> {
-        self.single("load_sweep_cursor", false, |s| {
-            Ok(s.sweeps.get(stream).cloned())
+    async fn rebuild_ledger(
+        &self,
+        stream: &str,
+        generation: u64,
+        rows: &[(CommentId, Row)],
+    ) -> StoreResult<()> {
+        let collection = ledger_collection(stream);
+        self.statements("rebuild_ledger", rows, |s, (comment, row)| {
+            let key = (collection.clone(), comment.key.clone());
+            let old = s.ledger.get(&key).map(|(_, e)| e.clone());
+            if old.as_ref().is_some_and(|e| e.generation >= generation) {
+                return; // the upsert's insert: duplicate key
+            }
+            s.stat("ledger entry rebuilt");
+            s.note(format!("  ledger {} rebuilt: {row:?}", comment.key));
+            let entry = LedgerRec {
+                exists: true,
+                deleted: row.deleted,
+                post: row.post.clone(),
+                created_at: row.created_at,
+                applied_through: None,
+                epoch: old.and_then(|e| e.epoch),
+                generation,
+            };
+            s.ledger.insert(key, (comment.value.clone(), entry));
         })
         .await
     }
 
-    async fn save_sweep_cursor(&self, stream: &str, cursor: &SweepCursor) -> StoreResult<()> {
-        self.single("save_sweep_cursor", true, |s| {
-            s.sweeps.insert(stream.to_string(), cursor.clone());
-            Ok(())
+    async fn claim_ledger(
+        &self,
+        fence: &Fence,
+        claims: &[LedgerUpdate],
+        generation: u64,
+    ) -> StoreResult<()> {
+        let collection = ledger_collection(&fence.stream);
+        self.statements("claim_ledger", claims, |s, c| {
+            let Some(row) = &c.state else { return };
+            let key = (collection.clone(), c.comment.key.clone());
+            if s.ledger.contains_key(&key) {
+                s.stat("snapshot claim found the stream's entry");
+                return; // `$setOnInsert`: the stream's entry stays
+            }
+            s.note(format!("  ledger {} claimed: {row:?}", c.comment.key));
+            let entry = LedgerRec {
+                exists: true,
+                deleted: row.deleted,
+                post: row.post.clone(),
+                created_at: row.created_at,
+                applied_through: None,
+                epoch: Some(fence.epoch),
+                generation,
+            };
+            s.ledger.insert(key, (c.comment.value.clone(), entry));
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl DirtySet for MemoryStore {
+    async fn mark_dirty(
+        &self,
+        fence: &Fence,
+        marks: &[DirtyMark],
+        now: DateTime,
+    ) -> StoreResult<()> {
+        self.statements("mark_dirty", marks, |s, m| {
+            // Fenced like mongo.rs: an entry this stream marked under a newer epoch refuses it.
+            if s.dirty
+                .get(&m.post)
+                .is_some_and(|d| d.stream == fence.stream && d.epoch > fence.epoch)
+            {
+                return;
+            }
+            let entry = s.dirty.entry(m.post.clone()).or_insert(DirtyRec {
+                first: now,
+                last: now,
+                version: 0,
+                stream: fence.stream.clone(),
+                newest_bucket: m.newest_bucket,
+                epoch: fence.epoch,
+            });
+            entry.newest_bucket = entry.newest_bucket.max(m.newest_bucket);
+            entry.version += 1;
+            entry.last = now;
+            entry.stream = fence.stream.clone();
+            entry.epoch = fence.epoch;
         })
         .await
     }
 
+    async fn dirty_list(
+        &self,
+        stream: Option<&str>,
+        order: DirtyOrder,
+        limit: usize,
+    ) -> StoreResult<Vec<DirtyEntry>> {
+        self.single("dirty_list", false, |s| {
+            let mut list: Vec<DirtyEntry> = s
+                .dirty
+                .iter()
+                .filter(|(_, d)| stream.is_none_or(|st| d.stream == st))
+                .map(|(p, d)| DirtyEntry {
+                    post: p.clone(),
+                    first_dirty_at: d.first,
+                    last_dirty_at: d.last,
+                    version: d.version,
+                    newest_bucket: Some(d.newest_bucket),
+                })
+                .collect();
+            match order {
+                DirtyOrder::Oldest => list
+                    .sort_by(|a, b| (a.first_dirty_at, &a.post).cmp(&(b.first_dirty_at, &b.post))),
+                DirtyOrder::ByVersion => {
+                    list.sort_by(|a, b| (-a.version, &a.post).cmp(&(-b.version, &b.post)))
+                }
+            }
+            list.truncate(mongo_limit(limit));
+            Ok(list)
+        })
+        .await
+    }
+
+    async fn dirty_summary(&self) -> StoreResult<DirtySummary> {
+        self.single("dirty_summary", false, |s| {
+            Ok(DirtySummary {
+                size: s.dirty.len() as u64,
+                oldest: s.dirty.values().map(|d| d.first).min(),
+            })
+        })
+        .await
+    }
+
+    async fn clear_dirty(&self, post: &PostId, version: i64) -> StoreResult<bool> {
+        self.single("clear_dirty", true, |s| {
+            if s.dirty.get(post).is_some_and(|d| d.version == version) {
+                s.dirty.remove(post);
+                Ok(true)
+            } else {
+                Ok(false)
+            }
+        })
+        .await
+    }
+
+    async fn requeue_dirty(&self, post: &PostId, version: i64, now: DateTime) -> StoreResult<bool> {
+        self.single("requeue_dirty", true, |s| match s.dirty.get_mut(post) {
+            Some(d) if d.version == version => {
+                d.first = now;
+                Ok(true)
+            }
+            _ => Ok(false),
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl Truth for MemoryStore {
+    async fn count_live_below(&self, post: &PostId, watermark: i64) -> StoreResult<i64> {
+        self.single("count_live_below", false, |s| {
+            let below = watermark.saturating_mul(1000);
+            Ok(s.comments
+                .values()
+                .filter_map(row_facts)
+                .filter(|(p, created, live)| {
+                    p == post && *live && !created.is_some_and(|c| c.timestamp_millis() >= below)
+                })
+                .count() as i64)
+        })
+        .await
+    }
+
+    async fn count_live_below_at(
+        &self,
+        _post: &PostId,
+        _watermark: i64,
+        _at: Timestamp,
+    ) -> StoreResult<Option<i64>> {
+        // Like the fake server: no snapshot reads, so every recount takes the quiet window.
+        Ok(None)
+    }
+
+    async fn latest_created(&self, post: &PostId) -> StoreResult<Option<i64>> {
+        self.single("latest_created", false, |s| {
+            Ok(s.comments
+                .values()
+                .filter_map(row_facts)
+                .filter(|(p, _, _)| p == post)
+                .filter_map(|(_, created, _)| created)
+                .map(|t| t.timestamp_millis().div_euclid(1000))
+                .max())
+        })
+        .await
+    }
+
+    async fn count_live(&self, post: &PostId) -> StoreResult<i64> {
+        self.single("count_live", false, |s| {
+            Ok(s.comments
+                .values()
+                .filter_map(row_facts)
+                .filter(|(p, _, live)| p == post && *live)
+                .count() as i64)
+        })
+        .await
+    }
+
+    async fn rows_of_post(&self, post: &PostId) -> StoreResult<Vec<(CommentId, Row)>> {
+        self.single("rows_of_post", false, |s| {
+            Ok(s.comments
+                .iter()
+                .filter_map(|(id, row)| {
+                    let (p, created_at, live) = row_facts(row)?;
+                    (p == *post).then(|| {
+                        let row = Row {
+                            post: Some(p),
+                            created_at,
+                            deleted: !live,
+                        };
+                        (CommentId::new(Bson::Int64(*id)), row)
+                    })
+                })
+                .collect())
+        })
+        .await
+    }
+
+    async fn comments_extent(&self) -> StoreResult<CommentsExtent> {
+        self.single("comments_extent", false, |s| {
+            Ok(CommentsExtent {
+                last_id: s
+                    .comments
+                    .keys()
+                    .next_back()
+                    .map(|id| CommentId::new(Bson::Int64(*id))),
+                estimated_rows: s.comments.len() as u64,
+            })
+        })
+        .await
+    }
+
+    async fn rows_after(
+        &self,
+        after: Option<&CommentId>,
+        last: &CommentId,
+        limit: usize,
+    ) -> StoreResult<Vec<(CommentId, Row)>> {
+        let int = |c: &CommentId| c.value.as_i64().expect("the simulation's ids are longs");
+        let (after, last) = (after.map(int), int(last));
+        self.single("rows_after", false, |s| {
+            let from = after.map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded);
+            Ok(s.comments
+                .range((from, std::ops::Bound::Included(last)))
+                .take(limit)
+                .map(|(id, row)| {
+                    // The row as it is, counted or not (`read_existing_row`).
+                    let row = Row {
+                        post: row.get(POST_FIELD).and_then(PostId::from_bson),
+                        created_at: match row.get(CREATED_FIELD) {
+                            Some(Bson::DateTime(d)) => Some(*d),
+                            _ => None,
+                        },
+                        deleted: !matches!(row.get(DELETED_FIELD), None | Some(Bson::Null)),
+                    };
+                    (CommentId::new(Bson::Int64(*id)), row)
+                })
+                .collect())
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl Leases for MemoryStore {
     async fn read_lease(&self, stream: &str) -> StoreResult<Option<Lease>> {
         self.single("read_lease", false, |s| {
             Ok(s.leases.get(stream).map(|l| Lease {
@@ -2311,170 +2467,36 @@ impl Store for MemoryStore {
         })
         .await
     }
+}
 
-    async fn comments_extent(&self) -> StoreResult<CommentsExtent> {
-        self.single("comments_extent", false, |s| {
-            Ok(CommentsExtent {
-                last_id: s
-                    .comments
-                    .keys()
-                    .next_back()
-                    .map(|id| CommentId::new(Bson::Int64(*id))),
-                estimated_rows: s.comments.len() as u64,
-            })
+#[async_trait]
+impl RunHistory for MemoryStore {
+    async fn record_run(&self, run: &RunSummary) -> StoreResult<()> {
+        self.single("record_run", true, |s| {
+            s.runs.push(run.clone());
+            Ok(())
         })
         .await
     }
 
-    async fn rows_after(
-        &self,
-        after: Option<&CommentId>,
-        last: &CommentId,
-        limit: usize,
-    ) -> StoreResult<Vec<(CommentId, Row)>> {
-        let int = |c: &CommentId| c.value.as_i64().expect("the simulation's ids are longs");
-        let (after, last) = (after.map(int), int(last));
-        self.single("rows_after", false, |s| {
-            let from = after.map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded);
-            Ok(s.comments
-                .range((from, std::ops::Bound::Included(last)))
-                .take(limit)
-                .map(|(id, row)| {
-                    // The row as it is, counted or not (`read_existing_row`).
-                    let row = Row {
-                        post: row.get(POST_FIELD).and_then(PostId::from_bson),
-                        created_at: match row.get(CREATED_FIELD) {
-                            Some(Bson::DateTime(d)) => Some(*d),
-                            _ => None,
-                        },
-                        deleted: !matches!(row.get(DELETED_FIELD), None | Some(Bson::Null)),
-                    };
-                    (CommentId::new(Bson::Int64(*id)), row)
-                })
-                .collect())
+    async fn last_run(&self) -> StoreResult<Option<RunSummary>> {
+        self.single("last_run", false, |s| {
+            Ok(s.runs.iter().rev().max_by_key(|r| r.finished_at).cloned())
         })
         .await
     }
 
-    async fn save_snapshot(&self, fence: &Fence, progress: &SnapshotProgress) -> StoreResult<()> {
-        self.single("save_snapshot", true, |s| {
-            s.note(format!(
-                "  snapshot {:?}: {} chunks, pending {:?}",
-                progress.state,
-                progress.chunks_done,
-                progress.pending.as_ref().map(|c| c.number)
-            ));
-            let old = s
-                .checkpoints
-                .get(&fence.stream)
-                .and_then(|c| c.snapshot.clone());
-            let was = |f: fn(&SnapshotProgress) -> u64| old.as_ref().map_or(0, f);
-            if progress.pending.is_some() && old.as_ref().is_none_or(|o| o.pending.is_none()) {
-                s.stat("snapshot chunk planned");
-            }
-            if progress.chunks_resumed > was(|p| p.chunks_resumed) {
-                s.stat("snapshot chunk finished after a restart");
-            }
-            if progress.chunks_reread > was(|p| p.chunks_reread) {
-                s.stat("snapshot chunk read again after a restart");
-            }
-            if progress.state == counterd::store::SnapshotState::Done {
-                s.stat("snapshot done");
-            }
-            checkpoint_update(
-                s,
-                fence,
-                |c| c.epoch == Some(fence.epoch),
-                |c, now| {
-                    c.snapshot = Some(progress.clone());
-                    c.updated_at = Some(now);
-                },
-                true,
-            )
+    async fn load_sweep_cursor(&self, stream: &str) -> StoreResult<Option<SweepCursor>> {
+        self.single("load_sweep_cursor", false, |s| {
+            Ok(s.sweeps.get(stream).cloned())
         })
         .await
     }
 
-    async fn claim_ledger(
-        &self,
-        fence: &Fence,
-        claims: &[LedgerUpdate],
-        generation: u64,
-    ) -> StoreResult<()> {
-        let collection = ledger_collection(&fence.stream);
-        self.statements("claim_ledger", claims, |s, c| {
-            let Some(row) = &c.state else { return };
-            let key = (collection.clone(), c.comment.key.clone());
-            if s.ledger.contains_key(&key) {
-                s.stat("snapshot claim found the stream's entry");
-                return; // `$setOnInsert`: the stream's entry stays
-            }
-            s.note(format!("  ledger {} claimed: {row:?}", c.comment.key));
-            let entry = LedgerRec {
-                exists: true,
-                deleted: row.deleted,
-                post: row.post.clone(),
-                created_at: row.created_at,
-                applied_through: None,
-                epoch: Some(fence.epoch),
-                generation,
-            };
-            s.ledger.insert(key, (c.comment.value.clone(), entry));
-        })
-        .await
-    }
-
-    async fn apply_snapshot_counters(
-        &self,
-        fence: &Fence,
-        chunk: u64,
-        writes: &[CounterDelta],
-    ) -> StoreResult<ApplyOutcome> {
-        let mut outcome = ApplyOutcome::default();
-        self.statements("apply_snapshot_counters", writes, |s, w| {
-            let applies = match s.counters.get(&w.post) {
-                Some(c) => c.snapshot_chunk.is_none_or(|n| n < chunk) && fence_ok(c.epoch, fence),
-                None => true,
-            };
-            if !applies {
-                s.stat("snapshot increment already applied");
-                outcome.already_applied += 1;
-                return;
-            }
-            outcome.applied += 1;
-            s.note(format!(
-                "  counter {} {:+} from snapshot chunk {chunk}",
-                w.post, w.delta
-            ));
-            let c = s.counters.entry(w.post.clone()).or_default();
-            c.live_delta += w.delta;
-            c.count += w.delta;
-            for (bucket, amount) in &w.buckets {
-                *c.buckets.entry(*bucket).or_default() += amount;
-            }
-            c.snapshot_chunk = Some(chunk);
-            c.epoch = Some(fence.epoch);
-            for (bucket, amount) in &w.buckets {
-                *s.shadow.entry((w.post.clone(), *bucket)).or_default() += amount;
-            }
-        })
-        .await?;
-        Ok(outcome)
-    }
-
-    async fn adopt_checkpoint(&self, fence: &Fence) -> StoreResult<()> {
-        self.single("adopt_checkpoint", true, |s| {
-            s.note(format!("  adopt epoch {}", fence.epoch));
-            checkpoint_update(
-                s,
-                fence,
-                |c| fence_ok(c.epoch, fence),
-                |c, now| {
-                    c.epoch = Some(fence.epoch);
-                    c.updated_at = Some(now);
-                },
-                true,
-            )
+    async fn save_sweep_cursor(&self, stream: &str, cursor: &SweepCursor) -> StoreResult<()> {
+        self.single("save_sweep_cursor", true, |s| {
+            s.sweeps.insert(stream.to_string(), cursor.clone());
+            Ok(())
         })
         .await
     }

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use counterd::event::PostId;
 use counterd::store::mongo::{ConnectOptions, MongoStore};
-use counterd::store::{ServerAbilities, Store};
+use counterd::store::prelude::*;
+use counterd::store::ServerAbilities;
 use counterd::worker::{Worker, WorkerSettings, WorkerStatus};
 use counterd_testdb::TestServer;
 use mongodb::bson::{doc, Bson, Document};

@@ -21,7 +21,8 @@ use crate::config::Settings;
 use crate::event::PostId;
 use crate::outln;
 use crate::reconcile::Reconciler;
-use crate::store::{displayed_and_truth, Store};
+use crate::store::displayed_and_truth;
+use crate::store::prelude::*;
 use std::sync::Mutex;
 
 mod database;

@@ -1,0 +1,225 @@
+//! [`Checkpoints`] over the checkpoint documents: every worker write carries the fencing epoch.
+
+use super::*;
+
+#[async_trait]
+impl Checkpoints for MongoStore {
+    async fn load_checkpoint(&self, stream: &str) -> StoreResult<Option<Checkpoint>> {
+        let found = self
+            .coll(&self.names.checkpoints)
+            .find_one(doc! {"_id": stream})
+            .await
+            .map_err(|e| map_err("read the checkpoint", e))?;
+        found.map(|d| checkpoint_from_doc(stream, &d)).transpose()
+    }
+
+    async fn record_intent(&self, fence: &Fence, batch: &PendingBatch) -> StoreResult<()> {
+        let update = doc! {
+            "$max": {"high_water": batch.end.as_str()},
+            "$set": {"pending": pending_to_doc(batch), "updated_at": DateTime::now()},
+        };
+        self.owned_checkpoint_update("record the batch intent", fence, update)
+            .await
+    }
+
+    async fn save_checkpoint(
+        &self,
+        fence: &Fence,
+        token: &Token,
+        token_time: Option<Timestamp>,
+    ) -> StoreResult<()> {
+        let mut set = doc! {"token": token.as_str(), "updated_at": DateTime::now()};
+        if let Some(t) = token_time {
+            set.insert("token_time", t);
+        }
+        let update =
+            doc! {"$set": set, "$max": {"high_water": token.as_str()}, "$unset": {"pending": ""}};
+        self.owned_checkpoint_update("save the checkpoint", fence, update)
+            .await
+    }
+
+    async fn move_checkpoint(&self, stream: &str, to: &Position) -> StoreResult<()> {
+        let now = DateTime::now();
+        let update = match to {
+            Position::Token(t) => {
+                doc! {"$set": {"token": t.as_str(), "updated_at": now}, "$unset": {"token_time": "", "start_time": ""}}
+            }
+            Position::Time(t) => {
+                doc! {"$set": {"start_time": *t, "updated_at": now}, "$unset": {"token": "", "token_time": ""}}
+            }
+            Position::Unset => {
+                doc! {"$unset": {"token": "", "token_time": "", "start_time": ""}, "$set": {"updated_at": now}}
+            }
+        };
+        self.coll(&self.names.checkpoints)
+            .update_one(doc! {"_id": stream}, update)
+            .upsert(true)
+            .await
+            .map_err(|e| map_err("move the checkpoint", e))?;
+        Ok(())
+    }
+
+    async fn record_start(&self, fence: &Fence, at: Timestamp) -> StoreResult<()> {
+        let update = doc! {"$set": {"start_time": at, "updated_at": DateTime::now()}};
+        self.owned_checkpoint_update("record the start position", fence, update)
+            .await
+    }
+
+    async fn record_caught_up(&self, fence: &Fence, at: Timestamp) -> StoreResult<()> {
+        let update = doc! {"$max": {"caught_up_at": at}};
+        self.owned_checkpoint_update("record the drained position", fence, update)
+            .await
+    }
+
+    async fn record_gap(&self, fence: &Fence, gap: &Gap) -> StoreResult<()> {
+        let mut gap_doc = doc! {"to": gap.to};
+        if let Some(from) = gap.from {
+            gap_doc.insert("from", from);
+        }
+        let restart = Timestamp {
+            time: gap.to.timestamp_millis().div_euclid(1000) as u32,
+            increment: 0,
+        };
+        let update = doc! {
+            "$push": {"gaps": gap_doc},
+            // The new stream starts exactly where the gap ends: nothing between is unaccounted.
+            "$set": {"sweep_requested": true, "updated_at": DateTime::now(), "start_time": restart},
+            "$unset": {"token": "", "token_time": ""},
+        };
+        self.owned_checkpoint_update("record the history gap", fence, update)
+            .await
+    }
+
+    async fn deployment(&self) -> StoreResult<Deployment> {
+        let admin = self.db.client().database("admin");
+        // An optional reading: refused (not allowed, not supported) is "not reported", but a
+        // transient failure is retried rather than taken for a server that reports nothing.
+        async fn optional(
+            op: &'static str,
+            reply: Result<Document, DriverError>,
+        ) -> StoreResult<Option<Document>> {
+            match reply {
+                Ok(d) => Ok(Some(d)),
+                Err(e) => match map_err(op, e) {
+                    t @ StoreError::Transient { .. } => Err(t),
+                    _ => Ok(None),
+                },
+            }
+        }
+        let is_master = admin
+            .run_command(doc! {"isMaster": 1})
+            .await
+            .map_err(|e| map_err("isMaster", e))?;
+        let replica_set = is_master.contains_key("setName");
+        let sharded = is_master.get_str("msg") == Ok("isdbgrid");
+        let repl_config = if replica_set {
+            optional(
+                "replSetGetConfig",
+                admin.run_command(doc! {"replSetGetConfig": 1}).await,
+            )
+            .await?
+        } else {
+            None
+        };
+        let cluster = if sharded {
+            optional(
+                "read config.version",
+                self.db
+                    .client()
+                    .database("config")
+                    .collection::<Document>("version")
+                    .find_one(doc! {})
+                    .await
+                    .map(Option::unwrap_or_default),
+            )
+            .await?
+        } else {
+            None
+        };
+        let status = if replica_set || sharded {
+            None
+        } else {
+            optional(
+                "serverStatus",
+                admin.run_command(doc! {"serverStatus": 1}).await,
+            )
+            .await?
+        };
+        Ok(Deployment::from_replies(
+            &is_master,
+            repl_config.as_ref(),
+            cluster.as_ref(),
+            status.as_ref(),
+        ))
+    }
+
+    async fn record_deployment(&self, fence: &Fence, deployment: &Deployment) -> StoreResult<()> {
+        let update =
+            doc! {"$set": {"deployment": deployment.to_document(), "updated_at": DateTime::now()}};
+        self.owned_checkpoint_update("record the deployment", fence, update)
+            .await
+    }
+
+    async fn set_sweep_requested(&self, stream: &str, requested: bool) -> StoreResult<()> {
+        self.coll(&self.names.checkpoints)
+            .update_one(
+                doc! {"_id": stream},
+                doc! {"$set": {"sweep_requested": requested}},
+            )
+            .upsert(true)
+            .await
+            .map_err(|e| map_err("flag the sweep", e))?;
+        Ok(())
+    }
+
+    async fn adopt_checkpoint(&self, fence: &Fence) -> StoreResult<()> {
+        let filter = doc! {"_id": &fence.stream, "epoch": {"$not": {"$gt": fence.epoch}}};
+        let update = doc! {"$set": {"epoch": fence.epoch, "updated_at": DateTime::now()}};
+        self.checkpoint_update("adopt the checkpoint", fence, filter, update)
+            .await
+    }
+
+    async fn save_snapshot(&self, fence: &Fence, progress: &SnapshotProgress) -> StoreResult<()> {
+        let update =
+            doc! {"$set": {"snapshot": snapshot_to_doc(progress), "updated_at": DateTime::now()}};
+        self.owned_checkpoint_update("record the snapshot's progress", fence, update)
+            .await
+    }
+}
+
+impl MongoStore {
+    /// A checkpoint write by the worker that owns the stream's current epoch.
+    pub(super) async fn owned_checkpoint_update(
+        &self,
+        op: &'static str,
+        fence: &Fence,
+        update: Document,
+    ) -> StoreResult<()> {
+        let filter = doc! {"_id": &fence.stream, "epoch": fence.epoch};
+        self.checkpoint_update(op, fence, filter, update).await
+    }
+
+    /// A conditional upsert of the checkpoint; a duplicate key means another epoch owns it.
+    pub(super) async fn checkpoint_update(
+        &self,
+        op: &'static str,
+        fence: &Fence,
+        filter: Document,
+        update: Document,
+    ) -> StoreResult<()> {
+        match self
+            .coll(&self.names.checkpoints)
+            .update_one(filter, update)
+            .upsert(true)
+            .await
+        {
+            Ok(_) => Ok(()),
+            // The checkpoint exists with another epoch: a successor took the stream.
+            Err(e) if error_code(&e) == Some(DUPLICATE_KEY) => Err(StoreError::Fenced {
+                stream: fence.stream.clone(),
+                epoch: fence.epoch,
+            }),
+            Err(e) => Err(map_err(op, e)),
+        }
+    }
+}

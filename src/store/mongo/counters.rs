@@ -1,0 +1,273 @@
+//! [`Counters`] over the counters collection: guarded increments and conditional fold installs.
+
+use super::*;
+
+/// Type brackets of BSON sort order that post ids may have, in order.
+pub(super) fn later_types(post: &PostId) -> Vec<&'static str> {
+    match post {
+        PostId::Int(_) => vec!["string", "objectId"],
+        PostId::Str(_) => vec!["objectId"],
+        PostId::Oid(_) => vec![],
+    }
+}
+
+/// Posts strictly after `after` in BSON order, across type brackets (`$gt` alone stays within
+/// one type).
+pub(super) fn after_filter(field: &str, after: Option<&PostId>) -> Document {
+    match after {
+        None => doc! {field: {"$type": ["int", "long", "string", "objectId"]}},
+        Some(post) => {
+            let mut or = vec![Bson::Document(doc! {field: {"$gt": post.to_bson()}})];
+            for t in later_types(post) {
+                or.push(Bson::Document(doc! {field: {"$type": t}}));
+            }
+            doc! {"$or": or}
+        }
+    }
+}
+
+#[async_trait]
+impl Counters for MongoStore {
+    async fn apply_counters(
+        &self,
+        fence: &Fence,
+        writes: &[CounterDelta],
+        through: &Token,
+        through_time: Option<Timestamp>,
+    ) -> StoreResult<ApplyOutcome> {
+        let statements = writes
+            .iter()
+            .map(|w| {
+                let mut filter =
+                    doc! {"_id": w.post.to_bson(), "applied_through": not_gte(through.as_str())};
+                fenced(&mut filter, fence);
+                // `count` moves with `live_delta` in the same write: readers never see it apart
+                // from `base_count + live_delta`.
+                let mut inc = doc! {"live_delta": w.delta, "count": w.delta};
+                for (bucket, amount) in &w.buckets {
+                    inc.insert(format!("live_by_bucket.{bucket}"), *amount);
+                }
+                let mut set = doc! {"applied_through": through.as_str(), "epoch": fence.epoch};
+                match through_time {
+                    Some(t) => set.insert("applied_time", t),
+                    None => set.insert("applied_time", Bson::Null),
+                };
+                for bucket in &w.touched {
+                    set.insert(format!("touched.{bucket}"), through.as_str());
+                }
+                doc! {
+                    "q": filter,
+                    "u": {
+                        "$inc": inc,
+                        "$set": set,
+                        "$setOnInsert": {"base_count": 0_i64, "base_watermark": 0_i64},
+                    },
+                    "upsert": true,
+                }
+            })
+            .collect();
+        self.ops
+            .counter_statements
+            .fetch_add(writes.len() as u64, Ordering::Relaxed);
+        let (applied, already_applied) = self
+            .update_many_statements("apply counter increments", &self.names.counters, statements)
+            .await?;
+        Ok(ApplyOutcome {
+            applied,
+            already_applied,
+        })
+    }
+
+    async fn read_counter(&self, post: &PostId) -> StoreResult<Option<CounterDoc>> {
+        let found = self
+            .coll(&self.names.counters)
+            .find_one(doc! {"_id": post.to_bson()})
+            .await
+            .map_err(|e| map_err("read a counter", e))?;
+        found.map(|d| counter_from_doc(&d)).transpose()
+    }
+
+    async fn install_fold(
+        &self,
+        post: &PostId,
+        expected: Option<&CounterDoc>,
+        fold: &Fold,
+        now: DateTime,
+    ) -> StoreResult<bool> {
+        let counters = self.coll(&self.names.counters);
+        let Some(expected) = expected else {
+            let mut buckets = Document::new();
+            for (k, v) in &fold.kept {
+                buckets.insert(k.to_string(), *v);
+            }
+            let inserted = counters
+                .insert_one(doc! {
+                    "_id": post.to_bson(),
+                    "base_count": fold.base_count,
+                    "base_watermark": fold.watermark,
+                    "live_delta": fold.live_delta,
+                    "count": fold.base_count + fold.live_delta,
+                    "live_by_bucket": buckets,
+                    "applied_through": "",
+                    "folds": 1_i64,
+                    "last_drift": fold.drift,
+                    "reconciled_at": now,
+                })
+                .await;
+            return match inserted {
+                Ok(_) => Ok(true),
+                Err(e) if error_code(&e) == Some(DUPLICATE_KEY) => Ok(false),
+                Err(e) => Err(map_err("create a counter", e)),
+            };
+        };
+        let mut filter = doc! {"_id": post.to_bson()};
+        match &expected.applied_through {
+            Some(t) => filter.insert("applied_through", t.as_str()),
+            None => filter.insert("applied_through", doc! {"$exists": false}),
+        };
+        // Also pin the numbers read, so a hand edit (or another reconciler) between read and
+        // write is not overwritten with stale arithmetic.
+        filter.insert("live_delta", expected.state.live_delta);
+        filter.insert("base_count", expected.state.base_count);
+        filter.insert(
+            "folds",
+            if expected.folds == 0 {
+                not_gte(1_i64)
+            } else {
+                doc! {"$eq": expected.folds}
+            },
+        );
+        let mut update = doc! {"$set": {
+            "base_count": fold.base_count,
+            "base_watermark": fold.watermark,
+            "live_delta": fold.live_delta,
+            "count": fold.base_count + fold.live_delta,
+            "last_drift": fold.drift,
+            "reconciled_at": now,
+        }, "$inc": {"folds": 1_i64}};
+        let mut unset = Document::new();
+        for bucket in &fold.dropped {
+            unset.insert(format!("live_by_bucket.{bucket}"), "");
+        }
+        // Touches below the watermark are covered by this recount; later ones are compared
+        // against the `applied_through` the next recount reads.
+        for bucket in expected.touched.keys().filter(|b| **b < fold.watermark) {
+            unset.insert(format!("touched.{bucket}"), "");
+        }
+        if !unset.is_empty() {
+            update.insert("$unset", unset);
+        }
+        let result = counters
+            .update_one(filter, update)
+            .await
+            .map_err(|e| map_err("install a recount", e))?;
+        Ok(result.matched_count == 1)
+    }
+
+    async fn posts_after(&self, after: Option<&PostId>, limit: usize) -> StoreResult<Vec<PostId>> {
+        let pipeline = vec![
+            doc! {"$match": after_filter(&self.schema.group, after)},
+            doc! {"$group": {"_id": format!("${}", self.schema.group)}},
+            doc! {"$sort": {"_id": 1}},
+            doc! {"$limit": limit as i64},
+        ];
+        let from_comments: Vec<Document> = self
+            .comments
+            .aggregate(pipeline)
+            .await
+            .map_err(|e| map_err("list posts", e))?
+            .try_collect()
+            .await
+            .map_err(|e| map_err("list posts", e))?;
+        let from_counters: Vec<Document> = self
+            .coll(&self.names.counters)
+            .find(after_filter("_id", after))
+            .projection(doc! {"_id": 1})
+            .sort(doc! {"_id": 1})
+            .limit(limit.min(i64::MAX as usize) as i64)
+            .await
+            .map_err(|e| map_err("list counters", e))?
+            .try_collect()
+            .await
+            .map_err(|e| map_err("list counters", e))?;
+        let mut posts: Vec<PostId> = from_comments
+            .iter()
+            .chain(from_counters.iter())
+            .filter_map(|d| d.get("_id").and_then(PostId::from_bson))
+            .collect();
+        posts.sort();
+        posts.dedup();
+        posts.truncate(limit);
+        Ok(posts)
+    }
+
+    async fn sample_posts(&self, n: usize) -> StoreResult<Vec<PostId>> {
+        let sample = |field: String| {
+            vec![
+                doc! {"$sample": {"size": n as i64}},
+                doc! {"$project": {"_id": 0, "post": format!("${field}")}},
+            ]
+        };
+        let mut docs: Vec<Document> = self
+            .coll(&self.names.counters)
+            .aggregate(sample("_id".into()))
+            .await
+            .map_err(|e| map_err("sample counters", e))?
+            .try_collect()
+            .await
+            .map_err(|e| map_err("sample counters", e))?;
+        // Comments too: a post with rows but no counter is as wrong as a counter that is off.
+        let from_comments: Vec<Document> = self
+            .comments
+            .aggregate(sample(self.schema.group.clone()))
+            .await
+            .map_err(|e| map_err("sample comments", e))?
+            .try_collect()
+            .await
+            .map_err(|e| map_err("sample comments", e))?;
+        docs.extend(from_comments);
+        let mut posts: Vec<PostId> = docs
+            .iter()
+            .filter_map(|d| d.get("post").and_then(PostId::from_bson))
+            .collect();
+        posts.sort();
+        posts.dedup();
+        Ok(posts)
+    }
+
+    async fn apply_snapshot_counters(
+        &self,
+        fence: &Fence,
+        chunk: u64,
+        writes: &[CounterDelta],
+    ) -> StoreResult<ApplyOutcome> {
+        let statements = writes
+            .iter()
+            .map(|w| {
+                let mut filter =
+                    doc! {"_id": w.post.to_bson(), "snapshot_chunk": not_gte(chunk as i64)};
+                fenced(&mut filter, fence);
+                let mut inc = doc! {"live_delta": w.delta, "count": w.delta};
+                for (bucket, amount) in &w.buckets {
+                    inc.insert(format!("live_by_bucket.{bucket}"), *amount);
+                }
+                doc! {
+                    "q": filter,
+                    "u": {
+                        "$inc": inc,
+                        "$set": {"snapshot_chunk": chunk as i64, "epoch": fence.epoch},
+                        "$setOnInsert": {"base_count": 0_i64, "base_watermark": 0_i64},
+                    },
+                    "upsert": true,
+                }
+            })
+            .collect();
+        let (applied, already_applied) = self
+            .update_many_statements("add snapshot counts", &self.names.counters, statements)
+            .await?;
+        Ok(ApplyOutcome {
+            applied,
+            already_applied,
+        })
+    }
+}

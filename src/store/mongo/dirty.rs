@@ -1,0 +1,112 @@
+//! [`DirtySet`] over the dirty collection.
+
+use super::*;
+
+#[async_trait]
+impl DirtySet for MongoStore {
+    async fn mark_dirty(
+        &self,
+        fence: &Fence,
+        marks: &[DirtyMark],
+        now: DateTime,
+    ) -> StoreResult<()> {
+        let statements = marks
+            .iter()
+            .map(|m| {
+                // Fenced like every worker write: an entry this stream marked under a newer
+                // epoch refuses the write (the upsert then hits the `_id` and is dropped as a
+                // duplicate). An entry of another stream (a changed partitioning) is taken over.
+                let filter = doc! {
+                    "_id": m.post.to_bson(),
+                    "$or": [
+                        {"stream": {"$ne": &fence.stream}},
+                        {"epoch": {"$not": {"$gt": fence.epoch}}},
+                    ],
+                };
+                doc! {
+                    "q": filter,
+                    "u": {
+                        "$inc": {"version": 1_i64},
+                        "$set": {"last_dirty_at": now, "stream": &fence.stream, "epoch": fence.epoch},
+                        "$max": {"newest_bucket": m.newest_bucket},
+                        "$setOnInsert": {"first_dirty_at": now},
+                    },
+                    "upsert": true,
+                }
+            })
+            .collect();
+        let (_, duplicates) = self
+            .update_many_statements("mark posts dirty", &self.names.dirty, statements)
+            .await?;
+        if duplicates > 0 {
+            // Two upserts raced on a new entry (another marker or a reconcile clear), or the
+            // entry belongs to a newer epoch (this worker is fenced out): either way the entry
+            // exists, so the post is dirty and nothing is lost.
+            tracing::debug!(stream = %fence.stream, duplicates, "dirty marks not applied: raced, or fenced out by a newer epoch");
+        }
+        Ok(())
+    }
+
+    async fn dirty_list(
+        &self,
+        stream: Option<&str>,
+        order: DirtyOrder,
+        limit: usize,
+    ) -> StoreResult<Vec<DirtyEntry>> {
+        let filter = match stream {
+            Some(s) => doc! {"stream": s},
+            None => doc! {},
+        };
+        let sort = match order {
+            DirtyOrder::Oldest => doc! {"first_dirty_at": 1, "_id": 1},
+            DirtyOrder::ByVersion => doc! {"version": -1, "_id": 1},
+        };
+        let docs: Vec<Document> = self
+            .coll(&self.names.dirty)
+            .find(filter)
+            .sort(sort)
+            .limit(limit.min(i64::MAX as usize) as i64)
+            .await
+            .map_err(|e| map_err("list dirty posts", e))?
+            .try_collect()
+            .await
+            .map_err(|e| map_err("list dirty posts", e))?;
+        Ok(docs.iter().filter_map(dirty_from_doc).collect())
+    }
+
+    async fn dirty_summary(&self) -> StoreResult<DirtySummary> {
+        let dirty = self.coll(&self.names.dirty);
+        let size = dirty
+            .estimated_document_count()
+            .await
+            .map_err(|e| map_err("count dirty posts", e))?;
+        let oldest = dirty
+            .find_one(doc! {})
+            .sort(doc! {"first_dirty_at": 1})
+            .await
+            .map_err(|e| map_err("find the oldest dirty post", e))?
+            .and_then(|d| d.get_datetime("first_dirty_at").ok().copied());
+        Ok(DirtySummary { size, oldest })
+    }
+
+    async fn clear_dirty(&self, post: &PostId, version: i64) -> StoreResult<bool> {
+        let result = self
+            .coll(&self.names.dirty)
+            .delete_one(doc! {"_id": post.to_bson(), "version": version})
+            .await
+            .map_err(|e| map_err("clear a dirty entry", e))?;
+        Ok(result.deleted_count == 1)
+    }
+
+    async fn requeue_dirty(&self, post: &PostId, version: i64, now: DateTime) -> StoreResult<bool> {
+        let result = self
+            .coll(&self.names.dirty)
+            .update_one(
+                doc! {"_id": post.to_bson(), "version": version},
+                doc! {"$set": {"first_dirty_at": now}},
+            )
+            .await
+            .map_err(|e| map_err("requeue a dirty entry", e))?;
+        Ok(result.matched_count == 1)
+    }
+}

@@ -1,0 +1,80 @@
+//! Sorting driver errors into what the caller should do.
+
+use super::*;
+
+/// Server error codes for "the resume point is no longer in the oplog".
+pub(super) const HISTORY_LOST_CODES: [i32; 3] = [286, 280, 260];
+
+/// Server error codes worth a retry: no primary, shutting down, interrupted, network.
+pub(super) const TRANSIENT_CODES: [i32; 17] = [
+    6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11601, 11602, 13435, 13436, 63, 150, 134, 133,
+];
+
+/// Duplicate key: a guarded upsert whose guard failed on an existing document.
+pub(super) const DUPLICATE_KEY: i32 = 11000;
+
+/// A snapshot read older than the server keeps history for (`SnapshotTooOld`,
+/// `SnapshotUnavailable`, `StaleClusterTime`-like refusals): fall back to the quiet window.
+pub(super) const SNAPSHOT_GONE: [i32; 3] = [239, 246, 209];
+
+/// A short, credential-free description of a driver error.
+pub(super) fn short(e: &DriverError) -> String {
+    match e.kind.as_ref() {
+        ErrorKind::ServerSelection { message, .. } => {
+            message.lines().next().unwrap_or(message).to_string()
+        }
+        _ => e.to_string(),
+    }
+}
+
+pub(super) fn error_code(e: &DriverError) -> Option<i32> {
+    match e.kind.as_ref() {
+        ErrorKind::Command(c) => Some(c.code),
+        ErrorKind::Write(WriteFailure::WriteError(w)) => Some(w.code),
+        ErrorKind::Write(WriteFailure::WriteConcernError(w)) => Some(w.code),
+        _ => None,
+    }
+}
+
+/// Sorts a driver error into what the caller should do.
+pub(crate) fn map_err(op: &'static str, e: DriverError) -> StoreError {
+    let transient_kind = matches!(
+        e.kind.as_ref(),
+        ErrorKind::Io(_)
+            | ErrorKind::ServerSelection { .. }
+            | ErrorKind::ConnectionPoolCleared { .. }
+    );
+    let labelled = [
+        "RetryableWriteError",
+        "ResumableChangeStreamError",
+        "TransientTransactionError",
+    ]
+    .iter()
+    .any(|l| e.contains_label(l));
+    let code = error_code(&e);
+    if transient_kind || labelled || code.is_some_and(|c| TRANSIENT_CODES.contains(&c)) {
+        StoreError::Transient {
+            op,
+            message: short(&e),
+        }
+    } else {
+        StoreError::Fatal {
+            op,
+            message: short(&e),
+        }
+    }
+}
+
+pub(super) fn stream_err(e: DriverError, resumed_after: Option<&Token>) -> StoreError {
+    match error_code(&e) {
+        Some(code) if HISTORY_LOST_CODES.contains(&code) => StoreError::HistoryLost {
+            code,
+            token: resumed_after.map(|t| t.to_string()).unwrap_or_default(),
+        },
+        Some(40573) => StoreError::Fatal {
+            op: "open the change stream",
+            message: "the server is a standalone: change streams need a replica set or a sharded cluster (start mongod with --replSet and run rs.initiate())".into(),
+        },
+        _ => map_err("read the change stream", e),
+    }
+}

@@ -1,0 +1,141 @@
+//! [`Ledger`] over the ledger collection: per-comment states, guarded by token and generation.
+
+use super::*;
+
+#[async_trait]
+impl Ledger for MongoStore {
+    async fn read_ledger(
+        &self,
+        stream: &str,
+        comments: &[CommentId],
+        generation: u64,
+    ) -> StoreResult<HashMap<String, Option<Row>>> {
+        let mut out = HashMap::new();
+        for chunk in comments.chunks(5000) {
+            let ids: Vec<Bson> = chunk.iter().map(|c| c.value.clone()).collect();
+            let mut cursor = self
+                .coll(&self.names.ledger_of(stream))
+                .find(doc! {"_id": {"$in": ids}})
+                .await
+                .map_err(|e| map_err("read the ledger", e))?;
+            while let Some(entry) = cursor
+                .try_next()
+                .await
+                .map_err(|e| map_err("read the ledger", e))?
+            {
+                if entry_generation(&entry) < generation {
+                    continue; // written before the latest history gap: unknown
+                }
+                if let Some(id) = entry.get("_id") {
+                    out.insert(CommentId::new(id.clone()).key, row_from_ledger(&entry));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn write_ledger(
+        &self,
+        fence: &Fence,
+        updates: &[LedgerUpdate],
+        through: &Token,
+        generation: u64,
+    ) -> StoreResult<()> {
+        let now = DateTime::now();
+        let statements = updates
+            .iter()
+            .map(|u| {
+                let mut filter = doc! {"_id": u.comment.value.clone(), "applied_through": not_gte(through.as_str())};
+                fenced(&mut filter, fence);
+                let update = match &u.state {
+                    Some(row) => {
+                        let (mut set, unset) = ledger_row_update(row);
+                        set.insert("applied_through", through.as_str());
+                        set.insert("epoch", fence.epoch);
+                        set.insert("generation", generation as i64);
+                        doc! {"$set": set, "$unset": unset}
+                    }
+                    None => doc! {
+                        "$set": {"exists": false, "live": false, "applied_through": through.as_str(), "epoch": fence.epoch, "gone_at": now, "generation": generation as i64},
+                        "$unset": {LEDGER_POST: "", LEDGER_CREATED: "", "deleted": ""},
+                    },
+                };
+                doc! {"q": filter, "u": update, "upsert": true}
+            })
+            .collect();
+        self.ops
+            .ledger_statements
+            .fetch_add(updates.len() as u64, Ordering::Relaxed);
+        self.update_many_statements(
+            "write the comment ledger",
+            &self.names.ledger_of(&fence.stream),
+            statements,
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn rebuild_ledger(
+        &self,
+        stream: &str,
+        generation: u64,
+        rows: &[(CommentId, Row)],
+    ) -> StoreResult<()> {
+        let statements = rows
+            .iter()
+            .map(|(comment, row)| {
+                let (mut set, mut unset) = ledger_row_update(row);
+                set.insert("generation", generation as i64);
+                // Any write of the worker replaces a rebuilt entry.
+                unset.insert("applied_through", "");
+                doc! {
+                    // No entry, or one from before the gap: a duplicate key otherwise (skipped).
+                    "q": {"_id": comment.value.clone(), "generation": not_gte(generation as i64)},
+                    "u": {"$set": set, "$unset": unset},
+                    "upsert": true,
+                }
+            })
+            .collect();
+        self.ops
+            .ledger_statements
+            .fetch_add(rows.len() as u64, Ordering::Relaxed);
+        self.update_many_statements(
+            "rebuild the comment ledger",
+            &self.names.ledger_of(stream),
+            statements,
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn claim_ledger(
+        &self,
+        fence: &Fence,
+        claims: &[LedgerUpdate],
+        generation: u64,
+    ) -> StoreResult<()> {
+        let statements = claims
+            .iter()
+            .filter_map(|c| {
+                let row = c.state.as_ref()?;
+                let (mut set, _) = ledger_row_update(row);
+                set.insert("epoch", fence.epoch);
+                set.insert("generation", generation as i64);
+                set.insert("claimed_by_snapshot", true);
+                // Only where no entry exists: `$setOnInsert` leaves any state the stream wrote.
+                Some(doc! {
+                    "q": {"_id": c.comment.value.clone()},
+                    "u": {"$setOnInsert": set},
+                    "upsert": true,
+                })
+            })
+            .collect();
+        self.update_many_statements(
+            "claim ledger entries for the snapshot",
+            &self.names.ledger_of(&fence.stream),
+            statements,
+        )
+        .await?;
+        Ok(())
+    }
+}

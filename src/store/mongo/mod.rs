@@ -1,0 +1,419 @@
+//! The store over MongoDB: the only module that builds MongoDB commands.
+//!
+//! Everything here is a plain conditional update (`filter` + `$inc`/`$set`/`$unset`/`$max`):
+//! no transactions, no pipeline updates, so it runs on every MongoDB-compatible server,
+//! including the fake one the tests fall back to.
+//!
+//! Here: connecting, ability detection, indexes and the [`MongoStore`] itself. Beside it:
+//! `errors` (driver errors sorted by what the caller should do), `stream` (the change-stream
+//! adapter and the server's cluster time), `documents` (converters of the stored documents),
+//! and one file per store trait: `checkpoints`, `counters`, `ledger`, `dirty`, `truth`,
+//! `leases`, `run_history`.
+
+mod checkpoints;
+mod counters;
+mod dirty;
+mod documents;
+mod errors;
+mod leases;
+mod ledger;
+mod run_history;
+mod stream;
+mod truth;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use futures::TryStreamExt;
+use mongodb::bson::{self, doc, Bson, DateTime, Document, Timestamp};
+use mongodb::change_stream::event::ResumeToken;
+use mongodb::change_stream::ChangeStream;
+use mongodb::error::{Error as DriverError, ErrorKind, WriteFailure};
+use mongodb::options::{
+    ClientOptions, FullDocumentBeforeChangeType, FullDocumentType, ReadPreference,
+    SelectionCriteria,
+};
+use mongodb::{Client, Collection, Database};
+
+use super::*;
+
+use self::documents::*;
+use self::errors::*;
+pub use self::stream::position_from_reply;
+use crate::batch::{CounterDelta, DirtyMark, LedgerUpdate};
+use crate::event::{CommentId, PostId, Row, Token};
+use crate::schema::{Schema, SoftDelete};
+
+/// Field names of counterd's own ledger and pending-batch documents (not the application's:
+/// those come from the [`Schema`]).
+const LEDGER_POST: &str = "post_id";
+const LEDGER_CREATED: &str = "created_at";
+use crate::fold::{CounterState, Fold};
+
+/// The names of counterd's own collections: a prefix (default `counterd_`) for its bookkeeping,
+/// and the counters collection that readers query (default `comment_counters`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Collections {
+    pub counters: String,
+    pub ledger: String,
+    pub dirty: String,
+    pub checkpoints: String,
+    pub leases: String,
+    pub runs: String,
+    pub sweeps: String,
+}
+
+impl Collections {
+    pub fn new(prefix: &str, counters: &str) -> Collections {
+        Collections {
+            counters: counters.to_string(),
+            ledger: format!("{prefix}comment_state"),
+            dirty: format!("{prefix}dirty"),
+            checkpoints: format!("{prefix}checkpoints"),
+            leases: format!("{prefix}leases"),
+            runs: format!("{prefix}reconcile_runs"),
+            sweeps: format!("{prefix}sweeps"),
+        }
+    }
+
+    /// The ledger collection of a stream: partitions (`<base>/pNofM`) keep their own.
+    fn ledger_of(&self, stream: &str) -> String {
+        match stream.split_once('/') {
+            Some((_, partition)) => format!("{}_{partition}", self.ledger),
+            None => self.ledger.clone(),
+        }
+    }
+}
+
+impl Default for Collections {
+    fn default() -> Self {
+        Collections::new("counterd_", "comment_counters")
+    }
+}
+
+/// How to reach MongoDB.
+#[derive(Clone, Debug)]
+pub struct ConnectOptions {
+    pub uri: String,
+    pub database: String,
+    pub comments: String,
+    /// How long to look for a reachable server before giving up.
+    pub connect_timeout: Duration,
+    /// counterd's own collections.
+    pub collections: Collections,
+    /// The application's field names and soft-delete rule.
+    pub schema: Schema,
+}
+
+/// Operations issued through one store, for tests and the benchmark.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OpCounts {
+    /// Counter write statements (one per post per batch).
+    pub counter_statements: u64,
+    /// Recount queries against `comments`.
+    pub count_queries: u64,
+    /// Ledger write statements.
+    pub ledger_statements: u64,
+}
+
+#[derive(Default)]
+struct OpCounters {
+    counter_statements: AtomicU64,
+    count_queries: AtomicU64,
+    ledger_statements: AtomicU64,
+}
+
+/// The MongoDB implementation of [`Store`].
+#[derive(Clone)]
+pub struct MongoStore {
+    ops: Arc<OpCounters>,
+    /// Whether snapshot reads at a cluster time really work here (probed once, on first use).
+    snapshot_reads: Arc<tokio::sync::OnceCell<bool>>,
+    db: Database,
+    comments: Collection<Document>,
+    names: Collections,
+    schema: Schema,
+    /// Host list for error messages (never the credentials).
+    hosts: String,
+}
+
+impl MongoStore {
+    /// Connects and checks that the server answers, with an error that names the host, what
+    /// failed and what to check.
+    pub async fn connect(options: &ConnectOptions) -> StoreResult<MongoStore> {
+        let mut client_options =
+            ClientOptions::parse(&options.uri)
+                .await
+                .map_err(|e| StoreError::Fatal {
+                    op: "parse the MongoDB URI",
+                    message: format!(
+                        "{e} (check `mongodb_uri`: mongodb://[user:pass@]host:port/?options)"
+                    ),
+                })?;
+        client_options.server_selection_timeout = Some(options.connect_timeout);
+        client_options.connect_timeout = Some(options.connect_timeout);
+        client_options.app_name = Some("counterd".to_string());
+        // MongoDB command latency by command, for /metrics.
+        client_options.command_event_handler = Some(mongodb::event::EventHandler::callback(
+            |event: mongodb::event::command::CommandEvent| {
+                use mongodb::event::command::CommandEvent;
+                let (op, outcome, duration) = match event {
+                    CommandEvent::Succeeded(e) => (e.command_name, "ok", e.duration),
+                    CommandEvent::Failed(e) => (e.command_name, "error", e.duration),
+                    _ => return,
+                };
+                metrics::histogram!(
+                    crate::telemetry::MONGODB_OPERATION_DURATION,
+                    "op" => op,
+                    "outcome" => outcome
+                )
+                .record(duration.as_secs_f64());
+            },
+        ));
+        let hosts = client_options
+            .hosts
+            .iter()
+            .map(|h| h.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        let client = Client::with_options(client_options).map_err(|e| StoreError::Fatal {
+            op: "create the MongoDB client",
+            message: e.to_string(),
+        })?;
+        let db = client.database(&options.database);
+        // `isMaster` rather than `hello`: some compatible servers only answer the former.
+        db.run_command(doc! {"isMaster": 1})
+            .await
+            .map_err(|e| StoreError::Transient {
+                op: "connect",
+                message: format!(
+                    "cannot reach MongoDB at {hosts} within {:?}: {} (check that the server is running, the host and port, credentials and TLS settings)",
+                    options.connect_timeout,
+                    short(&e)
+                ),
+            })?;
+        let comments = db.collection(&options.comments);
+        Ok(MongoStore {
+            ops: Arc::default(),
+            snapshot_reads: Arc::default(),
+            db,
+            comments,
+            names: options.collections.clone(),
+            schema: options.schema.clone(),
+            hosts,
+        })
+    }
+
+    /// Operations issued so far through this store (and its clones).
+    pub fn op_counts(&self) -> OpCounts {
+        OpCounts {
+            counter_statements: self.ops.counter_statements.load(Ordering::Relaxed),
+            count_queries: self.ops.count_queries.load(Ordering::Relaxed),
+            ledger_statements: self.ops.ledger_statements.load(Ordering::Relaxed),
+        }
+    }
+
+    pub fn database(&self) -> &Database {
+        &self.db
+    }
+
+    pub fn hosts(&self) -> &str {
+        &self.hosts
+    }
+
+    fn coll(&self, name: &str) -> Collection<Document> {
+        self.db.collection(name)
+    }
+
+    /// Creates the indexes counterd relies on (idempotent).
+    pub async fn ensure_indexes(&self) -> StoreResult<()> {
+        self.ensure_indexes_with(true).await
+    }
+
+    /// Creates the indexes counterd relies on, and `{count: -1}` on the counters for top-N
+    /// reads when `count_index` (idempotent); then gives counters written before `count` was
+    /// maintained their `count`, so that the worker's `$inc` of it starts from the right value.
+    pub async fn ensure_indexes_with(&self, count_index: bool) -> StoreResult<()> {
+        let mut commands = vec![
+            doc! {"createIndexes": &self.names.dirty, "indexes": [{"key": {"first_dirty_at": 1}, "name": "first_dirty_at"}]},
+            doc! {"createIndexes": &self.names.ledger, "indexes": [{"key": {"gone_at": 1}, "name": "gone_ttl", "expireAfterSeconds": 7 * 24 * 3600}]},
+            doc! {"createIndexes": &self.names.runs, "indexes": [{"key": {"finished_at": 1}, "name": "runs_ttl", "expireAfterSeconds": 30 * 24 * 3600}]},
+        ];
+        if count_index {
+            commands.push(doc! {"createIndexes": &self.names.counters, "indexes": [{"key": {"count": -1}, "name": "count_desc"}]});
+        }
+        for command in commands {
+            self.db
+                .run_command(command)
+                .await
+                .map_err(|e| map_err("create indexes", e))?;
+        }
+        self.backfill_count().await
+    }
+
+    /// Sets `count = base_count + live_delta` on counters that lack it, each conditioned on the
+    /// numbers read (a worker or reconciler that moved it meanwhile wins, and the next start
+    /// looks again).
+    async fn backfill_count(&self) -> StoreResult<()> {
+        let counters = self.coll(&self.names.counters);
+        let mut missing = counters
+            .find(doc! {"count": {"$exists": false}})
+            .projection(doc! {"base_count": 1, "live_delta": 1})
+            .await
+            .map_err(|e| map_err("find counters without count", e))?;
+        let mut filled = 0;
+        while let Some(d) = missing
+            .try_next()
+            .await
+            .map_err(|e| map_err("find counters without count", e))?
+        {
+            let int = |f: &str| {
+                d.get(f)
+                    .and_then(|v| v.as_i64().or(v.as_i32().map(i64::from)))
+            };
+            let (Some(id), base, live) = (d.get("_id"), int("base_count"), int("live_delta"))
+            else {
+                continue;
+            };
+            let mut filter = doc! {"_id": id.clone(), "count": {"$exists": false}};
+            filter.insert("base_count", base.map_or(Bson::Null, Bson::Int64));
+            filter.insert("live_delta", live.map_or(Bson::Null, Bson::Int64));
+            let count = base.unwrap_or(0) + live.unwrap_or(0);
+            counters
+                .update_one(filter, doc! {"$set": {"count": count}})
+                .await
+                .map_err(|e| map_err("fill in a counter's count", e))?;
+            filled += 1;
+        }
+        if filled > 0 {
+            tracing::info!(
+                counters = filled,
+                "gave counters written by an older counterd their `count`"
+            );
+        }
+        Ok(())
+    }
+
+    /// Detects what the server can do.
+    pub async fn abilities(&self) -> StoreResult<ServerAbilities> {
+        let is_master = self
+            .db
+            .run_command(doc! {"isMaster": 1})
+            .await
+            .map_err(|e| map_err("isMaster", e))?;
+        let hello = self.db.run_command(doc! {"hello": 1}).await.is_ok();
+        let build = self.db.run_command(doc! {"buildInfo": 1}).await.ok();
+        let version = build
+            .as_ref()
+            .and_then(|b| b.get_str("version").ok())
+            .unwrap_or("unknown")
+            .to_string();
+        let major: i32 = version
+            .split('.')
+            .next()
+            .and_then(|m| m.parse().ok())
+            .unwrap_or(0);
+        let wire_version = is_master.get_i32("maxWireVersion").unwrap_or(0);
+        let replica_set =
+            is_master.contains_key("setName") || is_master.get_str("msg") == Ok("isdbgrid");
+        let sessions = is_master.contains_key("logicalSessionTimeoutMinutes");
+        let pre_images = major >= 6 && hello && self.pre_images_enabled().await;
+        Ok(ServerAbilities {
+            version,
+            wire_version,
+            hello,
+            sessions,
+            pre_images,
+            // Only real servers (which answer `hello`) send update descriptions and post-batch
+            // tokens; the fake server answers `isMaster` only.
+            update_description: hello,
+            // Probed for real (see `snapshot_reads`): never assumed from the version.
+            snapshot_reads: replica_set && self.snapshot_reads().await,
+            post_batch_token: hello,
+        })
+    }
+
+    /// Whether `changeStreamPreAndPostImages` is enabled on the comments collection.
+    async fn pre_images_enabled(&self) -> bool {
+        let Ok(mut cursor) = self
+            .db
+            .list_collections()
+            .filter(doc! {"name": self.comments.name()})
+            .await
+        else {
+            return false;
+        };
+        match cursor.try_next().await {
+            Ok(Some(spec)) => spec
+                .options
+                .change_stream_pre_and_post_images
+                .is_some_and(|o| o.enabled),
+            _ => false,
+        }
+    }
+
+    /// Runs one `update` command with many statements, `ordered: false`; returns
+    /// (statements that wrote, statements rejected by a duplicate key).
+    async fn update_many_statements(
+        &self,
+        op: &'static str,
+        collection: &str,
+        statements: Vec<Document>,
+    ) -> StoreResult<(u64, u64)> {
+        let mut wrote = 0;
+        let mut duplicates = 0;
+        // Servers cap a command at maxWriteBatchSize statements (1000 on old ones).
+        for chunk in statements.chunks(1000) {
+            let reply = self
+                .db
+                .run_command(
+                    doc! {"update": collection, "updates": chunk.to_vec(), "ordered": false},
+                )
+                .await
+                .map_err(|e| map_err(op, e))?;
+            let errors = reply.get_array("writeErrors").cloned().unwrap_or_default();
+            for error in &errors {
+                let error = error.as_document().cloned().unwrap_or_default();
+                let code = error.get_i32("code").unwrap_or(0);
+                if code == DUPLICATE_KEY {
+                    duplicates += 1;
+                } else {
+                    let message = format!(
+                        "{} (code {code})",
+                        error.get_str("errmsg").unwrap_or("write error")
+                    );
+                    return Err(if TRANSIENT_CODES.contains(&code) {
+                        StoreError::Transient { op, message }
+                    } else {
+                        StoreError::Fatal { op, message }
+                    });
+                }
+            }
+            if let Ok(wce) = reply.get_document("writeConcernError") {
+                return Err(StoreError::Transient {
+                    op,
+                    message: format!("write concern error: {wce}"),
+                });
+            }
+            wrote += chunk.len() as u64 - errors.len() as u64;
+        }
+        Ok((wrote, duplicates))
+    }
+}
+
+/// `field` is not `>= value`: matches a smaller value, a missing field, or another type.
+fn not_gte(value: impl Into<Bson>) -> Document {
+    doc! {"$not": {"$gte": value.into()}}
+}
+
+/// `epoch` is not newer than ours: the fencing condition carried by every worker write.
+fn fenced(filter: &mut Document, fence: &Fence) {
+    filter.insert("epoch", doc! {"$not": {"$gt": fence.epoch}});
+}
+
+fn to_date(secs: i64) -> DateTime {
+    DateTime::from_millis(secs.saturating_mul(1000))
+}

@@ -1,0 +1,92 @@
+//! [`RunHistory`]: reconcile runs and the sweep cursor.
+
+use super::*;
+
+#[async_trait]
+impl RunHistory for MongoStore {
+    async fn record_run(&self, run: &RunSummary) -> StoreResult<()> {
+        let doc = bson::to_document(run).map_err(|e| StoreError::Fatal {
+            op: "record a reconcile run",
+            message: e.to_string(),
+        })?;
+        self.coll(&self.names.runs)
+            .insert_one(doc)
+            .await
+            .map_err(|e| map_err("record a reconcile run", e))?;
+        Ok(())
+    }
+
+    async fn last_run(&self) -> StoreResult<Option<RunSummary>> {
+        let found = self
+            .coll(&self.names.runs)
+            .find_one(doc! {})
+            .sort(doc! {"finished_at": -1})
+            .await
+            .map_err(|e| map_err("read the last reconcile run", e))?;
+        Ok(found.as_ref().map(run_from_doc))
+    }
+
+    async fn load_sweep_cursor(&self, stream: &str) -> StoreResult<Option<SweepCursor>> {
+        let found = self
+            .coll(&self.names.sweeps)
+            .find_one(doc! {"_id": stream})
+            .await
+            .map_err(|e| map_err("read the sweep cursor", e))?;
+        Ok(found.map(|d| SweepCursor {
+            after: d.get("after").and_then(PostId::from_bson),
+            pass_started: d.get_datetime("pass_started").ok().copied(),
+            posts_done: d.get_i64("posts_done").unwrap_or_default() as u64,
+            passes: d.get_i64("passes").unwrap_or_default() as u64,
+            last_pass_posts: d.get_i64("last_pass_posts").unwrap_or_default() as u64,
+        }))
+    }
+
+    async fn save_sweep_cursor(&self, stream: &str, cursor: &SweepCursor) -> StoreResult<()> {
+        let after = cursor.after.as_ref().map_or(Bson::Null, PostId::to_bson);
+        let started = cursor.pass_started.map_or(Bson::Null, Bson::DateTime);
+        self.coll(&self.names.sweeps)
+            .update_one(
+                doc! {"_id": stream},
+                doc! {"$set": {
+                    "after": after,
+                    "pass_started": started,
+                    "posts_done": cursor.posts_done as i64,
+                    "passes": cursor.passes as i64,
+                    "last_pass_posts": cursor.last_pass_posts as i64,
+                    "updated_at": DateTime::now(),
+                }},
+            )
+            .upsert(true)
+            .await
+            .map_err(|e| map_err("save the sweep cursor", e))?;
+        Ok(())
+    }
+}
+
+impl MongoStore {
+    /// The newest `limit` reconcile runs (of any process), newest first (`status`).
+    pub async fn recent_runs(&self, limit: usize) -> StoreResult<Vec<RunSummary>> {
+        let docs: Vec<Document> = self
+            .coll(&self.names.runs)
+            .find(doc! {})
+            .sort(doc! {"finished_at": -1})
+            .limit(limit.min(i64::MAX as usize) as i64)
+            .await
+            .map_err(|e| map_err("read recent reconcile runs", e))?
+            .try_collect()
+            .await
+            .map_err(|e| map_err("read recent reconcile runs", e))?;
+        Ok(docs.iter().map(run_from_doc).collect())
+    }
+
+    /// The newest reconcile run that corrected at least one counter (`status`).
+    pub async fn last_correcting_run(&self) -> StoreResult<Option<RunSummary>> {
+        let found = self
+            .coll(&self.names.runs)
+            .find_one(doc! {"corrected": {"$gt": 0_i64}})
+            .sort(doc! {"finished_at": -1})
+            .await
+            .map_err(|e| map_err("read the last correcting reconcile run", e))?;
+        Ok(found.as_ref().map(run_from_doc))
+    }
+}

@@ -1,0 +1,230 @@
+//! [`Truth`]: counts and reads of the application's `comments` collection.
+
+use super::*;
+
+#[async_trait]
+impl Truth for MongoStore {
+    async fn count_live_below(&self, post: &PostId, watermark: i64) -> StoreResult<i64> {
+        self.ops.count_queries.fetch_add(1, Ordering::Relaxed);
+        let n = self
+            .comments
+            .count_documents(self.live_below(post, watermark))
+            .await
+            .map_err(|e| map_err("count live comments", e))?;
+        Ok(n as i64)
+    }
+
+    async fn count_live_below_at(
+        &self,
+        post: &PostId,
+        watermark: i64,
+        at: Timestamp,
+    ) -> StoreResult<Option<i64>> {
+        if !self.snapshot_reads().await {
+            return Ok(None);
+        }
+        self.ops.count_queries.fetch_add(1, Ordering::Relaxed);
+        let filter = self.live_below(post, watermark);
+        match self.count_at(filter, at).await {
+            Ok(n) => Ok(Some(n)),
+            Err(e) if error_code(&e).is_some_and(|c| SNAPSHOT_GONE.contains(&c)) => {
+                tracing::debug!(%post, at = ?at, "snapshot too old; falling back to the quiet window");
+                Ok(None)
+            }
+            Err(e) => Err(map_err("count live comments at a cluster time", e)),
+        }
+    }
+
+    async fn latest_created(&self, post: &PostId) -> StoreResult<Option<i64>> {
+        self.ops.count_queries.fetch_add(1, Ordering::Relaxed);
+        let latest = self
+            .comments
+            .find_one(
+                doc! {&self.schema.group: post.to_bson(), &self.schema.created: {"$type": "date"}},
+            )
+            .sort(doc! {&self.schema.created: -1})
+            .projection(doc! {&self.schema.created: 1})
+            .await
+            .map_err(|e| map_err("find the latest comment", e))?;
+        Ok(latest
+            .and_then(|d| match Schema::get(&d, &self.schema.created) {
+                Some(Bson::DateTime(t)) => Some(*t),
+                _ => None,
+            })
+            .map(|t| t.timestamp_millis().div_euclid(1000)))
+    }
+
+    async fn count_live(&self, post: &PostId) -> StoreResult<i64> {
+        let n = self
+            .comments
+            .count_documents(self.live(post))
+            .await
+            .map_err(|e| map_err("count live comments", e))?;
+        Ok(n as i64)
+    }
+
+    async fn rows_of_post(&self, post: &PostId) -> StoreResult<Vec<(CommentId, Row)>> {
+        let mut cursor = self
+            .comments
+            .find(doc! {&self.schema.group: post.to_bson()})
+            .await
+            .map_err(|e| map_err("read the rows of a post", e))?;
+        let mut rows = Vec::new();
+        while let Some(doc) = cursor
+            .try_next()
+            .await
+            .map_err(|e| map_err("read the rows of a post", e))?
+        {
+            if let Some(id) = doc.get("_id") {
+                rows.push((
+                    CommentId::new(id.clone()),
+                    self.schema.read_existing_row(&doc),
+                ));
+            }
+        }
+        Ok(rows)
+    }
+
+    async fn comments_extent(&self) -> StoreResult<CommentsExtent> {
+        let comments = &self.comments;
+        let last = comments
+            .find_one(doc! {})
+            .sort(doc! {"_id": -1})
+            .projection(doc! {"_id": 1})
+            .await
+            .map_err(|e| map_err("find the last comment", e))?;
+        let estimated_rows = comments
+            .estimated_document_count()
+            .await
+            .map_err(|e| map_err("estimate the comments", e))?;
+        Ok(CommentsExtent {
+            last_id: last.and_then(|d| d.get("_id").cloned()).map(CommentId::new),
+            estimated_rows,
+        })
+    }
+
+    async fn rows_after(
+        &self,
+        after: Option<&CommentId>,
+        last: &CommentId,
+        limit: usize,
+    ) -> StoreResult<Vec<(CommentId, Row)>> {
+        let mut range = doc! {"$lte": last.value.clone()};
+        if let Some(after) = after {
+            range.insert("$gt", after.value.clone());
+        }
+        let found: Vec<Document> = self
+            .comments
+            .find(doc! {"_id": range})
+            .sort(doc! {"_id": 1})
+            .limit(limit as i64)
+            .await
+            .map_err(|e| map_err("read a snapshot chunk", e))?
+            .try_collect()
+            .await
+            .map_err(|e| map_err("read a snapshot chunk", e))?;
+        Ok(found
+            .into_iter()
+            .filter_map(|d| {
+                let id = CommentId::new(d.get("_id")?.clone());
+                Some((id, self.schema.read_existing_row(&d)))
+            })
+            .collect())
+    }
+}
+
+impl MongoStore {
+    /// The rows of `post` that count: the group field names it and the soft-delete rule does
+    /// not say the row is deleted (the schema's definition, as the worker applies it).
+    pub(super) fn live(&self, post: &PostId) -> Document {
+        // Exactly the post ids the worker reads (`PostId::from_bson`): equality alone would
+        // also match the double 8.0 for 8, and an array holding the value.
+        let types = match post {
+            PostId::Int(_) => vec!["int", "long"],
+            PostId::Str(_) => vec!["string"],
+            PostId::Oid(_) => vec!["objectId"],
+        };
+        let mut filter = doc! {&self.schema.group: {
+            "$eq": post.to_bson(),
+            "$type": types,
+            "$not": {"$type": "array"},
+        }};
+        match &self.schema.soft_delete {
+            SoftDelete::Present { field } => {
+                filter.insert(field, Bson::Null);
+            }
+            SoftDelete::True { field } => {
+                filter.insert(field, doc! {"$ne": true});
+            }
+            SoftDelete::OneOf { field, values } => {
+                filter.insert(field, doc! {"$nin": values.clone()});
+            }
+            SoftDelete::Never => {}
+        }
+        filter
+    }
+
+    /// The rows of `post` that count and whose creation time is not `>= watermark`.
+    pub(super) fn live_below(&self, post: &PostId, watermark: i64) -> Document {
+        let mut filter = self.live(post);
+        filter.insert(&self.schema.created, not_gte(to_date(watermark)));
+        filter
+    }
+
+    /// Whether reads at a cluster time really work, detected once: the server must send
+    /// `operationTime`, answer a snapshot read at that time, and refuse one far in the future.
+    /// The fake test server accepts `readConcern: snapshot` and ignores it, so accepting is
+    /// not enough.
+    pub(super) async fn snapshot_reads(&self) -> bool {
+        *self
+            .snapshot_reads
+            .get_or_init(|| async {
+                let probe = async {
+                    let reply = self.db.run_command(doc! {"ping": 1}).await.ok()?;
+                    let now = reply.get_timestamp("operationTime").ok()?;
+                    self.count_at(doc! {"_id": {"$exists": true}}, now)
+                        .await
+                        .ok()?;
+                    let future = Timestamp {
+                        time: now.time.saturating_add(24 * 3600),
+                        increment: 0,
+                    };
+                    Some(self.count_at(doc! {}, future).await.is_err())
+                };
+                let works = probe.await.unwrap_or(false);
+                tracing::info!(
+                    snapshot_reads = works,
+                    "detected whether the server offers snapshot reads at a cluster time"
+                );
+                works
+            })
+            .await
+    }
+
+    /// Counts `comments` matching `filter` as of cluster time `at`.
+    pub(super) async fn count_at(
+        &self,
+        filter: Document,
+        at: Timestamp,
+    ) -> Result<i64, DriverError> {
+        let reply = self
+            .db
+            .run_command(doc! {
+                "aggregate": self.comments.name(),
+                "pipeline": [{"$match": filter}, {"$count": "n"}],
+                "cursor": {},
+                "readConcern": {"level": "snapshot", "atClusterTime": at},
+            })
+            .await?;
+        let n = reply
+            .get_document("cursor")
+            .ok()
+            .and_then(|c| c.get_array("firstBatch").ok())
+            .and_then(|b| b.first())
+            .and_then(Bson::as_document)
+            .and_then(|d| d.get("n"))
+            .and_then(|n| n.as_i64().or(n.as_i32().map(i64::from)))
+            .unwrap_or(0);
+        Ok(n)
+    }
+}

@@ -1,0 +1,306 @@
+//! The store contract: the same cases run against the MongoDB store (on the test database) and
+//! the in-process store the simulation uses, so the simulation's store is shown to behave like
+//! the real one where correctness depends on it: the token and chunk guards, upserts that hit
+//! an existing document, fencing epochs, and conditional installs.
+
+mod support;
+
+#[allow(dead_code)]
+#[path = "support/memory_store.rs"]
+mod memory_store;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use bson::{Bson, DateTime};
+use counterd::batch::{CounterDelta, LedgerUpdate};
+use counterd::event::{CommentId, PostId, Row, Token};
+use counterd::fold::Fold;
+use counterd::store::prelude::*;
+use counterd::store::{Fence, PendingBatch, StoreError};
+
+const STREAM: &str = "comments";
+
+fn fence(epoch: i64) -> Fence {
+    Fence {
+        stream: STREAM.into(),
+        epoch,
+    }
+}
+
+fn token(n: u32) -> Token {
+    Token(format!("82{n:08X}"))
+}
+
+fn post(n: i64) -> PostId {
+    PostId::Int(n)
+}
+
+fn delta(p: i64, d: i64) -> CounterDelta {
+    CounterDelta {
+        post: post(p),
+        delta: d,
+        buckets: BTreeMap::from([(0, d)]),
+        touched: BTreeSet::from([0]),
+    }
+}
+
+fn comment(n: i64) -> CommentId {
+    CommentId::new(Bson::Int64(n))
+}
+
+fn row(p: i64) -> Row {
+    Row {
+        post: Some(post(p)),
+        created_at: Some(DateTime::from_millis(1_000)),
+        deleted: false,
+    }
+}
+
+fn update(c: i64, state: Option<Row>) -> LedgerUpdate {
+    LedgerUpdate {
+        comment: comment(c),
+        state,
+    }
+}
+
+async fn shown<S: Store>(store: &S, p: i64) -> Option<i64> {
+    store
+        .read_counter(&post(p))
+        .await
+        .unwrap()
+        .map(|c| c.shown())
+}
+
+async fn ledger_state<S: Store>(store: &S, c: i64) -> Option<Option<Row>> {
+    let found = store.read_ledger(STREAM, &[comment(c)], 0).await.unwrap();
+    found.get(&comment(c).key).cloned()
+}
+
+/// A counter increment is applied once per token: a token at or below `applied_through` is
+/// counted as already applied (the upsert's guard fails on the existing document).
+async fn counters_are_guarded_by_token<S: Store>(store: &S) {
+    let f = fence(1);
+    let first = store
+        .apply_counters(&f, &[delta(1, 2)], &token(10), None)
+        .await
+        .unwrap();
+    assert_eq!((first.applied, first.already_applied), (1, 0));
+    for t in [10, 9] {
+        let again = store
+            .apply_counters(&f, &[delta(1, 2)], &token(t), None)
+            .await
+            .unwrap();
+        assert_eq!((again.applied, again.already_applied), (0, 1), "token {t}");
+    }
+    assert_eq!(shown(store, 1).await, Some(2));
+    let later = store
+        .apply_counters(&f, &[delta(1, -1), delta(2, 1)], &token(11), None)
+        .await
+        .unwrap();
+    assert_eq!((later.applied, later.already_applied), (2, 0));
+    assert_eq!(shown(store, 1).await, Some(1));
+    assert_eq!(shown(store, 2).await, Some(1));
+    let counter = store.read_counter(&post(1)).await.unwrap().unwrap();
+    assert_eq!(counter.applied_through, Some(token(11).0));
+}
+
+/// Ledger states are written once per token: an older or equal token leaves the entry.
+async fn ledger_writes_are_guarded_by_token<S: Store>(store: &S) {
+    let f = fence(1);
+    store
+        .write_ledger(&f, &[update(1, Some(row(1)))], &token(10), 0)
+        .await
+        .unwrap();
+    assert_eq!(ledger_state(store, 1).await, Some(Some(row(1))));
+    for t in [10, 9] {
+        store
+            .write_ledger(&f, &[update(1, None)], &token(t), 0)
+            .await
+            .unwrap();
+        assert_eq!(
+            ledger_state(store, 1).await,
+            Some(Some(row(1))),
+            "token {t}"
+        );
+    }
+    store
+        .write_ledger(&f, &[update(1, None)], &token(11), 0)
+        .await
+        .unwrap();
+    assert_eq!(ledger_state(store, 1).await, Some(None));
+}
+
+/// A snapshot claim never replaces an entry the stream wrote.
+async fn claims_leave_existing_entries<S: Store>(store: &S) {
+    let f = fence(1);
+    store
+        .write_ledger(&f, &[update(1, Some(row(1)))], &token(10), 0)
+        .await
+        .unwrap();
+    store
+        .claim_ledger(&f, &[update(1, Some(row(7))), update(2, Some(row(2)))], 0)
+        .await
+        .unwrap();
+    assert_eq!(ledger_state(store, 1).await, Some(Some(row(1))));
+    assert_eq!(ledger_state(store, 2).await, Some(Some(row(2))));
+    assert_eq!(ledger_state(store, 3).await, None);
+}
+
+/// Snapshot increments are applied once per chunk: a chunk at or below the counter's last one
+/// counts as already applied.
+async fn snapshot_counters_are_guarded_by_chunk<S: Store>(store: &S) {
+    let f = fence(1);
+    let first = store
+        .apply_snapshot_counters(&f, 1, &[delta(1, 3)])
+        .await
+        .unwrap();
+    assert_eq!((first.applied, first.already_applied), (1, 0));
+    let again = store
+        .apply_snapshot_counters(&f, 1, &[delta(1, 3)])
+        .await
+        .unwrap();
+    assert_eq!((again.applied, again.already_applied), (0, 1));
+    let next = store
+        .apply_snapshot_counters(&f, 2, &[delta(1, 1)])
+        .await
+        .unwrap();
+    assert_eq!((next.applied, next.already_applied), (1, 0));
+    assert_eq!(shown(store, 1).await, Some(4));
+}
+
+/// After a newer epoch wrote a counter, an older one cannot change it; after a newer epoch
+/// adopted the checkpoint, an older one cannot move it, nor adopt it back.
+async fn older_epochs_are_fenced_out<S: Store>(store: &S) {
+    store
+        .apply_counters(&fence(2), &[delta(1, 1)], &token(10), None)
+        .await
+        .unwrap();
+    let stale = store
+        .apply_counters(&fence(1), &[delta(1, 5)], &token(11), None)
+        .await;
+    if let Ok(outcome) = stale {
+        assert_eq!(outcome.applied, 0);
+    }
+    assert_eq!(shown(store, 1).await, Some(1));
+
+    store.adopt_checkpoint(&fence(2)).await.unwrap();
+    assert_eq!(
+        store.load_checkpoint(STREAM).await.unwrap().unwrap().epoch,
+        2
+    );
+    let batch = PendingBatch {
+        end: token(12),
+        ..PendingBatch::default()
+    };
+    let refused = store.record_intent(&fence(1), &batch).await;
+    assert!(
+        matches!(refused, Err(StoreError::Fenced { .. })),
+        "{refused:?}"
+    );
+    let refused = store.save_checkpoint(&fence(1), &token(12), None).await;
+    assert!(
+        matches!(refused, Err(StoreError::Fenced { .. })),
+        "{refused:?}"
+    );
+    let refused = store.adopt_checkpoint(&fence(1)).await;
+    assert!(
+        matches!(refused, Err(StoreError::Fenced { .. })),
+        "{refused:?}"
+    );
+    let checkpoint = store.load_checkpoint(STREAM).await.unwrap().unwrap();
+    assert_eq!((checkpoint.epoch, checkpoint.token), (2, None));
+
+    store.adopt_checkpoint(&fence(3)).await.unwrap();
+    store
+        .save_checkpoint(&fence(3), &token(12), None)
+        .await
+        .unwrap();
+    let checkpoint = store.load_checkpoint(STREAM).await.unwrap().unwrap();
+    assert_eq!((checkpoint.epoch, checkpoint.token), (3, Some(token(12))));
+}
+
+fn fold(base_count: i64) -> Fold {
+    Fold {
+        watermark: 100,
+        base_count,
+        live_delta: 0,
+        kept: BTreeMap::new(),
+        dropped: vec![0],
+        wrong: 0,
+        right: base_count,
+        drift: 0,
+    }
+}
+
+/// A fold is installed only while the counter is as read: not when one was created since a
+/// caller saw none, nor when an increment moved it since it was read.
+async fn installs_are_conditional<S: Store>(store: &S) {
+    let now = DateTime::from_millis(5_000);
+    assert!(store
+        .install_fold(&post(1), None, &fold(4), now)
+        .await
+        .unwrap());
+    assert_eq!(shown(store, 1).await, Some(4));
+    assert!(!store
+        .install_fold(&post(1), None, &fold(9), now)
+        .await
+        .unwrap());
+    assert_eq!(shown(store, 1).await, Some(4));
+
+    let read = store.read_counter(&post(1)).await.unwrap().unwrap();
+    store
+        .apply_counters(&fence(1), &[delta(1, 1)], &token(10), None)
+        .await
+        .unwrap();
+    assert!(!store
+        .install_fold(&post(1), Some(&read), &fold(9), now)
+        .await
+        .unwrap());
+    assert_eq!(shown(store, 1).await, Some(5));
+
+    let read = store.read_counter(&post(1)).await.unwrap().unwrap();
+    assert!(store
+        .install_fold(&post(1), Some(&read), &fold(7), now)
+        .await
+        .unwrap());
+    assert_eq!(shown(store, 1).await, Some(7));
+}
+
+async fn mongo(test: &str) -> support::TestDb {
+    support::TestDb::new(test).await
+}
+
+fn memory() -> memory_store::MemoryStore {
+    memory_store::MemoryStore::new(1, 60, 4, 1_000)
+}
+
+macro_rules! contract {
+    ($($case:ident),* $(,)?) => {
+        mod on_mongo {
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    let t = super::mongo(stringify!($case)).await;
+                    super::$case(&*t.store).await;
+                }
+            )*
+        }
+        mod in_memory {
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    super::$case(&super::memory()).await;
+                }
+            )*
+        }
+    };
+}
+
+contract!(
+    counters_are_guarded_by_token,
+    ledger_writes_are_guarded_by_token,
+    claims_leave_existing_entries,
+    snapshot_counters_are_guarded_by_chunk,
+    older_epochs_are_fenced_out,
+    installs_are_conditional,
+);
