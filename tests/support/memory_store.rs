@@ -1291,6 +1291,16 @@ fn checkpoint_update(
     }
 }
 
+/// A checkpoint write by the worker that owns the stream's current epoch (`mongo`'s
+/// `owned_checkpoint_update`).
+fn owned_checkpoint_update(
+    s: &mut State,
+    fence: &Fence,
+    update: impl FnOnce(&mut CheckpointRec, DateTime),
+) -> StoreResult<()> {
+    checkpoint_update(s, fence, |c| c.epoch == Some(fence.epoch), update, true)
+}
+
 fn max_string(field: &mut Option<String>, value: &str) {
     if field.as_deref().is_none_or(|f| f < value) {
         *field = Some(value.to_string());
@@ -1556,17 +1566,11 @@ impl Checkpoints for MemoryStore {
                 batch.end,
                 batch.counters.len()
             ));
-            checkpoint_update(
-                s,
-                fence,
-                |c| c.epoch == Some(fence.epoch),
-                |c, now| {
-                    max_string(&mut c.high_water, batch.end.as_str());
-                    c.pending = Some(batch.clone());
-                    c.updated_at = Some(now);
-                },
-                true,
-            )
+            owned_checkpoint_update(s, fence, |c, now| {
+                max_string(&mut c.high_water, batch.end.as_str());
+                c.pending = Some(batch.clone());
+                c.updated_at = Some(now);
+            })
         })
         .await
     }
@@ -1579,21 +1583,15 @@ impl Checkpoints for MemoryStore {
     ) -> StoreResult<()> {
         self.single("save_checkpoint", true, |s| {
             s.note(format!("  checkpoint {token}"));
-            checkpoint_update(
-                s,
-                fence,
-                |c| c.epoch == Some(fence.epoch),
-                |c, now| {
-                    c.token = Some(token.to_string());
-                    c.updated_at = Some(now);
-                    if let Some(t) = token_time {
-                        c.token_time = Some(t);
-                    }
-                    max_string(&mut c.high_water, token.as_str());
-                    c.pending = None;
-                },
-                true,
-            )
+            owned_checkpoint_update(s, fence, |c, now| {
+                c.token = Some(token.to_string());
+                c.updated_at = Some(now);
+                if let Some(t) = token_time {
+                    c.token_time = Some(t);
+                }
+                max_string(&mut c.high_water, token.as_str());
+                c.pending = None;
+            })
         })
         .await
     }
@@ -1628,16 +1626,10 @@ impl Checkpoints for MemoryStore {
     async fn record_start(&self, fence: &Fence, at: Timestamp) -> StoreResult<()> {
         self.single("record_start", true, |s| {
             s.note(format!("  start pinned at {at:?}"));
-            checkpoint_update(
-                s,
-                fence,
-                |c| c.epoch == Some(fence.epoch),
-                |c, now| {
-                    c.start_time = Some(at);
-                    c.updated_at = Some(now);
-                },
-                true,
-            )
+            owned_checkpoint_update(s, fence, |c, now| {
+                c.start_time = Some(at);
+                c.updated_at = Some(now);
+            })
         })
         .await
     }
@@ -1670,11 +1662,7 @@ impl Checkpoints for MemoryStore {
                     message: "the worker recorded 10 history gaps in a row without reading anything: it restarts at a position that is itself lost, in a hot loop".into(),
                 });
             }
-            checkpoint_update(
-                s,
-                fence,
-                |c| c.epoch == Some(fence.epoch),
-                |c, now| {
+            owned_checkpoint_update(s, fence, |c, now| {
                     c.gaps.push(gap.clone());
                     c.sweep_requested = Some(true);
                     c.updated_at = Some(now);
@@ -1685,9 +1673,7 @@ impl Checkpoints for MemoryStore {
                         time: gap.to.timestamp_millis().div_euclid(1000) as u32,
                         increment: 0,
                     });
-                },
-                true,
-            )
+                })
         })
         .await
     }
@@ -1700,16 +1686,10 @@ impl Checkpoints for MemoryStore {
 
     async fn record_deployment(&self, fence: &Fence, deployment: &Deployment) -> StoreResult<()> {
         self.single("record_deployment", true, |s| {
-            checkpoint_update(
-                s,
-                fence,
-                |c| c.epoch == Some(fence.epoch),
-                |c, now| {
-                    c.deployment = Some(deployment.clone());
-                    c.updated_at = Some(now);
-                },
-                true,
-            )
+            owned_checkpoint_update(s, fence, |c, now| {
+                c.deployment = Some(deployment.clone());
+                c.updated_at = Some(now);
+            })
         })
         .await
     }
@@ -1750,16 +1730,10 @@ impl Checkpoints for MemoryStore {
             if progress.state == counterd::store::SnapshotState::Done {
                 s.stat("snapshot done");
             }
-            checkpoint_update(
-                s,
-                fence,
-                |c| c.epoch == Some(fence.epoch),
-                |c, now| {
-                    c.snapshot = Some(progress.clone());
-                    c.updated_at = Some(now);
-                },
-                true,
-            )
+            owned_checkpoint_update(s, fence, |c, now| {
+                c.snapshot = Some(progress.clone());
+                c.updated_at = Some(now);
+            })
         })
         .await
     }
