@@ -346,12 +346,9 @@ impl State {
     /// Only one worker is left and nothing else runs: sleeping on a real timer is harmless now.
     /// Some stream's initial snapshot is still running (its worker is not caught up).
     pub fn snapshot_running(&self) -> bool {
-        self.checkpoints.values().any(|c| {
-            c.gaps.is_empty()
-                && c.snapshot
-                    .as_ref()
-                    .is_some_and(|p| p.state == counterd::store::SnapshotState::Running)
-        })
+        self.checkpoints
+            .iter()
+            .any(|(stream, c)| to_checkpoint(stream, c).snapshot_running())
     }
 
     pub fn alone(&self) -> bool {
@@ -758,10 +755,7 @@ impl State {
                 (None, None) => self.oplog.len(),
             };
             let from = from.min(self.oplog.len());
-            let snapshotting = c.gaps.is_empty()
-                && c.snapshot
-                    .as_ref()
-                    .is_some_and(|p| p.state == counterd::store::SnapshotState::Running);
+            let snapshotting = to_checkpoint(stream, c).snapshot_running();
             // A stream that has applied nothing yet, beside existing rows, is about to snapshot
             // them (with `initial_snapshot = never` the simulation writes none before it).
             let to_snapshot = c.gaps.is_empty()
@@ -1291,6 +1285,23 @@ fn checkpoint_update(
     }
 }
 
+/// Adds one counter write's increments (`live_delta`, `count`, each bucket) under the writer's
+/// epoch, and to the shadow of everything applied; returns the counter for the write's own
+/// fields (the stream's guard token, or the snapshot's chunk).
+fn add_increment<'a>(s: &'a mut State, w: &CounterDelta, fence: &Fence) -> &'a mut CounterRec {
+    for (bucket, amount) in &w.buckets {
+        *s.shadow.entry((w.post.clone(), *bucket)).or_default() += amount;
+    }
+    let c = s.counters.entry(w.post.clone()).or_default();
+    c.live_delta += w.delta;
+    c.count += w.delta;
+    for (bucket, amount) in &w.buckets {
+        *c.buckets.entry(*bucket).or_default() += amount;
+    }
+    c.epoch = Some(fence.epoch);
+    c
+}
+
 /// A checkpoint write by the worker that owns the stream's current epoch (`mongo`'s
 /// `owned_checkpoint_update`).
 fn owned_checkpoint_update(
@@ -1790,22 +1801,13 @@ impl Counters for MemoryStore {
                 "  counter {} {:+} {:?} at {through}",
                 w.post, w.delta, w.buckets
             ));
-            let c = s.counters.entry(w.post.clone()).or_default();
-            c.live_delta += w.delta;
-            c.count += w.delta;
-            for (bucket, amount) in &w.buckets {
-                *c.buckets.entry(*bucket).or_default() += amount;
-            }
+            let c = add_increment(s, w, fence);
             c.applied_through = Some(through.to_string());
             c.applied_time = through_time;
             if broken != Broken::UnconditionedRecount {
                 for bucket in &w.touched {
                     c.touched.insert(*bucket, through.to_string());
                 }
-            }
-            c.epoch = Some(fence.epoch);
-            for (bucket, amount) in &w.buckets {
-                *s.shadow.entry((w.post.clone(), *bucket)).or_default() += amount;
             }
         })
         .await?;
@@ -1976,17 +1978,7 @@ impl Counters for MemoryStore {
                 "  counter {} {:+} from snapshot chunk {chunk}",
                 w.post, w.delta
             ));
-            let c = s.counters.entry(w.post.clone()).or_default();
-            c.live_delta += w.delta;
-            c.count += w.delta;
-            for (bucket, amount) in &w.buckets {
-                *c.buckets.entry(*bucket).or_default() += amount;
-            }
-            c.snapshot_chunk = Some(chunk);
-            c.epoch = Some(fence.epoch);
-            for (bucket, amount) in &w.buckets {
-                *s.shadow.entry((w.post.clone(), *bucket)).or_default() += amount;
-            }
+            add_increment(s, w, fence).snapshot_chunk = Some(chunk);
         })
         .await?;
         Ok(outcome)

@@ -41,12 +41,7 @@ impl Counters for MongoStore {
                 let mut filter =
                     doc! {"_id": w.post.to_bson(), "applied_through": not_gte(through.as_str())};
                 fenced(&mut filter, fence);
-                // `count` moves with `live_delta` in the same write: readers never see it apart
-                // from `base_count + live_delta`.
-                let mut inc = doc! {"live_delta": w.delta, "count": w.delta};
-                for (bucket, amount) in &w.buckets {
-                    inc.insert(format!("live_by_bucket.{bucket}"), *amount);
-                }
+                let inc = increments(w);
                 let mut set = doc! {"applied_through": through.as_str(), "epoch": fence.epoch};
                 match through_time {
                     Some(t) => set.insert("applied_time", t),
@@ -247,10 +242,7 @@ impl Counters for MongoStore {
                 let mut filter =
                     doc! {"_id": w.post.to_bson(), "snapshot_chunk": not_gte(chunk as i64)};
                 fenced(&mut filter, fence);
-                let mut inc = doc! {"live_delta": w.delta, "count": w.delta};
-                for (bucket, amount) in &w.buckets {
-                    inc.insert(format!("live_by_bucket.{bucket}"), *amount);
-                }
+                let inc = increments(w);
                 doc! {
                     "q": filter,
                     "u": {
@@ -270,4 +262,14 @@ impl Counters for MongoStore {
             already_applied,
         })
     }
+}
+
+/// The `$inc` of one counter write: `live_delta`, each bucket, and `count`, which moves with
+/// `live_delta` in the same write so readers never see it apart from `base_count + live_delta`.
+fn increments(w: &CounterDelta) -> Document {
+    let mut inc = doc! {"live_delta": w.delta, "count": w.delta};
+    for (bucket, amount) in &w.buckets {
+        inc.insert(format!("live_by_bucket.{bucket}"), *amount);
+    }
+    inc
 }
