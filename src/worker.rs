@@ -186,6 +186,8 @@ struct Pending {
     resumed_after: Option<Timestamp>,
     /// Events the next batch may hold (see [`next_batch_limit`]).
     batch_limit: usize,
+    /// The last read came back full: the worker is behind, and reads ahead while it writes.
+    behind: bool,
 }
 
 /// The batch limit after a read that asked for `asked` events and got `got`: a full read means
@@ -500,6 +502,7 @@ impl<S: Store + ?Sized> Worker<S> {
             idle_reads: 0,
             resumed_after: checkpoint.token.as_ref().and(checkpoint.token_time),
             batch_limit: self.settings.batch_size,
+            behind: false,
         };
         let mut next_chunk_at = self.clock.now();
         loop {
@@ -569,38 +572,7 @@ impl<S: Store + ?Sized> Worker<S> {
             let raw = source
                 .next_batch(asked, self.settings.max_batch_wait)
                 .await?;
-            self.status.progressed();
-            pending.batch_limit = next_batch_limit(
-                pending.batch_limit,
-                asked,
-                raw.events.len(),
-                self.settings.batch_size,
-                self.settings.max_batch_size,
-            );
-            for doc in &raw.events {
-                match ChangeEvent::parse(doc) {
-                    Ok(event) => pending.events.push_back(event),
-                    Err(e) => {
-                        metrics::counter!(m::BAD_EVENTS, "stream" => fence.stream.clone())
-                            .increment(1);
-                        tracing::warn!(stream = %fence.stream, error = %e, "skipping an unreadable change event");
-                    }
-                }
-            }
-            if let Some(first) = pending
-                .events
-                .front()
-                .filter(|_| pending.resumed_after.is_some())
-            {
-                let since = pending.resumed_after.take().expect("checked");
-                if let Some(at) = first.cluster_time.filter(|at| *at < since) {
-                    return Err(StoreError::HistoryMismatch {
-                        position: position_of(checkpoint),
-                        reason: format!("the first event after it ({} at {}) is older than the checkpoint's own event (at {}): this stream is not the history the checkpoint came from", first.token, rfc3339(at), rfc3339(since)),
-                    }
-                    .into());
-                }
-            }
+            self.take_in(fence, checkpoint, pending, asked, &raw.events)?;
             if pending.events.is_empty() {
                 self.status.lag_secs.store(0, Ordering::Relaxed);
                 let idle_before = std::mem::replace(&mut pending.idle, true);
@@ -612,9 +584,64 @@ impl<S: Store + ?Sized> Worker<S> {
         }
         pending.idle = false;
         let batch = take_batch(&mut pending.events, checkpoint.high_water.as_ref());
-        self.apply(fence, checkpoint, &batch).await?;
+        if pending.behind {
+            // Behind: the next batch is read while this one is written. (Caught up, the next
+            // read waits for new events instead, and is preceded by a position reading.)
+            let asked = pending.batch_limit - pending.events.len();
+            let read = source.next_batch(asked, self.settings.max_batch_wait);
+            let (applied, read) = tokio::join!(self.apply(fence, checkpoint, &batch), read);
+            applied?;
+            self.take_in(fence, checkpoint, pending, asked, &read?.events)?;
+        } else {
+            self.apply(fence, checkpoint, &batch).await?;
+        }
         pending.applied_since_drained = true;
         Ok(false)
+    }
+
+    /// Takes a read of `asked` events in: parses them (an unreadable event is counted and
+    /// logged, never fatal) and sizes the next read by how full this one came back.
+    fn take_in(
+        &self,
+        fence: &Fence,
+        checkpoint: &Checkpoint,
+        pending: &mut Pending,
+        asked: usize,
+        docs: &[bson::Document],
+    ) -> Result<(), SessionError> {
+        self.status.progressed();
+        pending.behind = docs.len() >= asked;
+        pending.batch_limit = next_batch_limit(
+            pending.batch_limit,
+            asked,
+            docs.len(),
+            self.settings.batch_size,
+            self.settings.max_batch_size,
+        );
+        for doc in docs {
+            match ChangeEvent::parse(doc) {
+                Ok(event) => pending.events.push_back(event),
+                Err(e) => {
+                    metrics::counter!(m::BAD_EVENTS, "stream" => fence.stream.clone()).increment(1);
+                    tracing::warn!(stream = %fence.stream, error = %e, "skipping an unreadable change event");
+                }
+            }
+        }
+        if let Some(first) = pending
+            .events
+            .front()
+            .filter(|_| pending.resumed_after.is_some())
+        {
+            let since = pending.resumed_after.take().expect("checked");
+            if let Some(at) = first.cluster_time.filter(|at| *at < since) {
+                return Err(StoreError::HistoryMismatch {
+                    position: position_of(checkpoint),
+                    reason: format!("the first event after it ({} at {}) is older than the checkpoint's own event (at {}): this stream is not the history the checkpoint came from", first.token, rfc3339(at), rfc3339(since)),
+                }
+                .into());
+            }
+        }
+        Ok(())
     }
 
     /// An idle stream still advances to the post-batch token, so a quiet collection's position
