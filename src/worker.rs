@@ -4,7 +4,9 @@
 //! (0) the intent: the batch's whole plan (counter increments, ledger states, dirty posts) is
 //! stored in the checkpoint document and `high_water` raised to the batch's last token;
 //! (a) counters, each guarded by `applied_through < end`; (b) ledger entries, guarded per
-//! comment; (c) dirty marks; (d) the checkpoint, which clears the intent.
+//! comment; (c) dirty marks; (d) the checkpoint, which clears the intent. (a), (b) and (c) are
+//! issued together: once the intent is stored, their order no longer matters (see
+//! `write_batch`); (d) waits for all three.
 //!
 //! After a crash the stored plan is re-applied as it was planned, before the stream is read
 //! again: the guards reject what already landed and the rest lands once. The plan is replayed
@@ -811,11 +813,11 @@ impl<S: Store + ?Sized> Worker<S> {
         checkpoint: &mut Checkpoint,
         batch: &PendingBatch,
     ) -> Result<(), SessionError> {
-        let counters = self
-            .store
-            .apply_counters(fence, &batch.counters, &batch.end, batch.end_time); // (a)
-        // A batch left in flight is re-applied before the stream is read again, so before a
-        // history gap can be recorded: its states are of this generation.
+        let counters =
+            self.store
+                .apply_counters(fence, &batch.counters, &batch.end, batch.end_time); // (a)
+                                                                                     // A batch left in flight is re-applied before the stream is read again, so before a
+                                                                                     // history gap can be recorded: its states are of this generation.
         let generation = checkpoint.ledger_generation();
         let ledger = async {
             if batch.ledger.is_empty() {
