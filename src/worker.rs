@@ -20,30 +20,21 @@ use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use bson::{DateTime, Timestamp};
-use tokio::sync::watch;
 
 use crate::batch::{plan_batch_covering, Coverage};
 use crate::classify::{Attribution, StreamEnded};
 use crate::clock::{Clock, SystemClock};
+use crate::config::OnHistoryLost;
 use crate::event::{ChangeEvent, CommentId, Token};
+use crate::shutdown::{sleep_or_shutdown, Shutdown};
 use crate::store::{
     Checkpoint, EventSource, Fence, Gap, PendingBatch, Store, StoreError, StreamOptions,
     StreamStart,
 };
 use crate::telemetry as m;
 
-/// What to do when the checkpoint has fallen off the oplog.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum OnHistoryLost {
-    /// Stop, exit non-zero, say what to do.
-    Fail,
-    /// Start from now, record the gap, and run a throttled full sweep.
-    #[default]
-    Resweep,
-}
-
-/// The worker's knobs (from [`crate::config::Settings`]).
+/// The worker's knobs: built from the configuration by [`crate::daemon`], whose `Default` is
+/// the configuration's defaults.
 #[derive(Clone, Debug)]
 pub struct WorkerSettings {
     /// The checkpoint's id: one stream (or partition) per id.
@@ -77,31 +68,6 @@ pub struct WorkerSettings {
     pub schema: crate::schema::Schema,
     /// The initial snapshot of rows that exist before the stream's start.
     pub snapshot: crate::snapshot::SnapshotSettings,
-}
-
-impl Default for WorkerSettings {
-    fn default() -> Self {
-        WorkerSettings {
-            stream: "comments".into(),
-            batch_size: 1000,
-            max_batch_size: 10_000,
-            max_batch_wait: Duration::from_millis(200),
-            idle_interval: Duration::from_millis(100),
-            max_await: Duration::from_millis(500),
-            attribution: Attribution::Auto,
-            bucket_width_secs: 60,
-            on_history_lost: OnHistoryLost::Resweep,
-            start_at: None,
-            pre_images: false,
-            pipeline: Vec::new(),
-            retry_min_delay: Duration::from_millis(100),
-            retry_max_delay: Duration::from_secs(5),
-            operation_timeout: Duration::from_secs(30),
-            partition: None,
-            schema: crate::schema::Schema::default(),
-            snapshot: crate::snapshot::SnapshotSettings::default(),
-        }
-    }
 }
 
 /// Live state shared with `/readyz` and `status`.
@@ -222,7 +188,7 @@ impl<S: Store + ?Sized> Worker<S> {
     /// The clock's now as a cluster-time-like timestamp (whole seconds).
     fn now_timestamp(&self) -> Timestamp {
         Timestamp {
-            time: crate::clock::secs(self.clock.now()).clamp(0, u32::MAX as i64) as u32,
+            time: crate::time::secs(self.clock.now()).clamp(0, u32::MAX as i64) as u32,
             increment: 0,
         }
     }
@@ -247,11 +213,8 @@ impl<S: Store + ?Sized> Worker<S> {
 
     /// Runs until shutdown (Ok) or a non-transient error. Transient errors reopen the stream
     /// from the checkpoint after an exponential, jittered backoff.
-    pub async fn run(
-        &self,
-        epoch: i64,
-        mut shutdown: watch::Receiver<bool>,
-    ) -> Result<(), WorkerError> {
+    pub async fn run(&self, epoch: i64, shutdown: impl Into<Shutdown>) -> Result<(), WorkerError> {
+        let shutdown = shutdown.into();
         let fence = Fence {
             stream: self.settings.stream.clone(),
             epoch,
@@ -263,10 +226,10 @@ impl<S: Store + ?Sized> Worker<S> {
             .map_err(WorkerError::Startup)?;
         let mut backoff = self.backoff();
         loop {
-            if *shutdown.borrow() {
+            if shutdown.requested() {
                 return Ok(());
             }
-            let session = self.session(&fence, &mut shutdown, &mut backoff);
+            let session = self.session(&fence, &shutdown, &mut backoff);
             match session.await {
                 Ok(()) => return Ok(()),
                 Err(SessionError::Ended(end)) => return Err(end.into()),
@@ -275,7 +238,7 @@ impl<S: Store + ?Sized> Worker<S> {
                     let delay = backoff.next().unwrap_or(self.settings.retry_max_delay);
                     metrics::counter!(m::RETRIES, "op" => "worker").increment(1);
                     tracing::warn!(stream = %fence.stream, error = %e, retry_in = %humantime::format_duration(delay), "transient error; reopening the stream from the checkpoint");
-                    if sleep_or_shutdown(self.clock.as_ref(), delay, &mut shutdown).await {
+                    if sleep_or_shutdown(self.clock.as_ref(), delay, &shutdown).await {
                         return Ok(());
                     }
                 }
@@ -412,7 +375,7 @@ impl<S: Store + ?Sized> Worker<S> {
     async fn session(
         &self,
         fence: &Fence,
-        shutdown: &mut watch::Receiver<bool>,
+        shutdown: &Shutdown,
         backoff: &mut backon::ExponentialBackoff,
     ) -> Result<(), SessionError> {
         let mut checkpoint = self
@@ -503,7 +466,7 @@ impl<S: Store + ?Sized> Worker<S> {
         };
         let mut next_chunk_at = self.clock.now();
         loop {
-            if *shutdown.borrow() {
+            if shutdown.requested() {
                 return Ok(());
             }
             if checkpoint.snapshot_running() && self.clock.now() >= next_chunk_at {
@@ -517,7 +480,7 @@ impl<S: Store + ?Sized> Worker<S> {
                         op: "read and apply a snapshot chunk",
                         message: format!("no answer within {:?} (operation_timeout)", self.settings.operation_timeout),
                     })??,
-                    _ = shutdown.changed() => return Ok(()),
+                    _ = shutdown.wait() => return Ok(()),
                 };
                 if let crate::snapshot::Step::Chunk { rows } = step {
                     let pause = self.settings.snapshot.pause_after(rows);
@@ -537,7 +500,7 @@ impl<S: Store + ?Sized> Worker<S> {
                 })??,
                 // Abandoning a batch mid-way is safe: the checkpoint has not moved, and a
                 // recorded intent is re-applied exactly, as planned, by the next session.
-                _ = shutdown.changed() => return Ok(()),
+                _ = shutdown.wait() => return Ok(()),
             };
             *backoff = self.backoff();
             if idle
@@ -746,7 +709,7 @@ impl<S: Store + ?Sized> Worker<S> {
             self.status
                 .events_applied
                 .fetch_add(plan.events as i64, Ordering::Relaxed);
-            let now = crate::clock::secs(self.clock.now());
+            let now = crate::time::secs(self.clock.now());
             let lag = last
                 .cluster_time
                 .map(|t| (now - t.time as i64).max(0))
@@ -873,21 +836,6 @@ fn log_skipped(
     };
     tracing::warn!(%stream, %comment, %post, token = %skipped.token, kind, %problem,
         "event not counted; its known posts are marked dirty and recounted");
-}
-
-/// Sleeps on `clock`, or returns true early when shutdown is requested.
-pub async fn sleep_or_shutdown(
-    clock: &dyn Clock,
-    delay: Duration,
-    shutdown: &mut watch::Receiver<bool>,
-) -> bool {
-    if *shutdown.borrow() {
-        return true;
-    }
-    tokio::select! {
-        _ = clock.sleep(delay) => false,
-        _ = shutdown.changed() => true,
-    }
 }
 
 enum SessionError {

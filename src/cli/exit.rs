@@ -12,6 +12,8 @@ use std::process::ExitCode;
 
 use crate::classify::StreamEnded;
 use crate::config::ConfigError;
+use crate::daemon::DaemonError;
+use crate::lease::LeaseError;
 use crate::store::StoreError;
 use crate::worker::WorkerError;
 
@@ -42,6 +44,26 @@ fn store_code(e: &StoreError) -> u8 {
     }
 }
 
+/// The exit code for a worker error.
+fn worker_code(e: &WorkerError) -> u8 {
+    match e {
+        WorkerError::StreamEnded(_) | WorkerError::HistoryLost { .. } => STREAM,
+        WorkerError::Startup(s) | WorkerError::Store(s) => store_code(s),
+    }
+}
+
+/// The exit code when `counterd run` stopped. A panicked or cancelled stream keeps the code it
+/// always had (3), and a port that cannot be bound its 1.
+fn daemon_code(e: &DaemonError) -> u8 {
+    match e {
+        DaemonError::Startup(s) => store_code(s),
+        DaemonError::Listen { .. } => CHECK_FAILED,
+        DaemonError::Worker(w) => worker_code(w),
+        DaemonError::Lease(LeaseError::TakeOver { source, .. }) => store_code(source),
+        DaemonError::Lease(LeaseError::Panicked { .. } | LeaseError::Cancelled { .. }) => MONGODB,
+    }
+}
+
 /// The exit code for a failed command: the first cause in the chain that says what it is;
 /// anything else is a failed check (1).
 pub fn code_for(error: &anyhow::Error) -> u8 {
@@ -55,11 +77,11 @@ pub fn code_for(error: &anyhow::Error) -> u8 {
         if cause.is::<StreamEnded>() {
             return STREAM;
         }
+        if let Some(e) = cause.downcast_ref::<DaemonError>() {
+            return daemon_code(e);
+        }
         if let Some(e) = cause.downcast_ref::<WorkerError>() {
-            return match e {
-                WorkerError::StreamEnded(_) | WorkerError::HistoryLost { .. } => STREAM,
-                WorkerError::Startup(s) | WorkerError::Store(s) => store_code(s),
-            };
+            return worker_code(e);
         }
         if let Some(e) = cause.downcast_ref::<StoreError>() {
             return store_code(e);
@@ -121,5 +143,19 @@ mod tests {
         assert_eq!(code(WorkerError::HistoryLost { source: lost() }), 4);
         assert_eq!(code(WorkerError::StreamEnded(ended.clone())), 4);
         assert_eq!(code(ended), 4);
+        assert_eq!(code(DaemonError::Startup(transient())), 3);
+        assert_eq!(
+            code(DaemonError::Worker(WorkerError::HistoryLost {
+                source: lost()
+            })),
+            4
+        );
+        let panicked = LeaseError::Panicked {
+            stream: "comments".into(),
+            message: "boom".into(),
+        };
+        assert!(DaemonError::from(panicked)
+            .to_string()
+            .contains("panicked: boom"));
     }
 }
