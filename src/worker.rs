@@ -330,14 +330,8 @@ impl<S: Store + ?Sized> Worker<S> {
         let Some(batch) = checkpoint.pending.clone() else {
             return Ok(None);
         };
-        match self.write_batch(fence, &mut checkpoint, &batch).await {
-            Ok(()) => Ok(Some(batch)),
-            Err(SessionError::Store(e)) => Err(e),
-            Err(SessionError::Ended(end)) => Err(StoreError::Fatal {
-                op: "re-apply the batch left in flight",
-                message: end.to_string(),
-            }),
-        }
+        self.write_batch(fence, &mut checkpoint, &batch).await?;
+        Ok(Some(batch))
     }
 
     /// A position belongs to the deployment it was recorded on: resuming it on another one (a
@@ -738,7 +732,7 @@ impl<S: Store + ?Sized> Worker<S> {
         fence: &Fence,
         checkpoint: &mut Checkpoint,
         batch: &PendingBatch,
-    ) -> Result<(), SessionError> {
+    ) -> Result<(), StoreError> {
         let outcome = self
             .store
             .apply_counters(fence, &batch.counters, &batch.end, batch.end_time)
@@ -830,10 +824,11 @@ fn log_skipped(
         })
         .map(|p| p.to_string())
         .unwrap_or_else(|| "unknown".into());
-    let (kind, problem) = match &skipped.problem {
-        crate::classify::Problem::Bad(p) => ("bad", p),
-        crate::classify::Problem::Unattributable(p) => ("unattributable", p),
+    let kind = match &skipped.problem {
+        crate::classify::Problem::Bad(_) => "bad",
+        crate::classify::Problem::Unattributable(_) => "unattributable",
     };
+    let problem = &skipped.problem;
     tracing::warn!(%stream, %comment, %post, token = %skipped.token, kind, %problem,
         "event not counted; its known posts are marked dirty and recounted");
 }

@@ -40,7 +40,8 @@ fn store_code(e: &StoreError) -> u8 {
         StoreError::Transient { .. }
         | StoreError::Fatal { .. }
         | StoreError::Malformed { .. }
-        | StoreError::Fenced { .. } => MONGODB,
+        | StoreError::Fenced { .. }
+        | StoreError::Driver { .. } => MONGODB,
     }
 }
 
@@ -93,6 +94,28 @@ pub fn code_for(error: &anyhow::Error) -> u8 {
     CHECK_FAILED
 }
 
+/// A failure and its causes for the operator, joined by `: `, each said once: a cause whose
+/// text is already shown (an error that prints its source) is skipped, and the chain ends at
+/// the driver's own error, which the store error above it has already described briefly and
+/// without credentials (the whole driver error stays available as a source to code).
+pub fn describe(error: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in error.chain() {
+        if cause.is::<mongodb::error::Error>() && !text.is_empty() {
+            break;
+        }
+        let said = cause.to_string();
+        if text.contains(&said) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&said);
+    }
+    text
+}
+
 /// The exit code as a process exit code.
 pub fn exit_code(code: u8) -> ExitCode {
     ExitCode::from(code)
@@ -143,6 +166,12 @@ mod tests {
         assert_eq!(code(WorkerError::HistoryLost { source: lost() }), 4);
         assert_eq!(code(WorkerError::StreamEnded(ended.clone())), 4);
         assert_eq!(code(ended), 4);
+        let lost_again = anyhow::Error::from(WorkerError::HistoryLost { source: lost() });
+        assert_eq!(
+            describe(&lost_again).matches("history lost").count(),
+            1,
+            "a source its parent shows is not repeated"
+        );
         assert_eq!(code(DaemonError::Startup(transient())), 3);
         assert_eq!(
             code(DaemonError::Worker(WorkerError::HistoryLost {

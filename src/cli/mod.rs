@@ -155,7 +155,7 @@ pub async fn main(cli: Cli) -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("counterd: {e:#}");
+            eprintln!("counterd: {}", exit::describe(&e));
             exit::exit_code(exit::code_for(&e))
         }
     }

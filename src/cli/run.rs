@@ -13,7 +13,7 @@ pub async fn run(settings: Settings, _args: Args) -> anyhow::Result<ExitCode> {
         Ok(()) => Ok(ExitCode::SUCCESS),
         Err(e) => {
             let e = anyhow::Error::from(e);
-            tracing::error!(error = %format_args!("{e:#}"), "counterd stopped");
+            tracing::error!(error = %crate::cli::exit::describe(&e), "counterd stopped");
             Err(e)
         }
     }
