@@ -17,7 +17,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::shutdown::Shutdown;
 use crate::telemetry::{stream_ages, unix_now_ms};
-use crate::worker::WorkerStatus;
+use crate::status::WorkerStatus;
 
 /// The paths counterd serves.
 pub const ROUTES: [&str; 3] = ["/metrics", "/healthz", "/readyz"];

@@ -14,7 +14,7 @@ use rand::Rng;
 use crate::shutdown::{sleep_or_shutdown, Shutdown};
 use crate::store::{Fence, Store, StoreError};
 use crate::telemetry as m;
-use crate::worker::WorkerStatus;
+use crate::status::WorkerStatus;
 
 /// Lease knobs (from [`crate::config::Settings`]).
 #[derive(Clone, Debug)]

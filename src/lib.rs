@@ -14,7 +14,8 @@
 //!
 //! [`daemon`] assembles the process from the configuration ([`config`]): per stream a lease
 //! ([`lease`]), a worker and a reconcile loop, plus the [`http`] endpoints, all stopped through
-//! one [`shutdown::Shutdown`]. [`cli`] is the command-line edge over all of it.
+//! one [`shutdown::Shutdown`]; each stream's live state ([`status`]) is what `/readyz` reads.
+//! [`cli`] is the command-line edge over all of it.
 
 pub mod batch;
 pub mod classify;
@@ -33,6 +34,7 @@ pub mod recount;
 pub mod schema;
 pub mod shutdown;
 pub mod snapshot;
+pub mod status;
 pub mod store;
 pub mod telemetry;
 pub mod time;

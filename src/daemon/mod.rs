@@ -2,9 +2,9 @@
 //! and a reconcile loop, until shutdown or the first fatal error. `counterd run` and
 //! `counterd demo` start it; the other commands borrow its settings mapping.
 //!
-//! - [`settings`]: each component's settings (and defaults) from the configuration;
-//! - [`connect`]: waiting for an unreachable server at startup;
-//! - [`streams`]: the supervisor of the streams (partitions) of the process.
+//! - `settings`: each component's settings (and defaults) from the configuration;
+//! - `connect`: waiting for an unreachable server at startup;
+//! - `streams`: the supervisor of the streams (partitions) of the process.
 
 mod connect;
 mod settings;

@@ -4,7 +4,7 @@
 //! alike.
 //!
 //! What only the running process knows (the stream or partition, whether the server keeps
-//! pre-images, the lease owner) is filled in where it is known, in [`super::streams`].
+//! pre-images, the lease owner) is filled in where it is known, in `daemon::streams`.
 
 use std::time::Duration;
 
@@ -13,14 +13,15 @@ use crate::http::ReadyBounds;
 use crate::reconcile::ReconcileSettings;
 use crate::recount::CatchUp;
 use crate::snapshot::SnapshotSettings;
-use crate::store::mongo::ConnectOptions;
+use crate::schema::Schema;
+use crate::store::mongo::{Collections, ConnectOptions};
 use crate::worker::WorkerSettings;
 
 /// Posts a quiet-window recount counts before one shared wait for the worker.
 const RECOUNT_GROUP_SIZE: usize = 500;
 
 /// The configured stream, every post, and no pre-images: whether the server keeps them is
-/// known only once connected (see [`super::streams`]).
+/// known only once connected (see `daemon::streams`).
 impl From<&Settings> for WorkerSettings {
     fn from(settings: &Settings) -> Self {
         WorkerSettings {
@@ -125,6 +126,18 @@ macro_rules! defaults_from_settings {
 
 defaults_from_settings!(WorkerSettings, SnapshotSettings, ReconcileSettings, CatchUp);
 
+impl Default for Schema {
+    fn default() -> Self {
+        Settings::default().schema()
+    }
+}
+
+impl Default for Collections {
+    fn default() -> Self {
+        Settings::default().collections()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -145,5 +158,7 @@ mod tests {
             settings.snapshot_rows_per_second
         );
         assert!(!worker.pre_images);
+        assert_eq!(Schema::default().group, settings.group_field);
+        assert_eq!(Collections::default().counters, settings.counters_collection);
     }
 }

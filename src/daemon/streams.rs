@@ -12,7 +12,8 @@ use crate::config::Settings;
 use crate::lease::{default_owner, hold, LeaseError, LeaseSettings};
 use crate::reconcile::{run_loop, ReconcileSettings, Reconciler};
 use crate::shutdown::Shutdown;
-use crate::worker::{Worker, WorkerSettings, WorkerStatus};
+use crate::status::WorkerStatus;
+use crate::worker::{Worker, WorkerSettings};
 
 /// One status per stream (partition) of the configuration.
 pub fn statuses_for(settings: &Settings) -> Vec<Arc<WorkerStatus>> {

@@ -88,12 +88,6 @@ impl Collections {
     }
 }
 
-impl Default for Collections {
-    fn default() -> Self {
-        Collections::new("counterd_", "comment_counters")
-    }
-}
-
 /// How to reach MongoDB.
 #[derive(Clone, Debug)]
 pub struct ConnectOptions {
