@@ -12,21 +12,7 @@ use bson::DateTime;
 use crate::classify::{classify, After, Attribution, Before, Problem, Source, StreamEnded};
 use crate::event::{ChangeEvent, CommentId, Operation, PostId, Row, Token};
 
-/// Seconds since the epoch at which a creation-time bucket starts.
-pub type BucketStart = i64;
-
-/// Files a row's creation time under the start of its bucket. Rows without a `created_at` date
-/// go to bucket 0, below every watermark, matching the reconciler's count (`created_at` not
-/// `>= W`).
-pub fn bucket_of(created_at: Option<DateTime>, width_secs: i64) -> BucketStart {
-    match created_at {
-        Some(t) => {
-            let secs = t.timestamp_millis().div_euclid(1000);
-            secs.div_euclid(width_secs) * width_secs
-        }
-        None => 0,
-    }
-}
+pub use crate::time::{bucket_of, BucketStart};
 
 /// One coalesced counter write: `$inc` of `delta` on `live_delta` and of each bucket's amount.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -80,12 +80,42 @@ pub enum After {
 
 /// Something about the event that the operator should hear of. The event's known posts are still
 /// marked dirty, so the reconciler repairs whatever was not counted.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Problem {
     /// Malformed input: a missing or wrongly typed `post_id`, an unknown operation type.
-    Bad(String),
+    #[error(transparent)]
+    Bad(Malformed),
     /// Well-formed, but no delta could be attributed (best effort ran out of rules).
-    Unattributable(String),
+    #[error(transparent)]
+    Unattributable(Unattributable),
+}
+
+/// How an event is malformed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Malformed {
+    #[error("unknown operation type `{0}`")]
+    UnknownOperation(String),
+    /// An inserted or replaced row without the group field.
+    #[error("document has no `{field}`")]
+    NoPost { field: String },
+    /// A group field whose BSON type (`kind`) cannot be a post id.
+    #[error("`{field}` has unsupported type {kind}")]
+    UnsupportedPostType { field: String, kind: String },
+    #[error("event has no fullDocument")]
+    NoFullDocument,
+}
+
+/// Why no delta could be attributed to a well-formed event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Unattributable {
+    #[error("hard delete without pre-image, ledger entry or shard key")]
+    DeleteOfUnknownRow,
+    #[error("update of an unknown row without a post in the event")]
+    UpdateWithoutPost,
+    #[error("post_id moved and the old post is unknown")]
+    MoveFromUnknownPost,
+    #[error("change of an unknown row without a post in the event")]
+    ChangeWithoutPost,
 }
 
 /// The outcome of classifying one event.
@@ -184,14 +214,16 @@ pub fn classify(
             return Ok(problem_only(
                 &before,
                 source,
-                Problem::Bad(format!("unknown operation type `{op}`")),
+                Problem::Bad(Malformed::UnknownOperation(op.clone())),
             ))
         }
         Operation::Insert | Operation::Replace => {
             match event.full_document.as_ref().map(|d| schema.read_row(d)) {
                 Some(RowRead::Row(row)) => After::Known(Some(row)),
                 Some(RowRead::NoPost) => {
-                    bad = Some(Problem::Bad(format!("document has no `{}`", schema.group)));
+                    bad = Some(Problem::Bad(Malformed::NoPost {
+                        field: schema.group.clone(),
+                    }));
                     After::Known(
                         event
                             .full_document
@@ -213,7 +245,7 @@ pub fn classify(
                     return Ok(problem_only(
                         &before,
                         source,
-                        Problem::Bad("event has no fullDocument".to_string()),
+                        Problem::Bad(Malformed::NoFullDocument),
                     ))
                 }
             }
@@ -365,11 +397,7 @@ fn best_effort(event: &ChangeEvent, after: After, schema: &Schema) -> Classifica
                 });
                 c.dirty.push(post);
             }
-            None => {
-                c.problem = Some(Problem::Unattributable(
-                    "hard delete without pre-image, ledger entry or shard key".into(),
-                ))
-            }
+            None => c.problem = Some(Problem::Unattributable(Unattributable::DeleteOfUnknownRow)),
         },
         Operation::Update {
             summary: Some(summary),
@@ -380,9 +408,7 @@ fn best_effort(event: &ChangeEvent, after: After, schema: &Schema) -> Classifica
                 .or_else(|| schema.post_set_by(summary))
                 .or(key_post);
             let Some(post) = post else {
-                c.problem = Some(Problem::Unattributable(
-                    "update of an unknown row without a post in the event".into(),
-                ));
+                c.problem = Some(Problem::Unattributable(Unattributable::UpdateWithoutPost));
                 return c;
             };
             let created_at = after_row.as_ref().and_then(|r| r.created_at);
@@ -395,9 +421,7 @@ fn best_effort(event: &ChangeEvent, after: After, schema: &Schema) -> Classifica
                         amount: 1,
                     });
                 }
-                c.problem = Some(Problem::Unattributable(
-                    "post_id moved and the old post is unknown".into(),
-                ));
+                c.problem = Some(Problem::Unattributable(Unattributable::MoveFromUnknownPost));
             } else if let Some(amount) = schema.soft_delete_guess(summary) {
                 // Guess: setting the soft-delete field deletes a live row, clearing it revives
                 // a deleted one (a re-stamp would be miscounted: a documented drift source).
@@ -411,11 +435,7 @@ fn best_effort(event: &ChangeEvent, after: After, schema: &Schema) -> Classifica
         // Replace, or update without any description: only the post is known, if that.
         _ => match after_row.and_then(|r| r.post).or(key_post) {
             Some(post) => c.dirty.push(post),
-            None => {
-                c.problem = Some(Problem::Unattributable(
-                    "change of an unknown row without a post in the event".into(),
-                ))
-            }
+            None => c.problem = Some(Problem::Unattributable(Unattributable::ChangeWithoutPost)),
         },
     }
     c
@@ -423,7 +443,10 @@ fn best_effort(event: &ChangeEvent, after: After, schema: &Schema) -> Classifica
 
 /// The problem of a group field whose BSON type cannot be a post id.
 fn bad_post_type(schema: &Schema, kind: &str) -> Problem {
-    Problem::Bad(format!("`{}` has unsupported type {kind}", schema.group))
+    Problem::Bad(Malformed::UnsupportedPostType {
+        field: schema.group.clone(),
+        kind: kind.to_string(),
+    })
 }
 
 /// A classification that changes nothing but reports a problem and dirties the known post.

@@ -29,8 +29,3 @@ impl Clock for SystemClock {
         tokio::time::sleep(delay).await
     }
 }
-
-/// Seconds since the epoch of a date (floored).
-pub fn secs(at: DateTime) -> i64 {
-    at.timestamp_millis().div_euclid(1000)
-}

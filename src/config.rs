@@ -11,7 +11,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::classify::Attribution;
 use crate::snapshot::InitialSnapshot;
-use crate::worker::OnHistoryLost;
 
 /// All of counterd's settings.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -694,6 +693,17 @@ pub fn redact_uri(uri: &str) -> String {
     let userinfo = &rest[..at];
     let user = userinfo.split(':').next().unwrap_or("");
     format!("{}://{}:***@{}", &uri[..scheme_end], user, &rest[at + 1..])
+}
+
+/// What to do when the checkpoint has fallen off the oplog.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum OnHistoryLost {
+    /// Stop, exit non-zero, say what to do.
+    Fail,
+    /// Start from now, record the gap, and run a throttled full sweep.
+    #[default]
+    Resweep,
 }
 
 /// The soft-delete rules (see [`crate::schema::SoftDelete`]).

@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::batch::BucketStart;
+use crate::time::BucketStart;
 
 /// The counter fields that reconciling reads.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -88,5 +88,5 @@ pub fn watermark_for(
     width_secs: i64,
 ) -> i64 {
     let horizon = applied_until.map_or(now, |t| t.min(now)) - settle_secs;
-    horizon.div_euclid(width_secs) * width_secs
+    crate::time::bucket_start(horizon, width_secs)
 }

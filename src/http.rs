@@ -14,10 +14,10 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
-use tokio::sync::watch;
 
+use crate::shutdown::Shutdown;
+use crate::status::WorkerStatus;
 use crate::telemetry::{stream_ages, unix_now_ms};
-use crate::worker::WorkerStatus;
 
 /// The paths counterd serves.
 pub const ROUTES: [&str; 3] = ["/metrics", "/healthz", "/readyz"];
@@ -51,7 +51,7 @@ pub async fn serve(
     metrics: PrometheusHandle,
     streams: Vec<(String, Arc<WorkerStatus>)>,
     bounds: ReadyBounds,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: Shutdown,
 ) -> std::io::Result<()> {
     let app = Router::new()
         .route(ROUTES[0], get(metrics_text))
@@ -63,9 +63,7 @@ pub async fn serve(
             bounds,
         });
     axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            let _ = shutdown.wait_for(|stop| *stop).await;
-        })
+        .with_graceful_shutdown(async move { shutdown.wait().await })
         .await
 }
 

@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use bson::DateTime;
 use rand::Rng;
-use tokio::sync::watch;
 
+use crate::shutdown::{sleep_or_shutdown, Shutdown};
+use crate::status::WorkerStatus;
 use crate::store::{Fence, Store, StoreError};
 use crate::telemetry as m;
-use crate::worker::{sleep_or_shutdown, WorkerError, WorkerStatus};
 
 /// Lease knobs (from [`crate::config::Settings`]).
 #[derive(Clone, Debug)]
@@ -28,6 +28,53 @@ pub struct LeaseSettings {
     pub slots: Arc<tokio::sync::Semaphore>,
 }
 
+/// Why holding a stream's lease stopped for good (besides the active work's own failure).
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    /// The lease was won but the stream's checkpoint could not be fenced at its epoch.
+    #[error("cannot take over stream `{stream}` (the checkpoint did not move; nothing is lost)")]
+    TakeOver {
+        stream: String,
+        #[source]
+        source: StoreError,
+    },
+    /// The active work panicked: a bug, not a database problem.
+    #[error("the work on stream `{stream}` panicked: {message}")]
+    Panicked { stream: String, message: String },
+    /// The active work was cancelled before it returned (the runtime is shutting down).
+    #[error("the work on stream `{stream}` was cancelled")]
+    Cancelled { stream: String },
+}
+
+impl LeaseError {
+    /// The failure of a task that ended without returning.
+    pub fn from_join(stream: &str, error: tokio::task::JoinError) -> LeaseError {
+        let stream = stream.to_string();
+        match error.try_into_panic() {
+            Ok(payload) => LeaseError::Panicked {
+                stream,
+                message: panic_message(payload.as_ref()),
+            },
+            Err(_) => LeaseError::Cancelled { stream },
+        }
+    }
+}
+
+/// A panic's message (`panic!` hands over a `&str` or a `String`).
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".into())
+}
+
+/// The active work's error, as the lease needs to see it.
+pub trait ActiveError: From<LeaseError> + Send + 'static {
+    /// A newer epoch fenced the work out: stand by for the lease again instead of stopping.
+    fn is_fenced(&self) -> bool;
+}
+
 /// This process's default identity: hostname and pid.
 pub fn default_owner() -> String {
     let host = std::fs::read_to_string("/etc/hostname")
@@ -39,22 +86,23 @@ pub fn default_owner() -> String {
 /// Stands by until the lease is ours, then runs `active(epoch, stop)` while renewing it; steps
 /// down when the lease is lost or the active work ends with `Fenced`. Returns on shutdown (after
 /// releasing the lease) or when the active work fails otherwise.
-pub async fn hold<S, F, Fut>(
+pub async fn hold<S, F, Fut, E>(
     store: Arc<S>,
     settings: LeaseSettings,
     status: Arc<WorkerStatus>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: Shutdown,
     active: F,
-) -> Result<(), WorkerError>
+) -> Result<(), E>
 where
     S: Store + ?Sized,
-    F: Fn(i64, watch::Receiver<bool>) -> Fut,
-    Fut: Future<Output = Result<(), WorkerError>> + Send + 'static,
+    F: Fn(i64, Shutdown) -> Fut,
+    Fut: Future<Output = Result<(), E>> + Send + 'static,
+    E: ActiveError,
 {
     loop {
         // --- standby: look for an expired (or our own) lease, with jitter against flapping.
         let (epoch, _slot) = loop {
-            if *shutdown.borrow() {
+            if shutdown.requested() {
                 return Ok(());
             }
             if let Ok(slot) = settings.slots.clone().try_acquire_owned() {
@@ -74,7 +122,7 @@ where
             if sleep_or_shutdown(
                 &crate::clock::SystemClock,
                 settings.renew.mul_f64(jitter),
-                &mut shutdown,
+                &shutdown,
             )
             .await
             {
@@ -89,7 +137,13 @@ where
             Ok(()) => {}
             Err(StoreError::Fenced { .. }) => continue,
             Err(e) if e.is_transient() => continue,
-            Err(e) => return Err(WorkerError::Store(e)),
+            Err(source) => {
+                return Err(LeaseError::TakeOver {
+                    stream: settings.stream.clone(),
+                    source,
+                }
+                .into())
+            }
         }
         tracing::info!(stream = %settings.stream, owner = %settings.owner, epoch, "lease acquired: active");
         let label = settings.stream.clone();
@@ -106,16 +160,16 @@ where
             .set(now_ms as f64 / 1000.0);
 
         // --- active: run the work, renew the lease, step down when it is lost.
-        let (stop, stop_rx) = watch::channel(false);
+        let (stop, stop_rx) = Shutdown::new();
         let mut work = tokio::spawn(active(epoch, stop_rx));
         let mut last_renewed = tokio::time::Instant::now();
         let outcome = loop {
             tokio::select! {
                 result = &mut work => break Some(result),
                 _ = tokio::time::sleep(settings.renew) => {}
-                _ = shutdown.changed() => {}
+                _ = shutdown.wait() => {}
             }
-            if *shutdown.borrow() {
+            if shutdown.requested() {
                 break None;
             }
             match store
@@ -147,40 +201,32 @@ where
                 }
             }
         };
-        let _ = stop.send(true);
+        stop.request();
         let result = match outcome {
             Some(result) => result,
             None => work.await,
-        };
+        }
+        .unwrap_or_else(|join| Err(LeaseError::from_join(&settings.stream, join).into()));
         status.active.store(false, Ordering::Relaxed);
         status.stream_open.store(false, Ordering::Relaxed);
         metrics::gauge!(m::WORKER_ACTIVE, "stream" => label).set(0.0);
         // Released on shutdown, and when the work failed for good (the process stops): a
         // standby, or an operator's `replay`, need not wait for it to lapse.
-        let stops = !matches!(
-            result,
-            Ok(Ok(())) | Ok(Err(WorkerError::Store(StoreError::Fenced { .. })))
-        );
-        if *shutdown.borrow() || stops {
+        let fenced = result.as_ref().is_err_and(E::is_fenced);
+        if shutdown.requested() || (result.is_err() && !fenced) {
             let _ = store
                 .release_lease(&settings.stream, &settings.owner, epoch)
                 .await;
             tracing::info!(stream = %settings.stream, "lease released");
         }
         match result {
-            Ok(Ok(())) => {}
-            Ok(Err(WorkerError::Store(StoreError::Fenced { .. }))) => {
+            Ok(()) => {}
+            Err(_) if fenced => {
                 tracing::warn!(stream = %settings.stream, epoch, "fenced out by a newer epoch: standing by");
             }
-            Ok(Err(e)) => return Err(e),
-            Err(join) => {
-                return Err(WorkerError::Store(StoreError::Fatal {
-                    op: "run the worker",
-                    message: join.to_string(),
-                }))
-            }
+            Err(e) => return Err(e),
         }
-        if *shutdown.borrow() {
+        if shutdown.requested() {
             return Ok(());
         }
     }

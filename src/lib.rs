@@ -5,17 +5,24 @@
 //! → coalesce ([`batch`]) → apply and mark dirty ([`worker`] over the [`store`] seam) →
 //! reconcile ([`reconcile`]: recounts consistent with the stream in [`recount`], arithmetic in
 //! [`fold`]). Before its first batch, a new stream's worker counts the rows that already exist
-//! ([`snapshot`]). Worker and reconciler read time from a [`clock::Clock`].
+//! ([`snapshot`]). Worker and reconciler read time from a [`clock::Clock`]; seconds and
+//! creation-time buckets are computed in [`time`].
 //!
 //! The [`store`] seam is one small trait per concern (change streams, checkpoints, counters,
 //! ledger, dirty set, truth counts, leases, run history; `store::Store` is all of them), with
 //! the MongoDB implementation in [`store::mongo`], one file per concern.
+//!
+//! [`daemon`] assembles the process from the configuration ([`config`]): per stream a lease
+//! ([`lease`]), a worker and a reconcile loop, plus the [`http`] endpoints, all stopped through
+//! one [`shutdown::Shutdown`]; each stream's live state ([`status`]) is what `/readyz` reads.
+//! [`cli`] is the command-line edge over all of it.
 
 pub mod batch;
 pub mod classify;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod daemon;
 pub mod deployment;
 pub mod event;
 pub mod fold;
@@ -25,7 +32,10 @@ pub mod partition;
 pub mod reconcile;
 pub mod recount;
 pub mod schema;
+pub mod shutdown;
 pub mod snapshot;
+pub mod status;
 pub mod store;
 pub mod telemetry;
+pub mod time;
 pub mod worker;

@@ -14,16 +14,17 @@ use std::time::Duration;
 
 use bson::DateTime;
 use serde::Serialize;
-use tokio::sync::watch;
 
 use crate::clock::{Clock, SystemClock};
 use crate::event::PostId;
 use crate::fold::{fold, watermark_for, Fold};
 use crate::recount::{CatchUp, Consistent, Pace, Recount, Recounter, Request};
+use crate::shutdown::{sleep_or_shutdown, Shutdown};
 use crate::store::{DirtyOrder, RunSummary, Store, StoreError, StoreResult};
 use crate::telemetry as m;
 
-/// The reconciler's knobs (from [`crate::config::Settings`]).
+/// The reconciler's knobs: built from the configuration by [`crate::daemon`], whose `Default`
+/// is the configuration's defaults.
 #[derive(Clone, Debug)]
 pub struct ReconcileSettings {
     /// The stream whose checkpoint bounds the watermark.
@@ -46,25 +47,6 @@ pub struct ReconcileSettings {
     pub background_pass: Option<Duration>,
     /// How often the reconcile loop runs (paces the background sweep).
     pub interval: Duration,
-}
-
-impl Default for ReconcileSettings {
-    fn default() -> Self {
-        ReconcileSettings {
-            stream: "comments".into(),
-            bucket_width_secs: 60,
-            settle_secs: 30,
-            max_posts: 1000,
-            counts_per_second: 500,
-            fold_retries: 5,
-            sweep_window: 500,
-            partition: None,
-            group_size: 500,
-            catch_up: CatchUp::default(),
-            background_pass: Some(Duration::from_secs(24 * 3600)),
-            interval: Duration::from_secs(10),
-        }
-    }
 }
 
 /// One corrected counter: what it displayed and what is true.
@@ -242,7 +224,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
         &self,
         now_secs: i64,
         progress: impl FnMut(u64) + Send,
-        shutdown: Option<watch::Receiver<bool>>,
+        shutdown: Option<Shutdown>,
     ) -> StoreResult<RunReport> {
         self.sweep_posts(now_secs, None, progress, shutdown).await
     }
@@ -257,7 +239,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
         now_secs: i64,
         after_gap: Option<u64>,
         mut progress: impl FnMut(u64) + Send,
-        shutdown: Option<watch::Receiver<bool>>,
+        shutdown: Option<Shutdown>,
     ) -> StoreResult<RunReport> {
         let watermark = self.watermark(now_secs).await?;
         let kind = if after_gap.is_some() {
@@ -285,7 +267,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
         let mut complete = true;
         let passed = async {
             loop {
-                if shutdown.as_ref().is_some_and(|s| *s.borrow()) {
+                if shutdown.as_ref().is_some_and(Shutdown::requested) {
                     return Ok(()); // interrupted: a requested sweep stays requested
                 }
                 let window = self
@@ -338,7 +320,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
     pub async fn run_requested_sweep(
         &self,
         now_secs: i64,
-        shutdown: Option<watch::Receiver<bool>>,
+        shutdown: Option<Shutdown>,
     ) -> StoreResult<Option<RunReport>> {
         let Some(checkpoint) = self.store.load_checkpoint(&self.settings.stream).await? else {
             return Ok(None);
@@ -349,7 +331,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
         let gap_end = checkpoint
             .gaps
             .iter()
-            .map(|g| g.to.timestamp_millis().div_euclid(1000))
+            .map(|g| crate::time::secs(g.to))
             .max();
         let watermark = self.watermark(now_secs).await?;
         if gap_end.is_some_and(|end| watermark <= end) {
@@ -701,23 +683,23 @@ pub async fn run_loop<S: Store + ?Sized>(
     reconciler: Reconciler<S>,
     interval: Duration,
     jitter: f64,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: Shutdown,
 ) -> Result<(), StoreError> {
     use rand::Rng;
     loop {
         let spread = interval.as_secs_f64() * jitter;
         let delay = interval.as_secs_f64() + rand::rng().random_range(-spread..=spread);
         let clock = reconciler.clock.clone();
-        if crate::worker::sleep_or_shutdown(
+        if sleep_or_shutdown(
             clock.as_ref(),
             Duration::from_secs_f64(delay.max(0.01)),
-            &mut shutdown,
+            &shutdown,
         )
         .await
         {
             return Ok(());
         }
-        let now = crate::clock::secs(clock.now());
+        let now = crate::time::secs(clock.now());
         let pass = async {
             reconciler
                 .run_requested_sweep(now, Some(shutdown.clone()))

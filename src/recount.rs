@@ -26,11 +26,11 @@ use std::time::Duration;
 
 use bson::{DateTime, Timestamp};
 
-use crate::batch::bucket_of;
 use crate::clock::Clock;
 use crate::event::PostId;
 use crate::fold::effective_watermark;
 use crate::store::{Checkpoint, CounterDoc, Store, StoreResult, StreamOptions, StreamStart};
+use crate::time::bucket_start;
 
 /// How long to wait for the worker, and how often to look.
 #[derive(Clone, Debug)]
@@ -43,16 +43,6 @@ pub struct CatchUp {
     /// While no worker holds the stream's lease, read the stream itself (about once a second)
     /// to see whether anything is pending, instead of waiting out the timeout.
     pub probe_without_worker: bool,
-}
-
-impl Default for CatchUp {
-    fn default() -> Self {
-        CatchUp {
-            timeout: Duration::from_secs(10),
-            poll: Duration::from_millis(100),
-            probe_without_worker: true,
-        }
-    }
 }
 
 /// One post to recount below `watermark` (already at least the counter's own watermark when
@@ -263,7 +253,7 @@ impl<S: Store + ?Sized> Recounter<S> {
             let latest_bucket = state.buckets.keys().next_back().copied();
             let latest_touch = counter.and_then(|c| c.touched.keys().next_back().copied());
             for start in latest_row
-                .map(|t| bucket_of(Some(DateTime::from_millis(t * 1000)), width))
+                .map(|t| bucket_start(t, width))
                 .into_iter()
                 .chain(latest_bucket)
                 .chain(latest_touch)

@@ -59,18 +59,6 @@ pub struct Schema {
     pub soft_delete: SoftDelete,
 }
 
-impl Default for Schema {
-    fn default() -> Self {
-        Schema {
-            group: "post_id".into(),
-            created: "created_at".into(),
-            soft_delete: SoftDelete::Present {
-                field: "deleted_at".into(),
-            },
-        }
-    }
-}
-
 /// What an update did to one field, as far as its description says.
 #[derive(Clone, Debug, PartialEq)]
 pub enum FieldChange {

@@ -55,7 +55,7 @@ pub enum InitialSnapshot {
     Never,
 }
 
-/// The snapshot's knobs.
+/// The snapshot's knobs (from the configuration, see [`crate::daemon`]).
 #[derive(Clone, Debug)]
 pub struct SnapshotSettings {
     pub initial: InitialSnapshot,
@@ -63,16 +63,6 @@ pub struct SnapshotSettings {
     pub chunk_rows: usize,
     /// Rows read per second at most (0: unthrottled).
     pub rows_per_second: u32,
-}
-
-impl Default for SnapshotSettings {
-    fn default() -> Self {
-        SnapshotSettings {
-            initial: InitialSnapshot::Auto,
-            chunk_rows: 1000,
-            rows_per_second: 5000,
-        }
-    }
 }
 
 impl SnapshotSettings {

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
 
-use crate::worker::WorkerStatus;
+use crate::status::WorkerStatus;
 
 // --- the worker (label: stream) -------------------------------------------------------------
 pub const EVENTS_APPLIED: &str = "counterd_events_applied_total";

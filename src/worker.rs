@@ -16,36 +16,28 @@
 //! their posts dirty, so the reconciler recounts them, and are never counted twice.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use bson::{DateTime, Timestamp};
-use tokio::sync::watch;
 
 use crate::batch::{plan_batch_covering, Coverage};
 use crate::classify::{Attribution, StreamEnded};
 use crate::clock::{Clock, SystemClock};
+use crate::config::OnHistoryLost;
 use crate::event::{ChangeEvent, CommentId, Token};
+use crate::shutdown::{sleep_or_shutdown, Shutdown};
+pub use crate::status::WorkerStatus;
 use crate::store::{
     Checkpoint, EventSource, Fence, Gap, PendingBatch, Store, StoreError, StreamOptions,
     StreamStart,
 };
 use crate::telemetry as m;
 
-/// What to do when the checkpoint has fallen off the oplog.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum OnHistoryLost {
-    /// Stop, exit non-zero, say what to do.
-    Fail,
-    /// Start from now, record the gap, and run a throttled full sweep.
-    #[default]
-    Resweep,
-}
-
-/// The worker's knobs (from [`crate::config::Settings`]).
+/// The worker's knobs: built from the configuration by [`crate::daemon`], whose `Default` is
+/// the configuration's defaults.
 #[derive(Clone, Debug)]
 pub struct WorkerSettings {
     /// The checkpoint's id: one stream (or partition) per id.
@@ -81,71 +73,6 @@ pub struct WorkerSettings {
     pub snapshot: crate::snapshot::SnapshotSettings,
 }
 
-impl Default for WorkerSettings {
-    fn default() -> Self {
-        WorkerSettings {
-            stream: "comments".into(),
-            batch_size: 1000,
-            max_batch_size: 10_000,
-            max_batch_wait: Duration::from_millis(200),
-            idle_interval: Duration::from_millis(100),
-            max_await: Duration::from_millis(500),
-            attribution: Attribution::Auto,
-            bucket_width_secs: 60,
-            on_history_lost: OnHistoryLost::Resweep,
-            start_at: None,
-            pre_images: false,
-            pipeline: Vec::new(),
-            retry_min_delay: Duration::from_millis(100),
-            retry_max_delay: Duration::from_secs(5),
-            operation_timeout: Duration::from_secs(30),
-            partition: None,
-            schema: crate::schema::Schema::default(),
-            snapshot: crate::snapshot::SnapshotSettings::default(),
-        }
-    }
-}
-
-/// Live state shared with `/readyz` and `status`.
-#[derive(Debug, Default)]
-pub struct WorkerStatus {
-    /// The process has reached MongoDB (until then `/readyz` is unready, even on standby).
-    pub connected: AtomicBool,
-    pub stream_open: AtomicBool,
-    pub active: AtomicBool,
-    /// Seconds of lag behind the newest event (0 when caught up), as of the last batch.
-    pub lag_secs: AtomicI64,
-    pub events_applied: AtomicI64,
-    /// Wall-clock time (Unix ms) this process became active on the stream (0: never).
-    pub active_since_ms: AtomicI64,
-    /// Cluster time (Unix seconds) before which every event is known applied: the later of the
-    /// newest applied event and the last position the stream was found drained at (0: unknown).
-    /// The stream lag is computed from it when `/metrics` or `/readyz` is asked.
-    pub applied_until_secs: AtomicI64,
-    /// Cluster time (Unix seconds) of the checkpointed position (0: unknown).
-    pub checkpoint_secs: AtomicI64,
-    /// Wall-clock time (Unix ms) of the last read the server answered or batch applied.
-    pub progress_at_ms: AtomicI64,
-    /// Wall-clock time (Unix ms) this process last reached MongoDB for this stream (a read,
-    /// or a lease look on standby): a standby that cannot reach it cannot take over.
-    pub reached_at_ms: AtomicI64,
-}
-
-impl WorkerStatus {
-    /// The worker or the lease loop heard from the server just now.
-    pub fn reached(&self) {
-        self.reached_at_ms
-            .store(m::unix_now_ms(), Ordering::Relaxed);
-    }
-
-    /// The stream made progress just now (a read answered, a batch applied).
-    pub fn progressed(&self) {
-        let now = m::unix_now_ms();
-        self.progress_at_ms.store(now, Ordering::Relaxed);
-        self.reached_at_ms.store(now, Ordering::Relaxed);
-    }
-}
-
 /// Why the worker stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
@@ -159,7 +86,7 @@ pub enum WorkerError {
     Store(StoreError),
 }
 
-/// Tails the stream and applies it until `shutdown` turns true or a non-transient error.
+/// Tails the stream and applies it until shutdown is requested or a non-transient error.
 pub struct Worker<S: Store + ?Sized> {
     store: Arc<S>,
     settings: WorkerSettings,
@@ -226,7 +153,7 @@ impl<S: Store + ?Sized> Worker<S> {
     /// The clock's now as a cluster-time-like timestamp (whole seconds).
     fn now_timestamp(&self) -> Timestamp {
         Timestamp {
-            time: crate::clock::secs(self.clock.now()).clamp(0, u32::MAX as i64) as u32,
+            time: crate::time::secs(self.clock.now()).clamp(0, u32::MAX as i64) as u32,
             increment: 0,
         }
     }
@@ -251,11 +178,8 @@ impl<S: Store + ?Sized> Worker<S> {
 
     /// Runs until shutdown (Ok) or a non-transient error. Transient errors reopen the stream
     /// from the checkpoint after an exponential, jittered backoff.
-    pub async fn run(
-        &self,
-        epoch: i64,
-        mut shutdown: watch::Receiver<bool>,
-    ) -> Result<(), WorkerError> {
+    pub async fn run(&self, epoch: i64, shutdown: impl Into<Shutdown>) -> Result<(), WorkerError> {
+        let shutdown = shutdown.into();
         let fence = Fence {
             stream: self.settings.stream.clone(),
             epoch,
@@ -267,10 +191,10 @@ impl<S: Store + ?Sized> Worker<S> {
             .map_err(WorkerError::Startup)?;
         let mut backoff = self.backoff();
         loop {
-            if *shutdown.borrow() {
+            if shutdown.requested() {
                 return Ok(());
             }
-            let session = self.session(&fence, &mut shutdown, &mut backoff);
+            let session = self.session(&fence, &shutdown, &mut backoff);
             match session.await {
                 Ok(()) => return Ok(()),
                 Err(SessionError::Ended(end)) => return Err(end.into()),
@@ -279,7 +203,7 @@ impl<S: Store + ?Sized> Worker<S> {
                     let delay = backoff.next().unwrap_or(self.settings.retry_max_delay);
                     metrics::counter!(m::RETRIES, "op" => "worker").increment(1);
                     tracing::warn!(stream = %fence.stream, error = %e, retry_in = %humantime::format_duration(delay), "transient error; reopening the stream from the checkpoint");
-                    if sleep_or_shutdown(self.clock.as_ref(), delay, &mut shutdown).await {
+                    if sleep_or_shutdown(self.clock.as_ref(), delay, &shutdown).await {
                         return Ok(());
                     }
                 }
@@ -371,14 +295,8 @@ impl<S: Store + ?Sized> Worker<S> {
         let Some(batch) = checkpoint.pending.clone() else {
             return Ok(None);
         };
-        match self.write_batch(fence, &mut checkpoint, &batch).await {
-            Ok(()) => Ok(Some(batch)),
-            Err(SessionError::Store(e)) => Err(e),
-            Err(SessionError::Ended(end)) => Err(StoreError::Fatal {
-                op: "re-apply the batch left in flight",
-                message: end.to_string(),
-            }),
-        }
+        self.write_batch(fence, &mut checkpoint, &batch).await?;
+        Ok(Some(batch))
     }
 
     /// A position belongs to the deployment it was recorded on: resuming it on another one (a
@@ -416,7 +334,7 @@ impl<S: Store + ?Sized> Worker<S> {
     async fn session(
         &self,
         fence: &Fence,
-        shutdown: &mut watch::Receiver<bool>,
+        shutdown: &Shutdown,
         backoff: &mut backon::ExponentialBackoff,
     ) -> Result<(), SessionError> {
         let mut checkpoint = self
@@ -508,7 +426,7 @@ impl<S: Store + ?Sized> Worker<S> {
         };
         let mut next_chunk_at = self.clock.now();
         loop {
-            if *shutdown.borrow() {
+            if shutdown.requested() {
                 return Ok(());
             }
             if checkpoint.snapshot_running() && self.clock.now() >= next_chunk_at {
@@ -522,7 +440,7 @@ impl<S: Store + ?Sized> Worker<S> {
                         op: "read and apply a snapshot chunk",
                         message: format!("no answer within {:?} (operation_timeout)", self.settings.operation_timeout),
                     })??,
-                    _ = shutdown.changed() => return Ok(()),
+                    _ = shutdown.wait() => return Ok(()),
                 };
                 if let crate::snapshot::Step::Chunk { rows } = step {
                     let pause = self.settings.snapshot.pause_after(rows);
@@ -542,7 +460,7 @@ impl<S: Store + ?Sized> Worker<S> {
                 })??,
                 // Abandoning a batch mid-way is safe: the checkpoint has not moved, and a
                 // recorded intent is re-applied exactly, as planned, by the next session.
-                _ = shutdown.changed() => return Ok(()),
+                _ = shutdown.wait() => return Ok(()),
             };
             *backoff = self.backoff();
             if idle
@@ -775,7 +693,7 @@ impl<S: Store + ?Sized> Worker<S> {
             self.status
                 .events_applied
                 .fetch_add(plan.events as i64, Ordering::Relaxed);
-            let now = crate::clock::secs(self.clock.now());
+            let now = crate::time::secs(self.clock.now());
             let lag = last
                 .cluster_time
                 .map(|t| (now - t.time as i64).max(0))
@@ -812,13 +730,13 @@ impl<S: Store + ?Sized> Worker<S> {
         fence: &Fence,
         checkpoint: &mut Checkpoint,
         batch: &PendingBatch,
-    ) -> Result<(), SessionError> {
+    ) -> Result<(), StoreError> {
+        // A batch left in flight is re-applied before the stream is read again, so before a
+        // history gap can be recorded: its states are of this generation.
+        let generation = checkpoint.ledger_generation();
         let counters =
             self.store
                 .apply_counters(fence, &batch.counters, &batch.end, batch.end_time); // (a)
-                                                                                     // A batch left in flight is re-applied before the stream is read again, so before a
-                                                                                     // history gap can be recorded: its states are of this generation.
-        let generation = checkpoint.ledger_generation();
         let ledger = async {
             if batch.ledger.is_empty() {
                 return Ok(());
@@ -901,27 +819,13 @@ fn log_skipped(
         })
         .map(|p| p.to_string())
         .unwrap_or_else(|| "unknown".into());
-    let (kind, problem) = match &skipped.problem {
-        crate::classify::Problem::Bad(p) => ("bad", p),
-        crate::classify::Problem::Unattributable(p) => ("unattributable", p),
+    let kind = match &skipped.problem {
+        crate::classify::Problem::Bad(_) => "bad",
+        crate::classify::Problem::Unattributable(_) => "unattributable",
     };
+    let problem = &skipped.problem;
     tracing::warn!(%stream, %comment, %post, token = %skipped.token, kind, %problem,
         "event not counted; its known posts are marked dirty and recounted");
-}
-
-/// Sleeps on `clock`, or returns true early when shutdown is requested.
-pub async fn sleep_or_shutdown(
-    clock: &dyn Clock,
-    delay: Duration,
-    shutdown: &mut watch::Receiver<bool>,
-) -> bool {
-    if *shutdown.borrow() {
-        return true;
-    }
-    tokio::select! {
-        _ = clock.sleep(delay) => false,
-        _ = shutdown.changed() => true,
-    }
 }
 
 enum SessionError {

@@ -11,7 +11,8 @@ use std::path::PathBuf;
 use bson::{doc, oid::ObjectId, Bson, DateTime, Document, Timestamp};
 use counterd::batch::{bucket_of, plan_batch, BatchPlan, CounterDelta, LedgerUpdate};
 use counterd::classify::{
-    classify, After, Attribution, Before, Classification, Delta, Problem, Source, StreamEnded,
+    classify, After, Attribution, Before, Classification, Delta, Malformed, Problem, Source,
+    StreamEnded, Unattributable,
 };
 use counterd::event::{ChangeEvent, CommentId, Operation, PostId, Row, Token, UpdateSummary};
 use counterd::schema::Schema;
@@ -141,16 +142,22 @@ fn outcome(
     }
 }
 
-fn unattributable(text: &str) -> Option<Problem> {
-    Some(Problem::Unattributable(text.to_string()))
+fn unattributable(why: Unattributable) -> Option<Problem> {
+    Some(Problem::Unattributable(why))
 }
-fn bad(text: &str) -> Option<Problem> {
-    Some(Problem::Bad(text.to_string()))
+fn bad(how: Malformed) -> Option<Problem> {
+    Some(Problem::Bad(how))
+}
+fn unsupported_post_type(kind: &str) -> Malformed {
+    Malformed::UnsupportedPostType {
+        field: "post_id".into(),
+        kind: kind.into(),
+    }
 }
 
-const DELETE_UNATTRIBUTABLE: &str = "hard delete without pre-image, ledger entry or shard key";
-const UPDATE_UNATTRIBUTABLE: &str = "update of an unknown row without a post in the event";
-const MOVE_UNATTRIBUTABLE: &str = "post_id moved and the old post is unknown";
+const DELETE_UNATTRIBUTABLE: Unattributable = Unattributable::DeleteOfUnknownRow;
+const UPDATE_UNATTRIBUTABLE: Unattributable = Unattributable::UpdateWithoutPost;
+const MOVE_UNATTRIBUTABLE: Unattributable = Unattributable::MoveFromUnknownPost;
 
 // ---------------------------------------------------------------------------------------------
 // The fixtures themselves
@@ -474,15 +481,14 @@ fn insert_soft_deleted_counts_nothing_but_dirties() {
 fn insert_with_bad_post_id_is_reported_not_counted() {
     for attribution in ALL {
         for (name, problem) in [
-            ("insert_missing_post_id", "document has no `post_id`"),
             (
-                "insert_post_id_wrong_type",
-                "`post_id` has unsupported type Array",
+                "insert_missing_post_id",
+                Malformed::NoPost {
+                    field: "post_id".into(),
+                },
             ),
-            (
-                "insert_post_id_double",
-                "`post_id` has unsupported type Double",
-            ),
+            ("insert_post_id_wrong_type", unsupported_post_type("Array")),
+            ("insert_post_id_double", unsupported_post_type("Double")),
         ] {
             // The row exists but does not count: the ledger knows it, so a later fix of its
             // post id is counted exactly.
@@ -1213,7 +1219,7 @@ fn unknown_operations_are_reported() {
                 &[],
                 After::Unchanged,
                 Source::BestEffort,
-                bad("unknown operation type `createIndexes`")
+                bad(Malformed::UnknownOperation("createIndexes".into()))
             )
         );
     }
@@ -1229,7 +1235,7 @@ fn unknown_operations_are_reported() {
             &["post-1"],
             After::Unchanged,
             Source::Ledger,
-            bad("unknown operation type `futureOp`")
+            bad(Malformed::UnknownOperation("futureOp".into()))
         )
     );
 }

@@ -405,7 +405,7 @@ async fn history_lost_follows_the_policy() {
         .await
         .unwrap();
     let mut settings = t.worker_settings();
-    settings.on_history_lost = counterd::worker::OnHistoryLost::Fail;
+    settings.on_history_lost = counterd::config::OnHistoryLost::Fail;
     let worker = t.spawn_worker(settings).await;
     let err = tokio::time::timeout(Duration::from_secs(20), worker.handle)
         .await

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use counterd::event::{ChangeEvent, Operation};
 use counterd::store::mongo::{ConnectOptions, MongoStore};
 use counterd::store::prelude::*;
-use counterd::store::{StoreError, StreamOptions, StreamStart};
+use counterd::store::{StreamOptions, StreamStart};
 use mongodb::bson::doc;
 use support::TestDb;
 
@@ -118,7 +118,7 @@ async fn unreachable_server_gives_a_clear_error_within_the_timeout() {
         panic!("connected to a closed port")
     };
     let text = error.to_string();
-    assert!(matches!(error, StoreError::Transient { .. }), "{text}");
+    assert!(error.is_transient(), "{text}");
     assert!(
         text.contains(&format!("127.0.0.1:{port}")),
         "names the host: {text}"

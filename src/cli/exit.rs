@@ -12,6 +12,8 @@ use std::process::ExitCode;
 
 use crate::classify::StreamEnded;
 use crate::config::ConfigError;
+use crate::daemon::DaemonError;
+use crate::lease::LeaseError;
 use crate::store::StoreError;
 use crate::worker::WorkerError;
 
@@ -38,7 +40,28 @@ fn store_code(e: &StoreError) -> u8 {
         StoreError::Transient { .. }
         | StoreError::Fatal { .. }
         | StoreError::Malformed { .. }
-        | StoreError::Fenced { .. } => MONGODB,
+        | StoreError::Fenced { .. }
+        | StoreError::Driver { .. } => MONGODB,
+    }
+}
+
+/// The exit code for a worker error.
+fn worker_code(e: &WorkerError) -> u8 {
+    match e {
+        WorkerError::StreamEnded(_) | WorkerError::HistoryLost { .. } => STREAM,
+        WorkerError::Startup(s) | WorkerError::Store(s) => store_code(s),
+    }
+}
+
+/// The exit code when `counterd run` stopped. A panicked or cancelled stream keeps the code it
+/// always had (3), and a port that cannot be bound its 1.
+fn daemon_code(e: &DaemonError) -> u8 {
+    match e {
+        DaemonError::Startup(s) => store_code(s),
+        DaemonError::Listen { .. } => CHECK_FAILED,
+        DaemonError::Worker(w) => worker_code(w),
+        DaemonError::Lease(LeaseError::TakeOver { source, .. }) => store_code(source),
+        DaemonError::Lease(LeaseError::Panicked { .. } | LeaseError::Cancelled { .. }) => MONGODB,
     }
 }
 
@@ -55,11 +78,11 @@ pub fn code_for(error: &anyhow::Error) -> u8 {
         if cause.is::<StreamEnded>() {
             return STREAM;
         }
+        if let Some(e) = cause.downcast_ref::<DaemonError>() {
+            return daemon_code(e);
+        }
         if let Some(e) = cause.downcast_ref::<WorkerError>() {
-            return match e {
-                WorkerError::StreamEnded(_) | WorkerError::HistoryLost { .. } => STREAM,
-                WorkerError::Startup(s) | WorkerError::Store(s) => store_code(s),
-            };
+            return worker_code(e);
         }
         if let Some(e) = cause.downcast_ref::<StoreError>() {
             return store_code(e);
@@ -69,6 +92,28 @@ pub fn code_for(error: &anyhow::Error) -> u8 {
         }
     }
     CHECK_FAILED
+}
+
+/// A failure and its causes for the operator, joined by `: `, each said once: a cause whose
+/// text is already shown (an error that prints its source) is skipped, and the chain ends at
+/// the driver's own error, which the store error above it has already described briefly and
+/// without credentials (the whole driver error stays available as a source to code).
+pub fn describe(error: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in error.chain() {
+        if cause.is::<mongodb::error::Error>() && !text.is_empty() {
+            break;
+        }
+        let said = cause.to_string();
+        if text.contains(&said) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&said);
+    }
+    text
 }
 
 /// The exit code as a process exit code.
@@ -121,5 +166,25 @@ mod tests {
         assert_eq!(code(WorkerError::HistoryLost { source: lost() }), 4);
         assert_eq!(code(WorkerError::StreamEnded(ended.clone())), 4);
         assert_eq!(code(ended), 4);
+        let lost_again = anyhow::Error::from(WorkerError::HistoryLost { source: lost() });
+        assert_eq!(
+            describe(&lost_again).matches("history lost").count(),
+            1,
+            "a source its parent shows is not repeated"
+        );
+        assert_eq!(code(DaemonError::Startup(transient())), 3);
+        assert_eq!(
+            code(DaemonError::Worker(WorkerError::HistoryLost {
+                source: lost()
+            })),
+            4
+        );
+        let panicked = LeaseError::Panicked {
+            stream: "comments".into(),
+            message: "boom".into(),
+        };
+        assert!(DaemonError::from(panicked)
+            .to_string()
+            .contains("panicked: boom"));
     }
 }

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use clap::{Parser, Subcommand};
 
 use crate::config::{ConfigError, Loaded, Override, Settings};
-use crate::store::mongo::{ConnectOptions, MongoStore};
+use crate::store::mongo::MongoStore;
 
 pub use output::{print_json, rfc3339};
 
@@ -155,7 +155,7 @@ pub async fn main(cli: Cli) -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("counterd: {e:#}");
+            eprintln!("counterd: {}", exit::describe(&e));
             exit::exit_code(exit::code_for(&e))
         }
     }
@@ -163,15 +163,7 @@ pub async fn main(cli: Cli) -> ExitCode {
 
 /// Connects to the configured database (one-shot commands fail fast with a clear error).
 pub async fn connect(settings: &Settings) -> anyhow::Result<Arc<MongoStore>> {
-    let store = MongoStore::connect(&ConnectOptions {
-        uri: settings.mongodb_uri.clone(),
-        database: settings.database.clone(),
-        comments: settings.comments_collection.clone(),
-        connect_timeout: settings.connect_timeout,
-        collections: settings.collections(),
-        schema: settings.schema(),
-    })
-    .await?;
+    let store = MongoStore::connect(&settings.into()).await?;
     Ok(Arc::new(store))
 }
 
@@ -213,7 +205,7 @@ pub async fn observe(
             Arc::new(crate::clock::SystemClock),
             stream,
             settings.bucket_width_secs(),
-            crate::cli::run::reconcile_settings(settings).catch_up,
+            settings.into(),
         );
         out.extend(recounter.observe(&owned).await?);
     }

@@ -2,12 +2,11 @@
 
 use std::process::ExitCode;
 
-use crate::cli::run::reconcile_settings;
 use crate::cli::{connect, print_json};
 use crate::config::Settings;
 use crate::event::PostId;
 use crate::outln;
-use crate::reconcile::{Reconciler, RunReport};
+use crate::reconcile::{ReconcileSettings, Reconciler, RunReport};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -30,7 +29,7 @@ pub struct Args {
 
 pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     let store = connect(&settings).await?;
-    let reconciler = Reconciler::new(store, reconcile_settings(&settings));
+    let reconciler = Reconciler::new(store, ReconcileSettings::from(&settings));
     let now = chrono::Utc::now().timestamp();
     let report = if let Some(post) = &args.post {
         reconciler.run_post(&PostId::parse(post), now).await?

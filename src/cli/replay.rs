@@ -227,7 +227,7 @@ async fn move_stream(
         store.clone(),
         crate::worker::WorkerSettings {
             stream: fence.stream.clone(),
-            ..crate::cli::run::worker_settings(settings, false)
+            ..crate::worker::WorkerSettings::from(settings)
         },
         Arc::new(WorkerStatus::default()),
     );

@@ -58,11 +58,30 @@ pub enum StoreError {
     /// Anything else: stop with this message; the checkpoint has not moved.
     #[error("database error during {op}: {message}")]
     Fatal { op: &'static str, message: String },
+    /// The driver failed: worth retrying when `transient` (as [`StoreError::Transient`]),
+    /// otherwise as [`StoreError::Fatal`]. `detail` is a short, credential-free description
+    /// for logs and messages; the driver's own error is kept whole as the source (its code,
+    /// labels and chain).
+    #[error("{}database error during {op}: {detail}", if *.transient { "transient " } else { "" })]
+    Driver {
+        op: &'static str,
+        transient: bool,
+        detail: String,
+        #[source]
+        source: mongodb::error::Error,
+    },
 }
 
 impl StoreError {
     pub fn is_transient(&self) -> bool {
-        matches!(self, StoreError::Transient { .. })
+        matches!(
+            self,
+            StoreError::Transient { .. }
+                | StoreError::Driver {
+                    transient: true,
+                    ..
+                }
+        )
     }
 
     /// The checkpoint's history is gone: the server refused it, or counterd found it belongs

@@ -14,13 +14,13 @@ use std::time::{Duration, Instant};
 use bson::{doc, DateTime};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tokio::sync::watch;
 
-use crate::cli::run::{run_with, shutdown_on_signals};
 use crate::config::Settings;
+use crate::daemon::{run_streams, shutdown_on_signals, statuses_for};
 use crate::event::PostId;
 use crate::outln;
-use crate::reconcile::Reconciler;
+use crate::reconcile::{ReconcileSettings, Reconciler};
+use crate::shutdown::Shutdown;
 use crate::store::displayed_and_truth;
 use crate::store::prelude::*;
 use std::sync::Mutex;
@@ -108,8 +108,8 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
 
     // counterd itself, as `counterd run` runs it.
     let shutdown = shutdown_on_signals();
-    let statuses = crate::cli::run::statuses_for(&settings);
-    let counterd = tokio::spawn(run_with(
+    let statuses = statuses_for(&settings);
+    let counterd = tokio::spawn(run_streams(
         settings.clone(),
         statuses.clone(),
         shutdown.clone(),
@@ -118,22 +118,19 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         .iter()
         .all(|s| s.stream_open.load(Ordering::Relaxed))
     {
-        if counterd.is_finished() || *shutdown.borrow() {
+        if counterd.is_finished() || shutdown.requested() {
             anyhow::bail!("counterd stopped before its stream opened");
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // The seeded rows predate the stream: a sweep (beside the running worker, which its
     // recounts wait for) creates their counters.
-    let reconciler = Reconciler::new(
-        store.clone(),
-        crate::cli::run::reconcile_settings(&settings),
-    );
+    let reconciler = Reconciler::new(store.clone(), ReconcileSettings::from(&settings));
     let swept = reconciler.sweep(now, |_| {}, None).await?;
     outln!("initial sweep created {} counters", swept.summary.corrected);
     let tally_from = DateTime::now();
     let injected = Arc::new(Mutex::new(DriftTally::default()));
-    let (load_stop, load_rx) = watch::channel(false);
+    let (load_stop, load_rx) = Shutdown::new();
     let load = tokio::spawn(load_generator(
         comments.clone(),
         schema.clone(),
@@ -147,12 +144,11 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
 
     let started = Instant::now();
     let mut last_events = 0;
-    let mut shutdown_view = shutdown.clone();
     let terminal = std::io::stdout().is_terminal();
     loop {
         let stop = tokio::select! {
             _ = tokio::time::sleep(Duration::from_secs(1)) => false,
-            _ = shutdown_view.changed() => true,
+            _ = shutdown.wait() => true,
         };
         if stop || args.duration.is_some_and(|d| started.elapsed() >= d) {
             break;
@@ -204,7 +200,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
             reported
         );
     }
-    let _ = load_stop.send(true);
+    load_stop.request();
     let _ = load.await;
     outln!("load stopped; waiting for every counter to converge ...");
     let posts: Vec<PostId> = (0..args.posts).map(post).collect();
@@ -217,7 +213,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
                 wrong += 1;
             }
         }
-        if wrong == 0 || Instant::now() > deadline || *shutdown.borrow() {
+        if wrong == 0 || Instant::now() > deadline || shutdown.requested() {
             break wrong == 0;
         }
         outln!("  {wrong} counters still converging");
@@ -316,7 +312,7 @@ async fn load_generator(
     rate: u32,
     drift_every: Duration,
     injected: Arc<Mutex<DriftTally>>,
-    stop: watch::Receiver<bool>,
+    stop: Shutdown,
 ) -> anyhow::Result<()> {
     let mut rng = StdRng::seed_from_u64(7);
     let mut ids: Vec<String> = Vec::new();
@@ -329,7 +325,7 @@ async fn load_generator(
         .database(comments.namespace().db.as_str())
         .collection::<bson::Document>(&counters);
     let mut n = 0u64;
-    while !*stop.borrow() {
+    while !stop.requested() {
         tick.tick().await;
         n += 1;
         let roll = rng.random_range(0..100);

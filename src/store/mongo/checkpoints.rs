@@ -101,7 +101,7 @@ impl Checkpoints for MongoStore {
             match reply {
                 Ok(d) => Ok(Some(d)),
                 Err(e) => match map_err(op, e) {
-                    t @ StoreError::Transient { .. } => Err(t),
+                    t if t.is_transient() => Err(t),
                     _ => Ok(None),
                 },
             }

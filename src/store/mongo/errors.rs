@@ -52,16 +52,11 @@ pub(crate) fn map_err(op: &'static str, e: DriverError) -> StoreError {
     .iter()
     .any(|l| e.contains_label(l));
     let code = error_code(&e);
-    if transient_kind || labelled || code.is_some_and(|c| TRANSIENT_CODES.contains(&c)) {
-        StoreError::Transient {
-            op,
-            message: short(&e),
-        }
-    } else {
-        StoreError::Fatal {
-            op,
-            message: short(&e),
-        }
+    StoreError::Driver {
+        op,
+        transient: transient_kind || labelled || code.is_some_and(|c| TRANSIENT_CODES.contains(&c)),
+        detail: short(&e),
+        source: e,
     }
 }
 
@@ -71,9 +66,11 @@ pub(super) fn stream_err(e: DriverError, resumed_after: Option<&Token>) -> Store
             code,
             token: resumed_after.map(|t| t.to_string()).unwrap_or_default(),
         },
-        Some(40573) => StoreError::Fatal {
+        Some(40573) => StoreError::Driver {
             op: "open the change stream",
-            message: "the server is a standalone: change streams need a replica set or a sharded cluster (start mongod with --replSet and run rs.initiate())".into(),
+            transient: false,
+            detail: "the server is a standalone: change streams need a replica set or a sharded cluster (start mongod with --replSet and run rs.initiate())".into(),
+            source: e,
         },
         _ => map_err("read the change stream", e),
     }

@@ -88,12 +88,6 @@ impl Collections {
     }
 }
 
-impl Default for Collections {
-    fn default() -> Self {
-        Collections::new("counterd_", "comment_counters")
-    }
-}
-
 /// How to reach MongoDB.
 #[derive(Clone, Debug)]
 pub struct ConnectOptions {
@@ -147,11 +141,13 @@ impl MongoStore {
         let mut client_options =
             ClientOptions::parse(&options.uri)
                 .await
-                .map_err(|e| StoreError::Fatal {
+                .map_err(|e| StoreError::Driver {
                     op: "parse the MongoDB URI",
-                    message: format!(
+                    transient: false,
+                    detail: format!(
                         "{e} (check `mongodb_uri`: mongodb://[user:pass@]host:port/?options)"
                     ),
+                    source: e,
                 })?;
         client_options.server_selection_timeout = Some(options.connect_timeout);
         client_options.connect_timeout = Some(options.connect_timeout);
@@ -179,21 +175,25 @@ impl MongoStore {
             .map(|h| h.to_string())
             .collect::<Vec<_>>()
             .join(",");
-        let client = Client::with_options(client_options).map_err(|e| StoreError::Fatal {
+        let client = Client::with_options(client_options).map_err(|e| StoreError::Driver {
             op: "create the MongoDB client",
-            message: e.to_string(),
+            transient: false,
+            detail: e.to_string(),
+            source: e,
         })?;
         let db = client.database(&options.database);
         // `isMaster` rather than `hello`: some compatible servers only answer the former.
         db.run_command(doc! {"isMaster": 1})
             .await
-            .map_err(|e| StoreError::Transient {
+            .map_err(|e| StoreError::Driver {
                 op: "connect",
-                message: format!(
+                transient: true,
+                detail: format!(
                     "cannot reach MongoDB at {hosts} within {:?}: {} (check that the server is running, the host and port, credentials and TLS settings)",
                     options.connect_timeout,
                     short(&e)
                 ),
+                source: e,
             })?;
         let comments = db.collection(&options.comments);
         Ok(MongoStore {

@@ -164,7 +164,7 @@ pub fn position_from_reply(reply: &Document, local_now: DateTime) -> ServerNow {
         .get_datetime("localTime")
         .copied()
         .unwrap_or(local_now);
-    let secs = crate::clock::secs(now).clamp(0, u32::MAX as i64 - 1) as u32;
+    let secs = crate::time::secs(now).clamp(0, u32::MAX as i64 - 1) as u32;
     ServerNow {
         lower: Timestamp {
             time: secs,

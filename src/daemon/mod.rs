@@ -1,0 +1,102 @@
+//! The sidecar assembled from [`Settings`]: HTTP endpoints, then, per stream, a lease, a worker
+//! and a reconcile loop, until shutdown or the first fatal error. `counterd run` and
+//! `counterd demo` start it; the other commands borrow its settings mapping.
+//!
+//! - `settings`: each component's settings (and defaults) from the configuration;
+//! - `connect`: waiting for an unreachable server at startup;
+//! - `streams`: the supervisor of the streams (partitions) of the process.
+
+mod connect;
+mod settings;
+mod streams;
+
+use crate::config::Settings;
+use crate::lease::{ActiveError, LeaseError};
+use crate::shutdown::{Shutdown, ShutdownTrigger};
+use crate::store::StoreError;
+use crate::worker::WorkerError;
+
+pub use connect::connect_patiently;
+pub use streams::{run_streams, statuses_for};
+
+/// Why the daemon stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// The database could not be reached or prepared for good.
+    #[error("cannot start: {0}")]
+    Startup(StoreError),
+    /// The HTTP endpoints cannot listen on `http_addr`.
+    #[error("cannot listen on http_addr {addr}")]
+    Listen {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Worker(#[from] WorkerError),
+    #[error(transparent)]
+    Lease(#[from] LeaseError),
+}
+
+impl ActiveError for DaemonError {
+    fn is_fenced(&self) -> bool {
+        matches!(
+            self,
+            DaemonError::Worker(WorkerError::Store(StoreError::Fenced { .. }))
+        )
+    }
+}
+
+/// Serves the HTTP endpoints and runs every stream of the configuration until `shutdown` or
+/// the first fatal error (which stops the endpoints too: the exit code says why).
+pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<(), DaemonError> {
+    let metrics = crate::http::install_metrics();
+    let statuses = statuses_for(&settings);
+    let listener = tokio::net::TcpListener::bind(&settings.http_addr)
+        .await
+        .map_err(|source| DaemonError::Listen {
+            addr: settings.http_addr.clone(),
+            source,
+        })?;
+    tracing::info!(addr = %settings.http_addr, "HTTP endpoints: /metrics /healthz /readyz");
+    let names = crate::partition::stream_names(&settings.stream_name, settings.partitions);
+    for (name, _) in &names {
+        crate::telemetry::register_stream(name);
+    }
+    let named = names
+        .into_iter()
+        .map(|(name, _)| name)
+        .zip(statuses.iter().cloned())
+        .collect();
+    let http = tokio::spawn(crate::http::serve(
+        listener,
+        metrics,
+        named,
+        (&settings).into(),
+        shutdown.clone(),
+    ));
+    let result = run_streams(settings, statuses, shutdown).await;
+    if result.is_err() {
+        http.abort();
+    }
+    let _ = http.await;
+    result
+}
+
+/// A shutdown requested by SIGTERM or ctrl-c (the trigger stays with the signal handler).
+pub fn shutdown_on_signals() -> Shutdown {
+    let (trigger, shutdown) = Shutdown::new();
+    tokio::spawn(request_on_signals(trigger));
+    shutdown
+}
+
+async fn request_on_signals(trigger: ShutdownTrigger) {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("install the SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("shutdown requested");
+    trigger.request();
+}

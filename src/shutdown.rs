@@ -1,0 +1,88 @@
+//! Asking long-running tasks to stop: a [`ShutdownTrigger`] requests it once, every clone of
+//! its [`Shutdown`] sees it. The worker, the reconcile loop, the lease and the HTTP endpoints
+//! check it between steps and in their pauses ([`sleep_or_shutdown`]), so a stop never cuts a
+//! write in half.
+
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::clock::Clock;
+
+/// The requesting side (clones share it). Dropping every clone ends every listener's [`Shutdown::wait`] too (nobody is
+/// left to ask), though [`Shutdown::requested`] stays false.
+#[derive(Clone, Debug)]
+pub struct ShutdownTrigger(watch::Sender<bool>);
+
+/// The listening side, cheap to clone: one per task that must stop.
+#[derive(Clone, Debug)]
+pub struct Shutdown(watch::Receiver<bool>);
+
+impl ShutdownTrigger {
+    /// Asks every [`Shutdown`] of this pair to stop (idempotent).
+    pub fn request(&self) {
+        self.0.send_replace(true);
+    }
+
+    /// Another listener.
+    pub fn subscribe(&self) -> Shutdown {
+        Shutdown(self.0.subscribe())
+    }
+}
+
+impl Shutdown {
+    /// A trigger and its first listener.
+    pub fn new() -> (ShutdownTrigger, Shutdown) {
+        let (tx, rx) = watch::channel(false);
+        (ShutdownTrigger(tx), Shutdown(rx))
+    }
+
+    /// Whether a stop was requested.
+    pub fn requested(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    /// Waits until a stop is requested or the trigger is gone.
+    pub async fn wait(&self) {
+        let _ = self.0.clone().wait_for(|stop| *stop).await;
+    }
+}
+
+/// A bare `watch` receiver (true: stop), as the tests and the benchmark still hand one over.
+impl From<watch::Receiver<bool>> for Shutdown {
+    fn from(rx: watch::Receiver<bool>) -> Self {
+        Shutdown(rx)
+    }
+}
+
+/// Sleeps on `clock`, or returns true early when a stop is requested.
+pub async fn sleep_or_shutdown(clock: &dyn Clock, delay: Duration, shutdown: &Shutdown) -> bool {
+    if shutdown.requested() {
+        return true;
+    }
+    tokio::select! {
+        _ = clock.sleep(delay) => false,
+        _ = shutdown.wait() => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_request_reaches_every_listener_and_ends_their_pauses() {
+        let (trigger, shutdown) = Shutdown::new();
+        let other = trigger.subscribe();
+        assert!(!shutdown.requested());
+        let clock = crate::clock::SystemClock;
+        let pause = tokio::spawn({
+            let shutdown = shutdown.clone();
+            async move { sleep_or_shutdown(&clock, Duration::from_secs(3600), &shutdown).await }
+        });
+        trigger.request();
+        assert!(pause.await.unwrap(), "the pause ended early");
+        assert!(shutdown.requested() && other.requested());
+        other.wait().await;
+    }
+}

@@ -1,0 +1,39 @@
+//! Time conversions and bucket arithmetic in one place. counterd keeps times as whole seconds
+//! since the epoch (`i64`) wherever it computes with them; these helpers convert from the bson
+//! types the stream and the store hand over, and file seconds under creation-time buckets.
+
+use bson::DateTime;
+
+/// Seconds since the epoch at which a creation-time bucket starts.
+pub type BucketStart = i64;
+
+/// Seconds since the epoch of a date (floored).
+pub fn secs(at: DateTime) -> i64 {
+    at.timestamp_millis().div_euclid(1000)
+}
+
+/// The start of the bucket of width `width_secs` that holds the second `at`.
+pub fn bucket_start(at: i64, width_secs: i64) -> BucketStart {
+    at.div_euclid(width_secs) * width_secs
+}
+
+/// Files a row's creation time under the start of its bucket. Rows without a `created_at` date
+/// go to bucket 0, below every watermark, matching the reconciler's count (`created_at` not
+/// `>= W`).
+pub fn bucket_of(created_at: Option<DateTime>, width_secs: i64) -> BucketStart {
+    created_at.map_or(0, |t| bucket_start(secs(t), width_secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_floor_also_before_the_epoch() {
+        assert_eq!(bucket_start(119, 60), 60);
+        assert_eq!(bucket_start(-1, 60), -60);
+        assert_eq!(secs(DateTime::from_millis(-1)), -1);
+        assert_eq!(bucket_of(Some(DateTime::from_millis(61_500)), 60), 60);
+        assert_eq!(bucket_of(None, 60), 0);
+    }
+}
