@@ -16,8 +16,8 @@ use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::shutdown::Shutdown;
-use crate::telemetry::{stream_ages, unix_now_ms};
 use crate::status::WorkerStatus;
+use crate::telemetry::{stream_ages, unix_now_ms};
 
 /// The paths counterd serves.
 pub const ROUTES: [&str; 3] = ["/metrics", "/healthz", "/readyz"];

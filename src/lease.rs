@@ -12,9 +12,9 @@ use bson::DateTime;
 use rand::Rng;
 
 use crate::shutdown::{sleep_or_shutdown, Shutdown};
+use crate::status::WorkerStatus;
 use crate::store::{Fence, Store, StoreError};
 use crate::telemetry as m;
-use crate::status::WorkerStatus;
 
 /// Lease knobs (from [`crate::config::Settings`]).
 #[derive(Clone, Debug)]

@@ -27,12 +27,12 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::OnHistoryLost;
 use crate::event::{ChangeEvent, CommentId, Token};
 use crate::shutdown::{sleep_or_shutdown, Shutdown};
+pub use crate::status::WorkerStatus;
 use crate::store::{
     Checkpoint, EventSource, Fence, Gap, PendingBatch, Store, StoreError, StreamOptions,
     StreamStart,
 };
 use crate::telemetry as m;
-pub use crate::status::WorkerStatus;
 
 /// The worker's knobs: built from the configuration by [`crate::daemon`], whose `Default` is
 /// the configuration's defaults.

@@ -12,8 +12,8 @@ use crate::config::Settings;
 use crate::http::ReadyBounds;
 use crate::reconcile::ReconcileSettings;
 use crate::recount::CatchUp;
-use crate::snapshot::SnapshotSettings;
 use crate::schema::Schema;
+use crate::snapshot::SnapshotSettings;
 use crate::store::mongo::{Collections, ConnectOptions};
 use crate::worker::WorkerSettings;
 
@@ -159,6 +159,9 @@ mod tests {
         );
         assert!(!worker.pre_images);
         assert_eq!(Schema::default().group, settings.group_field);
-        assert_eq!(Collections::default().counters, settings.counters_collection);
+        assert_eq!(
+            Collections::default().counters,
+            settings.counters_collection
+        );
     }
 }
