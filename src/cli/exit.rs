@@ -101,7 +101,9 @@ pub fn code_for(error: &anyhow::Error) -> u8 {
 pub fn describe(error: &anyhow::Error) -> String {
     let mut text = String::new();
     for cause in error.chain() {
-        if cause.is::<mongodb::error::Error>() && !text.is_empty() {
+        let driver =
+            cause.is::<mongodb::error::Error>() || cause.is::<Box<mongodb::error::Error>>(); // as `StoreError::Driver` keeps it
+        if driver && !text.is_empty() {
             break;
         }
         let said = cause.to_string();

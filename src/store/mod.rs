@@ -68,7 +68,7 @@ pub enum StoreError {
         transient: bool,
         detail: String,
         #[source]
-        source: mongodb::error::Error,
+        source: Box<mongodb::error::Error>,
     },
 }
 

@@ -56,7 +56,7 @@ pub(crate) fn map_err(op: &'static str, e: DriverError) -> StoreError {
         op,
         transient: transient_kind || labelled || code.is_some_and(|c| TRANSIENT_CODES.contains(&c)),
         detail: short(&e),
-        source: e,
+        source: Box::new(e),
     }
 }
 
@@ -70,7 +70,7 @@ pub(super) fn stream_err(e: DriverError, resumed_after: Option<&Token>) -> Store
             op: "open the change stream",
             transient: false,
             detail: "the server is a standalone: change streams need a replica set or a sharded cluster (start mongod with --replSet and run rs.initiate())".into(),
-            source: e,
+            source: Box::new(e),
         },
         _ => map_err("read the change stream", e),
     }

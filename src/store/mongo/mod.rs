@@ -147,7 +147,7 @@ impl MongoStore {
                     detail: format!(
                         "{e} (check `mongodb_uri`: mongodb://[user:pass@]host:port/?options)"
                     ),
-                    source: e,
+                    source: Box::new(e),
                 })?;
         client_options.server_selection_timeout = Some(options.connect_timeout);
         client_options.connect_timeout = Some(options.connect_timeout);
@@ -179,7 +179,7 @@ impl MongoStore {
             op: "create the MongoDB client",
             transient: false,
             detail: e.to_string(),
-            source: e,
+            source: Box::new(e),
         })?;
         let db = client.database(&options.database);
         // `isMaster` rather than `hello`: some compatible servers only answer the former.
@@ -193,7 +193,7 @@ impl MongoStore {
                     options.connect_timeout,
                     short(&e)
                 ),
-                source: e,
+                source: Box::new(e),
             })?;
         let comments = db.collection(&options.comments);
         Ok(MongoStore {
