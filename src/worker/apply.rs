@@ -1,0 +1,201 @@
+//! Applying one batch: classify and coalesce it against the ledger, record the intent, write
+//! counters, ledger and dirty marks, then move the checkpoint.
+
+use std::sync::atomic::Ordering;
+
+use super::{SessionError, Worker};
+use crate::batch::{plan_batch_covering, Coverage};
+use crate::event::{ChangeEvent, CommentId};
+use crate::store::{Checkpoint, Fence, PendingBatch, Store, StoreError};
+use crate::telemetry as m;
+
+impl<S: Store + ?Sized> Worker<S> {
+    /// Classifies one batch and applies it (or, below the high water, only marks it dirty).
+    pub(super) async fn apply(
+        &self,
+        fence: &Fence,
+        checkpoint: &mut Checkpoint,
+        events: &[ChangeEvent],
+    ) -> Result<(), SessionError> {
+        let ledger = if self.settings.attribution.uses_ledger() {
+            let ids: Vec<CommentId> = events.iter().filter_map(|e| e.comment.clone()).collect();
+            self.store
+                .read_ledger(&fence.stream, &ids, checkpoint.ledger_generation())
+                .await?
+        } else {
+            Default::default()
+        };
+        let coverage = if checkpoint.ledger_complete() {
+            Coverage::Complete
+        } else {
+            Coverage::Partial
+        };
+        let (mut plan, ended) = plan_batch_covering(
+            events,
+            &ledger,
+            coverage,
+            self.settings.attribution,
+            &self.settings.schema,
+            self.settings.bucket_width_secs,
+        );
+        if !self.settings.attribution.uses_ledger() {
+            plan.ledger.clear();
+        }
+        if let Some(partition) = self.settings.partition {
+            // Every partition classifies every event against its own ledger, and keeps its posts.
+            plan.counters.retain(|c| partition.owns(&c.post));
+            plan.dirty.retain(|d| partition.owns(&d.post));
+            if partition.index != 0 {
+                plan.skipped.clear(); // reported once, by partition 0
+            }
+        }
+        let (bad, unattributable) = (plan.bad_events(), plan.unattributable_events());
+        // The batch's guard token: its last event before any stream end.
+        if let Some(last) = plan.events.checked_sub(1).map(|i| &events[i]) {
+            let batch = PendingBatch {
+                end: last.token.clone(),
+                end_time: last.cluster_time,
+                counters: plan.counters,
+                ledger: plan.ledger,
+                dirty: plan.dirty,
+            };
+            let seen = checkpoint
+                .high_water
+                .as_ref()
+                .is_some_and(|h| batch.end <= *h);
+            let started = std::time::Instant::now();
+            if seen {
+                // Already applied before (an operator replay): recount, never count again.
+                self.store
+                    .mark_dirty(fence, &batch.dirty, self.clock.now())
+                    .await?;
+                self.store
+                    .save_checkpoint(fence, &batch.end, batch.end_time)
+                    .await?;
+                checkpoint.token = Some(batch.end.clone());
+                checkpoint.token_time = batch.end_time;
+            } else {
+                self.store.record_intent(fence, &batch).await?; // (0)
+                checkpoint.high_water = Some(batch.end.clone());
+                self.write_batch(fence, checkpoint, &batch).await?;
+                metrics::counter!(m::UNATTRIBUTABLE_EVENTS, "stream" => fence.stream.clone())
+                    .increment(unattributable as u64);
+            }
+            let stream = fence.stream.clone();
+            metrics::histogram!(m::BATCH_APPLY_DURATION, "stream" => stream.clone())
+                .record(started.elapsed().as_secs_f64());
+            metrics::histogram!(m::BATCH_SIZE, "stream" => stream.clone())
+                .record(plan.events as f64);
+            metrics::counter!(m::EVENTS_APPLIED, "stream" => stream.clone())
+                .increment(plan.events as u64);
+            metrics::counter!(m::BAD_EVENTS, "stream" => stream.clone()).increment(bad as u64);
+            for skipped in &plan.skipped {
+                log_skipped(&fence.stream, &self.settings.schema, skipped, events);
+            }
+            self.status
+                .events_applied
+                .fetch_add(plan.events as i64, Ordering::Relaxed);
+            let now = crate::time::secs(self.clock.now());
+            let lag = last
+                .cluster_time
+                .map(|t| (now - t.time as i64).max(0))
+                .unwrap_or(0);
+            self.status.lag_secs.store(lag, Ordering::Relaxed);
+            self.status.progressed();
+            if let Some(t) = last.cluster_time {
+                self.status
+                    .applied_until_secs
+                    .fetch_max(t.time as i64, Ordering::Relaxed);
+                metrics::gauge!(m::LAST_EVENT_TIMESTAMP, "stream" => stream).set(t.time as f64);
+            }
+            if let Some(t) = crate::recount::applied_before(checkpoint) {
+                self.report_checkpoint(&fence.stream, t.time as i64);
+            }
+        }
+        match ended {
+            Some(end) => Err(SessionError::Ended(end)),
+            None => Ok(()),
+        }
+    }
+
+    /// Writes a planned batch: (a) counters, (b) ledger and (c) dirty marks together, then (d)
+    /// the checkpoint.
+    ///
+    /// (a), (b) and (c) go out side by side (one round trip of latency instead of three): the
+    /// batch's whole plan is recorded as the intent before any of them, and a crash anywhere is
+    /// repaired by re-applying that plan, each write guarded by the batch's end token, so which
+    /// of them landed first never matters. No reader depends on their order either: the
+    /// reconciler trusts only positions at or below the checkpoint, which (d) moves after all
+    /// three are acknowledged. The simulation interleaves and fails them one by one.
+    pub(super) async fn write_batch(
+        &self,
+        fence: &Fence,
+        checkpoint: &mut Checkpoint,
+        batch: &PendingBatch,
+    ) -> Result<(), StoreError> {
+        // A batch left in flight is re-applied before the stream is read again, so before a
+        // history gap can be recorded: its states are of this generation.
+        let generation = checkpoint.ledger_generation();
+        let counters =
+            self.store
+                .apply_counters(fence, &batch.counters, &batch.end, batch.end_time); // (a)
+        let ledger = async {
+            if batch.ledger.is_empty() {
+                return Ok(());
+            }
+            self.store
+                .write_ledger(fence, &batch.ledger, &batch.end, generation)
+                .await
+        }; // (b)
+        let dirty = self.store.mark_dirty(fence, &batch.dirty, self.clock.now()); // (c)
+        let (outcome, (), ()) = futures::try_join!(counters, ledger, dirty)?;
+        self.store
+            .save_checkpoint(fence, &batch.end, batch.end_time)
+            .await?; // (d)
+        checkpoint.token = Some(batch.end.clone());
+        checkpoint.token_time = batch.end_time;
+        checkpoint.pending = None;
+        let stream = fence.stream.clone();
+        metrics::counter!(m::BATCHES, "stream" => stream.clone()).increment(1);
+        metrics::counter!(m::INCREMENTS, "stream" => stream.clone(), "result" => "applied")
+            .increment(outcome.applied);
+        metrics::counter!(m::INCREMENTS, "stream" => stream, "result" => "already_applied")
+            .increment(outcome.already_applied);
+        tracing::debug!(stream = %fence.stream, end = %batch.end, writes = batch.counters.len(), already = outcome.already_applied, "batch applied");
+        Ok(())
+    }
+}
+
+/// Logs an event that was not counted, naming its comment and post where the event has them.
+fn log_skipped(
+    stream: &str,
+    schema: &crate::schema::Schema,
+    skipped: &crate::batch::Skipped,
+    events: &[ChangeEvent],
+) {
+    let event = events.iter().find(|e| e.token == skipped.token);
+    let comment = event
+        .and_then(|e| e.comment.as_ref())
+        .map(|c| c.key.clone())
+        .unwrap_or_else(|| "unknown".into());
+    let post = event
+        .and_then(|e| {
+            [
+                e.full_document.as_ref(),
+                e.pre_image.as_ref(),
+                Some(&e.document_key),
+            ]
+            .into_iter()
+            .flatten()
+            .find_map(|d| schema.post_in(d))
+        })
+        .map(|p| p.to_string())
+        .unwrap_or_else(|| "unknown".into());
+    let kind = match &skipped.problem {
+        crate::classify::Problem::Bad(_) => "bad",
+        crate::classify::Problem::Unattributable(_) => "unattributable",
+    };
+    let problem = &skipped.problem;
+    tracing::warn!(%stream, %comment, %post, token = %skipped.token, kind, %problem,
+        "event not counted; its known posts are marked dirty and recounted");
+}
