@@ -160,7 +160,7 @@ pub fn seconds_left(progress: &SnapshotProgress, rows_per_second: u32) -> Option
     Some(left.div_ceil(rows_per_second as u64))
 }
 
-/// What one call of [`step`] did.
+/// What one call of [`Snapshotter::step`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Step {
     /// A chunk of this many rows was read and applied.

@@ -16,7 +16,7 @@
 //! their posts dirty, so the reconciler recounts them, and are never counted twice.
 //!
 //! Here: the worker's settings, its run loop (leases' fence, retries, history-lost policy) and
-//! recovery of a batch in flight. [`session`]: one open stream, read and batched. [`apply`]: one
+//! recovery of a batch in flight. `session`: one open stream, read and batched. `apply`: one
 //! batch classified, coalesced and written.
 
 use std::sync::atomic::Ordering;
