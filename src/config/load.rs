@@ -1,0 +1,406 @@
+//! Loading settings: defaults ← TOML file ← `COUNTERD_*` environment ← flags, each value's
+//! origin kept for messages, every value type-checked against its default.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use super::{ConfigError, Settings};
+
+/// A value given on the command line: a named flag (`--mongodb-uri`) or `--set name=value`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Override {
+    pub name: String,
+    pub value: String,
+    /// How the operator gave it, for messages: `flag --mongodb-uri`, `flag --set`.
+    pub origin: String,
+}
+
+/// Settings with where each value came from.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Loaded {
+    pub settings: Settings,
+    /// Setting name → `default`, `file <path>`, `environment variable COUNTERD_…`, `flag …`.
+    pub origins: BTreeMap<String, String>,
+    /// `COUNTERD_*` variables that are not settings but Kubernetes service links (a Service
+    /// named `counterd` injects `COUNTERD_PORT=tcp://…`): ignored, logged at debug.
+    pub ignored_env: Vec<String>,
+}
+
+/// `COUNTERD_*` variables that are not settings and not errors: the config path, the test and
+/// benchmark knobs.
+const NOT_SETTINGS: [&str; 4] = ["config", "testdb_dir", "kill_iterations", "test_threads"];
+
+/// Whether `name` (after `COUNTERD_`, lower case) is what Kubernetes injects for a Service
+/// named `counterd`: `COUNTERD_SERVICE_HOST`, `COUNTERD_SERVICE_PORT[_<name>]`,
+/// `COUNTERD_PORT` and `COUNTERD_PORT_<port>_<proto>[_PROTO|_PORT|_ADDR]`.
+pub fn is_service_link(name: &str) -> bool {
+    if matches!(name, "port" | "service_host" | "service_port") || name.starts_with("service_port_")
+    {
+        return true;
+    }
+    let Some(rest) = name.strip_prefix("port_") else {
+        return false;
+    };
+    let mut parts = rest.split('_');
+    let port = parts.next().unwrap_or("");
+    let proto = parts.next().unwrap_or("");
+    let tail: Vec<&str> = parts.collect();
+    !port.is_empty()
+        && port.bytes().all(|b| b.is_ascii_digit())
+        && matches!(proto, "tcp" | "udp" | "sctp")
+        && matches!(tail.as_slice(), [] | ["proto"] | ["port"] | ["addr"])
+}
+
+impl Settings {
+    /// Loads defaults ← file ← `COUNTERD_*` environment ← flag overrides (`name=value`).
+    pub fn load(
+        file: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+        overrides: &[(String, String)],
+    ) -> Result<Settings, ConfigError> {
+        let overrides: Vec<Override> = overrides
+            .iter()
+            .map(|(name, value)| Override {
+                name: name.clone(),
+                value: value.clone(),
+                origin: "flag --set".into(),
+            })
+            .collect();
+        Self::load_traced(file, env, &overrides).map(|l| l.settings)
+    }
+
+    /// [`Settings::load`], keeping where each value came from (`counterd config`).
+    pub fn load_traced(
+        file: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+        overrides: &[Override],
+    ) -> Result<Loaded, ConfigError> {
+        let mut table = match toml::Value::try_from(Settings::default()) {
+            Ok(toml::Value::Table(t)) => t,
+            _ => unreachable!("settings serialize to a table"),
+        };
+        let mut origins: BTreeMap<String, String> = table
+            .keys()
+            .map(|k| (k.clone(), "default".to_string()))
+            .collect();
+        let mut ignored_env = Vec::new();
+        if let Some(path) = file {
+            let origin = format!("file {}", path.display());
+            let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
+                path: path.display().to_string(),
+                message: e.to_string(),
+            })?;
+            let parsed: toml::Table =
+                text.parse()
+                    .map_err(|e: toml::de::Error| ConfigError::Parse {
+                        path: path.display().to_string(),
+                        message: e.to_string(),
+                    })?;
+            for (name, value) in parsed {
+                if !table.contains_key(&name) {
+                    return Err(ConfigError::Unknown { name, origin });
+                }
+                let shown = match &value {
+                    toml::Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                check_one(&name, &value, &shown, &origin)?;
+                origins.insert(name.clone(), origin.clone());
+                table.insert(name, value);
+            }
+        }
+        let mut env: Vec<(String, String)> = env
+            .into_iter()
+            .filter(|(k, _)| k.starts_with("COUNTERD_") && !k.starts_with("COUNTERD_TEST"))
+            .collect();
+        env.sort();
+        for (key, raw) in env {
+            let name = key["COUNTERD_".len()..].to_ascii_lowercase();
+            let origin = format!("environment variable {key}");
+            if !table.contains_key(&name) {
+                if NOT_SETTINGS.contains(&name.as_str())
+                    || name.starts_with("test_")
+                    || name.starts_with("bench_")
+                {
+                    continue;
+                }
+                if is_service_link(&name) {
+                    ignored_env.push(key);
+                    continue;
+                }
+                return Err(ConfigError::Unknown { name, origin });
+            }
+            let value = typed_like(&table[&name], &raw, &name, &origin)?;
+            origins.insert(name.clone(), origin);
+            table.insert(name, value);
+        }
+        for o in overrides {
+            let Some(existing) = table.get(&o.name) else {
+                return Err(ConfigError::Unknown {
+                    name: o.name.clone(),
+                    origin: o.origin.clone(),
+                });
+            };
+            let value = typed_like(existing, &o.value, &o.name, &o.origin)?;
+            origins.insert(o.name.clone(), o.origin.clone());
+            table.insert(o.name.clone(), value);
+        }
+        let settings: Settings =
+            toml::Value::Table(table)
+                .try_into()
+                .map_err(|e: toml::de::Error| ConfigError::Parse {
+                    path: "merged settings".into(),
+                    message: e.to_string(),
+                })?;
+        settings.validate().map_err(|e| match e {
+            // Name where the offending value came from, not just "settings".
+            ConfigError::Invalid {
+                name,
+                value,
+                message,
+                ..
+            } => ConfigError::Invalid {
+                origin: origins
+                    .get(&name)
+                    .cloned()
+                    .unwrap_or_else(|| "settings".into()),
+                name,
+                value,
+                message,
+            },
+            other => other,
+        })?;
+        Ok(Loaded {
+            settings,
+            origins,
+            ignored_env,
+        })
+    }
+}
+
+/// Checks a file value's type against the default's, so the error names the setting.
+fn check_one(
+    name: &str,
+    value: &toml::Value,
+    shown: &str,
+    origin: &str,
+) -> Result<(), ConfigError> {
+    let mut probe = match toml::Value::try_from(Settings::default()) {
+        Ok(toml::Value::Table(t)) => t,
+        _ => unreachable!(),
+    };
+    probe.insert(name.to_string(), value.clone());
+    toml::Value::Table(probe)
+        .try_into::<Settings>()
+        .map(|_| ())
+        .map_err(|e| ConfigError::Invalid {
+            name: name.into(),
+            origin: origin.into(),
+            value: shown.to_string(),
+            message: e.message().to_string(),
+        })
+}
+
+/// Parses a raw string into the TOML type of the existing (default) value.
+fn typed_like(
+    existing: &toml::Value,
+    raw: &str,
+    name: &str,
+    origin: &str,
+) -> Result<toml::Value, ConfigError> {
+    let invalid = |message: String| ConfigError::Invalid {
+        name: name.into(),
+        origin: origin.into(),
+        value: raw.into(),
+        message,
+    };
+    let value = match existing {
+        toml::Value::Integer(_) => raw
+            .trim()
+            .parse::<i64>()
+            .map(toml::Value::Integer)
+            .map_err(|_| invalid("expected a whole number".into()))?,
+        toml::Value::Float(_) => raw
+            .trim()
+            .parse::<f64>()
+            .map(toml::Value::Float)
+            .map_err(|_| invalid("expected a number".into()))?,
+        toml::Value::Boolean(_) => raw
+            .trim()
+            .parse::<bool>()
+            .map(toml::Value::Boolean)
+            .map_err(|_| invalid("expected true or false".into()))?,
+        // A list: TOML array syntax (`["removed", 3]`), or comma-separated words.
+        toml::Value::Array(_) => match format!("v = {raw}").parse::<toml::Table>() {
+            Ok(mut t) if t.get("v").is_some_and(toml::Value::is_array) => t.remove("v").unwrap(),
+            _ => toml::Value::Array(
+                raw.split(',')
+                    .map(str::trim)
+                    .filter(|w| !w.is_empty())
+                    .map(|w| toml::Value::String(w.to_string()))
+                    .collect(),
+            ),
+        },
+        _ => toml::Value::String(raw.to_string()),
+    };
+    check_one(name, &value, raw, origin)?;
+    Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::redact_uri;
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn redacts_passwords() {
+        assert_eq!(
+            redact_uri("mongodb://alice:s3cret@db1:27017,db2/?replicaSet=rs0"),
+            "mongodb://alice:***@db1:27017,db2/?replicaSet=rs0"
+        );
+        assert_eq!(redact_uri("mongodb://db1:27017/"), "mongodb://db1:27017/");
+    }
+
+    #[test]
+    fn kubernetes_service_links_are_ignored_other_unknown_names_are_errors() {
+        let links = [
+            ("COUNTERD_PORT", "tcp://10.0.0.1:9187"),
+            ("COUNTERD_PORT_9187_TCP", "tcp://10.0.0.1:9187"),
+            ("COUNTERD_PORT_9187_TCP_PROTO", "tcp"),
+            ("COUNTERD_PORT_9187_TCP_PORT", "9187"),
+            ("COUNTERD_PORT_9187_TCP_ADDR", "10.0.0.1"),
+            ("COUNTERD_SERVICE_HOST", "10.0.0.1"),
+            ("COUNTERD_SERVICE_PORT", "9187"),
+            ("COUNTERD_SERVICE_PORT_HTTP", "9187"),
+        ];
+        let env = links.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+        let loaded = Settings::load_traced(None, env, &[]).unwrap();
+        assert_eq!(loaded.ignored_env.len(), links.len());
+        assert_eq!(loaded.settings, Settings::default());
+        for near_miss in [
+            "COUNTERD_PORTS",
+            "COUNTERD_PORT_X_TCP",
+            "COUNTERD_PORT_80_TCP_HOST",
+        ] {
+            let env = vec![(near_miss.to_string(), "1".to_string())];
+            let e = Settings::load(None, env, &[]).unwrap_err().to_string();
+            assert!(e.contains("unknown setting"), "{near_miss}: {e}");
+        }
+    }
+
+    #[test]
+    fn origins_are_tracked_and_named_in_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "batch_size = 10\n").unwrap();
+        let env = vec![("COUNTERD_DATABASE".to_string(), "x".to_string())];
+        let flags = vec![Override {
+            name: "mongodb_uri".into(),
+            value: "mongodb://db:27017/".into(),
+            origin: "flag --mongodb-uri".into(),
+        }];
+        let l = Settings::load_traced(Some(&path), env, &flags).unwrap();
+        assert_eq!(l.origins["batch_size"], format!("file {}", path.display()));
+        assert_eq!(
+            l.origins["database"],
+            "environment variable COUNTERD_DATABASE"
+        );
+        assert_eq!(l.origins["mongodb_uri"], "flag --mongodb-uri");
+        assert_eq!(l.origins["settle_time"], "default");
+        // A range error names where the value came from, a flag as it was given.
+        let e = Settings::load(None, vec![], &[("batch_size".into(), "0".into())])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("(from flag --set)") && !e.contains("--batch-size"),
+            "{e}"
+        );
+        let env = vec![("COUNTERD_BATCH_SIZE".to_string(), "0".to_string())];
+        let e = Settings::load(None, env, &[]).unwrap_err().to_string();
+        assert!(
+            e.contains("(from environment variable COUNTERD_BATCH_SIZE)"),
+            "{e}"
+        );
+        // A bad duration is quoted once.
+        let env = vec![("COUNTERD_SETTLE_TIME".to_string(), "5parsecs".to_string())];
+        let e = Settings::load(None, env, &[]).unwrap_err().to_string();
+        assert!(e.contains("= \"5parsecs\":") && !e.contains("\\\""), "{e}");
+    }
+
+    #[test]
+    fn a_malformed_uri_is_a_configuration_error_without_the_password() {
+        for uri in [
+            "mongodb://alice:hunter2@db:notaport/",
+            "mongodb://alice:hunter2@/",
+            "mongodb://db/?replicaSet=rs0&w=bogus&nosuchoption=",
+        ] {
+            let env = vec![("COUNTERD_MONGODB_URI".to_string(), uri.to_string())];
+            let e = Settings::load(None, env, &[]).unwrap_err().to_string();
+            assert!(
+                e.contains("mongodb_uri") && e.contains("not a valid connection string"),
+                "{uri}: {e}"
+            );
+            assert!(!e.contains("hunter2"), "{e}");
+        }
+    }
+
+    #[test]
+    fn precedence_is_defaults_file_env_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            "batch_size = 10\ndatabase = \"fromfile\"\nsettle_time = \"5s\"\n",
+        )
+        .unwrap();
+        let env = vec![
+            ("COUNTERD_BATCH_SIZE".to_string(), "20".to_string()),
+            ("COUNTERD_SETTLE_TIME".to_string(), "7s".to_string()),
+            ("UNRELATED".to_string(), "x".to_string()),
+        ];
+        let flags = vec![("batch_size".to_string(), "30".to_string())];
+        let s = Settings::load(Some(&path), env, &flags).unwrap();
+        assert_eq!(s.batch_size, 30);
+        assert_eq!(s.database, "fromfile");
+        assert_eq!(s.settle_time, Duration::from_secs(7));
+        assert_eq!(
+            s.reconcile_max_posts,
+            Settings::default().reconcile_max_posts
+        );
+    }
+
+    #[test]
+    fn bad_values_name_the_setting() {
+        let env = vec![("COUNTERD_BATCH_SIZE".to_string(), "lots".to_string())];
+        let e = Settings::load(None, env, &[]).unwrap_err().to_string();
+        assert!(
+            e.contains("batch_size") && e.contains("COUNTERD_BATCH_SIZE"),
+            "{e}"
+        );
+        let env = vec![("COUNTERD_BATCH_SIZE".to_string(), "0".to_string())];
+        let e = Settings::load(None, env, &[]).unwrap_err().to_string();
+        assert!(e.contains("batch_size") && e.contains("1 to 100000"), "{e}");
+        let env = vec![("COUNTERD_BATCH_SIZ".to_string(), "5".to_string())];
+        let e = Settings::load(None, env, &[]).unwrap_err().to_string();
+        assert!(
+            e.contains("unknown setting `batch_siz`") && e.contains("COUNTERD_BATCH_SIZ"),
+            "{e}"
+        );
+        let env = vec![("COUNTERD_ON_HISTORY_LOST".to_string(), "shrug".to_string())];
+        let e = Settings::load(None, env, &[]).unwrap_err().to_string();
+        assert!(e.contains("on_history_lost"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "batch_sise = 10\n").unwrap();
+        let e = Settings::load(Some(&path), vec![], &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown setting `batch_sise`"), "{e}");
+        std::fs::write(&path, "reconcile_interval = \"soon\"\n").unwrap();
+        let e = Settings::load(Some(&path), vec![], &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("reconcile_interval"), "{e}");
+    }
+}

@@ -1,0 +1,326 @@
+//! Settings: every one has a default and a line of documentation (see `counterd.example.toml`).
+//! Precedence, lowest first: defaults, the TOML file (`--config`), `COUNTERD_*` environment
+//! variables (the setting's name in upper case), then flags (`--set name=value` and the named
+//! flags of `counterd`).
+
+mod load;
+mod validate;
+
+pub use load::{is_service_link, Loaded, Override};
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::classify::Attribution;
+use crate::snapshot::InitialSnapshot;
+
+/// All of counterd's settings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    /// MongoDB connection string (credentials allowed; they are redacted in logs and `status`).
+    pub mongodb_uri: String,
+    /// Database holding `comments` and counterd's own collections.
+    pub database: String,
+    /// The collection of comment rows to count.
+    pub comments_collection: String,
+    /// The collection of counters that readers query (`count`, `base_count`, `live_delta`).
+    pub counters_collection: String,
+    /// Prefix of counterd's own bookkeeping collections (ledger, dirty set, checkpoints,
+    /// leases, reconcile runs, sweep cursor).
+    pub collection_prefix: String,
+    /// Create the index `{count: -1}` on the counters collection (for top-N reads).
+    pub count_index: bool,
+    /// The field (a dotted path such as `meta.post` works) that names a comment's post.
+    pub group_field: String,
+    /// The field holding a comment's creation time; a row without a date there is filed under
+    /// bucket 0 (below every watermark) and still counted.
+    pub created_field: String,
+    /// How a soft-deleted comment is recognised: present (the field is present and not null),
+    /// true (the field is the boolean true), one_of (the field equals one of
+    /// soft_delete_values), never (no soft deletes).
+    pub soft_delete: SoftDeleteRule,
+    /// The field the soft-delete rule reads.
+    pub soft_delete_field: String,
+    /// With soft_delete = "one_of": the values that mark a comment deleted (strings or whole
+    /// numbers).
+    pub soft_delete_values: Vec<SoftDeleteValue>,
+    /// How long to look for a reachable server before failing.
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// Checkpoint and lease id of the stream.
+    pub stream_name: String,
+    /// Where before-states come from: auto, pre_image, ledger, best_effort.
+    pub attribution: Attribution,
+    /// Events per batch while caught up (low latency).
+    pub batch_size: usize,
+    /// Most events per batch while behind: batches grow to it while reads come back full (more
+    /// repeats coalesce) and shrink back to `batch_size` once caught up.
+    pub max_batch_size: usize,
+    /// Longest time spent gathering one batch while events keep coming.
+    #[serde(with = "humantime_serde")]
+    pub max_batch_wait: Duration,
+    /// Pause after a read that returned no events.
+    #[serde(with = "humantime_serde")]
+    pub idle_interval: Duration,
+    /// How long the server may hold an empty getMore (maxAwaitTimeMS).
+    #[serde(with = "humantime_serde")]
+    pub max_await: Duration,
+    /// Start position when there is no checkpoint (RFC 3339); empty: now.
+    pub start_at: String,
+    /// When the checkpoint fell off the oplog: fail, or resweep (start from now + full recount).
+    pub on_history_lost: OnHistoryLost,
+    /// A stream that has never applied anything first counts the rows that already exist
+    /// (`auto`), or counts only what it sees change (`never`).
+    pub initial_snapshot: InitialSnapshot,
+    /// Rows the initial snapshot reads per second at most (0: unthrottled).
+    pub snapshot_rows_per_second: u32,
+    /// Rows per snapshot chunk (each chunk is recorded, so a restart resumes after the last).
+    pub snapshot_chunk_rows: usize,
+    /// Width of the creation-time buckets deltas are filed under.
+    #[serde(with = "humantime_serde")]
+    pub bucket_width: Duration,
+    /// Time between reconcile runs (jittered).
+    #[serde(with = "humantime_serde")]
+    pub reconcile_interval: Duration,
+    /// Jitter of the reconcile schedule, as a fraction of the interval (0.0 to 1.0).
+    pub reconcile_jitter: f64,
+    /// How far behind now (and behind the worker) the watermark stays.
+    #[serde(with = "humantime_serde")]
+    pub settle_time: Duration,
+    /// Most dirty posts recounted per run.
+    pub reconcile_max_posts: usize,
+    /// Most recount queries per second (0: unlimited).
+    pub reconcile_counts_per_second: u32,
+    /// Posts per window of a full sweep.
+    pub sweep_window: usize,
+    /// Attempts to install one recount when a worker write races it.
+    pub fold_retries: u32,
+    /// On servers without snapshot reads, how long a recount waits for the worker to apply
+    /// every change its count could have seen; a post not settled by then stays dirty.
+    #[serde(with = "humantime_serde")]
+    pub catch_up_timeout: Duration,
+    /// How long one pass of the slow background sweep over every post should take (it finds
+    /// drift no event points at, e.g. a hand-edited counter); 0s: no background sweep.
+    #[serde(with = "humantime_serde")]
+    pub background_sweep_pass: Duration,
+    /// Address of the HTTP endpoints (/metrics, /healthz, /readyz).
+    pub http_addr: String,
+    /// `/readyz` is unready above this stream lag.
+    #[serde(with = "humantime_serde")]
+    pub ready_max_lag: Duration,
+    /// `/readyz` is unready when the active stream's reads went unanswered this long, or a
+    /// standby could not reach MongoDB this long (a paused or unreachable server).
+    #[serde(with = "humantime_serde")]
+    pub ready_max_stall: Duration,
+    /// Log format: text or json.
+    pub log_format: String,
+    /// Log filter (tracing EnvFilter syntax), e.g. info or counterd=debug; RUST_LOG wins if set.
+    pub log_level: String,
+    /// Shortest backoff after a transient error.
+    #[serde(with = "humantime_serde")]
+    pub retry_min_delay: Duration,
+    /// Longest a worker step (read a batch and write it) may take before it is abandoned as
+    /// stuck and retried from the checkpoint (a paused or partitioned server).
+    #[serde(with = "humantime_serde")]
+    pub operation_timeout: Duration,
+    /// Longest backoff after a transient error.
+    #[serde(with = "humantime_serde")]
+    pub retry_max_delay: Duration,
+    /// How long a stream lease lasts without renewal.
+    #[serde(with = "humantime_serde")]
+    pub lease_ttl: Duration,
+    /// How often the lease holder renews (and standbys look).
+    #[serde(with = "humantime_serde")]
+    pub lease_renew: Duration,
+    /// Split posts across this many streams by a hash of post_id, each with its own checkpoint,
+    /// lease, ledger and dirty entries (1: no partitioning).
+    pub partitions: u32,
+    /// Most partitions one process works on at once (0: no limit), so replicas share the work.
+    pub max_partitions_per_process: u32,
+    /// This process's identity in leases; empty: hostname-pid.
+    pub owner_id: String,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            mongodb_uri: "mongodb://127.0.0.1:27017/?directConnection=true".into(),
+            database: "app".into(),
+            comments_collection: "comments".into(),
+            counters_collection: "comment_counters".into(),
+            collection_prefix: "counterd_".into(),
+            count_index: true,
+            group_field: "post_id".into(),
+            created_field: "created_at".into(),
+            soft_delete: SoftDeleteRule::Present,
+            soft_delete_field: "deleted_at".into(),
+            soft_delete_values: Vec::new(),
+            connect_timeout: Duration::from_secs(5),
+            stream_name: "comments".into(),
+            attribution: Attribution::Auto,
+            batch_size: 1000,
+            max_batch_size: 10_000,
+            max_batch_wait: Duration::from_millis(200),
+            idle_interval: Duration::from_millis(100),
+            max_await: Duration::from_millis(500),
+            start_at: String::new(),
+            on_history_lost: OnHistoryLost::Resweep,
+            initial_snapshot: InitialSnapshot::Auto,
+            snapshot_rows_per_second: 5000,
+            snapshot_chunk_rows: 1000,
+            bucket_width: Duration::from_secs(60),
+            reconcile_interval: Duration::from_secs(10),
+            reconcile_jitter: 0.2,
+            settle_time: Duration::from_secs(30),
+            reconcile_max_posts: 1000,
+            reconcile_counts_per_second: 500,
+            sweep_window: 500,
+            fold_retries: 5,
+            catch_up_timeout: Duration::from_secs(10),
+            background_sweep_pass: Duration::from_secs(24 * 3600),
+            http_addr: "127.0.0.1:9187".into(),
+            ready_max_lag: Duration::from_secs(60),
+            ready_max_stall: Duration::from_secs(30),
+            log_format: "text".into(),
+            log_level: "info".into(),
+            retry_min_delay: Duration::from_millis(100),
+            operation_timeout: Duration::from_secs(30),
+            retry_max_delay: Duration::from_secs(5),
+            lease_ttl: Duration::from_secs(10),
+            lease_renew: Duration::from_secs(2),
+            partitions: 1,
+            max_partitions_per_process: 0,
+            owner_id: String::new(),
+        }
+    }
+}
+
+/// A configuration problem: names the setting, the value and what is allowed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {message}")]
+    File { path: String, message: String },
+    #[error("config file {path}: {message}")]
+    Parse { path: String, message: String },
+    #[error("unknown setting `{name}` (from {origin}); see counterd.example.toml for the list")]
+    Unknown { name: String, origin: String },
+    #[error("setting `{name}` (from {origin}) = {value:?}: {message}")]
+    Invalid {
+        name: String,
+        origin: String,
+        value: String,
+        message: String,
+    },
+}
+
+impl Settings {
+    /// `start_at` as a cluster time.
+    pub fn start_at_timestamp(&self) -> Option<bson::Timestamp> {
+        parse_time(&self.start_at).map(|secs| bson::Timestamp {
+            time: secs as u32,
+            increment: 0,
+        })
+    }
+
+    /// The application's schema: field names and the soft-delete rule.
+    pub fn schema(&self) -> crate::schema::Schema {
+        use crate::schema::SoftDelete;
+        let field = self.soft_delete_field.clone();
+        crate::schema::Schema {
+            group: self.group_field.clone(),
+            created: self.created_field.clone(),
+            soft_delete: match self.soft_delete {
+                SoftDeleteRule::Present => SoftDelete::Present { field },
+                SoftDeleteRule::True => SoftDelete::True { field },
+                SoftDeleteRule::OneOf => SoftDelete::OneOf {
+                    field,
+                    values: self
+                        .soft_delete_values
+                        .iter()
+                        .map(SoftDeleteValue::to_bson)
+                        .collect(),
+                },
+                SoftDeleteRule::Never => SoftDelete::Never,
+            },
+        }
+    }
+
+    /// counterd's own collections.
+    pub fn collections(&self) -> crate::store::mongo::Collections {
+        crate::store::mongo::Collections::new(&self.collection_prefix, &self.counters_collection)
+    }
+
+    pub fn bucket_width_secs(&self) -> i64 {
+        self.bucket_width.as_secs() as i64
+    }
+
+    /// The settings as TOML with the URI's password redacted (for `status` and logs).
+    pub fn redacted(&self) -> Settings {
+        Settings {
+            mongodb_uri: redact_uri(&self.mongodb_uri),
+            ..self.clone()
+        }
+    }
+}
+
+/// Parses an RFC 3339 time into seconds since the epoch.
+pub fn parse_time(text: &str) -> Option<i64> {
+    chrono::DateTime::parse_from_rfc3339(text)
+        .ok()
+        .map(|t| t.timestamp())
+}
+
+/// Replaces the password in a MongoDB URI with `***`.
+pub fn redact_uri(uri: &str) -> String {
+    let Some(scheme_end) = uri.find("://") else {
+        return uri.to_string();
+    };
+    let rest = &uri[scheme_end + 3..];
+    let host_start = rest.find('/').unwrap_or(rest.len());
+    let Some(at) = rest[..host_start].rfind('@') else {
+        return uri.to_string();
+    };
+    let userinfo = &rest[..at];
+    let user = userinfo.split(':').next().unwrap_or("");
+    format!("{}://{}:***@{}", &uri[..scheme_end], user, &rest[at + 1..])
+}
+
+/// What to do when the checkpoint has fallen off the oplog.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum OnHistoryLost {
+    /// Stop, exit non-zero, say what to do.
+    Fail,
+    /// Start from now, record the gap, and run a throttled full sweep.
+    #[default]
+    Resweep,
+}
+
+/// The soft-delete rules (see [`crate::schema::SoftDelete`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SoftDeleteRule {
+    Present,
+    True,
+    OneOf,
+    Never,
+}
+
+/// A value that marks a comment deleted under `soft_delete = "one_of"`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum SoftDeleteValue {
+    Int(i64),
+    Str(String),
+}
+
+impl SoftDeleteValue {
+    fn to_bson(&self) -> bson::Bson {
+        match self {
+            SoftDeleteValue::Int(i) => bson::Bson::Int64(*i),
+            SoftDeleteValue::Str(s) => bson::Bson::String(s.clone()),
+        }
+    }
+}

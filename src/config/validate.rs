@@ -1,0 +1,193 @@
+//! Range checks that types alone cannot express, each naming the setting and what is allowed.
+
+use std::time::Duration;
+
+use super::{redact_uri, ConfigError, Settings, SoftDeleteRule};
+use crate::snapshot::InitialSnapshot;
+
+impl Settings {
+    /// Range checks that types alone cannot express.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |name: &str, value: String, message: &str| ConfigError::Invalid {
+            name: name.into(),
+            origin: "settings".into(),
+            value,
+            message: message.into(),
+        };
+        for (name, value) in [
+            ("comments_collection", &self.comments_collection),
+            ("counters_collection", &self.counters_collection),
+        ] {
+            if let Some(problem) = collection_name_problem(value) {
+                return Err(bad(name, value.clone(), problem));
+            }
+        }
+        if !self.collection_prefix.is_empty() {
+            if let Some(problem) = collection_name_problem(&self.collection_prefix) {
+                return Err(bad(
+                    "collection_prefix",
+                    self.collection_prefix.clone(),
+                    problem,
+                ));
+            }
+        }
+        if let Some((name, value)) = self.schema().problem() {
+            return Err(bad(
+                name,
+                value,
+                "expected a field name or a dotted path: not empty, no empty part, no part starting with `$`",
+            ));
+        }
+        if self.soft_delete == SoftDeleteRule::OneOf && self.soft_delete_values.is_empty() {
+            return Err(bad(
+                "soft_delete_values",
+                "[]".into(),
+                "soft_delete = \"one_of\" needs at least one value",
+            ));
+        }
+        if self.counters_collection == self.comments_collection {
+            return Err(bad(
+                "counters_collection",
+                self.counters_collection.clone(),
+                "must differ from comments_collection",
+            ));
+        }
+        if !(1..=10_000).contains(&self.snapshot_chunk_rows) {
+            return Err(bad(
+                "snapshot_chunk_rows",
+                self.snapshot_chunk_rows.to_string(),
+                "expected 1 to 10000 rows",
+            ));
+        }
+        if self.initial_snapshot == InitialSnapshot::Auto && !self.attribution.uses_ledger() {
+            return Err(bad(
+                "initial_snapshot",
+                "auto".into(),
+                "the initial snapshot keeps its counts honest through the comment ledger: use attribution = \"auto\" or \"ledger\", or set initial_snapshot = \"never\"",
+            ));
+        }
+        if !(1..=100_000).contains(&self.batch_size) {
+            return Err(bad(
+                "batch_size",
+                self.batch_size.to_string(),
+                "allowed: 1 to 100000",
+            ));
+        }
+        if self.max_batch_size < self.batch_size || self.max_batch_size > 100_000 {
+            return Err(bad(
+                "max_batch_size",
+                self.max_batch_size.to_string(),
+                "expected at least batch_size and at most 100000",
+            ));
+        }
+        if self.bucket_width < Duration::from_secs(1) || self.bucket_width.subsec_nanos() != 0 {
+            return Err(bad(
+                "bucket_width",
+                humantime::format_duration(self.bucket_width).to_string(),
+                "allowed: whole seconds, at least 1s",
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.reconcile_jitter) {
+            return Err(bad(
+                "reconcile_jitter",
+                self.reconcile_jitter.to_string(),
+                "allowed: 0.0 to 1.0",
+            ));
+        }
+        if self.reconcile_max_posts == 0 {
+            return Err(bad(
+                "reconcile_max_posts",
+                "0".into(),
+                "allowed: at least 1",
+            ));
+        }
+        if self.catch_up_timeout < Duration::from_millis(100) {
+            return Err(bad(
+                "catch_up_timeout",
+                humantime::format_duration(self.catch_up_timeout).to_string(),
+                "allowed: at least 100ms",
+            ));
+        }
+        if self.sweep_window == 0 {
+            return Err(bad("sweep_window", "0".into(), "allowed: at least 1"));
+        }
+        if !matches!(self.log_format.as_str(), "text" | "json") {
+            return Err(bad(
+                "log_format",
+                self.log_format.clone(),
+                "allowed: text, json",
+            ));
+        }
+        if self.lease_renew >= self.lease_ttl {
+            return Err(bad(
+                "lease_renew",
+                humantime::format_duration(self.lease_renew).to_string(),
+                "must be shorter than lease_ttl",
+            ));
+        }
+        if !(1..=256).contains(&self.partitions) {
+            return Err(bad(
+                "partitions",
+                self.partitions.to_string(),
+                "allowed: 1 to 256",
+            ));
+        }
+        if self.http_addr.parse::<std::net::SocketAddr>().is_err() {
+            return Err(bad(
+                "http_addr",
+                self.http_addr.clone(),
+                "expected host:port, e.g. 127.0.0.1:9187",
+            ));
+        }
+        if !self.start_at.is_empty() && self.start_at_timestamp().is_none() {
+            return Err(bad(
+                "start_at",
+                self.start_at.clone(),
+                "expected an RFC 3339 time, e.g. 2026-01-31T12:00:00Z",
+            ));
+        }
+        if !self.mongodb_uri.starts_with("mongodb://")
+            && !self.mongodb_uri.starts_with("mongodb+srv://")
+        {
+            return Err(bad(
+                "mongodb_uri",
+                redact_uri(&self.mongodb_uri),
+                "expected mongodb://… or mongodb+srv://…",
+            ));
+        }
+        if let Err(e) = mongodb::options::ConnectionString::parse(&self.mongodb_uri) {
+            // The driver's reason, without echoing the URI (it may hold a password).
+            let reason = match e.kind.as_ref() {
+                mongodb::error::ErrorKind::InvalidArgument { message, .. } => message.clone(),
+                _ => e.to_string(),
+            };
+            let reason = reason.replace(&self.mongodb_uri, "<uri>");
+            return Err(bad(
+                "mongodb_uri",
+                redact_uri(&self.mongodb_uri),
+                &format!("not a valid connection string: {reason} (expected mongodb://[user:pass@]host[:port][,host…]/[?options])"),
+            ));
+        }
+        if self.ready_max_stall < Duration::from_secs(1) {
+            return Err(bad(
+                "ready_max_stall",
+                humantime::format_duration(self.ready_max_stall).to_string(),
+                "allowed: at least 1s",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Why `name` cannot be a collection name (`None`: it can).
+fn collection_name_problem(name: &str) -> Option<&'static str> {
+    if name.is_empty() {
+        Some("must not be empty")
+    } else if name.contains('$') || name.contains('\0') {
+        Some("must not contain `$` or a NUL character")
+    } else if name.starts_with("system.") {
+        Some("must not start with `system.`")
+    } else {
+        None
+    }
+}
