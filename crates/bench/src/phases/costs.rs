@@ -134,6 +134,26 @@ pub async fn costs_phase(
             uniform.worker.cpu_us_per_event()
         )),
     );
+    let store_secs = worker
+        .counts
+        .by_concern
+        .values()
+        .map(|t| t.micros)
+        .sum::<u64>() as f64
+        / 1e6;
+    out.rows.push(
+        Row::info(
+            "store_time",
+            "3. time inside store calls (Zipf)",
+            store_secs,
+            "s",
+        )
+        .against(worker.secs, "worker time")
+        .note(format!(
+            "the worker's time waiting on the store (the server and the driver); {}",
+            breakdown(&worker.counts, "seconds", 1e6, |t| t.micros)
+        )),
+    );
     let zipf_writes = worker.counts.of(Concern::Counters).statements as f64;
     out.rows.push(
         Row::info(
