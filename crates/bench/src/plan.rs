@@ -70,6 +70,9 @@ pub struct Plan {
     pub batch_size: usize,
     pub zipf_exponent: f64,
     pub partitions: u32,
+    /// Events of the partition phase: a fifth of `events` (at least 1 000). Its figure, ledger
+    /// writes per event, does not depend on the size, and every partition reads every event.
+    pub partition_events: usize,
 }
 
 impl Plan {
@@ -87,6 +90,7 @@ impl Plan {
             batch_size: args.batch_size.max(1),
             zipf_exponent: ZIPF_EXPONENT,
             partitions: PARTITIONS,
+            partition_events: (events / 5).max(1_000),
         }
     }
 }

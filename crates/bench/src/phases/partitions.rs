@@ -28,14 +28,14 @@ struct Partitioned {
     statements: u64,
 }
 
-/// `plan.partitions` workers, one per partition, over one Zipf backlog, until each has read it
-/// all.
+/// `plan.partitions` workers, one per partition, over one Zipf backlog of
+/// `plan.partition_events`, until each has read it all.
 pub async fn partitions_phase(
     bench: &Bench,
     plan: &Plan,
     out: &mut Collected,
 ) -> anyhow::Result<()> {
-    let n = plan.events;
+    let n = plan.partition_events;
     let store = bench.store("partitions").await?;
     let start = just_before_now();
     let posts = draw_posts(Dist::Zipf, n, plan.load_posts, 16)?;
