@@ -78,10 +78,11 @@ pub struct Plan {
 impl Plan {
     pub fn from(args: &Args, kind: ServerKind) -> Plan {
         let quick = args.quick;
+        let events = args.events.unwrap_or(if quick { 5_000 } else { 100_000 });
         Plan {
             mode: if quick { "quick" } else { "full" },
             server_kind: format!("{kind:?}"),
-            events: args.events.unwrap_or(if quick { 5_000 } else { 100_000 }),
+            events,
             load_posts: args.load_posts.max(1),
             posts: args.posts.unwrap_or(if quick { 5_000 } else { 100_000 }),
             comments_per_post_mean: 3.0,
