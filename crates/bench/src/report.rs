@@ -208,7 +208,7 @@ fn fmt_num(v: f64, unit: &str) -> String {
     }
     let digits = match unit {
         "s" if v < 1.0 => 3,
-        "s" | "MB" | "µs/event" | "statements/event" | "writes/event" => 2,
+        "s" | "MB" | "µs/event" | "statements/event" | "writes/event" | "calls" => 2,
         _ => 0,
     };
     format!("{v:.digits$} {unit}")
