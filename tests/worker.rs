@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use counterd::batch::{CounterDelta, LedgerUpdate};
 use counterd::event::{CommentId, PostId, Row, Token};
+use counterd::store::counting::Concern;
 use counterd::store::prelude::*;
 use counterd::store::{DirtyOrder, Fence};
 use mongodb::bson::{doc, DateTime};
@@ -166,15 +167,15 @@ async fn restart_and_deliberate_replay_never_count_twice() {
         time: 1,
         increment: 0,
     });
-    let writes_before = t.store.op_counts().counter_statements;
-    let replay = t.spawn_worker(settings).await;
+    let counted = t.counted();
+    let replay = t.spawn_worker_on(counted.clone(), settings).await;
     // It re-reads both runs' events (all rejected by the guard) and then applies new ones.
     t.wait_applied(&replay, seen, Duration::from_secs(30)).await;
     t.wait_exact(&posts, Duration::from_secs(30)).await;
     writer(&t, 2, 40, posts.len(), 3).await;
     t.wait_exact(&posts, Duration::from_secs(30)).await;
     assert!(
-        t.store.op_counts().counter_statements > writes_before,
+        counted.counts().of(Concern::Counters).statements > 0,
         "the replay did write (and was rejected)"
     );
     replay.shutdown().await.unwrap();
@@ -343,7 +344,8 @@ async fn a_hot_post_collapses_into_few_counter_writes() {
     let posts: Vec<PostId> = (0..50).map(post).collect();
     let mut settings = t.worker_settings();
     settings.max_batch_wait = Duration::from_millis(300);
-    let worker = t.spawn_worker(settings).await;
+    let counted = t.counted();
+    let worker = t.spawn_worker_on(counted.clone(), settings).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     // 10k inserts, post chosen by Zipf(1.1): post-0 gets the lion's share.
     let zipf = rand_distr::Zipf::new(posts.len() as f64, 1.1).unwrap();
@@ -361,7 +363,7 @@ async fn a_hot_post_collapses_into_few_counter_writes() {
     t.wait_applied(&worker, 10_000, Duration::from_secs(90))
         .await;
     t.wait_exact(&posts, Duration::from_secs(30)).await;
-    let writes = counterd_writes(&t).await;
+    let writes = counted.counts().of(Concern::Counters).statements;
     let ratio = 10_000.0 / writes as f64;
     eprintln!("10000 events -> {writes} counter writes (ratio {ratio:.1})");
     assert!(
@@ -369,11 +371,6 @@ async fn a_hot_post_collapses_into_few_counter_writes() {
         "coalescing ratio {ratio:.1} below the floor of 5"
     );
     worker.shutdown().await.unwrap();
-}
-
-/// Counter write statements this test's store issued.
-async fn counterd_writes(t: &TestDb) -> u64 {
-    t.store.op_counts().counter_statements
 }
 
 #[tokio::test]

@@ -13,8 +13,11 @@
 //!
 //! [`Store`] is all of them at once. `worker` and `reconcile` speak only to these traits.
 //! [`mongo`] is the one implementation that knows MongoDB's command shapes; the deterministic
-//! simulation plugs an in-process store in here.
+//! simulation plugs an in-process store in here. `counting` (feature `test-utils`) wraps any
+//! store to count its calls and write statements, for the benchmark and the tests.
 
+#[cfg(feature = "test-utils")]
+pub mod counting;
 pub mod mongo;
 
 use std::collections::{BTreeMap, HashMap};

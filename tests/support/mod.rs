@@ -7,6 +7,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use counterd::event::PostId;
+use counterd::store::counting::CountingStore;
 use counterd::store::mongo::{ConnectOptions, MongoStore};
 use counterd::store::prelude::*;
 use counterd::store::ServerAbilities;
@@ -178,12 +179,27 @@ impl TestDb {
         }
     }
 
+    /// This test's store, counted (calls and write statements), for tests that assert what
+    /// the worker or the reconciler issued: hand it to [`TestDb::spawn_worker_on`].
+    pub fn counted(&self) -> Arc<CountingStore<MongoStore>> {
+        Arc::new(CountingStore::new(self.store.as_ref().clone()))
+    }
+
     /// Starts a worker in the background and waits (up to 20 s) until its change stream is open
     /// or it has stopped, so that writes made next are seen even on a loaded machine.
     pub async fn spawn_worker(&self, settings: WorkerSettings) -> RunningWorker {
+        self.spawn_worker_on(self.store.clone(), settings).await
+    }
+
+    /// [`TestDb::spawn_worker`] over another store (this test's, counted).
+    pub async fn spawn_worker_on<S: Store + 'static>(
+        &self,
+        store: Arc<S>,
+        settings: WorkerSettings,
+    ) -> RunningWorker {
         let (stop, rx) = watch::channel(false);
         let status = Arc::new(WorkerStatus::default());
-        let worker = Worker::new(self.store.clone(), settings, status.clone());
+        let worker = Worker::new(store, settings, status.clone());
         let handle =
             tokio::spawn(async move { worker.run(0, rx).await.map_err(|e| e.to_string()) });
         let deadline = Instant::now() + Duration::from_secs(20);

@@ -61,9 +61,6 @@ impl Counters for MongoStore {
                 }
             })
             .collect();
-        self.ops
-            .counter_statements
-            .fetch_add(writes.len() as u64, Ordering::Relaxed);
         let (applied, already_applied) = self
             .update_many_statements("apply counter increments", &self.names.counters, statements)
             .await?;

@@ -63,9 +63,6 @@ impl Ledger for MongoStore {
                 doc! {"q": filter, "u": update, "upsert": true}
             })
             .collect();
-        self.ops
-            .ledger_statements
-            .fetch_add(updates.len() as u64, Ordering::Relaxed);
         self.update_many_statements(
             "write the comment ledger",
             &self.names.ledger_of(&fence.stream),
@@ -96,9 +93,6 @@ impl Ledger for MongoStore {
                 }
             })
             .collect();
-        self.ops
-            .ledger_statements
-            .fetch_add(rows.len() as u64, Ordering::Relaxed);
         self.update_many_statements(
             "rebuild the comment ledger",
             &self.names.ledger_of(stream),

@@ -22,7 +22,6 @@ mod stream;
 mod truth;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -102,28 +101,9 @@ pub struct ConnectOptions {
     pub schema: Schema,
 }
 
-/// Operations issued through one store, for tests and the benchmark.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct OpCounts {
-    /// Counter write statements (one per post per batch).
-    pub counter_statements: u64,
-    /// Recount queries against `comments`.
-    pub count_queries: u64,
-    /// Ledger write statements.
-    pub ledger_statements: u64,
-}
-
-#[derive(Default)]
-struct OpCounters {
-    counter_statements: AtomicU64,
-    count_queries: AtomicU64,
-    ledger_statements: AtomicU64,
-}
-
 /// The MongoDB implementation of [`Store`].
 #[derive(Clone)]
 pub struct MongoStore {
-    ops: Arc<OpCounters>,
     /// Whether snapshot reads at a cluster time really work here (probed once, on first use).
     snapshot_reads: Arc<tokio::sync::OnceCell<bool>>,
     db: Database,
@@ -197,7 +177,6 @@ impl MongoStore {
             })?;
         let comments = db.collection(&options.comments);
         Ok(MongoStore {
-            ops: Arc::default(),
             snapshot_reads: Arc::default(),
             db,
             comments,
@@ -205,15 +184,6 @@ impl MongoStore {
             schema: options.schema.clone(),
             hosts,
         })
-    }
-
-    /// Operations issued so far through this store (and its clones).
-    pub fn op_counts(&self) -> OpCounts {
-        OpCounts {
-            counter_statements: self.ops.counter_statements.load(Ordering::Relaxed),
-            count_queries: self.ops.count_queries.load(Ordering::Relaxed),
-            ledger_statements: self.ops.ledger_statements.load(Ordering::Relaxed),
-        }
     }
 
     pub fn database(&self) -> &Database {

@@ -5,7 +5,6 @@ use super::*;
 #[async_trait]
 impl Truth for MongoStore {
     async fn count_live_below(&self, post: &PostId, watermark: i64) -> StoreResult<i64> {
-        self.ops.count_queries.fetch_add(1, Ordering::Relaxed);
         let n = self
             .comments
             .count_documents(self.live_below(post, watermark))
@@ -23,7 +22,6 @@ impl Truth for MongoStore {
         if !self.snapshot_reads().await {
             return Ok(None);
         }
-        self.ops.count_queries.fetch_add(1, Ordering::Relaxed);
         let filter = self.live_below(post, watermark);
         match self.count_at(filter, at).await {
             Ok(n) => Ok(Some(n)),
@@ -36,7 +34,6 @@ impl Truth for MongoStore {
     }
 
     async fn latest_created(&self, post: &PostId) -> StoreResult<Option<i64>> {
-        self.ops.count_queries.fetch_add(1, Ordering::Relaxed);
         let latest = self
             .comments
             .find_one(

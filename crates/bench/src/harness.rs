@@ -1,0 +1,250 @@
+//! The bench's harness: one database per phase on the test server, reached through a counting
+//! store; a worker running in this process; and the measured replay of a backlog through it.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail};
+use bson::{doc, DateTime, Document, Timestamp};
+use counterd::store::counting::{CountingStore, Counts};
+use counterd::store::mongo::{Collections, ConnectOptions, MongoStore};
+use counterd::store::Store;
+use counterd::worker::{Worker, WorkerSettings, WorkerStatus};
+use mongodb::Collection;
+use serde::Serialize;
+use tokio::sync::watch;
+
+use crate::measure::{process_cpu, vm_hwm_kb};
+use crate::plan::Plan;
+
+/// The store every phase uses: MongoDB, counted.
+pub type Counted = CountingStore<MongoStore>;
+
+/// The server and a name for this run's databases.
+pub struct Bench {
+    pub uri: String,
+    pub run_id: String,
+}
+
+impl Bench {
+    /// A fresh database for `phase`, with counterd's indexes.
+    pub async fn store(&self, phase: &str) -> anyhow::Result<Arc<Counted>> {
+        let store = connect(&self.uri, &self.db_name(phase)).await?;
+        store.ensure_indexes().await?;
+        Ok(Arc::new(CountingStore::new(store)))
+    }
+
+    pub fn db_name(&self, phase: &str) -> String {
+        format!("bench_{}_{phase}", self.run_id)
+    }
+
+    /// Drops a phase's database (the benchmark leaves nothing behind on a shared server).
+    pub async fn drop_db(&self, store: &Counted) {
+        let _ = store.inner().database().drop().await;
+    }
+}
+
+async fn connect(uri: &str, database: &str) -> anyhow::Result<MongoStore> {
+    Ok(MongoStore::connect(&ConnectOptions {
+        uri: uri.to_string(),
+        database: database.to_string(),
+        comments: "comments".into(),
+        connect_timeout: Duration::from_secs(10),
+        collections: Collections::default(),
+        schema: counterd::schema::Schema::default(),
+    })
+    .await?)
+}
+
+/// The `comments` collection of a phase's database.
+pub fn comments(store: &Counted) -> Collection<Document> {
+    store.inner().database().collection("comments")
+}
+
+/// Inserts one comment (one change event) per entry of `posts`, in chunks of 1 000; returns
+/// the seconds taken.
+pub async fn load(
+    comments: &Collection<Document>,
+    posts: &[i64],
+    created: DateTime,
+) -> anyhow::Result<f64> {
+    let started = Instant::now();
+    for (c, chunk) in posts.chunks(1000).enumerate() {
+        let docs: Vec<Document> = chunk
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                doc! {"_id": (c * 1000 + i) as i64, "post_id": *p, "created_at": created, "body": "benchmark comment"}
+            })
+            .collect();
+        comments.insert_many(docs).await?;
+    }
+    Ok(started.elapsed().as_secs_f64())
+}
+
+/// A cluster time a moment before now: a stream started there replays what follows.
+pub fn just_before_now() -> Timestamp {
+    Timestamp {
+        time: (chrono::Utc::now().timestamp() - 1) as u32,
+        increment: 0,
+    }
+}
+
+/// The worker measured: counterd's defaults (batches of `plan.batch_size` while caught up,
+/// growing to `max_batch_size` while behind), applying the stream from `start` (the events
+/// written for the benchmark); no initial snapshot, whose scan would be measured instead.
+pub fn worker_settings(plan: &Plan, start: Timestamp) -> WorkerSettings {
+    WorkerSettings {
+        batch_size: plan.batch_size,
+        start_at: Some(start),
+        snapshot: no_snapshot(),
+        ..WorkerSettings::default()
+    }
+}
+
+fn no_snapshot() -> counterd::snapshot::SnapshotSettings {
+    counterd::snapshot::SnapshotSettings {
+        initial: counterd::snapshot::InitialSnapshot::Never,
+        ..Default::default()
+    }
+}
+
+/// Generous bound for a phase that processes `n` events.
+pub fn phase_timeout(n: usize) -> Duration {
+    Duration::from_secs(300 + n as u64 / 50)
+}
+
+/// A worker running in this process.
+pub struct Running {
+    pub stop: watch::Sender<bool>,
+    pub handle: tokio::task::JoinHandle<Result<(), String>>,
+    pub status: Arc<WorkerStatus>,
+}
+
+impl Running {
+    pub fn spawn<S: Store + 'static>(store: Arc<S>, settings: WorkerSettings) -> Running {
+        let (stop, rx) = watch::channel(false);
+        let status = Arc::new(WorkerStatus::default());
+        let worker = Worker::new(store, settings, status.clone());
+        let handle =
+            tokio::spawn(async move { worker.run(0, rx).await.map_err(|e| e.to_string()) });
+        Running {
+            stop,
+            handle,
+            status,
+        }
+    }
+
+    pub fn applied(&self) -> i64 {
+        self.status.events_applied.load(Ordering::Relaxed)
+    }
+
+    /// Waits until `n` events are applied; fails if the worker stops or `within` passes.
+    pub async fn wait_applied(&mut self, n: i64, within: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + within;
+        while self.applied() < n {
+            if self.handle.is_finished() {
+                let result = (&mut self.handle).await?;
+                bail!(
+                    "the worker stopped after {} of {n} events: {result:?}",
+                    self.applied()
+                );
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "the worker applied only {} of {n} events within {within:?}",
+                    self.applied()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        Ok(())
+    }
+
+    pub async fn shutdown(self) -> anyhow::Result<()> {
+        let _ = self.stop.send(true);
+        self.handle
+            .await?
+            .map_err(|e| anyhow!("the worker failed: {e}"))
+    }
+}
+
+/// What applying a backlog cost: wall time, this process's CPU time, and the store's calls
+/// and write statements.
+#[derive(Debug, Serialize)]
+pub struct WorkerRun {
+    pub events: usize,
+    pub secs: f64,
+    /// User + system CPU of this process while the worker ran (the bench's own 2 ms polling
+    /// of the applied count is included; it is small against the worker's).
+    pub cpu_secs: f64,
+    pub counts: Counts,
+}
+
+impl WorkerRun {
+    pub fn rate(&self) -> f64 {
+        self.events as f64 / self.secs
+    }
+
+    pub fn cpu_us_per_event(&self) -> f64 {
+        self.cpu_secs * 1e6 / self.events as f64
+    }
+
+    /// Store calls (each at least one round trip) per 1 000 events.
+    pub fn calls_per_1000(&self) -> f64 {
+        self.counts.calls() as f64 * 1000.0 / self.events as f64
+    }
+}
+
+/// Runs one worker over `store` until it has applied `n` events (written before, after the
+/// settings' `start_at`), and measures it.
+///
+/// Generic over the store so the same measurement runs on a store that does no I/O: once the
+/// in-process store (`counterd::store::memory`, feature `test-utils`) is merged, wrapping it in
+/// a [`CountingStore`] with `n` events in its stream gives counterd's CPU per event without a
+/// server (the lower bound). Not done on this branch: that store is not here yet.
+pub async fn replay_through<S: Store + 'static>(
+    store: Arc<CountingStore<S>>,
+    settings: WorkerSettings,
+    n: usize,
+) -> anyhow::Result<WorkerRun> {
+    let before = store.counts();
+    let cpu_before = process_cpu();
+    let started = Instant::now();
+    let mut worker = Running::spawn(store.clone(), settings);
+    worker.wait_applied(n as i64, phase_timeout(n)).await?;
+    let secs = started.elapsed().as_secs_f64();
+    let cpu_secs = (process_cpu() - cpu_before).as_secs_f64();
+    let counts = store.counts().since(&before);
+    worker.shutdown().await?;
+    Ok(WorkerRun {
+        events: n,
+        secs,
+        cpu_secs,
+        counts,
+    })
+}
+
+/// `--child-worker URI DATABASE START_SECS EVENTS`: a bare worker that replays `EVENTS` events
+/// from `START_SECS`, prints its peak RSS and exits.
+pub async fn child_worker(args: &[String]) -> anyhow::Result<()> {
+    let [uri, database, start, events] = args else {
+        bail!("--child-worker needs URI DATABASE START_SECS EVENTS");
+    };
+    let store = Arc::new(connect(uri, database).await?);
+    let settings = WorkerSettings {
+        start_at: Some(Timestamp {
+            time: start.parse()?,
+            increment: 0,
+        }),
+        snapshot: no_snapshot(),
+        ..WorkerSettings::default()
+    };
+    let n: i64 = events.parse()?;
+    let mut worker = Running::spawn(store, settings);
+    worker.wait_applied(n, phase_timeout(n as usize)).await?;
+    worker.shutdown().await?;
+    println!("VMHWM_KB {}", vm_hwm_kb(None).unwrap_or(0));
+    Ok(())
+}

@@ -1,0 +1,318 @@
+//! Phase 3, what the worker costs apart from the server's speed, against the seed's hot path (one
+//! upserting `$inc` per event, one after another) in the same run: write statements per event,
+//! round trips per 1 000 events, CPU per event, counter writes on Zipf(1.1) and uniform loads;
+//! and the worker's throughput against the rate at which the same server absorbs the same
+//! write statements issued as bare bulk updates.
+
+use std::time::Instant;
+
+use bson::{doc, Bson, Document};
+use counterd::store::counting::{Concern, Counts};
+use counterd::store::mongo::Collections;
+use serde::Serialize;
+
+use super::throughput::Throughput;
+use crate::harness::Bench;
+use crate::load::windowed_distinct;
+use crate::measure::process_cpu;
+use crate::plan::{Plan, TARGET_CPU_US_PER_EVENT, TARGET_WORKER_VS_BULK, TARGET_ZIPF_WRITES};
+use crate::report::{Row, Status};
+use crate::{say, Collected};
+
+/// The seed's hot path over one load.
+#[derive(Debug, Serialize)]
+struct Seed {
+    writes: usize,
+    secs: f64,
+    rate: f64,
+    cpu_us_per_event: f64,
+}
+
+/// The worker's write statements of one run, reissued as plain bulk updates by `_id`.
+#[derive(Debug, Serialize)]
+struct Bulk {
+    /// Statements per collection: counters, ledger, dirty set, checkpoints.
+    statements: Vec<(String, u64)>,
+    commands: u64,
+    secs: f64,
+    statements_per_sec: f64,
+    /// Events per second the worker would reach if the server's time for its writes were all
+    /// it cost: the run's events over `secs`.
+    events_per_sec: f64,
+}
+
+/// Returns the events per second at which the server absorbs the worker's writes (the bulk
+/// baseline).
+pub async fn costs_phase(
+    bench: &Bench,
+    plan: &Plan,
+    zipf: &Throughput,
+    uniform: &Throughput,
+    out: &mut Collected,
+) -> anyhow::Result<f64> {
+    let n = plan.events as f64;
+    let seed_zipf = seed(bench, "seed_zipf", &zipf.posts).await?;
+    let seed_uniform = seed(bench, "seed_uniform", &uniform.posts).await?;
+    out.phase(
+        "seed_baseline",
+        &serde_json::json!({"zipf": seed_zipf, "uniform": seed_uniform}),
+    )?;
+    let bulk = bulk(bench, "bulk", &zipf.worker.counts, &zipf.posts).await?;
+    out.phase("bulk_baseline", &bulk)?;
+    // What per-batch coalescing gives at fixed batch sizes on the same Zipf sequence (the
+    // worker's batches adapt between them).
+    let model: Vec<serde_json::Value> = [1_000, 5_000, 10_000]
+        .iter()
+        .map(|&w| {
+            let d = windowed_distinct(&zipf.posts, w);
+            serde_json::json!({"batch_size": w, "writes": d, "ratio": d as f64 / n})
+        })
+        .collect();
+    out.phase("zipf_coalescing_by_batch_size", &model)?;
+
+    let worker = &zipf.worker;
+    let ratio_to_bulk = worker.rate() / bulk.events_per_sec;
+    out.rows.push(
+        Row::info(
+            "worker_vs_bulk",
+            "2. worker throughput vs the same writes as bare bulk updates (Zipf)",
+            worker.rate(),
+            "events/s",
+        )
+        .against(bulk.events_per_sec, "events/s if only its writes cost")
+        .target(
+            &format!(">= {TARGET_WORKER_VS_BULK:.2} x bulk"),
+            Status::of(ratio_to_bulk >= TARGET_WORKER_VS_BULK),
+        )
+        .note(format!(
+            "the worker's {} write statements ({}) reissued as {} plain `update` commands of upserts by _id took {:.2} s ({:.0} statements/s); the worker took {:.2} s",
+            bulk.statements.iter().map(|(_, k)| k).sum::<u64>(),
+            bulk.statements.iter().map(|(c, k)| format!("{c} {k}")).collect::<Vec<_>>().join(", "),
+            bulk.commands,
+            bulk.secs,
+            bulk.statements_per_sec,
+            worker.secs
+        )),
+    );
+    out.rows.push(
+        Row::info(
+            "statements_per_event",
+            "3. write statements per event (Zipf)",
+            worker.counts.statements() as f64 / n,
+            "statements/event",
+        )
+        .against(1.0, "seed: one $inc per event")
+        .note(breakdown(&worker.counts, "statements", n, |t| t.statements)),
+    );
+    out.rows.push(
+        Row::info(
+            "round_trips_per_1000",
+            "3. round trips (store calls) per 1000 events (Zipf)",
+            worker.calls_per_1000(),
+            "calls",
+        )
+        .against(1000.0, "seed: one per event")
+        .note(format!(
+            "store calls, each at least one round trip (bulk writes over 1000 statements are split into commands of 1000, and cursors fetch more); {}",
+            breakdown(&worker.counts, "calls", n / 1000.0, |t| t.calls)
+        )),
+    );
+    out.rows.push(
+        Row::info(
+            "cpu_per_event",
+            "3. counterd CPU per event (user+sys, worker phase, Zipf)",
+            worker.cpu_us_per_event(),
+            "µs/event",
+        )
+        .against(TARGET_CPU_US_PER_EVENT, "target")
+        .target(
+            &format!("<= {TARGET_CPU_US_PER_EVENT:.0} µs/event"),
+            Status::of(worker.cpu_us_per_event() <= TARGET_CPU_US_PER_EVENT),
+        )
+        .note(format!(
+            "with the MongoDB store: includes the driver's encoding and decoding (the no-I/O lower bound is not measured on this branch); the seed's loop: {:.1} µs/event (ratio {:.2}); uniform: {:.1} µs/event",
+            seed_zipf.cpu_us_per_event,
+            worker.cpu_us_per_event() / seed_zipf.cpu_us_per_event,
+            uniform.worker.cpu_us_per_event()
+        )),
+    );
+    let store_secs = worker
+        .counts
+        .by_concern
+        .values()
+        .map(|t| t.micros)
+        .sum::<u64>() as f64
+        / 1e6;
+    out.rows.push(
+        Row::info(
+            "store_time",
+            "3. time inside store calls (Zipf)",
+            store_secs,
+            "s",
+        )
+        .against(worker.secs, "worker time")
+        .note(format!(
+            "the worker's time waiting on the store (the server and the driver); {}",
+            breakdown(&worker.counts, "seconds", 1e6, |t| t.micros)
+        )),
+    );
+    let zipf_writes = worker.counts.of(Concern::Counters).statements as f64;
+    out.rows.push(
+        Row::info(
+            "zipf_counter_writes",
+            "3. counter writes, Zipf(1.1), worker behind",
+            zipf_writes,
+            "writes",
+        )
+        .against(n, "seed: one $inc per event")
+        .target(
+            &format!("<= {TARGET_ZIPF_WRITES:.2} x seed"),
+            Status::of(zipf_writes <= TARGET_ZIPF_WRITES * n),
+        )
+        .note(format!(
+            "batch_size {} growing to max_batch_size {} while behind, {} posts; fixed batches of 1000 / 5000 / 10000 would give {}",
+            plan.batch_size,
+            counterd::worker::WorkerSettings::default().max_batch_size,
+            plan.load_posts,
+            [1_000, 5_000, 10_000].map(|w| windowed_distinct(&zipf.posts, w).to_string()).join(" / ")
+        )),
+    );
+    out.rows.push(
+        Row::info(
+            "uniform_counter_writes",
+            "3. counter writes, uniform",
+            uniform.worker.counts.of(Concern::Counters).statements as f64,
+            "writes",
+        )
+        .against(n, "seed: one $inc per event"),
+    );
+    for (key, dist, seed, run) in [
+        ("zipf", "Zipf", &seed_zipf, &zipf.worker),
+        ("uniform", "uniform", &seed_uniform, &uniform.worker),
+    ] {
+        out.rows.push(
+            Row::info(
+                &format!("worker_time_{key}"),
+                &format!("3. counterd worker time vs seed hot path ({dist}, N events)"),
+                run.secs,
+                "s",
+            )
+            .against(seed.secs, "seed: N sequential $inc")
+            .note(format!("seed: {:.0} writes/s", seed.rate)),
+        );
+    }
+    Ok(bulk.events_per_sec)
+}
+
+/// Per-concern figures of `counts`, divided by `per`.
+fn breakdown(
+    counts: &Counts,
+    what: &str,
+    per: f64,
+    field: impl Fn(&counterd::store::counting::Tally) -> u64,
+) -> String {
+    let parts: Vec<String> = Concern::ALL
+        .iter()
+        .filter(|&&c| field(&counts.of(c)) > 0)
+        .map(|&c| format!("{c:?} {:.3}", field(&counts.of(c)) as f64 / per))
+        .collect();
+    format!("{what} by concern: {}", parts.join(", "))
+}
+
+/// The seed's hot path: one upserting `$inc` per event, one after another.
+async fn seed(bench: &Bench, phase: &str, posts: &[i64]) -> anyhow::Result<Seed> {
+    let store = bench.store(phase).await?;
+    let counters = store
+        .inner()
+        .database()
+        .collection::<Document>("seed_counters");
+    say!("{phase}: {} sequential $inc writes ...", posts.len());
+    let cpu_before = process_cpu();
+    let started = Instant::now();
+    for p in posts {
+        counters
+            .update_one(doc! {"_id": *p}, doc! {"$inc": {"count": 1_i64}})
+            .upsert(true)
+            .await?;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let cpu = (process_cpu() - cpu_before).as_secs_f64();
+    say!(
+        "{phase}: {secs:.2} s ({:.0} writes/s)",
+        posts.len() as f64 / secs
+    );
+    bench.drop_db(&store).await;
+    Ok(Seed {
+        writes: posts.len(),
+        secs,
+        rate: posts.len() as f64 / secs,
+        cpu_us_per_event: cpu * 1e6 / posts.len().max(1) as f64,
+    })
+}
+
+/// The worker's write statements, as many per collection as it wrote, reissued as plain
+/// upserting `$inc` statements by `_id` in `update` commands of 1 000 (`ordered: false`), one
+/// command after another: counters and dirty marks over the load's posts in order, ledger
+/// entries one per comment, checkpoint writes on one document.
+async fn bulk(bench: &Bench, phase: &str, worker: &Counts, posts: &[i64]) -> anyhow::Result<Bulk> {
+    let store = bench.store(phase).await?;
+    let db = store.inner().database().clone();
+    let names = Collections::default();
+    let plan = [
+        (&names.counters, Concern::Counters, Ids::Posts),
+        (&names.ledger, Concern::Ledger, Ids::Comments),
+        (&names.dirty, Concern::Dirty, Ids::Posts),
+        (&names.checkpoints, Concern::Checkpoints, Ids::OneStream),
+    ];
+    let total: u64 = plan.iter().map(|(_, c, _)| worker.of(*c).statements).sum();
+    say!("{phase}: {total} statements as bare bulk updates ...");
+    let mut commands = 0;
+    let started = Instant::now();
+    for (collection, concern, ids) in &plan {
+        let k = worker.of(*concern).statements as usize;
+        for from in (0..k).step_by(1000) {
+            let updates: Vec<Document> = (from..(from + 1000).min(k))
+                .map(|i| doc! {"q": {"_id": ids.of(i, posts)}, "u": {"$inc": {"n": 1_i64}}, "upsert": true})
+                .collect();
+            db.run_command(
+                doc! {"update": collection.as_str(), "updates": updates, "ordered": false},
+            )
+            .await?;
+            commands += 1;
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    say!(
+        "{phase}: {secs:.2} s ({:.0} statements/s)",
+        total as f64 / secs
+    );
+    bench.drop_db(&store).await;
+    Ok(Bulk {
+        statements: plan
+            .iter()
+            .map(|(c, concern, _)| (c.to_string(), worker.of(*concern).statements))
+            .collect(),
+        commands,
+        secs,
+        statements_per_sec: total as f64 / secs,
+        events_per_sec: posts.len() as f64 / secs,
+    })
+}
+
+/// The `_id`s the bulk baseline writes, like the worker's: a counter or dirty mark per post (the
+/// load's posts in order), a ledger entry per comment, the one checkpoint of the stream.
+enum Ids {
+    Posts,
+    Comments,
+    OneStream,
+}
+
+impl Ids {
+    fn of(&self, i: usize, posts: &[i64]) -> Bson {
+        match self {
+            Ids::Posts => Bson::Int64(posts[i % posts.len().max(1)]),
+            Ids::Comments => Bson::Int64(i as i64),
+            Ids::OneStream => Bson::String("comments".into()),
+        }
+    }
+}

@@ -1,0 +1,8 @@
+//! The benchmark's phases, each on its own fresh database, in the order `main` runs them.
+
+pub mod costs;
+pub mod lag;
+pub mod partitions;
+pub mod reconcile;
+pub mod rss;
+pub mod throughput;

@@ -1,0 +1,97 @@
+//! What one run measures: its sizes (from the command line and the server) and the targets the
+//! results are judged against.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+use counterd_testdb::ServerKind;
+use serde::Serialize;
+
+/// Targets (ratios and bounds, same run, same server), from issue #16.
+pub const TARGET_WORKER_VS_BULK: f64 = 0.80;
+pub const TARGET_CPU_US_PER_EVENT: f64 = 10.0;
+pub const TARGET_ZIPF_WRITES: f64 = 0.20;
+pub const TARGET_RECONCILE_1PCT: f64 = 0.03;
+pub const TARGET_LAG_MEDIAN_MS: f64 = 1000.0;
+pub const TARGET_LAG_RATE: u32 = 5000;
+pub const TARGET_PARTITION_LEDGER_PER_EVENT: f64 = 1.1;
+pub const TARGET_RSS_MB: f64 = 50.0;
+
+pub const ZIPF_EXPONENT: f64 = 1.1;
+pub const DIRTY_FRACTIONS: [f64; 3] = [0.001, 0.01, 0.1];
+/// Partitions of the partition phase (the target's setting).
+pub const PARTITIONS: u32 = 4;
+
+/// Benchmark counterd against the test database (see `counterd_testdb`).
+#[derive(Debug, Parser)]
+#[command(name = "counterd-bench", about, long_about = None)]
+pub struct Args {
+    /// Small sizes: used in CI only to check that the benchmark still works.
+    #[arg(long)]
+    pub quick: bool,
+    /// Where to write the JSON results.
+    #[arg(long, default_value = "bench/latest.json")]
+    pub out: PathBuf,
+    /// Events per backlog (tail, worker, baseline and partition phases). Default: 5000 quick,
+    /// 100000 full.
+    #[arg(long)]
+    pub events: Option<usize>,
+    /// Posts seeded for the reconcile phase. Default: 5000 quick, 100000 full (on the fake
+    /// server every recount scans the whole `comments` collection: a sweep is quadratic).
+    #[arg(long)]
+    pub posts: Option<usize>,
+    /// Distinct posts the event load is drawn from (Zipf ranks or uniform). Default: 10000.
+    #[arg(long, default_value_t = 10_000)]
+    pub load_posts: usize,
+    /// Duration of each lag run's writer, seconds. Default: 5 quick, 20 full.
+    #[arg(long)]
+    pub lag_secs: Option<u64>,
+    /// The worker's batch size while caught up (counterd's default: 1000; batches grow to
+    /// `max_batch_size`, default 10000, while it is behind).
+    #[arg(long, default_value_t = 1000)]
+    pub batch_size: usize,
+    /// Internal: run a bare worker as a child process (for its RSS) and exit.
+    #[arg(long, hide = true, num_args = 4, value_names = ["URI", "DATABASE", "START_SECS", "EVENTS"])]
+    pub child_worker: Option<Vec<String>>,
+}
+
+/// Sizes of one run.
+#[derive(Clone, Debug, Serialize)]
+pub struct Plan {
+    pub mode: &'static str,
+    pub server_kind: String,
+    pub events: usize,
+    pub load_posts: usize,
+    pub posts: usize,
+    pub comments_per_post_mean: f64,
+    pub lag_secs: u64,
+    /// How long a lag run waits for unseen probes after its writer stops.
+    pub lag_drain_secs: u64,
+    pub batch_size: usize,
+    pub zipf_exponent: f64,
+    pub partitions: u32,
+    /// Events of the partition phase: a fifth of `events` (at least 1 000). Its figure, ledger
+    /// writes per event, does not depend on the size, and every partition reads every event.
+    pub partition_events: usize,
+}
+
+impl Plan {
+    pub fn from(args: &Args, kind: ServerKind) -> Plan {
+        let quick = args.quick;
+        let events = args.events.unwrap_or(if quick { 5_000 } else { 100_000 });
+        Plan {
+            mode: if quick { "quick" } else { "full" },
+            server_kind: format!("{kind:?}"),
+            events,
+            load_posts: args.load_posts.max(1),
+            posts: args.posts.unwrap_or(if quick { 5_000 } else { 100_000 }),
+            comments_per_post_mean: 3.0,
+            lag_secs: args.lag_secs.unwrap_or(if quick { 5 } else { 20 }),
+            lag_drain_secs: if quick { 15 } else { 60 },
+            batch_size: args.batch_size.max(1),
+            zipf_exponent: ZIPF_EXPONENT,
+            partitions: PARTITIONS,
+            partition_events: (events / 5).max(1_000),
+        }
+    }
+}

@@ -1,0 +1,224 @@
+//! A store that counts what passes through it: [`CountingStore`] wraps any [`Store`], delegates
+//! every call unchanged, and tallies per concern the calls made (each at least one round trip to
+//! a server store) and the write statements they carry (one per document a bulk call writes).
+//!
+//! The benchmark measures counterd's server-independent costs with it (write statements per
+//! event, round trips per 1 000 events) and the tests assert coalescing and recount budgets
+//! through it, so the stores themselves keep no instrumentation.
+//!
+//! Here: the tallies and the wrapper, and the change stream's delegation; beside it, `writes`
+//! (checkpoints, counters, ledger, dirty set) and `reads` (truth, leases, run history).
+
+mod reads;
+mod writes;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use async_trait::async_trait;
+use bson::{DateTime, Timestamp};
+use serde::Serialize;
+
+use super::*;
+
+/// The concerns of the store, one per trait (the change stream's reads count as [`Stream`]).
+///
+/// [`Stream`]: Concern::Stream
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Concern {
+    Stream,
+    Checkpoints,
+    Counters,
+    Ledger,
+    Dirty,
+    Truth,
+    Leases,
+    Runs,
+}
+
+impl Concern {
+    pub const ALL: [Concern; 8] = [
+        Concern::Stream,
+        Concern::Checkpoints,
+        Concern::Counters,
+        Concern::Ledger,
+        Concern::Dirty,
+        Concern::Truth,
+        Concern::Leases,
+        Concern::Runs,
+    ];
+}
+
+/// What one concern saw.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Tally {
+    /// Calls into the store (each at least one round trip to a server store).
+    pub calls: u64,
+    /// Write statements: documents written, one per entry of a bulk call.
+    pub statements: u64,
+    /// Wall time spent inside the calls, in microseconds (the server's and the driver's share
+    /// of a phase; calls that overlap each count their own).
+    pub micros: u64,
+}
+
+/// The tallies at one moment; subtract two with [`Counts::since`] to measure a phase.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Counts {
+    pub by_concern: HashMap<Concern, Tally>,
+    /// Recount queries against `comments` (the reconciler's cost): counts below a watermark
+    /// (direct or at a cluster time) and latest-row lookups.
+    pub count_queries: u64,
+}
+
+impl Counts {
+    pub fn of(&self, concern: Concern) -> Tally {
+        self.by_concern.get(&concern).copied().unwrap_or_default()
+    }
+
+    /// Write statements of every concern.
+    pub fn statements(&self) -> u64 {
+        self.by_concern.values().map(|t| t.statements).sum()
+    }
+
+    /// Calls of every concern.
+    pub fn calls(&self) -> u64 {
+        self.by_concern.values().map(|t| t.calls).sum()
+    }
+
+    /// What happened after `earlier` was taken.
+    pub fn since(&self, earlier: &Counts) -> Counts {
+        let by_concern = Concern::ALL
+            .iter()
+            .map(|&c| {
+                let (now, then) = (self.of(c), earlier.of(c));
+                let tally = Tally {
+                    calls: now.calls - then.calls,
+                    statements: now.statements - then.statements,
+                    micros: now.micros - then.micros,
+                };
+                (c, tally)
+            })
+            .collect();
+        Counts {
+            by_concern,
+            count_queries: self.count_queries - earlier.count_queries,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Tallies {
+    calls: [AtomicU64; Concern::ALL.len()],
+    statements: [AtomicU64; Concern::ALL.len()],
+    micros: [AtomicU64; Concern::ALL.len()],
+    count_queries: AtomicU64,
+}
+
+impl Tallies {
+    /// Counts one call of `concern` carrying `statements` writes, and the time it took.
+    async fn timed<T>(
+        &self,
+        concern: Concern,
+        statements: usize,
+        call: impl std::future::Future<Output = T>,
+    ) -> T {
+        let i = concern as usize;
+        self.calls[i].fetch_add(1, Ordering::Relaxed);
+        self.statements[i].fetch_add(statements as u64, Ordering::Relaxed);
+        let started = Instant::now();
+        let result = call.await;
+        let micros = started.elapsed().as_micros() as u64;
+        self.micros[i].fetch_add(micros, Ordering::Relaxed);
+        result
+    }
+}
+
+/// Any [`Store`], counted. Clones share their tallies.
+#[derive(Clone)]
+pub struct CountingStore<S> {
+    inner: S,
+    tallies: Arc<Tallies>,
+}
+
+impl<S> CountingStore<S> {
+    pub fn new(inner: S) -> CountingStore<S> {
+        CountingStore {
+            inner,
+            tallies: Arc::default(),
+        }
+    }
+
+    /// The store underneath (its calls are not counted).
+    pub fn inner(&self) -> &S {
+        &self.inner
+    }
+
+    /// Everything counted so far through this store and its clones.
+    pub fn counts(&self) -> Counts {
+        let t = &self.tallies;
+        let by_concern = Concern::ALL
+            .iter()
+            .map(|&c| {
+                let i = c as usize;
+                let tally = Tally {
+                    calls: t.calls[i].load(Ordering::Relaxed),
+                    statements: t.statements[i].load(Ordering::Relaxed),
+                    micros: t.micros[i].load(Ordering::Relaxed),
+                };
+                (c, tally)
+            })
+            .collect();
+        Counts {
+            by_concern,
+            count_queries: t.count_queries.load(Ordering::Relaxed),
+        }
+    }
+
+    async fn timed<T>(
+        &self,
+        concern: Concern,
+        statements: usize,
+        call: impl std::future::Future<Output = T>,
+    ) -> T {
+        self.tallies.timed(concern, statements, call).await
+    }
+
+    fn count_query(&self) {
+        self.tallies.count_queries.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// An open change stream whose reads are counted as [`Concern::Stream`] calls.
+struct CountingEvents {
+    inner: Box<dyn EventSource>,
+    tallies: Arc<Tallies>,
+}
+
+#[async_trait]
+impl EventSource for CountingEvents {
+    async fn next_batch(&mut self, max: usize, max_wait: Duration) -> StoreResult<RawBatch> {
+        let call = self.inner.next_batch(max, max_wait);
+        self.tallies.timed(Concern::Stream, 0, call).await
+    }
+}
+
+#[async_trait]
+impl<S: ChangeStreams> ChangeStreams for CountingStore<S> {
+    async fn open_stream(&self, options: StreamOptions) -> StoreResult<Box<dyn EventSource>> {
+        let inner = self
+            .timed(Concern::Stream, 0, self.inner.open_stream(options))
+            .await?;
+        Ok(Box::new(CountingEvents {
+            inner,
+            tallies: self.tallies.clone(),
+        }))
+    }
+
+    async fn read_position(&self) -> StoreResult<ServerNow> {
+        self.timed(Concern::Stream, 0, self.inner.read_position())
+            .await
+    }
+}
