@@ -111,6 +111,12 @@ impl ChangeStreams for MongoStore {
     }
 }
 
+/// Events one server reply may hold. MongoDB caps a reply at 16 MB anyway; the fake test server
+/// does not, and answered a 100 000-event backlog in one reply that the driver buffers whole.
+/// At this size a reply stays a few megabytes and the worker's larger batches take a few
+/// replies (one round trip each, overlapped with writing the previous batch while behind).
+const EVENTS_PER_REPLY: u32 = 1000;
+
 impl MongoStore {
     /// Opens a change stream on `comments` with `updateLookup` (and pre-images when asked).
     pub(super) async fn watch(
@@ -123,6 +129,7 @@ impl MongoStore {
             .pipeline(options.pipeline.clone())
             .full_document(FullDocumentType::UpdateLookup)
             .max_await_time(options.max_await)
+            .batch_size(EVENTS_PER_REPLY)
             .selection_criteria(SelectionCriteria::ReadPreference(ReadPreference::Primary));
         if options.pre_images {
             watch = watch.full_document_before_change(FullDocumentBeforeChangeType::WhenAvailable);
