@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bson::{DateTime, Document, Timestamp};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::batch::{BucketStart, CounterDelta, DirtyMark, LedgerUpdate};
 use crate::deployment::Deployment;
@@ -333,8 +333,10 @@ pub struct ApplyOutcome {
     pub already_applied: u64,
 }
 
-/// A summary of one reconcile run, stored for `status`.
-#[derive(Clone, Debug, PartialEq, Default, Serialize)]
+/// A summary of one reconcile run, stored for `status` (written and read with serde; a field
+/// missing from a run stored by an older counterd takes its default).
+#[derive(Clone, Debug, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct RunSummary {
     pub started_at: Option<DateTime>,
     pub finished_at: Option<DateTime>,
