@@ -9,7 +9,8 @@
 //!
 //! The [`store`] seam is one small trait per concern (change streams, checkpoints, counters,
 //! ledger, dirty set, truth counts, leases, run history; `store::Store` is all of them), with
-//! the MongoDB implementation in [`store::mongo`], one file per concern.
+//! the MongoDB implementation in [`store::mongo`], one file per concern, and (with the
+//! `test-utils` feature, for tests only) its in-process twin `store::memory`, laid out the same.
 
 pub mod batch;
 pub mod classify;

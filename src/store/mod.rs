@@ -12,9 +12,12 @@
 //! - [`RunHistory`]: reconcile runs and the sweep cursor.
 //!
 //! [`Store`] is all of them at once. `worker` and `reconcile` speak only to these traits.
-//! [`mongo`] is the one implementation that knows MongoDB's command shapes; the deterministic
-//! simulation plugs an in-process store in here.
+//! [`mongo`] is the one implementation that knows MongoDB's command shapes; `memory` (with the
+//! `test-utils` feature) is its in-process twin, for the deterministic simulation and the
+//! store contract that runs the same cases against both.
 
+#[cfg(feature = "test-utils")]
+pub mod memory;
 pub mod mongo;
 
 use std::collections::{BTreeMap, HashMap};
@@ -331,6 +334,21 @@ pub enum DirtyOrder {
 pub struct ApplyOutcome {
     pub applied: u64,
     pub already_applied: u64,
+}
+
+impl ApplyOutcome {
+    /// The outcome of statements that each applied (`true`) or were already applied.
+    pub fn count(statements: impl IntoIterator<Item = bool>) -> ApplyOutcome {
+        let mut outcome = ApplyOutcome::default();
+        for applied in statements {
+            if applied {
+                outcome.applied += 1;
+            } else {
+                outcome.already_applied += 1;
+            }
+        }
+        outcome
+    }
 }
 
 /// A summary of one reconcile run, stored for `status` (written and read with serde; a field
