@@ -1,6 +1,7 @@
 //! Deterministic simulation of counterd: the real classification, coalescing, guard, intent
 //! recovery, quiet-window recount and fold code (`Worker`, `Reconciler`), driven against an
-//! in-process store behind the same seam as MongoDB (`counterd::store::memory`, wrapped in the simulation's hooks by `tests/support/sim_store/`).
+//! in-process store behind the same seam as MongoDB (`counterd::store::memory`, wrapped in the
+//! simulation's hooks by `tests/support/sim_store/`).
 //!
 //! One seed is one run: a seeded RNG, a simulated clock, no threads racing. In each round,
 //! writers change comments (insert, also back-dated, some to before the simulation began; soft
