@@ -10,7 +10,8 @@
 //!
 //! The [`store`] seam is one small trait per concern (change streams, checkpoints, counters,
 //! ledger, dirty set, truth counts, leases, run history; `store::Store` is all of them), with
-//! the MongoDB implementation in [`store::mongo`], one file per concern.
+//! the MongoDB implementation in [`store::mongo`], one file per concern, and (with the
+//! `test-utils` feature, for tests only) its in-process twin `store::memory`, laid out the same.
 //!
 //! [`daemon`] assembles the process from the configuration ([`config`]): per stream a lease
 //! ([`lease`]), a worker and a reconcile loop, plus the [`http`] endpoints, all stopped through

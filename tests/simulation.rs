@@ -1,6 +1,7 @@
 //! Deterministic simulation of counterd: the real classification, coalescing, guard, intent
 //! recovery, quiet-window recount and fold code (`Worker`, `Reconciler`), driven against an
-//! in-process store behind the same seam as MongoDB (`tests/support/memory_store.rs`).
+//! in-process store behind the same seam as MongoDB (`counterd::store::memory`, wrapped in the
+//! simulation's hooks by `tests/support/sim_store/`).
 //!
 //! One seed is one run: a seeded RNG, a simulated clock, no threads racing. In each round,
 //! writers change comments (insert, also back-dated, some to before the simulation began; soft
@@ -74,8 +75,8 @@
 //! select the variant, of one seed or of a range. A failing seed prints the exact command that
 //! replays it.
 
-#[path = "support/memory_store.rs"]
-mod memory_store;
+#[path = "support/sim_store/mod.rs"]
+mod sim_store;
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -99,10 +100,10 @@ use counterd::snapshot::{InitialSnapshot, SnapshotSettings};
 use counterd::store::prelude::*;
 use counterd::store::{Fence, Position, StoreError, StoreResult};
 use counterd::worker::{Worker, WorkerError, WorkerSettings, WorkerStatus};
-use memory_store::{yield_now, Broken, Faults, MemoryStore, Probe, State};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
+use sim_store::{yield_now, Broken, Faults, Probe, SimStore, State};
 
 const STREAM: &str = "comments";
 /// 2100-01-01T00:00:00Z: where the simulated clock starts (`src` reads only the simulated
@@ -426,7 +427,7 @@ fn injected(e: &StoreError) -> bool {
     }
 }
 
-fn writer(store: Arc<MemoryStore>, ops: usize) -> Actor<'static> {
+fn writer(store: Arc<SimStore>, ops: usize) -> Actor<'static> {
     Box::pin(async move {
         for _ in 0..ops {
             {
@@ -449,7 +450,7 @@ type Reported = Rc<RefCell<BTreeMap<PostId, i64>>>;
 /// must report exactly those. A run that fails (an injected fault) returns no report, so the
 /// folds it installed before failing are taken from the store instead (and counted).
 async fn accounted(
-    store: &MemoryStore,
+    store: &SimStore,
     reported: &Reported,
     errors: &Errors,
     what: String,
@@ -518,7 +519,7 @@ async fn accounted(
 /// background sweep. They start at a random point of the round and race the writers and
 /// workers.
 fn reconciler(
-    store: Arc<MemoryStore>,
+    store: Arc<SimStore>,
     plan: &Plan,
     runs: usize,
     errors: Errors,
@@ -531,7 +532,7 @@ fn reconciler(
             s.rng.random_range(0..8),
         )
     };
-    let reconcilers: Vec<(String, Reconciler<MemoryStore>)> = plan
+    let reconcilers: Vec<(String, Reconciler<SimStore>)> = plan
         .streams()
         .into_iter()
         .map(|(stream, partition)| {
@@ -622,7 +623,7 @@ fn hand_edit(s: &mut State, delete: bool) {
 }
 
 /// An operator editing counters by hand while everything else runs.
-fn operator(store: Arc<MemoryStore>, edits: usize) -> Actor<'static> {
+fn operator(store: Arc<SimStore>, edits: usize) -> Actor<'static> {
     Box::pin(async move {
         for _ in 0..edits {
             let turns = store.lock().rng.random_range(0..12);
@@ -638,7 +639,7 @@ fn operator(store: Arc<MemoryStore>, edits: usize) -> Actor<'static> {
 
 /// Records, for each stream, what its worker does when it finds the stream drained: every event
 /// before the server's position now is applied. Only where nothing is in flight.
-async fn record_drained(store: &MemoryStore, streams: &[String]) -> StoreResult<()> {
+async fn record_drained(store: &SimStore, streams: &[String]) -> StoreResult<()> {
     let at = store.read_position().await?.lower;
     for stream in streams {
         let epoch = store.lock().checkpoint_view(stream).map_or(0, |c| c.epoch);
@@ -652,10 +653,7 @@ async fn record_drained(store: &MemoryStore, streams: &[String]) -> StoreResult<
 }
 
 /// A reconciler on the simulated clock, with the simulation's short wait for the worker.
-fn sim_reconciler(
-    store: &Arc<MemoryStore>,
-    settings: ReconcileSettings,
-) -> Reconciler<MemoryStore> {
+fn sim_reconciler(store: &Arc<SimStore>, settings: ReconcileSettings) -> Reconciler<SimStore> {
     let settings = ReconcileSettings {
         catch_up: CATCH_UP,
         ..settings
@@ -668,7 +666,7 @@ fn sim_reconciler(
 /// (a worker that does not adopt is the previous holder, still running during a takeover);
 /// `newest`: the newest epoch of the round (being fenced out by it is expected).
 fn worker(
-    store: Arc<MemoryStore>,
+    store: Arc<SimStore>,
     settings: WorkerSettings,
     epoch: i64,
     adopt: bool,
@@ -784,7 +782,7 @@ fn check_when_caught_up(
 /// The simulation of one seed, past the set-up.
 struct Sim {
     plan: Plan,
-    store: Arc<MemoryStore>,
+    store: Arc<SimStore>,
     /// The newest epoch of each stream.
     epochs: Vec<i64>,
     errors: Errors,
@@ -1178,7 +1176,7 @@ impl Sim {
             now
         };
         self.drained_now().await?;
-        let reconcilers: Vec<(String, Reconciler<MemoryStore>)> = self
+        let reconcilers: Vec<(String, Reconciler<SimStore>)> = self
             .plan
             .streams()
             .into_iter()
@@ -1281,7 +1279,7 @@ impl Sim {
 /// Sets a seed up: its plan, and a store configured for it.
 fn set_up(seed: u64, variant: Variant, trace: bool) -> Sim {
     let plan = Plan::new(seed, variant);
-    let store = MemoryStore::new(seed, plan.bucket_width, plan.posts, START_CLOCK);
+    let store = SimStore::new(seed, plan.bucket_width, plan.posts, START_CLOCK);
     {
         let mut s = store.lock();
         s.broken = variant.broken;
@@ -1624,7 +1622,7 @@ fn with_history_lost_and_start_at() {
 /// document, so only the oldest entry came back and the reconciled post stayed dirty.
 #[test]
 fn reconciling_one_post_clears_its_dirty_entry() {
-    let store = Arc::new(MemoryStore::new(1, 60, 2, START_CLOCK));
+    let store = Arc::new(SimStore::new(1, 60, 2, START_CLOCK));
     let fence = Fence {
         stream: STREAM.into(),
         epoch: 1,
@@ -1663,7 +1661,7 @@ fn reconciling_one_post_clears_its_dirty_entry() {
 /// counted. The requested sweep must wait until the watermark has passed the gap.
 #[test]
 fn a_sweep_after_lost_history_counts_recent_rows() {
-    let store = Arc::new(MemoryStore::new(1, 60, 1, START_CLOCK));
+    let store = Arc::new(SimStore::new(1, 60, 1, START_CLOCK));
     let now = START_CLOCK + 3600;
     {
         let mut s = store.lock();
@@ -1711,7 +1709,7 @@ fn a_sweep_after_lost_history_counts_recent_rows() {
 }
 
 /// Runs one worker alone until it has caught up (a quiescent round).
-async fn catch_up(store: &Arc<MemoryStore>, settings: WorkerSettings, epoch: i64) {
+async fn catch_up(store: &Arc<SimStore>, settings: WorkerSettings, epoch: i64) {
     {
         let mut s = store.lock();
         s.others_running = 0;
@@ -1740,15 +1738,14 @@ async fn catch_up(store: &Arc<MemoryStore>, settings: WorkerSettings, epoch: i64
 /// server when the ledger knows the row only as "not counted" (it had no `post_id`), and on a
 /// server without update descriptions for any move.
 fn passes_through(descriptions: bool) -> Vec<String> {
-    let store = Arc::new(MemoryStore::new(1, 10, 3, START_CLOCK));
+    let store = Arc::new(SimStore::new(1, 10, 3, START_CLOCK));
     store.lock().update_descriptions = descriptions;
     let mut plan = Plan::new(1, Variant::FAITHFUL);
     plan.bucket_width = 10;
     plan.settle = 5;
     let settings = plan.worker_settings(STREAM, None);
-    let recount = |store: &Arc<MemoryStore>| {
-        sim_reconciler(store, plan.reconcile_settings(STREAM, None, 100))
-    };
+    let recount =
+        |store: &Arc<SimStore>| sim_reconciler(store, plan.reconcile_settings(STREAM, None, 100));
     let created = bson::DateTime::from_millis(START_CLOCK * 1000);
     let mut first = bson::doc! {"_id": 1_i64, "created_at": created};
     if !descriptions {
@@ -1824,7 +1821,7 @@ fn a_post_a_row_passed_through_is_recounted() {
 #[test]
 fn a_change_hidden_by_a_lookup_voids_a_recount() {
     let width = 60;
-    let store = Arc::new(MemoryStore::new(1, width, 1, START_CLOCK));
+    let store = Arc::new(SimStore::new(1, width, 1, START_CLOCK));
     store.lock().update_descriptions = false;
     let mut plan = Plan::new(1, Variant::FAITHFUL);
     plan.bucket_width = width;
@@ -1903,7 +1900,7 @@ fn a_change_hidden_by_a_lookup_voids_a_recount() {
 #[test]
 fn a_noop_full_recount_keeps_its_watermark() {
     let width = 60;
-    let store = Arc::new(MemoryStore::new(1, width, 1, START_CLOCK));
+    let store = Arc::new(SimStore::new(1, width, 1, START_CLOCK));
     let mut plan = Plan::new(1, Variant::FAITHFUL);
     plan.bucket_width = width;
     plan.settle = 0;
@@ -1975,7 +1972,7 @@ fn a_noop_full_recount_keeps_its_watermark() {
 /// before the recount change.)
 #[test]
 fn events_after_lost_history_are_not_classified_against_stale_ledger_entries() {
-    let store = Arc::new(MemoryStore::new(1, 10, 3, START_CLOCK));
+    let store = Arc::new(SimStore::new(1, 10, 3, START_CLOCK));
     let mut plan = Plan::new(1, Variant::FAITHFUL);
     plan.bucket_width = 10;
     plan.settle = 5;
@@ -2030,7 +2027,7 @@ fn events_after_lost_history_are_not_classified_against_stale_ledger_entries() {
 
 /// Moves the clock on by `secs` with writes paused, and records for the stopped worker that it
 /// is drained at the new position, as a running worker would.
-async fn settle(store: &Arc<MemoryStore>, secs: i64) -> i64 {
+async fn settle(store: &Arc<SimStore>, secs: i64) -> i64 {
     let now = {
         let mut s = store.lock();
         s.clock += secs;

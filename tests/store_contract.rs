@@ -5,10 +5,6 @@
 
 mod support;
 
-#[allow(dead_code)]
-#[path = "support/memory_store.rs"]
-mod memory_store;
-
 use std::collections::{BTreeMap, BTreeSet};
 
 use bson::{Bson, DateTime};
@@ -270,8 +266,8 @@ async fn mongo(test: &str) -> support::TestDb {
     support::TestDb::new(test).await
 }
 
-fn memory() -> memory_store::MemoryStore {
-    memory_store::MemoryStore::new(1, 60, 4, 1_000)
+fn memory() -> counterd::store::memory::MemoryStore {
+    counterd::store::memory::MemoryStore::new(1_000)
 }
 
 macro_rules! contract {

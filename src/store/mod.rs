@@ -12,12 +12,15 @@
 //! - [`RunHistory`]: reconcile runs and the sweep cursor.
 //!
 //! [`Store`] is all of them at once. `worker` and `reconcile` speak only to these traits.
-//! [`mongo`] is the one implementation that knows MongoDB's command shapes; the deterministic
-//! simulation plugs an in-process store in here. `counting` (feature `test-utils`) wraps any
-//! store to count its calls and write statements, for the benchmark and the tests.
+//! [`mongo`] is the one implementation that knows MongoDB's command shapes; `memory` (with the
+//! `test-utils` feature) is its in-process twin, for the deterministic simulation and the
+//! store contract that runs the same cases against both. `counting` (feature `test-utils`)
+//! wraps any store to count its calls and write statements, for the benchmark and the tests.
 
 #[cfg(feature = "test-utils")]
 pub mod counting;
+#[cfg(feature = "test-utils")]
+pub mod memory;
 pub mod mongo;
 
 use std::collections::{BTreeMap, HashMap};
@@ -25,7 +28,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bson::{DateTime, Document, Timestamp};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::batch::{BucketStart, CounterDelta, DirtyMark, LedgerUpdate};
 use crate::deployment::Deployment;
@@ -355,8 +358,25 @@ pub struct ApplyOutcome {
     pub already_applied: u64,
 }
 
-/// A summary of one reconcile run, stored for `status`.
-#[derive(Clone, Debug, PartialEq, Default, Serialize)]
+impl ApplyOutcome {
+    /// The outcome of statements that each applied (`true`) or were already applied.
+    pub fn count(statements: impl IntoIterator<Item = bool>) -> ApplyOutcome {
+        let mut outcome = ApplyOutcome::default();
+        for applied in statements {
+            if applied {
+                outcome.applied += 1;
+            } else {
+                outcome.already_applied += 1;
+            }
+        }
+        outcome
+    }
+}
+
+/// A summary of one reconcile run, stored for `status` (written and read with serde; a field
+/// missing from a run stored by an older counterd takes its default).
+#[derive(Clone, Debug, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct RunSummary {
     pub started_at: Option<DateTime>,
     pub finished_at: Option<DateTime>,

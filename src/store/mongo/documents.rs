@@ -3,6 +3,26 @@
 
 use super::*;
 
+/// A stored integer, by the one rule every reader uses: counterd writes `Int64`, but a hand edit
+/// in the shell leaves an `Int32` or a whole `Double`, which mean the same number. Absent or
+/// null: `Ok(None)`. Anything else (a fraction, a string) is not a number counterd wrote:
+/// `Err` describes it, and the caller decides whether that is malformed or a default.
+pub(super) fn integer(value: Option<&Bson>) -> Result<Option<i64>, String> {
+    match value {
+        None | Some(Bson::Null) => Ok(None),
+        Some(Bson::Int32(i)) => Ok(Some(i64::from(*i))),
+        Some(Bson::Int64(i)) => Ok(Some(*i)),
+        Some(Bson::Double(d)) if d.fract() == 0.0 => Ok(Some(*d as i64)),
+        Some(other) => Err(format!("{other:?}, expected an integer")),
+    }
+}
+
+/// A stored count (progress numbers, generations): [`integer`], where a missing, malformed or
+/// negative value counts as none done.
+fn count(value: Option<&Bson>) -> u64 {
+    integer(value).ok().flatten().unwrap_or(0).max(0) as u64
+}
+
 /// A ledger entry's row: `None` when the comment is gone. An existing row without `post_id`
 /// does not count; `live` says whether a row counts, `deleted` whether it is soft-deleted
 /// (entries written before `deleted` existed always had a post, so `live` said it).
@@ -19,33 +39,24 @@ pub(super) fn row_from_ledger(doc: &Document) -> Option<Row> {
 }
 
 pub(super) fn counter_from_doc(doc: &Document) -> StoreResult<CounterDoc> {
-    let int = |field: &str| -> StoreResult<i64> {
-        match doc.get(field) {
-            None | Some(Bson::Null) => Ok(0),
-            Some(Bson::Int32(i)) => Ok(*i as i64),
-            Some(Bson::Int64(i)) => Ok(*i),
-            Some(Bson::Double(d)) if d.fract() == 0.0 => Ok(*d as i64),
-            Some(other) => Err(StoreError::Malformed {
-                what: "counter",
-                id: format!("{:?}", doc.get("_id")),
-                detail: format!("`{field}` is {other:?}, expected an integer"),
-            }),
-        }
+    let malformed = |detail: String| StoreError::Malformed {
+        what: "counter",
+        id: format!("{:?}", doc.get("_id")),
+        detail,
     };
+    let int_or_none = |field: &str| -> StoreResult<Option<i64>> {
+        integer(doc.get(field)).map_err(|e| malformed(format!("`{field}` is {e}")))
+    };
+    let int = |field: &str| -> StoreResult<i64> { Ok(int_or_none(field)?.unwrap_or(0)) };
     let mut buckets = BTreeMap::new();
     if let Ok(map) = doc.get_document("live_by_bucket") {
         for (key, value) in map {
-            let start: i64 = key.parse().map_err(|_| StoreError::Malformed {
-                what: "counter",
-                id: format!("{:?}", doc.get("_id")),
-                detail: format!("bucket key `{key}` is not a number of seconds"),
-            })?;
-            let amount = match value {
-                Bson::Int32(i) => *i as i64,
-                Bson::Int64(i) => *i,
-                Bson::Double(d) => *d as i64,
-                _ => 0,
-            };
+            let start: i64 = key
+                .parse()
+                .map_err(|_| malformed(format!("bucket key `{key}` is not a number of seconds")))?;
+            let amount = integer(Some(value))
+                .map_err(|e| malformed(format!("bucket `{key}` is {e}")))?
+                .unwrap_or(0);
             buckets.insert(start, amount);
         }
     }
@@ -63,10 +74,7 @@ pub(super) fn counter_from_doc(doc: &Document) -> StoreResult<CounterDoc> {
         applied_through: doc.get_str("applied_through").ok().map(String::from),
         applied_time: doc.get_timestamp("applied_time").ok(),
         folds: int("folds")?,
-        count: match doc.get("count") {
-            None | Some(Bson::Null) => None,
-            Some(_) => Some(int("count")?),
-        },
+        count: int_or_none("count")?,
         touched: match doc.get_document("touched") {
             Ok(map) => map
                 .iter()
@@ -74,9 +82,7 @@ pub(super) fn counter_from_doc(doc: &Document) -> StoreResult<CounterDoc> {
                 .collect(),
             Err(_) => BTreeMap::new(),
         },
-        last_drift: doc
-            .get("last_drift")
-            .and_then(|b| b.as_i64().or(b.as_i32().map(i64::from))),
+        last_drift: int_or_none("last_drift")?,
         reconciled_at: doc.get_datetime("reconciled_at").ok().copied(),
     })
 }
@@ -105,12 +111,9 @@ pub(super) fn checkpoint_from_doc(stream: &str, doc: &Document) -> StoreResult<C
         Some(Bson::String(s)) => Some(Token(s.clone())),
         Some(other) => return Err(malformed(format!("`high_water` is {other:?}"))),
     };
-    let epoch = match doc.get("epoch") {
-        None => 0,
-        Some(Bson::Int32(i)) => *i as i64,
-        Some(Bson::Int64(i)) => *i,
-        Some(other) => return Err(malformed(format!("`epoch` is {other:?}"))),
-    };
+    let epoch = integer(doc.get("epoch"))
+        .map_err(|e| malformed(format!("`epoch` is {e}")))?
+        .unwrap_or(0);
     let gaps = doc
         .get_array("gaps")
         .map(|gaps| {
@@ -157,11 +160,7 @@ pub(super) fn checkpoint_from_doc(stream: &str, doc: &Document) -> StoreResult<C
 /// The history-gap generation a ledger entry was written under (entries written before
 /// generations existed: 0).
 pub(super) fn entry_generation(doc: &Document) -> u64 {
-    match doc.get("generation") {
-        Some(Bson::Int64(g)) => (*g).max(0) as u64,
-        Some(Bson::Int32(g)) => (*g).max(0) as u64,
-        _ => 0,
-    }
+    count(doc.get("generation"))
 }
 
 /// The `$set` of a ledger entry's row state (a row that exists; without a post it does not
@@ -259,10 +258,7 @@ pub(super) fn counters_from_doc(d: &Document) -> Result<Vec<CounterDelta>, Strin
         let c = c.as_document().ok_or("pending counter is not a document")?;
         let mut buckets = BTreeMap::new();
         for (k, v) in c.get_document("buckets").map_err(err)? {
-            let amount = v
-                .as_i64()
-                .or(v.as_i32().map(i64::from))
-                .ok_or("bucket amount")?;
+            let amount = integer(Some(v)).ok().flatten().ok_or("bucket amount")?;
             buckets.insert(k.parse().map_err(|_| "bucket key")?, amount);
         }
         // Batches recorded before `touched` existed touched exactly their non-zero buckets.
@@ -368,11 +364,7 @@ pub(super) fn snapshot_from_doc(d: &Document) -> Result<SnapshotProgress, String
         None | Some(Bson::Null) => None,
         Some(v) => Some(CommentId::new(v.clone())),
     };
-    let count = |d: &Document, field: &str| match d.get(field) {
-        Some(Bson::Int64(n)) => (*n).max(0) as u64,
-        Some(Bson::Int32(n)) => (*n).max(0) as u64,
-        _ => 0,
-    };
+    let count = |d: &Document, field: &str| count(d.get(field));
     let state = d.get_str("state").unwrap_or_default();
     let pending = match d.get("pending") {
         None | Some(Bson::Null) => None,
@@ -400,7 +392,10 @@ pub(super) fn snapshot_from_doc(d: &Document) -> Result<SnapshotProgress, String
         rows_counted: count(d, "rows_counted"),
         estimated_rows: count(d, "estimated_rows"),
         chunks_resumed: count(d, "chunks_resumed"),
-        reading: d.get_i64("reading").ok().map(|n| n.max(0) as u64),
+        reading: integer(d.get("reading"))
+            .ok()
+            .flatten()
+            .map(|n| n.max(0) as u64),
         chunks_reread: count(d, "chunks_reread"),
         pending,
     })
@@ -411,33 +406,55 @@ pub(super) fn dirty_from_doc(doc: &Document) -> Option<DirtyEntry> {
         post: doc.get("_id").and_then(PostId::from_bson)?,
         first_dirty_at: doc.get_datetime("first_dirty_at").ok().copied()?,
         last_dirty_at: doc.get_datetime("last_dirty_at").ok().copied()?,
-        version: doc
-            .get("version")
-            .and_then(|v| v.as_i64().or(v.as_i32().map(i64::from)))
-            .unwrap_or(0),
+        version: integer(doc.get("version")).ok().flatten().unwrap_or(0),
         newest_bucket: doc.get("newest_bucket").and_then(Bson::as_i64),
     })
 }
 
-/// A stored reconcile run.
-pub(super) fn run_from_doc(d: &Document) -> RunSummary {
-    RunSummary {
-        started_at: d.get_datetime("started_at").ok().copied(),
-        finished_at: d.get_datetime("finished_at").ok().copied(),
-        kind: d.get_str("kind").unwrap_or_default().to_string(),
-        posts: d.get_i64("posts").unwrap_or_default() as u64,
-        counts: d.get_i64("counts").unwrap_or_default() as u64,
-        corrected: d.get_i64("corrected").unwrap_or_default() as u64,
-        total_abs_drift: d.get_i64("total_abs_drift").unwrap_or_default(),
-        max_abs_drift: d.get_i64("max_abs_drift").unwrap_or_default(),
-        drift_high: d.get_i64("drift_high").unwrap_or_default(),
-        drift_low: d.get_i64("drift_low").unwrap_or_default(),
-        corrected_high: d.get_i64("corrected_high").unwrap_or_default() as u64,
-        corrected_low: d.get_i64("corrected_low").unwrap_or_default() as u64,
-        watermark: d.get_i64("watermark").unwrap_or_default(),
-        in_flight: d.get_i64("in_flight").unwrap_or_default() as u64,
-        waiting: d.get_i64("waiting").unwrap_or_default() as u64,
-        snapshot_counts: d.get_i64("snapshot_counts").unwrap_or_default() as u64,
-        waiting_for_snapshot: d.get_i64("waiting_for_snapshot").unwrap_or_default() as u64,
+/// A stored reconcile run: the document `record_run` wrote with serde, read back with serde
+/// (fields a run written by an older counterd lacks take their defaults).
+pub(super) fn run_from_doc(d: Document) -> StoreResult<RunSummary> {
+    let id = format!("{:?}", d.get("_id"));
+    bson::from_document(d).map_err(|e| StoreError::Malformed {
+        what: "reconcile run",
+        id,
+        detail: e.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_reads_back_as_written_and_an_older_one_takes_defaults() {
+        let run = RunSummary {
+            kind: "sweep".into(),
+            posts: 3,
+            drift_low: -2,
+            finished_at: Some(DateTime::from_millis(5_000)),
+            ..RunSummary::default()
+        };
+        let stored = bson::to_document(&run).unwrap();
+        assert_eq!(run_from_doc(stored).unwrap(), run);
+        // A run stored before `waiting` existed, with a count edited into an Int32.
+        let older = doc! {"_id": bson::oid::ObjectId::new(), "kind": "dirty", "posts": 7_i32};
+        let read = run_from_doc(older).unwrap();
+        assert_eq!(
+            (read.kind.as_str(), read.posts, read.waiting),
+            ("dirty", 7, 0)
+        );
+    }
+
+    #[test]
+    fn integers_follow_one_rule() {
+        assert_eq!(integer(None), Ok(None));
+        assert_eq!(integer(Some(&Bson::Null)), Ok(None));
+        assert_eq!(integer(Some(&Bson::Int32(-4))), Ok(Some(-4)));
+        assert_eq!(integer(Some(&Bson::Int64(9))), Ok(Some(9)));
+        assert_eq!(integer(Some(&Bson::Double(2.0))), Ok(Some(2)));
+        assert!(integer(Some(&Bson::Double(2.5))).is_err());
+        assert!(integer(Some(&Bson::String("1".into()))).is_err());
+        assert_eq!(count(Some(&Bson::Int64(-1))), 0);
     }
 }

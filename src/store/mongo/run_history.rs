@@ -23,7 +23,7 @@ impl RunHistory for MongoStore {
             .sort(doc! {"finished_at": -1})
             .await
             .map_err(|e| map_err("read the last reconcile run", e))?;
-        Ok(found.as_ref().map(run_from_doc))
+        found.map(run_from_doc).transpose()
     }
 
     async fn load_sweep_cursor(&self, stream: &str) -> StoreResult<Option<SweepCursor>> {
@@ -76,7 +76,7 @@ impl MongoStore {
             .try_collect()
             .await
             .map_err(|e| map_err("read recent reconcile runs", e))?;
-        Ok(docs.iter().map(run_from_doc).collect())
+        docs.into_iter().map(run_from_doc).collect()
     }
 
     /// The newest reconcile run that corrected at least one counter (`status`).
@@ -87,6 +87,6 @@ impl MongoStore {
             .sort(doc! {"finished_at": -1})
             .await
             .map_err(|e| map_err("read the last correcting reconcile run", e))?;
-        Ok(found.as_ref().map(run_from_doc))
+        found.map(run_from_doc).transpose()
     }
 }

@@ -1,0 +1,237 @@
+//! [`Checkpoints`]: each stream's position, pending batch, gaps, epoch and snapshot progress.
+
+use bson::{DateTime, Timestamp};
+
+use super::{fence_ok, max_string, seam, Memory, MemoryStore};
+use crate::deployment::Deployment;
+use crate::event::Token;
+use crate::store::{
+    Checkpoint, Fence, Gap, PendingBatch, Position, SnapshotProgress, StoreError, StoreResult,
+};
+
+/// A stored checkpoint (the stream is its key).
+#[derive(Clone, Debug, Default)]
+pub struct CheckpointRec {
+    pub epoch: Option<i64>,
+    pub deployment: Option<Deployment>,
+    pub token: Option<String>,
+    pub token_time: Option<Timestamp>,
+    pub start_time: Option<Timestamp>,
+    pub caught_up_at: Option<Timestamp>,
+    pub high_water: Option<String>,
+    pub pending: Option<PendingBatch>,
+    pub updated_at: Option<DateTime>,
+    pub gaps: Vec<Gap>,
+    pub sweep_requested: Option<bool>,
+    pub snapshot: Option<SnapshotProgress>,
+}
+
+impl CheckpointRec {
+    /// The checkpoint as the seam returns it.
+    pub fn view(&self, stream: &str) -> Checkpoint {
+        Checkpoint {
+            stream: stream.to_string(),
+            token: self.token.clone().map(Token),
+            token_time: self.token_time,
+            start_time: self.start_time,
+            caught_up_at: self.caught_up_at,
+            high_water: self.high_water.clone().map(Token),
+            pending: self.pending.clone(),
+            epoch: self.epoch.unwrap_or(0),
+            deployment: self.deployment.clone(),
+            updated_at: self.updated_at,
+            gaps: self.gaps.clone(),
+            sweep_requested: self.sweep_requested.unwrap_or(false),
+            snapshot: self.snapshot.clone(),
+        }
+    }
+}
+
+impl Memory {
+    pub fn checkpoint_view(&self, stream: &str) -> Option<Checkpoint> {
+        self.checkpoints.get(stream).map(|c| c.view(stream))
+    }
+
+    /// `update_one({_id: stream, <matches>}, update, upsert)`: a failed upsert on an existing
+    /// document (another epoch) is a duplicate key, reported as `Fenced`.
+    fn checkpoint_update(
+        &mut self,
+        fence: &Fence,
+        matches: impl Fn(&CheckpointRec) -> bool,
+        update: impl FnOnce(&mut CheckpointRec, DateTime),
+    ) -> StoreResult<()> {
+        let now = self.now();
+        match self.checkpoints.get_mut(&fence.stream) {
+            Some(c) if matches(c) => {
+                update(c, now);
+                Ok(())
+            }
+            Some(_) => Err(StoreError::Fenced {
+                stream: fence.stream.clone(),
+                epoch: fence.epoch,
+            }),
+            None => {
+                let mut c = CheckpointRec {
+                    epoch: Some(fence.epoch),
+                    ..CheckpointRec::default()
+                };
+                update(&mut c, now);
+                self.checkpoints.insert(fence.stream.clone(), c);
+                Ok(())
+            }
+        }
+    }
+
+    /// A checkpoint write by the worker that owns the stream's current epoch.
+    fn owned_checkpoint_update(
+        &mut self,
+        fence: &Fence,
+        update: impl FnOnce(&mut CheckpointRec, DateTime),
+    ) -> StoreResult<()> {
+        self.checkpoint_update(fence, |c| c.epoch == Some(fence.epoch), update)
+    }
+
+    pub fn load_checkpoint(&self, stream: &str) -> StoreResult<Option<Checkpoint>> {
+        let c = self.checkpoints.get(stream);
+        if let Some(t) = c.and_then(|c| c.token.as_ref()) {
+            if t.is_empty() || !t.chars().all(|c| c.is_ascii_hexdigit()) {
+                return Err(StoreError::Malformed {
+                    what: "checkpoint",
+                    id: stream.to_string(),
+                    detail: format!("`token` is {t:?}"),
+                });
+            }
+        }
+        Ok(c.map(|c| c.view(stream)))
+    }
+
+    pub fn record_intent(&mut self, fence: &Fence, batch: &PendingBatch) -> StoreResult<()> {
+        self.owned_checkpoint_update(fence, |c, now| {
+            max_string(&mut c.high_water, batch.end.as_str());
+            c.pending = Some(batch.clone());
+            c.updated_at = Some(now);
+        })
+    }
+
+    pub fn save_checkpoint(
+        &mut self,
+        fence: &Fence,
+        token: &Token,
+        token_time: Option<Timestamp>,
+    ) -> StoreResult<()> {
+        self.owned_checkpoint_update(fence, |c, now| {
+            c.token = Some(token.to_string());
+            c.updated_at = Some(now);
+            if let Some(t) = token_time {
+                c.token_time = Some(t);
+            }
+            max_string(&mut c.high_water, token.as_str());
+            c.pending = None;
+        })
+    }
+
+    pub fn move_checkpoint(&mut self, stream: &str, to: &Position) -> StoreResult<()> {
+        let now = self.now();
+        let c = self.checkpoints.entry(stream.to_string()).or_default();
+        c.updated_at = Some(now);
+        (c.token, c.token_time, c.start_time) = match to {
+            Position::Token(t) => (Some(t.to_string()), None, None),
+            Position::Time(t) => (None, None, Some(*t)),
+            Position::Unset => (None, None, None),
+        };
+        Ok(())
+    }
+
+    pub fn record_start(&mut self, fence: &Fence, at: Timestamp) -> StoreResult<()> {
+        self.owned_checkpoint_update(fence, |c, now| {
+            c.start_time = Some(at);
+            c.updated_at = Some(now);
+        })
+    }
+
+    pub fn record_caught_up(&mut self, fence: &Fence, at: Timestamp) -> StoreResult<()> {
+        self.owned_checkpoint_update(fence, |c, _now| {
+            if c.caught_up_at.is_none_or(|t| t < at) {
+                c.caught_up_at = Some(at);
+            }
+        })
+    }
+
+    pub fn record_gap(&mut self, fence: &Fence, gap: &Gap) -> StoreResult<()> {
+        self.owned_checkpoint_update(fence, |c, now| {
+            c.gaps.push(gap.clone());
+            c.sweep_requested = Some(true);
+            c.updated_at = Some(now);
+            c.token = None;
+            c.token_time = None;
+            // The new stream starts exactly where the gap ends.
+            c.start_time = Some(Timestamp {
+                time: gap.to.timestamp_millis().div_euclid(1000) as u32,
+                increment: 0,
+            });
+        })
+    }
+
+    pub fn record_deployment(&mut self, fence: &Fence, deployment: &Deployment) -> StoreResult<()> {
+        self.owned_checkpoint_update(fence, |c, now| {
+            c.deployment = Some(deployment.clone());
+            c.updated_at = Some(now);
+        })
+    }
+
+    pub fn set_sweep_requested(&mut self, stream: &str, requested: bool) -> StoreResult<()> {
+        let c = self.checkpoints.entry(stream.to_string()).or_default();
+        c.sweep_requested = Some(requested);
+        Ok(())
+    }
+
+    pub fn save_snapshot(&mut self, fence: &Fence, progress: &SnapshotProgress) -> StoreResult<()> {
+        self.owned_checkpoint_update(fence, |c, now| {
+            c.snapshot = Some(progress.clone());
+            c.updated_at = Some(now);
+        })
+    }
+
+    pub fn adopt_checkpoint(&mut self, fence: &Fence) -> StoreResult<()> {
+        self.checkpoint_update(
+            fence,
+            |c| fence_ok(c.epoch, fence),
+            |c, now| {
+                c.epoch = Some(fence.epoch);
+                c.updated_at = Some(now);
+            },
+        )
+    }
+
+    /// Like the fake test server without `serverStatus`: nothing identifies the deployment.
+    pub fn deployment(&self) -> Deployment {
+        Deployment::default()
+    }
+
+    /// Whether some stream's initial snapshot is still running.
+    pub fn snapshot_running(&self) -> bool {
+        self.checkpoints
+            .iter()
+            .any(|(stream, c)| c.view(stream).snapshot_running())
+    }
+
+    /// Whether a history gap was recorded on any stream.
+    pub fn has_gaps(&self) -> bool {
+        self.checkpoints.values().any(|c| !c.gaps.is_empty())
+    }
+}
+
+seam!(Checkpoints {
+    try fn load_checkpoint(stream: &str) -> Option<Checkpoint>;
+    try fn record_intent(fence: &Fence, batch: &PendingBatch) -> ();
+    try fn save_checkpoint(fence: &Fence, token: &Token, token_time: Option<Timestamp>) -> ();
+    try fn move_checkpoint(stream: &str, to: &Position) -> ();
+    try fn record_start(fence: &Fence, at: Timestamp) -> ();
+    try fn record_caught_up(fence: &Fence, at: Timestamp) -> ();
+    try fn record_gap(fence: &Fence, gap: &Gap) -> ();
+    ok fn deployment() -> Deployment;
+    try fn record_deployment(fence: &Fence, deployment: &Deployment) -> ();
+    try fn set_sweep_requested(stream: &str, requested: bool) -> ();
+    try fn adopt_checkpoint(fence: &Fence) -> ();
+    try fn save_snapshot(fence: &Fence, progress: &SnapshotProgress) -> ();
+});

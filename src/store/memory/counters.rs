@@ -1,0 +1,232 @@
+//! [`Counters`]: the per-post counters, guarded increments and conditional fold installs.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use bson::{DateTime, Timestamp};
+use rand::Rng;
+
+use super::{fence_ok, mongo_limit, not_gte, seam, Memory, MemoryStore, POST_FIELD};
+use crate::batch::CounterDelta;
+use crate::event::{PostId, Token};
+use crate::fold::{CounterState, Fold};
+use crate::store::{ApplyOutcome, CounterDoc, Fence};
+
+/// A stored counter document.
+#[derive(Clone, Debug, Default)]
+pub struct CounterRec {
+    pub base_count: i64,
+    pub base_watermark: i64,
+    pub live_delta: i64,
+    pub buckets: BTreeMap<i64, i64>,
+    pub applied_through: Option<String>,
+    pub applied_time: Option<Timestamp>,
+    pub touched: BTreeMap<i64, String>,
+    pub folds: i64,
+    /// The last initial-snapshot chunk added to it.
+    pub snapshot_chunk: Option<u64>,
+    /// The readers' field: `base_count + live_delta`, kept in the same writes.
+    pub count: i64,
+    pub epoch: Option<i64>,
+    pub last_drift: Option<i64>,
+    pub reconciled_at: Option<DateTime>,
+}
+
+impl CounterRec {
+    /// What readers see.
+    pub fn displayed(&self) -> i64 {
+        self.base_count + self.live_delta
+    }
+
+    /// Adds one write's increments (`live_delta`, `count`, each bucket) under the writer's epoch.
+    fn add(&mut self, w: &CounterDelta, fence: &Fence) {
+        self.live_delta += w.delta;
+        self.count += w.delta;
+        for (bucket, amount) in &w.buckets {
+            *self.buckets.entry(*bucket).or_default() += amount;
+        }
+        self.epoch = Some(fence.epoch);
+    }
+}
+
+impl Memory {
+    /// One statement of `apply_counters`: the increment, if the counter's `applied_through` is
+    /// below `through` and no newer epoch wrote it. Returns whether it applied (false: the
+    /// upsert's insert hit the existing `_id`, a duplicate key: already applied).
+    pub fn apply_counter(
+        &mut self,
+        fence: &Fence,
+        w: &CounterDelta,
+        through: &Token,
+        through_time: Option<Timestamp>,
+    ) -> bool {
+        if let Some(c) = self.counters.get(&w.post) {
+            if !(not_gte(c.applied_through.as_deref(), through.as_str())
+                && fence_ok(c.epoch, fence))
+            {
+                return false;
+            }
+        }
+        let c = self.counters.entry(w.post.clone()).or_default();
+        c.add(w, fence);
+        c.applied_through = Some(through.to_string());
+        c.applied_time = through_time;
+        for bucket in &w.touched {
+            c.touched.insert(*bucket, through.to_string());
+        }
+        true
+    }
+
+    /// One statement of `apply_snapshot_counters`: the increment, if the counter has not had
+    /// this chunk (or a later one) yet.
+    pub fn apply_snapshot_counter(&mut self, fence: &Fence, chunk: u64, w: &CounterDelta) -> bool {
+        if let Some(c) = self.counters.get(&w.post) {
+            if !(c.snapshot_chunk.is_none_or(|n| n < chunk) && fence_ok(c.epoch, fence)) {
+                return false;
+            }
+        }
+        let c = self.counters.entry(w.post.clone()).or_default();
+        c.add(w, fence);
+        c.snapshot_chunk = Some(chunk);
+        true
+    }
+
+    /// `apply_counters`: its statements, each on its own (`ordered: false`).
+    pub fn apply_counters(
+        &mut self,
+        fence: &Fence,
+        writes: &[CounterDelta],
+        through: &Token,
+        through_time: Option<Timestamp>,
+    ) -> ApplyOutcome {
+        let statements = writes.iter();
+        ApplyOutcome::count(statements.map(|w| self.apply_counter(fence, w, through, through_time)))
+    }
+
+    /// `apply_snapshot_counters`: its statements, each on its own.
+    pub fn apply_snapshot_counters(
+        &mut self,
+        fence: &Fence,
+        chunk: u64,
+        writes: &[CounterDelta],
+    ) -> ApplyOutcome {
+        let statements = writes.iter();
+        ApplyOutcome::count(statements.map(|w| self.apply_snapshot_counter(fence, chunk, w)))
+    }
+
+    pub fn read_counter(&self, post: &PostId) -> Option<CounterDoc> {
+        self.counters.get(post).map(|c| CounterDoc {
+            post: Some(post.clone()),
+            state: CounterState {
+                base_count: c.base_count,
+                base_watermark: c.base_watermark,
+                live_delta: c.live_delta,
+                buckets: c.buckets.clone(),
+            },
+            applied_through: c.applied_through.clone(),
+            applied_time: c.applied_time,
+            touched: c.touched.clone(),
+            folds: c.folds,
+            // Kept in the same single-document writes as its parts (hand edits too).
+            count: Some(c.count),
+            last_drift: c.last_drift,
+            reconciled_at: c.reconciled_at,
+        })
+    }
+
+    /// Installs `fold` if the counter is still as `expected` (`None`: it must not exist).
+    pub fn install_fold(
+        &mut self,
+        post: &PostId,
+        expected: Option<&CounterDoc>,
+        fold: &Fold,
+        now: DateTime,
+    ) -> bool {
+        let Some(expected) = expected else {
+            if self.counters.contains_key(post) {
+                return false;
+            }
+            let rec = CounterRec {
+                base_count: fold.base_count,
+                base_watermark: fold.watermark,
+                live_delta: fold.live_delta,
+                buckets: fold.kept.clone(),
+                applied_through: Some(String::new()),
+                folds: 1,
+                count: fold.base_count + fold.live_delta,
+                last_drift: Some(fold.drift),
+                reconciled_at: Some(now),
+                ..CounterRec::default()
+            };
+            self.counters.insert(post.clone(), rec);
+            return true;
+        };
+        let Some(c) = self.counters.get_mut(post) else {
+            return false;
+        };
+        if c.applied_through != expected.applied_through
+            || c.live_delta != expected.state.live_delta
+            || c.base_count != expected.state.base_count
+            || c.folds != expected.folds
+        {
+            return false;
+        }
+        c.live_delta = fold.live_delta;
+        c.base_count = fold.base_count;
+        c.count = c.displayed();
+        c.base_watermark = fold.watermark;
+        c.last_drift = Some(fold.drift);
+        c.reconciled_at = Some(now);
+        for bucket in &fold.dropped {
+            c.buckets.remove(bucket);
+        }
+        for bucket in expected.touched.keys().filter(|b| **b < fold.watermark) {
+            c.touched.remove(bucket);
+        }
+        c.folds += 1;
+        true
+    }
+
+    pub fn posts_after(&self, after: Option<&PostId>, limit: usize) -> Vec<PostId> {
+        let limit = mongo_limit(limit);
+        let after_ok = |p: &PostId| after.is_none_or(|a| p > a);
+        let from_comments: BTreeSet<PostId> = self
+            .comments
+            .values()
+            .filter_map(|r| r.get(POST_FIELD).and_then(PostId::from_bson))
+            .filter(after_ok)
+            .collect();
+        let from_counters = self.counters.keys().filter(|p| after_ok(p)).take(limit);
+        let mut posts: Vec<PostId> = from_comments
+            .into_iter()
+            .take(limit)
+            .chain(from_counters.cloned())
+            .collect();
+        posts.sort();
+        posts.dedup();
+        posts.truncate(limit);
+        posts
+    }
+
+    pub fn sample_posts(&mut self, n: usize) -> Vec<PostId> {
+        let with_counters: Vec<PostId> = self.counters.keys().cloned().collect();
+        let with_rows: Vec<PostId> = self.live_posts().into_iter().collect();
+        let rng = &mut self.sample_rng;
+        let mut posts = Vec::new();
+        for all in [with_counters, with_rows] {
+            posts
+                .extend((0..n.min(all.len())).map(|_| all[rng.random_range(0..all.len())].clone()));
+        }
+        posts.sort();
+        posts.dedup();
+        posts
+    }
+}
+
+seam!(Counters {
+    ok fn apply_counters(fence: &Fence, writes: &[CounterDelta], through: &Token, through_time: Option<Timestamp>) -> ApplyOutcome;
+    ok fn read_counter(post: &PostId) -> Option<CounterDoc>;
+    ok fn install_fold(post: &PostId, expected: Option<&CounterDoc>, fold: &Fold, now: DateTime) -> bool;
+    ok fn posts_after(after: Option<&PostId>, limit: usize) -> Vec<PostId>;
+    ok fn sample_posts(n: usize) -> Vec<PostId>;
+    ok fn apply_snapshot_counters(fence: &Fence, chunk: u64, writes: &[CounterDelta]) -> ApplyOutcome;
+});

@@ -1,0 +1,122 @@
+//! [`DirtySet`]: posts waiting for a recount.
+
+use bson::DateTime;
+
+use super::{mongo_limit, seam, Memory, MemoryStore};
+use crate::batch::DirtyMark;
+use crate::event::PostId;
+use crate::store::{DirtyEntry, DirtyOrder, DirtySummary, Fence};
+
+/// A stored dirty entry.
+#[derive(Clone, Debug)]
+pub struct DirtyRec {
+    pub first: DateTime,
+    pub last: DateTime,
+    pub version: i64,
+    /// The stream that marked it last.
+    pub stream: String,
+    pub newest_bucket: i64,
+    /// The fencing epoch of the worker that marked it last.
+    pub epoch: i64,
+}
+
+impl Memory {
+    /// One statement of `mark_dirty`: an entry this stream marked under a newer epoch refuses
+    /// it; otherwise the upsert bumps its version and raises its newest bucket.
+    pub fn mark_dirty_one(&mut self, fence: &Fence, m: &DirtyMark, now: DateTime) {
+        if self
+            .dirty
+            .get(&m.post)
+            .is_some_and(|d| d.stream == fence.stream && d.epoch > fence.epoch)
+        {
+            return;
+        }
+        let entry = self.dirty.entry(m.post.clone()).or_insert(DirtyRec {
+            first: now,
+            last: now,
+            version: 0,
+            stream: fence.stream.clone(),
+            newest_bucket: m.newest_bucket,
+            epoch: fence.epoch,
+        });
+        entry.newest_bucket = entry.newest_bucket.max(m.newest_bucket);
+        entry.version += 1;
+        entry.last = now;
+        entry.stream = fence.stream.clone();
+        entry.epoch = fence.epoch;
+    }
+
+    pub fn dirty_list(
+        &self,
+        stream: Option<&str>,
+        order: DirtyOrder,
+        limit: usize,
+    ) -> Vec<DirtyEntry> {
+        let mut list: Vec<DirtyEntry> = self
+            .dirty
+            .iter()
+            .filter(|(_, d)| stream.is_none_or(|st| d.stream == st))
+            .map(|(p, d)| DirtyEntry {
+                post: p.clone(),
+                first_dirty_at: d.first,
+                last_dirty_at: d.last,
+                version: d.version,
+                newest_bucket: Some(d.newest_bucket),
+            })
+            .collect();
+        match order {
+            DirtyOrder::Oldest => {
+                list.sort_by(|a, b| (a.first_dirty_at, &a.post).cmp(&(b.first_dirty_at, &b.post)))
+            }
+            DirtyOrder::ByVersion => {
+                list.sort_by(|a, b| (-a.version, &a.post).cmp(&(-b.version, &b.post)))
+            }
+        }
+        list.truncate(mongo_limit(limit));
+        list
+    }
+
+    pub fn dirty_summary(&self) -> DirtySummary {
+        DirtySummary {
+            size: self.dirty.len() as u64,
+            oldest: self.dirty.values().map(|d| d.first).min(),
+        }
+    }
+
+    pub fn clear_dirty(&mut self, post: &PostId, version: i64) -> bool {
+        let current = self.dirty.get(post).is_some_and(|d| d.version == version);
+        if current {
+            self.dirty.remove(post);
+        }
+        current
+    }
+
+    pub fn requeue_dirty(&mut self, post: &PostId, version: i64, now: DateTime) -> bool {
+        match self.dirty.get_mut(post) {
+            Some(d) if d.version == version => {
+                d.first = now;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    pub fn dirty_posts(&self) -> Vec<PostId> {
+        self.dirty.keys().cloned().collect()
+    }
+
+    /// `mark_dirty`: its statements, each on its own.
+    pub fn mark_dirty(&mut self, fence: &Fence, marks: &[DirtyMark], now: DateTime) {
+        for mark in marks {
+            self.mark_dirty_one(fence, mark, now);
+        }
+    }
+}
+
+seam!(DirtySet {
+    ok fn mark_dirty(fence: &Fence, marks: &[DirtyMark], now: DateTime) -> ();
+    ok fn dirty_list(stream: Option<&str>, order: DirtyOrder, limit: usize) -> Vec<DirtyEntry>;
+    ok fn dirty_summary() -> DirtySummary;
+    ok fn clear_dirty(post: &PostId, version: i64) -> bool;
+    ok fn requeue_dirty(post: &PostId, version: i64, now: DateTime) -> bool;
+});

@@ -1,0 +1,105 @@
+//! [`Leases`]: who may write for a stream.
+
+use std::time::Duration;
+
+use bson::DateTime;
+
+use super::{seam, Memory, MemoryStore};
+use crate::store::Lease;
+
+/// A stored lease (the stream is its key).
+#[derive(Clone, Debug)]
+pub struct LeaseRec {
+    pub owner: String,
+    pub expires_at: DateTime,
+    pub epoch: i64,
+}
+
+fn expiry(now: DateTime, ttl: Duration) -> DateTime {
+    DateTime::from_millis(now.timestamp_millis() + ttl.as_millis() as i64)
+}
+
+impl Memory {
+    pub fn read_lease(&self, stream: &str) -> Option<Lease> {
+        self.leases.get(stream).map(|l| Lease {
+            stream: stream.to_string(),
+            owner: l.owner.clone(),
+            expires_at: l.expires_at,
+            epoch: l.epoch,
+        })
+    }
+
+    pub fn acquire_lease(
+        &mut self,
+        stream: &str,
+        owner: &str,
+        ttl: Duration,
+        now: DateTime,
+    ) -> Option<i64> {
+        let expires_at = expiry(now, ttl);
+        match self.leases.get_mut(stream) {
+            Some(l) if l.expires_at < now || l.owner == owner => {
+                l.owner = owner.to_string();
+                l.expires_at = expires_at;
+                l.epoch += 1;
+                Some(l.epoch)
+            }
+            Some(_) => None, // the upsert's insert: duplicate key
+            None => {
+                let lease = LeaseRec {
+                    owner: owner.to_string(),
+                    expires_at,
+                    epoch: 1,
+                };
+                self.leases.insert(stream.to_string(), lease);
+                Some(1)
+            }
+        }
+    }
+
+    pub fn renew_lease(
+        &mut self,
+        stream: &str,
+        owner: &str,
+        epoch: i64,
+        ttl: Duration,
+        now: DateTime,
+    ) -> bool {
+        match self.leases.get_mut(stream) {
+            Some(l) if l.owner == owner && l.epoch == epoch => {
+                l.expires_at = expiry(now, ttl);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    pub fn seize_lease(&mut self, stream: &str, owner: &str, ttl: Duration, now: DateTime) -> i64 {
+        let expires_at = expiry(now, ttl);
+        let lease = self.leases.entry(stream.to_string()).or_insert(LeaseRec {
+            owner: String::new(),
+            expires_at,
+            epoch: 0,
+        });
+        lease.owner = owner.to_string();
+        lease.expires_at = expires_at;
+        lease.epoch += 1;
+        lease.epoch
+    }
+
+    pub fn release_lease(&mut self, stream: &str, owner: &str, epoch: i64) {
+        if let Some(l) = self.leases.get_mut(stream) {
+            if l.owner == owner && l.epoch == epoch {
+                l.expires_at = DateTime::from_millis(0);
+            }
+        }
+    }
+}
+
+seam!(Leases {
+    ok fn read_lease(stream: &str) -> Option<Lease>;
+    ok fn acquire_lease(stream: &str, owner: &str, ttl: Duration, now: DateTime) -> Option<i64>;
+    ok fn renew_lease(stream: &str, owner: &str, epoch: i64, ttl: Duration, now: DateTime) -> bool;
+    ok fn seize_lease(stream: &str, owner: &str, ttl: Duration, now: DateTime) -> i64;
+    ok fn release_lease(stream: &str, owner: &str, epoch: i64) -> ();
+});

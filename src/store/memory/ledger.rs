@@ -1,0 +1,184 @@
+//! [`Ledger`]: the last known state of each comment, per stream.
+
+use std::collections::HashMap;
+
+use bson::DateTime;
+
+use super::{fence_ok, not_gte, seam, Memory, MemoryStore};
+use crate::batch::LedgerUpdate;
+use crate::event::{CommentId, PostId, Row, Token};
+use crate::store::Fence;
+
+/// A stored ledger entry.
+#[derive(Clone, Debug)]
+pub struct LedgerRec {
+    pub exists: bool,
+    /// Soft-deleted (an existing row without a post keeps it too).
+    pub deleted: bool,
+    pub post: Option<PostId>,
+    pub created_at: Option<DateTime>,
+    /// `None`: rebuilt by the sweep after lost history, or claimed by the snapshot (any worker
+    /// write replaces it).
+    pub applied_through: Option<String>,
+    pub epoch: Option<i64>,
+    /// The stream's history-gap count when written.
+    pub generation: u64,
+}
+
+impl LedgerRec {
+    /// An entry holding `state` (`None`: the comment is gone).
+    fn new(
+        state: Option<&Row>,
+        applied_through: Option<String>,
+        epoch: Option<i64>,
+        generation: u64,
+    ) -> LedgerRec {
+        LedgerRec {
+            exists: state.is_some(),
+            deleted: state.is_some_and(|r| r.deleted),
+            post: state.and_then(|r| r.post.clone()),
+            created_at: state.and_then(|r| r.created_at),
+            applied_through,
+            epoch,
+            generation,
+        }
+    }
+}
+
+/// The ledger collection of a stream: partitions (`<base>/pNofM`) keep their own, named like
+/// the MongoDB store names them.
+fn ledger_collection(stream: &str) -> String {
+    match stream.split_once('/') {
+        Some((_, partition)) => format!("counterd_comment_state_{partition}"),
+        None => "counterd_comment_state".to_string(),
+    }
+}
+
+impl Memory {
+    pub fn read_ledger(
+        &self,
+        stream: &str,
+        comments: &[CommentId],
+        generation: u64,
+    ) -> HashMap<String, Option<Row>> {
+        let collection = ledger_collection(stream);
+        let mut out = HashMap::new();
+        for c in comments {
+            let key = (collection.clone(), c.key.clone());
+            let current = self
+                .ledger
+                .get(&key)
+                .filter(|(_, e)| e.generation >= generation);
+            if let Some((_, entry)) = current {
+                let row = entry.exists.then(|| Row {
+                    post: entry.post.clone(),
+                    created_at: entry.created_at,
+                    deleted: entry.deleted,
+                });
+                out.insert(c.key.clone(), row);
+            }
+        }
+        out
+    }
+
+    /// One statement of `write_ledger`: the state, if the entry's `applied_through` is below
+    /// `through` and no newer epoch wrote it. Returns whether it was written.
+    pub fn write_ledger_entry(
+        &mut self,
+        fence: &Fence,
+        u: &LedgerUpdate,
+        through: &Token,
+        generation: u64,
+    ) -> bool {
+        let key = (ledger_collection(&fence.stream), u.comment.key.clone());
+        if let Some((_, e)) = self.ledger.get(&key) {
+            if !(not_gte(e.applied_through.as_deref(), through.as_str())
+                && fence_ok(e.epoch, fence))
+            {
+                return false;
+            }
+        }
+        let entry = LedgerRec::new(
+            u.state.as_ref(),
+            Some(through.to_string()),
+            Some(fence.epoch),
+            generation,
+        );
+        self.ledger.insert(key, (u.comment.value.clone(), entry));
+        true
+    }
+
+    /// One statement of `rebuild_ledger`: the row, unless the entry is of `generation` already
+    /// (the upsert's insert: a duplicate key). Returns whether it was written.
+    pub fn rebuild_ledger_entry(
+        &mut self,
+        stream: &str,
+        generation: u64,
+        comment: &CommentId,
+        row: &Row,
+    ) -> bool {
+        let key = (ledger_collection(stream), comment.key.clone());
+        let old = self.ledger.get(&key).map(|(_, e)| e.clone());
+        if old.as_ref().is_some_and(|e| e.generation >= generation) {
+            return false;
+        }
+        let entry = LedgerRec::new(Some(row), None, old.and_then(|e| e.epoch), generation);
+        self.ledger.insert(key, (comment.value.clone(), entry));
+        true
+    }
+
+    /// One statement of `claim_ledger` (`$setOnInsert`): the claim, unless the comment has an
+    /// entry already. Returns whether it was written.
+    pub fn claim_ledger_entry(
+        &mut self,
+        fence: &Fence,
+        claim: &LedgerUpdate,
+        generation: u64,
+    ) -> bool {
+        let Some(row) = &claim.state else {
+            return false;
+        };
+        let key = (ledger_collection(&fence.stream), claim.comment.key.clone());
+        if self.ledger.contains_key(&key) {
+            return false;
+        }
+        let entry = LedgerRec::new(Some(row), None, Some(fence.epoch), generation);
+        self.ledger
+            .insert(key, (claim.comment.value.clone(), entry));
+        true
+    }
+
+    /// `write_ledger`: its statements, each on its own.
+    pub fn write_ledger(
+        &mut self,
+        fence: &Fence,
+        updates: &[LedgerUpdate],
+        through: &Token,
+        generation: u64,
+    ) {
+        for u in updates {
+            self.write_ledger_entry(fence, u, through, generation);
+        }
+    }
+
+    /// `rebuild_ledger`: its statements, each on its own.
+    pub fn rebuild_ledger(&mut self, stream: &str, generation: u64, rows: &[(CommentId, Row)]) {
+        for (comment, row) in rows {
+            self.rebuild_ledger_entry(stream, generation, comment, row);
+        }
+    }
+
+    /// `claim_ledger`: its statements, each on its own.
+    pub fn claim_ledger(&mut self, fence: &Fence, claims: &[LedgerUpdate], generation: u64) {
+        for claim in claims {
+            self.claim_ledger_entry(fence, claim, generation);
+        }
+    }
+}
+
+seam!(Ledger {
+    ok fn read_ledger(stream: &str, comments: &[CommentId], generation: u64) -> HashMap<String, Option<Row>>;
+    ok fn write_ledger(fence: &Fence, updates: &[LedgerUpdate], through: &Token, generation: u64) -> ();
+    ok fn rebuild_ledger(stream: &str, generation: u64, rows: &[(CommentId, Row)]) -> ();
+    ok fn claim_ledger(fence: &Fence, claims: &[LedgerUpdate], generation: u64) -> ();
+});

@@ -1,0 +1,186 @@
+//! The in-process store: every concern of the seam kept in maps, with MongoDB's semantics
+//! statement for statement, so that the deterministic simulation and the store contract can run
+//! counterd's logic without a server. Compiled only with the `test-utils` feature.
+//!
+//! What "MongoDB's semantics" means here: guarded upserts whose failed guard is a duplicate key
+//! ("already applied"), checkpoint updates filtered on the epoch whose failed upsert is
+//! `Fenced`, the conditional fold install, `count_live_below` as "not `>=`", a negative `limit`
+//! meaning one batch of `|limit|`. Like the fake test server it has no snapshot reads
+//! (`count_live_below_at` is `None`); `read_position` is exact, like an `operationTime`.
+//! `tests/store_contract.rs` runs the same cases against this store and MongoDB.
+//!
+//! Besides counterd's collections it holds the truth (`comments`) and an oplog whose change
+//! events are shaped like the ones a real MongoDB 6/7 emits with `fullDocument: updateLookup`:
+//! the looked-up document of an update is the row *as it is when the event is read* (null once
+//! the row is gone), which is what makes recovery tricky.
+//!
+//! Two layers, so that a wrapper can step between statements:
+//! - [`Memory`]: the tables and their operations, synchronous, one method per *statement*
+//!   (`apply_counter` is one statement of `apply_counters`), so a fault-injecting wrapper can
+//!   apply any subset of a multi-statement write, and yield between statements;
+//! - [`MemoryStore`]: the seam's traits over a shared `Memory`, each call one lock.
+//!
+//! Time is the store's own clock (`Memory::clock`, seconds), moved by whoever drives the test.
+
+mod checkpoints;
+mod counters;
+mod dirty;
+mod leases;
+mod ledger;
+mod run_history;
+mod stream;
+mod truth;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use bson::{Bson, DateTime, Document, Timestamp};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+pub use self::checkpoints::CheckpointRec;
+pub use self::counters::CounterRec;
+pub use self::dirty::DirtyRec;
+pub use self::leases::LeaseRec;
+pub use self::ledger::LedgerRec;
+pub use self::stream::{drained_token, event_token, Cursor, MemoryEvents, OpKind, OplogEntry};
+pub use self::truth::row_facts;
+use crate::event::PostId;
+use crate::store::{RunSummary, SweepCursor};
+
+/// The application's fields: the in-process truth uses counterd's default schema.
+pub const POST_FIELD: &str = "post_id";
+pub const CREATED_FIELD: &str = "created_at";
+pub const DELETED_FIELD: &str = "deleted_at";
+
+/// Everything the store holds. Fields are public: the test that owns the store may read any
+/// table, and edit one by hand the way an operator would in the shell.
+pub struct Memory {
+    /// The server's clock, in seconds (`updated_at`, the oplog's cluster times).
+    pub clock: i64,
+    /// The truth: comment rows by `_id`.
+    pub comments: BTreeMap<i64, Document>,
+    pub oplog: Vec<OplogEntry>,
+    /// Entries below this index have been truncated away (the oplog window).
+    pub oplog_floor: usize,
+    /// The cluster time of the newest oplog entry.
+    pub last_time: Timestamp,
+    /// `changeStreamPreAndPostImages` enabled on the collection.
+    pub pre_images_enabled: bool,
+    /// Update events carry `updateDescription` (a real server); without it (some compatible
+    /// servers) only the looked-up document tells what changed.
+    pub update_descriptions: bool,
+    /// Reads carry a post-batch resume token (a real server); some servers send none.
+    pub post_batch_tokens: bool,
+    pub counters: BTreeMap<PostId, CounterRec>,
+    /// Ledger entries by (collection, comment key): each partition keeps its own collection.
+    pub ledger: BTreeMap<(String, String), (Bson, LedgerRec)>,
+    pub dirty: BTreeMap<PostId, DirtyRec>,
+    pub checkpoints: BTreeMap<String, CheckpointRec>,
+    pub leases: BTreeMap<String, LeaseRec>,
+    pub runs: Vec<RunSummary>,
+    pub sweeps: BTreeMap<String, SweepCursor>,
+    /// `$sample`'s randomness (seeded, so a test's sample replays).
+    pub sample_rng: StdRng,
+}
+
+impl Memory {
+    /// An empty store whose clock reads `clock` seconds.
+    pub fn new(clock: i64) -> Memory {
+        Memory {
+            clock,
+            comments: BTreeMap::new(),
+            oplog: Vec::new(),
+            oplog_floor: 0,
+            last_time: Timestamp {
+                time: 0,
+                increment: 0,
+            },
+            pre_images_enabled: false,
+            update_descriptions: true,
+            post_batch_tokens: true,
+            counters: BTreeMap::new(),
+            ledger: BTreeMap::new(),
+            dirty: BTreeMap::new(),
+            checkpoints: BTreeMap::new(),
+            leases: BTreeMap::new(),
+            runs: Vec::new(),
+            sweeps: BTreeMap::new(),
+            sample_rng: StdRng::seed_from_u64(0),
+        }
+    }
+
+    /// The clock as a date.
+    pub fn now(&self) -> DateTime {
+        DateTime::from_millis(self.clock * 1000)
+    }
+}
+
+/// The in-process store behind the seam's traits. Clones share the same tables.
+#[derive(Clone)]
+pub struct MemoryStore {
+    memory: Arc<Mutex<Memory>>,
+}
+
+impl MemoryStore {
+    pub fn new(clock: i64) -> MemoryStore {
+        MemoryStore {
+            memory: Arc::new(Mutex::new(Memory::new(clock))),
+        }
+    }
+
+    /// The tables (never held across an `.await`).
+    pub fn lock(&self) -> MutexGuard<'_, Memory> {
+        self.memory.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// `field` is not `>= value`, for an optional string field: the token guard's filter
+/// (`applied_through: {$not: {$gte: through}}`).
+pub fn not_gte(field: Option<&str>, value: &str) -> bool {
+    field.is_none_or(|f| f < value)
+}
+
+/// `$max` on an optional string field.
+fn max_string(field: &mut Option<String>, value: &str) {
+    if not_gte(field.as_deref(), value) {
+        *field = Some(value.to_string());
+    }
+}
+
+/// Mongo's `limit(n)` as the MongoDB store sends it (`limit.min(i64::MAX) as i64`): 0 is no
+/// limit, a negative limit is one batch of `|n|`.
+fn mongo_limit(limit: usize) -> usize {
+    match limit.min(i64::MAX as usize) as i64 {
+        0 => usize::MAX,
+        n => n.unsigned_abs() as usize,
+    }
+}
+
+/// A document's `epoch` is not newer than the fence's: the worker's writes filter on this.
+fn fence_ok(epoch: Option<i64>, fence: &crate::store::Fence) -> bool {
+    epoch.is_none_or(|e| e <= fence.epoch)
+}
+
+/// Implements one of the seam's traits for [`MemoryStore`]: each method takes the lock and calls
+/// the [`Memory`] method of the same name, whose result is the reply (`ok`: a plain value, the
+/// call cannot fail; `try`: a `StoreResult`).
+macro_rules! seam {
+    ($trait:ident { $($kind:ident fn $name:ident($($arg:ident: $ty:ty),*) -> $ret:ty;)* }) => {
+        #[async_trait::async_trait]
+        impl crate::store::$trait for MemoryStore {
+            $(
+                async fn $name(&self, $($arg: $ty),*) -> crate::store::StoreResult<$ret> {
+                    seam!(@$kind self.lock().$name($($arg),*))
+                }
+            )*
+        }
+    };
+    (@ok $call:expr) => {
+        Ok($call)
+    };
+    (@try $call:expr) => {
+        $call
+    };
+}
+use seam;

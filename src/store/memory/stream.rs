@@ -1,0 +1,310 @@
+//! [`ChangeStreams`]: the oplog of the application's writes, rendered as change events the way
+//! a real server renders them when they are read, and the server's position.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bson::{doc, Bson, DateTime, Document, Timestamp};
+
+use super::{Memory, MemoryStore};
+use crate::event::Token;
+use crate::store::{
+    ChangeStreams, EventSource, RawBatch, ServerNow, StoreError, StoreResult, StreamOptions,
+    StreamStart,
+};
+
+/// One change in the oplog.
+#[derive(Clone, Debug)]
+pub struct OplogEntry {
+    pub seq: u64,
+    pub token: String,
+    pub time: Timestamp,
+    pub id: i64,
+    pub kind: OpKind,
+    /// The row just before the change (for `fullDocumentBeforeChange`).
+    pub pre: Option<Document>,
+    /// The pre-image expired (comes back null even when requested).
+    pub pre_expired: bool,
+}
+
+#[derive(Clone, Debug)]
+pub enum OpKind {
+    Insert(Document),
+    Update {
+        updated: Document,
+        removed: Vec<String>,
+    },
+    Replace(Document),
+    Delete,
+}
+
+impl OpKind {
+    pub fn name(&self) -> &'static str {
+        match self {
+            OpKind::Insert(_) => "insert",
+            OpKind::Update { .. } => "update",
+            OpKind::Replace(_) => "replace",
+            OpKind::Delete => "delete",
+        }
+    }
+}
+
+/// The resume token `_data` of event `seq` (uppercase hex, like a real one; sorts in order).
+pub fn event_token(seq: u64) -> String {
+    format!("82{seq:016X}")
+}
+
+/// The post-batch token of a drained stream after event `seq`: after it, before the next event.
+pub fn drained_token(seq: u64) -> String {
+    format!("82{seq:016X}FF")
+}
+
+/// Where an open change stream stands in the oplog.
+#[derive(Clone, Debug)]
+pub struct Cursor {
+    /// Index of the next entry to return.
+    pub next: usize,
+    pub pre_images: bool,
+    /// Resumed after a token (or at a time) that is no longer in the oplog: the first read
+    /// fails with code 286, like a real server.
+    pub lost: Option<String>,
+}
+
+impl Cursor {
+    /// The error of the first read after resuming where history is gone (once).
+    pub fn history_lost(&mut self) -> Option<StoreError> {
+        let token = self.lost.take()?;
+        Some(StoreError::HistoryLost { code: 286, token })
+    }
+}
+
+impl Memory {
+    fn next_time(&mut self) -> Timestamp {
+        let time = self.clock as u32;
+        self.last_time = if time > self.last_time.time {
+            Timestamp { time, increment: 1 }
+        } else {
+            Timestamp {
+                time: self.last_time.time,
+                increment: self.last_time.increment + 1,
+            }
+        };
+        self.last_time
+    }
+
+    /// Appends the change event of a write at the clock.
+    pub(super) fn append(&mut self, id: i64, kind: OpKind, pre: Option<Document>) {
+        let seq = self.oplog.len() as u64 + 1;
+        let time = self.next_time();
+        self.oplog.push(OplogEntry {
+            seq,
+            token: event_token(seq),
+            time,
+            id,
+            kind,
+            pre,
+            pre_expired: false,
+        });
+    }
+
+    /// Index of the first oplog entry after `token`.
+    pub fn index_after(&self, token: &str) -> usize {
+        self.oplog.partition_point(|e| e.token.as_str() <= token)
+    }
+
+    pub fn last_token(&self) -> Option<String> {
+        self.oplog.last().map(|e| e.token.clone())
+    }
+
+    /// Opens a stream at `start`; a start the truncated oplog no longer holds is lost history.
+    pub fn open_cursor(&self, options: &StreamOptions) -> StoreResult<Cursor> {
+        if !options.pipeline.is_empty() {
+            return Err(StoreError::Fatal {
+                op: "open the change stream",
+                message: "the in-process store does not evaluate stream pipelines".into(),
+            });
+        }
+        let truncated = self.oplog_floor.checked_sub(1).map(|i| &self.oplog[i]);
+        let (next, lost) = match &options.start {
+            StreamStart::After(token) => {
+                let lost = truncated
+                    .filter(|t| t.token.as_str() > token.as_str())
+                    .map(|_| token.to_string());
+                (self.index_after(token.as_str()), lost)
+            }
+            StreamStart::AtTime(at) => {
+                let lost = truncated.filter(|t| t.time >= *at).map(|_| String::new());
+                (self.oplog.partition_point(|e| e.time < *at), lost)
+            }
+            StreamStart::Now => (self.oplog.len(), None),
+        };
+        Ok(Cursor {
+            next: next.max(self.oplog_floor),
+            pre_images: options.pre_images,
+            lost,
+        })
+    }
+
+    /// Events after the cursor still to read.
+    pub fn available(&self, cursor: &Cursor) -> usize {
+        self.oplog.len().saturating_sub(cursor.next)
+    }
+
+    /// Reads the next `n` events (at least one must be available), moving the cursor.
+    pub fn read_events(&self, cursor: &mut Cursor, n: usize) -> RawBatch {
+        let entries = &self.oplog[cursor.next..cursor.next + n];
+        let events = entries
+            .iter()
+            .map(|e| self.render(e, cursor.pre_images))
+            .collect();
+        cursor.next += n;
+        let last = entries.last().map(|e| Token(e.token.clone()));
+        RawBatch {
+            events,
+            post_batch_token: last.filter(|_| self.post_batch_tokens),
+        }
+    }
+
+    /// The answer of a drained stream: no events, and (where the server sends one) a
+    /// post-batch token after the newest event.
+    pub fn drained_batch(&self) -> RawBatch {
+        let last = self.oplog.last().map_or(0, |e| e.seq);
+        RawBatch {
+            events: Vec::new(),
+            post_batch_token: self.post_batch_tokens.then(|| Token(drained_token(last))),
+        }
+    }
+
+    /// Exact, like an `operationTime`: just after the newest event, or the clock.
+    pub fn read_position(&self) -> ServerNow {
+        let after_last = Timestamp {
+            time: self.last_time.time,
+            increment: self.last_time.increment + 1,
+        };
+        let now = after_last.max(Timestamp {
+            time: self.clock as u32,
+            increment: 0,
+        });
+        ServerNow {
+            lower: now,
+            upper: now,
+        }
+    }
+
+    /// The event document as a real server returns it when it is read now.
+    fn render(&self, e: &OplogEntry, pre_images: bool) -> Document {
+        let mut d = doc! {
+            "_id": {"_data": &e.token},
+            "operationType": e.kind.name(),
+            "clusterTime": e.time,
+            "wallTime": DateTime::from_millis(e.time.time as i64 * 1000),
+            "ns": {"db": "app", "coll": "comments"},
+            "documentKey": {"_id": e.id},
+        };
+        match &e.kind {
+            OpKind::Insert(row) | OpKind::Replace(row) => {
+                d.insert("fullDocument", row.clone());
+            }
+            OpKind::Update { updated, removed } => {
+                if self.update_descriptions {
+                    d.insert(
+                        "updateDescription",
+                        doc! {"updatedFields": updated.clone(), "removedFields": removed.clone(), "truncatedArrays": []},
+                    );
+                } else {
+                    // Like the fake test server: the update spec rides in `documentKey`.
+                    let mut unset = Document::new();
+                    for field in removed.iter() {
+                        unset.insert(field.as_str(), "");
+                    }
+                    d.insert(
+                        "documentKey",
+                        doc! {"_id": e.id, "$set": updated.clone(), "$unset": unset},
+                    );
+                }
+                // updateLookup: the row as it is now, null when it is gone.
+                let now = self.comments.get(&e.id).cloned();
+                d.insert("fullDocument", now.map_or(Bson::Null, Bson::Document));
+            }
+            OpKind::Delete => {}
+        }
+        if pre_images && self.pre_images_enabled && !matches!(e.kind, OpKind::Insert(_)) {
+            let pre = match (&e.pre, e.pre_expired) {
+                (Some(pre), false) => Bson::Document(pre.clone()),
+                _ => Bson::Null,
+            };
+            d.insert("fullDocumentBeforeChange", pre);
+        }
+        d
+    }
+
+    /// Every one of `streams` has nothing in flight and, resumed now, would count no event
+    /// anew: the events after its resume position (a token, else a start time, else the
+    /// worker's configured `start_at`) are all at or below its high water. Events truncated
+    /// away count too: a worker whose resume position fell off the oplog has not caught up
+    /// (it has yet to find its history lost).
+    pub fn caught_up(&self, streams: &[String], start_at: Option<Timestamp>) -> bool {
+        streams.iter().all(|stream| {
+            let Some(c) = self.checkpoints.get(stream) else {
+                return self.oplog.is_empty();
+            };
+            let from = match (&c.token, c.start_time.or(start_at)) {
+                (Some(token), _) => self.index_after(token),
+                (None, Some(at)) => self.oplog.partition_point(|e| e.time < at),
+                (None, None) => self.oplog.len(),
+            };
+            let from = from.min(self.oplog.len());
+            let snapshotting = c.view(stream).snapshot_running();
+            // A stream that has applied nothing yet, beside existing rows, is about to snapshot
+            // them (with `initial_snapshot = never` the test writes none before it).
+            let to_snapshot = c.gaps.is_empty()
+                && c.snapshot.is_none()
+                && c.token.is_none()
+                && c.high_water.is_none()
+                && !self.comments.is_empty();
+            // Tokens grow along the oplog: the last event after `from` is the newest.
+            !snapshotting
+                && !to_snapshot
+                && c.pending.is_none()
+                && (from == self.oplog.len()
+                    || c.high_water
+                        .as_deref()
+                        .is_some_and(|h| self.oplog.last().is_some_and(|e| e.token.as_str() <= h)))
+        })
+    }
+}
+
+/// An open change stream over the oplog: each read returns what is there, up to `max`.
+pub struct MemoryEvents {
+    store: MemoryStore,
+    cursor: Cursor,
+}
+
+#[async_trait]
+impl EventSource for MemoryEvents {
+    async fn next_batch(&mut self, max: usize, _max_wait: Duration) -> StoreResult<RawBatch> {
+        if let Some(lost) = self.cursor.history_lost() {
+            return Err(lost);
+        }
+        let m = self.store.lock();
+        Ok(match m.available(&self.cursor).min(max) {
+            0 => m.drained_batch(),
+            n => m.read_events(&mut self.cursor, n),
+        })
+    }
+}
+
+#[async_trait]
+impl ChangeStreams for MemoryStore {
+    async fn open_stream(&self, options: StreamOptions) -> StoreResult<Box<dyn EventSource>> {
+        let cursor = self.lock().open_cursor(&options)?;
+        Ok(Box::new(MemoryEvents {
+            store: self.clone(),
+            cursor,
+        }))
+    }
+
+    async fn read_position(&self) -> StoreResult<ServerNow> {
+        Ok(self.lock().read_position())
+    }
+}

@@ -1,0 +1,182 @@
+//! [`Truth`]: the application's `comments` rows, the application's writes to them (each
+//! appends its change event to the oplog), and the counts counterd checks against.
+
+use std::collections::BTreeSet;
+use std::ops::Bound;
+
+use bson::{Bson, DateTime, Document, Timestamp};
+
+use super::{seam, Memory, MemoryStore, OpKind, CREATED_FIELD, DELETED_FIELD, POST_FIELD};
+use crate::event::{CommentId, PostId, Row};
+use crate::store::CommentsExtent;
+
+/// (post, created_at, live) of a row document, when it counts at all (it has a post).
+pub fn row_facts(row: &Document) -> Option<(PostId, Option<DateTime>, bool)> {
+    let row = read_row(row);
+    Some((row.post?, row.created_at, !row.deleted))
+}
+
+/// The row as it is, counted or not.
+fn read_row(row: &Document) -> Row {
+    Row {
+        post: row.get(POST_FIELD).and_then(PostId::from_bson),
+        created_at: match row.get(CREATED_FIELD) {
+            Some(Bson::DateTime(d)) => Some(*d),
+            _ => None,
+        },
+        deleted: !matches!(row.get(DELETED_FIELD), None | Some(Bson::Null)),
+    }
+}
+
+fn comment_id(id: i64) -> CommentId {
+    CommentId::new(Bson::Int64(id))
+}
+
+impl Memory {
+    /// `insertOne(row)` (and its insert event) at the clock.
+    pub fn insert_row(&mut self, row: Document) {
+        let id = row.get_i64("_id").expect("an integer _id");
+        self.comments.insert(id, row.clone());
+        self.append(id, OpKind::Insert(row), None);
+    }
+
+    /// `updateOne({_id}, {$set, $unset})`: no event when nothing changed, as on a real server.
+    /// Returns whether the row changed.
+    pub fn update(&mut self, id: i64, set: Document, unset: &[&str]) -> bool {
+        let Some(old) = self.comments.get(&id).cloned() else {
+            return false;
+        };
+        let mut new = old.clone();
+        let mut updated = Document::new();
+        for (k, v) in set {
+            if old.get(&k) != Some(&v) {
+                updated.insert(k.clone(), v.clone());
+            }
+            new.insert(k, v);
+        }
+        let mut removed = Vec::new();
+        for k in unset {
+            if new.remove(*k).is_some() {
+                removed.push(k.to_string());
+            }
+        }
+        if updated.is_empty() && removed.is_empty() {
+            return false;
+        }
+        self.comments.insert(id, new);
+        self.append(id, OpKind::Update { updated, removed }, Some(old));
+        true
+    }
+
+    /// `replaceOne({_id}, row)`: no event when nothing changed. Returns whether it changed.
+    pub fn replace_row(&mut self, id: i64, row: Document) -> bool {
+        let old = self.comments.get(&id).cloned();
+        if old.as_ref() == Some(&row) {
+            return false;
+        }
+        self.comments.insert(id, row.clone());
+        self.append(id, OpKind::Replace(row), old);
+        true
+    }
+
+    /// `deleteOne({_id})` (and its delete event). Returns the row deleted.
+    pub fn delete_row(&mut self, id: i64) -> Option<Document> {
+        let old = self.comments.remove(&id)?;
+        self.append(id, OpKind::Delete, Some(old.clone()));
+        Some(old)
+    }
+
+    /// Posts with at least one live row.
+    pub fn live_posts(&self) -> BTreeSet<PostId> {
+        self.comments
+            .values()
+            .filter_map(row_facts)
+            .filter(|(_, _, live)| *live)
+            .map(|(post, _, _)| post)
+            .collect()
+    }
+
+    pub fn count_live_below(&self, post: &PostId, watermark: i64) -> i64 {
+        let below = watermark.saturating_mul(1000);
+        self.comments
+            .values()
+            .filter_map(row_facts)
+            .filter(|(p, created, live)| {
+                p == post && *live && !created.is_some_and(|c| c.timestamp_millis() >= below)
+            })
+            .count() as i64
+    }
+
+    pub fn latest_created(&self, post: &PostId) -> Option<i64> {
+        self.comments
+            .values()
+            .filter_map(row_facts)
+            .filter(|(p, _, _)| p == post)
+            .filter_map(|(_, created, _)| created)
+            .map(|t| t.timestamp_millis().div_euclid(1000))
+            .max()
+    }
+
+    pub fn count_live(&self, post: &PostId) -> i64 {
+        self.comments
+            .values()
+            .filter_map(row_facts)
+            .filter(|(p, _, live)| p == post && *live)
+            .count() as i64
+    }
+
+    pub fn rows_of_post(&self, post: &PostId) -> Vec<(CommentId, Row)> {
+        self.comments
+            .iter()
+            .map(|(id, row)| (comment_id(*id), read_row(row)))
+            .filter(|(_, row)| row.post.as_ref() == Some(post))
+            .collect()
+    }
+
+    pub fn comments_extent(&self) -> CommentsExtent {
+        CommentsExtent {
+            last_id: self.comments.keys().next_back().map(|id| comment_id(*id)),
+            estimated_rows: self.comments.len() as u64,
+        }
+    }
+
+    /// Rows with `_id` in `(after, last]`, in order (the in-process truth's ids are longs).
+    pub fn rows_after(
+        &self,
+        after: Option<&CommentId>,
+        last: &CommentId,
+        limit: usize,
+    ) -> Vec<(CommentId, Row)> {
+        let int = |c: &CommentId| {
+            c.value
+                .as_i64()
+                .expect("the in-process store's ids are longs")
+        };
+        let from = after.map(int).map_or(Bound::Unbounded, Bound::Excluded);
+        self.comments
+            .range((from, Bound::Included(int(last))))
+            .take(limit)
+            .map(|(id, row)| (comment_id(*id), read_row(row)))
+            .collect()
+    }
+
+    /// Like the fake server: no snapshot reads, so every recount takes the quiet window.
+    pub fn count_live_below_at(
+        &self,
+        _post: &PostId,
+        _watermark: i64,
+        _at: Timestamp,
+    ) -> Option<i64> {
+        None
+    }
+}
+
+seam!(Truth {
+    ok fn count_live_below(post: &PostId, watermark: i64) -> i64;
+    ok fn count_live_below_at(post: &PostId, watermark: i64, at: Timestamp) -> Option<i64>;
+    ok fn latest_created(post: &PostId) -> Option<i64>;
+    ok fn count_live(post: &PostId) -> i64;
+    ok fn rows_of_post(post: &PostId) -> Vec<(CommentId, Row)>;
+    ok fn comments_extent() -> CommentsExtent;
+    ok fn rows_after(after: Option<&CommentId>, last: &CommentId, limit: usize) -> Vec<(CommentId, Row)>;
+});

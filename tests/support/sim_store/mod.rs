@@ -1,0 +1,346 @@
+//! The deterministic simulation's store: counterd's in-process store
+//! (`counterd::store::memory`, MongoDB's semantics statement for statement) wrapped in the
+//! simulation's hooks, all driven by one seeded RNG so that a seed replays exactly:
+//! * every store call may first yield once (so that the actors the simulation polls side by
+//!   side interleave at every store call, and between the statements of a multi-statement
+//!   write) and may fail by an injected fault: before it runs, after some of its statements
+//!   (a partial write: the wrapper applies the in-process store's statements one by one), or
+//!   after it ran (the write landed, the reply was lost) — see `faults.rs`;
+//! * time is [`SimClock`]: `now` is the store's clock, and a pause (the worker's idle pause
+//!   and backoff, the reconciler's wait for the worker) only yields to the other actors, never
+//!   on tokio's timer. So `src` reads simulated times only and the interleaving never depends on
+//!   real time;
+//! * the change stream (`events.rs`), once drained, waits while other actors may still write
+//!   (like an awaitData getMore) but now and then (seeded, `drained_answers`) answers "nothing
+//!   new" instead, so workers record drained positions mid-round and the reconciler's
+//!   quiet-window wait can see them catch up. It stops a worker whose read budget is spent (an
+//!   injected `Fatal`) and, once only workers are left, stops them, letting the last one alone
+//!   take one idle turn (it is told to shut down right after): every round ends;
+//! * `broken`: deliberately wrong variants of the store (the guard removed, the seed's fold
+//!   formula, the recount without its consistency condition) that the simulation must catch,
+//!   made by bending the calls the wrapper passes on (`seam.rs`);
+//! * the application's random writes (`writers.rs`), and the bookkeeping the simulation's
+//!   checks read: live rows per (post, bucket), a shadow of every applied counter increment per
+//!   (post, bucket) (once the worker has caught up it must equal the truth exactly, whatever the
+//!   reconciler did, or an event was counted twice or never), an operator's hand edits of
+//!   counters recorded as the drift they cause beside the drift every installed fold corrected
+//!   (with no history lost, a fold may never correct more drift of either sign than was
+//!   injected into its post), and a `probe` that runs the simulation's own checks at sampled
+//!   store-call boundaries.
+
+mod events;
+mod faults;
+mod seam;
+mod writers;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::ops::{Deref, DerefMut};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bson::DateTime;
+use counterd::clock::Clock;
+use counterd::event::PostId;
+use counterd::store::memory::Memory;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+pub use self::faults::Faults;
+
+/// A deliberately broken variant of the store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Broken {
+    /// Faithful to MongoDB.
+    None,
+    /// Counter writes ignore `applied_through`: every guarded increment applies.
+    NoGuard,
+    /// The fold is installed with the seed design's formula: `base' = C`,
+    /// `live' = live - (base' - base)`, which never changes the displayed value.
+    SeedFold,
+    /// The recount of the reconciler before it was made consistent with the stream: counter
+    /// writes record no touched buckets and the server's position is always "applied", so a
+    /// count that saw an event in flight is installed.
+    UnconditionedRecount,
+}
+
+/// The store's tables and the simulation's own state, behind one lock that is never held
+/// across an `.await`. It dereferences to the tables ([`Memory`]): the simulation reads them
+/// (and moves the clock) through it.
+pub struct State {
+    pub memory: Memory,
+    /// The one RNG of the simulation: writers, faults, yields, batch sizes.
+    pub rng: StdRng,
+    /// The clock when the simulation began: rows back-dated "long ago" are created before it.
+    pub start_clock: i64,
+    pub bucket_width: i64,
+    /// Live rows per (post, creation bucket), kept by the writers.
+    live: BTreeMap<(PostId, i64), i64>,
+    next_id: i64,
+    /// Comment ids hard-deleted so far (for re-inserts of a known `_id`).
+    gone_ids: Vec<i64>,
+    pub posts: i64,
+    /// Writers sometimes remove a row's `post_id` (it leaves counting) and set it again later.
+    pub unset_post_ids: bool,
+    /// Share of pre-images that have expired by the time they are read (they come back null).
+    pub pre_image_expiry: f64,
+    pub faults: Faults,
+    pub broken: Broken,
+    /// Applied counter increments per (post, bucket).
+    pub shadow: BTreeMap<(PostId, i64), i64>,
+    /// Counts of what happened, for coverage: injected faults by call and strike, pauses, folds.
+    pub stats: BTreeMap<String, u64>,
+    /// Non-worker actors (writers, reconciler) still running this round.
+    pub others_running: usize,
+    /// Workers still running this round.
+    pub workers_running: usize,
+    /// Shutdown switches of this round's workers: a worker that is caught up and alone is told
+    /// to stop right after its idle read, so that it never sleeps on tokio's (real) clock while
+    /// another actor runs.
+    pub shutdown: Vec<tokio::sync::watch::Sender<bool>>,
+    /// Reads that return events the worker(s) may still do this round; `None`: unlimited.
+    pub read_budget: Option<u32>,
+    /// Probability that a drained stream answers "nothing new" while other actors run, rather
+    /// than waiting for a write.
+    pub drained_answers: f64,
+    /// Most events one read returns.
+    pub read_max: usize,
+    /// A short log of store calls (the tail is printed when a seed fails).
+    pub trace: Vec<String>,
+    pub trace_all: bool,
+    /// Gaps recorded since the stream last returned anything: a worker that keeps finding its
+    /// history lost without ever reading is looping.
+    gaps_in_a_row: u32,
+    /// Drift injected by hand per post: displayed minus truth caused by each edit.
+    pub injected: BTreeMap<PostId, Drift>,
+    /// Injected amounts that sit in a counter's buckets, per (post, bucket): a bucket at or
+    /// above its counter's watermark holds exactly its live rows plus this. A deleted counter
+    /// leaves each bucket short of everything applied to it before.
+    pub injected_buckets: BTreeMap<(PostId, i64), i64>,
+    /// Drift corrected by every fold installed, per post (whether or not its run reported it).
+    pub corrected: BTreeMap<PostId, Drift>,
+    /// Every installed fold that corrected drift: (post, drift), in order.
+    pub fold_log: Vec<(PostId, i64)>,
+    /// Check, at every installed fold, that no post was corrected of more drift of either sign
+    /// than was injected into it (while no history was lost).
+    pub drift_bounds: bool,
+    /// Checks run at sampled store-call boundaries.
+    pub probe: Option<Probe>,
+    /// Bumped by every change to the store (a write call, a writer's row, a hand edit): the
+    /// probe skips a boundary at which nothing changed since it last looked.
+    generation: u64,
+    probed_generation: u64,
+    /// What the probe and the drift bounds found wrong.
+    pub probe_failures: Vec<String>,
+}
+
+impl Deref for State {
+    type Target = Memory;
+    fn deref(&self) -> &Memory {
+        &self.memory
+    }
+}
+
+impl DerefMut for State {
+    fn deref_mut(&mut self) -> &mut Memory {
+        &mut self.memory
+    }
+}
+
+/// Signed drift of one post: the net amount and its positive and negative parts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Drift {
+    pub net: i64,
+    /// Sum of the positive amounts (the counter made to run high).
+    pub high: i64,
+    /// Sum of the negative amounts (the counter made to run low).
+    pub low: i64,
+}
+
+impl Drift {
+    pub fn add(&mut self, amount: i64) {
+        self.net += amount;
+        if amount > 0 {
+            self.high += amount;
+        } else {
+            self.low += amount;
+        }
+    }
+}
+
+/// The simulation's checks, run at sampled store-call boundaries (a share `rate` of them, drawn
+/// from its own RNG so that sampling never changes a seed's run). `check` returns whether it
+/// applied (its checks hold only at some points: where every worker has caught up).
+pub struct Probe {
+    pub rate: f64,
+    pub rng: StdRng,
+    pub check: ProbeCheck,
+}
+
+/// The probe's checks: whether they applied at this point, or what they found wrong.
+pub type ProbeCheck = Box<dyn Fn(&State) -> Result<bool, String> + Send>;
+
+impl State {
+    /// Only one worker is left and nothing else runs: sleeping on a real timer is harmless now.
+    pub fn alone(&self) -> bool {
+        self.others_running == 0 && self.workers_running <= 1
+    }
+
+    pub fn stat(&mut self, key: impl Into<String>) {
+        *self.stats.entry(key.into()).or_default() += 1;
+    }
+
+    pub fn note(&mut self, line: String) {
+        if self.trace_all {
+            eprintln!("{line}");
+        }
+        self.trace.push(line);
+        if self.trace.len() > 4000 {
+            self.trace.drain(..2000);
+        }
+    }
+
+    /// Runs the probe, if this store-call boundary is sampled.
+    fn probe_point(&mut self) {
+        if self.generation == self.probed_generation {
+            return;
+        }
+        let Some(mut probe) = self.probe.take() else {
+            return;
+        };
+        if probe.rng.random_bool(probe.rate) {
+            self.probed_generation = self.generation;
+            match (probe.check)(self) {
+                Ok(true) => {
+                    self.stat("probe checked a caught-up point");
+                    if self.others_running > 0 {
+                        self.stat("probe checked a caught-up point while others run");
+                    }
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    self.note(format!("  !! probe: {e}"));
+                    self.probe_failures.push(e);
+                }
+            }
+        }
+        self.probe = Some(probe);
+    }
+}
+
+/// Yields to the other actors once.
+pub async fn yield_now() {
+    YieldOnce(false).await
+}
+
+struct YieldOnce(bool);
+
+impl Future for YieldOnce {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.0 {
+            Poll::Ready(())
+        } else {
+            self.0 = true;
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+    }
+}
+
+/// The simulation's store. Clones share the same state.
+#[derive(Clone)]
+pub struct SimStore {
+    state: Arc<Mutex<State>>,
+}
+
+impl SimStore {
+    pub fn new(seed: u64, bucket_width: i64, posts: i64, clock: i64) -> SimStore {
+        SimStore {
+            state: Arc::new(Mutex::new(State {
+                memory: Memory::new(clock),
+                rng: StdRng::seed_from_u64(seed),
+                start_clock: clock,
+                bucket_width,
+                live: BTreeMap::new(),
+                next_id: 0,
+                gone_ids: Vec::new(),
+                posts,
+                unset_post_ids: true,
+                pre_image_expiry: 0.1,
+                faults: Faults::none(),
+                broken: Broken::None,
+                shadow: BTreeMap::new(),
+                stats: BTreeMap::new(),
+                others_running: 0,
+                workers_running: 0,
+                shutdown: Vec::new(),
+                read_budget: None,
+                drained_answers: 0.0,
+                read_max: 10,
+                trace: Vec::new(),
+                trace_all: false,
+                gaps_in_a_row: 0,
+                injected: BTreeMap::new(),
+                injected_buckets: BTreeMap::new(),
+                corrected: BTreeMap::new(),
+                fold_log: Vec::new(),
+                drift_bounds: false,
+                probe: None,
+                generation: 1,
+                probed_generation: 0,
+                probe_failures: Vec::new(),
+            })),
+        }
+    }
+
+    pub fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The simulated clock, for `Worker::with_clock` and `Reconciler::with_clock`.
+    pub fn clock(&self) -> Arc<dyn Clock> {
+        Arc::new(SimClock(self.clone()))
+    }
+
+    /// Maybe yields to the other actors: the interleaving point before every store call.
+    pub async fn maybe_yield(&self) {
+        let yield_now = {
+            let mut s = self.lock();
+            let rate = s.faults.yield_rate;
+            rate > 0.0 && !s.alone() && s.rng.random_bool(rate)
+        };
+        if yield_now {
+            YieldOnce(false).await;
+        }
+    }
+}
+
+/// Simulated time: `now` is the store's clock, and a pause only yields to the other actors (one
+/// to three times, seeded), whatever its length: it never sleeps on tokio's timer, and it never
+/// moves the clock (writers and the rounds do).
+pub struct SimClock(SimStore);
+
+#[async_trait]
+impl Clock for SimClock {
+    fn now(&self) -> DateTime {
+        self.0.lock().memory.now()
+    }
+
+    async fn sleep(&self, _delay: Duration) {
+        let turns = {
+            let mut s = self.0.lock();
+            if s.alone() {
+                1
+            } else {
+                s.rng.random_range(1..=3)
+            }
+        };
+        for _ in 0..turns {
+            YieldOnce(false).await;
+        }
+    }
+}
