@@ -200,10 +200,8 @@ impl WorkerRun {
 /// Runs one worker over `store` until it has applied `n` events (written before, after the
 /// settings' `start_at`), and measures it.
 ///
-/// Generic over the store so the same measurement runs on a store that does no I/O: once the
-/// in-process store (`counterd::store::memory`, feature `test-utils`) is merged, wrapping it in
-/// a [`CountingStore`] with `n` events in its stream gives counterd's CPU per event without a
-/// server (the lower bound). Not done on this branch: that store is not here yet.
+/// Generic over the store so the same measurement runs on a store that does no I/O
+/// ([`replay_without_io`]).
 pub async fn replay_through<S: Store + 'static>(
     store: Arc<CountingStore<S>>,
     settings: WorkerSettings,
@@ -224,6 +222,28 @@ pub async fn replay_through<S: Store + 'static>(
         cpu_secs,
         counts,
     })
+}
+
+/// The worker over the in-process store (`counterd::store::memory`), which does no I/O: one
+/// comment inserted per entry of `posts`, then replayed and measured like [`replay_through`].
+/// Its CPU per event is the lower bound of counterd's own cost (classification, coalescing,
+/// planning, the runtime), without the driver's encoding or the server.
+pub async fn replay_without_io(plan: &Plan, posts: &[i64]) -> anyhow::Result<WorkerRun> {
+    let now = chrono::Utc::now().timestamp();
+    let memory = counterd::store::memory::MemoryStore::new(now);
+    {
+        let mut tables = memory.lock();
+        let created = tables.now();
+        for (id, post) in posts.iter().enumerate() {
+            tables.insert_row(doc! {"_id": id as i64, "post_id": *post, "created_at": created, "body": "benchmark comment"});
+        }
+    }
+    let start = Timestamp {
+        time: 0,
+        increment: 0,
+    };
+    let store = Arc::new(CountingStore::new(memory));
+    replay_through(store, worker_settings(plan, start), posts.len()).await
 }
 
 /// `--child-worker URI DATABASE START_SECS EVENTS`: a bare worker that replays `EVENTS` events

@@ -12,7 +12,7 @@ use counterd::store::mongo::Collections;
 use serde::Serialize;
 
 use super::throughput::Throughput;
-use crate::harness::Bench;
+use crate::harness::{replay_without_io, Bench};
 use crate::load::windowed_distinct;
 use crate::measure::process_cpu;
 use crate::plan::{Plan, TARGET_CPU_US_PER_EVENT, TARGET_WORKER_VS_BULK, TARGET_ZIPF_WRITES};
@@ -69,6 +69,14 @@ pub async fn costs_phase(
         })
         .collect();
     out.phase("zipf_coalescing_by_batch_size", &model)?;
+
+    let no_io = replay_without_io(plan, &zipf.posts).await?;
+    say!(
+        "costs: worker over the in-process store (no I/O): {:.2} s, {:.1} µs CPU/event",
+        no_io.secs,
+        no_io.cpu_us_per_event()
+    );
+    out.phase("no_io_worker", &no_io)?;
 
     let worker = &zipf.worker;
     let ratio_to_bulk = worker.rate() / bulk.events_per_sec;
@@ -130,7 +138,8 @@ pub async fn costs_phase(
             Status::of(worker.cpu_us_per_event() <= TARGET_CPU_US_PER_EVENT),
         )
         .note(format!(
-            "with the MongoDB store: includes the driver's encoding and decoding (the no-I/O lower bound is not measured on this branch); the seed's loop: {:.1} µs/event (ratio {:.2}); uniform: {:.1} µs/event",
+            "with the MongoDB store: includes the driver's encoding and decoding; lower bound, the same worker over the in-process store (no I/O): {:.1} µs/event; the seed's loop: {:.1} µs/event (ratio {:.2}); uniform: {:.1} µs/event",
+            no_io.cpu_us_per_event(),
             seed_zipf.cpu_us_per_event,
             worker.cpu_us_per_event() / seed_zipf.cpu_us_per_event,
             uniform.worker.cpu_us_per_event()
