@@ -1,0 +1,68 @@
+//! Why a store operation failed, sorted by what the caller should do about it.
+
+/// Why a store operation failed, sorted by what the caller should do about it.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Worth retrying: network trouble, no primary, an interrupted operation.
+    #[error("transient database error during {op}: {message}")]
+    Transient { op: &'static str, message: String },
+    /// The resume token fell off the oplog (codes 286, 280, 260).
+    #[error("change stream history lost (code {code}) while resuming after token {token}: the checkpoint is older than the oplog window")]
+    HistoryLost { code: i32, token: String },
+    /// The checkpoint cannot be resumed here although the server did not refuse it: it belongs
+    /// to another deployment (a restored backup), or the stream answered with an event older
+    /// than the checkpoint. Handled like [`StoreError::HistoryLost`].
+    #[error("change stream history lost while resuming from {position}: {reason}")]
+    HistoryMismatch { position: String, reason: String },
+    /// Another worker holds a newer fencing epoch for this stream: step down.
+    #[error(
+        "fenced out of stream `{stream}`: another worker took over with a newer epoch than {epoch}"
+    )]
+    Fenced { stream: String, epoch: i64 },
+    /// A stored document is not what counterd wrote (hand-edited or corrupted).
+    #[error("malformed {what} document {id}: {detail}")]
+    Malformed {
+        what: &'static str,
+        id: String,
+        detail: String,
+    },
+    /// Anything else: stop with this message; the checkpoint has not moved.
+    #[error("database error during {op}: {message}")]
+    Fatal { op: &'static str, message: String },
+    /// The driver failed: worth retrying when `transient` (as [`StoreError::Transient`]),
+    /// otherwise as [`StoreError::Fatal`]. `detail` is a short, credential-free description
+    /// for logs and messages; the driver's own error is kept whole as the source (its code,
+    /// labels and chain).
+    #[error("{}database error during {op}: {detail}", if *.transient { "transient " } else { "" })]
+    Driver {
+        op: &'static str,
+        transient: bool,
+        detail: String,
+        #[source]
+        source: Box<mongodb::error::Error>,
+    },
+}
+
+impl StoreError {
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Transient { .. }
+                | StoreError::Driver {
+                    transient: true,
+                    ..
+                }
+        )
+    }
+
+    /// The checkpoint's history is gone: the server refused it, or counterd found it belongs
+    /// to another history. Both follow `on_history_lost`.
+    pub fn is_history_lost(&self) -> bool {
+        matches!(
+            self,
+            StoreError::HistoryLost { .. } | StoreError::HistoryMismatch { .. }
+        )
+    }
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;

@@ -1,0 +1,439 @@
+//! What the seam's traits read and write: checkpoints and their snapshot progress, counter
+//! documents, dirty entries, leases, run summaries, stream options and positions.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bson::{DateTime, Document, Timestamp};
+use serde::{Deserialize, Serialize};
+
+use super::{Store, StoreResult};
+use crate::batch::{BucketStart, CounterDelta, DirtyMark, LedgerUpdate};
+use crate::deployment::Deployment;
+use crate::event::{CommentId, PostId, Token};
+use crate::fold::CounterState;
+
+/// The right to write for one stream: every worker write carries this epoch in its filter, so a
+/// worker that lost its lease cannot write even once after a successor took over.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fence {
+    pub stream: String,
+    pub epoch: i64,
+}
+
+/// A recorded gap in the stream (history lost), for `status` and the sweep.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Gap {
+    /// The checkpoint's event time when history was found lost.
+    pub from: Option<DateTime>,
+    /// When the worker restarted from "now".
+    pub to: DateTime,
+}
+
+/// Where a stream stands.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct Checkpoint {
+    pub stream: String,
+    /// Resume after this token. `None`: never checkpointed (start from now or a configured time).
+    pub token: Option<Token>,
+    /// Cluster time of the event at `token`.
+    pub token_time: Option<Timestamp>,
+    /// Without a token: start the stream at this cluster time (set by `replay --from-time`).
+    pub start_time: Option<Timestamp>,
+    /// The last time the worker found the stream drained: every event before it is applied,
+    /// even when no event (and so no `token_time`) came for a while. Lets the watermark advance
+    /// on a quiet stream.
+    pub caught_up_at: Option<Timestamp>,
+    /// The newest token any batch was applied or intended through. Events at or below it have
+    /// been applied: re-reading them (an operator replay) only marks their posts dirty.
+    pub high_water: Option<Token>,
+    /// A batch whose intent was recorded but whose writes may not all have landed: re-applied,
+    /// exactly as planned, before the stream is read again.
+    pub pending: Option<PendingBatch>,
+    /// Fencing epoch of the worker that owns the stream.
+    pub epoch: i64,
+    /// The deployment the position belongs to (`None`: not recorded yet); resuming on another
+    /// one is lost history (see [`crate::deployment`]).
+    pub deployment: Option<Deployment>,
+    pub updated_at: Option<DateTime>,
+    /// Gaps recorded after history loss.
+    pub gaps: Vec<Gap>,
+    /// A full sweep was requested (history lost, unattributable events) and not yet finished.
+    pub sweep_requested: bool,
+    /// The initial snapshot of the rows that existed before the stream's start (`None`: none
+    /// was taken; the stream counts only what it sees change).
+    pub snapshot: Option<SnapshotProgress>,
+}
+
+impl Checkpoint {
+    /// The stream's ledger generation: the number of history gaps it has recorded. Ledger
+    /// entries of an older generation describe rows as they were before events were lost (a
+    /// row moved in the gap still shows its old post), so they are not used as before-states.
+    pub fn ledger_generation(&self) -> u64 {
+        self.gaps.len() as u64
+    }
+
+    /// The ledger holds every row the counters count: the initial snapshot has claimed (or is
+    /// claiming, chunk by chunk) the rows that existed before the stream's start, and no
+    /// history was lost since. A comment without an entry is then known not to count, and the
+    /// ledger's state wins over a pre-image (see [`crate::classify::Before::Complete`]).
+    pub fn ledger_complete(&self) -> bool {
+        self.gaps.is_empty()
+            && self
+                .snapshot
+                .as_ref()
+                .is_some_and(|s| s.state != SnapshotState::Abandoned)
+    }
+
+    /// The initial snapshot is still claiming rows: folds would count rows the snapshot has yet
+    /// to claim, so the reconciler leaves the stream's posts dirty until it is done.
+    pub fn snapshot_running(&self) -> bool {
+        self.gaps.is_empty()
+            && self
+                .snapshot
+                .as_ref()
+                .is_some_and(|s| s.state == SnapshotState::Running)
+    }
+}
+
+/// Where the initial snapshot stands (stored in the checkpoint document).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SnapshotProgress {
+    pub state: SnapshotState,
+    pub started_at: DateTime,
+    pub finished_at: Option<DateTime>,
+    /// The largest `_id` in `comments` just after the stream's start was pinned: every row that
+    /// existed before the start is at or below it (`None`: the collection was empty).
+    #[serde(skip)]
+    pub last_id: Option<CommentId>,
+    /// The last `_id` of the last finished chunk (`None`: none finished yet).
+    #[serde(skip)]
+    pub cursor: Option<CommentId>,
+    pub chunks_done: u64,
+    pub rows_scanned: u64,
+    /// Rows the snapshot added to counters (the others were already known from the stream, or
+    /// do not count).
+    pub rows_counted: u64,
+    /// `comments`' estimated size when the snapshot began.
+    pub estimated_rows: u64,
+    /// A chunk whose intent was recorded but whose writes may not all have landed: finished,
+    /// exactly as planned, before anything else.
+    #[serde(skip)]
+    pub pending: Option<SnapshotChunk>,
+    /// Chunks finished after a restart found them in flight (each was read once, and its
+    /// writes issued at most twice).
+    pub chunks_resumed: u64,
+    /// The chunk being read (recorded before the read): a restart that finds it without a
+    /// recorded plan reads it again.
+    pub reading: Option<u64>,
+    /// Chunks read a second time because a restart came between their read and their plan.
+    pub chunks_reread: u64,
+}
+
+/// The snapshot's lifecycle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SnapshotState {
+    Running,
+    Done,
+    /// History was lost while it ran: the sweep after the gap recounts every post and rebuilds
+    /// the ledger instead.
+    Abandoned,
+}
+
+impl SnapshotState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SnapshotState::Running => "running",
+            SnapshotState::Done => "done",
+            SnapshotState::Abandoned => "abandoned",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<SnapshotState> {
+        match text {
+            "running" => Some(SnapshotState::Running),
+            "done" => Some(SnapshotState::Done),
+            "abandoned" => Some(SnapshotState::Abandoned),
+            _ => None,
+        }
+    }
+}
+
+/// One chunk of the snapshot, planned: the ledger claims (comments the ledger did not know,
+/// with their state as read) and the counter increments they add.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct SnapshotChunk {
+    /// Chunk numbers start at 1 and guard the counter increments (`snapshot_chunk < number`).
+    pub number: u64,
+    /// The chunk's last `_id`: the cursor once it is done.
+    pub last: Option<CommentId>,
+    pub rows: u64,
+    pub claims: Vec<LedgerUpdate>,
+    pub counters: Vec<CounterDelta>,
+}
+
+/// The extent of `comments` as the snapshot begins.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct CommentsExtent {
+    pub last_id: Option<CommentId>,
+    pub estimated_rows: u64,
+}
+
+/// The writes of one batch, recorded as its intent before any of them is issued. Replaying the
+/// stored plan (not re-reading and re-classifying the events) makes recovery exact even though
+/// `updateLookup` would now show later row states.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct PendingBatch {
+    /// The batch's last event: the guard token of every write and the next checkpoint.
+    pub end: Token,
+    pub end_time: Option<Timestamp>,
+    pub counters: Vec<CounterDelta>,
+    pub ledger: Vec<LedgerUpdate>,
+    pub dirty: Vec<DirtyMark>,
+}
+
+/// A counter document as readers and the reconciler see it.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct CounterDoc {
+    pub post: Option<PostId>,
+    pub state: CounterState,
+    /// `_data` of the newest event folded in; `None` when no worker has written it yet.
+    pub applied_through: Option<String>,
+    /// Cluster time of the event at `applied_through` (servers that send one): the counter
+    /// reflects exactly the events up to the later of this and its stream's checkpoint, which
+    /// is where a snapshot recount reads.
+    pub applied_time: Option<Timestamp>,
+    /// Creation bucket → the batch end token that last changed a row of that bucket for this
+    /// post (net-zero changes included). A recount whose bucket range was touched after the
+    /// counter was first read may have seen an event in flight: it is not installed.
+    pub touched: BTreeMap<BucketStart, String>,
+    /// Folds installed so far: a recount made against one fold is void after another.
+    pub folds: i64,
+    /// The readers' field, `base_count + live_delta`, maintained in the same single-document
+    /// writes (`None`: a counter written before it existed, until `run` fills it in).
+    pub count: Option<i64>,
+    pub last_drift: Option<i64>,
+    pub reconciled_at: Option<DateTime>,
+}
+
+impl CounterDoc {
+    /// What readers see: the maintained `count`, or `base_count + live_delta` for a counter
+    /// written before `count` existed.
+    pub fn shown(&self) -> i64 {
+        self.count.unwrap_or_else(|| self.state.displayed())
+    }
+}
+
+/// One post waiting for a recount.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DirtyEntry {
+    #[serde(serialize_with = "serialize_display")]
+    pub post: PostId,
+    pub first_dirty_at: DateTime,
+    pub last_dirty_at: DateTime,
+    /// Bumped on every mark; the reconciler clears the entry only if it did not move.
+    pub version: i64,
+    /// The newest creation bucket any marking event changed (`None`: an entry written before
+    /// this was recorded; treated as covered by any fold). The entry is cleared only by a fold
+    /// whose watermark is above it.
+    pub newest_bucket: Option<BucketStart>,
+}
+
+fn serialize_display<S: serde::Serializer, T: std::fmt::Display>(
+    value: &T,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.collect_str(value)
+}
+
+/// Size and age of the dirty backlog.
+#[derive(Clone, Debug, PartialEq, Default, Serialize)]
+pub struct DirtySummary {
+    pub size: u64,
+    pub oldest: Option<DateTime>,
+}
+
+/// Order of a dirty listing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DirtyOrder {
+    Oldest,
+    ByVersion,
+}
+
+/// What a counter apply did: statements applied, and those the guard rejected as already
+/// applied (a replay).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ApplyOutcome {
+    pub applied: u64,
+    pub already_applied: u64,
+}
+
+impl ApplyOutcome {
+    /// The outcome of statements that each applied (`true`) or were already applied.
+    pub fn count(statements: impl IntoIterator<Item = bool>) -> ApplyOutcome {
+        let mut outcome = ApplyOutcome::default();
+        for applied in statements {
+            if applied {
+                outcome.applied += 1;
+            } else {
+                outcome.already_applied += 1;
+            }
+        }
+        outcome
+    }
+}
+
+/// A summary of one reconcile run, stored for `status` (written and read with serde; a field
+/// missing from a run stored by an older counterd takes its default).
+#[derive(Clone, Debug, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RunSummary {
+    pub started_at: Option<DateTime>,
+    pub finished_at: Option<DateTime>,
+    pub kind: String,
+    pub posts: u64,
+    pub counts: u64,
+    pub corrected: u64,
+    pub total_abs_drift: i64,
+    pub max_abs_drift: i64,
+    /// Sum of the drift of the posts that ran high (positive).
+    pub drift_high: i64,
+    /// Sum of the drift of the posts that ran low (negative).
+    pub drift_low: i64,
+    /// Posts corrected that ran high, and that ran low.
+    pub corrected_high: u64,
+    pub corrected_low: u64,
+    pub watermark: i64,
+    /// Posts left dirty because a change to their settled rows was in flight while they were
+    /// counted (or the worker did not catch up in time): retried next run.
+    pub in_flight: u64,
+    /// Posts folded but left dirty: a change that dirtied them is above the watermark.
+    pub waiting: u64,
+    /// Recounts read at a cluster time (snapshot reads) rather than by the quiet window.
+    pub snapshot_counts: u64,
+    /// Posts not counted because the initial snapshot was still running (they stay dirty).
+    pub waiting_for_snapshot: u64,
+}
+
+/// Where the server stands, as two cluster times: `upper` is after every write acknowledged
+/// before the reading (a count taken before it can have seen nothing later), and every write
+/// before `lower` was acknowledged before the reading (a change stream read issued after it
+/// and found empty has delivered all of them). With the server's `operationTime` both are
+/// exact; from a clock they are a second apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServerNow {
+    pub lower: Timestamp,
+    pub upper: Timestamp,
+}
+
+/// The background sweep's place in its pass over all posts, kept across restarts.
+#[derive(Clone, Debug, PartialEq, Default, Serialize)]
+pub struct SweepCursor {
+    /// The last post finished (`None`: the pass starts from the first post).
+    #[serde(serialize_with = "serialize_opt_display")]
+    pub after: Option<PostId>,
+    /// When the current pass began.
+    pub pass_started: Option<DateTime>,
+    /// Posts done in the current pass.
+    pub posts_done: u64,
+    /// Passes completed.
+    pub passes: u64,
+    /// Posts seen by the last complete pass (sizes the steps of the next).
+    pub last_pass_posts: u64,
+}
+
+fn serialize_opt_display<S: serde::Serializer, T: std::fmt::Display>(
+    value: &Option<T>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match value {
+        Some(v) => s.collect_str(v),
+        None => s.serialize_none(),
+    }
+}
+
+/// Where an operator moves a stream's checkpoint.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Position {
+    /// Resume after this token.
+    Token(Token),
+    /// Start at this cluster time.
+    Time(Timestamp),
+    /// No position: the worker's configured start (`start_at`, else now).
+    Unset,
+}
+
+/// Who holds a stream: one active worker per stream, the others on standby.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Lease {
+    pub stream: String,
+    pub owner: String,
+    pub expires_at: DateTime,
+    /// Increases on every takeover; every worker write carries it in its filter.
+    pub epoch: i64,
+}
+
+/// How to position a new change stream.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StreamStart {
+    After(Token),
+    AtTime(Timestamp),
+    Now,
+}
+
+/// Options for opening the change stream.
+#[derive(Clone, Debug)]
+pub struct StreamOptions {
+    pub start: StreamStart,
+    /// Ask for `fullDocumentBeforeChange` (servers with pre-images only).
+    pub pre_images: bool,
+    /// Extra `$match` stages (partitioning).
+    pub pipeline: Vec<Document>,
+    /// How long the server may hold an empty getMore.
+    pub max_await: Duration,
+}
+
+/// Events read in one go, plus where the stream now stands.
+#[derive(Clone, Debug, Default)]
+pub struct RawBatch {
+    pub events: Vec<Document>,
+    /// The post-batch resume token, where the server sends one (checkpoint it on idle streams).
+    pub post_batch_token: Option<Token>,
+}
+
+/// An open change stream.
+#[async_trait]
+pub trait EventSource: Send {
+    /// Reads events that are ready, up to `max`, returning early when none are ready (an empty
+    /// batch) or once `max_wait` has passed with some events in hand.
+    async fn next_batch(&mut self, max: usize, max_wait: Duration) -> StoreResult<RawBatch>;
+}
+
+/// What the server can do (detected once).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ServerAbilities {
+    pub version: String,
+    pub wire_version: i32,
+    pub hello: bool,
+    pub sessions: bool,
+    pub pre_images: bool,
+    pub update_description: bool,
+    pub snapshot_reads: bool,
+    pub post_batch_token: bool,
+}
+
+/// A post's displayed value (`base_count + live_delta`, 0 without a counter) beside its true
+/// count of live rows: what `get`, `verify` and the demo compare.
+pub async fn displayed_and_truth<S: Store + ?Sized>(
+    store: &S,
+    post: &PostId,
+) -> StoreResult<(i64, i64)> {
+    let displayed = store
+        .read_counter(post)
+        .await?
+        .map(|c| c.shown())
+        .unwrap_or(0);
+    Ok((displayed, store.count_live(post).await?))
+}
