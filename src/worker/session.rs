@@ -37,6 +37,10 @@ struct Pending {
     behind: bool,
 }
 
+/// How many `max_batch_wait`s a read ahead (made while the worker is behind, during a batch's
+/// writes) may gather events for.
+const READ_AHEAD_WAITS: u32 = 5;
+
 /// The batch limit after a read that asked for `asked` events and got `got`: a full read means
 /// the worker is behind, so the next batch may be twice as large (up to `max`); a read that
 /// came back less than half full means it has caught up, so it halves (down to `min`).
@@ -231,7 +235,10 @@ impl<S: Store + ?Sized> Worker<S> {
             // Behind: the next batch is read while this one is written. (Caught up, the next
             // read waits for new events instead, and is preceded by a position reading.)
             let asked = pending.batch_limit - pending.events.len();
-            let read = source.next_batch(asked, self.settings.max_batch_wait);
+            // The read runs while the batch is written, so it may take about as long: a
+            // backlog is then read in full batches (coalescing needs them) rather than cut at
+            // `max_batch_wait`, which bounds the latency of a caught-up worker's reads.
+            let read = source.next_batch(asked, self.settings.max_batch_wait * READ_AHEAD_WAITS);
             let (applied, read) = tokio::join!(self.apply(fence, checkpoint, &batch), read);
             applied?;
             self.take_in(fence, checkpoint, pending, asked, &read?.events)?;
