@@ -411,6 +411,42 @@ pub(super) fn dirty_from_doc(doc: &Document) -> Option<DirtyEntry> {
     })
 }
 
+pub(super) fn lease_from_doc(stream: &str, d: &Document) -> Lease {
+    Lease {
+        stream: stream.to_string(),
+        owner: d.get_str("owner").unwrap_or_default().to_string(),
+        expires_at: d
+            .get_datetime("expires_at")
+            .ok()
+            .copied()
+            .unwrap_or(DateTime::MIN),
+        epoch: d.get_i64("epoch").unwrap_or(0),
+    }
+}
+
+pub(super) fn sweep_from_doc(d: &Document) -> SweepCursor {
+    SweepCursor {
+        after: d.get("after").and_then(PostId::from_bson),
+        pass_started: d.get_datetime("pass_started").ok().copied(),
+        posts_done: d.get_i64("posts_done").unwrap_or_default() as u64,
+        passes: d.get_i64("passes").unwrap_or_default() as u64,
+        last_pass_posts: d.get_i64("last_pass_posts").unwrap_or_default() as u64,
+    }
+}
+
+pub(super) fn sweep_to_set(cursor: &SweepCursor) -> Document {
+    let after = cursor.after.as_ref().map_or(Bson::Null, PostId::to_bson);
+    let started = cursor.pass_started.map_or(Bson::Null, Bson::DateTime);
+    doc! {
+        "after": after,
+        "pass_started": started,
+        "posts_done": cursor.posts_done as i64,
+        "passes": cursor.passes as i64,
+        "last_pass_posts": cursor.last_pass_posts as i64,
+        "updated_at": DateTime::now(),
+    }
+}
+
 /// A stored reconcile run: the document `record_run` wrote with serde, read back with serde
 /// (fields a run written by an older counterd lacks take their defaults).
 pub(super) fn run_from_doc(d: Document) -> StoreResult<RunSummary> {
@@ -421,6 +457,9 @@ pub(super) fn run_from_doc(d: Document) -> StoreResult<RunSummary> {
         detail: e.to_string(),
     })
 }
+
+#[cfg(test)]
+mod shapes;
 
 #[cfg(test)]
 mod tests {
