@@ -5,10 +5,7 @@ use super::*;
 #[async_trait]
 impl RunHistory for MongoStore {
     async fn record_run(&self, run: &RunSummary) -> StoreResult<()> {
-        let doc = bson::to_document(run).map_err(|e| StoreError::Fatal {
-            op: "record a reconcile run",
-            message: e.to_string(),
-        })?;
+        let doc = to_stored("record a reconcile run", run)?;
         self.coll(&self.names.runs)
             .insert_one(doc)
             .await
@@ -37,10 +34,7 @@ impl RunHistory for MongoStore {
 
     async fn save_sweep_cursor(&self, stream: &str, cursor: &SweepCursor) -> StoreResult<()> {
         self.coll(&self.names.sweeps)
-            .update_one(
-                doc! {"_id": stream},
-                doc! {"$set": sweep_to_set(cursor)},
-            )
+            .update_one(doc! {"_id": stream}, doc! {"$set": sweep_to_set(cursor)?})
             .upsert(true)
             .await
             .map_err(|e| map_err("save the sweep cursor", e))?;

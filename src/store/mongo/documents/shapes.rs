@@ -9,6 +9,11 @@ fn at(millis: i64) -> DateTime {
     DateTime::from_millis(millis)
 }
 
+/// Field names in order: a derived writer keeps the order the hand-written one had.
+fn keys(d: &Document) -> Vec<&str> {
+    d.keys().map(String::as_str).collect()
+}
+
 fn row(post: Option<PostId>, created_at: Option<DateTime>, deleted: bool) -> Row {
     Row {
         post,
@@ -84,7 +89,9 @@ fn stored_pending() -> Document {
 #[test]
 fn a_pending_batch_keeps_its_stored_shape() {
     let batch = pending_batch();
-    assert_eq!(pending_to_doc(&batch), stored_pending());
+    let written = pending_to_doc(&batch).unwrap();
+    assert_eq!(written, stored_pending());
+    assert_eq!(keys(&written), keys(&stored_pending()));
     assert_eq!(pending_from_doc(&stored_pending()).unwrap(), batch);
 }
 
@@ -100,7 +107,10 @@ fn an_older_pending_batch_still_reads() {
     };
     let read = pending_from_doc(&older).unwrap();
     assert_eq!(read.end_time, None);
-    assert_eq!(read.dirty, vec![DirtyMark::settled(PostId::Str("p2".into()))]);
+    assert_eq!(
+        read.dirty,
+        vec![DirtyMark::settled(PostId::Str("p2".into()))]
+    );
     let counter = &read.counters[0];
     assert_eq!(counter.buckets, BTreeMap::from([(3600, 1), (7200, 1)]));
     assert_eq!(counter.touched, [3600, 7200].into());
@@ -111,7 +121,10 @@ fn a_malformed_pending_batch_is_an_error() {
     let mut no_end = stored_pending();
     no_end.remove("end");
     let mut bad_post = stored_pending();
-    bad_post.insert("counters", bson::bson!([{"post": 1.5, "delta": 1_i64, "buckets": {}}]));
+    bad_post.insert(
+        "counters",
+        bson::bson!([{"post": 1.5, "delta": 1_i64, "buckets": {}}]),
+    );
     let mut null_row_post = stored_pending();
     null_row_post.insert(
         "ledger",
@@ -179,7 +192,9 @@ fn stored_snapshot() -> Document {
 
 #[test]
 fn snapshot_progress_keeps_its_stored_shape() {
-    assert_eq!(snapshot_to_doc(&snapshot()), stored_snapshot());
+    let written = snapshot_to_doc(&snapshot()).unwrap();
+    assert_eq!(written, stored_snapshot());
+    assert_eq!(keys(&written), keys(&stored_snapshot()));
     assert_eq!(snapshot_from_doc(&stored_snapshot()).unwrap(), snapshot());
     let done = SnapshotProgress {
         state: SnapshotState::Done,
@@ -193,7 +208,7 @@ fn snapshot_progress_keeps_its_stored_shape() {
     stored_done.insert("finished_at", at(3_000));
     stored_done.insert("reading", Bson::Null);
     stored_done.insert("pending", Bson::Null);
-    assert_eq!(snapshot_to_doc(&done), stored_done);
+    assert_eq!(snapshot_to_doc(&done).unwrap(), stored_done);
     assert_eq!(snapshot_from_doc(&stored_done).unwrap(), done);
 }
 
@@ -203,8 +218,14 @@ fn older_snapshot_progress_still_reads_and_a_malformed_one_is_an_error() {
     let older = doc! {"state": "abandoned", "started_at": at(2_000), "chunks_done": 2_i32, "rows_scanned": -5_i64};
     let read = snapshot_from_doc(&older).unwrap();
     assert_eq!(read.state, SnapshotState::Abandoned);
-    assert_eq!((read.chunks_done, read.rows_scanned, read.chunks_reread), (2, 0, 0));
-    assert_eq!((read.reading, read.last_id, read.pending), (None, None, None));
+    assert_eq!(
+        (read.chunks_done, read.rows_scanned, read.chunks_reread),
+        (2, 0, 0)
+    );
+    assert_eq!(
+        (read.reading, read.last_id, read.pending),
+        (None, None, None)
+    );
     let mut bad_state = stored_snapshot();
     bad_state.insert("state", "paused");
     let mut no_start = stored_snapshot();
@@ -237,15 +258,24 @@ fn a_dirty_entry_keeps_its_stored_shape() {
     let older = doc! {"_id": 7_i64, "first_dirty_at": at(1_000), "last_dirty_at": at(2_000)};
     let read = dirty_from_doc(&older).unwrap();
     assert_eq!((read.version, read.newest_bucket), (0, None));
+    let edited = doc! {"_id": 7_i32, "first_dirty_at": at(1_000), "last_dirty_at": at(2_000), "version": 3.0, "newest_bucket": 3600_i32};
+    assert_eq!(dirty_from_doc(&edited), Some(entry.clone()));
     // Not an entry: a post of no post type, or a missing time.
-    assert_eq!(dirty_from_doc(&doc! {"_id": 1.5, "first_dirty_at": at(1), "last_dirty_at": at(1)}), None);
-    assert_eq!(dirty_from_doc(&doc! {"_id": 7_i64, "first_dirty_at": at(1)}), None);
+    assert_eq!(
+        dirty_from_doc(&doc! {"_id": 1.5, "first_dirty_at": at(1), "last_dirty_at": at(1)}),
+        None
+    );
+    assert_eq!(
+        dirty_from_doc(&doc! {"_id": 7_i64, "first_dirty_at": at(1)}),
+        None
+    );
 }
 
 #[test]
 fn a_lease_keeps_its_stored_shape() {
     let oid = ObjectId::new();
-    let stored = doc! {"_id": "s", "owner": "w1", "expires_at": at(9_000), "epoch": 4_i64, "other": oid};
+    let stored =
+        doc! {"_id": "s", "owner": "w1", "expires_at": at(9_000), "epoch": 4_i64, "other": oid};
     let lease = Lease {
         stream: "s".into(),
         owner: "w1".into(),
@@ -258,6 +288,9 @@ fn a_lease_keeps_its_stored_shape() {
         (empty.owner.as_str(), empty.expires_at, empty.epoch),
         ("", DateTime::MIN, 0)
     );
+    // An epoch edited into an Int32 reads by the integer rule; an owner of another type is none.
+    let edited = lease_from_doc("s", &doc! {"owner": 3_i32, "epoch": 4_i32});
+    assert_eq!((edited.owner.as_str(), edited.epoch), ("", 4));
 }
 
 #[test]
@@ -269,7 +302,7 @@ fn a_sweep_cursor_keeps_its_stored_shape() {
         passes: 2,
         last_pass_posts: 40,
     };
-    let mut set = sweep_to_set(&cursor);
+    let mut set = sweep_to_set(&cursor).unwrap();
     assert!(matches!(set.remove("updated_at"), Some(Bson::DateTime(_))));
     assert_eq!(
         set,
@@ -277,7 +310,7 @@ fn a_sweep_cursor_keeps_its_stored_shape() {
     );
     assert_eq!(sweep_from_doc(&set), cursor);
     let fresh = SweepCursor::default();
-    let mut set = sweep_to_set(&fresh);
+    let mut set = sweep_to_set(&fresh).unwrap();
     set.remove("updated_at");
     assert_eq!(
         set,
@@ -285,4 +318,12 @@ fn a_sweep_cursor_keeps_its_stored_shape() {
     );
     assert_eq!(sweep_from_doc(&set), fresh);
     assert_eq!(sweep_from_doc(&doc! {"_id": "s"}), fresh);
+    // Counts edited into an Int32 or a whole Double read by the integer rule; negative is none.
+    let edited = doc! {"after": "p", "posts_done": 5_i32, "passes": 2.0, "last_pass_posts": -1_i64};
+    let read = sweep_from_doc(&edited);
+    assert_eq!(read.after, Some(PostId::Str("p".into())));
+    assert_eq!(
+        (read.posts_done, read.passes, read.last_pass_posts),
+        (5, 2, 0)
+    );
 }
