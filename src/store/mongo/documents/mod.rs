@@ -218,6 +218,8 @@ pub(super) fn run_from_doc(d: Document) -> StoreResult<RunSummary> {
 
 #[cfg(test)]
 mod shapes;
+#[cfg(test)]
+mod shapes_top;
 
 #[cfg(test)]
 mod tests {
