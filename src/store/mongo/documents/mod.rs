@@ -5,7 +5,9 @@
 //! the ledger entry's row (its write is a field-by-field `$set`/`$unset` that must unset what a
 //! row lacks; see [`ledger_row_update`]), and the top level of counter and checkpoint documents,
 //! whose errors name the malformed field and the fix (a derived reader's error does not say
-//! which field it was in).
+//! which field it was in; bson's `serde_path_to_error` feature would, at the price of a
+//! dependency). Their reads are pinned in `shapes_top`, the serde-derived ones in `shapes`. The
+//! checkpoint's `deployment` is read and written by [`Deployment`] itself.
 
 use serde::Serialize;
 
