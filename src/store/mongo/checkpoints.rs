@@ -16,7 +16,7 @@ impl Checkpoints for MongoStore {
     async fn record_intent(&self, fence: &Fence, batch: &PendingBatch) -> StoreResult<()> {
         let update = doc! {
             "$max": {"high_water": batch.end.as_str()},
-            "$set": {"pending": pending_to_doc(batch), "updated_at": DateTime::now()},
+            "$set": {"pending": pending_to_doc(batch)?, "updated_at": DateTime::now()},
         };
         self.owned_checkpoint_update("record the batch intent", fence, update)
             .await
@@ -181,7 +181,7 @@ impl Checkpoints for MongoStore {
 
     async fn save_snapshot(&self, fence: &Fence, progress: &SnapshotProgress) -> StoreResult<()> {
         let update =
-            doc! {"$set": {"snapshot": snapshot_to_doc(progress), "updated_at": DateTime::now()}};
+            doc! {"$set": {"snapshot": snapshot_to_doc(progress)?, "updated_at": DateTime::now()}};
         self.owned_checkpoint_update("record the snapshot's progress", fence, update)
             .await
     }

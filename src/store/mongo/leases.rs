@@ -10,16 +10,7 @@ impl Leases for MongoStore {
             .find_one(doc! {"_id": stream})
             .await
             .map_err(|e| map_err("read the lease", e))?;
-        Ok(found.map(|d| Lease {
-            stream: stream.to_string(),
-            owner: d.get_str("owner").unwrap_or_default().to_string(),
-            expires_at: d
-                .get_datetime("expires_at")
-                .ok()
-                .copied()
-                .unwrap_or(DateTime::MIN),
-            epoch: d.get_i64("epoch").unwrap_or(0),
-        }))
+        Ok(found.map(|d| lease_from_doc(stream, &d)))
     }
 
     async fn acquire_lease(

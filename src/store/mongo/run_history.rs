@@ -5,10 +5,7 @@ use super::*;
 #[async_trait]
 impl RunHistory for MongoStore {
     async fn record_run(&self, run: &RunSummary) -> StoreResult<()> {
-        let doc = bson::to_document(run).map_err(|e| StoreError::Fatal {
-            op: "record a reconcile run",
-            message: e.to_string(),
-        })?;
+        let doc = to_stored("record a reconcile run", run)?;
         self.coll(&self.names.runs)
             .insert_one(doc)
             .await
@@ -32,30 +29,12 @@ impl RunHistory for MongoStore {
             .find_one(doc! {"_id": stream})
             .await
             .map_err(|e| map_err("read the sweep cursor", e))?;
-        Ok(found.map(|d| SweepCursor {
-            after: d.get("after").and_then(PostId::from_bson),
-            pass_started: d.get_datetime("pass_started").ok().copied(),
-            posts_done: d.get_i64("posts_done").unwrap_or_default() as u64,
-            passes: d.get_i64("passes").unwrap_or_default() as u64,
-            last_pass_posts: d.get_i64("last_pass_posts").unwrap_or_default() as u64,
-        }))
+        Ok(found.map(|d| sweep_from_doc(&d)))
     }
 
     async fn save_sweep_cursor(&self, stream: &str, cursor: &SweepCursor) -> StoreResult<()> {
-        let after = cursor.after.as_ref().map_or(Bson::Null, PostId::to_bson);
-        let started = cursor.pass_started.map_or(Bson::Null, Bson::DateTime);
         self.coll(&self.names.sweeps)
-            .update_one(
-                doc! {"_id": stream},
-                doc! {"$set": {
-                    "after": after,
-                    "pass_started": started,
-                    "posts_done": cursor.posts_done as i64,
-                    "passes": cursor.passes as i64,
-                    "last_pass_posts": cursor.last_pass_posts as i64,
-                    "updated_at": DateTime::now(),
-                }},
-            )
+            .update_one(doc! {"_id": stream}, doc! {"$set": sweep_to_set(cursor)?})
             .upsert(true)
             .await
             .map_err(|e| map_err("save the sweep cursor", e))?;

@@ -1,7 +1,26 @@
-//! Converters between counterd's types and its stored documents (checkpoints, pending
-//! batches, snapshot progress, counters, ledger entries, dirty entries, runs).
+//! Converters between counterd's types and its stored documents. Serde-derived, private to
+//! the MongoDB store: the checkpoint's intents (`intents`: pending batch, snapshot progress and
+//! chunk), dirty entries, leases and the sweep cursor (`entries`), reconcile runs; with the
+//! field rules they share in `fields`, the [`integer`] rule first. Still by hand here, and why:
+//! the ledger entry's row (its write is a field-by-field `$set`/`$unset` that must unset what a
+//! row lacks; see [`ledger_row_update`]), and the top level of counter and checkpoint documents,
+//! whose errors name the malformed field and the fix (a derived reader's error does not say
+//! which field it was in; bson's `serde_path_to_error` feature would, at the price of a
+//! dependency). Their reads are pinned in `shapes_top`, the serde-derived ones in `shapes`. The
+//! checkpoint's `deployment` is read and written by [`Deployment`] itself.
+
+use serde::Serialize;
 
 use super::*;
+
+mod entries;
+mod fields;
+mod intents;
+
+pub(super) use self::entries::{dirty_from_doc, lease_from_doc, sweep_from_doc, sweep_to_set};
+pub(super) use self::intents::{
+    pending_from_doc, pending_to_doc, snapshot_from_doc, snapshot_to_doc,
+};
 
 /// A stored integer, by the one rule every reader uses: counterd writes `Int64`, but a hand edit
 /// in the shell leaves an `Int32` or a whole `Double`, which mean the same number. Absent or
@@ -179,235 +198,12 @@ pub(super) fn ledger_row_update(row: &Row) -> (Document, Document) {
     (set, unset)
 }
 
-pub(super) fn row_to_doc(row: &Row) -> Document {
-    let mut d = doc! {"deleted": row.deleted};
-    if let Some(post) = &row.post {
-        d.insert("post", post.to_bson());
-    }
-    if let Some(t) = row.created_at {
-        d.insert("created_at", t);
-    }
-    d
-}
-
-pub(super) fn row_from_doc(d: &Document) -> Result<Row, String> {
-    let post = match d.get("post") {
-        None => None, // a row that exists without a post
-        Some(p) => Some(PostId::from_bson(p).ok_or("pending ledger row with a malformed post")?),
-    };
-    Ok(Row {
-        post,
-        created_at: d.get_datetime("created_at").ok().copied(),
-        deleted: d.get_bool("deleted").map_err(|e| e.to_string())?,
-    })
-}
-
-/// The pending batch as stored in the checkpoint document.
-pub(super) fn pending_to_doc(batch: &PendingBatch) -> Document {
-    let dirty: Vec<Bson> = batch
-        .dirty
-        .iter()
-        .map(|d| Bson::Document(doc! {"post": d.post.to_bson(), "bucket": d.newest_bucket}))
-        .collect();
-    let mut d = doc! {
-        "end": batch.end.as_str(),
-        "counters": counters_to_bson(&batch.counters),
-        "ledger": ledger_to_bson(&batch.ledger),
-        "dirty": dirty,
-    };
-    if let Some(t) = batch.end_time {
-        d.insert("end_time", t);
-    }
-    d
-}
-
-/// Planned counter increments as stored in an intent (a pending batch or snapshot chunk).
-pub(super) fn counters_to_bson(counters: &[CounterDelta]) -> Vec<Bson> {
-    counters
-        .iter()
-        .map(|c| {
-            let mut buckets = Document::new();
-            for (k, v) in &c.buckets {
-                buckets.insert(k.to_string(), *v);
-            }
-            let touched: Vec<i64> = c.touched.iter().copied().collect();
-            Bson::Document(
-                doc! {"post": c.post.to_bson(), "delta": c.delta, "buckets": buckets, "touched": touched},
-            )
-        })
-        .collect()
-}
-
-/// Planned ledger states as stored in an intent.
-pub(super) fn ledger_to_bson(ledger: &[LedgerUpdate]) -> Vec<Bson> {
-    ledger
-        .iter()
-        .map(|l| {
-            Bson::Document(doc! {
-                "comment": l.comment.value.clone(),
-                "state": l.state.as_ref().map(|r| Bson::Document(row_to_doc(r))).unwrap_or(Bson::Null),
-            })
-        })
-        .collect()
-}
-
-pub(super) fn counters_from_doc(d: &Document) -> Result<Vec<CounterDelta>, String> {
-    let err = |e: bson::document::ValueAccessError| format!("pending batch: {e}");
-    let mut counters = Vec::new();
-    for c in d.get_array("counters").map_err(err)? {
-        let c = c.as_document().ok_or("pending counter is not a document")?;
-        let mut buckets = BTreeMap::new();
-        for (k, v) in c.get_document("buckets").map_err(err)? {
-            let amount = integer(Some(v)).ok().flatten().ok_or("bucket amount")?;
-            buckets.insert(k.parse().map_err(|_| "bucket key")?, amount);
-        }
-        // Batches recorded before `touched` existed touched exactly their non-zero buckets.
-        let touched = match c.get_array("touched") {
-            Ok(list) => list
-                .iter()
-                .map(|b| b.as_i64().ok_or("touched bucket"))
-                .collect::<Result<_, _>>()?,
-            Err(_) => buckets.keys().copied().collect(),
-        };
-        counters.push(CounterDelta {
-            post: c
-                .get("post")
-                .and_then(PostId::from_bson)
-                .ok_or("pending counter post")?,
-            delta: c.get_i64("delta").map_err(err)?,
-            buckets,
-            touched,
-        });
-    }
-    Ok(counters)
-}
-
-pub(super) fn ledger_from_doc(d: &Document) -> Result<Vec<LedgerUpdate>, String> {
-    let err = |e: bson::document::ValueAccessError| format!("pending batch: {e}");
-    let mut ledger = Vec::new();
-    for l in d.get_array("ledger").map_err(err)? {
-        let l = l
-            .as_document()
-            .ok_or("pending ledger entry is not a document")?;
-        let state = match l.get("state") {
-            Some(Bson::Document(r)) => Some(row_from_doc(r)?),
-            _ => None,
-        };
-        ledger.push(LedgerUpdate {
-            comment: CommentId::new(l.get("comment").cloned().ok_or("pending ledger comment")?),
-            state,
-        });
-    }
-    Ok(ledger)
-}
-
-pub(super) fn pending_from_doc(d: &Document) -> Result<PendingBatch, String> {
-    let err = |e: bson::document::ValueAccessError| format!("pending batch: {e}");
-    let dirty = d
-        .get_array("dirty")
-        .map_err(err)?
-        .iter()
-        .map(|p| match p {
-            Bson::Document(d) => Some(DirtyMark {
-                post: d.get("post").and_then(PostId::from_bson)?,
-                newest_bucket: d.get_i64("bucket").ok()?,
-            }),
-            // Recorded before marks carried a bucket: covered by any fold, as before.
-            other => PostId::from_bson(other).map(|post| DirtyMark {
-                post,
-                newest_bucket: 0,
-            }),
-        })
-        .map(|m| m.ok_or("pending dirty post"))
-        .collect::<Result<_, _>>()?;
-    Ok(PendingBatch {
-        end: Token(d.get_str("end").map_err(err)?.to_string()),
-        end_time: d.get_timestamp("end_time").ok(),
-        counters: counters_from_doc(d)?,
-        ledger: ledger_from_doc(d)?,
-        dirty,
-    })
-}
-
-/// The snapshot's progress as stored in the checkpoint document.
-pub(super) fn snapshot_to_doc(p: &SnapshotProgress) -> Document {
-    let id = |c: &Option<CommentId>| c.as_ref().map(|c| c.value.clone()).unwrap_or(Bson::Null);
-    let count = |n: u64| n as i64;
-    doc! {
-        "state": p.state.as_str(),
-        "started_at": p.started_at,
-        "finished_at": p.finished_at.map(Bson::DateTime).unwrap_or(Bson::Null),
-        "last_id": id(&p.last_id),
-        "cursor": id(&p.cursor),
-        "chunks_done": count(p.chunks_done),
-        "rows_scanned": count(p.rows_scanned),
-        "rows_counted": count(p.rows_counted),
-        "estimated_rows": count(p.estimated_rows),
-        "chunks_resumed": count(p.chunks_resumed),
-        "reading": p.reading.map(|n| Bson::Int64(n as i64)).unwrap_or(Bson::Null),
-        "chunks_reread": count(p.chunks_reread),
-        "pending": match &p.pending {
-            None => Bson::Null,
-            Some(c) => Bson::Document(doc! {
-                "number": count(c.number),
-                "last": id(&c.last),
-                "rows": count(c.rows),
-                "ledger": ledger_to_bson(&c.claims),
-                "counters": counters_to_bson(&c.counters),
-            }),
-        },
-    }
-}
-
-pub(super) fn snapshot_from_doc(d: &Document) -> Result<SnapshotProgress, String> {
-    let id = |v: Option<&Bson>| match v {
-        None | Some(Bson::Null) => None,
-        Some(v) => Some(CommentId::new(v.clone())),
-    };
-    let count = |d: &Document, field: &str| count(d.get(field));
-    let state = d.get_str("state").unwrap_or_default();
-    let pending = match d.get("pending") {
-        None | Some(Bson::Null) => None,
-        Some(Bson::Document(c)) => Some(SnapshotChunk {
-            number: count(c, "number"),
-            last: id(c.get("last")),
-            rows: count(c, "rows"),
-            claims: ledger_from_doc(c)?,
-            counters: counters_from_doc(c)?,
-        }),
-        Some(other) => return Err(format!("snapshot `pending` is {other:?}")),
-    };
-    Ok(SnapshotProgress {
-        state: SnapshotState::parse(state)
-            .ok_or_else(|| format!("snapshot `state` is {state:?}"))?,
-        started_at: d
-            .get_datetime("started_at")
-            .copied()
-            .map_err(|e| format!("snapshot: {e}"))?,
-        finished_at: d.get_datetime("finished_at").ok().copied(),
-        last_id: id(d.get("last_id")),
-        cursor: id(d.get("cursor")),
-        chunks_done: count(d, "chunks_done"),
-        rows_scanned: count(d, "rows_scanned"),
-        rows_counted: count(d, "rows_counted"),
-        estimated_rows: count(d, "estimated_rows"),
-        chunks_resumed: count(d, "chunks_resumed"),
-        reading: integer(d.get("reading"))
-            .ok()
-            .flatten()
-            .map(|n| n.max(0) as u64),
-        chunks_reread: count(d, "chunks_reread"),
-        pending,
-    })
-}
-
-pub(super) fn dirty_from_doc(doc: &Document) -> Option<DirtyEntry> {
-    Some(DirtyEntry {
-        post: doc.get("_id").and_then(PostId::from_bson)?,
-        first_dirty_at: doc.get_datetime("first_dirty_at").ok().copied()?,
-        last_dirty_at: doc.get_datetime("last_dirty_at").ok().copied()?,
-        version: integer(doc.get("version")).ok().flatten().unwrap_or(0),
-        newest_bucket: doc.get("newest_bucket").and_then(Bson::as_i64),
+/// A document serde writes: the record's stored shape, for `op` (a failure is a bug, reported
+/// as fatal rather than a panic).
+pub(super) fn to_stored<T: Serialize>(op: &'static str, value: &T) -> StoreResult<Document> {
+    bson::to_document(value).map_err(|e| StoreError::Fatal {
+        op,
+        message: e.to_string(),
     })
 }
 
@@ -421,6 +217,11 @@ pub(super) fn run_from_doc(d: Document) -> StoreResult<RunSummary> {
         detail: e.to_string(),
     })
 }
+
+#[cfg(test)]
+mod shapes;
+#[cfg(test)]
+mod shapes_top;
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,321 @@
+//! The intents stored in the checkpoint document, serde-derived: a pending batch (`pending`) and
+//! the snapshot's progress with its pending chunk (`snapshot`), and the planned counter
+//! increments and ledger states both carry.
+
+use serde::{Deserialize, Serialize};
+
+use super::fields::{self, counted, document_if_any, document_or_none, lenient};
+use super::*;
+use crate::time::BucketStart;
+
+/// Planned counter increments for one post.
+#[derive(Serialize, Deserialize)]
+struct CounterDeltaDoc {
+    #[serde(with = "fields::post")]
+    post: PostId,
+    #[serde(deserialize_with = "fields::required_integer")]
+    delta: i64,
+    #[serde(with = "buckets")]
+    buckets: BTreeMap<BucketStart, i64>,
+    /// `None`: a batch recorded before `touched` existed, which touched exactly its non-zero
+    /// buckets.
+    #[serde(default)]
+    touched: Option<Vec<BucketStart>>,
+}
+
+impl From<&CounterDelta> for CounterDeltaDoc {
+    fn from(c: &CounterDelta) -> Self {
+        CounterDeltaDoc {
+            post: c.post.clone(),
+            delta: c.delta,
+            buckets: c.buckets.clone(),
+            touched: Some(c.touched.iter().copied().collect()),
+        }
+    }
+}
+
+impl From<CounterDeltaDoc> for CounterDelta {
+    fn from(c: CounterDeltaDoc) -> Self {
+        let touched = match c.touched {
+            Some(list) => list.into_iter().collect(),
+            None => c.buckets.keys().copied().collect(),
+        };
+        CounterDelta {
+            post: c.post,
+            delta: c.delta,
+            buckets: c.buckets,
+            touched,
+        }
+    }
+}
+
+/// Amounts by bucket: a document keyed by the bucket's start in seconds (BSON keys are
+/// strings), each amount by the integer rule.
+mod buckets {
+    use serde::de::Error as _;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use super::{integer, BTreeMap, BucketStart, Document};
+
+    pub fn serialize<S: Serializer>(
+        buckets: &BTreeMap<BucketStart, i64>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        s.collect_map(buckets.iter().map(|(k, v)| (k.to_string(), v)))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<BTreeMap<BucketStart, i64>, D::Error> {
+        Document::deserialize(d)?
+            .iter()
+            .map(|(key, value)| {
+                let start = key.parse().map_err(|_| {
+                    D::Error::custom(format!("bucket key `{key}` is not a number of seconds"))
+                })?;
+                let amount = integer(Some(value))
+                    .map_err(|e| D::Error::custom(format!("bucket `{key}` is {e}")))?
+                    .ok_or_else(|| D::Error::custom(format!("bucket `{key}` is null")))?;
+                Ok((start, amount))
+            })
+            .collect()
+    }
+}
+
+/// A planned ledger state: `state` null (or anything but a document) is a comment gone.
+#[derive(Serialize, Deserialize)]
+struct LedgerUpdateDoc {
+    comment: Bson,
+    #[serde(default, deserialize_with = "document_if_any")]
+    state: Option<RowDoc>,
+}
+
+/// A row as an intent stores it (the ledger's own entries store it as `$set` fields instead,
+/// see [`ledger_row_update`]).
+#[derive(Serialize, Deserialize)]
+struct RowDoc {
+    deleted: bool,
+    /// Absent: a row that exists without a post; present, it must be a post id.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "fields::some_post"
+    )]
+    post: Option<PostId>,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient"
+    )]
+    created_at: Option<DateTime>,
+}
+
+impl From<&LedgerUpdate> for LedgerUpdateDoc {
+    fn from(l: &LedgerUpdate) -> Self {
+        LedgerUpdateDoc {
+            comment: l.comment.value.clone(),
+            state: l.state.as_ref().map(|r| RowDoc {
+                deleted: r.deleted,
+                post: r.post.clone(),
+                created_at: r.created_at,
+            }),
+        }
+    }
+}
+
+impl From<LedgerUpdateDoc> for LedgerUpdate {
+    fn from(l: LedgerUpdateDoc) -> Self {
+        LedgerUpdate {
+            comment: CommentId::new(l.comment),
+            state: l.state.map(|r| Row {
+                post: r.post,
+                created_at: r.created_at,
+                deleted: r.deleted,
+            }),
+        }
+    }
+}
+
+/// A post to mark dirty, stored as `{post, bucket}`; a batch recorded before marks carried a
+/// bucket stored the bare post id, which reads as bucket 0 (covered by any fold, as before).
+/// Read by hand from [`Bson`] because the two shapes share no field to tell them apart by.
+#[derive(Serialize, Deserialize)]
+#[serde(try_from = "Bson")]
+struct MarkDoc {
+    #[serde(with = "fields::post")]
+    post: PostId,
+    bucket: BucketStart,
+}
+
+impl TryFrom<Bson> for MarkDoc {
+    type Error = String;
+
+    fn try_from(value: Bson) -> Result<Self, String> {
+        let (post, bucket) = match &value {
+            Bson::Document(d) => (d.get("post"), integer(d.get("bucket")).ok().flatten()),
+            bare => (Some(bare), Some(0)),
+        };
+        match (post.and_then(PostId::from_bson), bucket) {
+            (Some(post), Some(bucket)) => Ok(MarkDoc { post, bucket }),
+            _ => Err(format!("pending dirty post {value:?}")),
+        }
+    }
+}
+
+/// A batch's intent, as `pending` in the checkpoint document.
+#[derive(Serialize, Deserialize)]
+struct PendingDoc {
+    end: String,
+    counters: Vec<CounterDeltaDoc>,
+    ledger: Vec<LedgerUpdateDoc>,
+    dirty: Vec<MarkDoc>,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient"
+    )]
+    end_time: Option<Timestamp>,
+}
+
+/// The pending batch as stored in the checkpoint document.
+pub(in crate::store::mongo) fn pending_to_doc(batch: &PendingBatch) -> StoreResult<Document> {
+    to_stored(
+        "record the batch intent",
+        &PendingDoc {
+            end: batch.end.as_str().to_string(),
+            counters: batch.counters.iter().map(CounterDeltaDoc::from).collect(),
+            ledger: batch.ledger.iter().map(LedgerUpdateDoc::from).collect(),
+            dirty: batch
+                .dirty
+                .iter()
+                .map(|m| MarkDoc {
+                    post: m.post.clone(),
+                    bucket: m.newest_bucket,
+                })
+                .collect(),
+            end_time: batch.end_time,
+        },
+    )
+}
+
+pub(in crate::store::mongo) fn pending_from_doc(d: &Document) -> Result<PendingBatch, String> {
+    let p: PendingDoc =
+        bson::from_document(d.clone()).map_err(|e| format!("pending batch: {e}"))?;
+    Ok(PendingBatch {
+        end: Token(p.end),
+        end_time: p.end_time,
+        counters: p.counters.into_iter().map(CounterDelta::from).collect(),
+        ledger: p.ledger.into_iter().map(LedgerUpdate::from).collect(),
+        dirty: p
+            .dirty
+            .into_iter()
+            .map(|m| DirtyMark {
+                post: m.post,
+                newest_bucket: m.bucket,
+            })
+            .collect(),
+    })
+}
+
+/// The snapshot's progress, as `snapshot` in the checkpoint document. Every field is written,
+/// the unset ones as null; counts read by the count rule (missing: none done yet).
+#[derive(Serialize, Deserialize)]
+struct SnapshotDoc {
+    #[serde(default, deserialize_with = "lenient")]
+    state: String,
+    started_at: DateTime,
+    #[serde(default, deserialize_with = "lenient")]
+    finished_at: Option<DateTime>,
+    #[serde(default)]
+    last_id: Option<Bson>,
+    #[serde(default)]
+    cursor: Option<Bson>,
+    #[serde(default, with = "counted")]
+    chunks_done: u64,
+    #[serde(default, with = "counted")]
+    rows_scanned: u64,
+    #[serde(default, with = "counted")]
+    rows_counted: u64,
+    #[serde(default, with = "counted")]
+    estimated_rows: u64,
+    #[serde(default, with = "counted")]
+    chunks_resumed: u64,
+    /// The chunk being read (null: no read in flight).
+    #[serde(default, deserialize_with = "fields::integer_or_none")]
+    reading: Option<i64>,
+    #[serde(default, with = "counted")]
+    chunks_reread: u64,
+    #[serde(default, deserialize_with = "document_or_none")]
+    pending: Option<ChunkDoc>,
+}
+
+/// A snapshot chunk's intent, as `snapshot.pending`.
+#[derive(Serialize, Deserialize)]
+struct ChunkDoc {
+    #[serde(default, with = "counted")]
+    number: u64,
+    #[serde(default)]
+    last: Option<Bson>,
+    #[serde(default, with = "counted")]
+    rows: u64,
+    ledger: Vec<LedgerUpdateDoc>,
+    counters: Vec<CounterDeltaDoc>,
+}
+
+fn comment_value(id: &Option<CommentId>) -> Option<Bson> {
+    id.as_ref().map(|c| c.value.clone())
+}
+
+/// The snapshot's progress as stored in the checkpoint document.
+pub(in crate::store::mongo) fn snapshot_to_doc(p: &SnapshotProgress) -> StoreResult<Document> {
+    to_stored(
+        "record the snapshot's progress",
+        &SnapshotDoc {
+            state: p.state.as_str().to_string(),
+            started_at: p.started_at,
+            finished_at: p.finished_at,
+            last_id: comment_value(&p.last_id),
+            cursor: comment_value(&p.cursor),
+            chunks_done: p.chunks_done,
+            rows_scanned: p.rows_scanned,
+            rows_counted: p.rows_counted,
+            estimated_rows: p.estimated_rows,
+            chunks_resumed: p.chunks_resumed,
+            reading: p.reading.map(|n| n as i64),
+            chunks_reread: p.chunks_reread,
+            pending: p.pending.as_ref().map(|c| ChunkDoc {
+                number: c.number,
+                last: comment_value(&c.last),
+                rows: c.rows,
+                ledger: c.claims.iter().map(LedgerUpdateDoc::from).collect(),
+                counters: c.counters.iter().map(CounterDeltaDoc::from).collect(),
+            }),
+        },
+    )
+}
+
+pub(in crate::store::mongo) fn snapshot_from_doc(d: &Document) -> Result<SnapshotProgress, String> {
+    let s: SnapshotDoc = bson::from_document(d.clone()).map_err(|e| format!("snapshot: {e}"))?;
+    Ok(SnapshotProgress {
+        state: SnapshotState::parse(&s.state)
+            .ok_or_else(|| format!("snapshot `state` is {:?}", s.state))?,
+        started_at: s.started_at,
+        finished_at: s.finished_at,
+        last_id: s.last_id.map(CommentId::new),
+        cursor: s.cursor.map(CommentId::new),
+        chunks_done: s.chunks_done,
+        rows_scanned: s.rows_scanned,
+        rows_counted: s.rows_counted,
+        estimated_rows: s.estimated_rows,
+        chunks_resumed: s.chunks_resumed,
+        reading: s.reading.map(|n| n.max(0) as u64),
+        chunks_reread: s.chunks_reread,
+        pending: s.pending.map(|c| SnapshotChunk {
+            number: c.number,
+            last: c.last.map(CommentId::new),
+            rows: c.rows,
+            claims: c.ledger.into_iter().map(LedgerUpdate::from).collect(),
+            counters: c.counters.into_iter().map(CounterDelta::from).collect(),
+        }),
+    })
+}

@@ -1,0 +1,329 @@
+//! The stored shapes, pinned: each literal below is what counterd wrote before its documents
+//! were serde-derived (taken from the hand-written converters), so a database written by an
+//! older counterd still reads, and a newer one writes nothing an older one could not read.
+
+use super::*;
+use bson::oid::ObjectId;
+
+fn at(millis: i64) -> DateTime {
+    DateTime::from_millis(millis)
+}
+
+/// Field names in order: a derived writer keeps the order the hand-written one had.
+fn keys(d: &Document) -> Vec<&str> {
+    d.keys().map(String::as_str).collect()
+}
+
+fn row(post: Option<PostId>, created_at: Option<DateTime>, deleted: bool) -> Row {
+    Row {
+        post,
+        created_at,
+        deleted,
+    }
+}
+
+fn counter_delta() -> CounterDelta {
+    CounterDelta {
+        post: PostId::Int(7),
+        delta: 2,
+        buckets: BTreeMap::from([(3600, 2)]),
+        touched: [0, 3600].into(),
+    }
+}
+
+fn ledger_updates() -> Vec<LedgerUpdate> {
+    vec![
+        LedgerUpdate {
+            comment: CommentId::new(Bson::Int32(5)),
+            state: Some(row(Some(PostId::Str("p".into())), Some(at(1_000)), false)),
+        },
+        LedgerUpdate {
+            comment: CommentId::new(Bson::String("c9".into())),
+            state: None,
+        },
+        LedgerUpdate {
+            comment: CommentId::new(Bson::Int32(6)),
+            state: Some(row(None, None, true)),
+        },
+    ]
+}
+
+fn stored_counters() -> Bson {
+    bson::bson!([{"post": 7_i64, "delta": 2_i64, "buckets": {"3600": 2_i64}, "touched": [0_i64, 3600_i64]}])
+}
+
+fn stored_ledger() -> Bson {
+    bson::bson!([
+        {"comment": 5_i32, "state": {"deleted": false, "post": "p", "created_at": at(1_000)}},
+        {"comment": "c9", "state": null},
+        {"comment": 6_i32, "state": {"deleted": true}},
+    ])
+}
+
+fn pending_batch() -> PendingBatch {
+    PendingBatch {
+        end: Token("82AB".into()),
+        end_time: Some(Timestamp {
+            time: 10,
+            increment: 2,
+        }),
+        counters: vec![counter_delta()],
+        ledger: ledger_updates(),
+        dirty: vec![DirtyMark {
+            post: PostId::Int(7),
+            newest_bucket: 3600,
+        }],
+    }
+}
+
+fn stored_pending() -> Document {
+    doc! {
+        "end": "82AB",
+        "counters": stored_counters(),
+        "ledger": stored_ledger(),
+        "dirty": [{"post": 7_i64, "bucket": 3600_i64}],
+        "end_time": Timestamp { time: 10, increment: 2 },
+    }
+}
+
+#[test]
+fn a_pending_batch_keeps_its_stored_shape() {
+    let batch = pending_batch();
+    let written = pending_to_doc(&batch).unwrap();
+    assert_eq!(written, stored_pending());
+    assert_eq!(keys(&written), keys(&stored_pending()));
+    assert_eq!(pending_from_doc(&stored_pending()).unwrap(), batch);
+}
+
+#[test]
+fn an_older_pending_batch_still_reads() {
+    // Before marks carried a bucket, before `touched`, without a cluster time, with amounts
+    // edited into an Int32 and a whole Double.
+    let older = doc! {
+        "end": "82AB",
+        "counters": [{"post": 7_i32, "delta": 2_i64, "buckets": {"3600": 1_i32, "7200": 1.0}}],
+        "ledger": [],
+        "dirty": ["p2"],
+    };
+    let read = pending_from_doc(&older).unwrap();
+    assert_eq!(read.end_time, None);
+    assert_eq!(
+        read.dirty,
+        vec![DirtyMark::settled(PostId::Str("p2".into()))]
+    );
+    let counter = &read.counters[0];
+    assert_eq!(counter.buckets, BTreeMap::from([(3600, 1), (7200, 1)]));
+    assert_eq!(counter.touched, [3600, 7200].into());
+}
+
+#[test]
+fn a_malformed_pending_batch_is_an_error() {
+    let mut no_end = stored_pending();
+    no_end.remove("end");
+    let mut bad_post = stored_pending();
+    bad_post.insert(
+        "counters",
+        bson::bson!([{"post": 1.5, "delta": 1_i64, "buckets": {}}]),
+    );
+    let mut null_row_post = stored_pending();
+    null_row_post.insert(
+        "ledger",
+        bson::bson!([{"comment": 1_i32, "state": {"deleted": false, "post": null}}]),
+    );
+    let mut no_deleted = stored_pending();
+    no_deleted.insert("ledger", bson::bson!([{"comment": 1_i32, "state": {}}]));
+    let mut fraction = stored_pending();
+    fraction.insert(
+        "counters",
+        bson::bson!([{"post": 1_i64, "delta": 1_i64, "buckets": {"0": 0.5}}]),
+    );
+    for bad in [no_end, bad_post, null_row_post, no_deleted, fraction] {
+        assert!(pending_from_doc(&bad).is_err(), "{bad}");
+    }
+}
+
+fn snapshot() -> SnapshotProgress {
+    SnapshotProgress {
+        state: SnapshotState::Running,
+        started_at: at(2_000),
+        finished_at: None,
+        last_id: Some(CommentId::new(Bson::Int32(99))),
+        cursor: None,
+        chunks_done: 3,
+        rows_scanned: 300,
+        rows_counted: 250,
+        estimated_rows: 1_000,
+        chunks_resumed: 1,
+        reading: Some(4),
+        chunks_reread: 0,
+        pending: Some(SnapshotChunk {
+            number: 4,
+            last: Some(CommentId::new(Bson::String("z".into()))),
+            rows: 100,
+            claims: ledger_updates(),
+            counters: vec![counter_delta()],
+        }),
+    }
+}
+
+fn stored_snapshot() -> Document {
+    doc! {
+        "state": "running",
+        "started_at": at(2_000),
+        "finished_at": null,
+        "last_id": 99_i32,
+        "cursor": null,
+        "chunks_done": 3_i64,
+        "rows_scanned": 300_i64,
+        "rows_counted": 250_i64,
+        "estimated_rows": 1_000_i64,
+        "chunks_resumed": 1_i64,
+        "reading": 4_i64,
+        "chunks_reread": 0_i64,
+        "pending": {
+            "number": 4_i64,
+            "last": "z",
+            "rows": 100_i64,
+            "ledger": stored_ledger(),
+            "counters": stored_counters(),
+        },
+    }
+}
+
+#[test]
+fn snapshot_progress_keeps_its_stored_shape() {
+    let written = snapshot_to_doc(&snapshot()).unwrap();
+    assert_eq!(written, stored_snapshot());
+    assert_eq!(keys(&written), keys(&stored_snapshot()));
+    assert_eq!(snapshot_from_doc(&stored_snapshot()).unwrap(), snapshot());
+    let done = SnapshotProgress {
+        state: SnapshotState::Done,
+        finished_at: Some(at(3_000)),
+        reading: None,
+        pending: None,
+        ..snapshot()
+    };
+    let mut stored_done = stored_snapshot();
+    stored_done.insert("state", "done");
+    stored_done.insert("finished_at", at(3_000));
+    stored_done.insert("reading", Bson::Null);
+    stored_done.insert("pending", Bson::Null);
+    assert_eq!(snapshot_to_doc(&done).unwrap(), stored_done);
+    assert_eq!(snapshot_from_doc(&stored_done).unwrap(), done);
+}
+
+#[test]
+fn older_snapshot_progress_still_reads_and_a_malformed_one_is_an_error() {
+    // Before the counts past `chunks_done` existed, one edited into an Int32, one negative.
+    let older = doc! {"state": "abandoned", "started_at": at(2_000), "chunks_done": 2_i32, "rows_scanned": -5_i64};
+    let read = snapshot_from_doc(&older).unwrap();
+    assert_eq!(read.state, SnapshotState::Abandoned);
+    assert_eq!(
+        (read.chunks_done, read.rows_scanned, read.chunks_reread),
+        (2, 0, 0)
+    );
+    assert_eq!(
+        (read.reading, read.last_id, read.pending),
+        (None, None, None)
+    );
+    let mut bad_state = stored_snapshot();
+    bad_state.insert("state", "paused");
+    let mut no_start = stored_snapshot();
+    no_start.remove("started_at");
+    let mut bad_pending = stored_snapshot();
+    bad_pending.insert("pending", 3_i64);
+    for bad in [bad_state, no_start, bad_pending] {
+        assert!(snapshot_from_doc(&bad).is_err(), "{bad}");
+    }
+}
+
+#[test]
+fn a_dirty_entry_keeps_its_stored_shape() {
+    let stored = doc! {
+        "_id": 7_i64,
+        "first_dirty_at": at(1_000),
+        "last_dirty_at": at(2_000),
+        "version": 3_i64,
+        "newest_bucket": 3600_i64,
+    };
+    let entry = DirtyEntry {
+        post: PostId::Int(7),
+        first_dirty_at: at(1_000),
+        last_dirty_at: at(2_000),
+        version: 3,
+        newest_bucket: Some(3600),
+    };
+    assert_eq!(dirty_from_doc(&stored), Some(entry.clone()));
+    // Before `newest_bucket` existed; without a version.
+    let older = doc! {"_id": 7_i64, "first_dirty_at": at(1_000), "last_dirty_at": at(2_000)};
+    let read = dirty_from_doc(&older).unwrap();
+    assert_eq!((read.version, read.newest_bucket), (0, None));
+    let edited = doc! {"_id": 7_i32, "first_dirty_at": at(1_000), "last_dirty_at": at(2_000), "version": 3.0, "newest_bucket": 3600_i32};
+    assert_eq!(dirty_from_doc(&edited), Some(entry.clone()));
+    // Not an entry: a post of no post type, or a missing time.
+    assert_eq!(
+        dirty_from_doc(&doc! {"_id": 1.5, "first_dirty_at": at(1), "last_dirty_at": at(1)}),
+        None
+    );
+    assert_eq!(
+        dirty_from_doc(&doc! {"_id": 7_i64, "first_dirty_at": at(1)}),
+        None
+    );
+}
+
+#[test]
+fn a_lease_keeps_its_stored_shape() {
+    let oid = ObjectId::new();
+    let stored =
+        doc! {"_id": "s", "owner": "w1", "expires_at": at(9_000), "epoch": 4_i64, "other": oid};
+    let lease = Lease {
+        stream: "s".into(),
+        owner: "w1".into(),
+        expires_at: at(9_000),
+        epoch: 4,
+    };
+    assert_eq!(lease_from_doc("s", &stored), lease);
+    let empty = lease_from_doc("s", &doc! {"_id": "s"});
+    assert_eq!(
+        (empty.owner.as_str(), empty.expires_at, empty.epoch),
+        ("", DateTime::MIN, 0)
+    );
+    // An epoch edited into an Int32 reads by the integer rule; an owner of another type is none.
+    let edited = lease_from_doc("s", &doc! {"owner": 3_i32, "epoch": 4_i32});
+    assert_eq!((edited.owner.as_str(), edited.epoch), ("", 4));
+}
+
+#[test]
+fn a_sweep_cursor_keeps_its_stored_shape() {
+    let cursor = SweepCursor {
+        after: Some(PostId::Int(7)),
+        pass_started: Some(at(5_000)),
+        posts_done: 5,
+        passes: 2,
+        last_pass_posts: 40,
+    };
+    let mut set = sweep_to_set(&cursor).unwrap();
+    assert!(matches!(set.remove("updated_at"), Some(Bson::DateTime(_))));
+    assert_eq!(
+        set,
+        doc! {"after": 7_i64, "pass_started": at(5_000), "posts_done": 5_i64, "passes": 2_i64, "last_pass_posts": 40_i64}
+    );
+    assert_eq!(sweep_from_doc(&set), cursor);
+    let fresh = SweepCursor::default();
+    let mut set = sweep_to_set(&fresh).unwrap();
+    set.remove("updated_at");
+    assert_eq!(
+        set,
+        doc! {"after": null, "pass_started": null, "posts_done": 0_i64, "passes": 0_i64, "last_pass_posts": 0_i64}
+    );
+    assert_eq!(sweep_from_doc(&set), fresh);
+    assert_eq!(sweep_from_doc(&doc! {"_id": "s"}), fresh);
+    // Counts edited into an Int32 or a whole Double read by the integer rule; negative is none.
+    let edited = doc! {"after": "p", "posts_done": 5_i32, "passes": 2.0, "last_pass_posts": -1_i64};
+    let read = sweep_from_doc(&edited);
+    assert_eq!(read.after, Some(PostId::Str("p".into())));
+    assert_eq!(
+        (read.posts_done, read.passes, read.last_pass_posts),
+        (5, 2, 0)
+    );
+}
