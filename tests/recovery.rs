@@ -536,10 +536,13 @@ async fn a_dropped_collection_stops_run_and_the_advice_recovers() {
     // A post whose recount found a change in flight (a loaded machine: the worker did not
     // catch up within catch_up_timeout) is left as it was by a one-shot sweep, which says so:
     // the operator runs it again.
-    for attempt in 1..=3 {
+    // On a loaded machine (the fake server slows down with everything else) that can take
+    // several attempts; the property tested is that the advice recovers, not how fast.
+    let sweeping = Instant::now();
+    for attempt in 1.. {
         let sweep = counterd(&t.uri, &t.name, &["reconcile", "--sweep"]);
         assert!(sweep.status.success(), "{}", text(&sweep));
-        if t.mismatches(&posts).await.is_empty() || attempt == 3 {
+        if t.mismatches(&posts).await.is_empty() || sweeping.elapsed() > Duration::from_secs(90) {
             break;
         }
         eprintln!(
