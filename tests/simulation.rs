@@ -103,7 +103,7 @@ use counterd::worker::{Worker, WorkerError, WorkerSettings, WorkerStatus};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
-use sim_store::{yield_now, Broken, Faults, Probe, SimStore, State};
+use sim_store::{yield_now, Broken, Faults, Probe, SimStore, State, INJECTED};
 
 const STREAM: &str = "comments";
 /// 2100-01-01T00:00:00Z: where the simulated clock starts (`src` reads only the simulated
@@ -417,11 +417,11 @@ async fn join_in_order(mut actors: Vec<Actor<'_>>) {
     .await
 }
 
-/// An error the simulation injected (a fault or the pause that ends a worker run).
+/// A fault the simulation injected (workers it stops end with `Ok`, through their shutdown).
 fn injected(e: &StoreError) -> bool {
     match e {
         StoreError::Transient { message, .. } | StoreError::Fatal { message, .. } => {
-            message.starts_with("sim:")
+            message.starts_with(INJECTED)
         }
         _ => false,
     }
@@ -694,11 +694,14 @@ fn worker(
                     .await
                     .map_err(WorkerError::Store)?;
             }
-            let (tx, rx) = tokio::sync::watch::channel(false);
-            store.lock().shutdown.push(tx);
-            let w = Worker::new(store.clone(), settings, Arc::new(WorkerStatus::default()))
-                .with_clock(store.clock());
-            w.run(epoch, rx).await
+            let (handle, shutdown) = store.for_worker();
+            let w = Worker::new(
+                Arc::new(handle),
+                settings,
+                Arc::new(WorkerStatus::default()),
+            )
+            .with_clock(store.clock());
+            w.run(epoch, shutdown).await
         }
         .await;
         let verdict = match &outcome {
@@ -710,7 +713,7 @@ fn worker(
         {
             let mut s = store.lock();
             let line = match &outcome {
-                Ok(()) => format!("worker {stream} epoch {epoch} stopped (caught up)"),
+                Ok(()) => format!("worker {stream} epoch {epoch} stopped (shut down)"),
                 Err(e) => format!("worker {stream} epoch {epoch} stopped: {e}"),
             };
             s.note(line);

@@ -163,6 +163,7 @@ impl<S: Store + ?Sized> Worker<S> {
                     snapshotter.step(&mut checkpoint),
                 );
                 let step = tokio::select! {
+                    biased;
                     result = chunk => result.map_err(|_| StoreError::Transient {
                         op: "read and apply a snapshot chunk",
                         message: format!("no answer within {:?} (operation_timeout)", self.settings.operation_timeout),
@@ -180,7 +181,11 @@ impl<S: Store + ?Sized> Worker<S> {
                 self.settings.operation_timeout,
                 self.step(fence, &mut checkpoint, source.as_mut(), &mut pending),
             );
+            // `biased`: the branches are polled in this order, never in a random one, so a
+            // stop requested while a step runs ends it at the same point every time (the
+            // simulation replays a seed exactly).
             let idle = tokio::select! {
+                biased;
                 result = step => result.map_err(|_| StoreError::Transient {
                     op: "read and apply a batch",
                     message: format!("no answer within {:?} (operation_timeout); is the server paused or unreachable?", self.settings.operation_timeout),

@@ -1,14 +1,14 @@
 //! The simulation's change stream: the in-process store's oplog read through a cursor, with the
-//! waits, "nothing new" answers and pauses that let every round of actors end.
+//! waits, "nothing new" answers and stops that let every round of actors end.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 use counterd::store::memory::{drained_token, Cursor};
-use counterd::store::{EventSource, RawBatch, StoreError, StoreResult};
+use counterd::store::{EventSource, RawBatch, StoreResult};
 use rand::Rng;
 
-use super::faults::{drained_answer, PAUSE};
+use super::faults::drained_answer;
 use super::{SimStore, State, YieldOnce};
 
 /// At most this many "nothing new" answers while a snapshot runs, per opened stream.
@@ -25,15 +25,6 @@ pub(super) struct SimEvents {
     pub(super) snapshot_waits: u32,
 }
 
-/// The error that ends a worker's run.
-fn pause(s: &mut State, why: &str) -> StoreError {
-    s.stat(why);
-    StoreError::Fatal {
-        op: "next_batch",
-        message: PAUSE.into(),
-    }
-}
-
 /// The drained answer, noted in the trace.
 fn drained(s: &mut State, why: &str) -> RawBatch {
     let last = s.memory.oplog.last().map_or(0, |e| e.seq);
@@ -44,21 +35,33 @@ fn drained(s: &mut State, why: &str) -> RawBatch {
     s.memory.drained_batch()
 }
 
-#[async_trait]
-impl EventSource for SimEvents {
-    async fn next_batch(&mut self, max: usize, _max_wait: Duration) -> StoreResult<RawBatch> {
+impl SimEvents {
+    /// Ends this stream's worker: requests its shutdown and never answers, so its session ends
+    /// (`Ok`) on the shutdown it awaits beside the read. Not an answer of "nothing new": with
+    /// events waiting, that would be a drained position the worker trusts and records.
+    async fn stop(&self, why: &str) -> StoreResult<RawBatch> {
+        self.store.lock().stat(why);
+        let worker = self.store.worker.as_ref();
+        worker
+            .expect("only workers read the simulation's change stream")
+            .request();
+        std::future::pending().await
+    }
+
+    /// One read: events, "nothing new", a fault, or the end of the worker's run.
+    async fn read(&mut self, max: usize) -> Read {
         let strike = self.store.enter("next_batch", None, false).await;
         {
             let mut s = self.store.lock();
             if s.read_budget == Some(0) {
-                return Err(pause(&mut s, "pause budget"));
+                return Read::Stop("pause budget");
             }
             if let Some((_, e)) = strike {
-                return Err(e);
+                return Read::Answer(Err(e));
             }
             if let Some(lost) = self.cursor.history_lost() {
                 s.stat("history lost");
-                return Err(lost);
+                return Read::Answer(Err(lost));
             }
         }
         // Like an awaitData getMore: while writers may still write, wait for events, or now and
@@ -74,15 +77,15 @@ impl EventSource for SimEvents {
                 {
                     self.snapshot_waits += 1;
                     s.note("  read: none (a snapshot runs)".into());
-                    return Ok(RawBatch::default());
+                    return Read::Answer(Ok(RawBatch::default()));
                 } else if s.others_running == 0 {
                     // Only workers are left, all caught up: this one stops, so that the last
                     // can take its idle turn alone.
-                    return Err(pause(&mut s, "pause caught up"));
+                    return Read::Stop("pause caught up");
                 } else if drained_answer(&mut s) {
                     s.gaps_in_a_row = 0;
                     s.stat("drained answer while others run");
-                    return Ok(drained(&mut s, " (others run)"));
+                    return Read::Answer(Ok(drained(&mut s, " (others run)")));
                 } else {
                     true
                 }
@@ -100,21 +103,21 @@ impl EventSource for SimEvents {
             // Not caught up until the initial snapshot is done: the worker takes a chunk
             // between reads.
             s.note("  read: none (a snapshot runs)".into());
-            return Ok(RawBatch::default());
+            return Read::Answer(Ok(RawBatch::default()));
         }
         if available == 0 {
             if self.idled {
-                return Err(pause(&mut s, "pause caught up"));
+                return Read::Stop("pause caught up");
             }
             // Caught up and alone: answer "nothing new" with the post-batch token, and tell the
             // worker to stop after it has checkpointed it.
             self.idled = true;
             let batch = drained(&mut s, "");
             s.stat("stop caught up");
-            for tx in &s.shutdown {
-                tx.send_replace(true);
+            for trigger in &s.shutdown {
+                trigger.request();
             }
-            return Ok(batch);
+            return Read::Answer(Ok(batch));
         }
         let limit = max.min(available).min(s.read_max).max(1);
         let n = s.rng.random_range(1..=limit);
@@ -137,6 +140,23 @@ impl EventSource for SimEvents {
         if let Some(budget) = s.read_budget.as_mut() {
             *budget = budget.saturating_sub(1);
         }
-        Ok(batch)
+        Read::Answer(Ok(batch))
+    }
+}
+
+/// What a read comes to.
+enum Read {
+    Answer(StoreResult<RawBatch>),
+    /// The worker's run ends here (why, for the coverage statistics).
+    Stop(&'static str),
+}
+
+#[async_trait]
+impl EventSource for SimEvents {
+    async fn next_batch(&mut self, max: usize, _max_wait: Duration) -> StoreResult<RawBatch> {
+        match self.read(max).await {
+            Read::Answer(answer) => answer,
+            Read::Stop(why) => self.stop(why).await,
+        }
     }
 }

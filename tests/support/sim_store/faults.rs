@@ -8,8 +8,6 @@ use super::{SimStore, State};
 
 /// The message of every injected fault, so the simulation can tell them from real errors.
 pub const INJECTED: &str = "sim: injected";
-/// The message of the pause that ends a worker run.
-pub const PAUSE: &str = "sim: pause";
 
 /// How often store calls fail and yield.
 #[derive(Clone, Debug)]

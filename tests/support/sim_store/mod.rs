@@ -13,9 +13,9 @@
 //! * the change stream (`events.rs`), once drained, waits while other actors may still write
 //!   (like an awaitData getMore) but now and then (seeded, `drained_answers`) answers "nothing
 //!   new" instead, so workers record drained positions mid-round and the reconciler's
-//!   quiet-window wait can see them catch up. It stops a worker whose read budget is spent (an
-//!   injected `Fatal`) and, once only workers are left, stops them, letting the last one alone
-//!   take one idle turn (it is told to shut down right after): every round ends;
+//!   quiet-window wait can see them catch up. It stops a worker whose read budget is spent and,
+//!   once only workers are left, stops them, letting the last one alone take one idle turn:
+//!   every round ends, each worker by its [`Shutdown`] (its run returns `Ok`);
 //! * `broken`: deliberately wrong variants of the store (the guard removed, the seed's fold
 //!   formula, the recount without its consistency condition) that the simulation must catch,
 //!   made by bending the calls the wrapper passes on (`seam.rs`);
@@ -45,11 +45,12 @@ use async_trait::async_trait;
 use bson::DateTime;
 use counterd::clock::Clock;
 use counterd::event::PostId;
+use counterd::shutdown::{Shutdown, ShutdownTrigger};
 use counterd::store::memory::Memory;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-pub use self::faults::Faults;
+pub use self::faults::{Faults, INJECTED};
 
 /// A deliberately broken variant of the store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,10 +98,10 @@ pub struct State {
     pub others_running: usize,
     /// Workers still running this round.
     pub workers_running: usize,
-    /// Shutdown switches of this round's workers: a worker that is caught up and alone is told
+    /// Shutdown triggers of this round's workers: a worker that is caught up and alone is told
     /// to stop right after its idle read, so that it never sleeps on tokio's (real) clock while
     /// another actor runs.
-    pub shutdown: Vec<tokio::sync::watch::Sender<bool>>,
+    pub shutdown: Vec<ShutdownTrigger>,
     /// Reads that return events the worker(s) may still do this round; `None`: unlimited.
     pub read_budget: Option<u32>,
     /// Probability that a drained stream answers "nothing new" while other actors run, rather
@@ -255,6 +256,9 @@ impl Future for YieldOnce {
 #[derive(Clone)]
 pub struct SimStore {
     state: Arc<Mutex<State>>,
+    /// The worker this handle serves (`None`: the writers', the reconciler's, the checks'): its
+    /// change streams end its run by requesting its shutdown.
+    worker: Option<ShutdownTrigger>,
 }
 
 impl SimStore {
@@ -294,6 +298,7 @@ impl SimStore {
                 probed_generation: 0,
                 probe_failures: Vec::new(),
             })),
+            worker: None,
         }
     }
 
@@ -307,6 +312,19 @@ impl SimStore {
     }
 
     /// Maybe yields to the other actors: the interleaving point before every store call.
+    /// A handle for one worker of this round, and the shutdown that worker runs with: the
+    /// handle's change streams stop the worker through it (and a round's last, idle worker
+    /// stops every worker of the round).
+    pub fn for_worker(&self) -> (SimStore, Shutdown) {
+        let (trigger, shutdown) = Shutdown::new();
+        self.lock().shutdown.push(trigger.clone());
+        let handle = SimStore {
+            state: self.state.clone(),
+            worker: Some(trigger),
+        };
+        (handle, shutdown)
+    }
+
     pub async fn maybe_yield(&self) {
         let yield_now = {
             let mut s = self.lock();

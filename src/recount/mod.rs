@@ -20,17 +20,26 @@
 //! Either way the result carries `since`, the counter's `applied_through` when it was first read:
 //! any later counter state with no touch below the watermark after `since`, and no fold or hand
 //! edit of its base in between, may have the count folded in.
+//!
+//! Where it lives: `mod.rs` the requests, the consistency rule and the recount itself;
+//! `wait.rs` waiting until the worker has applied everything before a position (or proving
+//! that nothing is pending when no worker runs); `observe.rs` the displayed-versus-true
+//! comparison `get`, `verify` and the tests report.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use bson::{DateTime, Timestamp};
-
 use crate::clock::Clock;
 use crate::event::PostId;
 use crate::fold::effective_watermark;
-use crate::store::{Checkpoint, CounterDoc, Store, StoreResult, StreamOptions, StreamStart};
+use crate::store::{Checkpoint, CounterDoc, Store, StoreResult};
 use crate::time::bucket_start;
+
+mod observe;
+mod wait;
+
+pub use observe::Observation;
+pub use wait::applied_before;
 
 /// How long to wait for the worker, and how often to look.
 #[derive(Clone, Debug)]
@@ -263,160 +272,6 @@ impl<S: Store + ?Sized> Recounter<S> {
         }
         Ok(effective_watermark(&state, proposed))
     }
-
-    /// Waits until the stream's worker has applied every event before `position`; false when it
-    /// did not within the timeout. When no worker holds the stream's lease (a one-shot
-    /// `counterd reconcile`, `get` or `verify` while `counterd run` is stopped), nothing will
-    /// apply anything: the stream itself is read after the checkpoint instead, and an empty
-    /// answer read after `position` proves that nothing before it is pending.
-    pub async fn wait_until_applied(&self, position: Timestamp) -> StoreResult<bool> {
-        let polls = (self.catch_up.timeout.as_millis() / self.catch_up.poll.as_millis().max(1))
-            .max(1) as u64;
-        let mut last_probe: Option<DateTime> = None;
-        for _ in 0..=polls {
-            let checkpoint = self.store.load_checkpoint(&self.stream).await?;
-            if checkpoint.as_ref().and_then(applied_before) >= Some(position) {
-                return Ok(true);
-            }
-            // At most once a second, and only while no worker holds the lease: an empty read
-            // ends the wait early; events found pending only mean waiting on (a worker may be
-            // starting).
-            let now = self.clock.now();
-            let probe_due =
-                last_probe.is_none_or(|t| now.timestamp_millis() - t.timestamp_millis() >= 1000);
-            if self.catch_up.probe_without_worker && probe_due && !self.worker_alive().await? {
-                last_probe = Some(now);
-                if self
-                    .nothing_pending_before(checkpoint.as_ref(), position)
-                    .await?
-                    == Some(true)
-                {
-                    return Ok(true);
-                }
-            }
-            self.clock.sleep(self.catch_up.poll).await;
-        }
-        tracing::debug!(stream = %self.stream, ?position, "the worker did not catch up in time; the counted posts stay dirty");
-        Ok(false)
-    }
-
-    /// Whether some process holds the stream's lease (and so applies its events).
-    async fn worker_alive(&self) -> StoreResult<bool> {
-        let lease = self.store.read_lease(&self.stream).await?;
-        Ok(lease.is_some_and(|l| l.expires_at > self.clock.now()))
-    }
-
-    /// With no worker holding the lease: reads the stream after the checkpoint once.
-    /// `Some(true)`: no event is pending before `position`; `Some(false)`: events are waiting
-    /// for a worker (or a batch was left in flight); `None`: the server's position is not yet
-    /// past `position`.
-    async fn nothing_pending_before(
-        &self,
-        checkpoint: Option<&Checkpoint>,
-        position: Timestamp,
-    ) -> StoreResult<Option<bool>> {
-        let Some(checkpoint) = checkpoint else {
-            // Never started: no worker will ever apply what is already written (a first worker
-            // starts at its own "now"), so the rows are as settled as they will be.
-            let before_read = self.store.read_position().await?.lower;
-            return Ok((before_read >= position).then_some(true));
-        };
-        if checkpoint.pending.is_some() {
-            return Ok(Some(false));
-        }
-        let start = match (&checkpoint.token, checkpoint.start_time) {
-            (Some(token), _) => StreamStart::After(token.clone()),
-            (None, Some(at)) => StreamStart::AtTime(at),
-            (None, None) => return Ok(Some(false)),
-        };
-        let before_read = self.store.read_position().await?.lower;
-        if before_read < position {
-            return Ok(None);
-        }
-        let mut stream = self
-            .store
-            .open_stream(StreamOptions {
-                start,
-                pre_images: false,
-                pipeline: Vec::new(),
-                max_await: self.catch_up.poll,
-            })
-            .await?;
-        let batch = stream.next_batch(1, self.catch_up.poll).await?;
-        Ok(Some(batch.events.is_empty()))
-    }
-}
-
-/// A post's displayed value beside its true count, compared only when both reflect the same
-/// events: what `get`, `verify` and the tests report.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Observation {
-    pub post: PostId,
-    /// `base_count + live_delta` (0 without a counter).
-    pub displayed: i64,
-    /// The readers' `count` field (`None`: no counter, or one from before `count` existed).
-    pub count: Option<i64>,
-    /// Live rows, counted consistently with `displayed`; `None`: a change to the post was in
-    /// flight (or the worker did not catch up in time), so no comparison is possible yet.
-    pub truth: Option<i64>,
-}
-
-impl Observation {
-    /// The readers' `count` disagrees with `base_count + live_delta` (a hand edit of one of
-    /// them: counterd writes both in one single-document write).
-    pub fn count_broken(&self) -> bool {
-        self.count.is_some_and(|c| c != self.displayed)
-    }
-
-    /// A real difference: both sides reflect the same events and disagree.
-    pub fn mismatch(&self) -> Option<i64> {
-        self.truth
-            .filter(|t| *t != self.displayed)
-            .map(|t| self.displayed - t)
-    }
-}
-
-impl<S: Store + ?Sized> Recounter<S> {
-    /// Compares each post's displayed value with its true count of every live row, consistently
-    /// with the stream: a post with a change in flight is reported as such, never as a mismatch.
-    pub async fn observe(&self, posts: &[PostId]) -> StoreResult<Vec<Observation>> {
-        let requests: Vec<Request> = posts
-            .iter()
-            .map(|post| Request {
-                post: post.clone(),
-                watermark: EVERYTHING,
-                full: false,
-            })
-            .collect();
-        let recounts = self.recount(&requests, &mut Pace::new(0)).await?;
-        let mut out = Vec::with_capacity(posts.len());
-        for (post, recount) in posts.iter().zip(recounts) {
-            out.push(match recount {
-                Recount::Consistent(c) => Observation {
-                    post: post.clone(),
-                    displayed: c.counter.as_ref().map_or(0, |c| c.state.displayed()),
-                    count: c.counter.as_ref().and_then(|c| c.count),
-                    truth: Some(c.count),
-                },
-                Recount::InFlight | Recount::SnapshotRunning => {
-                    let counter = self.store.read_counter(post).await?;
-                    Observation {
-                        post: post.clone(),
-                        displayed: counter.as_ref().map_or(0, |c| c.state.displayed()),
-                        count: counter.and_then(|c| c.count),
-                        truth: None,
-                    }
-                }
-            });
-        }
-        Ok(out)
-    }
-}
-
-/// Every event before this cluster time is applied: the checkpoint's event time (its event is
-/// applied, so everything before it), or the last drained position.
-pub fn applied_before(checkpoint: &Checkpoint) -> Option<Timestamp> {
-    checkpoint.token_time.max(checkpoint.caught_up_at)
 }
 
 #[cfg(test)]
@@ -476,43 +331,5 @@ mod tests {
         assert!(r.holds_for(None));
         assert!(r.holds_for(Some(&counter("0c", &[(180, "0c")]))));
         assert!(!r.holds_for(Some(&counter("0c", &[(60, "0c")]))));
-    }
-
-    #[test]
-    fn applied_before_is_the_later_of_the_event_time_and_the_drained_position() {
-        let t = |time| Some(Timestamp { time, increment: 0 });
-        let c = Checkpoint {
-            token_time: t(10),
-            caught_up_at: t(12),
-            ..Checkpoint::default()
-        };
-        assert_eq!(applied_before(&c), t(12));
-        let c = Checkpoint {
-            token_time: t(15),
-            caught_up_at: t(12),
-            ..Checkpoint::default()
-        };
-        assert_eq!(applied_before(&c), t(15));
-        assert_eq!(applied_before(&Checkpoint::default()), None);
-    }
-
-    #[test]
-    fn an_observation_reports_a_mismatch_only_when_compared() {
-        let o = |displayed, truth| Observation {
-            post: PostId::Int(1),
-            displayed,
-            count: Some(displayed),
-            truth,
-        };
-        assert_eq!(o(5, Some(5)).mismatch(), None);
-        assert_eq!(o(8, Some(5)).mismatch(), Some(3));
-        assert_eq!(o(3, Some(5)).mismatch(), Some(-2));
-        assert_eq!(o(8, None).mismatch(), None, "in flight: not compared");
-        assert!(!o(5, Some(5)).count_broken());
-        let broken = Observation {
-            count: Some(6),
-            ..o(5, Some(5))
-        };
-        assert!(broken.count_broken());
     }
 }

@@ -1,0 +1,81 @@
+//! The move itself: fence the stream, re-apply a batch left in flight, move the checkpoint,
+//! record the deployment.
+
+use std::sync::Arc;
+
+use bson::DateTime;
+
+use crate::cli::exit::CheckFailed;
+use crate::config::Settings;
+use crate::store::mongo::MongoStore;
+use crate::store::prelude::*;
+use crate::store::{Fence, Position};
+use crate::worker::{Worker, WorkerStatus};
+
+/// What resolving a batch left in flight did, for the report.
+pub(super) struct Resolved {
+    pub(super) end: String,
+    pub(super) counters: usize,
+}
+
+/// Fences the stream at the lease's epoch, re-applies a batch left in flight, moves the
+/// checkpoint and records the deployment. Returns the batch re-applied, if any.
+pub(super) async fn move_stream(
+    settings: &Settings,
+    store: &Arc<MongoStore>,
+    fence: &Fence,
+    owner: &str,
+    position: &Position,
+) -> anyhow::Result<Option<Resolved>> {
+    let context = |what: &str| format!("replay of stream `{}`: {what}", fence.stream);
+    // From here the previous holder cannot write the checkpoint: its writes carry an older epoch.
+    store
+        .adopt_checkpoint(fence)
+        .await
+        .map_err(|e| anyhow::Error::from(e).context(context("fence the checkpoint")))?;
+    let worker = Worker::new(
+        store.clone(),
+        crate::worker::WorkerSettings {
+            stream: fence.stream.clone(),
+            ..crate::worker::WorkerSettings::from(settings)
+        },
+        Arc::new(WorkerStatus::default()),
+    );
+    let resolved = worker
+        .resolve_pending(fence)
+        .await
+        .map_err(|e| anyhow::Error::from(e).context(context("re-apply the batch left in flight")))?
+        .map(|b| Resolved {
+            end: b.end.to_string(),
+            counters: b.counters.len(),
+        });
+    // A full lease for the move itself, and proof that nobody took the stream meanwhile.
+    let still_ours = store
+        .renew_lease(
+            &fence.stream,
+            owner,
+            fence.epoch,
+            settings.lease_ttl,
+            DateTime::now(),
+        )
+        .await?;
+    if !still_ours {
+        return Err(CheckFailed(format!(
+            "{}: another worker took the lease while the batch left in flight was re-applied; nothing was moved, run replay again",
+            context("lost the lease")
+        ))
+        .into());
+    }
+    store
+        .move_checkpoint(&fence.stream, position)
+        .await
+        .map_err(|e| anyhow::Error::from(e).context(context("move the checkpoint")))?;
+    let here = store.deployment().await?;
+    if !here.is_unknown() {
+        store
+            .record_deployment(fence, &here)
+            .await
+            .map_err(|e| anyhow::Error::from(e).context(context("record the deployment")))?;
+    }
+    Ok(resolved)
+}

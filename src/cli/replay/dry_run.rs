@@ -1,0 +1,122 @@
+//! `--dry-run`: what the worker would do from the new position, read ahead; moves nothing.
+
+use std::collections::BTreeSet;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bson::DateTime;
+
+use crate::cli::print_json;
+use crate::config::Settings;
+use crate::event::ChangeEvent;
+use crate::outln;
+use crate::store::mongo::MongoStore;
+use crate::store::prelude::*;
+use crate::store::{Checkpoint, Position, StreamOptions, StreamStart};
+
+use super::lease::remaining;
+use super::{describe, Args};
+
+/// Reads ahead from the new position (bounded) to show what the worker would do; moves nothing.
+pub(super) async fn dry_run(
+    settings: &Settings,
+    store: &Arc<MongoStore>,
+    stream: &str,
+    checkpoint: &Checkpoint,
+    position: &Position,
+    mut report: serde_json::Value,
+    args: &Args,
+) -> anyhow::Result<ExitCode> {
+    let start = match position {
+        Position::Token(t) => StreamStart::After(t.clone()),
+        Position::Time(t) => StreamStart::AtTime(*t),
+        Position::Unset => StreamStart::Now,
+    };
+    let mut source = store
+        .open_stream(StreamOptions {
+            start,
+            pre_images: false,
+            pipeline: vec![],
+            max_await: Duration::from_millis(200),
+        })
+        .await?;
+    let (mut seen, mut new, mut posts) = (0u64, 0u64, BTreeSet::new());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut idle = 0;
+    while Instant::now() < deadline && seen + new < 1_000_000 && idle < 3 {
+        let batch = source.next_batch(1000, Duration::from_millis(200)).await?;
+        if batch.events.is_empty() {
+            idle += 1;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        }
+        idle = 0;
+        for doc in &batch.events {
+            let Ok(event) = ChangeEvent::parse(doc) else {
+                continue;
+            };
+            if checkpoint
+                .high_water
+                .as_ref()
+                .is_some_and(|h| event.token <= *h)
+            {
+                seen += 1;
+                for key in [event.full_document.as_ref(), Some(&event.document_key)]
+                    .into_iter()
+                    .flatten()
+                {
+                    if let Some(post) = settings.schema().post_in(key) {
+                        posts.insert(post.to_string());
+                    }
+                }
+            } else {
+                new += 1;
+            }
+        }
+    }
+    let holder = store
+        .read_lease(stream)
+        .await?
+        .filter(|l| l.expires_at > DateTime::now());
+    report["events_already_applied"] = seen.into();
+    report["events_not_yet_applied"] = new.into();
+    report["posts_to_mark_dirty_at_least"] = posts.len().into();
+    report["in_flight_batch"] = checkpoint
+        .pending
+        .as_ref()
+        .map(|p| serde_json::json!({"end": p.end.to_string(), "counters": p.counters.len()}))
+        .unwrap_or(serde_json::Value::Null);
+    report["lease_holder"] = holder
+        .as_ref()
+        .map(|l| serde_json::json!({"owner": l.owner, "epoch": l.epoch}))
+        .unwrap_or(serde_json::Value::Null);
+    if args.json {
+        print_json(&report)?;
+    } else {
+        outln!(
+            "dry run: would move `{}` from {} to {}",
+            report["stream"].as_str().unwrap_or(""),
+            report["from"].as_str().unwrap_or("the start"),
+            describe(position)
+        );
+        if let Some(p) = &checkpoint.pending {
+            outln!(
+                "  a batch left in flight (through token {}, {} counter writes) would be re-applied first",
+                p.end,
+                p.counters.len()
+            );
+        }
+        outln!("  {seen} events at or below the high water would be re-read: their posts (at least {}) are marked dirty and recounted, never counted twice", posts.len());
+        outln!("  {new} events beyond the high water would be applied");
+        if let Some(l) = &holder {
+            outln!(
+                "  worker {} holds the stream (lease expires in {}): the move needs --force (fence it out) or --wait",
+                l.owner,
+                remaining(l)
+            );
+        }
+        outln!("nothing was changed");
+    }
+    Ok(ExitCode::SUCCESS)
+}

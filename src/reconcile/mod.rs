@@ -1,0 +1,269 @@
+//! The reconciler: dirty set → consistent recount → fold → store.
+//!
+//! It recounts only dirty posts (oldest first), folds each true count in against a watermark so
+//! that in-flight increments survive, and records the drift it corrected, with its sign. Every
+//! count it installs is consistent with the events already folded into the counter
+//! ([`crate::recount`]): a post whose settled rows changed while it was counted stays dirty and
+//! is retried, so the reconciler never invents drift. A dirty post leaves the dirty set only once
+//! a fold's watermark is above every change that dirtied it. A slow background sweep over all
+//! posts finds drift that no event points at (a hand edit, a deleted counter); a windowed full
+//! sweep exists for recovery (history lost) and on demand.
+//!
+//! Where it lives: `mod.rs` the settings, the report and the reconciler (dirty and single-post
+//! runs) plus the reconcile loop; `sweep.rs` the full and background sweeps (and the ledger
+//! rebuild after lost history); `run.rs` one run's work: recount, fold, install, record.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+
+mod run;
+mod sweep;
+
+use run::Run;
+
+use crate::clock::{Clock, SystemClock};
+use crate::event::PostId;
+use crate::fold::watermark_for;
+use crate::recount::{CatchUp, Recounter};
+use crate::shutdown::{sleep_or_shutdown, Shutdown};
+use crate::store::{DirtyOrder, RunSummary, Store, StoreError, StoreResult};
+use crate::telemetry as m;
+
+/// The reconciler's knobs: built from the configuration by [`crate::daemon`], whose `Default`
+/// is the configuration's defaults.
+#[derive(Clone, Debug)]
+pub struct ReconcileSettings {
+    /// The stream whose checkpoint bounds the watermark.
+    pub stream: String,
+    pub bucket_width_secs: i64,
+    pub settle_secs: i64,
+    pub max_posts: usize,
+    /// Recount queries per second; 0: unlimited.
+    pub counts_per_second: u32,
+    pub fold_retries: u32,
+    pub sweep_window: usize,
+    /// Recount only the posts of this partition (`None`: all posts).
+    pub partition: Option<crate::partition::Partition>,
+    /// Posts counted before one shared wait for the worker (quiet-window recounts).
+    pub group_size: usize,
+    /// How long a quiet-window recount waits for the worker, and how often it looks.
+    pub catch_up: CatchUp,
+    /// How long one pass of the background sweep over every post should take (`None`: no
+    /// background sweep).
+    pub background_pass: Option<Duration>,
+    /// How often the reconcile loop runs (paces the background sweep).
+    pub interval: Duration,
+}
+
+/// One corrected counter: what it displayed and what is true.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Correction {
+    #[serde(serialize_with = "display")]
+    pub post: PostId,
+    pub wrong: i64,
+    pub right: i64,
+    /// `wrong - right`: positive ran high, negative ran low.
+    pub drift: i64,
+}
+
+fn display<S: serde::Serializer>(post: &PostId, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(post)
+}
+
+/// The outcome of one run.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct RunReport {
+    pub summary: RunSummary,
+    /// Only the posts whose displayed value changed.
+    pub corrections: Vec<Correction>,
+    /// Posts left dirty because a change was in flight while they were counted, or the worker
+    /// kept racing the install.
+    pub contended: Vec<String>,
+}
+
+/// Recounts posts and folds the truth into their counters.
+pub struct Reconciler<S: Store + ?Sized> {
+    store: Arc<S>,
+    settings: ReconcileSettings,
+    clock: Arc<dyn Clock>,
+    recounter: Recounter<S>,
+}
+
+/// What became of one post in a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Outcome {
+    /// The recount was folded in (or there was nothing to change) at this watermark.
+    Folded { watermark: i64 },
+    /// A change was in flight, or the worker kept racing the install: try again later.
+    NotNow,
+}
+
+impl<S: Store + ?Sized> Reconciler<S> {
+    pub fn new(store: Arc<S>, settings: ReconcileSettings) -> Self {
+        Self::with_clock(store, settings, Arc::new(SystemClock))
+    }
+
+    /// The same reconciler pausing on (and reading time from) `clock`.
+    pub fn with_clock(store: Arc<S>, settings: ReconcileSettings, clock: Arc<dyn Clock>) -> Self {
+        let recounter = Recounter::new(
+            store.clone(),
+            clock.clone(),
+            settings.stream.clone(),
+            settings.bucket_width_secs,
+            settings.catch_up.clone(),
+        );
+        Reconciler {
+            store,
+            settings,
+            clock,
+            recounter,
+        }
+    }
+
+    /// The watermark for a run now: a bucket boundary older than the settle time and than the
+    /// worker's newest applied event.
+    pub async fn watermark(&self, now_secs: i64) -> StoreResult<i64> {
+        // Everything before the newest applied event, or before the last time the stream was
+        // found drained, whichever is later, has been applied.
+        let applied_until = self
+            .store
+            .load_checkpoint(&self.settings.stream)
+            .await?
+            .and_then(|c| crate::recount::applied_before(&c))
+            .map(|t| t.time as i64);
+        Ok(watermark_for(
+            now_secs,
+            applied_until,
+            self.settings.settle_secs,
+            self.settings.bucket_width_secs,
+        ))
+    }
+
+    /// Recounts up to `max_posts` dirty posts, oldest first. An entry is cleared (if its
+    /// version did not move meanwhile) only when the fold's watermark is above the newest
+    /// change that dirtied it; otherwise it is requeued and folded again in a later run.
+    pub async fn run_dirty(&self, now_secs: i64) -> StoreResult<RunReport> {
+        let watermark = self.watermark(now_secs).await?;
+        let dirty = self
+            .store
+            .dirty_list(
+                Some(&self.settings.stream),
+                DirtyOrder::Oldest,
+                self.settings.max_posts,
+            )
+            .await?;
+        let mut run = Run::new(
+            &self.settings.stream,
+            "dirty",
+            watermark,
+            self.settings.counts_per_second,
+        );
+        let passed = async {
+            for group in dirty.chunks(self.settings.group_size.max(1)) {
+                let posts: Vec<PostId> = group.iter().map(|e| e.post.clone()).collect();
+                let outcomes = self
+                    .reconcile_posts(&posts, watermark, false, &mut run)
+                    .await?;
+                for (entry, outcome) in group.iter().zip(outcomes) {
+                    let Outcome::Folded { watermark } = outcome else {
+                        continue;
+                    };
+                    if entry.newest_bucket.is_none_or(|b| b < watermark) {
+                        self.store.clear_dirty(&entry.post, entry.version).await?;
+                    } else {
+                        run.summary.waiting += 1;
+                        self.store
+                            .requeue_dirty(&entry.post, entry.version, self.clock.now())
+                            .await?;
+                    }
+                }
+            }
+            Ok(())
+        }
+        .await;
+        self.conclude(run, passed).await
+    }
+
+    /// Ends a run: records it (also when it failed midway, so the corrections it installed
+    /// before the failure are in its summary for `status`), then returns its report or error.
+    async fn conclude(&self, run: Run, passed: StoreResult<()>) -> StoreResult<RunReport> {
+        match passed {
+            Ok(()) => self.finish(run).await,
+            Err(e) => {
+                tracing::warn!(error = %e, kind = %run.summary.kind, posts = run.summary.posts,
+                    corrected = run.summary.corrected, "reconcile run failed midway; its summary so far is recorded");
+                if let Err(record) = self.finish(run).await {
+                    tracing::debug!(error = %record, "could not record the failed run either");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Recounts one post (the `reconcile --post` path); clears its dirty entry if unchanged and
+    /// covered.
+    pub async fn run_post(&self, post: &PostId, now_secs: i64) -> StoreResult<RunReport> {
+        let watermark = self.watermark(now_secs).await?;
+        let entry = self
+            .store
+            .dirty_list(None, DirtyOrder::Oldest, usize::MAX)
+            .await?
+            .into_iter()
+            .find(|d| d.post == *post);
+        let mut run = Run::new(&self.settings.stream, "post", watermark, 0);
+        let outcome = self
+            .reconcile_posts(std::slice::from_ref(post), watermark, false, &mut run)
+            .await?;
+        if let (Some(Outcome::Folded { watermark }), Some(entry)) = (outcome.first(), entry) {
+            if entry.newest_bucket.is_none_or(|b| b < *watermark) {
+                self.store.clear_dirty(post, entry.version).await?;
+            } else {
+                run.summary.waiting += 1;
+            }
+        }
+        self.finish(run).await
+    }
+}
+
+/// Runs reconcile passes every `interval` (jittered by `jitter`, a fraction) until shutdown:
+/// a requested full sweep first, then the dirty posts, then a step of the background sweep.
+pub async fn run_loop<S: Store + ?Sized>(
+    reconciler: Reconciler<S>,
+    interval: Duration,
+    jitter: f64,
+    shutdown: Shutdown,
+) -> Result<(), StoreError> {
+    use rand::Rng;
+    loop {
+        let spread = interval.as_secs_f64() * jitter;
+        let delay = interval.as_secs_f64() + rand::rng().random_range(-spread..=spread);
+        let clock = reconciler.clock.clone();
+        if sleep_or_shutdown(
+            clock.as_ref(),
+            Duration::from_secs_f64(delay.max(0.01)),
+            &shutdown,
+        )
+        .await
+        {
+            return Ok(());
+        }
+        let now = crate::time::secs(clock.now());
+        let pass = async {
+            reconciler
+                .run_requested_sweep(now, Some(shutdown.clone()))
+                .await?;
+            reconciler.run_dirty(now).await?;
+            reconciler.background_step(now).await
+        };
+        match pass.await {
+            Ok(_) => {}
+            Err(e) if e.is_transient() => {
+                metrics::counter!(m::RETRIES, "op" => "reconcile").increment(1);
+                tracing::warn!(stream = %reconciler.settings.stream, error = %e, "reconcile pass failed; retrying next interval");
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}

@@ -1,0 +1,237 @@
+//! One run's work: each post recounted consistently with the stream, folded in, installed,
+//! and recorded in the run's bookkeeping; the report it ends with.
+
+use bson::DateTime;
+
+use super::{Correction, Outcome, Reconciler, RunReport};
+use crate::event::PostId;
+use crate::fold::{fold, Fold};
+use crate::recount::{Consistent, Pace, Recount, Request};
+use crate::store::{RunSummary, Store, StoreResult};
+use crate::telemetry as m;
+
+impl<S: Store + ?Sized> Reconciler<S> {
+    /// Recounts a group of posts consistently with the stream and folds each recount in;
+    /// returns what became of each.
+    pub(super) async fn reconcile_posts(
+        &self,
+        posts: &[PostId],
+        proposed: i64,
+        full: bool,
+        run: &mut Run,
+    ) -> StoreResult<Vec<Outcome>> {
+        if posts.is_empty() {
+            return Ok(Vec::new());
+        }
+        let requests: Vec<Request> = posts
+            .iter()
+            .map(|post| Request {
+                post: post.clone(),
+                watermark: proposed,
+                full,
+            })
+            .collect();
+        let recounts = self.recounter.recount(&requests, &mut run.pace).await;
+        let recounts = recounts?;
+        run.summary.counts += recounts.len() as u64;
+        let mut outcomes = Vec::with_capacity(recounts.len());
+        for recount in recounts {
+            let outcome = match recount {
+                Recount::SnapshotRunning => {
+                    run.summary.waiting_for_snapshot += 1;
+                    Outcome::NotNow
+                }
+                Recount::InFlight => {
+                    run.summary.in_flight += 1;
+                    metrics::counter!(m::RECOUNTS_IN_FLIGHT, "stream" => self.settings.stream.clone())
+                        .increment(1);
+                    Outcome::NotNow
+                }
+                Recount::Consistent(recount) => {
+                    if recount.snapshot {
+                        run.summary.snapshot_counts += 1;
+                    }
+                    self.install(*recount, run).await?
+                }
+            };
+            if outcome == Outcome::NotNow {
+                if let Some(post) = posts.get(outcomes.len()) {
+                    run.contended.push(post.to_string());
+                }
+            }
+            outcomes.push(outcome);
+        }
+        Ok(outcomes)
+    }
+
+    /// Folds a consistent recount into the counter, conditioned on the counter unchanged since
+    /// it was last read; when the worker moved it meanwhile, re-reads and folds again as long as
+    /// the recount still holds (bounded).
+    async fn install(&self, mut recount: Consistent, run: &mut Run) -> StoreResult<Outcome> {
+        for _ in 0..self.settings.fold_retries.max(1) {
+            let counter = recount.counter.clone();
+            let state = counter
+                .as_ref()
+                .map(|c| c.state.clone())
+                .unwrap_or_default();
+            let folded = fold(&state, recount.watermark, recount.count);
+            let done = Outcome::Folded {
+                watermark: folded.watermark,
+            };
+            if counter.is_none() && folded.right == 0 {
+                run.summary.posts += 1; // no rows, no counter: nothing to keep
+                return Ok(done);
+            }
+            if counter.is_some() && is_noop(&state, &folded) {
+                run.summary.posts += 1;
+                return Ok(done);
+            }
+            if self
+                .store
+                .install_fold(&recount.post, counter.as_ref(), &folded, self.clock.now())
+                .await?
+            {
+                run.record(&recount.post, &folded);
+                return Ok(done);
+            }
+            let now = self.store.read_counter(&recount.post).await?;
+            if !recount.holds_for(now.as_ref()) {
+                run.summary.in_flight += 1;
+                metrics::counter!(m::RECOUNTS_IN_FLIGHT, "stream" => self.settings.stream.clone())
+                    .increment(1);
+                return Ok(Outcome::NotNow);
+            }
+            recount.counter = now;
+        }
+        tracing::debug!(stream = %self.settings.stream, post = %recount.post, "the worker kept moving the counter; the post stays dirty");
+        Ok(Outcome::NotNow)
+    }
+
+    pub(super) async fn finish(&self, run: Run) -> StoreResult<RunReport> {
+        let Run {
+            stream,
+            started,
+            mut summary,
+            corrections,
+            contended,
+            ..
+        } = run;
+        summary.finished_at = Some(self.clock.now());
+        self.store.record_run(&summary).await?;
+        let backlog = self.store.dirty_summary().await?;
+        m::record_dirty(backlog.size, backlog.oldest);
+        let kind = summary.kind.clone();
+        metrics::counter!(m::RECONCILE_RUNS, "stream" => stream.clone(), "kind" => kind.clone())
+            .increment(1);
+        metrics::histogram!(m::RECONCILE_DURATION, "kind" => kind)
+            .record(started.elapsed().as_secs_f64());
+        metrics::gauge!(m::LAST_RECONCILE_TIMESTAMP, "stream" => stream.clone()).set(m::unix_now());
+        // One line per run: at info when it corrected something, left posts in flight or was
+        // asked for (a sweep, one post), with the biggest corrections; every correction is at
+        // debug (`counter corrected`).
+        let notable = summary.corrected > 0
+            || summary.in_flight > 0
+            || !matches!(summary.kind.as_str(), "dirty" | "background");
+        let biggest = biggest_corrections(&corrections, 3);
+        macro_rules! summary_line {
+            ($level:ident) => {
+                tracing::$level!(
+                    %stream, kind = %summary.kind, posts = summary.posts, counts = summary.counts,
+                    corrected = summary.corrected, total_abs_drift = summary.total_abs_drift,
+                    max_abs_drift = summary.max_abs_drift, high = summary.drift_high, low = summary.drift_low,
+                    in_flight = summary.in_flight, waiting = summary.waiting,
+                    dirty_backlog = backlog.size, %biggest,
+                    seconds = started.elapsed().as_secs_f64(),
+                    "reconcile run finished"
+                )
+            };
+        }
+        if notable {
+            summary_line!(info);
+        } else {
+            summary_line!(debug);
+        }
+        Ok(RunReport {
+            summary,
+            corrections,
+            contended,
+        })
+    }
+}
+
+/// The `n` largest corrections by |drift|, as `post:+drift` (empty when none).
+fn biggest_corrections(corrections: &[Correction], n: usize) -> String {
+    let mut sorted: Vec<&Correction> = corrections.iter().collect();
+    sorted.sort_by_key(|c| std::cmp::Reverse(c.drift.abs()));
+    sorted
+        .iter()
+        .take(n)
+        .map(|c| format!("{}:{:+}", c.post, c.drift))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// A fold that would write exactly what is there already.
+fn is_noop(state: &crate::fold::CounterState, folded: &Fold) -> bool {
+    folded.drift == 0
+        && folded.watermark == state.base_watermark
+        && folded.dropped.is_empty()
+        && folded.base_count == state.base_count
+        && folded.live_delta == state.live_delta
+}
+
+/// Bookkeeping of one run.
+pub(super) struct Run {
+    /// The stream whose posts this run reconciles (the metrics' label).
+    stream: String,
+    started: std::time::Instant,
+    pub(super) summary: RunSummary,
+    corrections: Vec<Correction>,
+    contended: Vec<String>,
+    pace: Pace,
+}
+
+impl Run {
+    pub(super) fn new(stream: &str, kind: &str, watermark: i64, counts_per_second: u32) -> Run {
+        Run {
+            stream: stream.to_string(),
+            started: std::time::Instant::now(),
+            summary: RunSummary {
+                started_at: Some(DateTime::now()),
+                kind: kind.into(),
+                watermark,
+                ..RunSummary::default()
+            },
+            corrections: Vec::new(),
+            contended: Vec::new(),
+            pace: Pace::new(counts_per_second),
+        }
+    }
+
+    fn record(&mut self, post: &PostId, folded: &Fold) {
+        self.summary.posts += 1;
+        metrics::counter!(m::POSTS_RECONCILED, "stream" => self.stream.clone()).increment(1);
+        if folded.drift == 0 {
+            return;
+        }
+        let sign = if folded.drift > 0 { "high" } else { "low" };
+        metrics::histogram!(m::DRIFT, "sign" => sign).record(folded.drift.unsigned_abs() as f64);
+        self.summary.corrected += 1;
+        self.summary.total_abs_drift += folded.drift.abs();
+        self.summary.max_abs_drift = self.summary.max_abs_drift.max(folded.drift.abs());
+        if folded.drift > 0 {
+            self.summary.drift_high += folded.drift;
+            self.summary.corrected_high += 1;
+        } else {
+            self.summary.drift_low += folded.drift;
+            self.summary.corrected_low += 1;
+        }
+        tracing::debug!(stream = %self.stream, %post, wrong = folded.wrong, right = folded.right, drift = folded.drift, "counter corrected");
+        self.corrections.push(Correction {
+            post: post.clone(),
+            wrong: folded.wrong,
+            right: folded.right,
+            drift: folded.drift,
+        });
+    }
+}

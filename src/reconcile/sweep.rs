@@ -1,0 +1,245 @@
+//! The sweeps over every post: the windowed full sweep (recovery and on demand) and the slow
+//! background sweep, plus the ledger rebuild a sweep after lost history needs.
+
+use super::run::Run;
+use super::{Outcome, Reconciler, RunReport};
+use crate::event::PostId;
+use crate::shutdown::Shutdown;
+use crate::store::{Store, StoreResult};
+use crate::telemetry as m;
+
+impl<S: Store + ?Sized> Reconciler<S> {
+    /// Recounts every post, window by window over `post_id`, paced; `progress` hears the
+    /// number of posts done after each window. Clears a pending sweep request when complete.
+    pub async fn sweep(
+        &self,
+        now_secs: i64,
+        progress: impl FnMut(u64) + Send,
+        shutdown: Option<Shutdown>,
+    ) -> StoreResult<RunReport> {
+        self.sweep_posts(now_secs, None, progress, shutdown).await
+    }
+
+    /// The sweep behind both. After lost history (`after_gap`: the stream's ledger generation)
+    /// it folds each post above every row and bucket it has (a full recount), because no
+    /// bucket can be trusted: a row dated above the watermark may have had its events in the
+    /// gap. It also rebuilds the ledger entries of each post's rows first: an entry from before
+    /// the gap may show a row where it no longer is.
+    async fn sweep_posts(
+        &self,
+        now_secs: i64,
+        after_gap: Option<u64>,
+        mut progress: impl FnMut(u64) + Send,
+        shutdown: Option<Shutdown>,
+    ) -> StoreResult<RunReport> {
+        let watermark = self.watermark(now_secs).await?;
+        let kind = if after_gap.is_some() {
+            "gap_sweep"
+        } else {
+            "sweep"
+        };
+        let mut run = Run::new(
+            &self.settings.stream,
+            kind,
+            watermark,
+            self.settings.counts_per_second,
+        );
+        // Every sweep also rebuilds the ledger entries of the rows it passes over: after a gap
+        // they are stale, and a stream that never had them (started on existing rows without
+        // a snapshot) needs them to attribute a later delete or move of an old comment. Not
+        // while the initial snapshot runs: an entry written then would hide its row from it.
+        let checkpoint = self.store.load_checkpoint(&self.settings.stream).await?;
+        let rebuild = match (&checkpoint, after_gap) {
+            (Some(c), _) if c.snapshot_running() => None,
+            (_, Some(generation)) => Some(generation),
+            (c, None) => Some(c.as_ref().map_or(0, |c| c.ledger_generation())),
+        };
+        let mut after: Option<PostId> = None;
+        let mut complete = true;
+        let passed = async {
+            loop {
+                if shutdown.as_ref().is_some_and(Shutdown::requested) {
+                    return Ok(()); // interrupted: a requested sweep stays requested
+                }
+                let window = self
+                    .store
+                    .posts_after(after.as_ref(), self.settings.sweep_window)
+                    .await?;
+                let Some(last) = window.last().cloned() else {
+                    break;
+                };
+                let owned: Vec<PostId> = window
+                    .iter()
+                    .filter(|p| self.settings.partition.is_none_or(|part| part.owns(p)))
+                    .cloned()
+                    .collect();
+                for group in owned.chunks(self.settings.group_size.max(1)) {
+                    if let Some(generation) = rebuild {
+                        complete &= self.rebuild_ledger(group, generation).await?;
+                    }
+                    let outcomes = self
+                        .reconcile_posts(group, watermark, after_gap.is_some(), &mut run)
+                        .await?;
+                    complete &= outcomes.iter().all(|o| *o != Outcome::NotNow);
+                }
+                metrics::counter!(m::SWEEP_POSTS, "stream" => self.settings.stream.clone())
+                    .increment(window.len() as u64);
+                progress(run.summary.posts);
+                after = Some(last);
+            }
+            if complete || after_gap.is_none() {
+                self.store
+                    .set_sweep_requested(&self.settings.stream, false)
+                    .await?;
+            } else {
+                tracing::warn!(
+                    stream = %self.settings.stream,
+                    in_flight = run.summary.in_flight,
+                    "the sweep after lost history could not recount every post consistently; it runs again"
+                );
+            }
+            Ok(())
+        }
+        .await;
+        self.conclude(run, passed).await
+    }
+
+    /// Runs the full sweep that a lost history requested, once the watermark has passed the end
+    /// of the recorded gap: rows created in the gap sit above an earlier watermark, where a fold
+    /// keeps buckets (empty for them, their events were never seen) and would not count them.
+    /// Returns `None` when no sweep is requested or it must wait for the settle time.
+    pub async fn run_requested_sweep(
+        &self,
+        now_secs: i64,
+        shutdown: Option<Shutdown>,
+    ) -> StoreResult<Option<RunReport>> {
+        let Some(checkpoint) = self.store.load_checkpoint(&self.settings.stream).await? else {
+            return Ok(None);
+        };
+        if !checkpoint.sweep_requested {
+            return Ok(None);
+        }
+        let gap_end = checkpoint
+            .gaps
+            .iter()
+            .map(|g| crate::time::secs(g.to))
+            .max();
+        let watermark = self.watermark(now_secs).await?;
+        if gap_end.is_some_and(|end| watermark <= end) {
+            tracing::info!(
+                stream = %self.settings.stream,
+                watermark,
+                gap_end,
+                "requested sweep waits until the watermark passes the gap"
+            );
+            return Ok(None);
+        }
+        tracing::warn!(
+            stream = %self.settings.stream,
+            "running the requested full sweep (history was lost or events were unattributable)"
+        );
+        let stream = self.settings.stream.clone();
+        let progress = metrics::gauge!(m::FULL_SWEEP_PROGRESS, "stream" => stream.clone());
+        let report = self
+            .sweep_posts(
+                now_secs,
+                (!checkpoint.gaps.is_empty()).then(|| checkpoint.ledger_generation()),
+                |done| {
+                    progress.set(done as f64);
+                    tracing::info!(%stream, posts = done, "sweep progress")
+                },
+                shutdown,
+            )
+            .await;
+        progress.set(0.0);
+        Ok(Some(report?))
+    }
+
+    /// One step of the slow background sweep: the next posts of its current pass over every
+    /// post, as many as keep a pass near `background_pass` long (at least one, at most a
+    /// window). Resumes where the last step (of any process) stopped. Finds drift that no event
+    /// points at: a hand-edited counter of a post nobody comments on, a deleted counter.
+    pub async fn background_step(&self, now_secs: i64) -> StoreResult<Option<RunReport>> {
+        let Some(pass) = self.settings.background_pass else {
+            return Ok(None);
+        };
+        let mut cursor = self
+            .store
+            .load_sweep_cursor(&self.settings.stream)
+            .await?
+            .unwrap_or_default();
+        let estimate = cursor.last_pass_posts.max(cursor.posts_done).max(1);
+        let steps_per_pass =
+            (pass.as_secs_f64() / self.settings.interval.as_secs_f64().max(0.001)).max(1.0);
+        let size = ((estimate as f64 / steps_per_pass).ceil() as usize)
+            .clamp(1, self.settings.sweep_window);
+        let watermark = self.watermark(now_secs).await?;
+        let window = self.store.posts_after(cursor.after.as_ref(), size).await?;
+        let mut run = Run::new(
+            &self.settings.stream,
+            "background",
+            watermark,
+            self.settings.counts_per_second,
+        );
+        if cursor.pass_started.is_none() {
+            cursor.pass_started = Some(self.clock.now());
+        }
+        let owned: Vec<PostId> = window
+            .iter()
+            .filter(|p| self.settings.partition.is_none_or(|part| part.owns(p)))
+            .cloned()
+            .collect();
+        self.reconcile_posts(&owned, watermark, false, &mut run)
+            .await?;
+        cursor.posts_done += window.len() as u64;
+        match window.last() {
+            Some(last) if window.len() == size => cursor.after = Some(last.clone()),
+            _ => {
+                // The pass is complete: start the next one from the first post.
+                if cursor.posts_done > 0 {
+                    tracing::info!(
+                        stream = %self.settings.stream,
+                        posts = cursor.posts_done,
+                        passes = cursor.passes + 1,
+                        "background sweep pass complete"
+                    );
+                }
+                cursor.passes += 1;
+                cursor.last_pass_posts = cursor.posts_done;
+                cursor.posts_done = 0;
+                cursor.after = None;
+                cursor.pass_started = None;
+            }
+        }
+        let stream = self.settings.stream.clone();
+        metrics::gauge!(m::BACKGROUND_SWEEP_POSTS_DONE, "stream" => stream.clone())
+            .set(cursor.posts_done as f64);
+        metrics::gauge!(m::BACKGROUND_SWEEP_LAST_PASS, "stream" => stream)
+            .set(cursor.last_pass_posts as f64);
+        self.store
+            .save_sweep_cursor(&self.settings.stream, &cursor)
+            .await?;
+        Ok(Some(self.finish(run).await?))
+    }
+
+    /// After lost history: rebuilds the ledger entries of these posts' rows, so that a later
+    /// event of a row that changed in the gap is classified against the row as it is, not
+    /// against an entry from before the gap (a row moved in the gap would be taken off its old
+    /// post and never off its new one). The rows are read, then every event before the read
+    /// must be applied (false if the worker did not catch up in time: the sweep runs again);
+    /// only entries from before the gap are replaced, and the worker's later writes win.
+    async fn rebuild_ledger(&self, posts: &[PostId], generation: u64) -> StoreResult<bool> {
+        let mut rows = Vec::new();
+        for post in posts {
+            rows.extend(self.store.rows_of_post(post).await?);
+        }
+        let read_at = self.store.read_position().await?.upper;
+        if !self.recounter.wait_until_applied(read_at).await? {
+            return Ok(false);
+        }
+        self.store
+            .rebuild_ledger(&self.settings.stream, generation, &rows)
+            .await?;
+        Ok(true)
+    }
+}

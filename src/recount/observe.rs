@@ -1,0 +1,96 @@
+//! A post's displayed value beside its true count, compared consistently with the stream.
+
+use super::{Pace, Recount, Recounter, Request, EVERYTHING};
+use crate::event::PostId;
+use crate::store::{Store, StoreResult};
+
+/// A post's displayed value beside its true count, compared only when both reflect the same
+/// events: what `get`, `verify` and the tests report.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Observation {
+    pub post: PostId,
+    /// `base_count + live_delta` (0 without a counter).
+    pub displayed: i64,
+    /// The readers' `count` field (`None`: no counter, or one from before `count` existed).
+    pub count: Option<i64>,
+    /// Live rows, counted consistently with `displayed`; `None`: a change to the post was in
+    /// flight (or the worker did not catch up in time), so no comparison is possible yet.
+    pub truth: Option<i64>,
+}
+
+impl Observation {
+    /// The readers' `count` disagrees with `base_count + live_delta` (a hand edit of one of
+    /// them: counterd writes both in one single-document write).
+    pub fn count_broken(&self) -> bool {
+        self.count.is_some_and(|c| c != self.displayed)
+    }
+
+    /// A real difference: both sides reflect the same events and disagree.
+    pub fn mismatch(&self) -> Option<i64> {
+        self.truth
+            .filter(|t| *t != self.displayed)
+            .map(|t| self.displayed - t)
+    }
+}
+
+impl<S: Store + ?Sized> Recounter<S> {
+    /// Compares each post's displayed value with its true count of every live row, consistently
+    /// with the stream: a post with a change in flight is reported as such, never as a mismatch.
+    pub async fn observe(&self, posts: &[PostId]) -> StoreResult<Vec<Observation>> {
+        let requests: Vec<Request> = posts
+            .iter()
+            .map(|post| Request {
+                post: post.clone(),
+                watermark: EVERYTHING,
+                full: false,
+            })
+            .collect();
+        let recounts = self.recount(&requests, &mut Pace::new(0)).await?;
+        let mut out = Vec::with_capacity(posts.len());
+        for (post, recount) in posts.iter().zip(recounts) {
+            out.push(match recount {
+                Recount::Consistent(c) => Observation {
+                    post: post.clone(),
+                    displayed: c.counter.as_ref().map_or(0, |c| c.state.displayed()),
+                    count: c.counter.as_ref().and_then(|c| c.count),
+                    truth: Some(c.count),
+                },
+                Recount::InFlight | Recount::SnapshotRunning => {
+                    let counter = self.store.read_counter(post).await?;
+                    Observation {
+                        post: post.clone(),
+                        displayed: counter.as_ref().map_or(0, |c| c.state.displayed()),
+                        count: counter.and_then(|c| c.count),
+                        truth: None,
+                    }
+                }
+            });
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_observation_reports_a_mismatch_only_when_compared() {
+        let o = |displayed, truth| Observation {
+            post: PostId::Int(1),
+            displayed,
+            count: Some(displayed),
+            truth,
+        };
+        assert_eq!(o(5, Some(5)).mismatch(), None);
+        assert_eq!(o(8, Some(5)).mismatch(), Some(3));
+        assert_eq!(o(3, Some(5)).mismatch(), Some(-2));
+        assert_eq!(o(8, None).mismatch(), None, "in flight: not compared");
+        assert!(!o(5, Some(5)).count_broken());
+        let broken = Observation {
+            count: Some(6),
+            ..o(5, Some(5))
+        };
+        assert!(broken.count_broken());
+    }
+}

@@ -1,0 +1,120 @@
+//! Waiting for the worker: until it has applied every event before a position, or, with no
+//! worker holding the stream's lease, proof from the stream itself that nothing is pending.
+
+use bson::{DateTime, Timestamp};
+
+use super::Recounter;
+use crate::store::{Checkpoint, Store, StoreResult, StreamOptions, StreamStart};
+
+impl<S: Store + ?Sized> Recounter<S> {
+    /// Waits until the stream's worker has applied every event before `position`; false when it
+    /// did not within the timeout. When no worker holds the stream's lease (a one-shot
+    /// `counterd reconcile`, `get` or `verify` while `counterd run` is stopped), nothing will
+    /// apply anything: the stream itself is read after the checkpoint instead, and an empty
+    /// answer read after `position` proves that nothing before it is pending.
+    pub async fn wait_until_applied(&self, position: Timestamp) -> StoreResult<bool> {
+        let polls = (self.catch_up.timeout.as_millis() / self.catch_up.poll.as_millis().max(1))
+            .max(1) as u64;
+        let mut last_probe: Option<DateTime> = None;
+        for _ in 0..=polls {
+            let checkpoint = self.store.load_checkpoint(&self.stream).await?;
+            if checkpoint.as_ref().and_then(applied_before) >= Some(position) {
+                return Ok(true);
+            }
+            // At most once a second, and only while no worker holds the lease: an empty read
+            // ends the wait early; events found pending only mean waiting on (a worker may be
+            // starting).
+            let now = self.clock.now();
+            let probe_due =
+                last_probe.is_none_or(|t| now.timestamp_millis() - t.timestamp_millis() >= 1000);
+            if self.catch_up.probe_without_worker && probe_due && !self.worker_alive().await? {
+                last_probe = Some(now);
+                if self
+                    .nothing_pending_before(checkpoint.as_ref(), position)
+                    .await?
+                    == Some(true)
+                {
+                    return Ok(true);
+                }
+            }
+            self.clock.sleep(self.catch_up.poll).await;
+        }
+        tracing::debug!(stream = %self.stream, ?position, "the worker did not catch up in time; the counted posts stay dirty");
+        Ok(false)
+    }
+
+    /// Whether some process holds the stream's lease (and so applies its events).
+    async fn worker_alive(&self) -> StoreResult<bool> {
+        let lease = self.store.read_lease(&self.stream).await?;
+        Ok(lease.is_some_and(|l| l.expires_at > self.clock.now()))
+    }
+
+    /// With no worker holding the lease: reads the stream after the checkpoint once.
+    /// `Some(true)`: no event is pending before `position`; `Some(false)`: events are waiting
+    /// for a worker (or a batch was left in flight); `None`: the server's position is not yet
+    /// past `position`.
+    async fn nothing_pending_before(
+        &self,
+        checkpoint: Option<&Checkpoint>,
+        position: Timestamp,
+    ) -> StoreResult<Option<bool>> {
+        let Some(checkpoint) = checkpoint else {
+            // Never started: no worker will ever apply what is already written (a first worker
+            // starts at its own "now"), so the rows are as settled as they will be.
+            let before_read = self.store.read_position().await?.lower;
+            return Ok((before_read >= position).then_some(true));
+        };
+        if checkpoint.pending.is_some() {
+            return Ok(Some(false));
+        }
+        let start = match (&checkpoint.token, checkpoint.start_time) {
+            (Some(token), _) => StreamStart::After(token.clone()),
+            (None, Some(at)) => StreamStart::AtTime(at),
+            (None, None) => return Ok(Some(false)),
+        };
+        let before_read = self.store.read_position().await?.lower;
+        if before_read < position {
+            return Ok(None);
+        }
+        let mut stream = self
+            .store
+            .open_stream(StreamOptions {
+                start,
+                pre_images: false,
+                pipeline: Vec::new(),
+                max_await: self.catch_up.poll,
+            })
+            .await?;
+        let batch = stream.next_batch(1, self.catch_up.poll).await?;
+        Ok(Some(batch.events.is_empty()))
+    }
+}
+
+/// Every event before this cluster time is applied: the checkpoint's event time (its event is
+/// applied, so everything before it), or the last drained position.
+pub fn applied_before(checkpoint: &Checkpoint) -> Option<Timestamp> {
+    checkpoint.token_time.max(checkpoint.caught_up_at)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn applied_before_is_the_later_of_the_event_time_and_the_drained_position() {
+        let t = |time| Some(Timestamp { time, increment: 0 });
+        let c = Checkpoint {
+            token_time: t(10),
+            caught_up_at: t(12),
+            ..Checkpoint::default()
+        };
+        assert_eq!(applied_before(&c), t(12));
+        let c = Checkpoint {
+            token_time: t(15),
+            caught_up_at: t(12),
+            ..Checkpoint::default()
+        };
+        assert_eq!(applied_before(&c), t(15));
+        assert_eq!(applied_before(&Checkpoint::default()), None);
+    }
+}

@@ -1,0 +1,232 @@
+//! What an update does to a row: the fields it changes, the post it moves the row to, and the
+//! row after it (classification reads an update's before → after through these).
+
+use bson::{Bson, Document};
+
+use super::write::{remove_path, set_path};
+use super::Schema;
+use crate::event::{PostId, Row, UpdateSummary};
+
+/// What an update did to one field, as far as its description says.
+#[derive(Clone, Debug, PartialEq)]
+pub enum FieldChange {
+    /// The update did not touch the field.
+    Unchanged,
+    /// The field's new value (`None`: removed).
+    Set(Option<Bson>),
+    /// A part of the field changed (a sub-path of it): its new value is not known from here.
+    Unknown,
+}
+
+impl Schema {
+    /// The post an update sets the group field to, if it does.
+    pub fn post_set_by(&self, update: &UpdateSummary) -> Option<PostId> {
+        match Self::change(update, &self.group) {
+            FieldChange::Set(Some(value)) => PostId::from_bson(&value),
+            _ => None,
+        }
+    }
+
+    /// Best effort without a before-state: the guessed count change of an update through the
+    /// soft-delete field alone (`-1`: deleted, `+1`: undeleted; a re-stamp is miscounted, a
+    /// documented drift source). `None`: the update did not touch it.
+    pub fn soft_delete_guess(&self, update: &UpdateSummary) -> Option<i64> {
+        match Self::change(update, self.soft_delete.field()?) {
+            FieldChange::Set(value) => Some(if self.soft_delete.is_deleted(value.as_ref()) {
+                -1
+            } else {
+                1
+            }),
+            FieldChange::Unchanged | FieldChange::Unknown => None,
+        }
+    }
+
+    /// Whether an update names the group field (moves the row, or changes part of it).
+    pub fn moves(&self, update: &UpdateSummary) -> bool {
+        Self::change(update, &self.group) != FieldChange::Unchanged
+    }
+
+    /// A document after `update`, from the document before it (dotted paths included).
+    pub fn apply_to_document(update: &UpdateSummary, before: &Document) -> Document {
+        let mut after = before.clone();
+        for (key, value) in &update.set {
+            set_path(&mut after, key, value.clone());
+        }
+        for key in &update.removed {
+            remove_path(&mut after, key);
+        }
+        after
+    }
+
+    /// What `update` did to the field at `path`.
+    pub fn change(update: &UpdateSummary, path: &str) -> FieldChange {
+        let mut change = FieldChange::Unchanged;
+        for (key, value) in &update.set {
+            if key == path {
+                change = FieldChange::Set(Some(value.clone()));
+            } else if let Some(rest) = path
+                .strip_prefix(key.as_str())
+                .and_then(|r| r.strip_prefix('.'))
+            {
+                // A parent was replaced: the field is whatever the new parent holds there.
+                let inner = value.as_document().and_then(|d| Self::get(d, rest));
+                change = FieldChange::Set(inner.cloned());
+            } else if key.strip_prefix(path).is_some_and(|r| r.starts_with('.')) {
+                return FieldChange::Unknown;
+            }
+        }
+        for key in &update.removed {
+            let covers = key == path
+                || path
+                    .strip_prefix(key.as_str())
+                    .is_some_and(|r| r.starts_with('.'));
+            if covers {
+                change = FieldChange::Set(None);
+            } else if key.strip_prefix(path).is_some_and(|r| r.starts_with('.')) {
+                return FieldChange::Unknown;
+            }
+        }
+        change
+    }
+
+    /// Whether an update may have changed whether or where a row counts (its group field or
+    /// its soft-delete field; the creation time only moves a row between buckets).
+    pub fn touches_counting(&self, update: &UpdateSummary) -> bool {
+        let touched = |path: &str| Self::change(update, path) != FieldChange::Unchanged;
+        touched(&self.group) || self.soft_delete.field().is_some_and(touched)
+    }
+
+    /// The row after `update`, derived from the row before it: exact at event time, unlike an
+    /// `updateLookup` document, also for a row without a post (one that gets a post back is
+    /// then filed under its own creation time). `Err`: the group field now holds a value that
+    /// cannot be a post id (its type, beside the row, which exists but no longer counts).
+    pub fn apply(&self, update: &UpdateSummary, before: &Row) -> Result<Row, (Row, String)> {
+        let mut bad = None;
+        let post = match Self::change(update, &self.group) {
+            FieldChange::Unchanged => before.post.clone(),
+            FieldChange::Set(None) => None,
+            FieldChange::Set(Some(value)) => match PostId::from_bson(&value) {
+                Some(p) => Some(p),
+                None => {
+                    bad = Some(format!("{:?}", value.element_type()));
+                    None
+                }
+            },
+            FieldChange::Unknown => {
+                bad = Some("Document (a part of it changed)".into());
+                None
+            }
+        };
+        let created_at = match Self::change(update, &self.created) {
+            FieldChange::Unchanged => before.created_at,
+            FieldChange::Set(Some(Bson::DateTime(d))) => Some(d),
+            FieldChange::Set(_) | FieldChange::Unknown => None,
+        };
+        let deleted = match self.soft_delete.field() {
+            None => false,
+            Some(field) => match Self::change(update, field) {
+                FieldChange::Unchanged => before.deleted,
+                FieldChange::Set(value) => self.soft_delete.is_deleted(value.as_ref()),
+                FieldChange::Unknown => before.deleted,
+            },
+        };
+        let row = Row {
+            post,
+            created_at,
+            deleted,
+        };
+        match bad {
+            None => Ok(row),
+            Some(kind) => Err((row, kind)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{js, row, unposted};
+    use super::*;
+    use bson::doc;
+
+    fn update(set: Document, removed: &[&str]) -> UpdateSummary {
+        UpdateSummary {
+            set,
+            removed: removed.iter().map(|s| s.to_string()).collect(),
+            complete: true,
+        }
+    }
+
+    #[test]
+    fn updates_apply_through_the_schema() {
+        let s = js();
+        let before = row(1, false);
+        assert_eq!(
+            s.apply(&update(doc! {"deleted": true}, &[]), &before),
+            Ok(row(1, true))
+        );
+        assert_eq!(
+            s.apply(&update(doc! {}, &["deleted"]), &row(1, true)),
+            Ok(row(1, false))
+        );
+        assert_eq!(
+            s.apply(&update(doc! {"postId": 2}, &[]), &before),
+            Ok(row(2, false))
+        );
+        assert_eq!(
+            s.apply(&update(doc! {}, &["postId"]), &before),
+            Ok(unposted(false))
+        );
+        assert_eq!(
+            s.soft_delete_guess(&update(doc! {"deleted": true}, &[])),
+            Some(-1)
+        );
+        assert_eq!(s.soft_delete_guess(&update(doc! {}, &["deleted"])), Some(1));
+        assert_eq!(s.soft_delete_guess(&update(doc! {"body": 1}, &[])), None);
+        assert_eq!(
+            s.post_set_by(&update(doc! {"postId": 9}, &[])),
+            Some(PostId::Int(9))
+        );
+        assert!(s
+            .apply(&update(doc! {"postId": 2.5}, &[]), &before)
+            .is_err());
+        assert_eq!(
+            s.apply(&update(doc! {"body": "x"}, &[]), &before),
+            Ok(before.clone())
+        );
+        assert!(!s.touches_counting(&update(doc! {"body": "x", "createdAt": 1}, &[])));
+        assert!(s.touches_counting(&update(doc! {"deleted": false}, &[])));
+    }
+
+    #[test]
+    fn updates_of_a_parent_or_a_child_of_a_dotted_field() {
+        let s = Schema {
+            group: "meta.post".into(),
+            ..Schema::default()
+        };
+        let before = row(1, false);
+        assert_eq!(
+            s.apply(&update(doc! {"meta": {"post": 3}}, &[]), &before),
+            Ok(row(3, false))
+        );
+        assert_eq!(
+            s.apply(&update(doc! {"meta.post": 4}, &[]), &before),
+            Ok(row(4, false))
+        );
+        assert_eq!(
+            s.apply(&update(doc! {}, &["meta"]), &before),
+            Ok(unposted(false))
+        );
+        let after = Schema::apply_to_document(
+            &update(doc! {"meta.post": 4}, &["meta.old"]),
+            &doc! {"_id": 1, "meta": {"post": 1, "old": 2}},
+        );
+        assert_eq!(after, doc! {"_id": 1, "meta": {"post": 4}});
+        assert!(s
+            .apply(&update(doc! {"meta.post.x": 1}, &[]), &before)
+            .is_err());
+        assert_eq!(
+            s.apply(&update(doc! {"meta.other": 1}, &[]), &before),
+            Ok(before.clone())
+        );
+    }
+}

@@ -1,0 +1,90 @@
+//! What /proc says about this process (Linux; nothing elsewhere).
+
+/// What /proc says about this process.
+#[derive(Clone, Copy, Debug)]
+pub struct ProcessStats {
+    pub cpu_seconds: f64,
+    pub resident_bytes: f64,
+    pub virtual_bytes: f64,
+    pub open_fds: f64,
+    pub max_fds: f64,
+    pub start_time_seconds: f64,
+    pub threads: f64,
+}
+
+impl ProcessStats {
+    /// Reads /proc/self; `None` where there is no /proc.
+    pub fn read() -> Option<ProcessStats> {
+        // Kernel clock ticks as seen by user space (USER_HZ) are 100 on every Linux ABI.
+        const TICKS: f64 = 100.0;
+        let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+        // Fields after the command name, which is in parentheses and may hold spaces.
+        let rest = &stat[stat.rfind(')')? + 2..];
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let field = |n: usize| -> f64 {
+            // `n` is the field number of proc(5) (1-based); `rest` starts at field 3.
+            fields
+                .get(n - 3)
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(f64::NAN)
+        };
+        let cpu_seconds = (field(14) + field(15)) / TICKS;
+        let boot_time = std::fs::read_to_string("/proc/stat")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("btime ")?.trim().parse::<f64>().ok())
+            })
+            .unwrap_or(f64::NAN);
+        let start_time_seconds = boot_time + field(22) / TICKS;
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let status_kb = |key: &str| -> f64 {
+            status
+                .lines()
+                .find_map(|l| {
+                    let v = l.strip_prefix(key)?.trim_start_matches(':').trim();
+                    v.split_whitespace().next()?.parse::<f64>().ok()
+                })
+                .unwrap_or(f64::NAN)
+        };
+        let resident_bytes = status_kb("VmRSS") * 1024.0;
+        let virtual_bytes = status_kb("VmSize") * 1024.0;
+        let threads = status_kb("Threads");
+        let open_fds = std::fs::read_dir("/proc/self/fd")
+            .map(|d| d.count() as f64)
+            .unwrap_or(f64::NAN);
+        let max_fds = std::fs::read_to_string("/proc/self/limits")
+            .ok()
+            .and_then(|s| {
+                s.lines().find_map(|l| {
+                    l.strip_prefix("Max open files")?
+                        .split_whitespace()
+                        .next()?
+                        .parse::<f64>()
+                        .ok()
+                })
+            })
+            .unwrap_or(f64::NAN);
+        Some(ProcessStats {
+            cpu_seconds,
+            resident_bytes,
+            virtual_bytes,
+            open_fds,
+            max_fds,
+            start_time_seconds,
+            threads,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn process_stats_are_read_from_proc() {
+        let p = ProcessStats::read().expect("/proc on Linux");
+        assert!(p.resident_bytes > 0.0 && p.open_fds > 0.0 && p.threads >= 1.0);
+        assert!(p.start_time_seconds > 1.0e9 && p.cpu_seconds >= 0.0);
+    }
+}

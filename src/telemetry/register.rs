@@ -1,0 +1,184 @@
+//! Registration: the global recorder with counterd's buckets, the descriptions of every
+//! name, and a stream's series exported from the start.
+
+use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+
+use super::*;
+
+/// Registers descriptions with the installed recorder (call once after installing it).
+pub fn describe() {
+    describe_counter!(
+        EVENTS_APPLIED,
+        "Change events classified and applied by the worker, per stream."
+    );
+    describe_counter!(BAD_EVENTS, "Malformed events skipped (missing or wrongly typed post_id, unknown operation type); their posts were marked dirty where known.");
+    describe_counter!(
+        UNATTRIBUTABLE_EVENTS,
+        "Events no delta could be attributed to; a sweep or the reconciler repairs them."
+    );
+    describe_counter!(
+        INCREMENTS,
+        "Counter increment statements issued, by result (applied, already_applied: a replay the guard rejected)."
+    );
+    describe_counter!(BATCHES, "Batches applied and checkpointed.");
+    describe_histogram!(
+        BATCH_APPLY_DURATION,
+        Unit::Seconds,
+        "Time to write one batch (intent, counters, ledger, dirty marks, checkpoint)."
+    );
+    describe_histogram!(BATCH_SIZE, "Events per applied batch.");
+    describe_gauge!(
+        LAST_EVENT_TIMESTAMP,
+        Unit::Seconds,
+        "Cluster time (Unix seconds) of the newest event the worker applied."
+    );
+    describe_gauge!(
+        CHECKPOINT_TIMESTAMP,
+        Unit::Seconds,
+        "Cluster time (Unix seconds) of the checkpointed stream position: every event before it is applied and a restart resumes there."
+    );
+    describe_counter!(
+        HISTORY_LOST,
+        "Times the checkpoint had fallen off the oplog."
+    );
+    describe_gauge!(
+        WORKER_ACTIVE,
+        "1 when this process holds the stream's lease and applies its events, 0 on standby."
+    );
+    describe_gauge!(
+        LEASE_RENEWED_TIMESTAMP,
+        Unit::Seconds,
+        "Wall-clock time (Unix seconds) this process last acquired or renewed the stream's lease."
+    );
+    describe_counter!(
+        LEASE_TAKEOVERS,
+        "Times this process acquired the stream's lease (each raises the fencing epoch)."
+    );
+    describe_counter!(
+        RECONCILE_RUNS,
+        "Reconcile runs finished, by kind (dirty, background, sweep, gap_sweep, post)."
+    );
+    describe_histogram!(
+        RECONCILE_DURATION,
+        Unit::Seconds,
+        "Duration of reconcile runs, by kind."
+    );
+    describe_gauge!(
+        LAST_RECONCILE_TIMESTAMP,
+        Unit::Seconds,
+        "Wall-clock time (Unix seconds) of the last reconcile run that finished without error."
+    );
+    describe_counter!(POSTS_RECONCILED, "Posts recounted and folded.");
+    describe_histogram!(
+        DRIFT,
+        "Drift corrected per post, in comments, by sign (high: the counter ran above the true count, low: below)."
+    );
+    describe_counter!(
+        RECOUNTS_IN_FLIGHT,
+        "Recounts not installed because a change to the post's settled rows was in flight (or the worker did not catch up in time); the post stays dirty and is retried."
+    );
+    describe_counter!(SWEEP_POSTS, "Posts visited by full sweeps.");
+    describe_gauge!(
+        FULL_SWEEP_PROGRESS,
+        "Posts recounted so far by the full sweep in progress (after lost history or on request); 0 when none runs."
+    );
+    describe_gauge!(
+        BACKGROUND_SWEEP_POSTS_DONE,
+        "Posts the background sweep has covered in its current pass over all posts."
+    );
+    describe_gauge!(
+        BACKGROUND_SWEEP_LAST_PASS,
+        "Posts the background sweep covered in its last complete pass (0 before the first)."
+    );
+    describe_gauge!(
+        DIRTY_POSTS,
+        "Posts waiting for a recount, as of this process's last reconcile run."
+    );
+    describe_counter!(
+        SNAPSHOT_ROWS,
+        "Rows of `comments` read by the initial snapshot (each chunk once; a chunk finished after a restart is not read again)."
+    );
+    describe_gauge!(
+        SNAPSHOT_RUNNING,
+        "1 while the initial snapshot is counting the rows that existed before the stream's start (folds wait until it is done), else 0."
+    );
+    describe_gauge!(
+        SNAPSHOT_ROWS_SCANNED,
+        "Rows the initial snapshot has scanned so far."
+    );
+    describe_gauge!(
+        SNAPSHOT_ROWS_ESTIMATED,
+        "The estimated size of `comments` when the initial snapshot began."
+    );
+    describe_gauge!(
+        SNAPSHOT_SECONDS_LEFT,
+        "Estimated seconds until the initial snapshot is done, at its configured rate (0 when none runs)."
+    );
+    describe_counter!(
+        RETRIES,
+        "Retries after transient database errors, by operation."
+    );
+    describe_histogram!(
+        MONGODB_OPERATION_DURATION,
+        Unit::Seconds,
+        "MongoDB command latency, by command (op) and outcome (ok, error)."
+    );
+}
+
+/// Installs the global Prometheus recorder with counterd's buckets (once per process) and
+/// registers the descriptions. Returns the handle `/metrics` renders.
+pub fn install_recorder() -> metrics_exporter_prometheus::PrometheusHandle {
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    static HANDLE: std::sync::OnceLock<metrics_exporter_prometheus::PrometheusHandle> =
+        std::sync::OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let buckets: [(&str, &[f64]); 5] = [
+                (DRIFT, &DRIFT_BUCKETS),
+                (BATCH_APPLY_DURATION, &DURATION_BUCKETS),
+                (MONGODB_OPERATION_DURATION, &DURATION_BUCKETS),
+                (RECONCILE_DURATION, &RECONCILE_BUCKETS),
+                (BATCH_SIZE, &SIZE_BUCKETS),
+            ];
+            let mut builder = PrometheusBuilder::new();
+            for (name, values) in buckets {
+                builder = builder
+                    .set_buckets_for_metric(Matcher::Full(name.into()), values)
+                    .expect("histogram buckets are not empty");
+            }
+            let handle = builder
+                .install_recorder()
+                .expect("install the metrics recorder");
+            describe();
+            handle
+        })
+        .clone()
+}
+
+/// Exports a stream's series from the start (counters at 0, gauges at 0), so alerts see 0
+/// rather than no data and a first increment shows up in `increase()`.
+pub fn register_stream(stream: &str) {
+    let stream = stream.to_string();
+    for counter in [
+        EVENTS_APPLIED,
+        BAD_EVENTS,
+        UNATTRIBUTABLE_EVENTS,
+        BATCHES,
+        POSTS_RECONCILED,
+        HISTORY_LOST,
+        SWEEP_POSTS,
+        RECOUNTS_IN_FLIGHT,
+    ] {
+        metrics::counter!(counter, "stream" => stream.clone()).absolute(0);
+    }
+    for result in ["applied", "already_applied"] {
+        metrics::counter!(INCREMENTS, "stream" => stream.clone(), "result" => result).absolute(0);
+    }
+    for gauge in [
+        WORKER_ACTIVE,
+        BACKGROUND_SWEEP_POSTS_DONE,
+        BACKGROUND_SWEEP_LAST_PASS,
+    ] {
+        metrics::gauge!(gauge, "stream" => stream.clone()).set(0.0);
+    }
+}

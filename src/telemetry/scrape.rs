@@ -1,0 +1,241 @@
+//! What is computed when Prometheus scrapes: the per-stream ages from the worker's timestamps,
+//! the dirty backlog's age, build information and the `process_*` metrics.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use super::*;
+use crate::status::WorkerStatus;
+
+/// Seconds since the Unix epoch, now.
+pub fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub fn unix_now_ms() -> i64 {
+    (unix_now() * 1000.0) as i64
+}
+
+/// The dirty backlog as this process's last reconcile run saw it (shared by all streams).
+#[derive(Debug, Default)]
+pub struct DirtyView {
+    /// Set once a reconcile run of this process has looked.
+    pub seen: std::sync::atomic::AtomicBool,
+    pub size: AtomicU64,
+    /// `first_dirty_at` of the oldest entry (Unix ms), 0: the backlog was empty.
+    pub oldest_ms: AtomicI64,
+}
+
+/// The dirty backlog seen by this process (one per process).
+pub fn dirty_view() -> &'static DirtyView {
+    static VIEW: std::sync::OnceLock<DirtyView> = std::sync::OnceLock::new();
+    VIEW.get_or_init(DirtyView::default)
+}
+
+/// Records the dirty backlog a reconcile run saw: the size as a gauge, the oldest entry's time
+/// for the scrape-time age.
+pub fn record_dirty(size: u64, oldest: Option<bson::DateTime>) {
+    let view = dirty_view();
+    view.size.store(size, Ordering::Relaxed);
+    view.oldest_ms.store(
+        oldest.map(|t| t.timestamp_millis()).unwrap_or(0),
+        Ordering::Relaxed,
+    );
+    view.seen.store(true, Ordering::Relaxed);
+    metrics::gauge!(DIRTY_POSTS).set(size as f64);
+}
+
+/// One stream's scrape-time view: its age gauges, computed from the worker's timestamps.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StreamAges {
+    pub lag: f64,
+    pub checkpoint_age: f64,
+    pub stall: f64,
+}
+
+/// The ages of a stream that this process works on, at `now_ms`; `None` on standby.
+/// Before anything is known (the stream not opened yet) ages count from when this process
+/// became active: a lower bound of the true age, never an invented "caught up".
+pub fn stream_ages(status: &WorkerStatus, now_ms: i64) -> Option<StreamAges> {
+    if !status.active.load(Ordering::Relaxed) {
+        return None;
+    }
+    let since = status.active_since_ms.load(Ordering::Relaxed);
+    let age_of_secs = |secs: i64| -> f64 {
+        let from_ms = if secs > 0 { secs * 1000 } else { since };
+        ((now_ms - from_ms) as f64 / 1000.0).max(0.0)
+    };
+    let progress = status.progress_at_ms.load(Ordering::Relaxed);
+    let progress = if progress > 0 { progress } else { since };
+    Some(StreamAges {
+        lag: age_of_secs(status.applied_until_secs.load(Ordering::Relaxed)).floor(),
+        checkpoint_age: age_of_secs(status.checkpoint_secs.load(Ordering::Relaxed)).floor(),
+        stall: ((now_ms - progress) as f64 / 1000.0).max(0.0),
+    })
+}
+
+/// A scrape-time family: name, help, and its value from a stream's ages.
+type AgeFamily = (&'static str, &'static str, fn(&StreamAges) -> f64);
+
+/// Appends the series computed at scrape time: the per-stream ages (for the streams this
+/// process works on), the dirty backlog's age, build information and process metrics.
+pub fn render_scrape_time(out: &mut String, streams: &[(String, Arc<WorkerStatus>)]) {
+    let now_ms = unix_now_ms();
+    let ages: Vec<(&str, StreamAges)> = streams
+        .iter()
+        .filter_map(|(name, s)| stream_ages(s, now_ms).map(|a| (name.as_str(), a)))
+        .collect();
+    let families: [AgeFamily; 3] = [
+        (STREAM_LAG, "At scrape time: seconds since the newest stream position known applied (the newest applied event, or where the stream was last found drained). About a second on an idle, healthy stream; grows while the worker is stuck.", |a| a.lag),
+        (CHECKPOINT_AGE, "At scrape time: age of the checkpointed stream position; keep it well inside the oplog window.", |a| a.checkpoint_age),
+        (STREAM_STALL, "At scrape time: seconds since the worker's last answered read; /readyz is unready above ready_max_stall.", |a| a.stall),
+    ];
+    for (name, help, value) in families {
+        if ages.is_empty() {
+            continue;
+        }
+        family(out, name, help, "gauge");
+        for (stream, a) in &ages {
+            let _ = writeln!(out, "{name}{{stream=\"{}\"}} {}", escape(stream), value(a));
+        }
+    }
+    let progress: Vec<(&str, i64)> = streams
+        .iter()
+        .filter(|(_, s)| s.active.load(Ordering::Relaxed))
+        .map(|(name, s)| (name.as_str(), s.progress_at_ms.load(Ordering::Relaxed)))
+        .filter(|(_, ms)| *ms > 0)
+        .collect();
+    if !progress.is_empty() {
+        family(out, PROGRESS_TIMESTAMP, "Wall-clock time (Unix seconds) of the worker's last read the server answered (or batch it applied).", "gauge");
+        for (stream, ms) in progress {
+            let _ = writeln!(
+                out,
+                "{PROGRESS_TIMESTAMP}{{stream=\"{}\"}} {}",
+                escape(stream),
+                ms as f64 / 1000.0
+            );
+        }
+    }
+    let dirty = dirty_view();
+    if dirty.seen.load(Ordering::Relaxed) {
+        let oldest = dirty.oldest_ms.load(Ordering::Relaxed);
+        let age = if oldest > 0 {
+            ((now_ms - oldest) as f64 / 1000.0).max(0.0).floor()
+        } else {
+            0.0
+        };
+        family(
+            out,
+            DIRTY_OLDEST_AGE,
+            "At scrape time: age of the oldest dirty entry seen by this process's last reconcile run (0: none).",
+            "gauge",
+        );
+        let _ = writeln!(out, "{DIRTY_OLDEST_AGE} {age}");
+    }
+    family(out, BUILD_INFO, "counterd's version; always 1.", "gauge");
+    let _ = writeln!(
+        out,
+        "{BUILD_INFO}{{version=\"{}\"}} 1",
+        env!("CARGO_PKG_VERSION")
+    );
+    render_process(out);
+}
+
+fn family(out: &mut String, name: &str, help: &str, kind: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// The standard `process_*` metrics, read from /proc (Linux; nothing elsewhere).
+fn render_process(out: &mut String) {
+    let Some(p) = ProcessStats::read() else {
+        return;
+    };
+    let lines: [(&str, &str, &str, f64); 7] = [
+        (
+            PROCESS_CPU,
+            "Total user and system CPU time spent in seconds.",
+            "counter",
+            p.cpu_seconds,
+        ),
+        (
+            PROCESS_RSS,
+            "Resident memory size in bytes.",
+            "gauge",
+            p.resident_bytes,
+        ),
+        (
+            PROCESS_VIRTUAL,
+            "Virtual memory size in bytes.",
+            "gauge",
+            p.virtual_bytes,
+        ),
+        (
+            PROCESS_OPEN_FDS,
+            "Number of open file descriptors.",
+            "gauge",
+            p.open_fds,
+        ),
+        (
+            PROCESS_MAX_FDS,
+            "Maximum number of open file descriptors.",
+            "gauge",
+            p.max_fds,
+        ),
+        (
+            PROCESS_START_TIME,
+            "Start time of the process since unix epoch in seconds.",
+            "gauge",
+            p.start_time_seconds,
+        ),
+        (
+            PROCESS_THREADS,
+            "Number of OS threads in the process.",
+            "gauge",
+            p.threads,
+        ),
+    ];
+    for (name, help, kind, value) in lines {
+        if value.is_nan() {
+            continue;
+        }
+        family(out, name, help, kind);
+        let _ = writeln!(out, "{name} {value}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ages_are_computed_at_scrape_time() {
+        let s = WorkerStatus::default();
+        assert_eq!(stream_ages(&s, 10_000), None, "standby: no ages");
+        s.active.store(true, Ordering::Relaxed);
+        s.active_since_ms.store(4_000, Ordering::Relaxed);
+        let a = stream_ages(&s, 10_000).unwrap();
+        assert_eq!((a.lag, a.checkpoint_age, a.stall), (6.0, 6.0, 6.0));
+        s.applied_until_secs.store(8, Ordering::Relaxed);
+        s.checkpoint_secs.store(7, Ordering::Relaxed);
+        s.progress_at_ms.store(9_500, Ordering::Relaxed);
+        let a = stream_ages(&s, 10_000).unwrap();
+        assert_eq!((a.lag, a.checkpoint_age, a.stall), (2.0, 3.0, 0.5));
+        // Nothing moves: the ages grow with the clock alone.
+        let later = stream_ages(&s, 60_000).unwrap();
+        assert_eq!((later.lag, later.checkpoint_age), (52.0, 53.0));
+        assert_eq!(later.stall, 50.5);
+    }
+}
