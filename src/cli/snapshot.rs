@@ -137,8 +137,7 @@ async fn take(
     let snapshot_settings = SnapshotSettings {
         // Asked for by hand: taken whatever `initial_snapshot` says.
         initial: InitialSnapshot::Auto,
-        chunk_rows: settings.snapshot_chunk_rows,
-        rows_per_second: settings.snapshot_rows_per_second,
+        ..SnapshotSettings::from(settings)
     };
     let clock = SystemClock;
     let snapshotter = Snapshotter {
