@@ -62,6 +62,13 @@ pub fn comments(store: &Counted) -> Collection<Document> {
     store.inner().database().collection("comments")
 }
 
+/// The comment the benchmark writes for entry `id` of a load: the same rows whether they go to
+/// MongoDB ([`load`]) or to the in-process store ([`replay_without_io`]), so both runs classify
+/// the same events.
+fn comment_row(id: usize, post: i64, created: DateTime) -> Document {
+    doc! {"_id": id as i64, "post_id": post, "created_at": created, "body": "benchmark comment"}
+}
+
 /// Inserts one comment (one change event) per entry of `posts`, in chunks of 1 000; returns
 /// the seconds taken.
 pub async fn load(
@@ -74,9 +81,7 @@ pub async fn load(
         let docs: Vec<Document> = chunk
             .iter()
             .enumerate()
-            .map(|(i, p)| {
-                doc! {"_id": (c * 1000 + i) as i64, "post_id": *p, "created_at": created, "body": "benchmark comment"}
-            })
+            .map(|(i, p)| comment_row(c * 1000 + i, *p, created))
             .collect();
         comments.insert_many(docs).await?;
     }
@@ -235,7 +240,7 @@ pub async fn replay_without_io(plan: &Plan, posts: &[i64]) -> anyhow::Result<Wor
         let mut tables = memory.lock();
         let created = tables.now();
         for (id, post) in posts.iter().enumerate() {
-            tables.insert_row(doc! {"_id": id as i64, "post_id": *post, "created_at": created, "body": "benchmark comment"});
+            tables.insert_row(comment_row(id, *post, created));
         }
     }
     let start = Timestamp {
