@@ -193,11 +193,15 @@ pub fn plan_batch_covering(
         // A delete known only from the ledger may follow such an update that named no row at
         // all (the fake server's update of a row gone before its lookup).
         let hidden_states = match &event.operation {
+            // Derived at event time only from a complete description applied to a known row
+            // (the pre-image's or the ledger's); a partition that knows the row only as "not
+            // here" takes the looked-up one.
             Operation::Update { summary } => {
-                !summary.as_ref().is_some_and(|s| s.complete)
-                    || classified.source == crate::classify::Source::BestEffort
+                let derived = summary.as_ref().is_some_and(|s| s.complete)
+                    && (classified.source == Source::PreImage || rows[0].is_some());
+                !derived || classified.source == Source::BestEffort
             }
-            Operation::Delete => classified.source != crate::classify::Source::PreImage,
+            Operation::Delete => classified.source != Source::PreImage,
             _ => false,
         };
         if hidden_states {

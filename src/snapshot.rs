@@ -100,7 +100,8 @@ pub fn begin(extent: &CommentsExtent, now: DateTime) -> SnapshotProgress {
 }
 
 /// Plans chunk `number` over `rows` (read in `_id` order): claims for the rows `ledger` has no
-/// entry for, and one increment per post (of `partition`, if any) for the claims that count.
+/// entry for (of `partition`'s posts, if any), and one increment per post for the claims that
+/// count.
 pub fn plan_chunk(
     number: u64,
     rows: &[(CommentId, Row)],
@@ -114,16 +115,16 @@ pub fn plan_chunk(
         if ledger.contains_key(&comment.key) {
             continue; // the stream saw this row: its entry is newer than the read
         }
+        if partition.is_some_and(|p| !p.owns_row(Some(row))) {
+            continue; // another partition's row (see `crate::partition`)
+        }
         claims.push(LedgerUpdate {
             comment: comment.clone(),
             state: Some(row.clone()),
         });
-        let Some(post) = row.post.as_ref().filter(|_| row.is_live()) else {
+        let Some(post) = row.counted_post() else {
             continue;
         };
-        if partition.is_some_and(|p| !p.owns(post)) {
-            continue;
-        }
         let bucket = bucket_of(row.created_at, bucket_width_secs);
         let entry = counter_of(&mut counters, post);
         entry.delta += 1;
@@ -381,12 +382,21 @@ mod tests {
     }
 
     #[test]
-    fn a_partition_claims_every_row_but_counts_only_its_posts() {
+    fn a_partition_claims_and_counts_only_the_rows_of_its_posts() {
         let partition = Partition { index: 1, count: 2 };
         let rows: Vec<(CommentId, Row)> = (1..=20).map(|i| (id(i), row(i as i64, true))).collect();
         let chunk = plan_chunk(1, &rows, &HashMap::new(), Some(partition), 60);
-        assert_eq!(chunk.claims.len(), 20);
-        assert!(!chunk.counters.is_empty() && chunk.counters.len() < 20);
+        let owned = rows
+            .iter()
+            .filter(|(_, r)| partition.owns_row(Some(r)))
+            .count();
+        assert!(owned > 0 && owned < 20, "both partitions have rows here");
+        assert_eq!(chunk.claims.len(), owned);
+        assert!(chunk
+            .claims
+            .iter()
+            .all(|c| partition.owns_row(c.state.as_ref())));
+        assert_eq!(chunk.counters.len(), owned);
         assert!(chunk.counters.iter().all(|c| partition.owns(&c.post)));
     }
 

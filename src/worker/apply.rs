@@ -17,7 +17,7 @@ impl<S: Store + ?Sized> Worker<S> {
         checkpoint: &mut Checkpoint,
         events: &[ChangeEvent],
     ) -> Result<(), SessionError> {
-        let ledger = if self.settings.attribution.uses_ledger() {
+        let mut ledger = if self.settings.attribution.uses_ledger() {
             let ids: Vec<CommentId> = events.iter().filter_map(|e| e.comment.clone()).collect();
             self.store
                 .read_ledger(&fence.stream, &ids, checkpoint.ledger_generation())
@@ -25,6 +25,15 @@ impl<S: Store + ?Sized> Worker<S> {
         } else {
             Default::default()
         };
+        // The ledger is divided between partitions only where it is complete: elsewhere a
+        // comment without an entry is unknown, not "not here" (see `crate::partition`).
+        let divided = self
+            .settings
+            .partition
+            .filter(|_| checkpoint.ledger_complete());
+        if let Some(partition) = divided {
+            partition.own_view(&mut ledger);
+        }
         let coverage = if checkpoint.ledger_complete() {
             Coverage::Complete
         } else {
@@ -42,9 +51,13 @@ impl<S: Store + ?Sized> Worker<S> {
             plan.ledger.clear();
         }
         if let Some(partition) = self.settings.partition {
-            // Every partition classifies every event against its own ledger, and keeps its posts.
+            // Every partition classifies every event against its own ledger, and keeps its posts
+            // and the ledger entries of its comments (see `crate::partition`).
             plan.counters.retain(|c| partition.owns(&c.post));
             plan.dirty.retain(|d| partition.owns(&d.post));
+            if divided.is_some() {
+                plan.ledger = partition.own_writes(plan.ledger, &ledger);
+            }
             if partition.index != 0 {
                 plan.skipped.clear(); // reported once, by partition 0
             }

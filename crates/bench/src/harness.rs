@@ -145,6 +145,19 @@ impl Running {
         self.status.events_applied.load(Ordering::Relaxed)
     }
 
+    /// Waits until the worker's stream is open (its start pinned, any initial snapshot done
+    /// or under way).
+    pub async fn wait_open(&self, within: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + within;
+        while !self.status.stream_open.load(Ordering::Relaxed) {
+            if self.handle.is_finished() || Instant::now() > deadline {
+                bail!("the worker's stream did not open within {within:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(())
+    }
+
     /// Waits until `n` events are applied; fails if the worker stops or `within` passes.
     pub async fn wait_applied(&mut self, n: i64, within: Duration) -> anyhow::Result<()> {
         let deadline = Instant::now() + within;

@@ -1,11 +1,14 @@
-//! Phase P, ledger writes per event with the stream split into partitions: today every partition
-//! reads every event and writes its own ledger entry for every comment (issue #16), so the
-//! figure is about the number of partitions; the target is about one.
+//! Phase P, ledger writes per event with the stream split into partitions. Every partition
+//! reads every event, but writes the ledger entries of its own posts' comments only (see
+//! `counterd::partition`): an insert or a soft delete is written once, by the owner of its
+//! post; a move between two partitions' posts twice, once by each side. The target is about
+//! one write per event whatever the number of partitions.
 
 use std::time::Instant;
 
-use bson::DateTime;
+use bson::{doc, DateTime};
 use counterd::partition::stream_names;
+use counterd::snapshot::SnapshotSettings;
 use counterd::store::counting::Concern;
 use counterd::worker::WorkerSettings;
 use serde::Serialize;
@@ -22,41 +25,76 @@ use crate::{say, Collected};
 struct Partitioned {
     partitions: u32,
     events: usize,
+    inserts: usize,
+    soft_deletes: usize,
+    moves: usize,
     secs: f64,
     ledger_statements: u64,
     counter_statements: u64,
     statements: u64,
 }
 
+/// Every `UPDATE_EVERY`-th comment is also changed once: alternately soft-deleted and moved to
+/// the next post (by the hash of its id, in another partition three times in four with 4).
+const UPDATE_EVERY: usize = 10;
+
 /// `plan.partitions` workers, one per partition, over one Zipf backlog of
-/// `plan.partition_events`, until each has read it all.
+/// `plan.partition_events` inserts followed by soft deletes and moves of some of them, until
+/// each has read it all.
 pub async fn partitions_phase(
     bench: &Bench,
     plan: &Plan,
     out: &mut Collected,
 ) -> anyhow::Result<()> {
-    let n = plan.partition_events;
+    let inserts = plan.partition_events;
     let store = bench.store("partitions").await?;
-    let start = just_before_now();
-    let posts = draw_posts(Dist::Zipf, n, plan.load_posts, 16)?;
-    load(&comments(&store), &posts, DateTime::now()).await?;
-    say!(
-        "partitions: {} workers replay {n} events ...",
-        plan.partitions
-    );
-    let before = store.counts();
-    let started = Instant::now();
+    // The ledger is divided between partitions only where it is complete: the workers start on
+    // the empty collection with the initial snapshot on (it finds nothing to count), and the
+    // load follows once every stream is open.
     let mut workers: Vec<Running> = stream_names("comments", plan.partitions)
         .into_iter()
         .map(|(stream, partition)| {
             let settings = WorkerSettings {
                 stream,
                 partition,
-                ..worker_settings(plan, start)
+                start_at: None,
+                snapshot: SnapshotSettings::default(),
+                ..worker_settings(plan, just_before_now())
             };
             Running::spawn(store.clone(), settings)
         })
         .collect();
+    for worker in &workers {
+        worker.wait_open(phase_timeout(0)).await?;
+    }
+    let before = store.counts();
+    let started = Instant::now();
+    let posts = draw_posts(Dist::Zipf, inserts, plan.load_posts, 16)?;
+    let comments = comments(&store);
+    load(&comments, &posts, DateTime::now()).await?;
+    let changed: Vec<i64> = (0..inserts)
+        .step_by(UPDATE_EVERY)
+        .map(|i| i as i64)
+        .collect();
+    let (soft_deleted, moved): (Vec<i64>, Vec<i64>) = changed
+        .iter()
+        .partition(|id| (*id / UPDATE_EVERY as i64) % 2 == 0);
+    comments
+        .update_many(
+            doc! {"_id": {"$in": &soft_deleted}},
+            doc! {"$set": {"deleted_at": DateTime::now()}},
+        )
+        .await?;
+    comments
+        .update_many(doc! {"_id": {"$in": &moved}}, doc! {"$inc": {"post_id": 1}})
+        .await?;
+    let n = inserts + soft_deleted.len() + moved.len();
+    say!(
+        "partitions: {} workers replay {n} events ({inserts} inserts, {} soft deletes, {} moves) ...",
+        plan.partitions,
+        soft_deleted.len(),
+        moved.len()
+    );
     for worker in &mut workers {
         worker.wait_applied(n as i64, phase_timeout(n)).await?;
     }
@@ -69,6 +107,9 @@ pub async fn partitions_phase(
     let result = Partitioned {
         partitions: plan.partitions,
         events: n,
+        inserts,
+        soft_deletes: soft_deleted.len(),
+        moves: moved.len(),
         secs,
         ledger_statements: counts.of(Concern::Ledger).statements,
         counter_statements: counts.of(Concern::Counters).statements,
@@ -92,8 +133,8 @@ pub async fn partitions_phase(
             Status::of(per_event <= TARGET_PARTITION_LEDGER_PER_EVENT),
         )
         .note(format!(
-            "every partition reads every event and writes its own ledger entry per comment (the partition-owned ledger is not built); {} counter writes, {} write statements in all, {secs:.2} s",
-            result.counter_statements, result.statements
+            "{inserts} inserts, {} soft deletes, {} moves to the next post; each partition writes the entries of its own posts' comments (a move between partitions: both sides); {} counter writes, {} write statements in all, {secs:.2} s",
+            result.soft_deletes, result.moves, result.counter_statements, result.statements
         )),
     );
     out.phase("partitions", &result)?;
