@@ -1,26 +1,93 @@
 //! Applying one batch: classify and coalesce it against the ledger, record the intent, write
 //! counters, ledger and dirty marks, then move the checkpoint.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 
 use super::{SessionError, Worker};
-use crate::batch::{plan_batch_covering, Coverage};
-use crate::event::{ChangeEvent, CommentId};
-use crate::store::{Checkpoint, Fence, PendingBatch, Store, StoreError};
+use crate::batch::{plan_batch_covering, Coverage, LedgerUpdate};
+use crate::event::{ChangeEvent, CommentId, Row};
+use crate::store::{Checkpoint, Fence, PendingBatch, Store, StoreError, StoreResult};
 use crate::telemetry as m;
 
+/// Ledger entries read ahead for the next batch while the current one was written, with the
+/// current batch's own writes laid over them.
+///
+/// The read may land before, between or after the current batch's ledger writes, so for the
+/// comments that batch wrote it is replaced by what the batch wrote ([`Prefetched::overlay`]);
+/// every other entry is one nobody else writes meanwhile (the snapshot's claims run between
+/// batches, and no read ahead is made while a snapshot runs; a sweep's rebuild races a plain
+/// read just the same). A comment the read did not ask for is read when its batch is applied.
+#[derive(Debug, Default)]
+pub(super) struct Prefetched {
+    generation: u64,
+    asked: HashSet<String>,
+    entries: HashMap<String, Option<Row>>,
+}
+
+impl Prefetched {
+    /// Lays the current batch's ledger writes over the read.
+    pub(super) fn overlay(&mut self, written: Vec<LedgerUpdate>) {
+        for update in written {
+            self.asked.insert(update.comment.key.clone());
+            self.entries.insert(update.comment.key, update.state);
+        }
+    }
+}
+
 impl<S: Store + ?Sized> Worker<S> {
+    /// Reads the ledger entries of the comments of `events` (of `generation`), as a read ahead.
+    pub(super) async fn prefetch_ledger(
+        &self,
+        stream: &str,
+        generation: u64,
+        events: &[ChangeEvent],
+    ) -> StoreResult<Prefetched> {
+        let ids: Vec<CommentId> = events.iter().filter_map(|e| e.comment.clone()).collect();
+        let entries = self.store.read_ledger(stream, &ids, generation).await?;
+        Ok(Prefetched {
+            generation,
+            asked: ids.into_iter().map(|c| c.key).collect(),
+            entries,
+        })
+    }
+
+    /// The ledger entries of the comments of `events`: from `prefetched` where it has them
+    /// (and is of the ledger's generation), the rest read now.
+    async fn batch_ledger(
+        &self,
+        stream: &str,
+        checkpoint: &Checkpoint,
+        events: &[ChangeEvent],
+        prefetched: Option<Prefetched>,
+    ) -> StoreResult<HashMap<String, Option<Row>>> {
+        let generation = checkpoint.ledger_generation();
+        let prefetched = prefetched
+            .filter(|p| p.generation == generation)
+            .unwrap_or_default();
+        let missing: Vec<CommentId> = events
+            .iter()
+            .filter_map(|e| e.comment.clone())
+            .filter(|c| !prefetched.asked.contains(&c.key))
+            .collect();
+        let mut ledger = prefetched.entries;
+        if !missing.is_empty() {
+            ledger.extend(self.store.read_ledger(stream, &missing, generation).await?);
+        }
+        Ok(ledger)
+    }
+
     /// Classifies one batch and applies it (or, below the high water, only marks it dirty).
+    /// Returns the ledger states it wrote.
     pub(super) async fn apply(
         &self,
         fence: &Fence,
         checkpoint: &mut Checkpoint,
         events: &[ChangeEvent],
-    ) -> Result<(), SessionError> {
+        prefetched: Option<Prefetched>,
+    ) -> Result<Vec<LedgerUpdate>, SessionError> {
         let mut ledger = if self.settings.attribution.uses_ledger() {
-            let ids: Vec<CommentId> = events.iter().filter_map(|e| e.comment.clone()).collect();
-            self.store
-                .read_ledger(&fence.stream, &ids, checkpoint.ledger_generation())
+            self.batch_ledger(&fence.stream, checkpoint, events, prefetched)
                 .await?
         } else {
             Default::default()
@@ -63,6 +130,7 @@ impl<S: Store + ?Sized> Worker<S> {
             }
         }
         let (bad, unattributable) = (plan.bad_events(), plan.unattributable_events());
+        let mut written = Vec::new();
         // The batch's guard token: its last event before any stream end.
         if let Some(last) = plan.events.checked_sub(1).map(|i| &events[i]) {
             let batch = PendingBatch {
@@ -93,6 +161,7 @@ impl<S: Store + ?Sized> Worker<S> {
                 self.write_batch(fence, checkpoint, &batch).await?;
                 metrics::counter!(m::UNATTRIBUTABLE_EVENTS, "stream" => fence.stream.clone())
                     .increment(unattributable as u64);
+                written = batch.ledger;
             }
             let stream = fence.stream.clone();
             metrics::histogram!(m::BATCH_APPLY_DURATION, "stream" => stream.clone())
@@ -127,7 +196,7 @@ impl<S: Store + ?Sized> Worker<S> {
         }
         match ended {
             Some(end) => Err(SessionError::Ended(end)),
-            None => Ok(()),
+            None => Ok(written),
         }
     }
 

@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 
 use bson::{DateTime, Timestamp};
 
+use super::apply::Prefetched;
 use super::{SessionError, Worker};
 use crate::event::{ChangeEvent, Token};
 use crate::shutdown::{sleep_or_shutdown, Shutdown};
@@ -35,6 +36,9 @@ struct Pending {
     batch_limit: usize,
     /// The last read came back full: the worker is behind, and reads ahead while it writes.
     behind: bool,
+    /// The ledger entries of the events read ahead, fetched while the batch before them was
+    /// written (see [`Prefetched`]).
+    prefetched: Option<Prefetched>,
 }
 
 /// How many `max_batch_wait`s a read ahead (made while the worker is behind, during a batch's
@@ -150,6 +154,7 @@ impl<S: Store + ?Sized> Worker<S> {
             resumed_after: checkpoint.token.as_ref().and(checkpoint.token_time),
             batch_limit: self.settings.batch_size,
             behind: false,
+            prefetched: None,
         };
         let mut next_chunk_at = self.clock.now();
         loop {
@@ -224,7 +229,8 @@ impl<S: Store + ?Sized> Worker<S> {
             let raw = source
                 .next_batch(asked, self.settings.max_batch_wait)
                 .await?;
-            self.take_in(fence, checkpoint, pending, asked, &raw.events)?;
+            let events = parse_events(&fence.stream, &raw.events);
+            self.take_in(checkpoint, pending, asked, raw.events.len(), events)?;
             if pending.events.is_empty() {
                 self.status.lag_secs.store(0, Ordering::Relaxed);
                 let idle_before = std::mem::replace(&mut pending.idle, true);
@@ -236,52 +242,74 @@ impl<S: Store + ?Sized> Worker<S> {
         }
         pending.idle = false;
         let batch = take_batch(&mut pending.events, checkpoint.high_water.as_ref());
+        let prefetched = pending.prefetched.take();
         if pending.behind {
-            // Behind: the next batch is read while this one is written. (Caught up, the next
-            // read waits for new events instead, and is preceded by a position reading.)
+            // Behind: the next batch is read, and its ledger entries fetched, while this one is
+            // written. (Caught up, the next read waits for new events instead, and is preceded
+            // by a position reading.)
             let asked = pending.batch_limit - pending.events.len();
-            // The read runs while the batch is written, so it may take about as long: a
-            // backlog is then read in full batches (coalescing needs them) rather than cut at
-            // `max_batch_wait`, which bounds the latency of a caught-up worker's reads.
-            let read = source.next_batch(asked, self.settings.max_batch_wait * READ_AHEAD_WAITS);
-            let (applied, read) = tokio::join!(self.apply(fence, checkpoint, &batch), read);
-            applied?;
-            self.take_in(fence, checkpoint, pending, asked, &read?.events)?;
+            // Only when the read ahead is the whole next batch, and no snapshot chunk can
+            // claim entries between the two batches.
+            let prefetch = pending.events.is_empty()
+                && self.settings.attribution.uses_ledger()
+                && !checkpoint.snapshot_running();
+            let generation = checkpoint.ledger_generation();
+            let read_ahead = async {
+                // The read runs while the batch is written, so it may take about as long: a
+                // backlog is then read in full batches (coalescing needs them) rather than cut
+                // at `max_batch_wait`, which bounds the latency of a caught-up worker's reads.
+                let raw = source
+                    .next_batch(asked, self.settings.max_batch_wait * READ_AHEAD_WAITS)
+                    .await?;
+                let events = parse_events(&fence.stream, &raw.events);
+                let ledger = if prefetch && !events.is_empty() {
+                    Some(
+                        self.prefetch_ledger(&fence.stream, generation, &events)
+                            .await?,
+                    )
+                } else {
+                    None
+                };
+                Ok::<_, StoreError>((raw.events.len(), events, ledger))
+            };
+            let (applied, read) = tokio::join!(
+                self.apply(fence, checkpoint, &batch, prefetched),
+                read_ahead
+            );
+            let written = applied?;
+            let (got, events, ledger) = read?;
+            self.take_in(checkpoint, pending, asked, got, events)?;
+            pending.prefetched = ledger.map(|mut ledger| {
+                ledger.overlay(written);
+                ledger
+            });
         } else {
-            self.apply(fence, checkpoint, &batch).await?;
+            self.apply(fence, checkpoint, &batch, prefetched).await?;
         }
         pending.applied_since_drained = true;
         Ok(false)
     }
 
-    /// Takes a read of `asked` events in: parses them (an unreadable event is counted and
-    /// logged, never fatal) and sizes the next read by how full this one came back.
+    /// Takes a read of `asked` events that returned `got` documents (`events`, those that
+    /// parsed) in, and sizes the next read by how full this one came back.
     fn take_in(
         &self,
-        fence: &Fence,
         checkpoint: &Checkpoint,
         pending: &mut Pending,
         asked: usize,
-        docs: &[bson::Document],
+        got: usize,
+        events: Vec<ChangeEvent>,
     ) -> Result<(), SessionError> {
         self.status.progressed();
-        pending.behind = docs.len() >= asked;
+        pending.behind = got >= asked;
         pending.batch_limit = next_batch_limit(
             pending.batch_limit,
             asked,
-            docs.len(),
+            got,
             self.settings.batch_size,
             self.settings.max_batch_size,
         );
-        for doc in docs {
-            match ChangeEvent::parse(doc) {
-                Ok(event) => pending.events.push_back(event),
-                Err(e) => {
-                    metrics::counter!(m::BAD_EVENTS, "stream" => fence.stream.clone()).increment(1);
-                    tracing::warn!(stream = %fence.stream, error = %e, "skipping an unreadable change event");
-                }
-            }
-        }
+        pending.events.extend(events);
         if let Some(first) = pending
             .events
             .front()
@@ -342,6 +370,20 @@ impl<S: Store + ?Sized> Worker<S> {
         }
         Ok(())
     }
+}
+
+/// Parses a read's documents: an unreadable event is counted and logged, never fatal.
+fn parse_events(stream: &str, docs: &[bson::Document]) -> Vec<ChangeEvent> {
+    docs.iter()
+        .filter_map(|doc| {
+            ChangeEvent::parse(doc)
+                .inspect_err(|e| {
+                    metrics::counter!(m::BAD_EVENTS, "stream" => stream.to_string()).increment(1);
+                    tracing::warn!(%stream, error = %e, "skipping an unreadable change event");
+                })
+                .ok()
+        })
+        .collect()
 }
 
 /// The checkpoint's position, for messages.
