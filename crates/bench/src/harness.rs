@@ -11,6 +11,7 @@ use counterd::store::counting::{CountingStore, Counts};
 use counterd::store::mongo::{Collections, ConnectOptions, MongoStore};
 use counterd::store::Store;
 use counterd::worker::{Worker, WorkerSettings, WorkerStatus};
+use counterd_testdb::{ServerKind, TestServer};
 use mongodb::Collection;
 use serde::Serialize;
 use tokio::sync::watch;
@@ -23,16 +24,53 @@ pub type Counted = CountingStore<MongoStore>;
 
 /// The server and a name for this run's databases.
 pub struct Bench {
-    pub uri: String,
+    /// The test server. The fake one is replaced by a fresh one for every phase after the
+    /// first: its oplog never shrinks (a full run leaves millions of entries, more than its
+    /// JVM's default heap holds) and its change streams slow down as the oplog grows, so every
+    /// phase starts from the same empty server instead of from the previous phases' history.
+    server: tokio::sync::Mutex<(TestServer, bool)>,
+    uri: std::sync::Mutex<String>,
     pub run_id: String,
 }
 
 impl Bench {
-    /// A fresh database for `phase`, with counterd's indexes.
+    pub fn new(server: TestServer, run_id: String) -> Bench {
+        Bench {
+            uri: std::sync::Mutex::new(server.uri.clone()),
+            server: tokio::sync::Mutex::new((server, false)),
+            run_id,
+        }
+    }
+
+    /// The current server's connection string.
+    pub fn uri(&self) -> String {
+        self.uri.lock().expect("uri lock").clone()
+    }
+
+    /// A fresh database for `phase`, with counterd's indexes (on a fresh fake server).
     pub async fn store(&self, phase: &str) -> anyhow::Result<Arc<Counted>> {
-        let store = connect(&self.uri, &self.db_name(phase)).await?;
+        self.fresh_server().await?;
+        let store = connect(&self.uri(), &self.db_name(phase)).await?;
         store.ensure_indexes().await?;
         Ok(Arc::new(CountingStore::new(store)))
+    }
+
+    /// On the fake server, replaces a server that a phase has used by a fresh one, with the
+    /// same `_id`-index switch.
+    async fn fresh_server(&self) -> anyhow::Result<()> {
+        let mut guard = self.server.lock().await;
+        let (server, used) = &mut *guard;
+        if server.kind != ServerKind::Fake || !std::mem::replace(used, true) {
+            return Ok(());
+        }
+        let id_index = server.fake_id_index().unwrap_or(true);
+        let fresh =
+            tokio::task::spawn_blocking(move || TestServer::start_fake_with_id_index(id_index))
+                .await?
+                .map_err(|e| anyhow!("cannot start a fresh fake server: {e}"))?;
+        *self.uri.lock().expect("uri lock") = fresh.uri.clone();
+        *server = fresh; // the old one is stopped
+        Ok(())
     }
 
     pub fn db_name(&self, phase: &str) -> String {

@@ -15,7 +15,8 @@
 //! Every store call goes through `counterd::store::counting::CountingStore`, which counts calls
 //! and write statements per concern. Throughput phases replay a pre-written backlog (the stream
 //! starts at a cluster time just before the load), so the tail and apply rates are measured
-//! apart from the writer. Every phase uses a fresh database. The result is a table on stdout
+//! apart from the writer. Every phase uses a fresh database, on the fake server a fresh server
+//! too (its oplog never shrinks; see `harness::Bench`). The result is a table on stdout
 //! and a JSON file; targets that are missed are reported (MISSED), never turned into a
 //! failure: the process exits non-zero only when the benchmark itself breaks.
 //!
@@ -98,44 +99,42 @@ impl Collected {
 /// The run, phase by phase, in the order that keeps the measurements apart.
 async fn bench(args: Args) -> anyhow::Result<()> {
     START.get_or_init(Instant::now);
-    let (server, plan, bench, server_info) = start(&args).await?;
+    let (plan, bench, server_info) = start(&args).await?;
     let mut out = Collected::default();
     let (zipf, uniform, bench_rss_mb) =
         throughput::throughput_phase(&bench, &plan, &mut out).await?;
     let server_rate = costs::costs_phase(&bench, &plan, &zipf, &uniform, &mut out).await?;
     lag::lag_phase(&bench, &plan, zipf.worker.rate(), server_rate, &mut out).await?;
     partitions::partitions_phase(&bench, &plan, &mut out).await?;
-    // Memory of a worker process on its own, before the reconcile phase: it tails a stream,
-    // and the fake server's change streams slow down as its oplog grows.
+    // Memory of a worker process on its own, before the reconcile phase.
     let child = rss::child_rss(&bench, &plan).await?;
     out.phase("worker_process_rss", &child)?;
     reconcile::reconcile_phase(&bench, &plan, &mut out).await?;
     rss::memory_rows(&child, bench_rss_mb, &mut out);
     report::write_report(&args, server_info, plan, out)?;
-    drop(server);
+    drop(bench); // stops the server
     Ok(())
 }
 
 /// The test database, the plan for it, and what the server says it is.
-async fn start(args: &Args) -> anyhow::Result<(TestServer, Plan, Bench, ServerInfo)> {
+async fn start(args: &Args) -> anyhow::Result<(Plan, Bench, ServerInfo)> {
     let server = tokio::task::spawn_blocking(TestServer::start)
         .await?
         .map_err(|e| anyhow!("cannot start the test database: {e}"))?;
     let plan = Plan::from(args, server.kind);
     say!("plan: {plan:?}");
-    let bench = Bench {
-        uri: server.uri.clone(),
-        run_id: format!("b{}", std::process::id() % 100_000),
-    };
+    let description = describe_server(&server);
+    let (kind, fake_id_index) = (server.kind, server.fake_id_index());
+    let bench = Bench::new(server, format!("b{}", std::process::id() % 100_000));
     let probe = bench.store("probe").await?;
     let abilities = probe.inner().abilities().await?;
     bench.drop_db(&probe).await;
     let server_info = ServerInfo {
-        kind: format!("{:?}", server.kind),
-        description: describe_server(&server),
+        kind: format!("{kind:?}"),
+        description,
         version: abilities.version.clone(),
         wire_version: abilities.wire_version,
-        fake_id_index: server.fake_id_index(),
+        fake_id_index,
     };
     say!(
         "server: {} (reports MongoDB {}, wire {})",
@@ -143,5 +142,5 @@ async fn start(args: &Args) -> anyhow::Result<(TestServer, Plan, Bench, ServerIn
         abilities.version,
         abilities.wire_version
     );
-    Ok((server, plan, bench, server_info))
+    Ok((plan, bench, server_info))
 }

@@ -36,13 +36,15 @@ pub struct Args {
     /// 100000 full.
     #[arg(long)]
     pub events: Option<usize>,
-    /// Posts seeded for the reconcile phase. Default: 5000 quick, 100000 full (on the fake
-    /// server every recount scans the whole `comments` collection: a sweep is quadratic).
+    /// Posts seeded for the reconcile phase. Default: 5000 quick; full: 100000, or 10000 on
+    /// the fake server, where every recount scans the whole `comments` collection (it keeps no
+    /// secondary index), so a sweep is quadratic: 100000 posts would take hours.
     #[arg(long)]
     pub posts: Option<usize>,
-    /// Distinct posts the event load is drawn from (Zipf ranks or uniform). Default: 10000.
-    #[arg(long, default_value_t = 10_000)]
-    pub load_posts: usize,
+    /// Distinct posts the event load is drawn from (Zipf ranks or uniform). Default: 10000
+    /// quick, 100000 full.
+    #[arg(long)]
+    pub load_posts: Option<usize>,
     /// Duration of each lag run's writer, seconds. Default: 5 quick, 20 full.
     #[arg(long)]
     pub lag_secs: Option<u64>,
@@ -83,8 +85,15 @@ impl Plan {
             mode: if quick { "quick" } else { "full" },
             server_kind: format!("{kind:?}"),
             events,
-            load_posts: args.load_posts.max(1),
-            posts: args.posts.unwrap_or(if quick { 5_000 } else { 100_000 }),
+            load_posts: args
+                .load_posts
+                .unwrap_or(if quick { 10_000 } else { 100_000 })
+                .max(1),
+            posts: args.posts.unwrap_or(match (quick, kind) {
+                (true, _) => 5_000,
+                (false, ServerKind::Fake) => 10_000,
+                (false, _) => 100_000,
+            }),
             comments_per_post_mean: 3.0,
             lag_secs: args.lag_secs.unwrap_or(if quick { 5 } else { 20 }),
             lag_drain_secs: if quick { 15 } else { 60 },

@@ -72,7 +72,7 @@ async fn rss_of_counterd(
         .to_rfc3339();
     let mut child = tokio::process::Command::new(binary)
         .arg("run")
-        .env("COUNTERD_MONGODB_URI", &bench.uri)
+        .env("COUNTERD_MONGODB_URI", bench.uri())
         .env("COUNTERD_DATABASE", bench.db_name("rss"))
         .env("COUNTERD_HTTP_ADDR", &addr)
         .env("COUNTERD_START_AT", start_at)
@@ -147,7 +147,7 @@ async fn rss_of_bare_worker(
         phase_timeout(n),
         tokio::process::Command::new(exe)
             .arg("--child-worker")
-            .arg(&bench.uri)
+            .arg(bench.uri())
             .arg(bench.db_name("rss"))
             .arg(start.time.to_string())
             .arg(n.to_string())
