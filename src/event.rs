@@ -234,8 +234,14 @@ pub enum EventError {
 }
 
 impl ChangeEvent {
-    /// Parses a raw change event document.
+    /// Parses a raw change event document (see [`ChangeEvent::from_document`], which takes it
+    /// apart instead of copying its parts).
     pub fn parse(doc: &Document) -> Result<ChangeEvent, EventError> {
+        ChangeEvent::from_document(doc.clone())
+    }
+
+    /// Parses a raw change event document, moving its rows into the event.
+    pub fn from_document(mut doc: Document) -> Result<ChangeEvent, EventError> {
         let token = doc
             .get_document("_id")
             .ok()
@@ -248,14 +254,18 @@ impl ChangeEvent {
             })?
             .to_string();
         let cluster_time = doc.get_timestamp("clusterTime").ok();
-        let document_key = doc.get_document("documentKey").cloned().unwrap_or_default();
-        let full_document = doc.get_document("fullDocument").ok().cloned();
-        let pre_image = doc.get_document("fullDocumentBeforeChange").ok().cloned();
+        let mut take = |field: &str| match doc.remove(field) {
+            Some(Bson::Document(d)) => Some(d),
+            _ => None,
+        };
+        let document_key = take("documentKey").unwrap_or_default();
+        let full_document = take("fullDocument");
+        let pre_image = take("fullDocumentBeforeChange");
 
         let operation = match op_name.as_str() {
             "insert" => Operation::Insert,
             "update" => Operation::Update {
-                summary: update_summary(doc, &document_key),
+                summary: update_summary(&doc, &document_key),
             },
             "replace" => Operation::Replace,
             "delete" => Operation::Delete,

@@ -1,5 +1,6 @@
 //! One stream session: open the stream at the checkpoint, then read, batch and apply until
-//! shutdown or error; while behind, the next batch is read while the current one is written.
+//! shutdown or error; while behind, the next batch is read (and its ledger entries fetched)
+//! while the current one is written.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -229,12 +230,13 @@ impl<S: Store + ?Sized> Worker<S> {
             let raw = source
                 .next_batch(asked, self.settings.max_batch_wait)
                 .await?;
-            let events = parse_events(&fence.stream, &raw.events);
-            self.take_in(checkpoint, pending, asked, raw.events.len(), events)?;
+            let got = raw.events.len();
+            let events = parse_events(&fence.stream, raw.events);
+            self.take_in(checkpoint, pending, asked, got, events)?;
             if pending.events.is_empty() {
                 self.status.lag_secs.store(0, Ordering::Relaxed);
                 let idle_before = std::mem::replace(&mut pending.idle, true);
-                let drained_at = before_read.filter(|_| idle_before && raw.events.is_empty());
+                let drained_at = before_read.filter(|_| idle_before && got == 0);
                 self.checkpoint_idle(fence, checkpoint, raw.post_batch_token, drained_at, pending)
                     .await?;
                 return Ok(true);
@@ -261,7 +263,8 @@ impl<S: Store + ?Sized> Worker<S> {
                 let raw = source
                     .next_batch(asked, self.settings.max_batch_wait * READ_AHEAD_WAITS)
                     .await?;
-                let events = parse_events(&fence.stream, &raw.events);
+                let got = raw.events.len();
+                let events = parse_events(&fence.stream, raw.events);
                 let ledger = if prefetch && !events.is_empty() {
                     Some(
                         self.prefetch_ledger(&fence.stream, generation, &events)
@@ -270,7 +273,7 @@ impl<S: Store + ?Sized> Worker<S> {
                 } else {
                     None
                 };
-                Ok::<_, StoreError>((raw.events.len(), events, ledger))
+                Ok::<_, StoreError>((got, events, ledger))
             };
             let (applied, read) = tokio::join!(
                 self.apply(fence, checkpoint, &batch, prefetched),
@@ -373,10 +376,10 @@ impl<S: Store + ?Sized> Worker<S> {
 }
 
 /// Parses a read's documents: an unreadable event is counted and logged, never fatal.
-fn parse_events(stream: &str, docs: &[bson::Document]) -> Vec<ChangeEvent> {
-    docs.iter()
+fn parse_events(stream: &str, docs: Vec<bson::Document>) -> Vec<ChangeEvent> {
+    docs.into_iter()
         .filter_map(|doc| {
-            ChangeEvent::parse(doc)
+            ChangeEvent::from_document(doc)
                 .inspect_err(|e| {
                     metrics::counter!(m::BAD_EVENTS, "stream" => stream.to_string()).increment(1);
                     tracing::warn!(%stream, error = %e, "skipping an unreadable change event");

@@ -20,7 +20,13 @@
 //! and a JSON file; targets that are missed are reported (MISSED), never turned into a
 //! failure: the process exits non-zero only when the benchmark itself breaks.
 //!
-//! Usage: `cargo run --release -p counterd-bench -- [--quick] [--out bench/latest.json]`.
+//! Usage: `cargo run --release -p counterd-bench -- [--quick] [--out bench/latest.json]
+//! [--only partitions|rss|reconcile]`.
+
+/// The product's allocator (see `src/main.rs`), so that the in-process worker's CPU and memory
+/// are measured as `counterd` runs.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod harness;
 mod load;
@@ -101,16 +107,32 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     START.get_or_init(Instant::now);
     let (plan, bench, server_info) = start(&args).await?;
     let mut out = Collected::default();
-    let (zipf, uniform, bench_rss_mb) =
-        throughput::throughput_phase(&bench, &plan, &mut out).await?;
-    let server_rate = costs::costs_phase(&bench, &plan, &zipf, &uniform, &mut out).await?;
-    lag::lag_phase(&bench, &plan, zipf.worker.rate(), server_rate, &mut out).await?;
-    partitions::partitions_phase(&bench, &plan, &mut out).await?;
+    let runs = |phase: &str| args.only.is_empty() || args.only.iter().any(|p| p == phase);
+    let mut bench_rss_mb = None;
+    if args.only.is_empty() {
+        let (zipf, uniform, rss_mb) = throughput::throughput_phase(&bench, &plan, &mut out).await?;
+        bench_rss_mb = rss_mb;
+        let server_rate = costs::costs_phase(&bench, &plan, &zipf, &uniform, &mut out).await?;
+        lag::lag_phase(&bench, &plan, zipf.worker.rate(), server_rate, &mut out).await?;
+    }
+    if runs("partitions") {
+        partitions::partitions_phase(&bench, &plan, &mut out).await?;
+    }
     // Memory of a worker process on its own, before the reconcile phase.
-    let child = rss::child_rss(&bench, &plan).await?;
-    out.phase("worker_process_rss", &child)?;
-    reconcile::reconcile_phase(&bench, &plan, &mut out).await?;
-    rss::memory_rows(&child, bench_rss_mb, &mut out);
+    let child = if runs("rss") {
+        Some(rss::child_rss(&bench, &plan).await?)
+    } else {
+        None
+    };
+    if let Some(child) = &child {
+        out.phase("worker_process_rss", child)?;
+    }
+    if runs("reconcile") {
+        reconcile::reconcile_phase(&bench, &plan, &mut out).await?;
+    }
+    if let Some(child) = &child {
+        rss::memory_rows(child, bench_rss_mb, &mut out);
+    }
     report::write_report(&args, server_info, plan, out)?;
     drop(bench); // stops the server
     Ok(())

@@ -52,6 +52,11 @@ pub struct Args {
     /// `max_batch_size`, default 10000, while it is behind).
     #[arg(long, default_value_t = 1000)]
     pub batch_size: usize,
+    /// Run only these phases (repeatable): `partitions`, `rss` or `reconcile`, the phases that
+    /// need no other phase's figures. For working on one figure; a report of the whole run is
+    /// what the README quotes.
+    #[arg(long, value_parser = ["partitions", "rss", "reconcile"])]
+    pub only: Vec<String>,
     /// Internal: run a bare worker as a child process (for its RSS) and exit.
     #[arg(long, hide = true, num_args = 4, value_names = ["URI", "DATABASE", "START_SECS", "EVENTS"])]
     pub child_worker: Option<Vec<String>>,

@@ -35,34 +35,36 @@ impl Counters for MongoStore {
         through: &Token,
         through_time: Option<Timestamp>,
     ) -> StoreResult<ApplyOutcome> {
-        let statements = writes
-            .iter()
-            .map(|w| {
-                let mut filter =
-                    doc! {"_id": w.post.to_bson(), "applied_through": not_gte(through.as_str())};
-                fenced(&mut filter, fence);
-                let inc = increments(w);
-                let mut set = doc! {"applied_through": through.as_str(), "epoch": fence.epoch};
-                match through_time {
-                    Some(t) => set.insert("applied_time", t),
-                    None => set.insert("applied_time", Bson::Null),
-                };
-                for bucket in &w.touched {
-                    set.insert(format!("touched.{bucket}"), through.as_str());
-                }
-                doc! {
-                    "q": filter,
-                    "u": {
-                        "$inc": inc,
-                        "$set": set,
-                        "$setOnInsert": {"base_count": 0_i64, "base_watermark": 0_i64},
-                    },
-                    "upsert": true,
-                }
-            })
-            .collect();
+        let statement = |w: &CounterDelta| {
+            let mut filter =
+                doc! {"_id": w.post.to_bson(), "applied_through": not_gte(through.as_str())};
+            fenced(&mut filter, fence);
+            let inc = increments(w);
+            let mut set = doc! {"applied_through": through.as_str(), "epoch": fence.epoch};
+            match through_time {
+                Some(t) => set.insert("applied_time", t),
+                None => set.insert("applied_time", Bson::Null),
+            };
+            for bucket in &w.touched {
+                set.insert(format!("touched.{bucket}"), through.as_str());
+            }
+            doc! {
+                "q": filter,
+                "u": {
+                    "$inc": inc,
+                    "$set": set,
+                    "$setOnInsert": {"base_count": 0_i64, "base_watermark": 0_i64},
+                },
+                "upsert": true,
+            }
+        };
         let (applied, already_applied) = self
-            .update_many_statements("apply counter increments", &self.names.counters, statements)
+            .update_many_statements(
+                "apply counter increments",
+                &self.names.counters,
+                writes,
+                statement,
+            )
             .await?;
         Ok(ApplyOutcome {
             applied,
@@ -233,26 +235,28 @@ impl Counters for MongoStore {
         chunk: u64,
         writes: &[CounterDelta],
     ) -> StoreResult<ApplyOutcome> {
-        let statements = writes
-            .iter()
-            .map(|w| {
-                let mut filter =
-                    doc! {"_id": w.post.to_bson(), "snapshot_chunk": not_gte(chunk as i64)};
-                fenced(&mut filter, fence);
-                let inc = increments(w);
-                doc! {
-                    "q": filter,
-                    "u": {
-                        "$inc": inc,
-                        "$set": {"snapshot_chunk": chunk as i64, "epoch": fence.epoch},
-                        "$setOnInsert": {"base_count": 0_i64, "base_watermark": 0_i64},
-                    },
-                    "upsert": true,
-                }
-            })
-            .collect();
+        let statement = |w: &CounterDelta| {
+            let mut filter =
+                doc! {"_id": w.post.to_bson(), "snapshot_chunk": not_gte(chunk as i64)};
+            fenced(&mut filter, fence);
+            let inc = increments(w);
+            doc! {
+                "q": filter,
+                "u": {
+                    "$inc": inc,
+                    "$set": {"snapshot_chunk": chunk as i64, "epoch": fence.epoch},
+                    "$setOnInsert": {"base_count": 0_i64, "base_watermark": 0_i64},
+                },
+                "upsert": true,
+            }
+        };
         let (applied, already_applied) = self
-            .update_many_statements("add snapshot counts", &self.names.counters, statements)
+            .update_many_statements(
+                "add snapshot counts",
+                &self.names.counters,
+                writes,
+                statement,
+            )
             .await?;
         Ok(ApplyOutcome {
             applied,

@@ -10,33 +10,30 @@ impl DirtySet for MongoStore {
         marks: &[DirtyMark],
         now: DateTime,
     ) -> StoreResult<()> {
-        let statements = marks
-            .iter()
-            .map(|m| {
-                // Fenced like every worker write: an entry this stream marked under a newer
-                // epoch refuses the write (the upsert then hits the `_id` and is dropped as a
-                // duplicate). An entry of another stream (a changed partitioning) is taken over.
-                let filter = doc! {
-                    "_id": m.post.to_bson(),
-                    "$or": [
-                        {"stream": {"$ne": &fence.stream}},
-                        {"epoch": {"$not": {"$gt": fence.epoch}}},
-                    ],
-                };
-                doc! {
-                    "q": filter,
-                    "u": {
-                        "$inc": {"version": 1_i64},
-                        "$set": {"last_dirty_at": now, "stream": &fence.stream, "epoch": fence.epoch},
-                        "$max": {"newest_bucket": m.newest_bucket},
-                        "$setOnInsert": {"first_dirty_at": now},
-                    },
-                    "upsert": true,
-                }
-            })
-            .collect();
+        let statement = |m: &DirtyMark| {
+            // Fenced like every worker write: an entry this stream marked under a newer
+            // epoch refuses the write (the upsert then hits the `_id` and is dropped as a
+            // duplicate). An entry of another stream (a changed partitioning) is taken over.
+            let filter = doc! {
+                "_id": m.post.to_bson(),
+                "$or": [
+                    {"stream": {"$ne": &fence.stream}},
+                    {"epoch": {"$not": {"$gt": fence.epoch}}},
+                ],
+            };
+            doc! {
+                "q": filter,
+                "u": {
+                    "$inc": {"version": 1_i64},
+                    "$set": {"last_dirty_at": now, "stream": &fence.stream, "epoch": fence.epoch},
+                    "$max": {"newest_bucket": m.newest_bucket},
+                    "$setOnInsert": {"first_dirty_at": now},
+                },
+                "upsert": true,
+            }
+        };
         let (_, duplicates) = self
-            .update_many_statements("mark posts dirty", &self.names.dirty, statements)
+            .update_many_statements("mark posts dirty", &self.names.dirty, marks, statement)
             .await?;
         if duplicates > 0 {
             // Two upserts raced on a new entry (another marker or a reconcile clear), or the

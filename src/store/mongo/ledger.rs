@@ -42,31 +42,30 @@ impl Ledger for MongoStore {
         generation: u64,
     ) -> StoreResult<()> {
         let now = DateTime::now();
-        let statements = updates
-            .iter()
-            .map(|u| {
-                let mut filter = doc! {"_id": u.comment.value.clone(), "applied_through": not_gte(through.as_str())};
-                fenced(&mut filter, fence);
-                let update = match &u.state {
-                    Some(row) => {
-                        let (mut set, unset) = ledger_row_update(row);
-                        set.insert("applied_through", through.as_str());
-                        set.insert("epoch", fence.epoch);
-                        set.insert("generation", generation as i64);
-                        doc! {"$set": set, "$unset": unset}
-                    }
-                    None => doc! {
-                        "$set": {"exists": false, "live": false, "applied_through": through.as_str(), "epoch": fence.epoch, "gone_at": now, "generation": generation as i64},
-                        "$unset": {LEDGER_POST: "", LEDGER_CREATED: "", "deleted": ""},
-                    },
-                };
-                doc! {"q": filter, "u": update, "upsert": true}
-            })
-            .collect();
+        let statement = |u: &LedgerUpdate| {
+            let mut filter =
+                doc! {"_id": u.comment.value.clone(), "applied_through": not_gte(through.as_str())};
+            fenced(&mut filter, fence);
+            let update = match &u.state {
+                Some(row) => {
+                    let (mut set, unset) = ledger_row_update(row);
+                    set.insert("applied_through", through.as_str());
+                    set.insert("epoch", fence.epoch);
+                    set.insert("generation", generation as i64);
+                    doc! {"$set": set, "$unset": unset}
+                }
+                None => doc! {
+                    "$set": {"exists": false, "live": false, "applied_through": through.as_str(), "epoch": fence.epoch, "gone_at": now, "generation": generation as i64},
+                    "$unset": {LEDGER_POST: "", LEDGER_CREATED: "", "deleted": ""},
+                },
+            };
+            doc! {"q": filter, "u": update, "upsert": true}
+        };
         self.update_many_statements(
             "write the comment ledger",
             &self.names.ledger_of(&fence.stream),
-            statements,
+            updates,
+            statement,
         )
         .await?;
         Ok(())
@@ -78,25 +77,23 @@ impl Ledger for MongoStore {
         generation: u64,
         rows: &[(CommentId, Row)],
     ) -> StoreResult<()> {
-        let statements = rows
-            .iter()
-            .map(|(comment, row)| {
-                let (mut set, mut unset) = ledger_row_update(row);
-                set.insert("generation", generation as i64);
-                // Any write of the worker replaces a rebuilt entry.
-                unset.insert("applied_through", "");
-                doc! {
-                    // No entry, or one from before the gap: a duplicate key otherwise (skipped).
-                    "q": {"_id": comment.value.clone(), "generation": not_gte(generation as i64)},
-                    "u": {"$set": set, "$unset": unset},
-                    "upsert": true,
-                }
-            })
-            .collect();
+        let statement = |(comment, row): &(CommentId, Row)| {
+            let (mut set, mut unset) = ledger_row_update(row);
+            set.insert("generation", generation as i64);
+            // Any write of the worker replaces a rebuilt entry.
+            unset.insert("applied_through", "");
+            doc! {
+                // No entry, or one from before the gap: a duplicate key otherwise (skipped).
+                "q": {"_id": comment.value.clone(), "generation": not_gte(generation as i64)},
+                "u": {"$set": set, "$unset": unset},
+                "upsert": true,
+            }
+        };
         self.update_many_statements(
             "rebuild the comment ledger",
             &self.names.ledger_of(stream),
-            statements,
+            rows,
+            statement,
         )
         .await?;
         Ok(())
@@ -108,26 +105,28 @@ impl Ledger for MongoStore {
         claims: &[LedgerUpdate],
         generation: u64,
     ) -> StoreResult<()> {
-        let statements = claims
+        // A claim without a row claims nothing.
+        let claims: Vec<(&CommentId, &Row)> = claims
             .iter()
-            .filter_map(|c| {
-                let row = c.state.as_ref()?;
-                let (mut set, _) = ledger_row_update(row);
-                set.insert("epoch", fence.epoch);
-                set.insert("generation", generation as i64);
-                set.insert("claimed_by_snapshot", true);
-                // Only where no entry exists: `$setOnInsert` leaves any state the stream wrote.
-                Some(doc! {
-                    "q": {"_id": c.comment.value.clone()},
-                    "u": {"$setOnInsert": set},
-                    "upsert": true,
-                })
-            })
+            .filter_map(|c| Some((&c.comment, c.state.as_ref()?)))
             .collect();
+        let statement = |(comment, row): &(&CommentId, &Row)| {
+            let (mut set, _) = ledger_row_update(row);
+            set.insert("epoch", fence.epoch);
+            set.insert("generation", generation as i64);
+            set.insert("claimed_by_snapshot", true);
+            // Only where no entry exists: `$setOnInsert` leaves any state the stream wrote.
+            doc! {
+                "q": {"_id": comment.value.clone()},
+                "u": {"$setOnInsert": set},
+                "upsert": true,
+            }
+        };
         self.update_many_statements(
             "claim ledger entries for the snapshot",
             &self.names.ledger_of(&fence.stream),
-            statements,
+            &claims,
+            statement,
         )
         .await?;
         Ok(())

@@ -325,23 +325,30 @@ impl MongoStore {
         }
     }
 
-    /// Runs one `update` command with many statements, `ordered: false`; returns
-    /// (statements that wrote, statements rejected by a duplicate key).
-    async fn update_many_statements(
+    /// Runs `update` commands of many statements, `ordered: false`, one statement per item;
+    /// returns (statements that wrote, statements rejected by a
+    /// duplicate key). Each command's statements are built just before it is sent, so a large
+    /// batch never holds all of its statements at once.
+    async fn update_many_statements<T, F>(
         &self,
         op: &'static str,
         collection: &str,
-        statements: Vec<Document>,
-    ) -> StoreResult<(u64, u64)> {
+        items: &[T],
+        statement: F,
+    ) -> StoreResult<(u64, u64)>
+    where
+        T: Sync,
+        F: Fn(&T) -> Document + Sync,
+    {
         let mut wrote = 0;
         let mut duplicates = 0;
         // Servers cap a command at maxWriteBatchSize statements (1000 on old ones).
-        for chunk in statements.chunks(1000) {
+        for items in items.chunks(1000) {
+            let chunk: Vec<Document> = items.iter().map(&statement).collect();
+            let sent = chunk.len() as u64;
             let reply = self
                 .db
-                .run_command(
-                    doc! {"update": collection, "updates": chunk.to_vec(), "ordered": false},
-                )
+                .run_command(doc! {"update": collection, "updates": chunk, "ordered": false})
                 .await
                 .map_err(|e| map_err(op, e))?;
             let errors = reply.get_array("writeErrors").cloned().unwrap_or_default();
@@ -368,7 +375,7 @@ impl MongoStore {
                     message: format!("write concern error: {wce}"),
                 });
             }
-            wrote += chunk.len() as u64 - errors.len() as u64;
+            wrote += sent - errors.len() as u64;
         }
         Ok((wrote, duplicates))
     }
