@@ -78,16 +78,17 @@ impl<S: Store + ?Sized> Worker<S> {
     }
 
     /// Classifies one batch and applies it (or, below the high water, only marks it dirty).
-    /// Returns the ledger states it wrote.
+    /// Returns the ledger states it wrote. The events are dropped once planned: only the plan
+    /// is held while it is written (memory per event in flight).
     pub(super) async fn apply(
         &self,
         fence: &Fence,
         checkpoint: &mut Checkpoint,
-        events: &[ChangeEvent],
+        events: Vec<ChangeEvent>,
         prefetched: Option<Prefetched>,
     ) -> Result<Vec<LedgerUpdate>, SessionError> {
         let mut ledger = if self.settings.attribution.uses_ledger() {
-            self.batch_ledger(&fence.stream, checkpoint, events, prefetched)
+            self.batch_ledger(&fence.stream, checkpoint, &events, prefetched)
                 .await?
         } else {
             Default::default()
@@ -107,7 +108,7 @@ impl<S: Store + ?Sized> Worker<S> {
             Coverage::Partial
         };
         let (mut plan, ended) = plan_batch_covering(
-            events,
+            &events,
             &ledger,
             coverage,
             self.settings.attribution,
@@ -130,12 +131,22 @@ impl<S: Store + ?Sized> Worker<S> {
             }
         }
         let (bad, unattributable) = (plan.bad_events(), plan.unattributable_events());
-        let mut written = Vec::new();
+        let skipped: Vec<SkippedReport> = plan
+            .skipped
+            .iter()
+            .map(|s| SkippedReport::of(s, &events, &self.settings.schema))
+            .collect();
         // The batch's guard token: its last event before any stream end.
-        if let Some(last) = plan.events.checked_sub(1).map(|i| &events[i]) {
+        let last = plan
+            .events
+            .checked_sub(1)
+            .map(|i| (events[i].token.clone(), events[i].cluster_time));
+        drop((events, ledger));
+        let mut written = Vec::new();
+        if let Some((end, end_time)) = last {
             let batch = PendingBatch {
-                end: last.token.clone(),
-                end_time: last.cluster_time,
+                end,
+                end_time,
                 counters: plan.counters,
                 ledger: plan.ledger,
                 dirty: plan.dirty,
@@ -171,20 +182,17 @@ impl<S: Store + ?Sized> Worker<S> {
             metrics::counter!(m::EVENTS_APPLIED, "stream" => stream.clone())
                 .increment(plan.events as u64);
             metrics::counter!(m::BAD_EVENTS, "stream" => stream.clone()).increment(bad as u64);
-            for skipped in &plan.skipped {
-                log_skipped(&fence.stream, &self.settings.schema, skipped, events);
+            for report in &skipped {
+                report.log(&fence.stream);
             }
             self.status
                 .events_applied
                 .fetch_add(plan.events as i64, Ordering::Relaxed);
             let now = crate::time::secs(self.clock.now());
-            let lag = last
-                .cluster_time
-                .map(|t| (now - t.time as i64).max(0))
-                .unwrap_or(0);
+            let lag = end_time.map(|t| (now - t.time as i64).max(0)).unwrap_or(0);
             self.status.lag_secs.store(lag, Ordering::Relaxed);
             self.status.progressed();
-            if let Some(t) = last.cluster_time {
+            if let Some(t) = end_time {
                 self.status
                     .applied_until_secs
                     .fetch_max(t.time as i64, Ordering::Relaxed);
@@ -248,36 +256,59 @@ impl<S: Store + ?Sized> Worker<S> {
     }
 }
 
-/// Logs an event that was not counted, naming its comment and post where the event has them.
-fn log_skipped(
-    stream: &str,
-    schema: &crate::schema::Schema,
-    skipped: &crate::batch::Skipped,
-    events: &[ChangeEvent],
-) {
-    let event = events.iter().find(|e| e.token == skipped.token);
-    let comment = event
-        .and_then(|e| e.comment.as_ref())
-        .map(|c| c.key.clone())
-        .unwrap_or_else(|| "unknown".into());
-    let post = event
-        .and_then(|e| {
-            [
-                e.full_document.as_ref(),
-                e.pre_image.as_ref(),
-                Some(&e.document_key),
-            ]
-            .into_iter()
-            .flatten()
-            .find_map(|d| schema.post_in(d))
-        })
-        .map(|p| p.to_string())
-        .unwrap_or_else(|| "unknown".into());
-    let kind = match &skipped.problem {
-        crate::classify::Problem::Bad(_) => "bad",
-        crate::classify::Problem::Unattributable(_) => "unattributable",
-    };
-    let problem = &skipped.problem;
-    tracing::warn!(%stream, %comment, %post, token = %skipped.token, kind, %problem,
-        "event not counted; its known posts are marked dirty and recounted");
+/// An event that was not counted, with its comment and post where the event names them (taken
+/// before the events are dropped, logged after the batch's writes).
+struct SkippedReport {
+    token: crate::event::Token,
+    comment: String,
+    post: String,
+    problem: crate::classify::Problem,
+}
+
+impl SkippedReport {
+    fn of(
+        skipped: &crate::batch::Skipped,
+        events: &[ChangeEvent],
+        schema: &crate::schema::Schema,
+    ) -> SkippedReport {
+        let event = events.iter().find(|e| e.token == skipped.token);
+        let comment = event
+            .and_then(|e| e.comment.as_ref())
+            .map(|c| c.key.clone())
+            .unwrap_or_else(|| "unknown".into());
+        let post = event
+            .and_then(|e| {
+                [
+                    e.full_document.as_ref(),
+                    e.pre_image.as_ref(),
+                    Some(&e.document_key),
+                ]
+                .into_iter()
+                .flatten()
+                .find_map(|d| schema.post_in(d))
+            })
+            .map(|p| p.to_string())
+            .unwrap_or_else(|| "unknown".into());
+        SkippedReport {
+            token: skipped.token.clone(),
+            comment,
+            post,
+            problem: skipped.problem.clone(),
+        }
+    }
+
+    fn log(&self, stream: &str) {
+        let kind = match &self.problem {
+            crate::classify::Problem::Bad(_) => "bad",
+            crate::classify::Problem::Unattributable(_) => "unattributable",
+        };
+        let SkippedReport {
+            token,
+            comment,
+            post,
+            problem,
+        } = self;
+        tracing::warn!(%stream, %comment, %post, %token, kind, %problem,
+            "event not counted; its known posts are marked dirty and recounted");
+    }
 }

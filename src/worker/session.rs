@@ -275,10 +275,8 @@ impl<S: Store + ?Sized> Worker<S> {
                 };
                 Ok::<_, StoreError>((got, events, ledger))
             };
-            let (applied, read) = tokio::join!(
-                self.apply(fence, checkpoint, &batch, prefetched),
-                read_ahead
-            );
+            let (applied, read) =
+                tokio::join!(self.apply(fence, checkpoint, batch, prefetched), read_ahead);
             let written = applied?;
             let (got, events, ledger) = read?;
             self.take_in(checkpoint, pending, asked, got, events)?;
@@ -287,7 +285,7 @@ impl<S: Store + ?Sized> Worker<S> {
                 ledger
             });
         } else {
-            self.apply(fence, checkpoint, &batch, prefetched).await?;
+            self.apply(fence, checkpoint, batch, prefetched).await?;
         }
         pending.applied_since_drained = true;
         Ok(false)
