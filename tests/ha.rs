@@ -227,6 +227,27 @@ async fn four_partitions_shared_by_two_processes_stay_exact() {
         .unwrap();
     let part = counterd::partition::Partition { index: 1, count: 4 };
     assert!(!dirty.is_empty() && dirty.iter().all(|d| part.owns(&d.post)));
+    // The ledger is divided (the initial snapshot made it complete): a partition's entries
+    // show rows of its own posts only, and the four together hold one entry per comment plus
+    // at most one "not here" per move (40), not four per comment.
+    let mut entries = 0;
+    for index in 0..4 {
+        let part = counterd::partition::Partition { index, count: 4 };
+        let ledger = t
+            .db
+            .collection::<mongodb::bson::Document>(&format!("counterd_comment_state_p{index}of4"));
+        let mut cursor = ledger.find(doc! {}).await.unwrap();
+        while let Some(entry) = futures::TryStreamExt::try_next(&mut cursor).await.unwrap() {
+            entries += 1;
+            if let Some(post) = entry.get("post_id").and_then(PostId::from_bson) {
+                assert!(part.owns(&post), "partition {index} holds {entry}");
+            }
+        }
+    }
+    assert!(
+        (120..=160).contains(&entries),
+        "{entries} ledger entries for 120 comments and 40 moves"
+    );
 }
 
 #[tokio::test]
