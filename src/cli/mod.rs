@@ -167,8 +167,6 @@ pub async fn connect(settings: &Settings) -> anyhow::Result<Arc<MongoStore>> {
     Ok(Arc::new(store))
 }
 
-/// Each post's displayed value beside its true count, compared consistently with the stream of
-/// the partition that owns it (a post with a change in flight has no `truth`).
 /// Whether the initial snapshot of any of the configured streams is still running (counts are
 /// not comparable until it is done).
 pub async fn snapshot_running(settings: &Settings, store: &MongoStore) -> anyhow::Result<bool> {
@@ -183,6 +181,27 @@ pub async fn snapshot_running(settings: &Settings, store: &MongoStore) -> anyhow
     Ok(false)
 }
 
+/// Renews `fence`'s lease for `owner` for a full `lease_ttl`: false if another worker took the
+/// stream meanwhile (a one-shot command that writes for a stream checks this before each write).
+pub async fn still_ours(
+    store: &MongoStore,
+    settings: &Settings,
+    fence: &crate::store::Fence,
+    owner: &str,
+) -> crate::store::StoreResult<bool> {
+    crate::store::Leases::renew_lease(
+        store,
+        &fence.stream,
+        owner,
+        fence.epoch,
+        settings.lease_ttl,
+        bson::DateTime::now(),
+    )
+    .await
+}
+
+/// Each post's displayed value beside its true count, compared consistently with the stream of
+/// the partition that owns it (a post with a change in flight has no `truth`).
 pub async fn observe(
     settings: &Settings,
     store: &Arc<MongoStore>,

@@ -153,16 +153,7 @@ async fn take(
         .await?;
     loop {
         let step = snapshotter.step(&mut checkpoint).await?;
-        let renewed = store
-            .renew_lease(
-                &fence.stream,
-                owner,
-                fence.epoch,
-                settings.lease_ttl,
-                DateTime::now(),
-            )
-            .await?;
-        if !renewed {
+        if !crate::cli::still_ours(store, settings, fence, owner).await? {
             return Err(CheckFailed(format!(
                 "lost the lease of stream `{}` to another worker; it resumes the snapshot from its last chunk",
                 fence.stream

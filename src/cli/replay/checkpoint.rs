@@ -3,8 +3,6 @@
 
 use std::sync::Arc;
 
-use bson::DateTime;
-
 use crate::cli::exit::CheckFailed;
 use crate::config::Settings;
 use crate::store::mongo::MongoStore;
@@ -50,16 +48,7 @@ pub(super) async fn move_stream(
             counters: b.counters.len(),
         });
     // A full lease for the move itself, and proof that nobody took the stream meanwhile.
-    let still_ours = store
-        .renew_lease(
-            &fence.stream,
-            owner,
-            fence.epoch,
-            settings.lease_ttl,
-            DateTime::now(),
-        )
-        .await?;
-    if !still_ours {
+    if !crate::cli::still_ours(store, settings, fence, owner).await? {
         return Err(CheckFailed(format!(
             "{}: another worker took the lease while the batch left in flight was re-applied; nothing was moved, run replay again",
             context("lost the lease")
