@@ -93,16 +93,14 @@ impl<S: Store + ?Sized> Worker<S> {
         } else {
             Default::default()
         };
+        let complete = checkpoint.ledger_complete();
         // The ledger is divided between partitions only where it is complete: elsewhere a
         // comment without an entry is unknown, not "not here" (see `crate::partition`).
-        let divided = self
-            .settings
-            .partition
-            .filter(|_| checkpoint.ledger_complete());
+        let divided = self.settings.partition.filter(|_| complete);
         if let Some(partition) = divided {
             partition.own_view(&mut ledger);
         }
-        let coverage = if checkpoint.ledger_complete() {
+        let coverage = if complete {
             Coverage::Complete
         } else {
             Coverage::Partial

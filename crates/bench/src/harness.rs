@@ -185,33 +185,49 @@ impl Running {
 
     /// Waits until the worker's stream is open (its start pinned, any initial snapshot done
     /// or under way).
-    pub async fn wait_open(&self, within: Duration) -> anyhow::Result<()> {
-        let deadline = Instant::now() + within;
-        while !self.status.stream_open.load(Ordering::Relaxed) {
-            if self.handle.is_finished() || Instant::now() > deadline {
-                bail!("the worker's stream did not open within {within:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        Ok(())
+    pub async fn wait_open(&mut self, within: Duration) -> anyhow::Result<()> {
+        self.wait_until(
+            within,
+            |s| s.stream_open.load(Ordering::Relaxed),
+            |_| "its stream to open".into(),
+        )
+        .await
     }
 
-    /// Waits until `n` events are applied; fails if the worker stops or `within` passes.
+    /// Waits until `n` events are applied.
     pub async fn wait_applied(&mut self, n: i64, within: Duration) -> anyhow::Result<()> {
+        self.wait_until(
+            within,
+            |s| s.events_applied.load(Ordering::Relaxed) >= n,
+            |s| {
+                format!(
+                    "{n} events ({} applied)",
+                    s.events_applied.load(Ordering::Relaxed)
+                )
+            },
+        )
+        .await
+    }
+
+    /// Polls the worker's status until `done` holds; fails, naming what it waited for
+    /// (`waited_for`, with the progress so far), if the worker stops or `within` passes.
+    async fn wait_until(
+        &mut self,
+        within: Duration,
+        done: impl Fn(&WorkerStatus) -> bool,
+        waited_for: impl Fn(&WorkerStatus) -> String,
+    ) -> anyhow::Result<()> {
         let deadline = Instant::now() + within;
-        while self.applied() < n {
+        while !done(&self.status) {
             if self.handle.is_finished() {
                 let result = (&mut self.handle).await?;
                 bail!(
-                    "the worker stopped after {} of {n} events: {result:?}",
-                    self.applied()
+                    "the worker stopped while waiting for {}: {result:?}",
+                    waited_for(&self.status)
                 );
             }
             if Instant::now() > deadline {
-                bail!(
-                    "the worker applied only {} of {n} events within {within:?}",
-                    self.applied()
-                );
+                bail!("waited {within:?} for {}", waited_for(&self.status));
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
         }

@@ -64,7 +64,7 @@ pub async fn partitions_phase(
             Running::spawn(store.clone(), settings)
         })
         .collect();
-    for worker in &workers {
+    for worker in &mut workers {
         worker.wait_open(phase_timeout(0)).await?;
     }
     let before = store.counts();
