@@ -44,7 +44,6 @@ fn post(i: usize) -> PostId {
 async fn populated(name: &str) -> TestDb {
     let t = TestDb::new(name).await;
     let worker = t.spawn_worker(t.worker_settings()).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
     for i in 0..9 {
         t.insert_comment(format!("c{i}"), &post(i % 3), now_secs() - 3600)
             .await;
@@ -627,5 +626,74 @@ async fn verify_finds_posts_with_comments_but_no_counter() {
             mismatches[0]["true_count"].as_i64()
         ),
         (Some(0), Some(4))
+    );
+}
+
+/// A batch's counters, ledger entries and dirty marks are written side by side: between its
+/// counter write and its dirty marks, a post shows the batch's change but is not in the dirty
+/// set yet. `get`, `dirty` and `status` read the batch's recorded intent and call the post
+/// dirty all the same, never clean.
+#[tokio::test]
+async fn a_dirty_mark_still_in_flight_is_reported_not_hidden() {
+    let t = populated("marking").await;
+    // populated() leaves post-0..2 dirty; post-7 has no entry. Record a batch that marks it,
+    // as a worker does before its writes, and stop there (as if its writes were on the wire).
+    let fence = counterd::store::Fence {
+        stream: "comments".into(),
+        epoch: t
+            .store
+            .load_checkpoint("comments")
+            .await
+            .unwrap()
+            .unwrap()
+            .epoch,
+    };
+    let batch = counterd::store::PendingBatch {
+        end: counterd::event::Token("ffffffffffffffff".into()),
+        end_time: None,
+        counters: vec![],
+        ledger: vec![],
+        dirty: vec![counterd::batch::DirtyMark::settled(post(7))],
+    };
+    t.store.record_intent(&fence, &batch).await.unwrap();
+
+    let g = json(&counterd(&t, &["get", "post-7", "--json"]));
+    assert_eq!(
+        (g["dirty"].as_bool(), g["dirty_mark_in_flight"].as_bool()),
+        (Some(true), Some(true)),
+        "{g}"
+    );
+    let text = stdout(&counterd(&t, &["get", "post-7"]));
+    assert!(
+        text.contains("dirty           yes (its mark is being written"),
+        "{text}"
+    );
+    // A post already in the dirty set is plainly dirty.
+    let g = json(&counterd(&t, &["get", "post-1", "--json"]));
+    assert_eq!(
+        (g["dirty"].as_bool(), g["dirty_mark_in_flight"].as_bool()),
+        (Some(true), Some(false)),
+        "{g}"
+    );
+
+    let d = json(&counterd(&t, &["dirty", "--json"]));
+    assert_eq!(
+        (d["size"].as_i64(), d["marks_in_flight"].clone()),
+        (Some(3), serde_json::json!(["post-7"])),
+        "{d}"
+    );
+    let text = stdout(&counterd(&t, &["dirty"]));
+    assert!(
+        text.contains("3 dirty posts")
+            && text.contains("1 more being marked by the batch in flight"),
+        "{text}"
+    );
+
+    let s = json(&counterd(&t, &["status", "--json"]));
+    assert_eq!(s["dirty_marks_in_flight"].as_i64(), Some(1), "{s}");
+    let text = stdout(&counterd(&t, &["status"]));
+    assert!(
+        text.contains("and 1 more being marked by the batch in flight"),
+        "{text}"
     );
 }

@@ -381,7 +381,6 @@ async fn a_corrupt_checkpoint_is_a_clear_startup_error() {
         .await
         .unwrap();
     let worker = t.spawn_worker(t.worker_settings()).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
     t.insert_comment("x", &post(0), now_secs()).await;
     t.wait_exact(&[post(0)], Duration::from_secs(20)).await;
     worker.shutdown().await.unwrap();
@@ -417,12 +416,20 @@ async fn history_lost_follows_the_policy() {
         "{err}"
     );
     let worker = t.spawn_worker(t.worker_settings()).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let c = t.store.load_checkpoint("comments").await.unwrap().unwrap();
-    assert!(
-        c.sweep_requested && !c.gaps.is_empty(),
-        "resweep records the gap: {c:?}"
-    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let c = t.store.load_checkpoint("comments").await.unwrap();
+        if c.as_ref()
+            .is_some_and(|c| c.sweep_requested && !c.gaps.is_empty())
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "resweep records the gap: {c:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     worker.shutdown().await.unwrap();
 }
 

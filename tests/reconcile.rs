@@ -41,7 +41,6 @@ fn reconciler_on<S: Store>(store: Arc<S>) -> Reconciler<S> {
 /// Rows an hour old (below any watermark), applied by a worker, then the worker stopped.
 async fn settled_posts(t: &TestDb, posts: usize, per_post: usize) -> Vec<PostId> {
     let worker = t.spawn_worker(t.worker_settings()).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
     let old = now_secs() - 3600;
     let mut n = 0;
     for p in 0..posts {
@@ -212,7 +211,6 @@ async fn writers_racing_reconcile_lose_no_increment() {
     let t = TestDb::new("racing").await;
     let posts: Vec<PostId> = (0..5).map(post).collect();
     let worker = t.spawn_worker(t.worker_settings()).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
     let rec = Arc::new(reconciler(&t));
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     let loop_rec = rec.clone();
@@ -243,10 +241,15 @@ async fn writers_racing_reconcile_lose_no_increment() {
     let _ = stop.send(true);
     let runs = reconciles.await.unwrap();
     assert!(runs >= 2, "reconcile ran during the writes ({runs} runs)");
-    // Writers stopped: the worker catches up, then one more run completes.
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    rec.run_dirty(now_secs()).await.unwrap();
+    // Writers stopped: the worker catches up (exact and settled), then one more run completes
+    // and must leave every counter exact.
     t.wait_exact(&posts, Duration::from_secs(20)).await;
+    rec.run_dirty(now_secs()).await.unwrap();
+    assert_eq!(
+        t.mismatches(&posts).await,
+        vec![],
+        "a reconcile broke a counter"
+    );
     worker.shutdown().await.unwrap();
 }
 

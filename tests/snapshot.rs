@@ -350,7 +350,6 @@ async fn counterd_snapshot_takes_it_by_hand_and_refuses_a_stream_that_already_co
             ..other.worker_settings()
         })
         .await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
     other
         .comments
         .insert_one(doc! {"_id": 1_i64, "post_id": 1_i64, "created_at": DateTime::now()})

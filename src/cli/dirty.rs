@@ -30,19 +30,29 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     };
     let summary = store.dirty_summary().await?;
     let entries = store.dirty_list(None, order, args.limit).await?;
+    // Posts a batch in flight is marking: not in the backlog yet, but not clean either.
+    let marking = crate::cli::marks_in_flight(&settings, &store).await?;
     if args.json {
         print_json(
-            &serde_json::json!({"size": summary.size, "oldest": summary.oldest.map(rfc3339), "entries": entries}),
+            &serde_json::json!({"size": summary.size, "oldest": summary.oldest.map(rfc3339), "entries": entries, "marks_in_flight": marking.iter().map(|p| p.to_string()).collect::<Vec<_>>()}),
         )?;
         return Ok(ExitCode::SUCCESS);
     }
     outln!(
-        "{} dirty posts{}",
+        "{} dirty posts{}{}",
         summary.size,
         summary
             .oldest
             .map(|t| format!(", oldest {}s ago", age_secs(t)))
-            .unwrap_or_default()
+            .unwrap_or_default(),
+        if marking.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; {} more being marked by the batch in flight",
+                marking.len()
+            )
+        }
     );
     if !entries.is_empty() {
         outln!(

@@ -30,6 +30,12 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         .await?
         .into_iter()
         .any(|d| d.post == post);
+    // A batch whose dirty mark for this post is still being written: dirty all the same.
+    let marking = !dirty
+        && crate::cli::marks_in_flight(&settings, &store)
+            .await?
+            .contains(&post);
+    let dirty = dirty || marking;
     let snapshotting = crate::cli::snapshot_running(&settings, &store).await?;
     let state = &counter.state;
     let value = serde_json::json!({
@@ -40,6 +46,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         "in_flight": observation.truth.is_none() && !snapshotting,
         "snapshot_running": snapshotting,
         "dirty": dirty,
+        "dirty_mark_in_flight": marking,
         "count": counter.count,
         "base_count": state.base_count,
         "base_watermark": state.base_watermark,
@@ -74,7 +81,9 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
             if dirty { "; the post is dirty" } else { " when it next recounts this post" }
         ),
     }
-    if dirty {
+    if marking {
+        outln!("dirty           yes (its mark is being written with the batch in flight)");
+    } else if dirty {
         outln!("dirty           yes (waiting for a recount)");
     }
     outln!("base watermark  {}", state.base_watermark);

@@ -200,6 +200,27 @@ pub async fn still_ours(
     .await
 }
 
+/// Posts whose dirty marks are still being written: a batch's counters, ledger entries and
+/// dirty marks go out side by side (the checkpoint after all three), so a counter can already
+/// show a batch's change while its post is not in the dirty set yet. Until the checkpoint moves,
+/// the batch's intent (the checkpoint's `pending`) names those posts; reporting them keeps `get`,
+/// `dirty` and `status` from calling a post clean that is about to be marked.
+pub async fn marks_in_flight(
+    settings: &Settings,
+    store: &MongoStore,
+) -> crate::store::StoreResult<std::collections::BTreeSet<crate::event::PostId>> {
+    let mut posts = std::collections::BTreeSet::new();
+    for (stream, _) in crate::partition::stream_names(&settings.stream_name, settings.partitions) {
+        if let Some(pending) = crate::store::Checkpoints::load_checkpoint(store, &stream)
+            .await?
+            .and_then(|c| c.pending)
+        {
+            posts.extend(pending.dirty.into_iter().map(|m| m.post));
+        }
+    }
+    Ok(posts)
+}
+
 /// Each post's displayed value beside its true count, compared consistently with the stream of
 /// the partition that owns it (a post with a change in flight has no `truth`).
 pub async fn observe(

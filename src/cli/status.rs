@@ -52,6 +52,8 @@ struct Status {
     database: String,
     streams: Vec<StreamStatus>,
     dirty: DirtySummary,
+    /// Posts a batch in flight is marking dirty (not in `dirty` yet; see `marks_in_flight`).
+    dirty_marks_in_flight: usize,
     dirty_oldest_age_seconds: Option<i64>,
     /// The newest reconcile runs (of any process), newest first.
     recent_reconciles: Vec<RunSummary>,
@@ -157,6 +159,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         database: settings.database.clone(),
         streams,
         dirty_oldest_age_seconds: dirty.oldest.map(age_secs),
+        dirty_marks_in_flight: crate::cli::marks_in_flight(&settings, &store).await?.len(),
         dirty,
         recent_reconciles: store.recent_runs(RECENT_RUNS).await?,
         last_correction: store.last_correcting_run().await?,
@@ -214,12 +217,13 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         }
     }
     outln!(
-        "dirty backlog     {} posts, oldest {}",
+        "dirty backlog     {} posts, oldest {}{}",
         status.dirty.size,
         status
             .dirty_oldest_age_seconds
             .map(|s| format!("{s}s ago"))
-            .unwrap_or_else(|| "-".into())
+            .unwrap_or_else(|| "-".into()),
+        in_flight_note(status.dirty_marks_in_flight)
     );
     if status.recent_reconciles.is_empty() {
         outln!("last reconcile    never");
@@ -237,6 +241,15 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         None => outln!("last correction   none recorded (runs are kept 30 days)"),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The part of the backlog line for marks a batch in flight is still writing.
+fn in_flight_note(marks: usize) -> String {
+    if marks == 0 {
+        String::new()
+    } else {
+        format!(", and {marks} more being marked by the batch in flight")
+    }
 }
 
 /// One reconcile run on one line.

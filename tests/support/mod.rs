@@ -131,19 +131,39 @@ impl TestDb {
         out
     }
 
-    /// Waits until every post's counter equals the truth, or panics with the mismatches.
+    /// Waits until every post's counter equals the truth *and* the batch that made it so has
+    /// landed whole, or panics with the mismatches.
+    ///
+    /// A batch's counters, ledger entries and dirty marks are written side by side and the
+    /// checkpoint after all three, so a counter can be exact while its post's dirty mark is
+    /// still on the wire. Reading the counters first and then finding no batch in flight (no
+    /// checkpoint with a `pending` intent) proves the batch that made them exact is complete:
+    /// its intent was recorded before its counter writes and is cleared only after its marks.
     pub async fn wait_exact(&self, posts: &[PostId], within: Duration) {
         let deadline = Instant::now() + within;
         loop {
             let bad = self.mismatches(posts).await;
-            if bad.is_empty() {
+            let in_flight = self.batches_in_flight().await;
+            if bad.is_empty() && in_flight == 0 {
                 return;
             }
             if Instant::now() > deadline {
-                panic!("counters not exact after {within:?}: (post, displayed, truth) {bad:?}");
+                panic!(
+                    "counters not exact and settled after {within:?}: (post, displayed, truth) {bad:?}, batches in flight: {in_flight}"
+                );
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// Streams (of any partition) with a batch whose intent is recorded and whose writes may
+    /// not all have landed.
+    pub async fn batches_in_flight(&self) -> u64 {
+        self.db
+            .collection::<Document>("counterd_checkpoints")
+            .count_documents(doc! {"pending": {"$exists": true, "$ne": null}})
+            .await
+            .unwrap()
     }
 
     /// Waits until the worker of stream `comments` has checkpointed everything it applied and
@@ -203,10 +223,11 @@ impl TestDb {
         let handle =
             tokio::spawn(async move { worker.run(0, rx).await.map_err(|e| e.to_string()) });
         let deadline = Instant::now() + Duration::from_secs(20);
-        while !status.stream_open.load(Ordering::Relaxed)
-            && !handle.is_finished()
-            && Instant::now() < deadline
-        {
+        while !status.stream_open.load(Ordering::Relaxed) && !handle.is_finished() {
+            assert!(
+                Instant::now() < deadline,
+                "the worker neither opened its stream nor stopped within 20 s"
+            );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         RunningWorker {
