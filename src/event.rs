@@ -47,11 +47,24 @@ impl fmt::Display for Token {
 
 /// A post's identity. Applications use strings, integers or ObjectIds; anything else in
 /// `post_id` is bad input.
+///
+/// Integers follow MongoDB's equality: `8` (int32), `NumberLong(8)` and `8.0` (a double) are one
+/// post to MongoDB's queries and unique indexes, and Node.js drivers store every integer beyond
+/// 2^31 as a double, so an integral double is the integer it equals. A fractional double (or
+/// one beyond i64) matches no integer and is bad input, as arrays and documents are.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum PostId {
     Int(i64),
     Str(String),
     Oid(ObjectId),
+}
+
+/// The integer a double equals exactly, if any (MongoDB compares numbers by value).
+fn integral(d: f64) -> Option<i64> {
+    // 2^63 is exactly representable; every double strictly inside (-2^63, 2^63) with no
+    // fraction converts to i64 without loss. -2^63 itself is i64::MIN.
+    const LIMIT: f64 = 9_223_372_036_854_775_808.0;
+    (d.is_finite() && d.fract() == 0.0 && (-LIMIT..LIMIT).contains(&d)).then_some(d as i64)
 }
 
 impl PostId {
@@ -60,6 +73,7 @@ impl PostId {
         match value {
             Bson::Int32(i) => Some(PostId::Int(*i as i64)),
             Bson::Int64(i) => Some(PostId::Int(*i)),
+            Bson::Double(d) => integral(*d).map(PostId::Int),
             Bson::String(s) => Some(PostId::Str(s.clone())),
             Bson::ObjectId(o) => Some(PostId::Oid(*o)),
             _ => None,
@@ -341,4 +355,43 @@ fn update_summary(doc: &Document, document_key: &Document) -> Option<UpdateSumma
         removed,
         complete: false,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integers_of_every_numeric_type_are_one_post() {
+        let eight = Some(PostId::Int(8));
+        assert_eq!(PostId::from_bson(&Bson::Int32(8)), eight);
+        assert_eq!(PostId::from_bson(&Bson::Int64(8)), eight);
+        assert_eq!(PostId::from_bson(&Bson::Double(8.0)), eight);
+        assert_eq!(PostId::from_bson(&Bson::Double(-0.0)), Some(PostId::Int(0)));
+        // Node.js stores integers beyond 2^31 as doubles.
+        let big = 3_000_000_000_i64;
+        assert_eq!(
+            PostId::from_bson(&Bson::Double(big as f64)),
+            Some(PostId::Int(big))
+        );
+        assert_eq!(
+            PostId::from_bson(&Bson::Double(-9_223_372_036_854_775_808.0)),
+            Some(PostId::Int(i64::MIN))
+        );
+    }
+
+    #[test]
+    fn doubles_that_equal_no_integer_are_not_posts() {
+        for d in [
+            1.5,
+            -0.25,
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            9_223_372_036_854_775_808.0,
+            1e300,
+        ] {
+            assert_eq!(PostId::from_bson(&Bson::Double(d)), None, "{d}");
+        }
+    }
 }

@@ -15,7 +15,7 @@ pub(super) fn later_types(post: &PostId) -> Vec<&'static str> {
 /// one type).
 pub(super) fn after_filter(field: &str, after: Option<&PostId>) -> Document {
     match after {
-        None => doc! {field: {"$type": ["int", "long", "string", "objectId"]}},
+        None => doc! {field: {"$type": ["int", "long", "double", "string", "objectId"]}},
         Some(post) => {
             let mut or = vec![Bson::Document(doc! {field: {"$gt": post.to_bson()}})];
             for t in later_types(post) {

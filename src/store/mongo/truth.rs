@@ -134,10 +134,11 @@ impl MongoStore {
     /// The rows of `post` that count: the group field names it and the soft-delete rule does
     /// not say the row is deleted (the schema's definition, as the worker applies it).
     pub(super) fn live(&self, post: &PostId) -> Document {
-        // Exactly the post ids the worker reads (`PostId::from_bson`): equality alone would
-        // also match the double 8.0 for 8, and an array holding the value.
+        // Exactly the post ids the worker reads (`PostId::from_bson`): an integer matches the
+        // numbers equal to it (8, NumberLong(8), 8.0, as MongoDB's equality does), never an
+        // array holding the value or the string "8".
         let types = match post {
-            PostId::Int(_) => vec!["int", "long"],
+            PostId::Int(_) => vec!["int", "long", "double"],
             PostId::Str(_) => vec!["string"],
             PostId::Oid(_) => vec!["objectId"],
         };
