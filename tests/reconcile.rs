@@ -141,7 +141,7 @@ async fn only_dirty_posts_are_counted() {
     // The rows predate the worker, which takes no initial snapshot here: it never sees them,
     // and the recount installs them. (A stream started "now" on the fake server also delivers
     // the events of the current second: start in the next one.)
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    support::next_second().await;
     let settings = WorkerSettings {
         snapshot: counterd::snapshot::SnapshotSettings {
             initial: counterd::snapshot::InitialSnapshot::Never,

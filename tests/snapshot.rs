@@ -50,7 +50,7 @@ async fn seed(t: &TestDb) {
     }
     // A stream started now on the fake server also delivers the current second's events:
     // start in a later one, so the stream sees none of the seed and the snapshot counts it all.
-    tokio::time::sleep(Duration::from_millis(2100)).await;
+    support::next_second().await;
 }
 
 /// Changes pre-existing and new comments until `stop`: soft deletes, undeletes, moves, hard
@@ -303,7 +303,7 @@ async fn counterd_snapshot_takes_it_by_hand_and_refuses_a_stream_that_already_co
             .await
             .unwrap();
     }
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    support::next_second().await;
     let all: Vec<PostId> = (0..30).map(post).collect();
     let o = counterd(&t, &["snapshot"]);
     assert!(o.status.success(), "{}", text(&o));

@@ -366,7 +366,7 @@ async fn a_hot_post_collapses_into_few_counter_writes() {
 async fn a_successor_resumes_where_a_worker_without_checkpoint_started() {
     let t = TestDb::new("pinned").await;
     // (The pinned start is a whole second, inclusive: let the harness's own writes age out.)
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    support::next_second().await;
     // The first worker opens the stream (pinning "now") and stops before any event arrives.
     let first = t.spawn_worker(t.worker_settings()).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
@@ -389,12 +389,12 @@ async fn a_successor_resumes_where_a_worker_without_checkpoint_started() {
     );
     // Events while nobody runs; then a successor: it starts at the pinned position, not at its
     // own "now", so these are counted.
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    support::next_second().await;
     for i in 0..5 {
         t.insert_comment(format!("p{i}"), &post(0), now_secs())
             .await;
     }
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    support::next_second().await;
     let second = t.spawn_worker(t.worker_settings()).await;
     t.wait_exact(&[post(0)], Duration::from_secs(20)).await;
     assert_eq!(t.displayed(&post(0)).await, 5);

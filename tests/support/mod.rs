@@ -276,6 +276,16 @@ pub fn skip(test: &str, reason: &str) {
     eprintln!("SKIPPED {test}: {reason}");
 }
 
+/// Waits until the wall clock (which the fake server's cluster time follows, in whole seconds)
+/// is in a later second than now: a stream started after this sees none of the writes made
+/// before it, even on a server whose "start now" includes the current second's events.
+pub async fn next_second() {
+    let now = now_secs();
+    while now_secs() <= now {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 pub fn now_secs() -> i64 {
     chrono::Utc::now().timestamp()
 }
