@@ -22,6 +22,7 @@ pub mod batch;
 pub mod classify;
 pub mod cli;
 pub mod clock;
+pub mod condition;
 pub mod config;
 pub mod daemon;
 pub mod deployment;
