@@ -25,6 +25,7 @@ pub mod clock;
 pub mod config;
 pub mod daemon;
 pub mod deployment;
+pub mod doctor;
 pub mod event;
 pub mod fold;
 pub mod http;

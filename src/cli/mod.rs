@@ -3,6 +3,7 @@
 mod config;
 mod demo;
 mod dirty;
+mod doctor;
 pub mod exit;
 mod get;
 pub mod output;
@@ -77,6 +78,10 @@ pub enum Command {
     /// Print the effective settings (password redacted) and where each came from; with
     /// --check, only validate them (nothing is contacted).
     Config(config::Args),
+    /// Check the set-up before and after deploying: server version, replica set, privileges,
+    /// the recount index, pre-images, snapshot reads, the configured fields in a sample of rows,
+    /// clock skew. One line per finding with its fix; exits 1 on any problem.
+    Doctor(doctor::Args),
     /// The demo: a throwaway database, the worker, a load generator and a live view.
     Demo(demo::Args),
 }
@@ -150,6 +155,7 @@ pub async fn main(cli: Cli) -> ExitCode {
         Command::Snapshot(args) => snapshot::run(settings, args).await,
         Command::Get(args) => get::run(settings, args).await,
         Command::Verify(args) => verify::run(settings, args).await,
+        Command::Doctor(args) => doctor::run(settings, args).await,
         Command::Demo(args) => demo::run(settings, args).await,
     };
     match result {
