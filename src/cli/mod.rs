@@ -42,9 +42,6 @@ pub struct Cli {
     /// Database holding `comments` (overrides database).
     #[arg(long, global = true)]
     pub database: Option<String>,
-    /// Address of /metrics, /healthz, /readyz (overrides http_addr).
-    #[arg(long, global = true)]
-    pub http_addr: Option<String>,
     /// Log JSON lines instead of human-readable text.
     #[arg(long, global = true)]
     pub log_json: bool,
@@ -100,10 +97,15 @@ impl Cli {
             value: value.into(),
             origin: format!("flag {flag}"),
         };
+        // Flags of one subcommand that override a setting (only `run` serves HTTP).
+        let http_addr = match &self.command {
+            Command::Run(args) => args.http_addr.clone(),
+            _ => None,
+        };
         for (name, flag, value) in [
             ("mongodb_uri", "--mongodb-uri", &self.mongodb_uri),
             ("database", "--database", &self.database),
-            ("http_addr", "--http-addr", &self.http_addr),
+            ("http_addr", "--http-addr", &http_addr),
         ] {
             if let Some(v) = value {
                 overrides.push(named(name, flag, v));
