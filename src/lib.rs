@@ -26,6 +26,7 @@ pub mod condition;
 pub mod config;
 pub mod daemon;
 pub mod deployment;
+pub mod doctor;
 pub mod event;
 pub mod fold;
 pub mod http;

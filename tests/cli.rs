@@ -330,6 +330,7 @@ fn every_subcommand_explains_itself() {
         "get",
         "verify",
         "config",
+        "doctor",
         "demo",
     ] {
         let o = Command::new(env!("CARGO_BIN_EXE_counterd"))
@@ -341,6 +342,12 @@ fn every_subcommand_explains_itself() {
         assert!(
             text.lines().count() >= 5 && text.contains("Usage: counterd"),
             "{sub}: {text}"
+        );
+        // Flags only where they mean something: only `run` serves HTTP.
+        assert_eq!(
+            text.contains("--http-addr"),
+            sub == "run",
+            "{sub} --help and --http-addr: {text}"
         );
     }
 }
@@ -583,6 +590,51 @@ fn config_prints_the_effective_settings_and_where_they_came_from() {
         err.contains("batch_size") && err.contains("(from flag --set)"),
         "{err}"
     );
+}
+
+#[test]
+fn config_counts_settings_that_differ_from_their_default_and_spells_values_as_the_example() {
+    // A file that spells out a default gives a setting, but does not change it.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("c.toml");
+    std::fs::write(&file, "lease_ttl = \"10s\"\nbatch_size = 7\n").unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_counterd"))
+        .args(["--config", file.to_str().unwrap(), "config", "--check"])
+        .env_remove("COUNTERD_CONFIG")
+        .output()
+        .unwrap();
+    let text = stdout(&o);
+    assert!(
+        text.contains(", 2 given, 1 not at their default;"),
+        "{text}"
+    );
+    // `counterd config` with nothing given prints every value as counterd.example.toml
+    // spells it (a duration written one way there and printed another confuses).
+    let o = Command::new(env!("CARGO_BIN_EXE_counterd"))
+        .arg("config")
+        .env_remove("COUNTERD_CONFIG")
+        .output()
+        .unwrap();
+    let printed: Vec<String> = stdout(&o)
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| l.split("  #").next().unwrap().to_string())
+        .collect();
+    let example = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("counterd.example.toml"),
+    )
+    .unwrap();
+    let example: Vec<&str> = example
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .collect();
+    for line in &printed {
+        assert!(
+            example.contains(&line.as_str()),
+            "`counterd config` prints `{line}`, which counterd.example.toml does not spell so"
+        );
+    }
+    assert!(printed.len() >= 40, "{printed:?}");
 }
 
 #[test]

@@ -9,7 +9,10 @@
 //!   the commands written in alert descriptions and deploy/README.md) parses with clap;
 //! - every metric used by the alert rules and the Grafana dashboard is one counterd exports;
 //! - every HTTP path probed or scraped is one counterd routes;
-//! - the Deployment turns Kubernetes service links off, and runs the image's non-root user;
+//! - the sidecar never takes its app down: liveness on /healthz, no readiness gate, and the
+//!   pod's scrape annotations left to the app (counterd's port is found by name); the
+//!   standalone Deployment has two replicas and a disruption budget that selects them;
+//! - every Deployment turns Kubernetes service links off, and runs the image's non-root user;
 //! - counterd.example.toml lists exactly the settings, with their defaults.
 
 use std::collections::BTreeSet;
@@ -60,8 +63,29 @@ fn strings(v: Option<&Value>) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The Kubernetes examples: the sidecar and the standalone Deployment.
+const MANIFESTS: [&str; 2] = [
+    "deploy/kubernetes/deployment.yaml",
+    "deploy/kubernetes/standalone.yaml",
+];
+
 fn deployment() -> Vec<Value> {
-    yaml_docs("deploy/kubernetes/deployment.yaml")
+    yaml_docs(MANIFESTS[0])
+}
+
+fn standalone() -> Vec<Value> {
+    yaml_docs(MANIFESTS[1])
+}
+
+fn of_kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    docs.iter()
+        .filter(|d| str_at(d, "kind") == Some(kind))
+        .collect()
+}
+
+/// The pod template of a manifest's Deployment.
+fn pod(docs: &[Value]) -> &Value {
+    &of_kind(docs, "Deployment").first().expect("a Deployment")["spec"]["template"]
 }
 
 /// The counterd containers of the Kubernetes example.
@@ -127,21 +151,25 @@ fn load_like(env: &[(String, Option<String>)], file: Option<&str>) -> Result<Set
 
 #[test]
 fn every_counterd_variable_is_a_setting_and_each_container_loads() {
-    let docs = deployment();
-    let configmap = docs
-        .iter()
-        .find(|d| str_at(d, "kind") == Some("ConfigMap"))
-        .and_then(|d| str_at(d.get("data")?, "counterd.toml"))
-        .expect("the ConfigMap holds counterd.toml");
-    let containers = k8s_containers(&docs);
-    assert!(
-        !containers.is_empty(),
-        "a counterd container in kubernetes/"
-    );
-    for c in containers {
-        let env = env_of(c, &docs);
-        assert!(env.iter().any(|(k, _)| k == "COUNTERD_CONFIG"));
-        load_like(&env, Some(configmap)).unwrap_or_else(|e| panic!("kubernetes/: {e}"));
+    for manifest in MANIFESTS {
+        let docs = yaml_docs(manifest);
+        let configmap = docs
+            .iter()
+            .find(|d| str_at(d, "kind") == Some("ConfigMap"))
+            .and_then(|d| str_at(d.get("data")?, "counterd.toml"))
+            .expect("the ConfigMap holds counterd.toml");
+        let containers = k8s_containers(&docs);
+        assert!(!containers.is_empty(), "a counterd container in {manifest}");
+        for c in containers {
+            let env = env_of(c, &docs);
+            assert!(env.iter().any(|(k, _)| k == "COUNTERD_CONFIG"));
+            let settings =
+                load_like(&env, Some(configmap)).unwrap_or_else(|e| panic!("{manifest}: {e}"));
+            assert!(
+                !settings.mongodb_uri.contains("directConnection"),
+                "{manifest}: a production URI without directConnection (it defeats failover)"
+            );
+        }
     }
     let compose = &yaml_docs("deploy/compose.yaml")[0];
     let service = &compose["services"]["counterd"];
@@ -212,10 +240,17 @@ fn every_counterd_command_line_parses() {
             seen += 1;
         }
     }
-    for c in k8s_containers(&deployment()) {
-        let args = strings(c.get("args"));
-        assert_parses("kubernetes args", &[vec!["counterd".into()], args].concat());
-        seen += 1;
+    for c in MANIFESTS
+        .iter()
+        .flat_map(|m| yaml_docs(m))
+        .collect::<Vec<_>>()
+        .iter()
+    {
+        for c in k8s_containers(std::slice::from_ref(c)) {
+            let args = strings(c.get("args"));
+            assert_parses("kubernetes args", &[vec!["counterd".into()], args].concat());
+            seen += 1;
+        }
     }
     let compose = &yaml_docs("deploy/compose.yaml")[0]["services"]["counterd"];
     let command = [vec!["counterd".into()], strings(compose.get("command"))].concat();
@@ -315,36 +350,7 @@ fn rules_and_dashboard_use_exported_metrics() {
 #[test]
 fn probes_and_scrapes_use_routed_paths_and_the_pod_is_safe() {
     let routed = counterd::http::ROUTES;
-    let docs = deployment();
-    let mut paths: Vec<String> = docs
-        .iter()
-        .flat_map(nodes)
-        .filter_map(|n| str_at(n.get("httpGet")?, "path").map(String::from))
-        .collect();
-    let pod = docs
-        .iter()
-        .find(|d| str_at(d, "kind") == Some("Deployment"))
-        .map(|d| &d["spec"]["template"])
-        .expect("a Deployment");
-    paths.extend(str_at(&pod["metadata"]["annotations"], "prometheus.io/path").map(String::from));
-    let compose = &yaml_docs("deploy/compose.yaml")[0];
-    for word in strings(compose["services"]["counterd"]["healthcheck"].get("test")) {
-        if let Some((_, rest)) = word.split_once("GET ") {
-            paths.extend(rest.split_whitespace().next().map(String::from));
-        }
-    }
-    assert!(paths.len() >= 4, "probes found: {paths:?}");
-    for p in &paths {
-        assert!(
-            routed.contains(&p.as_str()),
-            "{p} is not served by counterd"
-        );
-    }
-    assert_eq!(
-        pod["spec"]["enableServiceLinks"].as_bool(),
-        Some(false),
-        "a Service named counterd would inject COUNTERD_PORT=tcp://… into the pod"
-    );
+    let mut paths: Vec<String> = Vec::new();
     let user = read("deploy/Dockerfile")
         .lines()
         .find_map(|l| {
@@ -352,16 +358,143 @@ fn probes_and_scrapes_use_routed_paths_and_the_pod_is_safe() {
                 .map(|u| u.split(':').next().unwrap().to_string())
         })
         .expect("USER in the Dockerfile");
-    for c in k8s_containers(&docs) {
-        let uid = c["securityContext"]["runAsUser"]
-            .as_u64()
-            .map(|u| u.to_string());
+    for manifest in MANIFESTS {
+        let docs = yaml_docs(manifest);
+        paths.extend(
+            docs.iter()
+                .flat_map(nodes)
+                .filter_map(|n| str_at(n.get("httpGet")?, "path").map(String::from)),
+        );
+        let pod = pod(&docs);
         assert_eq!(
-            uid.as_deref(),
-            Some(user.as_str()),
-            "runAsUser is the image's USER"
+            pod["spec"]["enableServiceLinks"].as_bool(),
+            Some(false),
+            "{manifest}: a Service named counterd would inject COUNTERD_PORT=tcp://… into the pod"
+        );
+        for c in k8s_containers(&docs) {
+            let uid = c["securityContext"]["runAsUser"]
+                .as_u64()
+                .map(|u| u.to_string());
+            assert_eq!(
+                uid.as_deref(),
+                Some(user.as_str()),
+                "{manifest}: runAsUser is the image's USER"
+            );
+            assert_eq!(
+                str_at(&c["livenessProbe"]["httpGet"], "path"),
+                Some("/healthz"),
+                "{manifest}: liveness asks only whether the process serves HTTP"
+            );
+        }
+    }
+    // The standalone pod is counterd's own: its annotations name counterd's port and path.
+    let standalone = standalone();
+    let own = &pod(&standalone)["metadata"]["annotations"];
+    paths.extend(str_at(own, "prometheus.io/path").map(String::from));
+    // The Prometheus job finds counterd by its port's name, with a routed path.
+    let prometheus = &yaml_docs("deploy/prometheus/prometheus.yaml")[0];
+    let job = prometheus["scrape_configs"]
+        .as_sequence()
+        .and_then(|jobs| {
+            jobs.iter()
+                .find(|j| str_at(j, "job_name") == Some("counterd"))
+        })
+        .expect("a counterd scrape job");
+    paths.extend(str_at(job, "metrics_path").map(String::from));
+    let keep = job["relabel_configs"]
+        .as_sequence()
+        .and_then(|r| {
+            r.iter().find(|r| {
+                str_at(r, "action") == Some("keep")
+                    && strings(r.get("source_labels"))
+                        == ["__meta_kubernetes_pod_container_port_name"]
+            })
+        })
+        .and_then(|r| str_at(r, "regex"))
+        .expect("the job keeps a container port by name");
+    for manifest in MANIFESTS {
+        for c in k8s_containers(&yaml_docs(manifest)) {
+            let names: Vec<&str> = c["ports"]
+                .as_sequence()
+                .into_iter()
+                .flatten()
+                .filter_map(|p| str_at(p, "name"))
+                .collect();
+            assert!(
+                names.contains(&keep),
+                "{manifest}: the counterd job keeps port {keep}, the container names {names:?}"
+            );
+        }
+    }
+    for rules in strings(prometheus.get("rule_files")) {
+        assert!(
+            path("deploy/prometheus").join(&rules).is_file(),
+            "prometheus.yaml loads {rules}, which is not in deploy/prometheus/"
         );
     }
+    let compose = &yaml_docs("deploy/compose.yaml")[0];
+    for word in strings(compose["services"]["counterd"]["healthcheck"].get("test")) {
+        if let Some((_, rest)) = word.split_once("GET ") {
+            paths.extend(rest.split_whitespace().next().map(String::from));
+        }
+    }
+    assert!(paths.len() >= 6, "probes found: {paths:?}");
+    for p in &paths {
+        assert!(
+            routed.contains(&p.as_str()),
+            "{p} is not served by counterd"
+        );
+    }
+}
+
+#[test]
+fn the_sidecar_never_takes_its_app_down() {
+    let docs = deployment();
+    for c in k8s_containers(&docs) {
+        assert!(
+            c.get("readinessProbe").is_none() && c.get("startupProbe").is_none(),
+            "the sidecar's readiness is its pod's: no readiness gate (lag is an alert)"
+        );
+    }
+    // The pod's prometheus.io/* annotations are the app's: they do not name counterd's port.
+    let counterd_ports: Vec<String> = k8s_containers(&docs)
+        .iter()
+        .flat_map(|c| c["ports"].as_sequence().into_iter().flatten())
+        .filter_map(|p| p["containerPort"].as_u64().map(|n| n.to_string()))
+        .collect();
+    let annotations = &pod(&docs)["metadata"]["annotations"];
+    if let Some(port) = str_at(annotations, "prometheus.io/port") {
+        assert!(
+            !counterd_ports.iter().any(|p| p == port),
+            "prometheus.io/port {port} is counterd's: the app's own scrape would be replaced"
+        );
+    }
+}
+
+#[test]
+fn the_standalone_deployment_keeps_one_replica_through_disruptions() {
+    let docs = standalone();
+    let deployment = of_kind(&docs, "Deployment")[0];
+    assert_eq!(
+        deployment["spec"]["replicas"].as_u64(),
+        Some(2),
+        "active + standby"
+    );
+    let labels = &deployment["spec"]["template"]["metadata"]["labels"];
+    let pdbs = of_kind(&docs, "PodDisruptionBudget");
+    assert_eq!(pdbs.len(), 1, "a PodDisruptionBudget");
+    let selector = &pdbs[0]["spec"]["selector"]["matchLabels"];
+    let selects = selector.as_mapping().is_some_and(|m| {
+        !m.is_empty()
+            && m.iter()
+                .all(|(k, v)| labels.get(k.as_str().unwrap()) == Some(v))
+    });
+    assert!(selects, "the budget selects the Deployment's pods");
+    assert_eq!(
+        pdbs[0]["spec"]["maxUnavailable"].as_u64(),
+        Some(1),
+        "evictions one at a time"
+    );
 }
 
 #[test]

@@ -25,22 +25,33 @@ pub async fn run(loaded: Loaded, args: Args) -> anyhow::Result<ExitCode> {
         toml::Value::Table(t) => t,
         _ => anyhow::bail!("settings do not serialize to a table"),
     };
-    let changed = loaded
+    // Given (in the file, the environment or a flag) is not the same as changed: a file that
+    // spells out defaults gives settings that still equal them.
+    let defaults = match toml::Value::try_from(crate::config::Settings::default().redacted())? {
+        toml::Value::Table(t) => t,
+        _ => anyhow::bail!("settings do not serialize to a table"),
+    };
+    let given = loaded
         .origins
         .values()
         .filter(|o| o.as_str() != "default")
+        .count();
+    let changed = table
+        .iter()
+        .filter(|(name, value)| defaults.get(name.as_str()) != Some(value))
         .count();
     if args.check {
         if args.json {
             print_json(&object(vec![
                 ("valid", true.into()),
                 ("settings", table.len().into()),
+                ("given", given.into()),
                 ("not_default", changed.into()),
                 ("ignored_environment", loaded.ignored_env.clone().into()),
             ]))?;
         } else {
             outln!(
-                "configuration OK: {} settings, {changed} not at their default; nothing was contacted",
+                "configuration OK: {} settings, {given} given, {changed} not at their default; nothing was contacted",
                 table.len()
             );
             for variable in &loaded.ignored_env {

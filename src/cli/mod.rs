@@ -3,6 +3,7 @@
 mod config;
 mod demo;
 mod dirty;
+mod doctor;
 pub mod exit;
 mod get;
 pub mod output;
@@ -41,9 +42,6 @@ pub struct Cli {
     /// Database holding `comments` (overrides database).
     #[arg(long, global = true)]
     pub database: Option<String>,
-    /// Address of /metrics, /healthz, /readyz (overrides http_addr).
-    #[arg(long, global = true)]
-    pub http_addr: Option<String>,
     /// Log JSON lines instead of human-readable text.
     #[arg(long, global = true)]
     pub log_json: bool,
@@ -77,6 +75,10 @@ pub enum Command {
     /// Print the effective settings (password redacted) and where each came from; with
     /// --check, only validate them (nothing is contacted).
     Config(config::Args),
+    /// Check the set-up before and after deploying: server version, replica set, privileges,
+    /// the recount index, pre-images, snapshot reads, the configured fields in a sample of rows,
+    /// clock skew. One line per finding with its fix; exits 1 on any problem.
+    Doctor(doctor::Args),
     /// The demo: a throwaway database, the worker, a load generator and a live view.
     Demo(demo::Args),
 }
@@ -95,10 +97,15 @@ impl Cli {
             value: value.into(),
             origin: format!("flag {flag}"),
         };
+        // Flags of one subcommand that override a setting (only `run` serves HTTP).
+        let http_addr = match &self.command {
+            Command::Run(args) => args.http_addr.clone(),
+            _ => None,
+        };
         for (name, flag, value) in [
             ("mongodb_uri", "--mongodb-uri", &self.mongodb_uri),
             ("database", "--database", &self.database),
-            ("http_addr", "--http-addr", &self.http_addr),
+            ("http_addr", "--http-addr", &http_addr),
         ] {
             if let Some(v) = value {
                 overrides.push(named(name, flag, v));
@@ -150,6 +157,7 @@ pub async fn main(cli: Cli) -> ExitCode {
         Command::Snapshot(args) => snapshot::run(settings, args).await,
         Command::Get(args) => get::run(settings, args).await,
         Command::Verify(args) => verify::run(settings, args).await,
+        Command::Doctor(args) => doctor::run(settings, args).await,
         Command::Demo(args) => demo::run(settings, args).await,
     };
     match result {

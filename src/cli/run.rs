@@ -6,7 +6,11 @@ use crate::config::Settings;
 use crate::daemon;
 
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Address of /metrics, /healthz, /readyz (overrides http_addr).
+    #[arg(long)]
+    pub http_addr: Option<String>,
+}
 
 pub async fn run(settings: Settings, _args: Args) -> anyhow::Result<ExitCode> {
     match daemon::run(settings, daemon::shutdown_on_signals()).await {

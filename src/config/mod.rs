@@ -146,7 +146,7 @@ pub struct Settings {
 impl Default for Settings {
     fn default() -> Self {
         Settings {
-            mongodb_uri: "mongodb://127.0.0.1:27017/?directConnection=true".into(),
+            mongodb_uri: "mongodb://127.0.0.1:27017/".into(),
             database: "app".into(),
             comments_collection: "comments".into(),
             counters_collection: "comment_counters".into(),

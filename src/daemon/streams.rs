@@ -42,6 +42,13 @@ pub async fn run_streams(
     let abilities = store.abilities().await.map_err(DaemonError::Startup)?;
     tracing::info!(mongodb = %crate::config::redact_uri(&settings.mongodb_uri), version = %abilities.version,
         pre_images = abilities.pre_images, partitions = settings.partitions, "connected");
+    // The doctor's checks, logged: a missing recount index or a misspelled field is a warning
+    // at start, never silent (none of them stops the process: `counterd doctor` exits on them).
+    let findings = crate::doctor::check_all(
+        &store.preflight(100).await,
+        &crate::doctor::Expectations::from(&settings),
+    );
+    crate::doctor::log(&findings);
     let store = Arc::new(store);
     let owner = match settings.owner_id.as_str() {
         "" => default_owner(),

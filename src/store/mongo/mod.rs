@@ -17,6 +17,7 @@ mod documents;
 mod errors;
 mod leases;
 mod ledger;
+mod preflight;
 mod run_history;
 mod stream;
 mod truth;
@@ -79,7 +80,7 @@ impl Collections {
     }
 
     /// The ledger collection of a stream: partitions (`<base>/pNofM`) keep their own.
-    fn ledger_of(&self, stream: &str) -> String {
+    pub fn ledger_of(&self, stream: &str) -> String {
         match stream.split_once('/') {
             Some((_, partition)) => format!("{}_{partition}", self.ledger),
             None => self.ledger.clone(),

@@ -1,0 +1,211 @@
+//! The privileges counterd needs, as data, and whether the connected user holds them.
+//!
+//! Least privilege rather than `readWrite` on the application's database: counterd reads the
+//! application's `comments` (find, change stream) and writes only its own collections. The list
+//! is derived from the settings (collection names, partitions' ledgers), so the role printed by
+//! [`create_role_command`] (and shown in README.md, which a test compares) and the check below
+//! cannot disagree with what counterd does.
+
+use bson::{Bson, Document};
+
+use super::{db_expr, js_string, Expectations, Finding, Reply};
+
+/// Actions on one collection of the configured database (`""`: the database itself).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Privilege {
+    pub collection: String,
+    pub actions: Vec<&'static str>,
+}
+
+/// What counterd does with each collection:
+/// - `comments`: `find` (recounts, the initial snapshot, sweeps, the doctor's sample),
+///   `changeStream` (the worker), `listIndexes` (the doctor's recount-index check);
+/// - the database: `listCollections` (whether pre-images are on);
+/// - each of its own collections: `find`, `insert`, `update`, `remove` (dirty entries are
+///   deleted when folded) and `createIndex` (TTL and `{count: -1}` indexes at start).
+///
+/// Optional, never required: `replSetGetConfig` and `serverStatus` on the cluster (a stronger
+/// deployment identity for lost-history detection; without them the replica set's name is used).
+pub fn required_privileges(expect: &Expectations) -> Vec<Privilege> {
+    let mut out = vec![
+        Privilege {
+            collection: expect.comments.clone(),
+            actions: vec!["find", "changeStream", "listIndexes"],
+        },
+        Privilege {
+            collection: String::new(),
+            actions: vec!["listCollections"],
+        },
+    ];
+    for own in &expect.own_collections {
+        out.push(Privilege {
+            collection: own.clone(),
+            actions: vec!["find", "insert", "update", "remove", "createIndex"],
+        });
+    }
+    out
+}
+
+/// The privileges as mongosh's `privileges: [...]` array, one per line.
+fn privileges_js(database: &str, privileges: &[Privilege], indent: &str) -> String {
+    let lines: Vec<String> = privileges
+        .iter()
+        .map(|p| {
+            let actions: Vec<String> = p.actions.iter().map(|a| js_string(a)).collect();
+            format!(
+                "{indent}{{resource: {{db: {}, collection: {}}}, actions: [{}]}}",
+                js_string(database),
+                js_string(&p.collection),
+                actions.join(", ")
+            )
+        })
+        .collect();
+    lines.join(",\n")
+}
+
+/// The mongosh command that creates counterd's role (in `admin`) for these settings.
+pub fn create_role_command(expect: &Expectations) -> String {
+    format!(
+        "db.getSiblingDB(\"admin\").createRole({{\n  role: \"counterd\",\n  privileges: [\n{}\n  ],\n  roles: []\n}})",
+        privileges_js(&expect.database, &required_privileges(expect), "    ")
+    )
+}
+
+/// Whether a `connectionStatus` privilege's resource covers `collection` of `database`.
+fn covers(resource: &Document, database: &str, collection: &str) -> bool {
+    if resource.get_bool("anyResource") == Ok(true) {
+        return true;
+    }
+    let (Ok(db), Ok(coll)) = (resource.get_str("db"), resource.get_str("collection")) else {
+        return false;
+    };
+    let db_ok = db.is_empty() || db == database;
+    // `collection: ""` covers every collection of the database but not the database itself;
+    // database-level actions (listCollections) are granted on {db, collection: ""}.
+    let coll_ok = coll == collection || (coll.is_empty() && !collection.starts_with("system."));
+    db_ok && coll_ok
+}
+
+/// The user's privileges against [`required_privileges`].
+pub fn check(connection_status: &Reply, expect: &Expectations) -> Finding {
+    const CHECK: &str = "privileges";
+    let status = match connection_status {
+        Ok(s) => s,
+        Err(e) => {
+            return Finding::skipped(
+                CHECK,
+                format!("the server does not answer connectionStatus ({e})"),
+            )
+        }
+    };
+    let auth = status.get_document("authInfo").cloned().unwrap_or_default();
+    let users: Vec<String> = auth
+        .get_array("authenticatedUsers")
+        .map(|a| {
+            a.iter()
+                .filter_map(Bson::as_document)
+                .map(|u| {
+                    format!(
+                        "{}@{}",
+                        u.get_str("user").unwrap_or("?"),
+                        u.get_str("db").unwrap_or("?")
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    if users.is_empty() {
+        return Finding::skipped(
+            CHECK,
+            "no authenticated user (access control is off, or the URI has no credentials): every action is allowed",
+        );
+    }
+    let Ok(granted) = auth.get_array("authenticatedUserPrivileges") else {
+        return Finding::skipped(
+            CHECK,
+            format!(
+                "authenticated as {}, but the server lists no privileges",
+                users.join(", ")
+            ),
+        );
+    };
+    let granted: Vec<(&Document, Vec<&str>)> = granted
+        .iter()
+        .filter_map(Bson::as_document)
+        .filter_map(|p| {
+            let resource = p.get_document("resource").ok()?;
+            let actions = p
+                .get_array("actions")
+                .ok()?
+                .iter()
+                .filter_map(Bson::as_str)
+                .collect();
+            Some((resource, actions))
+        })
+        .collect();
+    let mut missing = Vec::new();
+    for need in required_privileges(expect) {
+        let lacking: Vec<&'static str> = need
+            .actions
+            .iter()
+            .copied()
+            .filter(|action| {
+                !granted.iter().any(|(resource, actions)| {
+                    actions.contains(action) && covers(resource, &expect.database, &need.collection)
+                })
+            })
+            .collect();
+        if !lacking.is_empty() {
+            missing.push(Privilege {
+                collection: need.collection,
+                actions: lacking,
+            });
+        }
+    }
+    if missing.is_empty() {
+        return Finding::ok(
+            CHECK,
+            format!("{} holds every privilege counterd needs", users.join(", ")),
+        );
+    }
+    let described: Vec<String> = missing
+        .iter()
+        .map(|p| {
+            let on = if p.collection.is_empty() {
+                format!("database {}", expect.database)
+            } else {
+                format!("{}.{}", expect.database, p.collection)
+            };
+            format!("{} on {on}", p.actions.join(","))
+        })
+        .collect();
+    Finding::problem(
+        CHECK,
+        format!("{} lacks {}", users.join(", "), described.join("; ")),
+        format!(
+            "{}.grantPrivilegesToRole(\"counterd\", [{}]) (with the role of README \"Prerequisites\"; {} names its database)",
+            db_expr("admin"),
+            privileges_js(&expect.database, &missing, "").replace('\n', " "),
+            js_string(&expect.database)
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::doc;
+
+    #[test]
+    fn resources() {
+        let r = |db: &str, coll: &str| doc! {"db": db, "collection": coll};
+        assert!(covers(&r("app", "comments"), "app", "comments"));
+        assert!(covers(&r("app", ""), "app", "comments"));
+        assert!(covers(&r("", ""), "app", "comments"));
+        assert!(covers(&r("", "comments"), "app", "comments"));
+        assert!(!covers(&r("other", ""), "app", "comments"));
+        assert!(!covers(&r("app", "posts"), "app", "comments"));
+        assert!(!covers(&doc! {"cluster": true}, "app", "comments"));
+        assert!(covers(&doc! {"anyResource": true}, "app", "comments"));
+    }
+}
