@@ -98,7 +98,10 @@ pub fn readiness(
         .iter()
         .any(|s| !s.connected.load(Ordering::Relaxed))
     {
-        return (unready, "not connected to MongoDB yet\n".into());
+        return (
+            unready,
+            "not connected to MongoDB yet, or still preparing it (start-up retries show in counterd_retries_total)\n".into(),
+        );
     }
     let max_stall = bounds.max_stall.as_secs_f64();
     let active: Vec<&&Arc<WorkerStatus>> = statuses

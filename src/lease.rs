@@ -114,6 +114,9 @@ where
                     Ok(Some(epoch)) => break (epoch, slot),
                     Ok(None) => status.reached(),
                     Err(e) => {
+                        // Retried at the next look (every `renew`, jittered), at start-up as
+                        // later: a transient error or not, standing by is always safe.
+                        metrics::counter!(m::RETRIES, "op" => "lease").increment(1);
                         tracing::warn!(stream = %settings.stream, error = %e, "cannot reach the lease; staying on standby")
                     }
                 }
@@ -136,7 +139,11 @@ where
         match store.adopt_checkpoint(&fence).await {
             Ok(()) => {}
             Err(StoreError::Fenced { .. }) => continue,
-            Err(e) if e.is_transient() => continue,
+            Err(e) if e.is_transient() => {
+                metrics::counter!(m::RETRIES, "op" => "lease").increment(1);
+                tracing::warn!(stream = %settings.stream, error = %e, "cannot fence the checkpoint at the new epoch; trying again");
+                continue;
+            }
             Err(source) => {
                 return Err(LeaseError::TakeOver {
                     stream: settings.stream.clone(),

@@ -3,11 +3,12 @@
 //! `counterd demo` start it; the other commands borrow its settings mapping.
 //!
 //! - `settings`: each component's settings (and defaults) from the configuration;
-//! - `connect`: waiting for an unreachable server at startup;
+//! - `startup`: start-up steps that ride through transient errors (an unreachable server, a
+//!   lost reply while creating indexes) and stop only on errors no retry mends;
 //! - `streams`: the supervisor of the streams (partitions) of the process.
 
-mod connect;
 mod settings;
+mod startup;
 mod streams;
 
 use crate::config::Settings;
@@ -16,7 +17,7 @@ use crate::shutdown::{Shutdown, ShutdownTrigger};
 use crate::store::StoreError;
 use crate::worker::WorkerError;
 
-pub use connect::connect_patiently;
+pub use startup::{connect_patiently, patiently, step};
 pub use streams::{run_streams, statuses_for};
 
 /// Why the daemon stopped.

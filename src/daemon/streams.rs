@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use tokio::sync::Semaphore;
 
-use super::{connect_patiently, DaemonError};
+use super::{connect_patiently, patiently, step, DaemonError};
 use crate::config::Settings;
 use crate::lease::{default_owner, hold, LeaseError, LeaseSettings};
 use crate::reconcile::{run_loop, ReconcileSettings, Reconciler};
@@ -22,24 +22,34 @@ pub fn statuses_for(settings: &Settings) -> Vec<Arc<WorkerStatus>> {
         .collect()
 }
 
-/// Connects (retrying while the server is unreachable), then, for each stream, holds its lease
-/// and runs its worker and reconciler. The first fatal error stops every stream of the process.
+/// Connects and prepares the database (retrying transient errors), then, for each stream,
+/// holds its lease and runs its worker and reconciler. The first fatal error stops every
+/// stream of the process.
 pub async fn run_streams(
     settings: Settings,
     statuses: Vec<Arc<WorkerStatus>>,
     shutdown: Shutdown,
 ) -> Result<(), DaemonError> {
+    // Each start-up step rides through transient errors (`/readyz` stays unready meanwhile);
+    // `None`: shutdown was requested before it succeeded.
     let Some(store) = connect_patiently(&settings, &shutdown)
         .await
         .map_err(DaemonError::Startup)?
     else {
         return Ok(());
     };
-    store
-        .ensure_indexes_with(settings.count_index)
-        .await
-        .map_err(DaemonError::Startup)?;
-    let abilities = store.abilities().await.map_err(DaemonError::Startup)?;
+    let indexes = patiently(step::CREATE_INDEXES, &settings, &shutdown, || {
+        store.ensure_indexes_with(settings.count_index)
+    });
+    if indexes.await.map_err(DaemonError::Startup)?.is_none() {
+        return Ok(());
+    }
+    let abilities = patiently(step::SERVER_ABILITIES, &settings, &shutdown, || {
+        store.abilities()
+    });
+    let Some(abilities) = abilities.await.map_err(DaemonError::Startup)? else {
+        return Ok(());
+    };
     tracing::info!(mongodb = %crate::config::redact_uri(&settings.mongodb_uri), version = %abilities.version,
         pre_images = abilities.pre_images, partitions = settings.partitions, "connected");
     // The doctor's checks, logged: a missing recount index or a misspelled field is a warning

@@ -148,11 +148,12 @@ impl<S: Store + ?Sized> Worker<S> {
             stream: self.settings.stream.clone(),
             epoch,
         };
-        // A malformed checkpoint is a startup error, never silently replaced.
-        self.store
-            .load_checkpoint(&fence.stream)
-            .await
-            .map_err(WorkerError::Startup)?;
+        // A malformed checkpoint is a startup error, never silently replaced. A transient error
+        // is not: the session loads the checkpoint again, and retries like any other step.
+        match self.store.load_checkpoint(&fence.stream).await {
+            Err(e) if !e.is_transient() => return Err(WorkerError::Startup(e)),
+            _ => {}
+        }
         let mut backoff = self.backoff();
         loop {
             if shutdown.requested() {

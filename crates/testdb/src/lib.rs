@@ -17,6 +17,9 @@
 //! applies the rest of the filter to the one document found, as MongoDB does; the stock server
 //! scans the whole collection for any filter beyond exactly `{_id}`. [`FAKE_ID_INDEX_VAR`]`=0`
 //! turns that off (`tests/testdb_index.rs` compares the two).
+//!
+//! [`proxy::FaultProxy`] stands between a client and a server to inject network faults (resets,
+//! lost replies, latency, stalls) at chosen requests.
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -24,6 +27,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use mongodb::bson::doc;
+
+pub mod proxy;
+pub use proxy::{FaultProxy, FaultStats, Target};
 
 /// Which kind of server a [`TestServer`] is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

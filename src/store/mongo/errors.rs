@@ -36,6 +36,19 @@ pub(super) fn error_code(e: &DriverError) -> Option<i32> {
     }
 }
 
+/// Server error codes that no retry mends when connecting: `Unauthorized` (13),
+/// `AuthenticationFailed` (18), and Atlas's `AtlasError` for a refused login (8000).
+const REFUSED_LOGIN_CODES: [i32; 3] = [13, 18, 8000];
+
+/// Whether a failed first contact may succeed later (the server is down, starting, electing,
+/// or the network lost a reply), rather than never (credentials refused, a bad option).
+pub(super) fn unreachable_for_now(e: &DriverError) -> bool {
+    match e.kind.as_ref() {
+        ErrorKind::Authentication { .. } | ErrorKind::InvalidArgument { .. } => false,
+        _ => !error_code(e).is_some_and(|c| REFUSED_LOGIN_CODES.contains(&c)),
+    }
+}
+
 /// Sorts a driver error into what the caller should do.
 pub(crate) fn map_err(op: &'static str, e: DriverError) -> StoreError {
     let transient_kind = matches!(
@@ -73,5 +86,17 @@ pub(super) fn stream_err(e: DriverError, resumed_after: Option<&Token>) -> Store
             source: Box::new(e),
         },
         _ => map_err("read the change stream", e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lost_reply_at_first_contact_is_worth_waiting_for() {
+        let reset = DriverError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert!(unreachable_for_now(&reset));
+        assert!(map_err("create indexes", reset).is_transient());
     }
 }

@@ -168,7 +168,7 @@ impl MongoStore {
             .await
             .map_err(|e| StoreError::Driver {
                 op: "connect",
-                transient: true,
+                transient: unreachable_for_now(&e),
                 detail: format!(
                     "cannot reach MongoDB at {hosts} within {:?}: {} (check that the server is running, the host and port, credentials and TLS settings)",
                     options.connect_timeout,
@@ -275,8 +275,13 @@ impl MongoStore {
             .run_command(doc! {"isMaster": 1})
             .await
             .map_err(|e| map_err("isMaster", e))?;
-        let hello = self.db.run_command(doc! {"hello": 1}).await.is_ok();
-        let build = self.db.run_command(doc! {"buildInfo": 1}).await.ok();
+        // A server that refuses `hello` or `buildInfo` lacks it; one whose reply was lost says
+        // nothing either way, so the probe fails and is retried rather than taken as a "no".
+        let hello = answered(self.db.run_command(doc! {"hello": 1}).await, "hello")?.is_some();
+        let build = answered(
+            self.db.run_command(doc! {"buildInfo": 1}).await,
+            "buildInfo",
+        )?;
         let version = build
             .as_ref()
             .and_then(|b| b.get_str("version").ok())
@@ -379,6 +384,21 @@ impl MongoStore {
             wrote += sent - errors.len() as u64;
         }
         Ok((wrote, duplicates))
+    }
+}
+
+/// A probe's reply: `Some` when the server answered, `None` when it refused the command (it
+/// lacks it), an error when the reply was lost to a transient fault.
+fn answered(
+    reply: Result<Document, DriverError>,
+    op: &'static str,
+) -> StoreResult<Option<Document>> {
+    match reply {
+        Ok(reply) => Ok(Some(reply)),
+        Err(e) => match map_err(op, e) {
+            e if e.is_transient() => Err(e),
+            _ => Ok(None),
+        },
     }
 }
 
