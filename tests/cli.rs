@@ -708,6 +708,13 @@ async fn a_dirty_mark_still_in_flight_is_reported_not_hidden() {
         dirty: vec![counterd::batch::DirtyMark::settled(post(7))],
     };
     t.store.record_intent(&fence, &batch).await.unwrap();
+    // (No worker runs to finish the batch: each truth comparison waits out the catch-up
+    // timeout and says "in flight"; keep that short.)
+    let counterd = |t: &TestDb, args: &[&str]| {
+        let mut with = vec!["--set", "catch_up_timeout=1s"];
+        with.extend_from_slice(args);
+        counterd(t, &with)
+    };
 
     let g = json(&counterd(&t, &["get", "post-7", "--json"]));
     assert_eq!(
