@@ -31,6 +31,7 @@ pub mod event;
 pub mod fold;
 pub mod http;
 pub mod lease;
+pub mod local_server;
 pub mod partition;
 pub mod reconcile;
 pub mod recount;

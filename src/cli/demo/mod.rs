@@ -25,9 +25,7 @@ use crate::store::displayed_and_truth;
 use crate::store::prelude::*;
 use std::sync::Mutex;
 
-mod database;
-
-use database::DemoDatabase;
+use crate::local_server::{LocalServer, ServerKind};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -53,12 +51,18 @@ fn post(i: usize) -> PostId {
 }
 
 pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
-    let server = tokio::task::spawn_blocking(DemoDatabase::start)
+    let server = tokio::task::spawn_blocking(LocalServer::start)
         .await?
         .map_err(|message| crate::store::StoreError::Fatal {
             op: "start the demo's throwaway database",
             message,
         })?;
+    if server.kind == ServerKind::Fake {
+        eprintln!(
+            "test database: fake mongo-java-server (oplog on) at {}",
+            server.uri
+        );
+    }
     let settings = Settings {
         mongodb_uri: server.uri.clone(),
         database: "counterd_demo".into(),
