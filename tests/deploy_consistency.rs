@@ -13,7 +13,8 @@
 //!   pod's scrape annotations left to the app (counterd's port is found by name); the
 //!   standalone Deployment has two replicas and a disruption budget that selects them;
 //! - every Deployment turns Kubernetes service links off, and runs the image's non-root user;
-//! - counterd.example.toml lists exactly the settings, with their defaults.
+//! - counterd.example.toml lists exactly the settings, with their defaults;
+//! - the image's build context holds every workspace member (scripts/image-check builds it).
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -528,4 +529,63 @@ fn the_command_scanner_finds_what_it_should() {
     assert!(commands_in("cargo build --release --bin counterd --locked").is_empty());
     assert!(commands_in("counterd as a sidecar; counterd.toml").is_empty());
     assert!(counterd::cli::Cli::try_parse_from(["counterd", "stauts"]).is_err());
+}
+
+/// The image's build context covers the workspace: every member's directory is copied by the
+/// builder stage and not excluded by the .dockerignore (cargo cannot load the workspace, and
+/// `--locked` fails, without every member's manifest). The full proof, building the binary
+/// from exactly what the Dockerfile copies, is `scripts/image-check` in `.ci/run`; this catches
+/// a new member in seconds.
+#[test]
+fn the_image_build_context_holds_every_workspace_member() {
+    let manifest: toml::Table = read("Cargo.toml").parse().unwrap();
+    let members: Vec<String> = manifest["workspace"]["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m.as_str().map(String::from))
+        .filter(|m| m != ".")
+        .collect();
+    assert!(!members.is_empty());
+    let docker = read("deploy/Dockerfile");
+    let copied: Vec<String> = docker
+        .lines()
+        .filter_map(|l| l.strip_prefix("COPY "))
+        .filter(|l| !l.starts_with("--from"))
+        .flat_map(|l| {
+            let words: Vec<&str> = l.split_whitespace().collect();
+            words[..words.len() - 1]
+                .iter()
+                .map(|w| w.trim_end_matches('/').to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let ignored: Vec<String> = read("deploy/Dockerfile.dockerignore")
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(String::from)
+        .collect();
+    for member in &members {
+        assert!(
+            copied
+                .iter()
+                .any(|c| member == c || member.starts_with(&format!("{c}/"))),
+            "deploy/Dockerfile copies no source of workspace member {member} (copies {copied:?})"
+        );
+        let parts: Vec<&str> = member.split('/').collect();
+        for n in 1..=parts.len() {
+            let prefix = parts[..n].join("/");
+            assert!(
+                !ignored.contains(&prefix),
+                "deploy/Dockerfile.dockerignore excludes {prefix}, part of workspace member {member}"
+            );
+        }
+    }
+    for file in ["Cargo.toml", "Cargo.lock", "src"] {
+        assert!(
+            copied.iter().any(|c| c == file),
+            "the builder copies {file}"
+        );
+    }
 }

@@ -217,3 +217,55 @@ async fn unreachable_server_exits_3() {
     assert_eq!(out.status.code(), Some(3));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot reach MongoDB"));
 }
+
+/// `counterd run` makes the same checks at start and logs them: a missing recount index is a
+/// warning with its fix, never silent.
+#[tokio::test]
+async fn run_logs_the_checks_at_start() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let t = with_rows("doctorrun", good_rows()).await;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_counterd"))
+        .args(["--log-json", "run", "--http-addr", "127.0.0.1:0"])
+        .env("COUNTERD_MONGODB_URI", &t.uri)
+        .env("COUNTERD_DATABASE", &t.name)
+        .env_remove("COUNTERD_CONFIG")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    // Read log lines until the recount-index finding (the process logs it right after
+    // connecting); the reader ends if the process exits.
+    let found = std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.contains("recount_index") {
+                return (Some(line), seen);
+            }
+            seen.push(line);
+            if seen.len() > 200 {
+                break;
+            }
+        }
+        (None, seen)
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !found.is_finished() && std::time::Instant::now() < deadline {
+        tokio::task::yield_now().await;
+        std::thread::park_timeout(std::time::Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let (line, seen) = found.join().unwrap();
+    let line =
+        line.unwrap_or_else(|| panic!("no recount_index finding logged:\n{}", seen.join("\n")));
+    let json: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(json["level"], "WARN", "{line}");
+    assert!(
+        json["fix"]
+            .as_str()
+            .is_some_and(|f| f.contains("createIndex")),
+        "{line}"
+    );
+}

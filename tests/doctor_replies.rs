@@ -6,7 +6,9 @@ use std::path::PathBuf;
 
 use bson::{doc, Bson, Document};
 use counterd::config::Settings;
-use counterd::doctor::{check_all, create_role_command, Expectations, Finding, Level, Replies};
+use counterd::doctor::{
+    check_all, create_role_command, Expectations, Finding, Level, Replies, RoundTrip,
+};
 
 fn fixture(name: &str) -> Bson {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -49,8 +51,10 @@ fn healthy() -> Replies {
     Replies {
         build_info: Ok(doc_fixture("build_info_7.json")),
         is_master: Ok(is_master),
-        sent_at_ms: at - 5,
-        received_at_ms: at + 5,
+        round_trip: RoundTrip {
+            sent_at_ms: at - 5,
+            received_at_ms: at + 5,
+        },
         change_stream: Ok(()),
         connection_status: Ok(doc_fixture("connection_status_least_privilege.json")),
         indexes: Ok(docs_fixture("list_indexes_recount.json")),

@@ -138,9 +138,8 @@ pub struct Replies {
     pub build_info: Reply,
     /// `isMaster` (every server answers it; `hello` where it exists has the same fields).
     pub is_master: Reply,
-    /// This process's clock just before and just after `is_master` was sent (ms since epoch).
-    pub sent_at_ms: i64,
-    pub received_at_ms: i64,
+    /// This process's clock around `is_master`.
+    pub round_trip: RoundTrip,
     /// Opening a change stream on the comments collection (and closing it at once).
     pub change_stream: Result<(), String>,
     /// `connectionStatus` with `showPrivileges: true`.
@@ -153,6 +152,14 @@ pub struct Replies {
     pub snapshot_reads: bool,
     /// The newest rows of the comments collection (by `_id`).
     pub sample: Result<Vec<Document>, String>,
+}
+
+/// This process's clock just before a command was sent and just after its reply came (ms
+/// since the epoch): the server's clock read in between is compared with the midpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RoundTrip {
+    pub sent_at_ms: i64,
+    pub received_at_ms: i64,
 }
 
 /// What counterd, as configured, needs from the server.
@@ -217,8 +224,7 @@ pub fn check_all(replies: &Replies, expect: &Expectations) -> Vec<Finding> {
     out.extend(sample::check(&replies.sample, expect));
     out.push(server::clock(
         &replies.is_master,
-        replies.sent_at_ms,
-        replies.received_at_ms,
+        replies.round_trip,
         expect.max_clock_skew_ms,
     ));
     out

@@ -24,8 +24,11 @@ pub struct Privilege {
 /// - each of its own collections: `find`, `insert`, `update`, `remove` (dirty entries are
 ///   deleted when folded) and `createIndex` (TTL and `{count: -1}` indexes at start).
 ///
-/// Optional, never required: `replSetGetConfig` and `serverStatus` on the cluster (a stronger
-/// deployment identity for lost-history detection; without them the replica set's name is used).
+/// Optional, never required (a refusal reads as "not reported"): `replSetGetConfig` on the
+/// cluster (a replica set's `replicaSetId`, which tells a set restored from a backup under the
+/// old name apart; without it the name alone identifies the deployment), `find` on
+/// `config.version` on a sharded cluster (its `clusterId`), `serverStatus` on a server without
+/// replication. See `Checkpoints::deployment` in `store/mongo/checkpoints.rs`.
 pub fn required_privileges(expect: &Expectations) -> Vec<Privilege> {
     let mut out = vec![
         Privilege {

@@ -2,7 +2,7 @@
 
 use bson::Bson;
 
-use super::{Finding, Reply};
+use super::{Finding, Reply, RoundTrip};
 
 /// The oldest MongoDB counterd is known to work with: change streams that start at an
 /// operation time (4.0). Below [`TESTED`] it is untested: the test server reports 5.0, the
@@ -85,7 +85,11 @@ pub fn topology(is_master: &Reply, change_stream: &Result<(), String>) -> Findin
 
 /// This process's clock against the server's (`localTime` of `isMaster`), within the round
 /// trip's uncertainty.
-pub fn clock(is_master: &Reply, sent_at_ms: i64, received_at_ms: i64, max_skew_ms: i64) -> Finding {
+pub fn clock(is_master: &Reply, round_trip: RoundTrip, max_skew_ms: i64) -> Finding {
+    let RoundTrip {
+        sent_at_ms,
+        received_at_ms,
+    } = round_trip;
     const CHECK: &str = "clock";
     let Some(server) = is_master
         .as_ref()
@@ -145,15 +149,25 @@ mod tests {
     #[test]
     fn clock_skew_beyond_the_round_trip() {
         let at = |ms: i64| Ok(doc! {"localTime": bson::DateTime::from_millis(ms)});
-        assert_eq!(clock(&at(10_050), 10_000, 10_100, 1000).level, Level::Ok);
-        let f = clock(&at(15_050), 10_000, 10_100, 1000);
+        let rt = |sent_at_ms, received_at_ms| RoundTrip {
+            sent_at_ms,
+            received_at_ms,
+        };
+        assert_eq!(
+            clock(&at(10_050), rt(10_000, 10_100), 1000).level,
+            Level::Ok
+        );
+        let f = clock(&at(15_050), rt(10_000, 10_100), 1000);
         assert_eq!(f.level, Level::Warning);
         assert!(f.message.contains("5000 ms behind"), "{}", f.message);
-        assert!(clock(&at(5_050), 10_000, 10_100, 1000)
+        assert!(clock(&at(5_050), rt(10_000, 10_100), 1000)
             .message
             .contains("ahead of"));
         // A slow round trip widens the margin: 1.9 s off with a 2 s round trip is no finding.
-        assert_eq!(clock(&at(12_900), 10_000, 12_000, 1000).level, Level::Ok);
-        assert_eq!(clock(&Ok(doc! {}), 0, 1, 1000).level, Level::Skipped);
+        assert_eq!(
+            clock(&at(12_900), rt(10_000, 12_000), 1000).level,
+            Level::Ok
+        );
+        assert_eq!(clock(&Ok(doc! {}), rt(0, 1), 1000).level, Level::Skipped);
     }
 }

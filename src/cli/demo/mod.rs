@@ -107,6 +107,16 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     for chunk in seed.chunks(1000) {
         comments.insert_many(chunk.to_vec()).await?;
     }
+    // The recount index of the README's prerequisites, created as an operator would (counterd
+    // indexes only its own collections, and `run` warns at start without this one).
+    let mut key = bson::Document::new();
+    key.insert(&schema.group, 1);
+    key.insert(&schema.created, 1);
+    db.run_command(bson::doc! {
+        "createIndexes": &settings.comments_collection,
+        "indexes": [{"key": key, "name": "recount"}],
+    })
+    .await?;
     // Start the stream in the next second: the fake server also delivers the current one.
     tokio::time::sleep(Duration::from_millis(1100)).await;
 

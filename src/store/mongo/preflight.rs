@@ -2,7 +2,7 @@
 //! Every command is read-only; each failure is kept as text for the check that reads it.
 
 use super::*;
-use crate::doctor::{Replies, Reply};
+use crate::doctor::{Replies, Reply, RoundTrip};
 
 impl MongoStore {
     /// Asks the server everything [`crate::doctor::check_all`] reads; `sample` rows of the
@@ -73,8 +73,10 @@ impl MongoStore {
         Replies {
             build_info,
             is_master,
-            sent_at_ms,
-            received_at_ms,
+            round_trip: RoundTrip {
+                sent_at_ms,
+                received_at_ms,
+            },
             change_stream,
             connection_status,
             indexes,
