@@ -211,21 +211,19 @@ impl FaultProxy {
     /// The next `count` requests matching `target` are forwarded, and their replies swallowed
     /// (each closing its connection): the server applied them, the client never hears.
     pub fn drop_replies(&self, target: Target, count: u64) {
-        self.shared
-            .drop_replies
-            .lock()
-            .unwrap()
-            .push(Armed { target, left: count });
+        self.shared.drop_replies.lock().unwrap().push(Armed {
+            target,
+            left: count,
+        });
     }
 
     /// The next `count` requests matching `target` are not forwarded: their connection is
     /// closed instead.
     pub fn reset_requests(&self, target: Target, count: u64) {
-        self.shared
-            .reset_requests
-            .lock()
-            .unwrap()
-            .push(Armed { target, left: count });
+        self.shared.reset_requests.lock().unwrap().push(Armed {
+            target,
+            left: count,
+        });
     }
 
     /// Closes every connection open now (new ones are accepted as usual).
@@ -516,8 +514,12 @@ mod tests {
         assert_eq!(command_name(&update).as_deref(), Some("update"));
         assert!(Target::command("update").matches(&update));
         assert!(!Target::command("updat").matches(&update));
-        assert!(Target::command("update").containing("coll").matches(&update));
-        assert!(!Target::command("update").containing("dirty").matches(&update));
+        assert!(Target::command("update")
+            .containing("coll")
+            .matches(&update));
+        assert!(!Target::command("update")
+            .containing("dirty")
+            .matches(&update));
         assert!(Target::any().matches(&update));
     }
 
@@ -527,7 +529,11 @@ mod tests {
             split_host("mongodb://u:p@127.0.0.1:27017/?directConnection=true").unwrap();
         assert_eq!(
             (prefix.as_str(), host.as_str(), suffix.as_str()),
-            ("mongodb://u:p@", "127.0.0.1:27017", "/?directConnection=true")
+            (
+                "mongodb://u:p@",
+                "127.0.0.1:27017",
+                "/?directConnection=true"
+            )
         );
         let (_, _, suffix) = split_host("mongodb://h:1/?replicaSet=rs0").unwrap();
         assert_eq!(suffix, "/?replicaSet=rs0&directConnection=true");
