@@ -132,3 +132,66 @@ async fn connections_reset_at_first_contact_are_retried() {
     f.insert(8).await;
     f.wait_exact().await;
 }
+
+/// Starts `counterd run` with every request matching `target` refused by the "server" with
+/// `code`, and checks that it stops at once, with exit code 3 and a message that says what
+/// failed (`said` must be in it) and does not call it transient.
+async fn stops_for_good(test: &str, user: &str, target: Target, code: i32, said: &[&str]) {
+    let f = Faulty::new(test).await;
+    f.proxy
+        .refuse(target, 1_000, code, "refused by the test (fault proxy)");
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let uri = f.proxy.uri().replacen("://", &format!("://{user}"), 1);
+    let mut d = Daemon::start_logged(&uri, &f.t.name, test, &[NO_RECONCILE], Some(log.path()));
+    let exited = wait_until(RECOVERY, || {
+        let exited = d.child.try_wait().unwrap().is_some();
+        async move { exited }
+    })
+    .await;
+    let log_text = std::fs::read_to_string(log.path()).unwrap();
+    assert!(exited, "counterd run stopped: {log_text}");
+    let status = d.child.try_wait().unwrap().and_then(|s| s.code());
+    assert_eq!(status, Some(3), "exit code 3 (MongoDB): {log_text}");
+    for text in said {
+        assert!(log_text.contains(text), "{text:?} in: {log_text}");
+    }
+    let stopped = log_text
+        .lines()
+        .find(|l| l.contains("counterd stopped"))
+        .unwrap_or_else(|| panic!("the reason is logged: {log_text}"));
+    assert!(
+        !stopped.contains("transient"),
+        "not called transient: {stopped}"
+    );
+    eprintln!("{test}: {stopped}");
+    assert!(f.proxy.stats().refused >= 1);
+}
+
+/// Refused credentials at first contact (the login's `saslStart` answered with
+/// `AuthenticationFailed`, code 18, as a server without this user answers): no retry mends
+/// them, so the start ends at once and says what to check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_credentials_stop_the_start_with_a_clear_message() {
+    stops_for_good(
+        "refused_login",
+        "counterd:wrong@",
+        Target::command("saslStart"),
+        18,
+        &["cannot start", "refused counterd", "check the credentials"],
+    )
+    .await;
+}
+
+/// A user without the right to create indexes (`Unauthorized`, code 13): the start ends at
+/// once, naming the step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unauthorized_index_creation_stops_the_start_with_a_clear_message() {
+    stops_for_good(
+        "unauthorized_indexes",
+        "",
+        Target::command("createIndexes"),
+        13,
+        &["cannot start: database error during create indexes"],
+    )
+    .await;
+}

@@ -163,18 +163,27 @@ impl MongoStore {
         })?;
         let db = client.database(&options.database);
         // `isMaster` rather than `hello`: some compatible servers only answer the former.
-        db.run_command(doc! {"isMaster": 1})
-            .await
-            .map_err(|e| StoreError::Driver {
-                op: "connect",
-                transient: unreachable_for_now(&e),
-                detail: format!(
+        db.run_command(doc! {"isMaster": 1}).await.map_err(|e| {
+            let transient = unreachable_for_now(&e);
+            let detail = if transient {
+                format!(
                     "cannot reach MongoDB at {hosts} within {:?}: {} (check that the server is running, the host and port, credentials and TLS settings)",
                     options.connect_timeout,
                     short(&e)
-                ),
+                )
+            } else {
+                format!(
+                    "MongoDB at {hosts} refused counterd: {} (check the credentials in `mongodb_uri` and the user's roles)",
+                    short(&e)
+                )
+            };
+            StoreError::Driver {
+                op: "connect",
+                transient,
+                detail,
                 source: Box::new(e),
-            })?;
+            }
+        })?;
         let comments = db.collection(&options.comments);
         Ok(MongoStore {
             snapshot_reads: Arc::default(),
