@@ -1,8 +1,9 @@
-//! Faults inside `counterd run`'s background work: a recount's fold and an initial snapshot's
-//! chunk.
+//! Faults inside `counterd run`'s background work: each read and write of a recount (the
+//! dirty set, the count, the fold) and of an initial snapshot's chunk.
 
 use counterd::store::prelude::*;
 use counterd::store::SnapshotState;
+use counterd_testdb::FaultProxy;
 
 use super::*;
 
@@ -66,6 +67,63 @@ async fn a_lost_snapshot_chunk_reply() {
     assert!(snapshot.rows_scanned >= 40, "{snapshot:?}");
     assert!(snapshot.chunks_resumed >= 1, "{snapshot:?}");
     // What comes next is the stream's, counted once.
+    f.insert(8).await;
+    f.wait_exact().await;
+}
+
+/// Starts `counterd run` with the reconciler on, arms `arm` once comments are applied, adds
+/// more (so their posts are dirty and recounted), and checks that the reconciler counted a
+/// retry, that the counters are exact and that the dirty set drains.
+async fn reconciles_through(test: &str, arm: impl Fn(&FaultProxy)) {
+    let mut f = Faulty::new(test).await;
+    let d = f.active_daemon(test, &[]).await;
+    f.insert(8).await;
+    f.wait_exact().await;
+    arm(&f.proxy);
+    f.fire(test).await;
+    wait_retried(&d, "reconcile").await;
+    f.wait_exact().await;
+    let drained = wait_until(RECOVERY, || async {
+        f.t.store.dirty_summary().await.is_ok_and(|s| s.size == 0)
+    })
+    .await;
+    assert!(drained, "the dirty set drained after the fault");
+    f.wait_exact().await;
+}
+
+/// A recount's count of live rows lost (twice: the driver retries a read once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_recount_reply() {
+    reconciles_through("lost_recount", |p| {
+        p.drop_replies(on("aggregate", "$sum"), 2)
+    })
+    .await;
+}
+
+/// The reconciler's read of the dirty set lost (twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_dirty_list_reply() {
+    reconciles_through("lost_dirty_list", |p| {
+        p.drop_replies(on("find", "counterd_dirty"), 2)
+    })
+    .await;
+}
+
+/// A snapshot chunk's read of `comments` lost (twice): the chunk is read again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_snapshot_read_reply() {
+    let mut f = Faulty::new("lost_chunk_read").await;
+    f.insert(30).await;
+    f.proxy.drop_replies(on("find", "comments"), 2);
+    let d = f
+        .active_daemon(
+            "lost_chunk_read",
+            &[NO_RECONCILE, ("COUNTERD_SNAPSHOT_CHUNK_ROWS", "10")],
+        )
+        .await;
+    assert!(f.proxy.wait_fired(RECOVERY).await, "{:?}", f.proxy.stats());
+    wait_retried(&d, "worker").await;
+    f.wait_exact().await;
     f.insert(8).await;
     f.wait_exact().await;
 }

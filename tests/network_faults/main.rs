@@ -2,10 +2,12 @@
 //! `counterd_testdb` (lost replies after the server applied a request, connections reset
 //! before it saw one, latency, stalls), at each step where one can land:
 //! - `startup`: connect, server abilities, index creation, lease, first checkpoint read and
-//!   first stream open of `counterd run`;
+//!   first stream open of `counterd run`, and the errors no retry mends (a refused login, a
+//!   refused command), which stop it at once;
 //! - `batch`: each step of a batch (stream read, ledger read, counter, ledger and dirty writes,
 //!   the intent and the checkpoint), plus latency and a stall under load;
-//! - `background`: a recount's fold and an initial snapshot's chunk inside `counterd run`;
+//! - `background`: a recount (its dirty-set read, its count, its fold) and an initial
+//!   snapshot's chunk (its read, its writes) inside `counterd run`;
 //! - `oneshots`: `reconcile`, `snapshot` and `replay` run by hand.
 //!
 //! Every test asserts that the counters end exact (the reconciler is off unless the test is
