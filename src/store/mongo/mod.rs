@@ -304,7 +304,7 @@ impl MongoStore {
         let replica_set =
             is_master.contains_key("setName") || is_master.get_str("msg") == Ok("isdbgrid");
         let sessions = is_master.contains_key("logicalSessionTimeoutMinutes");
-        let pre_images = major >= 6 && hello && self.pre_images_enabled().await;
+        let pre_images = major >= 6 && hello && self.pre_images_enabled().await?;
         Ok(ServerAbilities {
             version,
             wire_version,
@@ -320,22 +320,25 @@ impl MongoStore {
         })
     }
 
-    /// Whether `changeStreamPreAndPostImages` is enabled on the comments collection.
-    async fn pre_images_enabled(&self) -> bool {
-        let Ok(mut cursor) = self
+    /// Whether `changeStreamPreAndPostImages` is enabled on the comments collection; a lost
+    /// reply is an error (retried at start-up), never a "no".
+    async fn pre_images_enabled(&self) -> StoreResult<bool> {
+        let listed = self
             .db
             .list_collections()
             .filter(doc! {"name": self.comments.name()})
-            .await
-        else {
-            return false;
+            .await;
+        let mut cursor = match listed {
+            Ok(cursor) => cursor,
+            Err(e) => return answered(Err(e), "list collections").map(|_| false),
         };
         match cursor.try_next().await {
-            Ok(Some(spec)) => spec
+            Ok(Some(spec)) => Ok(spec
                 .options
                 .change_stream_pre_and_post_images
-                .is_some_and(|o| o.enabled),
-            _ => false,
+                .is_some_and(|o| o.enabled)),
+            Ok(None) => Ok(false),
+            Err(e) => answered(Err(e), "list collections").map(|_| false),
         }
     }
 
