@@ -117,15 +117,29 @@ struct Counters {
 }
 
 /// The proxy's state, shared by its connections and steered by the [`FaultProxy`].
-#[derive(Default)]
 struct Shared {
     drop_replies: Mutex<Vec<Armed>>,
     reset_requests: Mutex<Vec<Armed>>,
     /// Refusals: the target, and the error (code, message) to answer with.
     refusals: Mutex<Vec<(Armed, i32, String)>>,
     latency: Mutex<Duration>,
-    stalled_until: Mutex<Option<Instant>>,
+    /// The end of the stall on now (`None`: none); a watch, so that ending a stall early
+    /// releases the traffic it holds at once.
+    stalled_until: watch::Sender<Option<Instant>>,
     counters: Counters,
+}
+
+impl Default for Shared {
+    fn default() -> Self {
+        Shared {
+            drop_replies: Mutex::default(),
+            reset_requests: Mutex::default(),
+            refusals: Mutex::default(),
+            latency: Mutex::default(),
+            stalled_until: watch::channel(None).0,
+            counters: Counters::default(),
+        }
+    }
 }
 
 impl Shared {
@@ -162,11 +176,15 @@ impl Shared {
 
     /// Waits out a stall, if one is on.
     async fn hold(&self) {
+        let mut stall = self.stalled_until.subscribe();
         loop {
-            let until = *self.stalled_until.lock().unwrap();
+            let until = *stall.borrow_and_update();
             match until {
                 Some(until) if until > Instant::now() => {
-                    tokio::time::sleep_until(until.into()).await
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(until.into()) => {}
+                        _ = stall.changed() => {}
+                    }
                 }
                 _ => return,
             }
@@ -277,12 +295,14 @@ impl FaultProxy {
 
     /// Holds all traffic, both ways and new connections too, for `duration` from now.
     pub fn stall(&self, duration: Duration) {
-        *self.shared.stalled_until.lock().unwrap() = Some(Instant::now() + duration);
+        self.shared
+            .stalled_until
+            .send_replace(Some(Instant::now() + duration));
     }
 
     /// Ends a stall now.
     pub fn resume(&self) {
-        *self.shared.stalled_until.lock().unwrap() = None;
+        self.shared.stalled_until.send_replace(None);
     }
 
     /// Disarms every fault that has not fired yet, and ends latency and stalls.
@@ -345,6 +365,8 @@ async fn accept_loop(
 ) {
     loop {
         let Ok((client, _)) = listener.accept().await else {
+            // Out of file descriptors or the like: let it pass rather than spin.
+            tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         };
         shared.counters.connections.fetch_add(1, Ordering::Relaxed);
