@@ -65,7 +65,18 @@ struct Summary {
     rss_mb_longest_life: (f64, f64, f64),
     collections_start: BTreeMap<String, u64>,
     collections_end: BTreeMap<String, u64>,
+    /// Every tenth cycle: the time, counterd's RSS and the collections' sizes (growth over
+    /// time, which the start and end figures alone would hide).
+    over_time: Vec<OverTime>,
     metric_scrapes: u64,
+}
+
+#[derive(Debug, Serialize)]
+struct OverTime {
+    secs: f64,
+    rss_mb: Option<f64>,
+    writes: u64,
+    collections: BTreeMap<String, u64>,
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -109,6 +120,13 @@ pub async fn soak(duration: Duration, seed: u64, out: &Path) -> anyhow::Result<b
     while started.elapsed() < duration {
         soak.cycle().await?;
         if soak.summary.cycles.is_multiple_of(10) {
+            let sample = OverTime {
+                secs: started.elapsed().as_secs_f64(),
+                rss_mb: soak.counterd.rss_mb(),
+                writes: soak.load.writes.load(Ordering::Relaxed),
+                collections: check::sizes(&soak.store).await,
+            };
+            soak.summary.over_time.push(sample);
             say!(
                 "soak: cycle {}, {:.0}s, {} checks passed, {} failures, rss {:?} MB, writes {}",
                 soak.summary.cycles,
