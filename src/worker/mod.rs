@@ -151,8 +151,12 @@ impl<S: Store + ?Sized> Worker<S> {
         // A malformed checkpoint is a startup error, never silently replaced. A transient error
         // is not: the session loads the checkpoint again, and retries like any other step.
         match self.store.load_checkpoint(&fence.stream).await {
-            Err(e) if !e.is_transient() => return Err(WorkerError::Startup(e)),
-            _ => {}
+            Err(e) if e.is_transient() => {
+                metrics::counter!(m::RETRIES, "op" => "worker").increment(1);
+                tracing::warn!(stream = %fence.stream, error = %e, "cannot read the checkpoint yet; the session reads it again");
+            }
+            Err(e) => return Err(WorkerError::Startup(e)),
+            Ok(_) => {}
         }
         let mut backoff = self.backoff();
         loop {

@@ -22,6 +22,9 @@
 //!
 //! Usage: `cargo run --release -p counterd-bench -- [--quick] [--out bench/latest.json]
 //! [--only partitions|rss|reconcile]`.
+//!
+//! `--soak DURATION [--seed N]` runs the chaos soak instead (see `soak`): the real
+//! `counterd run` under load and random faults, exact at every caught-up moment.
 
 /// The product's allocator (see `src/main.rs`), so that the in-process worker's CPU and memory
 /// are measured as `counterd` runs.
@@ -34,6 +37,7 @@ mod measure;
 mod phases;
 mod plan;
 mod report;
+mod soak;
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -65,6 +69,28 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("counterd-bench child worker: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if let Some(duration) = args.soak {
+        START.get_or_init(Instant::now);
+        let seed = args
+            .seed
+            .unwrap_or_else(|| chrono::Utc::now().timestamp() as u64 % 100_000);
+        let out = if args.out == std::path::Path::new("bench/latest.json") {
+            std::path::PathBuf::from("target/soak.json")
+        } else {
+            args.out.clone()
+        };
+        return match runtime.block_on(soak::soak(duration, seed, &out)) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => {
+                eprintln!("counterd-bench: the soak found failures (listed above)");
+                ExitCode::FAILURE
+            }
+            Err(e) => {
+                eprintln!("counterd-bench: the soak broke: {e:#}");
                 ExitCode::FAILURE
             }
         };

@@ -57,6 +57,14 @@ pub struct Args {
     /// what the README quotes.
     #[arg(long, value_parser = ["partitions", "rss", "reconcile"])]
     pub only: Vec<String>,
+    /// Instead of the benchmark, a chaos soak of this long (`90s`, `2m`, `30m`, `1h`): load,
+    /// random faults, an exactness check at every caught-up moment (see `soak`). Writes its
+    /// summary to `--out` (default then `target/soak.json`).
+    #[arg(long, value_name = "DURATION", value_parser = crate::soak::parse_duration)]
+    pub soak: Option<std::time::Duration>,
+    /// The soak's random seed (default: from the clock; printed, to repeat a run).
+    #[arg(long)]
+    pub seed: Option<u64>,
     /// Internal: run a bare worker as a child process (for its RSS) and exit.
     #[arg(long, hide = true, num_args = 4, value_names = ["URI", "DATABASE", "START_SECS", "EVENTS"])]
     pub child_worker: Option<Vec<String>>,

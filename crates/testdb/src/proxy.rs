@@ -16,6 +16,8 @@
 //!   partition or a primary's crash right after a write);
 //! - [`FaultProxy::reset_requests`]: close the connection instead of forwarding the request
 //!   (the server never sees it);
+//! - [`FaultProxy::refuse`]: answer the request with a command error (`{ok: 0, code}`) in the
+//!   server's place, as a server that refuses it for good would (bad credentials, no right);
 //! - [`FaultProxy::reset_all`]: close every open connection now;
 //! - [`FaultProxy::set_latency`]: delay every request;
 //! - [`FaultProxy::stall`]: hold all traffic, both ways, for a while (a paused server or a
@@ -93,6 +95,8 @@ pub struct FaultStats {
     pub reset_connections: u64,
     /// Requests forwarded.
     pub requests: u64,
+    /// Requests answered with an error in the server's place.
+    pub refused: u64,
 }
 
 /// A fault that waits for its requests.
@@ -109,19 +113,54 @@ struct Counters {
     reset_requests: AtomicU64,
     reset_connections: AtomicU64,
     requests: AtomicU64,
+    refused: AtomicU64,
 }
 
 /// The proxy's state, shared by its connections and steered by the [`FaultProxy`].
-#[derive(Default)]
 struct Shared {
     drop_replies: Mutex<Vec<Armed>>,
     reset_requests: Mutex<Vec<Armed>>,
+    /// Refusals: the target, and the error (code, message) to answer with.
+    refusals: Mutex<Vec<(Armed, i32, String)>>,
     latency: Mutex<Duration>,
-    stalled_until: Mutex<Option<Instant>>,
+    /// The end of the stall on now (`None`: none); a watch, so that ending a stall early
+    /// releases the traffic it holds at once.
+    stalled_until: watch::Sender<Option<Instant>>,
     counters: Counters,
 }
 
+impl Default for Shared {
+    fn default() -> Self {
+        Shared {
+            drop_replies: Mutex::default(),
+            reset_requests: Mutex::default(),
+            refusals: Mutex::default(),
+            latency: Mutex::default(),
+            stalled_until: watch::channel(None).0,
+            counters: Counters::default(),
+        }
+    }
+}
+
 impl Shared {
+    /// Takes one shot of the first armed refusal `message` matches: its (code, message).
+    fn take_refusal(&self, message: &[u8]) -> Option<(i32, String)> {
+        if header(message, 12) != OP_MSG {
+            return None; // only an OP_MSG can be answered with an OP_MSG
+        }
+        let mut refusals = self.refusals.lock().unwrap();
+        let i = refusals
+            .iter()
+            .position(|(f, _, _)| f.target.matches(message))?;
+        let (fault, code, text) = &mut refusals[i];
+        fault.left -= 1;
+        let refusal = (*code, text.clone());
+        if fault.left == 0 {
+            refusals.remove(i);
+        }
+        Some(refusal)
+    }
+
     /// Takes one shot of the first armed fault in `faults` that `message` matches.
     fn take(faults: &Mutex<Vec<Armed>>, message: &[u8]) -> bool {
         let mut faults = faults.lock().unwrap();
@@ -137,11 +176,15 @@ impl Shared {
 
     /// Waits out a stall, if one is on.
     async fn hold(&self) {
+        let mut stall = self.stalled_until.subscribe();
         loop {
-            let until = *self.stalled_until.lock().unwrap();
+            let until = *stall.borrow_and_update();
             match until {
                 Some(until) if until > Instant::now() => {
-                    tokio::time::sleep_until(until.into()).await
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(until.into()) => {}
+                        _ = stall.changed() => {}
+                    }
                 }
                 _ => return,
             }
@@ -226,6 +269,20 @@ impl FaultProxy {
         });
     }
 
+    /// The next `count` requests (`OP_MSG`) matching `target` are not forwarded but answered
+    /// with `{ok: 0, code, errmsg: message}`, as a server refusing them would answer: e.g.
+    /// code 18 (`AuthenticationFailed`) for bad credentials, 13 (`Unauthorized`).
+    pub fn refuse(&self, target: Target, count: u64, code: i32, message: &str) {
+        self.shared.refusals.lock().unwrap().push((
+            Armed {
+                target,
+                left: count,
+            },
+            code,
+            message.to_string(),
+        ));
+    }
+
     /// Closes every connection open now (new ones are accepted as usual).
     pub fn reset_all(&self) {
         self.resets.send_modify(|n| *n += 1);
@@ -238,18 +295,21 @@ impl FaultProxy {
 
     /// Holds all traffic, both ways and new connections too, for `duration` from now.
     pub fn stall(&self, duration: Duration) {
-        *self.shared.stalled_until.lock().unwrap() = Some(Instant::now() + duration);
+        self.shared
+            .stalled_until
+            .send_replace(Some(Instant::now() + duration));
     }
 
     /// Ends a stall now.
     pub fn resume(&self) {
-        *self.shared.stalled_until.lock().unwrap() = None;
+        self.shared.stalled_until.send_replace(None);
     }
 
     /// Disarms every fault that has not fired yet, and ends latency and stalls.
     pub fn clear(&self) {
         self.shared.drop_replies.lock().unwrap().clear();
         self.shared.reset_requests.lock().unwrap().clear();
+        self.shared.refusals.lock().unwrap().clear();
         self.set_latency(Duration::ZERO);
         self.resume();
     }
@@ -259,7 +319,15 @@ impl FaultProxy {
         let left = |faults: &Mutex<Vec<Armed>>| -> u64 {
             faults.lock().unwrap().iter().map(|f| f.left).sum()
         };
-        left(&self.shared.drop_replies) + left(&self.shared.reset_requests)
+        let refusals: u64 = self
+            .shared
+            .refusals
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(f, _, _)| f.left)
+            .sum();
+        left(&self.shared.drop_replies) + left(&self.shared.reset_requests) + refusals
     }
 
     pub fn stats(&self) -> FaultStats {
@@ -271,6 +339,7 @@ impl FaultProxy {
             reset_requests: get(&c.reset_requests),
             reset_connections: get(&c.reset_connections),
             requests: get(&c.requests),
+            refused: get(&c.refused),
         }
     }
 
@@ -296,6 +365,8 @@ async fn accept_loop(
 ) {
     loop {
         let Ok((client, _)) = listener.accept().await else {
+            // Out of file descriptors or the like: let it pass rather than spin.
+            tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         };
         shared.counters.connections.fetch_add(1, Ordering::Relaxed);
@@ -328,8 +399,10 @@ async fn connection(
     let _ = server.set_nodelay(true);
     resets.borrow_and_update();
     let swallow = Mutex::new(HashSet::<i32>::new());
-    let (mut client_rd, mut client_wr) = client.into_split();
+    let (mut client_rd, client_wr) = client.into_split();
     let (mut server_rd, mut server_wr) = server.into_split();
+    // Both directions write to the client: replies, and refusals made in the server's place.
+    let client_wr = tokio::sync::Mutex::new(client_wr);
     let requests = async {
         loop {
             let Ok(message) = read_message(&mut client_rd).await else {
@@ -339,6 +412,14 @@ async fn connection(
             let latency = *shared.latency.lock().unwrap();
             if !latency.is_zero() {
                 tokio::time::sleep(latency).await;
+            }
+            if let Some((code, text)) = shared.take_refusal(&message) {
+                let reply = refusal(header(&message, 4), code, &text);
+                if client_wr.lock().await.write_all(&reply).await.is_err() {
+                    return Closed::Io;
+                }
+                shared.counters.refused.fetch_add(1, Ordering::Relaxed);
+                continue;
             }
             if Shared::take(&shared.reset_requests, &message) {
                 shared
@@ -369,7 +450,7 @@ async fn connection(
                     .fetch_add(1, Ordering::Relaxed);
                 return Closed::Fault;
             }
-            if client_wr.write_all(&message).await.is_err() {
+            if client_wr.lock().await.write_all(&message).await.is_err() {
                 return Closed::Io;
             }
         }
@@ -385,7 +466,7 @@ async fn connection(
     if let Closed::Fault = closed {
         // Abortive close (RST): what a dropped link or a killed peer looks like. A zero linger
         // never blocks the thread, which is why tokio deprecates the setter for other values.
-        if let Ok(client) = client_rd.reunite(client_wr) {
+        if let Ok(client) = client_rd.reunite(client_wr.into_inner()) {
             #[allow(deprecated)]
             let _ = client.set_linger(Some(Duration::ZERO));
         }
@@ -419,6 +500,25 @@ fn header(message: &[u8], offset: usize) -> i32 {
 
 const OP_QUERY: i32 = 2004;
 const OP_MSG: i32 = 2013;
+
+/// An `OP_MSG` reply to request `request_id`: `{ok: 0, errmsg, code}`.
+fn refusal(request_id: i32, code: i32, message: &str) -> Vec<u8> {
+    let body =
+        mongodb::bson::doc! {"ok": 0.0, "errmsg": message, "code": code, "codeName": "Refused"};
+    let mut document = Vec::new();
+    body.to_writer(&mut document)
+        .expect("a document serialises");
+    let length = (16 + 4 + 1 + document.len()) as i32;
+    let mut reply = Vec::with_capacity(length as usize);
+    reply.extend_from_slice(&length.to_le_bytes());
+    reply.extend_from_slice(&0i32.to_le_bytes()); // requestID
+    reply.extend_from_slice(&request_id.to_le_bytes()); // responseTo
+    reply.extend_from_slice(&OP_MSG.to_le_bytes());
+    reply.extend_from_slice(&0u32.to_le_bytes()); // flagBits
+    reply.push(0); // section kind 0: the body
+    reply.extend_from_slice(&document);
+    reply
+}
 
 /// A request's command name: the first key of its command document.
 pub fn command_name(message: &[u8]) -> Option<String> {

@@ -164,18 +164,27 @@ impl MongoStore {
         })?;
         let db = client.database(&options.database);
         // `isMaster` rather than `hello`: some compatible servers only answer the former.
-        db.run_command(doc! {"isMaster": 1})
-            .await
-            .map_err(|e| StoreError::Driver {
-                op: "connect",
-                transient: unreachable_for_now(&e),
-                detail: format!(
+        db.run_command(doc! {"isMaster": 1}).await.map_err(|e| {
+            let transient = unreachable_for_now(&e);
+            let detail = if transient {
+                format!(
                     "cannot reach MongoDB at {hosts} within {:?}: {} (check that the server is running, the host and port, credentials and TLS settings)",
                     options.connect_timeout,
                     short(&e)
-                ),
+                )
+            } else {
+                format!(
+                    "MongoDB at {hosts} refused counterd: {} (check the credentials in `mongodb_uri` and the user's roles)",
+                    short(&e)
+                )
+            };
+            StoreError::Driver {
+                op: "connect",
+                transient,
+                detail,
                 source: Box::new(e),
-            })?;
+            }
+        })?;
         let comments = db.collection(&options.comments);
         Ok(MongoStore {
             snapshot_reads: Arc::default(),
@@ -296,7 +305,7 @@ impl MongoStore {
         let replica_set =
             is_master.contains_key("setName") || is_master.get_str("msg") == Ok("isdbgrid");
         let sessions = is_master.contains_key("logicalSessionTimeoutMinutes");
-        let pre_images = major >= 6 && hello && self.pre_images_enabled().await;
+        let pre_images = major >= 6 && hello && self.pre_images_enabled().await?;
         Ok(ServerAbilities {
             version,
             wire_version,
@@ -312,22 +321,25 @@ impl MongoStore {
         })
     }
 
-    /// Whether `changeStreamPreAndPostImages` is enabled on the comments collection.
-    async fn pre_images_enabled(&self) -> bool {
-        let Ok(mut cursor) = self
+    /// Whether `changeStreamPreAndPostImages` is enabled on the comments collection; a lost
+    /// reply is an error (retried at start-up), never a "no".
+    async fn pre_images_enabled(&self) -> StoreResult<bool> {
+        let listed = self
             .db
             .list_collections()
             .filter(doc! {"name": self.comments.name()})
-            .await
-        else {
-            return false;
+            .await;
+        let mut cursor = match listed {
+            Ok(cursor) => cursor,
+            Err(e) => return answered(Err(e), "list collections").map(|_| false),
         };
         match cursor.try_next().await {
-            Ok(Some(spec)) => spec
+            Ok(Some(spec)) => Ok(spec
                 .options
                 .change_stream_pre_and_post_images
-                .is_some_and(|o| o.enabled),
-            _ => false,
+                .is_some_and(|o| o.enabled)),
+            Ok(None) => Ok(false),
+            Err(e) => answered(Err(e), "list collections").map(|_| false),
         }
     }
 

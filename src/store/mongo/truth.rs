@@ -172,31 +172,54 @@ impl MongoStore {
     /// Whether reads at a cluster time really work, detected once: the server must send
     /// `operationTime`, answer a snapshot read at that time, and refuse one far in the future.
     /// The fake test server accepts `readConcern: snapshot` and ignores it, so accepting is
-    /// not enough.
+    /// not enough. A probe cut short by a transient error decides nothing (a lost reply to the
+    /// far-future read is no refusal): the answer is "no" until a later probe decides.
     pub(super) async fn snapshot_reads(&self) -> bool {
-        *self
-            .snapshot_reads
-            .get_or_init(|| async {
-                let probe = async {
-                    let reply = self.db.run_command(doc! {"ping": 1}).await.ok()?;
-                    let now = reply.get_timestamp("operationTime").ok()?;
-                    self.count_at(doc! {"_id": {"$exists": true}}, now)
-                        .await
-                        .ok()?;
-                    let future = Timestamp {
-                        time: now.time.saturating_add(24 * 3600),
-                        increment: 0,
-                    };
-                    Some(self.count_at(doc! {}, future).await.is_err())
-                };
-                let works = probe.await.unwrap_or(false);
+        if let Some(works) = self.snapshot_reads.get() {
+            return *works;
+        }
+        match self.probe_snapshot_reads().await {
+            Some(works) => {
+                let _ = self.snapshot_reads.set(works);
                 tracing::info!(
                     snapshot_reads = works,
                     "detected whether the server offers snapshot reads at a cluster time"
                 );
                 works
-            })
-            .await
+            }
+            None => {
+                tracing::warn!("could not tell whether the server offers snapshot reads (a transient error); recounting by the quiet window until a later probe tells");
+                false
+            }
+        }
+    }
+
+    /// The snapshot-read probe: `Some` when the server's answers decide it, `None` when a
+    /// transient error cut it short.
+    async fn probe_snapshot_reads(&self) -> Option<bool> {
+        let transient = |e: &DriverError| map_err("probe snapshot reads", e.clone()).is_transient();
+        let reply = match self.db.run_command(doc! {"ping": 1}).await {
+            Ok(reply) => reply,
+            Err(e) if transient(&e) => return None,
+            Err(_) => return Some(false),
+        };
+        let Ok(now) = reply.get_timestamp("operationTime") else {
+            return Some(false);
+        };
+        match self.count_at(doc! {"_id": {"$exists": true}}, now).await {
+            Ok(_) => {}
+            Err(e) if transient(&e) => return None,
+            Err(_) => return Some(false),
+        }
+        let future = Timestamp {
+            time: now.time.saturating_add(24 * 3600),
+            increment: 0,
+        };
+        match self.count_at(doc! {}, future).await {
+            Ok(_) => Some(false),
+            Err(e) if transient(&e) => None,
+            Err(_) => Some(true),
+        }
     }
 
     /// Counts `comments` matching `filter` as of cluster time `at`.
