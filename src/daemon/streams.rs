@@ -54,11 +54,18 @@ pub async fn run_streams(
         pre_images = abilities.pre_images, partitions = settings.partitions, "connected");
     // The doctor's checks, logged: a missing recount index or a misspelled field is a warning
     // at start, never silent (none of them stops the process: `counterd doctor` exits on them).
-    let findings = crate::doctor::check_all(
-        &store.preflight(100).await,
-        &crate::doctor::Expectations::from(&settings),
-    );
-    crate::doctor::log(&findings);
+    // Bounded like every start-up step: a server that stops answering here must not hold the
+    // start (the worker's own steps retry; the preflight only informs).
+    let bound = settings.operation_timeout.max(settings.connect_timeout);
+    match tokio::time::timeout(bound, store.preflight(100)).await {
+        Ok(replies) => crate::doctor::log(&crate::doctor::check_all(
+            &replies,
+            &crate::doctor::Expectations::from(&settings),
+        )),
+        Err(_) => tracing::warn!(
+            "preflight: the server did not answer the checks within {bound:?}; starting anyway (run `counterd doctor` to see them)"
+        ),
+    }
     let store = Arc::new(store);
     let owner = match settings.owner_id.as_str() {
         "" => default_owner(),

@@ -114,7 +114,9 @@ async fn a_lost_dirty_list_reply() {
 async fn a_lost_snapshot_read_reply() {
     let mut f = Faulty::new("lost_chunk_read").await;
     f.insert(30).await;
-    f.proxy.drop_replies(on("find", "comments"), 2);
+    // A chunk reads an `_id` range (`$lte` the pinned last row); the start-up preflight's
+    // sample of rows does not, so it does not take the lost replies.
+    f.proxy.drop_replies(on("find", "$lte"), 2);
     let d = f
         .active_daemon(
             "lost_chunk_read",
