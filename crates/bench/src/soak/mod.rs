@@ -43,6 +43,8 @@ struct Summary {
     seconds: f64,
     seed: u64,
     server: String,
+    /// No `kill -9` and no restarts (`--soak-keep-process`).
+    keep_process: bool,
     cycles: u64,
     faults: BTreeMap<String, u64>,
     proxy: ProxyFigures,
@@ -107,9 +109,22 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 
 /// Runs the soak for `duration`; `Err` when the soak could not run, `Ok(false)` when a check
 /// failed.
-pub async fn soak(duration: Duration, seed: u64, out: &Path) -> anyhow::Result<bool> {
+///
+/// `keep_process`: no `kill -9` and no restarts, so that one `counterd run` lives through the
+/// whole soak and its memory over time shows (restarts reset it).
+pub async fn soak(
+    duration: Duration,
+    seed: u64,
+    keep_process: bool,
+    out: &Path,
+) -> anyhow::Result<bool> {
     let started = Instant::now();
     let mut soak = Soak::start(seed).await?;
+    soak.kinds = chaos::KINDS
+        .into_iter()
+        .filter(|k| !keep_process || !matches!(k, Kind::Kill9 | Kind::Restart))
+        .collect();
+    soak.summary.keep_process = keep_process;
     say!(
         "soak: {duration:?}, seed {seed}, server {}, counterd logs in {}",
         soak.summary.server,
@@ -148,6 +163,8 @@ pub async fn soak(duration: Duration, seed: u64, out: &Path) -> anyhow::Result<b
 /// Everything a soak runs and what it has seen so far.
 struct Soak {
     rng: StdRng,
+    /// The kinds of fault drawn from.
+    kinds: Vec<Kind>,
     /// Kept for its process (dropping it stops the server).
     server: TestServer,
     proxy: FaultProxy,
@@ -219,6 +236,7 @@ impl Soak {
         };
         Ok(Soak {
             rng: StdRng::seed_from_u64(seed),
+            kinds: chaos::KINDS.to_vec(),
             server,
             proxy,
             store,
@@ -245,7 +263,7 @@ impl Soak {
     async fn cycle(&mut self) -> anyhow::Result<()> {
         self.summary.cycles += 1;
         self.load.resume();
-        let kind = chaos::KINDS[self.rng.random_range(0..chaos::KINDS.len())];
+        let kind = self.kinds[self.rng.random_range(0..self.kinds.len())];
         *self.summary.faults.entry(format!("{kind:?}")).or_default() += 1;
         let window = Duration::from_millis(self.rng.random_range(3000..9000));
         let before = Duration::from_millis(self.rng.random_range(500..2000));
