@@ -47,6 +47,8 @@ struct Summary {
     keep_process: bool,
     cycles: u64,
     faults: BTreeMap<String, u64>,
+    /// Restarts that met a lost reply to a start-up step.
+    startup_faults: u64,
     proxy: ProxyFigures,
     exactness_checks_passed: u64,
     /// Counters the reconciler corrected (none expected: no drift is injected).
@@ -303,14 +305,14 @@ impl Soak {
             }
             Kind::Kill9 => {
                 self.counterd.kill9();
-                self.restart()?;
+                self.restart_meeting_a_fault()?;
             }
             Kind::Restart => {
                 let code = self.counterd.terminate();
                 if code != Some(0) {
                     self.fail(format!("cycle {cycle}: SIGTERM exited {code:?}, not 0"));
                 }
-                self.restart()?;
+                self.restart_meeting_a_fault()?;
             }
             Kind::Replay => {
                 let now = chrono::Utc::now().timestamp();
@@ -336,6 +338,14 @@ impl Soak {
             }
         }
         Ok(Default::default())
+    }
+
+    /// A new life of `counterd run`, which half the time meets a lost reply while it starts.
+    fn restart_meeting_a_fault(&mut self) -> anyhow::Result<()> {
+        if chaos::arm_startup(&self.proxy, &mut self.rng) {
+            self.summary.startup_faults += 1;
+        }
+        self.restart()
     }
 
     /// A new life of `counterd run` in place of the current one (stopped or not).
@@ -457,6 +467,10 @@ fn print(s: &Summary) {
     );
     println!("  at the proxy: {} replies lost, {} requests reset, {} connections reset, {} requests forwarded", s.proxy.dropped_replies, s.proxy.reset_requests, s.proxy.reset_connections, s.proxy.requests);
     println!("exactness checks at caught-up moments: {} passed; failures of any check: {}; catch-up after the fault lifted: median {:.1} s, max {:.1} s", s.exactness_checks_passed, s.failures.len(), s.catch_up_secs_median, s.catch_up_secs_max);
+    println!(
+        "restarts that met a lost reply while starting: {}",
+        s.startup_faults
+    );
     println!(
         "reconciler corrections (none expected: no drift is injected): {}",
         s.corrections
