@@ -195,3 +195,17 @@ async fn an_unauthorized_index_creation_stops_the_start_with_a_clear_message() {
     )
     .await;
 }
+
+/// A refused lease command (no right on `counterd_leases`): standing by would never end, so
+/// the start ends at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_lease_stops_the_start_with_a_clear_message() {
+    stops_for_good(
+        "refused_lease",
+        "",
+        Target::command("findAndModify").containing("counterd_leases"),
+        13,
+        &["cannot look at the lease of stream `comments`"],
+    )
+    .await;
+}
