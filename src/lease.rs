@@ -38,6 +38,14 @@ pub enum LeaseError {
         #[source]
         source: StoreError,
     },
+    /// The lease cannot be looked at for good (a refused command, a malformed lease document):
+    /// standing by would never end, and a standby that can never take over is not ready.
+    #[error("cannot look at the lease of stream `{stream}`")]
+    Acquire {
+        stream: String,
+        #[source]
+        source: StoreError,
+    },
     /// The active work panicked: a bug, not a database problem.
     #[error("the work on stream `{stream}` panicked: {message}")]
     Panicked { stream: String, message: String },
@@ -113,11 +121,18 @@ where
                 {
                     Ok(Some(epoch)) => break (epoch, slot),
                     Ok(None) => status.reached(),
-                    Err(e) => {
+                    Err(e) if e.is_transient() => {
                         // Retried at the next look (every `renew`, jittered), at start-up as
-                        // later: a transient error or not, standing by is always safe.
+                        // later.
                         metrics::counter!(m::RETRIES, "op" => "lease").increment(1);
                         tracing::warn!(stream = %settings.stream, error = %e, "cannot reach the lease; staying on standby")
+                    }
+                    Err(source) => {
+                        return Err(LeaseError::Acquire {
+                            stream: settings.stream.clone(),
+                            source,
+                        }
+                        .into())
                     }
                 }
             }

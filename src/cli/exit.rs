@@ -60,7 +60,9 @@ fn daemon_code(e: &DaemonError) -> u8 {
         DaemonError::Startup(s) => store_code(s),
         DaemonError::Listen { .. } => CHECK_FAILED,
         DaemonError::Worker(w) => worker_code(w),
-        DaemonError::Lease(LeaseError::TakeOver { source, .. }) => store_code(source),
+        DaemonError::Lease(
+            LeaseError::TakeOver { source, .. } | LeaseError::Acquire { source, .. },
+        ) => store_code(source),
         DaemonError::Lease(LeaseError::Panicked { .. } | LeaseError::Cancelled { .. }) => MONGODB,
     }
 }

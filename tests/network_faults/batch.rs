@@ -179,3 +179,34 @@ async fn a_stall_under_load_turns_readyz_unready_and_recovers() {
         d.get("/readyz").await
     );
 }
+
+/// The primary goes away under load (every write refused with `NotWritablePrimary`, code
+/// 10107, as during an election) and comes back: the worker retries with backoff meanwhile and
+/// catches up by itself, exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_primary_away_and_back_under_load() {
+    let mut f = Faulty::new("primary_away").await;
+    let d = f.active_daemon("primary_away", &[NO_RECONCILE]).await;
+    f.insert(8).await;
+    f.wait_exact().await;
+    f.proxy.refuse(
+        Target::command("update"),
+        1_000_000,
+        10107,
+        "not primary (fault proxy)",
+    );
+    f.insert(8).await;
+    let refused = wait_until(RECOVERY, || async {
+        f.proxy.stats().refused >= 3 && retries(&d, "worker").await >= 2.0
+    })
+    .await;
+    assert!(refused, "writes refused and retried: {:?}", f.proxy.stats());
+    f.proxy.clear();
+    f.insert(8).await;
+    f.wait_exact().await;
+    assert!(
+        d.wait_role("active", RECOVERY).await,
+        "{:?}",
+        d.get("/readyz").await
+    );
+}

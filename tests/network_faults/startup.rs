@@ -197,3 +197,48 @@ async fn an_unauthorized_index_creation_stops_the_start_with_a_clear_message() {
     )
     .await;
 }
+
+/// A refused lease command (no right on `counterd_leases`): standing by would never end, so
+/// the start ends at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_lease_stops_the_start_with_a_clear_message() {
+    stops_for_good(
+        "refused_lease",
+        "",
+        Target::command("findAndModify").containing("counterd_leases"),
+        13,
+        &["cannot look at the lease of stream `comments`"],
+    )
+    .await;
+}
+
+/// A primary stepping down while counterd creates its indexes (every `createIndexes` refused
+/// with `NotWritablePrimary`, code 10107, a transient error) keeps the start retrying, with
+/// `/readyz` unready and the retries counted, until a primary answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_stepping_down_while_indexes_are_created_keeps_readyz_unready_until_it_is_back() {
+    let mut f = Faulty::new("stepdown_indexes").await;
+    f.proxy.refuse(
+        Target::command("createIndexes"),
+        1_000,
+        10107,
+        "not primary (fault proxy)",
+    );
+    let d = f.daemon("stepdown_indexes", &[NO_RECONCILE]);
+    let retried = wait_until(RECOVERY, || async {
+        retries(&d, "create_indexes").await >= 2.0
+    })
+    .await;
+    assert!(retried, "index creation retried: {:?}", f.proxy.stats());
+    let (code, body) = d.get("/readyz").await.expect("the endpoint answers");
+    assert_eq!(code, 503, "unready while preparing: {body}");
+    assert!(body.contains("still preparing"), "{body}");
+    f.proxy.clear();
+    assert!(
+        d.wait_role("active", RECOVERY).await,
+        "active once a primary answers: {:?}",
+        d.get("/readyz").await
+    );
+    f.insert(8).await;
+    f.wait_exact().await;
+}

@@ -83,7 +83,7 @@ fn main() -> ExitCode {
         } else {
             args.out.clone()
         };
-        return match runtime.block_on(soak::soak(duration, seed, &out)) {
+        return match runtime.block_on(soak::soak(duration, seed, args.soak_keep_process, &out)) {
             Ok(true) => ExitCode::SUCCESS,
             Ok(false) => {
                 eprintln!("counterd-bench: the soak found failures (listed above)");

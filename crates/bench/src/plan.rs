@@ -62,6 +62,10 @@ pub struct Args {
     /// summary to `--out` (default then `target/soak.json`).
     #[arg(long, value_name = "DURATION", value_parser = crate::soak::parse_duration)]
     pub soak: Option<std::time::Duration>,
+    /// The soak without `kill -9` and restarts of counterd: one process lives through it, so
+    /// its memory over time shows.
+    #[arg(long)]
+    pub soak_keep_process: bool,
     /// The soak's random seed (default: from the clock; printed, to repeat a run).
     #[arg(long)]
     pub seed: Option<u64>,

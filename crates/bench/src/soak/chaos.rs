@@ -62,6 +62,25 @@ const TARGETS: [(&str, &str); 11] = [
     ("", ""),
 ];
 
+/// Requests of `counterd run`'s start-up: a restart may meet a lost reply to one of them (the
+/// issue that ended the process before start-up retried).
+const STARTUP: [(&str, &str); 4] = [
+    ("createIndexes", ""),
+    ("buildInfo", ""),
+    ("findAndModify", "counterd_leases"),
+    ("aggregate", "$changeStream"),
+];
+
+/// Half the time, a lost reply armed for a start-up step (before a restart); whether it was.
+pub fn arm_startup(proxy: &FaultProxy, rng: &mut StdRng) -> bool {
+    if !rng.random_bool(0.5) {
+        return false;
+    }
+    let (command, text) = STARTUP[rng.random_range(0..STARTUP.len())];
+    proxy.drop_replies(Target::command(command).containing(text), 1);
+    true
+}
+
 /// A random request target.
 pub fn target(rng: &mut StdRng) -> Target {
     let (command, text) = TARGETS[rng.random_range(0..TARGETS.len())];

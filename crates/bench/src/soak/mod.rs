@@ -43,8 +43,12 @@ struct Summary {
     seconds: f64,
     seed: u64,
     server: String,
+    /// No `kill -9` and no restarts (`--soak-keep-process`).
+    keep_process: bool,
     cycles: u64,
     faults: BTreeMap<String, u64>,
+    /// Restarts that met a lost reply to a start-up step.
+    startup_faults: u64,
     proxy: ProxyFigures,
     exactness_checks_passed: u64,
     /// Counters the reconciler corrected (none expected: no drift is injected).
@@ -107,9 +111,22 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 
 /// Runs the soak for `duration`; `Err` when the soak could not run, `Ok(false)` when a check
 /// failed.
-pub async fn soak(duration: Duration, seed: u64, out: &Path) -> anyhow::Result<bool> {
+///
+/// `keep_process`: no `kill -9` and no restarts, so that one `counterd run` lives through the
+/// whole soak and its memory over time shows (restarts reset it).
+pub async fn soak(
+    duration: Duration,
+    seed: u64,
+    keep_process: bool,
+    out: &Path,
+) -> anyhow::Result<bool> {
     let started = Instant::now();
     let mut soak = Soak::start(seed).await?;
+    soak.kinds = chaos::KINDS
+        .into_iter()
+        .filter(|k| !keep_process || !matches!(k, Kind::Kill9 | Kind::Restart))
+        .collect();
+    soak.summary.keep_process = keep_process;
     say!(
         "soak: {duration:?}, seed {seed}, server {}, counterd logs in {}",
         soak.summary.server,
@@ -148,6 +165,8 @@ pub async fn soak(duration: Duration, seed: u64, out: &Path) -> anyhow::Result<b
 /// Everything a soak runs and what it has seen so far.
 struct Soak {
     rng: StdRng,
+    /// The kinds of fault drawn from.
+    kinds: Vec<Kind>,
     /// Kept for its process (dropping it stops the server).
     server: TestServer,
     proxy: FaultProxy,
@@ -219,6 +238,7 @@ impl Soak {
         };
         Ok(Soak {
             rng: StdRng::seed_from_u64(seed),
+            kinds: chaos::KINDS.to_vec(),
             server,
             proxy,
             store,
@@ -245,7 +265,7 @@ impl Soak {
     async fn cycle(&mut self) -> anyhow::Result<()> {
         self.summary.cycles += 1;
         self.load.resume();
-        let kind = chaos::KINDS[self.rng.random_range(0..chaos::KINDS.len())];
+        let kind = self.kinds[self.rng.random_range(0..self.kinds.len())];
         *self.summary.faults.entry(format!("{kind:?}")).or_default() += 1;
         let window = Duration::from_millis(self.rng.random_range(3000..9000));
         let before = Duration::from_millis(self.rng.random_range(500..2000));
@@ -285,14 +305,14 @@ impl Soak {
             }
             Kind::Kill9 => {
                 self.counterd.kill9();
-                self.restart()?;
+                self.restart_meeting_a_fault()?;
             }
             Kind::Restart => {
                 let code = self.counterd.terminate();
                 if code != Some(0) {
                     self.fail(format!("cycle {cycle}: SIGTERM exited {code:?}, not 0"));
                 }
-                self.restart()?;
+                self.restart_meeting_a_fault()?;
             }
             Kind::Replay => {
                 let now = chrono::Utc::now().timestamp();
@@ -318,6 +338,14 @@ impl Soak {
             }
         }
         Ok(Default::default())
+    }
+
+    /// A new life of `counterd run`, which half the time meets a lost reply while it starts.
+    fn restart_meeting_a_fault(&mut self) -> anyhow::Result<()> {
+        if chaos::arm_startup(&self.proxy, &mut self.rng) {
+            self.summary.startup_faults += 1;
+        }
+        self.restart()
     }
 
     /// A new life of `counterd run` in place of the current one (stopped or not).
@@ -439,6 +467,10 @@ fn print(s: &Summary) {
     );
     println!("  at the proxy: {} replies lost, {} requests reset, {} connections reset, {} requests forwarded", s.proxy.dropped_replies, s.proxy.reset_requests, s.proxy.reset_connections, s.proxy.requests);
     println!("exactness checks at caught-up moments: {} passed; failures of any check: {}; catch-up after the fault lifted: median {:.1} s, max {:.1} s", s.exactness_checks_passed, s.failures.len(), s.catch_up_secs_median, s.catch_up_secs_max);
+    println!(
+        "restarts that met a lost reply while starting: {}",
+        s.startup_faults
+    );
     println!(
         "reconciler corrections (none expected: no drift is injected): {}",
         s.corrections
