@@ -209,6 +209,10 @@ pub struct CounterDoc {
     /// post (net-zero changes included). A recount whose bucket range was touched after the
     /// counter was first read may have seen an event in flight: it is not installed.
     pub touched: BTreeMap<BucketStart, String>,
+    /// The rows each of the last batches changed for this post, oldest first (at most
+    /// [`crate::recount::LOG_ENTRIES`]): a row-level recount takes the stream's version of
+    /// exactly these rows (see [`crate::recount::window`]).
+    pub recent: Vec<crate::recount::Touch>,
     /// Folds installed so far: a recount made against one fold is void after another.
     pub folds: i64,
     /// The readers' field, `base_count + live_delta`, maintained in the same single-document

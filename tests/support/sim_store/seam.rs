@@ -12,6 +12,7 @@ use counterd::batch::{CounterDelta, DirtyMark, LedgerUpdate};
 use counterd::deployment::Deployment;
 use counterd::event::{CommentId, PostId, Row, Token};
 use counterd::fold::Fold;
+use counterd::recount::LedgerAt;
 use counterd::store::prelude::*;
 use counterd::store::{
     ApplyOutcome, Checkpoint, CommentsExtent, CounterDoc, DirtyEntry, DirtyOrder, DirtySummary,
@@ -334,6 +335,18 @@ impl Ledger for SimStore {
         .await
     }
 
+    async fn read_ledger_at(
+        &self,
+        stream: &str,
+        comments: &[CommentId],
+        generation: u64,
+    ) -> StoreResult<HashMap<String, LedgerAt>> {
+        self.single("read_ledger_at", false, |s| {
+            Ok(s.memory.read_ledger_at(stream, comments, generation))
+        })
+        .await
+    }
+
     async fn write_ledger(
         &self,
         fence: &Fence,
@@ -433,6 +446,13 @@ impl Truth for SimStore {
     async fn count_live_below(&self, post: &PostId, watermark: i64) -> StoreResult<i64> {
         self.single("count_live_below", false, |s| {
             Ok(s.memory.count_live_below(post, watermark))
+        })
+        .await
+    }
+
+    async fn live_ids_below(&self, post: &PostId, watermark: i64) -> StoreResult<Vec<CommentId>> {
+        self.single("live_ids_below", false, |s| {
+            Ok(s.memory.live_ids_below(post, watermark))
         })
         .await
     }
