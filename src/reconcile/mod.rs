@@ -170,6 +170,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
                     let Outcome::Folded { watermark } = outcome else {
                         continue;
                     };
+                    run.folded_dirty(entry, self.clock.now());
                     if entry.newest_bucket.is_none_or(|b| b < watermark) {
                         self.store.clear_dirty(&entry.post, entry.version).await?;
                     } else {

@@ -7,7 +7,7 @@ use super::{Correction, Outcome, Reconciler, RunReport};
 use crate::event::PostId;
 use crate::fold::{fold, Fold};
 use crate::recount::{Consistent, Pace, Recount, Request};
-use crate::store::{RunSummary, Store, StoreResult};
+use crate::store::{DirtyEntry, RunSummary, Store, StoreResult};
 use crate::telemetry as m;
 
 impl<S: Store + ?Sized> Reconciler<S> {
@@ -205,6 +205,16 @@ impl Run {
             contended: Vec::new(),
             pace: Pace::new(counts_per_second),
         }
+    }
+
+    /// A fold covered the settled changes of a dirty entry: how long they waited.
+    pub(super) fn folded_dirty(&mut self, entry: &DirtyEntry, now: DateTime) {
+        let waited_ms = (now.timestamp_millis() - entry.first_dirty_at.timestamp_millis()).max(0);
+        metrics::histogram!(m::DIRTY_TO_FOLD, "stream" => self.stream.clone())
+            .record(waited_ms as f64 / 1000.0);
+        let secs = waited_ms / 1000;
+        let longest = &mut self.summary.longest_dirty_to_fold_secs;
+        *longest = Some(longest.map_or(secs, |l| l.max(secs)));
     }
 
     fn record(&mut self, post: &PostId, folded: &Fold) {

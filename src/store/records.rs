@@ -315,10 +315,14 @@ pub struct RunSummary {
     pub in_flight: u64,
     /// Posts folded but left dirty: a change that dirtied them is above the watermark.
     pub waiting: u64,
-    /// Recounts read at a cluster time (snapshot reads) rather than by the quiet window.
+    /// Recounts read at a cluster time (snapshot reads) rather than at row level.
     pub snapshot_counts: u64,
     /// Posts not counted because the initial snapshot was still running (they stay dirty).
     pub waiting_for_snapshot: u64,
+    /// The longest a dirty entry this run folded had waited, in seconds, from its first mark
+    /// (or its last requeue) to the fold (`None`: no dirty entry folded). Whether folds keep up
+    /// (see the `counterd_dirty_to_fold_seconds` histogram).
+    pub longest_dirty_to_fold_secs: Option<i64>,
 }
 
 /// Where the server stands, as two cluster times: `upper` is after every write acknowledged

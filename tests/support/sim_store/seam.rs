@@ -36,6 +36,9 @@ impl State {
         if self.broken == Broken::UnconditionedRecount {
             w.to_mut().touched.clear(); // no touched buckets recorded
         }
+        if self.broken == Broken::WindowIgnored {
+            w.to_mut().comments = Some(Vec::new()); // the log names no changed row
+        }
         // No guard: the counter's `applied_through` is forgotten for this statement (and put
         // back if the fence refused it anyway).
         let forgotten = match self.broken {
@@ -342,6 +345,7 @@ impl Ledger for SimStore {
         generation: u64,
     ) -> StoreResult<HashMap<String, LedgerAt>> {
         self.single("read_ledger_at", false, |s| {
+            s.stat("recount settled rows changed in its window");
             Ok(s.memory.read_ledger_at(stream, comments, generation))
         })
         .await
