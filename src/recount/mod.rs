@@ -233,7 +233,10 @@ impl<S: Store + ?Sized> Recounter<S> {
                     continue;
                 }
             }
-            let read = self.store.live_ids_below(&request.post, watermark).await?;
+            let mut read = self.store.live_ids_below(&request.post, watermark).await?;
+            // Each row once, even if a cursor returned one twice while the collection moved.
+            let mut seen = std::collections::HashSet::new();
+            read.retain(|c| seen.insert(c.key.clone()));
             rows.push((
                 i,
                 Consistent {
