@@ -266,7 +266,7 @@ pub trait Truth: Send + Sync {
 
     /// The same count as of cluster time `at` (a snapshot read), on servers whose snapshot
     /// reads were detected for real. `None`: no snapshot reads here, or `at` is older than the
-    /// server's snapshot window; the caller falls back to the quiet-window check.
+    /// server's snapshot window; the caller falls back to the row-level recount.
     async fn count_live_below_at(
         &self,
         post: &PostId,

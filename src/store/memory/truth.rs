@@ -174,7 +174,7 @@ impl Memory {
             .collect()
     }
 
-    /// Like the fake server: no snapshot reads, so every recount takes the quiet window.
+    /// Like the fake server: no snapshot reads, so every recount is a row-level one.
     pub fn count_live_below_at(
         &self,
         _post: &PostId,

@@ -46,7 +46,7 @@ impl Truth for MongoStore {
         match self.count_at(filter, at).await {
             Ok(n) => Ok(Some(n)),
             Err(e) if error_code(&e).is_some_and(|c| SNAPSHOT_GONE.contains(&c)) => {
-                tracing::debug!(%post, at = ?at, "snapshot too old; falling back to the quiet window");
+                tracing::debug!(%post, at = ?at, "snapshot too old; falling back to the row-level recount");
                 Ok(None)
             }
             Err(e) => Err(map_err("count live comments at a cluster time", e)),

@@ -467,7 +467,7 @@ impl Truth for SimStore {
         _watermark: i64,
         _at: Timestamp,
     ) -> StoreResult<Option<i64>> {
-        // Like the fake server: no snapshot reads, so every recount takes the quiet window.
+        // Like the fake server: no snapshot reads, so every recount is a row-level one.
         Ok(None)
     }
 
