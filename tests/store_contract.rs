@@ -278,7 +278,7 @@ async fn counters_log_the_rows_each_batch_changed<S: Store>(store: &S) {
         .await
         .unwrap();
     store
-        .apply_counters(&f, &[unlisted.clone()], &token(11), None)
+        .apply_counters(&f, std::slice::from_ref(&unlisted), &token(11), None)
         .await
         .unwrap();
     store

@@ -114,7 +114,7 @@ impl Memory {
             .iter()
             .filter(|(_, row)| {
                 row_facts(row).is_some_and(|(p, created, live)| {
-                    &p == post && live && !created.is_some_and(|c| c.timestamp_millis() >= below)
+                    &p == post && live && created.is_none_or(|c| c.timestamp_millis() < below)
                 })
             })
             .map(|(id, _)| comment_id(*id))
