@@ -15,7 +15,7 @@ use crate::event::{ChangeEvent, CommentId, Operation, PostId, Row, Token};
 pub use crate::time::{bucket_of, BucketStart};
 
 /// One coalesced counter write: `$inc` of `delta` on `live_delta` and of each bucket's amount.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct CounterDelta {
     pub post: PostId,
     pub delta: i64,
@@ -26,6 +26,12 @@ pub struct CounterDelta {
     /// under each, so the reconciler can tell that a recount may have seen a change in flight
     /// even when the net increment is zero.
     pub touched: BTreeSet<BucketStart>,
+    /// The rows whose events in the batch named this post (before or after the event), in
+    /// stream order without repeats: the counter's log entry for the batch, from which a
+    /// row-level recount learns which rows changed while it read (see
+    /// [`crate::recount::window`]). `None`: an event named the post without a row id, so the
+    /// batch's changes cannot be listed.
+    pub comments: Option<Vec<CommentId>>,
 }
 
 /// A post to mark dirty, with the newest creation bucket the marking events changed: the post
@@ -132,6 +138,7 @@ pub fn plan_batch_covering(
     let mut counters: BTreeMap<PostId, CounterDelta> = BTreeMap::new();
     let mut dirty: BTreeMap<PostId, BucketStart> = BTreeMap::new();
     let mut dirty_order: Vec<PostId> = Vec::new();
+    let mut named = Named::default();
 
     for event in events {
         let key = event.comment.as_ref().map(|c| c.key.clone());
@@ -144,10 +151,11 @@ pub fn plan_batch_covering(
         let classified = match classify(event, before.clone(), attribution, schema) {
             Ok(c) => c,
             Err(end) => {
+                named.attach(&mut counters);
                 return (
                     finish(plan, counters, (dirty_order, dirty), ledger_order, &known),
                     Some(end),
-                )
+                );
             }
         };
         plan.events += 1;
@@ -209,6 +217,14 @@ pub fn plan_batch_covering(
                 counter_of(&mut counters, post).touched.insert(0);
             }
         }
+        let posts_named = classified
+            .deltas
+            .iter()
+            .map(|d| &d.post)
+            .chain(&classified.dirty);
+        for post in posts_named {
+            named.add(post, event.comment.as_ref());
+        }
         for post in &classified.dirty {
             let known_rows = rows
                 .iter()
@@ -241,10 +257,46 @@ pub fn plan_batch_covering(
             });
         }
     }
+    named.attach(&mut counters);
     (
         finish(plan, counters, (dirty_order, dirty), ledger_order, &known),
         None,
     )
+}
+
+/// The rows the batch's events named per post, in stream order without repeats (`None`: an
+/// event named the post without a row id).
+#[derive(Default)]
+struct Named(BTreeMap<PostId, Option<Vec<CommentId>>>);
+
+impl Named {
+    fn add(&mut self, post: &PostId, comment: Option<&CommentId>) {
+        let list = self
+            .0
+            .entry(post.clone())
+            .or_insert_with(|| Some(Vec::new()));
+        match (list.as_mut(), comment) {
+            (Some(list), Some(c)) => {
+                if !list.iter().any(|known| known.key == c.key) {
+                    list.push(c.clone());
+                }
+            }
+            (Some(_), None) => *list = None,
+            (None, _) => {}
+        }
+    }
+
+    /// Gives each counter write the rows named for its post. Posts named without a write (a
+    /// change that moved no count, such as a body edit of a known row) get none: their rows
+    /// count as before for every watermark, and their ledger entries stay at or before the
+    /// counter's position.
+    fn attach(self, counters: &mut BTreeMap<PostId, CounterDelta>) {
+        for (post, comments) in self.0 {
+            if let Some(c) = counters.get_mut(&post) {
+                c.comments = comments;
+            }
+        }
+    }
 }
 
 /// The batch's write for `post`, empty until an event adds to it.
@@ -259,6 +311,7 @@ pub(crate) fn counter_of<'a>(
             delta: 0,
             buckets: BTreeMap::new(),
             touched: BTreeSet::new(),
+            comments: Some(Vec::new()),
         })
 }
 

@@ -1519,6 +1519,7 @@ fn counter(p: &str, buckets: &[(Option<DateTime>, i64)]) -> CounterDelta {
         delta: buckets.iter().map(|(_, a)| a).sum(),
         buckets: map,
         touched,
+        comments: None,
     }
 }
 
@@ -1537,6 +1538,8 @@ fn net(counters: &[CounterDelta]) -> Vec<CounterDelta> {
                 .copied()
                 .filter(|b| *b != 0 || c.buckets.contains_key(b))
                 .collect(),
+            // The rows named are checked by `batch_names_the_rows_it_changed_per_post`.
+            comments: None,
             ..c.clone()
         })
         .collect()
@@ -1637,12 +1640,21 @@ fn batch_touches_changes_that_cancel_out() {
         delta: 0,
         buckets: BTreeMap::new(),
         touched: [bucket].into_iter().collect(),
+        comments: None,
     };
     // The hard delete (no pre-image) may follow updates that hid states: post-2 is touched in
     // every bucket (0).
     let mut post_2 = touch_only("post-2");
     post_2.touched.insert(0);
-    assert_eq!(plan.counters, vec![touch_only("post-1"), post_2]);
+    let unnamed: Vec<CounterDelta> = plan
+        .counters
+        .iter()
+        .map(|c| CounterDelta {
+            comments: None,
+            ..c.clone()
+        })
+        .collect();
+    assert_eq!(unnamed, vec![touch_only("post-1"), post_2]);
     let marks: Vec<(PostId, i64)> = plan
         .dirty
         .iter()
@@ -1651,6 +1663,39 @@ fn batch_touches_changes_that_cancel_out() {
     assert_eq!(
         marks,
         vec![(post("post-1"), bucket), (post("post-2"), bucket)]
+    );
+}
+
+#[test]
+fn batch_names_the_rows_it_changed_per_post() {
+    // One row's whole life in a batch: both posts it passed through name it once (the counter's
+    // log entry a row-level recount settles against, see `counterd::recount::window`).
+    let events = lifecycle_prompt();
+    let row = events[0].comment.clone().unwrap();
+    let (plan, _) = plan_batch(
+        &events,
+        &HashMap::new(),
+        Attribution::Ledger,
+        &Schema::default(),
+        WIDTH,
+    );
+    let named: Vec<(PostId, Option<Vec<String>>)> = plan
+        .counters
+        .iter()
+        .map(|c| {
+            let keys = c
+                .comments
+                .as_ref()
+                .map(|l| l.iter().map(|c| c.key.clone()).collect());
+            (c.post.clone(), keys)
+        })
+        .collect();
+    assert_eq!(
+        named,
+        vec![
+            (post("post-1"), Some(vec![row.key.clone()])),
+            (post("post-2"), Some(vec![row.key.clone()])),
+        ]
     );
 }
 

@@ -1,5 +1,5 @@
 //! Deterministic simulation of counterd: the real classification, coalescing, guard, intent
-//! recovery, quiet-window recount and fold code (`Worker`, `Reconciler`), driven against an
+//! recovery, row-level recount and fold code (`Worker`, `Reconciler`), driven against an
 //! in-process store behind the same seam as MongoDB (`counterd::store::memory`, wrapped in the
 //! simulation's hooks by `tests/support/sim_store/`).
 //!
@@ -61,8 +61,9 @@
 //! check (events in a gap were never seen: their corrections are real drift), but must still
 //! end with every counter equal to the truth.
 //!
-//! `removing_the_guard_is_caught`, `removing_the_recount_condition_is_caught` and
-//! `the_seed_fold_formula_is_caught` run deliberately broken variants and expect a failure. The
+//! `removing_the_guard_is_caught`, `removing_the_recount_condition_is_caught`,
+//! `ignoring_the_recount_window_is_caught` and `the_seed_fold_formula_is_caught` run
+//! deliberately broken variants and expect a failure. The
 //! ignored tests fail because of open bugs in `src` (each names its bug; run them with
 //! `-- --ignored`); the faithful run leaves out what the `with_*` variants need (expired
 //! pre-images together with rows that lose `post_id`; a truncated oplog). Small deterministic
@@ -70,7 +71,8 @@
 //!
 //! Environment: `SIM_SEEDS` (default 3000) and `SIM_SEED_START` choose the seeds;
 //! `SIM_SEED=<n>` replays one (`SIM_TRACE=1` prints every step);
-//! `SIM_BROKEN=no_guard|seed_fold|unconditioned_recount`, `SIM_PRE_IMAGES=1`,
+//! `SIM_BROKEN=no_guard|seed_fold|unconditioned_recount|window_ignored`, `SIM_HOT=1` (hot
+//! posts), `SIM_PRE_IMAGES=1`,
 //! `SIM_HISTORY_LOST=1`, `SIM_LOST_START_TIME=1` and `SIM_LOOKUPS=1` (no update descriptions)
 //! select the variant, of one seed or of a range. A failing seed prints the exact command that
 //! replays it.
@@ -134,6 +136,8 @@ struct Variant {
     /// Every seed's server describes no update (like the fake test server, whose update spec
     /// is incomplete) and has no pre-images: updates are classified from `updateLookup`.
     lookups: bool,
+    /// Hot posts: most writes and old-row changes go to post 0 (see `State::hot`).
+    hot: bool,
 }
 
 impl Variant {
@@ -143,6 +147,7 @@ impl Variant {
         history_lost: false,
         lost_start_time: false,
         lookups: false,
+        hot: false,
     };
 
     fn from_env() -> Variant {
@@ -150,6 +155,7 @@ impl Variant {
             Ok("no_guard") => Broken::NoGuard,
             Ok("seed_fold") => Broken::SeedFold,
             Ok("unconditioned_recount") => Broken::UnconditionedRecount,
+            Ok("window_ignored") => Broken::WindowIgnored,
             _ => Broken::None,
         };
         let flag = |name: &str| std::env::var(name).is_ok_and(|v| v == "1");
@@ -159,6 +165,7 @@ impl Variant {
             history_lost: flag("SIM_HISTORY_LOST"),
             lost_start_time: flag("SIM_LOST_START_TIME"),
             lookups: flag("SIM_LOOKUPS"),
+            hot: flag("SIM_HOT"),
         }
     }
 
@@ -169,6 +176,7 @@ impl Variant {
             Broken::NoGuard => prefix.push_str("SIM_BROKEN=no_guard "),
             Broken::SeedFold => prefix.push_str("SIM_BROKEN=seed_fold "),
             Broken::UnconditionedRecount => prefix.push_str("SIM_BROKEN=unconditioned_recount "),
+            Broken::WindowIgnored => prefix.push_str("SIM_BROKEN=window_ignored "),
         }
         if self.pre_images {
             prefix.push_str("SIM_PRE_IMAGES=1 ");
@@ -181,6 +189,9 @@ impl Variant {
         }
         if self.lookups {
             prefix.push_str("SIM_LOOKUPS=1 ");
+        }
+        if self.hot {
+            prefix.push_str("SIM_HOT=1 ");
         }
         prefix
     }
@@ -1286,6 +1297,7 @@ fn set_up(seed: u64, variant: Variant, trace: bool) -> Sim {
     {
         let mut s = store.lock();
         s.broken = variant.broken;
+        s.hot = variant.hot;
         s.pre_images_enabled = plan.pre_images;
         s.update_descriptions = plan.update_descriptions;
         s.post_batch_tokens = plan.post_batch_tokens;
@@ -1428,7 +1440,8 @@ const COVERAGE: &[&str] = &[
     "snapshot done",
     "fault install_fold before",
     "fault install_fold after",
-    "fault count_live_below before",
+    "fault live_ids_below before",
+    "recount settled rows changed in its window",
     "fold installed",
     "fold corrected drift",
     "fold installed while others run",
@@ -1563,6 +1576,21 @@ fn removing_the_recount_condition_is_caught() {
     );
 }
 
+/// The row-level recount with its window ignored (the counter's log names no changed row, so
+/// every row keeps the state the recount read) installs counts that saw events the counter had
+/// not applied, or missed ones it had: on hot posts the simulation catches it.
+#[test]
+fn ignoring_the_recount_window_is_caught() {
+    expect_caught(
+        Variant {
+            broken: Broken::WindowIgnored,
+            hot: true,
+            ..Variant::FAITHFUL
+        },
+        200,
+    );
+}
+
 #[test]
 fn the_seed_fold_formula_is_caught() {
     expect_caught(
@@ -1584,6 +1612,28 @@ fn expect_clean(variant: Variant, seeds: u64) {
         }
         panic!("{variant:?}: seed {} failed: {}", first.seed, first.message);
     }
+}
+
+/// Hot posts: post 0 receives most inserts and most old-row changes, so its recounts nearly
+/// always have rows changed inside their window; they must settle them exactly, on servers
+/// that describe updates and on ones that only look rows up (like the fake test server).
+#[test]
+fn with_hot_posts() {
+    expect_clean(
+        Variant {
+            hot: true,
+            ..Variant::FAITHFUL
+        },
+        200,
+    );
+    expect_clean(
+        Variant {
+            hot: true,
+            lookups: true,
+            ..Variant::FAITHFUL
+        },
+        200,
+    );
 }
 
 #[test]
@@ -1816,11 +1866,13 @@ fn a_post_a_row_passed_through_is_recounted() {
 /// A server without update descriptions (the fake test server, whose update spec is
 /// incomplete) has updates classified from `updateLookup`: the row as it is when the event is
 /// read. Here a row is restamped into a settled bucket and then deleted before the worker reads
-/// either event. Meanwhile a quiet-window recount counts the row below the watermark. The
-/// restamp is classified against a row that is gone (no change: no delta, no touch), the delete
-/// against the ledger (-1 in the row's old bucket, above the watermark). So no touch below the
-/// watermark is recorded after the counter was first read, the recount is installed, and the
-/// counter is corrected by drift nobody injected (the minimal form of simulation seed 7202).
+/// either event. Meanwhile a recount reads the row below the watermark. The restamp is
+/// classified against a row that is gone (no change: no delta), the delete against the ledger
+/// (-1 in the row's old bucket, above the watermark). Under the quiet window no touch below the
+/// watermark was recorded after the counter was first read, the recount was installed, and the
+/// counter was corrected by drift nobody injected (the minimal form of simulation seed 7202).
+/// Under the row-level rule the delete's batch names the row, so it takes its ledger state
+/// (gone) and the recount matches the counter.
 #[test]
 fn a_change_hidden_by_a_lookup_voids_a_recount() {
     let width = 60;
@@ -1871,7 +1923,7 @@ fn a_change_hidden_by_a_lookup_voids_a_recount() {
         let script: Actor<'_> = Box::pin({
             let (store, errors) = (store.clone(), errors.clone());
             async move {
-                while !store.lock().stats.contains_key("call count_live_below") {
+                while !store.lock().stats.contains_key("call live_ids_below") {
                     yield_now().await;
                 }
                 store.lock().delete_row(1);

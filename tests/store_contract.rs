@@ -11,8 +11,9 @@ use bson::{Bson, DateTime};
 use counterd::batch::{CounterDelta, LedgerUpdate};
 use counterd::event::{CommentId, PostId, Row, Token};
 use counterd::fold::Fold;
+use counterd::recount::{LedgerAt, LOG_ENTRIES};
 use counterd::store::prelude::*;
-use counterd::store::{Fence, PendingBatch, StoreError};
+use counterd::store::{CounterDoc, Fence, PendingBatch, StoreError};
 
 const STREAM: &str = "comments";
 
@@ -37,6 +38,7 @@ fn delta(p: i64, d: i64) -> CounterDelta {
         delta: d,
         buckets: BTreeMap::from([(0, d)]),
         touched: BTreeSet::from([0]),
+        comments: Some(vec![comment(p * 100)]),
     }
 }
 
@@ -262,6 +264,102 @@ async fn installs_are_conditional<S: Store>(store: &S) {
     assert_eq!(shown(store, 1).await, Some(7));
 }
 
+/// Each batch that writes a counter appends its entry (its token and the rows it named, or
+/// `None`: not listed) to the counter's log; an already-applied statement appends nothing, the
+/// oldest entries fall off beyond `LOG_ENTRIES`, and a fold leaves the log alone.
+async fn counters_log_the_rows_each_batch_changed<S: Store>(store: &S) {
+    let f = fence(1);
+    let unlisted = CounterDelta {
+        comments: None,
+        ..delta(1, 1)
+    };
+    store
+        .apply_counters(&f, &[delta(1, 1)], &token(10), None)
+        .await
+        .unwrap();
+    store
+        .apply_counters(&f, std::slice::from_ref(&unlisted), &token(11), None)
+        .await
+        .unwrap();
+    store
+        .apply_counters(&f, &[unlisted], &token(11), None)
+        .await
+        .unwrap();
+    let log = |c: CounterDoc| {
+        c.recent
+            .into_iter()
+            .map(|t| (t.through, t.comments.map(|c| c.len())))
+            .collect::<Vec<_>>()
+    };
+    let read = store.read_counter(&post(1)).await.unwrap().unwrap();
+    assert_eq!(
+        read.recent[0].comments,
+        Some(vec![comment(100)]),
+        "the rows as written"
+    );
+    assert_eq!(
+        log(read),
+        vec![(token(10).0, Some(1)), (token(11).0, None)],
+        "one entry per applied batch, the unlisted one as None"
+    );
+    for n in 0..LOG_ENTRIES as u32 {
+        store
+            .apply_counters(&f, &[delta(1, 0)], &token(20 + n), None)
+            .await
+            .unwrap();
+    }
+    let read = store.read_counter(&post(1)).await.unwrap().unwrap();
+    assert_eq!(read.recent.len(), LOG_ENTRIES);
+    assert_eq!(read.recent[0].through, token(20).0, "the oldest fell off");
+    let before = log(read.clone());
+    assert!(store
+        .install_fold(&post(1), Some(&read), &fold(9), DateTime::from_millis(1))
+        .await
+        .unwrap());
+    let folded = store.read_counter(&post(1)).await.unwrap().unwrap();
+    assert_eq!(folded.shown(), 9);
+    assert_eq!(log(folded), before, "a fold keeps the log");
+}
+
+/// A ledger read for a recount carries the token of the batch that wrote each entry; an entry
+/// the snapshot claimed has none, and one of an older generation is left out.
+async fn ledger_reads_carry_the_batch_that_wrote_them<S: Store>(store: &S) {
+    let f = fence(1);
+    store
+        .write_ledger(
+            &f,
+            &[update(1, Some(row(1))), update(2, None)],
+            &token(10),
+            1,
+        )
+        .await
+        .unwrap();
+    store
+        .claim_ledger(&f, &[update(3, Some(row(1)))], 1)
+        .await
+        .unwrap();
+    let ids = [comment(1), comment(2), comment(3), comment(4)];
+    let read = store.read_ledger_at(STREAM, &ids, 1).await.unwrap();
+    assert_eq!(
+        read.get(&comment(1).key),
+        Some(&LedgerAt {
+            state: Some(row(1)),
+            through: Some(token(10).0)
+        })
+    );
+    assert_eq!(
+        read.get(&comment(2).key),
+        Some(&LedgerAt {
+            state: None,
+            through: Some(token(10).0)
+        })
+    );
+    assert_eq!(read.get(&comment(3).key).map(|e| &e.through), Some(&None));
+    assert_eq!(read.get(&comment(4).key), None, "no entry: unknown");
+    let newer = store.read_ledger_at(STREAM, &ids, 2).await.unwrap();
+    assert!(newer.is_empty(), "{newer:?}");
+}
+
 async fn mongo(test: &str) -> support::TestDb {
     support::TestDb::new(test).await
 }
@@ -299,4 +397,6 @@ contract!(
     snapshot_counters_are_guarded_by_chunk,
     older_epochs_are_fenced_out,
     installs_are_conditional,
+    counters_log_the_rows_each_batch_changed,
+    ledger_reads_carry_the_batch_that_wrote_them,
 );

@@ -293,6 +293,7 @@ async fn the_per_post_guard_rejects_a_duplicate_write() {
         delta: 1,
         buckets: [(0, 1)].into_iter().collect(),
         touched: [0].into_iter().collect(),
+        comments: Some(Vec::new()),
     };
     let token = Token("0000000000000010".into());
     let first = t

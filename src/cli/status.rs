@@ -255,7 +255,7 @@ fn in_flight_note(marks: usize) -> String {
 /// One reconcile run on one line.
 fn describe_run(run: &RunSummary) -> String {
     format!(
-        "{} ({}): {} posts, {} corrected, total |drift| {} (max {}, high +{}, low {}), {} in flight (retried later)",
+        "{} ({}): {} posts, {} corrected, total |drift| {} (max {}, high +{}, low {}), {} in flight (retried later){}",
         run.finished_at.map(rfc3339).unwrap_or_else(|| "?".into()),
         run.kind,
         run.posts,
@@ -264,6 +264,9 @@ fn describe_run(run: &RunSummary) -> String {
         run.max_abs_drift,
         run.drift_high,
         run.drift_low,
-        run.in_flight
+        run.in_flight,
+        run.longest_dirty_to_fold_secs
+            .map(|s| format!(", longest dirty-to-fold {s}s"))
+            .unwrap_or_default()
     )
 }

@@ -17,7 +17,7 @@ use crate::snapshot::SnapshotSettings;
 use crate::store::mongo::{Collections, ConnectOptions};
 use crate::worker::WorkerSettings;
 
-/// Posts a quiet-window recount counts before one shared wait for the worker.
+/// Posts a row-level recount reads before one shared wait for the worker.
 const RECOUNT_GROUP_SIZE: usize = 500;
 
 /// The configured stream, every post, and no pre-images: whether the server keeps them is

@@ -46,9 +46,9 @@ pub struct ReconcileSettings {
     pub sweep_window: usize,
     /// Recount only the posts of this partition (`None`: all posts).
     pub partition: Option<crate::partition::Partition>,
-    /// Posts counted before one shared wait for the worker (quiet-window recounts).
+    /// Posts read before one shared wait for the worker (row-level recounts).
     pub group_size: usize,
-    /// How long a quiet-window recount waits for the worker, and how often it looks.
+    /// How long a row-level recount waits for the worker, and how often it looks.
     pub catch_up: CatchUp,
     /// How long one pass of the background sweep over every post should take (`None`: no
     /// background sweep).
@@ -170,6 +170,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
                     let Outcome::Folded { watermark } = outcome else {
                         continue;
                     };
+                    run.folded_dirty(entry, self.clock.now());
                     if entry.newest_bucket.is_none_or(|b| b < watermark) {
                         self.store.clear_dirty(&entry.post, entry.version).await?;
                     } else {

@@ -7,7 +7,7 @@ use super::{Correction, Outcome, Reconciler, RunReport};
 use crate::event::PostId;
 use crate::fold::{fold, Fold};
 use crate::recount::{Consistent, Pace, Recount, Request};
-use crate::store::{RunSummary, Store, StoreResult};
+use crate::store::{DirtyEntry, RunSummary, Store, StoreResult};
 use crate::telemetry as m;
 
 impl<S: Store + ?Sized> Reconciler<S> {
@@ -65,8 +65,8 @@ impl<S: Store + ?Sized> Reconciler<S> {
     }
 
     /// Folds a consistent recount into the counter, conditioned on the counter unchanged since
-    /// it was last read; when the worker moved it meanwhile, re-reads and folds again as long as
-    /// the recount still holds (bounded).
+    /// it was last read; when the worker moved it meanwhile, re-reads and settles the recount
+    /// against the new state, then folds again (bounded).
     async fn install(&self, mut recount: Consistent, run: &mut Run) -> StoreResult<Outcome> {
         for _ in 0..self.settings.fold_retries.max(1) {
             let counter = recount.counter.clone();
@@ -95,13 +95,12 @@ impl<S: Store + ?Sized> Reconciler<S> {
                 return Ok(done);
             }
             let now = self.store.read_counter(&recount.post).await?;
-            if !recount.holds_for(now.as_ref()) {
+            if !self.recounter.settle(&mut recount, now).await? {
                 run.summary.in_flight += 1;
                 metrics::counter!(m::RECOUNTS_IN_FLIGHT, "stream" => self.settings.stream.clone())
                     .increment(1);
                 return Ok(Outcome::NotNow);
             }
-            recount.counter = now;
         }
         tracing::debug!(stream = %self.settings.stream, post = %recount.post, "the worker kept moving the counter; the post stays dirty");
         Ok(Outcome::NotNow)
@@ -206,6 +205,16 @@ impl Run {
             contended: Vec::new(),
             pace: Pace::new(counts_per_second),
         }
+    }
+
+    /// A fold covered the settled changes of a dirty entry: how long they waited.
+    pub(super) fn folded_dirty(&mut self, entry: &DirtyEntry, now: DateTime) {
+        let waited_ms = (now.timestamp_millis() - entry.first_dirty_at.timestamp_millis()).max(0);
+        metrics::histogram!(m::DIRTY_TO_FOLD, "stream" => self.stream.clone())
+            .record(waited_ms as f64 / 1000.0);
+        let secs = waited_ms / 1000;
+        let longest = &mut self.summary.longest_dirty_to_fold_secs;
+        *longest = Some(longest.map_or(secs, |l| l.max(secs)));
     }
 
     fn record(&mut self, post: &PostId, folded: &Fold) {

@@ -10,36 +10,45 @@
 //! 1. **Snapshot** (servers whose snapshot reads were detected for real): count as of cluster
 //!    time `T`, the later of the stream's checkpoint and the counter's own last applied event,
 //!    which is exactly the set of events the counter reflects.
-//! 2. **Quiet window** (every other server, and a `T` older than the snapshot window): read the
-//!    counter, count, take a position `Q` after every write the count could have seen, wait until
-//!    the worker has applied everything before `Q`, re-read the counter, and accept the count only
-//!    if no event changed one of the post's rows below the watermark since the first read (the
-//!    counter's `touched` map records, per creation bucket, the last batch that changed it). New
-//!    comments above the watermark never block a recount.
+//! 2. **Row level, the log wins** (every other server, and a `T` older than the snapshot
+//!    window): read the counter (`since`), read the *ids* of the post's live rows below the
+//!    watermark, wait until the worker has applied everything the read could have seen, and
+//!    re-read the counter (`until`). The counter's log names the rows each batch changed for
+//!    the post; rows changed in `(since, until]` take the ledger's state (the stream's version,
+//!    written with the same batch token), every other row the read's. The result is the count
+//!    as of `until`, exact to the event: a fold is refused only when a changed row's state at
+//!    `until` cannot be known (see [`window`] for the rule and its reasons). New comments
+//!    above the watermark, lookups, and old-row changes near the count no longer refuse it.
+//!    (The quiet window this replaces refused whenever *any* batch changed a settled row in the
+//!    seconds around the count, so the busiest posts never folded under steady load.)
 //!
-//! Either way the result carries `since`, the counter's `applied_through` when it was first read:
-//! any later counter state with no touch below the watermark after `since`, and no fold or hand
-//! edit of its base in between, may have the count folded in.
+//! Either way the result carries `since`, the counter's `applied_through` when it was first
+//! read. A snapshot count may be folded into any later counter state with no touch below the
+//! watermark after `since` ([`Consistent::holds_for`]); a row-level count is settled again
+//! against the later state ([`Recounter::settle`]).
 //!
-//! Where it lives: `mod.rs` the requests, the consistency rule and the recount itself;
-//! `wait.rs` waiting until the worker has applied everything before a position (or proving
-//! that nothing is pending when no worker runs); `observe.rs` the displayed-versus-true
-//! comparison `get`, `verify` and the tests report.
+//! Where it lives: `mod.rs` the requests, the recount itself and how a recount is carried to a
+//! later counter state; `window.rs` the pure row-level arithmetic; `wait.rs` waiting until the
+//! worker has applied everything before a position (or proving that nothing is pending when no
+//! worker runs); `observe.rs` the displayed-versus-true comparison `get`, `verify` and the
+//! tests report.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::Clock;
-use crate::event::PostId;
+use crate::event::{CommentId, PostId};
 use crate::fold::effective_watermark;
 use crate::store::{Checkpoint, CounterDoc, Store, StoreResult};
 use crate::time::bucket_start;
 
 mod observe;
 mod wait;
+pub mod window;
 
 pub use observe::Observation;
 pub use wait::applied_before;
+pub use window::{LedgerAt, Touch, Unsettled, LOG_ENTRIES};
 
 /// How long to wait for the worker, and how often to look.
 #[derive(Clone, Debug)]
@@ -91,12 +100,16 @@ pub struct Consistent {
     /// The counter's fold count when first read (a fold or hand edit in between voids it).
     pub folds: i64,
     pub base_count: i64,
-    /// Counted at a cluster time rather than by the quiet window.
+    /// Counted at a cluster time rather than at row level.
     pub snapshot: bool,
+    /// Row level: the ids of the live rows below the watermark as read after `since` (`None`
+    /// for a snapshot count). [`Recounter::settle`] turns them into `count` as of a counter
+    /// state.
+    pub read: Option<Vec<CommentId>>,
 }
 
 impl Consistent {
-    /// Whether the count still describes `counter`, a state read later: nothing changed a row
+    /// Whether a snapshot count still describes `counter`, a state read later: nothing changed a row
     /// below the watermark after `since`, and the base was not refolded or edited.
     pub fn holds_for(&self, counter: Option<&CounterDoc>) -> bool {
         let Some(c) = counter else {
@@ -167,7 +180,7 @@ impl<S: Store + ?Sized> Recounter<S> {
         }
     }
 
-    /// Recounts a group of posts. Snapshot counts need no wait; the quiet-window counts of the
+    /// Recounts a group of posts. Snapshot counts need no wait; the row-level reads of the
     /// group share one wait for the worker. `pace` spaces the count queries.
     pub async fn recount(
         &self,
@@ -183,7 +196,7 @@ impl<S: Store + ?Sized> Recounter<S> {
         }
         let checkpoint_time = checkpoint.and_then(|c| c.token_time);
         let mut out: Vec<Option<Recount>> = vec![None; requests.len()];
-        let mut quiet: Vec<(usize, Consistent)> = Vec::new();
+        let mut rows: Vec<(usize, Consistent)> = Vec::new();
         for (i, request) in requests.iter().enumerate() {
             let counter = self.store.read_counter(&request.post).await?;
             let watermark = self.watermark_for(request, counter.as_ref()).await?;
@@ -196,6 +209,7 @@ impl<S: Store + ?Sized> Recounter<S> {
                 watermark,
                 count: 0,
                 snapshot: false,
+                read: None,
             };
             let at = first
                 .counter
@@ -219,22 +233,27 @@ impl<S: Store + ?Sized> Recounter<S> {
                     continue;
                 }
             }
-            let count = self
-                .store
-                .count_live_below(&request.post, watermark)
-                .await?;
-            quiet.push((i, Consistent { count, ..first }));
+            let mut read = self.store.live_ids_below(&request.post, watermark).await?;
+            // Each row once, even if a cursor returned one twice while the collection moved.
+            let mut seen = std::collections::HashSet::new();
+            read.retain(|c| seen.insert(c.key.clone()));
+            rows.push((
+                i,
+                Consistent {
+                    read: Some(read),
+                    ..first
+                },
+            ));
         }
-        if !quiet.is_empty() {
+        if !rows.is_empty() {
             let after = self.store.read_position().await?.upper;
             let caught_up = self.wait_until_applied(after).await?;
-            for (i, mut recount) in quiet {
+            for (i, mut recount) in rows {
                 out[i] = Some(if !caught_up {
                     Recount::InFlight
                 } else {
                     let now = self.store.read_counter(&recount.post).await?;
-                    if recount.holds_for(now.as_ref()) {
-                        recount.counter = now;
+                    if self.settle(&mut recount, now).await? {
                         Recount::Consistent(Box::new(recount))
                     } else {
                         Recount::InFlight
@@ -246,6 +265,76 @@ impl<S: Store + ?Sized> Recounter<S> {
             .into_iter()
             .map(|r| r.expect("every post recounted"))
             .collect())
+    }
+
+    /// Carries a recount to `now`, a state of its counter read after the worker applied every
+    /// event the recount's read could have seen (or after an install raced the worker); on
+    /// success `recount.counter` is `now` and `recount.count` the count as of its position.
+    /// False: the count cannot be carried there (the post stays dirty for the next run).
+    ///
+    /// A snapshot count holds while nothing changed a settled row after `since`
+    /// ([`Consistent::holds_for`]). A row-level count is settled by [`window`]: the rows
+    /// the counter's log names after `since` take the ledger's state as of `now`.
+    pub async fn settle(
+        &self,
+        recount: &mut Consistent,
+        now: Option<CounterDoc>,
+    ) -> StoreResult<bool> {
+        let Some(read) = recount.read.as_ref() else {
+            let holds = recount.holds_for(now.as_ref());
+            if holds {
+                recount.counter = now;
+            }
+            return Ok(holds);
+        };
+        let Some(c) = now.as_ref() else {
+            // No counter now: only fine if there was none at the first read either.
+            if recount.since.is_none() && recount.counter.is_none() {
+                recount.count = read.len() as i64;
+                recount.counter = None;
+                return Ok(true);
+            }
+            return Ok(false);
+        };
+        if c.folds != recount.folds || c.state.base_count != recount.base_count {
+            return Ok(false); // refolded or edited meanwhile: its watermark may have moved
+        }
+        let until = c.applied_through.as_deref();
+        let settled = match window::changed_since(&c.recent, recount.since.as_deref(), until) {
+            Err(why) => Err(why),
+            Ok(changed) if changed.is_empty() => Ok(read.len() as i64),
+            Ok(changed) => {
+                let generation = self
+                    .store
+                    .load_checkpoint(&self.stream)
+                    .await?
+                    .map_or(0, |c| c.ledger_generation());
+                let ids: Vec<CommentId> = changed.values().map(|(c, _)| c.clone()).collect();
+                let ledger = self
+                    .store
+                    .read_ledger_at(&self.stream, &ids, generation)
+                    .await?;
+                window::count_as_of(
+                    read,
+                    &changed,
+                    &ledger,
+                    &recount.post,
+                    recount.watermark,
+                    until.unwrap_or_default(),
+                )
+            }
+        };
+        match settled {
+            Ok(count) => {
+                recount.count = count;
+                recount.counter = now;
+                Ok(true)
+            }
+            Err(why) => {
+                tracing::debug!(stream = %self.stream, post = %recount.post, ?why, "row-level recount not settled; the post stays dirty");
+                Ok(false)
+            }
+        }
     }
 
     /// The watermark a request counts below: a full recount goes above every row and bucket.
@@ -296,6 +385,7 @@ mod tests {
             watermark,
             count: 3,
             snapshot: false,
+            read: None,
         }
     }
 

@@ -39,6 +39,7 @@ use crate::batch::{CounterDelta, DirtyMark, LedgerUpdate};
 use crate::deployment::Deployment;
 use crate::event::{CommentId, PostId, Row, Token};
 use crate::fold::Fold;
+use crate::recount::LedgerAt;
 
 /// Everything the worker writes and the reconciler reads and folds: every concern's trait at
 /// once. Implemented for any type that implements them all, so `S: Store` bounds need nothing
@@ -181,6 +182,16 @@ pub trait Ledger: Send + Sync {
         generation: u64,
     ) -> StoreResult<HashMap<String, Option<Row>>>;
 
+    /// [`Ledger::read_ledger`] with the token of the batch that wrote each entry (`None`:
+    /// written by the snapshot or a rebuild): a row-level recount needs the entry as of the
+    /// counter's position, not a later one (see [`crate::recount::window`]).
+    async fn read_ledger_at(
+        &self,
+        stream: &str,
+        comments: &[CommentId],
+        generation: u64,
+    ) -> StoreResult<HashMap<String, LedgerAt>>;
+
     /// (b) Ledger states, each guarded per comment by `applied_through < through`, stamped
     /// with the stream's `generation` (see [`Ledger::read_ledger`]).
     async fn write_ledger(
@@ -249,9 +260,13 @@ pub trait Truth: Send + Sync {
     /// Live rows of `post` whose `created_at` is not `>= watermark` (seconds).
     async fn count_live_below(&self, post: &PostId, watermark: i64) -> StoreResult<i64>;
 
+    /// The ids of the rows [`Truth::count_live_below`] counts (the same filter): a row-level
+    /// recount settles the ones that changed while it read (see [`crate::recount::window`]).
+    async fn live_ids_below(&self, post: &PostId, watermark: i64) -> StoreResult<Vec<CommentId>>;
+
     /// The same count as of cluster time `at` (a snapshot read), on servers whose snapshot
     /// reads were detected for real. `None`: no snapshot reads here, or `at` is older than the
-    /// server's snapshot window; the caller falls back to the quiet-window check.
+    /// server's snapshot window; the caller falls back to the row-level recount.
     async fn count_live_below_at(
         &self,
         post: &PostId,

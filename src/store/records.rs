@@ -209,6 +209,10 @@ pub struct CounterDoc {
     /// post (net-zero changes included). A recount whose bucket range was touched after the
     /// counter was first read may have seen an event in flight: it is not installed.
     pub touched: BTreeMap<BucketStart, String>,
+    /// The rows each of the last batches changed for this post, oldest first (at most
+    /// [`crate::recount::LOG_ENTRIES`]): a row-level recount takes the stream's version of
+    /// exactly these rows (see [`crate::recount::window`]).
+    pub recent: Vec<crate::recount::Touch>,
     /// Folds installed so far: a recount made against one fold is void after another.
     pub folds: i64,
     /// The readers' field, `base_count + live_delta`, maintained in the same single-document
@@ -311,10 +315,14 @@ pub struct RunSummary {
     pub in_flight: u64,
     /// Posts folded but left dirty: a change that dirtied them is above the watermark.
     pub waiting: u64,
-    /// Recounts read at a cluster time (snapshot reads) rather than by the quiet window.
+    /// Recounts read at a cluster time (snapshot reads) rather than at row level.
     pub snapshot_counts: u64,
     /// Posts not counted because the initial snapshot was still running (they stay dirty).
     pub waiting_for_snapshot: u64,
+    /// The longest a dirty entry this run folded had waited, in seconds, from its first mark
+    /// (or its last requeue) to the fold (`None`: no dirty entry folded). Whether folds keep up
+    /// (see the `counterd_dirty_to_fold_seconds` histogram).
+    pub longest_dirty_to_fold_secs: Option<i64>,
 }
 
 /// Where the server stands, as two cluster times: `upper` is after every write acknowledged

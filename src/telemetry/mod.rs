@@ -62,6 +62,7 @@ pub const BACKGROUND_SWEEP_LAST_PASS: &str = "counterd_background_sweep_last_pas
 // --- the dirty set (shared by all streams; scrape-time age) -------------------------------
 pub const DIRTY_POSTS: &str = "counterd_dirty_posts";
 pub const DIRTY_OLDEST_AGE: &str = "counterd_dirty_oldest_age_seconds";
+pub const DIRTY_TO_FOLD: &str = "counterd_dirty_to_fold_seconds";
 // --- The initial snapshot ----------------------------------------------------------------
 pub const SNAPSHOT_ROWS: &str = "counterd_snapshot_rows_total";
 pub const SNAPSHOT_RUNNING: &str = "counterd_snapshot_running";
@@ -76,7 +77,7 @@ pub const MONGODB_OPERATION_DURATION: &str = "counterd_mongodb_operation_duratio
 pub const BUILD_INFO: &str = "counterd_build_info";
 
 /// Every counterd metric name, for documentation, the deploy checks and the scrape test.
-pub const ALL: [&str; 44] = [
+pub const ALL: [&str; 45] = [
     EVENTS_APPLIED,
     BAD_EVENTS,
     UNATTRIBUTABLE_EVENTS,
@@ -106,6 +107,7 @@ pub const ALL: [&str; 44] = [
     BACKGROUND_SWEEP_LAST_PASS,
     DIRTY_POSTS,
     DIRTY_OLDEST_AGE,
+    DIRTY_TO_FOLD,
     SNAPSHOT_ROWS,
     SNAPSHOT_RUNNING,
     SNAPSHOT_ROWS_SCANNED,
@@ -124,19 +126,21 @@ pub const ALL: [&str; 44] = [
 ];
 
 /// The histograms among [`ALL`] (exported as `_bucket`, `_sum`, `_count`).
-pub const HISTOGRAMS: [&str; 5] = [
+pub const HISTOGRAMS: [&str; 6] = [
     BATCH_APPLY_DURATION,
     BATCH_SIZE,
     RECONCILE_DURATION,
     DRIFT,
     MONGODB_OPERATION_DURATION,
+    DIRTY_TO_FOLD,
 ];
 
 /// Series that appear only on their first observation (an error, a correction, a takeover),
 /// or only for a stream this process works on.
-pub const ON_FIRST_USE: [&str; 9] = [
+pub const ON_FIRST_USE: [&str; 10] = [
     RETRIES,
     DRIFT,
+    DIRTY_TO_FOLD,
     FULL_SWEEP_PROGRESS,
     LEASE_TAKEOVERS,
     SNAPSHOT_ROWS,
@@ -161,6 +165,11 @@ pub const DURATION_BUCKETS: [f64; 12] = [
 ];
 pub const RECONCILE_BUCKETS: [f64; 10] = [0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0];
 pub const SIZE_BUCKETS: [f64; 8] = [1.0, 10.0, 50.0, 100.0, 500.0, 1000.0, 5000.0, 10000.0];
+/// Seconds from a post's dirty mark to the fold that covered it: settle time plus a bucket
+/// plus a few reconcile intervals is normal (minutes), hours is a reconciler that fell behind.
+pub const FOLD_WAIT_BUCKETS: [f64; 11] = [
+    5.0, 15.0, 30.0, 60.0, 120.0, 180.0, 300.0, 600.0, 1200.0, 3600.0, 14400.0,
+];
 pub const DRIFT_BUCKETS: [f64; 7] = [1.0, 2.0, 5.0, 10.0, 50.0, 100.0, 1000.0];
 
 #[cfg(test)]

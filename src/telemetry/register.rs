@@ -73,9 +73,14 @@ pub fn describe() {
         DRIFT,
         "Drift corrected per post, in comments, by sign (high: the counter ran above the true count, low: below)."
     );
+    describe_histogram!(
+        DIRTY_TO_FOLD,
+        Unit::Seconds,
+        "Seconds from a post's dirty mark (or its last requeue) to the fold that covered its settled changes, per stream."
+    );
     describe_counter!(
         RECOUNTS_IN_FLIGHT,
-        "Recounts not installed because a change to the post's settled rows was in flight (or the worker did not catch up in time); the post stays dirty and is retried."
+        "Recounts not installed because a row changed while counted could not be settled against the stream (or the worker did not catch up in time); the post stays dirty and is retried."
     );
     describe_counter!(SWEEP_POSTS, "Posts visited by full sweeps.");
     describe_gauge!(
@@ -133,8 +138,9 @@ pub fn install_recorder() -> metrics_exporter_prometheus::PrometheusHandle {
         std::sync::OnceLock::new();
     HANDLE
         .get_or_init(|| {
-            let buckets: [(&str, &[f64]); 5] = [
+            let buckets: [(&str, &[f64]); 6] = [
                 (DRIFT, &DRIFT_BUCKETS),
+                (DIRTY_TO_FOLD, &FOLD_WAIT_BUCKETS),
                 (BATCH_APPLY_DURATION, &DURATION_BUCKETS),
                 (MONGODB_OPERATION_DURATION, &DURATION_BUCKETS),
                 (RECONCILE_DURATION, &RECONCILE_BUCKETS),

@@ -15,8 +15,8 @@ use crate::store::{Checkpoint, EventSource, Fence, Store, StoreError, StreamOpti
 use crate::telemetry as m;
 
 /// Idle reads between two records of the drained position while nothing is applied (with the
-/// default idle interval, about once a second): the reconciler's quiet-window check waits for
-/// a drained position after its count.
+/// default idle interval, about once a second): the reconciler's row-level recount waits for
+/// a drained position after its read.
 const IDLE_READS_PER_DRAINED_RECORD: u32 = 10;
 
 /// Session-local state: events read but not yet applied, and the drained-position throttle.
@@ -349,7 +349,7 @@ impl<S: Store + ?Sized> Worker<S> {
         }
         // Drained: every event before `at` is applied. Recorded after every applied batch and
         // about once a second while idle, so the reconciler's watermark advances on a quiet
-        // stream and its quiet-window check sees the worker pass the position it waits for.
+        // stream and its row-level recount sees the worker pass the position it waits for.
         if let Some(at) = drained_at {
             // Every event before `at` is applied: the lag is measured from here.
             self.status

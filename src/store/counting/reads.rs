@@ -14,6 +14,16 @@ impl<S: Truth> Truth for CountingStore<S> {
         .await
     }
 
+    async fn live_ids_below(&self, post: &PostId, watermark: i64) -> StoreResult<Vec<CommentId>> {
+        self.count_query();
+        self.timed(
+            Concern::Truth,
+            0,
+            self.inner.live_ids_below(post, watermark),
+        )
+        .await
+    }
+
     async fn count_live_below_at(
         &self,
         post: &PostId,

@@ -178,6 +178,20 @@ impl<S: Ledger> Ledger for CountingStore<S> {
         .await
     }
 
+    async fn read_ledger_at(
+        &self,
+        stream: &str,
+        comments: &[CommentId],
+        generation: u64,
+    ) -> StoreResult<HashMap<String, LedgerAt>> {
+        self.timed(
+            Concern::Ledger,
+            0,
+            self.inner.read_ledger_at(stream, comments, generation),
+        )
+        .await
+    }
+
     async fn write_ledger(
         &self,
         fence: &Fence,

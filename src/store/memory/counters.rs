@@ -9,6 +9,7 @@ use super::{fence_ok, mongo_limit, not_gte, seam, Memory, MemoryStore, POST_FIEL
 use crate::batch::CounterDelta;
 use crate::event::{PostId, Token};
 use crate::fold::{CounterState, Fold};
+use crate::recount::{Touch, LOG_ENTRIES};
 use crate::store::{ApplyOutcome, CounterDoc, Fence};
 
 /// A stored counter document.
@@ -21,6 +22,8 @@ pub struct CounterRec {
     pub applied_through: Option<String>,
     pub applied_time: Option<Timestamp>,
     pub touched: BTreeMap<i64, String>,
+    /// The log of recent batches, oldest first (at most [`LOG_ENTRIES`]).
+    pub recent: Vec<Touch>,
     pub folds: i64,
     /// The last initial-snapshot chunk added to it.
     pub snapshot_chunk: Option<u64>,
@@ -73,6 +76,10 @@ impl Memory {
         for bucket in &w.touched {
             c.touched.insert(*bucket, through.to_string());
         }
+        c.recent
+            .push(Touch::new(through.as_str(), w.comments.as_deref()));
+        let excess = c.recent.len().saturating_sub(LOG_ENTRIES);
+        c.recent.drain(..excess);
         true
     }
 
@@ -125,6 +132,7 @@ impl Memory {
             applied_through: c.applied_through.clone(),
             applied_time: c.applied_time,
             touched: c.touched.clone(),
+            recent: c.recent.clone(),
             folds: c.folds,
             // Kept in the same single-document writes as its parts (hand edits too).
             count: Some(c.count),

@@ -7,6 +7,7 @@ use bson::DateTime;
 use super::{fence_ok, not_gte, seam, Memory, MemoryStore};
 use crate::batch::LedgerUpdate;
 use crate::event::{CommentId, PostId, Row, Token};
+use crate::recount::LedgerAt;
 use crate::store::Fence;
 
 /// A stored ledger entry.
@@ -76,6 +77,34 @@ impl Memory {
                     deleted: entry.deleted,
                 });
                 out.insert(c.key.clone(), row);
+            }
+        }
+        out
+    }
+
+    /// `read_ledger` with the token of the batch that wrote each entry.
+    pub fn read_ledger_at(
+        &self,
+        stream: &str,
+        comments: &[CommentId],
+        generation: u64,
+    ) -> HashMap<String, LedgerAt> {
+        let collection = ledger_collection(stream);
+        let mut out = HashMap::new();
+        for c in comments {
+            let key = (collection.clone(), c.key.clone());
+            let current = self
+                .ledger
+                .get(&key)
+                .filter(|(_, e)| e.generation >= generation);
+            if let Some((_, entry)) = current {
+                let state = entry.exists.then(|| Row {
+                    post: entry.post.clone(),
+                    created_at: entry.created_at,
+                    deleted: entry.deleted,
+                });
+                let through = entry.applied_through.clone().filter(|t| !t.is_empty());
+                out.insert(c.key.clone(), LedgerAt { state, through });
             }
         }
         out
@@ -178,6 +207,7 @@ impl Memory {
 
 seam!(Ledger {
     ok fn read_ledger(stream: &str, comments: &[CommentId], generation: u64) -> HashMap<String, Option<Row>>;
+    ok fn read_ledger_at(stream: &str, comments: &[CommentId], generation: u64) -> HashMap<String, LedgerAt>;
     ok fn write_ledger(fence: &Fence, updates: &[LedgerUpdate], through: &Token, generation: u64) -> ();
     ok fn rebuild_ledger(stream: &str, generation: u64, rows: &[(CommentId, Row)]) -> ();
     ok fn claim_ledger(fence: &Fence, claims: &[LedgerUpdate], generation: u64) -> ();

@@ -107,6 +107,20 @@ impl Memory {
             .count() as i64
     }
 
+    /// The ids of the rows `count_live_below` counts.
+    pub fn live_ids_below(&self, post: &PostId, watermark: i64) -> Vec<CommentId> {
+        let below = watermark.saturating_mul(1000);
+        self.comments
+            .iter()
+            .filter(|(_, row)| {
+                row_facts(row).is_some_and(|(p, created, live)| {
+                    &p == post && live && created.is_none_or(|c| c.timestamp_millis() < below)
+                })
+            })
+            .map(|(id, _)| comment_id(*id))
+            .collect()
+    }
+
     pub fn latest_created(&self, post: &PostId) -> Option<i64> {
         self.comments
             .values()
@@ -160,7 +174,7 @@ impl Memory {
             .collect()
     }
 
-    /// Like the fake server: no snapshot reads, so every recount takes the quiet window.
+    /// Like the fake server: no snapshot reads, so every recount is a row-level one.
     pub fn count_live_below_at(
         &self,
         _post: &PostId,
@@ -173,6 +187,7 @@ impl Memory {
 
 seam!(Truth {
     ok fn count_live_below(post: &PostId, watermark: i64) -> i64;
+    ok fn live_ids_below(post: &PostId, watermark: i64) -> Vec<CommentId>;
     ok fn count_live_below_at(post: &PostId, watermark: i64, at: Timestamp) -> Option<i64>;
     ok fn latest_created(post: &PostId) -> Option<i64>;
     ok fn count_live(post: &PostId) -> i64;

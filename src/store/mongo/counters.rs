@@ -48,12 +48,15 @@ impl Counters for MongoStore {
             for bucket in &w.touched {
                 set.insert(format!("touched.{bucket}"), through.as_str());
             }
+            let touch = Touch::new(through.as_str(), w.comments.as_deref());
             doc! {
                 "q": filter,
                 "u": {
                     "$inc": inc,
                     "$set": set,
                     "$setOnInsert": {"base_count": 0_i64, "base_watermark": 0_i64},
+                    // The batch's entry in the counter's log; the oldest fall off.
+                    "$push": {"recent": {"$each": [touch_to_doc(&touch)], "$slice": -(LOG_ENTRIES as i64)}},
                 },
                 "upsert": true,
             }

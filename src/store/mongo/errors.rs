@@ -14,7 +14,7 @@ pub(super) const TRANSIENT_CODES: [i32; 17] = [
 pub(super) const DUPLICATE_KEY: i32 = 11000;
 
 /// A snapshot read older than the server keeps history for (`SnapshotTooOld`,
-/// `SnapshotUnavailable`, `StaleClusterTime`-like refusals): fall back to the quiet window.
+/// `SnapshotUnavailable`, `StaleClusterTime`-like refusals): fall back to the row-level recount.
 pub(super) const SNAPSHOT_GONE: [i32; 3] = [239, 246, 209];
 
 /// A short, credential-free description of a driver error: the server's own words for a

@@ -10,28 +10,20 @@ impl Ledger for MongoStore {
         comments: &[CommentId],
         generation: u64,
     ) -> StoreResult<HashMap<String, Option<Row>>> {
-        let mut out = HashMap::new();
-        for chunk in comments.chunks(5000) {
-            let ids: Vec<Bson> = chunk.iter().map(|c| c.value.clone()).collect();
-            let mut cursor = self
-                .coll(&self.names.ledger_of(stream))
-                .find(doc! {"_id": {"$in": ids}})
-                .await
-                .map_err(|e| map_err("read the ledger", e))?;
-            while let Some(entry) = cursor
-                .try_next()
-                .await
-                .map_err(|e| map_err("read the ledger", e))?
-            {
-                if entry_generation(&entry) < generation {
-                    continue; // written before the latest history gap: unknown
-                }
-                if let Some(id) = entry.get("_id") {
-                    out.insert(CommentId::new(id.clone()).key, row_from_ledger(&entry));
-                }
-            }
-        }
-        Ok(out)
+        let entries = self.ledger_entries(stream, comments, generation).await?;
+        Ok(entries
+            .into_iter()
+            .map(|(key, entry)| (key, entry.state))
+            .collect())
+    }
+
+    async fn read_ledger_at(
+        &self,
+        stream: &str,
+        comments: &[CommentId],
+        generation: u64,
+    ) -> StoreResult<HashMap<String, LedgerAt>> {
+        self.ledger_entries(stream, comments, generation).await
     }
 
     async fn write_ledger(
@@ -130,5 +122,47 @@ impl Ledger for MongoStore {
         )
         .await?;
         Ok(())
+    }
+}
+
+impl MongoStore {
+    /// The ledger entries of `comments` (of `stream`, written under `generation` or later),
+    /// with the token of the batch that wrote each.
+    async fn ledger_entries(
+        &self,
+        stream: &str,
+        comments: &[CommentId],
+        generation: u64,
+    ) -> StoreResult<HashMap<String, LedgerAt>> {
+        let mut out = HashMap::new();
+        for chunk in comments.chunks(5000) {
+            let ids: Vec<Bson> = chunk.iter().map(|c| c.value.clone()).collect();
+            let mut cursor = self
+                .coll(&self.names.ledger_of(stream))
+                .find(doc! {"_id": {"$in": ids}})
+                .await
+                .map_err(|e| map_err("read the ledger", e))?;
+            while let Some(entry) = cursor
+                .try_next()
+                .await
+                .map_err(|e| map_err("read the ledger", e))?
+            {
+                if entry_generation(&entry) < generation {
+                    continue; // written before the latest history gap: unknown
+                }
+                if let Some(id) = entry.get("_id") {
+                    let at = LedgerAt {
+                        state: row_from_ledger(&entry),
+                        through: entry
+                            .get_str("applied_through")
+                            .ok()
+                            .filter(|t| !t.is_empty())
+                            .map(String::from),
+                    };
+                    out.insert(CommentId::new(id.clone()).key, at);
+                }
+            }
+        }
+        Ok(out)
     }
 }

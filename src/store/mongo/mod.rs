@@ -52,6 +52,7 @@ use crate::schema::{Schema, SoftDelete};
 const LEDGER_POST: &str = "post_id";
 const LEDGER_CREATED: &str = "created_at";
 use crate::fold::{CounterState, Fold};
+use crate::recount::{Touch, LOG_ENTRIES};
 
 /// The names of counterd's own collections: a prefix (default `counterd_`) for its bookkeeping,
 /// and the counters collection that readers query (default `comment_counters`).

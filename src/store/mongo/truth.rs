@@ -13,6 +13,26 @@ impl Truth for MongoStore {
         Ok(n as i64)
     }
 
+    async fn live_ids_below(&self, post: &PostId, watermark: i64) -> StoreResult<Vec<CommentId>> {
+        let mut cursor = self
+            .comments
+            .find(self.live_below(post, watermark))
+            .projection(doc! {"_id": 1})
+            .await
+            .map_err(|e| map_err("read the ids of live comments", e))?;
+        let mut ids = Vec::new();
+        while let Some(doc) = cursor
+            .try_next()
+            .await
+            .map_err(|e| map_err("read the ids of live comments", e))?
+        {
+            if let Some(id) = doc.get("_id") {
+                ids.push(CommentId::new(id.clone()));
+            }
+        }
+        Ok(ids)
+    }
+
     async fn count_live_below_at(
         &self,
         post: &PostId,
@@ -26,7 +46,7 @@ impl Truth for MongoStore {
         match self.count_at(filter, at).await {
             Ok(n) => Ok(Some(n)),
             Err(e) if error_code(&e).is_some_and(|c| SNAPSHOT_GONE.contains(&c)) => {
-                tracing::debug!(%post, at = ?at, "snapshot too old; falling back to the quiet window");
+                tracing::debug!(%post, at = ?at, "snapshot too old; falling back to the row-level recount");
                 Ok(None)
             }
             Err(e) => Err(map_err("count live comments at a cluster time", e)),

@@ -66,6 +66,10 @@ pub enum Broken {
     /// writes record no touched buckets and the server's position is always "applied", so a
     /// count that saw an event in flight is installed.
     UnconditionedRecount,
+    /// The row-level recount ignores the rows changed inside its window: counter writes log
+    /// no rows, so the recount takes every row as read, also those whose events the counter
+    /// had not applied yet (or had applied after the read).
+    WindowIgnored,
 }
 
 /// The store's tables and the simulation's own state, behind one lock that is never held
@@ -84,6 +88,9 @@ pub struct State {
     /// Comment ids hard-deleted so far (for re-inserts of a known `_id`).
     gone_ids: Vec<i64>,
     pub posts: i64,
+    /// Hot posts: most inserts go to post 0, and most old-row changes pick one of its rows
+    /// (the busiest counters, which the quiet window never let fold under load).
+    pub hot: bool,
     /// Writers sometimes remove a row's `post_id` (it leaves counting) and set it again later.
     pub unset_post_ids: bool,
     /// Share of pre-images that have expired by the time they are read (they come back null).
@@ -273,6 +280,7 @@ impl SimStore {
                 next_id: 0,
                 gone_ids: Vec::new(),
                 posts,
+                hot: false,
                 unset_post_ids: true,
                 pre_image_expiry: 0.1,
                 faults: Faults::none(),

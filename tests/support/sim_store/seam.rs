@@ -12,6 +12,7 @@ use counterd::batch::{CounterDelta, DirtyMark, LedgerUpdate};
 use counterd::deployment::Deployment;
 use counterd::event::{CommentId, PostId, Row, Token};
 use counterd::fold::Fold;
+use counterd::recount::LedgerAt;
 use counterd::store::prelude::*;
 use counterd::store::{
     ApplyOutcome, Checkpoint, CommentsExtent, CounterDoc, DirtyEntry, DirtyOrder, DirtySummary,
@@ -34,6 +35,9 @@ impl State {
         let mut w = Cow::Borrowed(w);
         if self.broken == Broken::UnconditionedRecount {
             w.to_mut().touched.clear(); // no touched buckets recorded
+        }
+        if self.broken == Broken::WindowIgnored {
+            w.to_mut().comments = Some(Vec::new()); // the log names no changed row
         }
         // No guard: the counter's `applied_through` is forgotten for this statement (and put
         // back if the fence refused it anyway).
@@ -334,6 +338,19 @@ impl Ledger for SimStore {
         .await
     }
 
+    async fn read_ledger_at(
+        &self,
+        stream: &str,
+        comments: &[CommentId],
+        generation: u64,
+    ) -> StoreResult<HashMap<String, LedgerAt>> {
+        self.single("read_ledger_at", false, |s| {
+            s.stat("recount settled rows changed in its window");
+            Ok(s.memory.read_ledger_at(stream, comments, generation))
+        })
+        .await
+    }
+
     async fn write_ledger(
         &self,
         fence: &Fence,
@@ -437,13 +454,20 @@ impl Truth for SimStore {
         .await
     }
 
+    async fn live_ids_below(&self, post: &PostId, watermark: i64) -> StoreResult<Vec<CommentId>> {
+        self.single("live_ids_below", false, |s| {
+            Ok(s.memory.live_ids_below(post, watermark))
+        })
+        .await
+    }
+
     async fn count_live_below_at(
         &self,
         _post: &PostId,
         _watermark: i64,
         _at: Timestamp,
     ) -> StoreResult<Option<i64>> {
-        // Like the fake server: no snapshot reads, so every recount takes the quiet window.
+        // Like the fake server: no snapshot reads, so every recount is a row-level one.
         Ok(None)
     }
 

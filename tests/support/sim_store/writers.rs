@@ -15,6 +15,9 @@ use super::State;
 
 impl State {
     fn random_post(&mut self) -> i64 {
+        if self.hot && self.rng.random_bool(0.7) {
+            return 0;
+        }
         self.rng.random_range(0..self.posts)
     }
 
@@ -24,6 +27,24 @@ impl State {
         let n = self.memory.comments.len();
         if n == 0 {
             return None;
+        }
+        if self.hot && self.rng.random_bool(0.7) {
+            // One of the hot post's rows, often an old one.
+            let hot: Vec<i64> = self
+                .memory
+                .comments
+                .iter()
+                .filter(|(_, row)| row.get(POST_FIELD) == Some(&Bson::Int64(0)))
+                .map(|(id, _)| *id)
+                .collect();
+            if !hot.is_empty() {
+                let i = if self.rng.random_bool(0.5) {
+                    self.rng.random_range(0..hot.len().div_ceil(3))
+                } else {
+                    self.rng.random_range(0..hot.len())
+                };
+                return Some(hot[i]);
+            }
         }
         let i = if self.rng.random_bool(0.4) {
             self.rng.random_range(0..n.div_ceil(3))

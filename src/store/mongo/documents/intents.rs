@@ -21,6 +21,10 @@ struct CounterDeltaDoc {
     /// buckets.
     #[serde(default)]
     touched: Option<Vec<BucketStart>>,
+    /// The rows the batch named for the post (`None`: not listed, or a batch recorded before
+    /// the counter's log existed; a recount spanning it refuses).
+    #[serde(default)]
+    comments: Option<Vec<Bson>>,
 }
 
 impl From<&CounterDelta> for CounterDeltaDoc {
@@ -30,6 +34,10 @@ impl From<&CounterDelta> for CounterDeltaDoc {
             delta: c.delta,
             buckets: c.buckets.clone(),
             touched: Some(c.touched.iter().copied().collect()),
+            comments: c
+                .comments
+                .as_ref()
+                .map(|list| list.iter().map(|c| c.value.clone()).collect()),
         }
     }
 }
@@ -45,6 +53,9 @@ impl From<CounterDeltaDoc> for CounterDelta {
             delta: c.delta,
             buckets: c.buckets,
             touched,
+            comments: c
+                .comments
+                .map(|list| list.into_iter().map(CommentId::new).collect()),
         }
     }
 }

@@ -101,9 +101,41 @@ pub(super) fn counter_from_doc(doc: &Document) -> StoreResult<CounterDoc> {
                 .collect(),
             Err(_) => BTreeMap::new(),
         },
+        recent: recent_from(doc),
         last_drift: int_or_none("last_drift")?,
         reconciled_at: doc.get_datetime("reconciled_at").ok().copied(),
     })
+}
+
+/// The counter's log of recent batches (`recent: [{t: token, c: [ids] | null}]`). An entry
+/// that does not read is kept as unlisted, so a recount spanning it refuses rather than
+/// missing a row.
+fn recent_from(doc: &Document) -> Vec<Touch> {
+    let Ok(entries) = doc.get_array("recent") else {
+        return Vec::new();
+    };
+    entries
+        .iter()
+        .filter_map(Bson::as_document)
+        .filter_map(|e| {
+            Some(Touch {
+                through: e.get_str("t").ok()?.to_string(),
+                comments: e
+                    .get_array("c")
+                    .ok()
+                    .map(|ids| ids.iter().cloned().map(CommentId::new).collect()),
+            })
+        })
+        .collect()
+}
+
+/// A log entry as stored in the counter document.
+pub(super) fn touch_to_doc(touch: &Touch) -> Document {
+    let comments = match &touch.comments {
+        Some(ids) => Bson::Array(ids.iter().map(|c| c.value.clone()).collect()),
+        None => Bson::Null,
+    };
+    doc! {"t": touch.through.as_str(), "c": comments}
 }
 
 pub(super) fn checkpoint_from_doc(stream: &str, doc: &Document) -> StoreResult<Checkpoint> {

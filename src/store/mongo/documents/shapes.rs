@@ -28,6 +28,10 @@ fn counter_delta() -> CounterDelta {
         delta: 2,
         buckets: BTreeMap::from([(3600, 2)]),
         touched: [0, 3600].into(),
+        comments: Some(vec![
+            CommentId::new(Bson::Int32(5)),
+            CommentId::new(Bson::String("c9".into())),
+        ]),
     }
 }
 
@@ -49,7 +53,7 @@ fn ledger_updates() -> Vec<LedgerUpdate> {
 }
 
 fn stored_counters() -> Bson {
-    bson::bson!([{"post": 7_i64, "delta": 2_i64, "buckets": {"3600": 2_i64}, "touched": [0_i64, 3600_i64]}])
+    bson::bson!([{"post": 7_i64, "delta": 2_i64, "buckets": {"3600": 2_i64}, "touched": [0_i64, 3600_i64], "comments": [5_i32, "c9"]}])
 }
 
 fn stored_ledger() -> Bson {
@@ -114,6 +118,10 @@ fn an_older_pending_batch_still_reads() {
     let counter = &read.counters[0];
     assert_eq!(counter.buckets, BTreeMap::from([(3600, 1), (7200, 1)]));
     assert_eq!(counter.touched, [3600, 7200].into());
+    assert_eq!(
+        counter.comments, None,
+        "not listed: a recount spanning it refuses"
+    );
 }
 
 #[test]

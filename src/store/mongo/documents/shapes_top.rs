@@ -25,6 +25,7 @@ fn a_counter_document_reads_as_stored() {
         "folds": 1_i64,
         "count": 12_i64,
         "touched": {"7200": "82AB"},
+        "recent": [{"t": "82AA", "c": [5_i32, "c9"]}, {"t": "82AB", "c": null}],
         "last_drift": -1_i64,
         "reconciled_at": at(5_000),
     };
@@ -39,6 +40,19 @@ fn a_counter_document_reads_as_stored() {
         applied_through: Some("82AB".into()),
         applied_time: Some(ts(10)),
         touched: BTreeMap::from([(7200, "82AB".to_string())]),
+        recent: vec![
+            Touch {
+                through: "82AA".into(),
+                comments: Some(vec![
+                    CommentId::new(Bson::Int32(5)),
+                    CommentId::new(Bson::String("c9".into())),
+                ]),
+            },
+            Touch {
+                through: "82AB".into(),
+                comments: None,
+            },
+        ],
         folds: 1,
         count: Some(12),
         last_drift: Some(-1),
