@@ -19,6 +19,7 @@
 //! [`cli`] is the command-line edge over all of it.
 
 pub mod batch;
+pub mod budget;
 pub mod classify;
 pub mod cli;
 pub mod clock;

@@ -61,6 +61,10 @@ pub struct Settings {
     /// Longest time spent gathering one batch while events keep coming.
     #[serde(with = "humantime_serde")]
     pub max_batch_wait: Duration,
+    /// Bytes that every buffer draws from (events in flight, read ahead, snapshot chunks,
+    /// recounts, server replies); reading waits while it is spent. 0: derived from the
+    /// container's memory limit (cgroup v2 or v1), else 24 MiB.
+    pub memory_budget: u64,
     /// Pause after a read that returned no events.
     #[serde(with = "humantime_serde")]
     pub idle_interval: Duration,
@@ -163,6 +167,7 @@ impl Default for Settings {
             batch_size: 1000,
             max_batch_size: 10_000,
             max_batch_wait: Duration::from_millis(200),
+            memory_budget: 0,
             idle_interval: Duration::from_millis(100),
             max_await: Duration::from_millis(500),
             start_at: String::new(),
@@ -250,6 +255,15 @@ impl Settings {
     /// counterd's own collections.
     pub fn collections(&self) -> crate::store::mongo::Collections {
         crate::store::mongo::Collections::new(&self.collection_prefix, &self.counters_collection)
+    }
+
+    /// The memory budget in bytes: `memory_budget`, or (0) derived from the container's
+    /// memory limit.
+    pub fn memory_budget_bytes(&self) -> usize {
+        match self.memory_budget {
+            0 => crate::budget::cost::budget_for_limit(crate::budget::cgroup::memory_limit()),
+            bytes => bytes.min(u32::MAX as u64) as usize,
+        }
     }
 
     pub fn bucket_width_secs(&self) -> i64 {

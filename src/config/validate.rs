@@ -66,6 +66,17 @@ impl Settings {
                 "the initial snapshot keeps its counts honest through the comment ledger: use attribution = \"auto\" or \"ledger\", or set initial_snapshot = \"never\"",
             ));
         }
+        if self.memory_budget != 0 && self.memory_budget < crate::budget::cost::min_budget() as u64
+        {
+            return Err(bad(
+                "memory_budget",
+                self.memory_budget.to_string(),
+                &format!(
+                    "too small to hold one event beside a server reply: at least {} bytes (or 0: derived from the container's memory limit)",
+                    crate::budget::cost::min_budget()
+                ),
+            ));
+        }
         if !(1..=100_000).contains(&self.batch_size) {
             return Err(bad(
                 "batch_size",

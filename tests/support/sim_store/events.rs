@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use counterd::store::memory::{drained_token, Cursor};
-use counterd::store::{EventSource, RawBatch, StoreResult};
+use counterd::store::{EventSource, RawBatch, ReadLimit, StoreResult};
 use rand::Rng;
 
 use super::faults::drained_answer;
@@ -49,7 +49,7 @@ impl SimEvents {
     }
 
     /// One read: events, "nothing new", a fault, or the end of the worker's run.
-    async fn read(&mut self, max: usize) -> Read {
+    async fn answer(&mut self, limit: ReadLimit) -> Read {
         let strike = self.store.enter("next_batch", None, false).await;
         {
             let mut s = self.store.lock();
@@ -119,9 +119,26 @@ impl SimEvents {
             }
             return Read::Answer(Ok(batch));
         }
-        let limit = max.min(available).min(s.read_max).max(1);
-        let n = s.rng.random_range(1..=limit);
+        let most = limit.events.min(available).min(s.read_max).max(1);
+        let asked = s.rng.random_range(1..=most);
         let next = self.cursor.next;
+        let batch = s.memory.read_events(
+            &mut self.cursor,
+            ReadLimit {
+                events: asked,
+                ..limit
+            },
+        );
+        let n = batch.events.len();
+        if n == 0 {
+            // The memory budget: the first event did not fit what the reader holds.
+            s.stat("read cut to nothing by the budget");
+            s.note("  read: none (over the budget)".into());
+            return Read::Answer(Ok(batch));
+        }
+        if n < asked {
+            s.stat("read cut by the budget");
+        }
         let what: Vec<String> = s.memory.oplog[next..next + n]
             .iter()
             .map(|e| {
@@ -136,7 +153,6 @@ impl SimEvents {
             })
             .collect();
         s.note(format!("  read: {}", what.join(", ")));
-        let batch = s.memory.read_events(&mut self.cursor, n);
         if let Some(budget) = s.read_budget.as_mut() {
             *budget = budget.saturating_sub(1);
         }
@@ -153,8 +169,11 @@ enum Read {
 
 #[async_trait]
 impl EventSource for SimEvents {
-    async fn next_batch(&mut self, max: usize, _max_wait: Duration) -> StoreResult<RawBatch> {
-        match self.read(max).await {
+    async fn read(&mut self, limit: ReadLimit, _max_wait: Duration) -> StoreResult<RawBatch> {
+        if limit.events == 0 {
+            return Ok(RawBatch::default());
+        }
+        match self.answer(limit).await {
             Read::Answer(answer) => answer,
             Read::Stop(why) => self.stop(why).await,
         }
