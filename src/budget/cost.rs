@@ -29,8 +29,9 @@ pub const LARGEST_EVENT: usize = 16 * 1024;
 /// before counterd reads an event of it, so [`REPLY_RESERVE`] sets it aside.
 pub const EVENTS_PER_REPLY: u32 = 1000;
 
-/// What one server reply may hold while it is decoded: a reply of projected events.
-pub const REPLY_RESERVE: usize = 2 * 1024 * 1024;
+/// What one server reply may hold (a reply of projected events, kept raw until each event is
+/// taken): every open stream holds this much of the budget for as long as it is open.
+pub const REPLY_RESERVE: usize = 1024 * 1024;
 
 /// The budget without a container limit: fits the shipped manifests (limit 96 MiB, of which an
 /// idle `counterd run` holds about 26).
@@ -53,22 +54,25 @@ pub fn document_cost(doc: &bson::Document) -> usize {
     event_cost(bson::to_vec(doc).map_or(0, |bytes| bytes.len()))
 }
 
-/// The smallest budget that holds one event of [`LARGEST_EVENT`] bytes beside a server reply.
-pub fn min_budget() -> usize {
-    event_cost(LARGEST_EVENT) + REPLY_RESERVE
+/// The smallest budget for `streams` open streams (one per partition a process works on):
+/// each stream's reply reserve, and room for one event of [`LARGEST_EVENT`] bytes. (Below it, a
+/// worker could wait for room that never frees.)
+pub fn min_budget(streams: usize) -> usize {
+    streams.max(1) * REPLY_RESERVE + event_cost(LARGEST_EVENT)
 }
 
 /// The budget for a container limit (`None`: no limit): what the limit leaves beside the idle
 /// process, half of it so that estimates and allocator slack stay inside the limit, and never
-/// less than the minimum.
-pub fn budget_for_limit(limit: Option<u64>) -> usize {
-    match limit {
+/// less than the minimum for `streams` streams.
+pub fn budget_for_limit(limit: Option<u64>, streams: usize) -> usize {
+    let budget = match limit {
         None => DEFAULT_BUDGET,
         Some(limit) => {
             let usable = limit.saturating_sub(OUTSIDE_BUDGET) / 2;
-            (usable.min(u32::MAX as u64) as usize).max(min_budget())
+            usable.min(u32::MAX as u64) as usize
         }
-    }
+    };
+    budget.max(min_budget(streams))
 }
 
 /// What the budget leaves to events in flight: the reply reserve is set aside.
@@ -174,17 +178,19 @@ mod tests {
 
     #[test]
     fn the_budget_follows_the_container_limit() {
-        assert_eq!(budget_for_limit(None), DEFAULT_BUDGET);
+        assert_eq!(budget_for_limit(None, 1), DEFAULT_BUDGET);
         // The shipped manifest's limit: (96 - 40) / 2 = 28 MiB.
-        assert_eq!(budget_for_limit(Some(96 << 20)), 28 << 20);
+        assert_eq!(budget_for_limit(Some(96 << 20), 1), 28 << 20);
         assert_eq!(
-            budget_for_limit(Some(1 << 30)),
+            budget_for_limit(Some(1 << 30), 1),
             ((1 << 30) - (40 << 20)) / 2
         );
-        // A tiny limit still gets the minimum (the process may not fit, but it says so itself
-        // rather than stalling).
-        assert_eq!(budget_for_limit(Some(10 << 20)), min_budget());
-        assert!(DEFAULT_BUDGET >= min_budget());
+        // A tiny limit still gets the minimum (the process may not fit, but then the kernel
+        // says so, rather than a worker waiting for room that never frees).
+        assert_eq!(budget_for_limit(Some(10 << 20), 1), min_budget(1));
+        assert_eq!(budget_for_limit(None, 64), min_budget(64));
+        assert!(DEFAULT_BUDGET >= min_budget(4));
+        assert_eq!(min_budget(0), min_budget(1));
     }
 
     #[test]

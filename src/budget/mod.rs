@@ -44,6 +44,8 @@ struct Inner {
     /// Whether the gauges are this budget's (the process's own; a budget made for a tool or
     /// a test is not exported).
     exported: bool,
+    /// Tasks waiting in [`Budget::take_at_least`] now.
+    waiting: AtomicUsize,
     /// Bytes held beyond the budget: one item larger than everything free (see
     /// [`Budget::take_at_least`]), so that a single oversized event never stalls the stream.
     overdraft: AtomicUsize,
@@ -71,6 +73,7 @@ impl Budget {
                 total,
                 free: Semaphore::new(total),
                 exported,
+                waiting: AtomicUsize::new(0),
                 overdraft: AtomicUsize::new(0),
             }),
         }
@@ -89,6 +92,11 @@ impl Budget {
     pub fn in_use(&self) -> usize {
         self.inner.total - self.inner.free.available_permits()
             + self.inner.overdraft.load(Ordering::Relaxed)
+    }
+
+    /// Tasks waiting for room now (backpressure; the simulation's statistics).
+    pub fn waiting(&self) -> usize {
+        self.inner.waiting.load(Ordering::Relaxed)
     }
 
     /// Bytes free now.
@@ -149,12 +157,17 @@ impl Budget {
     /// is still read (at start, a budget too small for one event is refused as configuration).
     pub async fn take_at_least(&self, min: usize, want: usize) -> Grant {
         let from_budget = min.min(self.inner.total);
-        let permits = self
-            .inner
-            .free
-            .acquire_many(from_budget as u32)
-            .await
-            .expect("the budget's semaphore is never closed");
+        let permits = match self.inner.free.try_acquire_many(from_budget as u32) {
+            Ok(permits) => permits,
+            Err(_) => {
+                let _waiting = Waiting::enter(&self.inner.waiting);
+                self.inner
+                    .free
+                    .acquire_many(from_budget as u32)
+                    .await
+                    .expect("the budget's semaphore is never closed")
+            }
+        };
         permits.forget();
         let overdraft = min - from_budget;
         self.inner.overdraft.fetch_add(overdraft, Ordering::Relaxed);
@@ -166,6 +179,22 @@ impl Budget {
         grant.merge(self.take_free(want.saturating_sub(min)));
         self.report();
         grant
+    }
+}
+
+/// Counts a waiter for as long as it waits (also when its wait is dropped midway).
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    fn enter(count: &'a AtomicUsize) -> Waiting<'a> {
+        count.fetch_add(1, Ordering::Relaxed);
+        Waiting(count)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -258,6 +287,7 @@ mod tests {
         };
         tokio::task::yield_now().await;
         assert!(!waiter.is_finished(), "100 free, 200 needed: it waits");
+        assert_eq!(budget.waiting(), 1);
         drop(held);
         assert_eq!(waiter.await.unwrap(), 800, "then takes up to what it wants");
         assert_eq!(budget.in_use(), 0);

@@ -63,7 +63,8 @@ pub struct Settings {
     pub max_batch_wait: Duration,
     /// Bytes that every buffer draws from (events in flight, read ahead, snapshot chunks,
     /// recounts, server replies); reading waits while it is spent. 0: derived from the
-    /// container's memory limit (cgroup v2 or v1), else 24 MiB.
+    /// container's memory limit (cgroup v2 or v1: half of what it leaves beside 40 MiB), else
+    /// 24 MiB.
     pub memory_budget: u64,
     /// Pause after a read that returned no events.
     #[serde(with = "humantime_serde")]
@@ -261,9 +262,21 @@ impl Settings {
     /// memory limit.
     pub fn memory_budget_bytes(&self) -> usize {
         match self.memory_budget {
-            0 => crate::budget::cost::budget_for_limit(crate::budget::cgroup::memory_limit()),
+            0 => crate::budget::cost::budget_for_limit(
+                crate::budget::cgroup::memory_limit(),
+                self.streams_per_process(),
+            ),
             bytes => bytes.min(u32::MAX as u64) as usize,
         }
+    }
+
+    /// The most streams (partitions) one process works on at once.
+    pub fn streams_per_process(&self) -> usize {
+        let partitions = self.partitions.max(1);
+        (match self.max_partitions_per_process {
+            0 => partitions,
+            n => n.min(partitions),
+        }) as usize
     }
 
     pub fn bucket_width_secs(&self) -> i64 {

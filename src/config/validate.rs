@@ -66,14 +66,14 @@ impl Settings {
                 "the initial snapshot keeps its counts honest through the comment ledger: use attribution = \"auto\" or \"ledger\", or set initial_snapshot = \"never\"",
             ));
         }
-        if self.memory_budget != 0 && self.memory_budget < crate::budget::cost::min_budget() as u64
-        {
+        let least = crate::budget::cost::min_budget(self.streams_per_process());
+        if self.memory_budget != 0 && self.memory_budget < least as u64 {
             return Err(bad(
                 "memory_budget",
                 self.memory_budget.to_string(),
                 &format!(
-                    "too small to hold one event beside a server reply: at least {} bytes (or 0: derived from the container's memory limit)",
-                    crate::budget::cost::min_budget()
+                    "too small to hold one event beside a server reply per stream ({} streams): at least {least} bytes (or 0: derived from the container's memory limit)",
+                    self.streams_per_process()
                 ),
             ));
         }

@@ -127,6 +127,12 @@ impl<S: Store + ?Sized> Worker<S> {
             (None, Some(at)) => StreamStart::AtTime(at),
             (None, None) => StreamStart::Now,
         };
+        // An open stream holds a server reply's worth of the budget (see `REPLY_RESERVE`).
+        let _reply = tokio::select! {
+            biased;
+            grant = self.settings.budget.take_at_least(cost::REPLY_RESERVE, cost::REPLY_RESERVE) => grant,
+            _ = shutdown.wait() => return Ok(()),
+        };
         let mut source = self
             .store
             .open_stream(StreamOptions {

@@ -40,7 +40,11 @@ impl SimEvents {
     /// (`Ok`) on the shutdown it awaits beside the read. Not an answer of "nothing new": with
     /// events waiting, that would be a drained position the worker trusts and records.
     async fn stop(&self, why: &str) -> StoreResult<RawBatch> {
-        self.store.lock().stat(why);
+        {
+            let mut s = self.store.lock();
+            s.stat(why);
+            s.note_budget_waiters();
+        }
         let worker = self.store.worker.as_ref();
         worker
             .expect("only workers read the simulation's change stream")
@@ -114,6 +118,7 @@ impl SimEvents {
             self.idled = true;
             let batch = drained(&mut s, "");
             s.stat("stop caught up");
+            s.note_budget_waiters();
             for trigger in &s.shutdown {
                 trigger.request();
             }
