@@ -15,31 +15,40 @@ pub fn memory_limit() -> Option<u64> {
 }
 
 /// The limit found under the cgroup mount `root` for a process whose `/proc/self/cgroup` reads
-/// `own`: v2's `memory.max` of its group and of every parent (the smallest counts; inside a
-/// container's cgroup namespace the group is `/`), else v1's `memory.limit_in_bytes`.
+/// `own`: v2's `memory.max` (cgroup2 mounted at `root`), else v1's `memory.limit_in_bytes`
+/// (under `root/memory`), of the process's group and of every parent up to the mount: the
+/// smallest counts (a container's limit may sit on a parent; inside a cgroup namespace the
+/// group is `/`). A hybrid host mounts v2 elsewhere, without controllers: v1 is read there.
 pub fn limit_under(root: &Path, own: &str) -> Option<u64> {
-    if let Some(path) = v2_path(own) {
-        let mut dir = root.join(path.trim_start_matches('/'));
-        let mut smallest: Option<u64> = None;
-        loop {
-            if let Some(limit) = read(&dir.join("memory.max")).and_then(|t| parse_v2(&t)) {
-                smallest = Some(smallest.map_or(limit, |s| s.min(limit)));
-            }
-            if dir == root || !dir.pop() || !dir.starts_with(root) {
-                break;
-            }
+    let v2 = v2_path(own).and_then(|path| smallest_up(root, path, "memory.max", parse_v2));
+    v2.or_else(|| {
+        let path = v1_path(own).unwrap_or("/");
+        smallest_up(
+            &root.join("memory"),
+            path,
+            "memory.limit_in_bytes",
+            parse_v1,
+        )
+    })
+}
+
+/// The smallest limit in `file` of the group `path` under `mount` and of its parents.
+fn smallest_up(
+    mount: &Path,
+    path: &str,
+    file: &str,
+    parse: fn(&str) -> Option<u64>,
+) -> Option<u64> {
+    let mut dir: PathBuf = mount.join(path.trim_start_matches('/'));
+    let mut smallest: Option<u64> = None;
+    loop {
+        if let Some(limit) = read(&dir.join(file)).and_then(|t| parse(&t)) {
+            smallest = Some(smallest.map_or(limit, |s| s.min(limit)));
         }
-        if smallest.is_some() {
+        if dir.as_path() == mount || !dir.pop() || !dir.starts_with(mount) {
             return smallest;
         }
     }
-    let v1: PathBuf = match v1_path(own) {
-        Some(path) => root.join("memory").join(path.trim_start_matches('/')),
-        None => root.join("memory"),
-    };
-    [v1, root.join("memory")]
-        .iter()
-        .find_map(|dir| read(&dir.join("memory.limit_in_bytes")).and_then(|t| parse_v1(&t)))
 }
 
 fn read(path: &Path) -> Option<String> {
@@ -112,10 +121,18 @@ mod tests {
         let group = root.join("memory/docker/abc");
         std::fs::create_dir_all(&group).unwrap();
         std::fs::write(group.join("memory.limit_in_bytes"), "67108864\n").unwrap();
-        let own = "12:cpu,cpuacct:/docker/abc\n4:memory:/docker/abc\n";
+        // A hybrid host: `0::/` names a v2 group without a memory controller.
+        let own = "12:cpu,cpuacct:/docker/abc\n4:memory:/docker/abc\n0::/\n";
         assert_eq!(limit_under(&root, own), Some(64 << 20));
         std::fs::write(group.join("memory.limit_in_bytes"), "9223372036854771712\n").unwrap();
         assert_eq!(limit_under(&root, own), None);
+        // A limit on a parent counts.
+        std::fs::write(
+            root.join("memory/docker/memory.limit_in_bytes"),
+            "104857600\n",
+        )
+        .unwrap();
+        assert_eq!(limit_under(&root, own), Some(100 << 20));
         std::fs::remove_dir_all(&root).unwrap();
     }
 
