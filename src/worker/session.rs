@@ -1,6 +1,11 @@
 //! One stream session: open the stream at the checkpoint, then read, batch and apply until
 //! shutdown or error; while behind, the next batch is read (and its ledger entries fetched)
 //! while the current one is written.
+//!
+//! Every read is charged to the memory budget (`crate::budget`) before its events are held: a
+//! read made while this session holds no events waits for room; the read ahead, a read that
+//! tops a batch up and a snapshot chunk take what is free and are cut to it. A batch's share
+//! is given back once it is written; the open stream holds a server reply's reserve.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;

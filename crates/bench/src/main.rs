@@ -132,7 +132,10 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     if runs("reconcile") {
         reconcile::reconcile_phase(&bench, &plan, &mut out).await?;
     }
-    if runs("memory") {
+    // Five catch-ups of the real binary: in full runs and when asked for, not in the quick
+    // smoke check (debug builds, where its figures would mean nothing).
+    let memory = args.only.iter().any(|p| p == "memory") || (args.only.is_empty() && !args.quick);
+    if memory {
         memory::memory_phase(&bench, &plan, &mut out).await?;
     }
     if let Some(child) = &child {
