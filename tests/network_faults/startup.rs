@@ -144,7 +144,8 @@ async fn stops_for_good(test: &str, user: &str, target: Target, code: i32, said:
         .refuse(target, 1_000, code, "refused by the test (fault proxy)");
     let log = tempfile::NamedTempFile::new().unwrap();
     let uri = f.proxy.uri().replacen("://", &format!("://{user}"), 1);
-    let mut d = Daemon::start_logged(&uri, &f.t.name, test, &[NO_RECONCILE], Some(log.path()));
+    // It may stop before its HTTP endpoint listens: do not wait for that.
+    let mut d = Daemon::spawn_logged(&uri, &f.t.name, test, &[NO_RECONCILE], log.path());
     let exited = wait_until(RECOVERY, || {
         let exited = d.child.try_wait().unwrap().is_some();
         async move { exited }

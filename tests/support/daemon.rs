@@ -31,6 +31,21 @@ impl Daemon {
         Self::start_with(uri, database, owner, extra, log, None)
     }
 
+    /// Starts `counterd run` with its standard error written to `log` and returns at once,
+    /// without waiting for it to listen: for a run expected to stop during its start (which
+    /// may come before its HTTP endpoint binds), whose exit the caller waits for.
+    pub fn spawn_logged(
+        uri: &str,
+        database: &str,
+        owner: &str,
+        extra: &[(&str, &str)],
+        log: &std::path::Path,
+    ) -> Daemon {
+        let port = counterd_testdb::free_port();
+        let child = Self::spawn(uri, database, owner, extra, port, Some(log), None);
+        Daemon { child, port }
+    }
+
     /// [`Daemon::start`] inside the cgroup whose `cgroup.procs` is `procs` (the child moves
     /// itself there before it executes `counterd`, so all of its memory is charged there).
     pub fn start_in_cgroup(
