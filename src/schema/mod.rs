@@ -17,7 +17,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::event::{PostId, Row, RowRead};
 
-mod projection;
 mod update;
 mod write;
 

@@ -2,7 +2,6 @@
 
 pub mod costs;
 pub mod lag;
-pub mod memory;
 pub mod partitions;
 pub mod reconcile;
 pub mod rss;
