@@ -96,10 +96,7 @@ async fn reconciles_through(test: &str, arm: impl Fn(&FaultProxy)) {
 /// preflight sample or dirty-set read carries.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_recount_reply() {
-    reconciles_through("lost_recount", |p| {
-        p.drop_replies(on("find", "$type"), 2)
-    })
-    .await;
+    reconciles_through("lost_recount", |p| p.drop_replies(on("find", "$type"), 2)).await;
 }
 
 /// The reconciler's read of the dirty set lost (twice).
