@@ -62,24 +62,10 @@ impl Memory {
         comments: &[CommentId],
         generation: u64,
     ) -> HashMap<String, Option<Row>> {
-        let collection = ledger_collection(stream);
-        let mut out = HashMap::new();
-        for c in comments {
-            let key = (collection.clone(), c.key.clone());
-            let current = self
-                .ledger
-                .get(&key)
-                .filter(|(_, e)| e.generation >= generation);
-            if let Some((_, entry)) = current {
-                let row = entry.exists.then(|| Row {
-                    post: entry.post.clone(),
-                    created_at: entry.created_at,
-                    deleted: entry.deleted,
-                });
-                out.insert(c.key.clone(), row);
-            }
-        }
-        out
+        self.read_ledger_at(stream, comments, generation)
+            .into_iter()
+            .map(|(comment, at)| (comment, at.state))
+            .collect()
     }
 
     /// `read_ledger` with the token of the batch that wrote each entry.
