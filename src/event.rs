@@ -318,12 +318,17 @@ impl ChangeEvent {
 
 /// Reads the update description of a real server, or the update spec the fake server puts into
 /// `documentKey` (`{_id, $set: {...}, $unset: {...}}`).
+///
+/// A description counts only when its `updatedFields` is a document: the stream's `$project`
+/// (see `crate::schema::Schema::stream_projection`) turns a missing description into
+/// `{updatedFields: null, removedFields: null}`, which says nothing.
 fn update_summary(doc: &Document, document_key: &Document) -> Option<UpdateSummary> {
-    if let Ok(desc) = doc.get_document("updateDescription") {
-        let set = desc
-            .get_document("updatedFields")
-            .cloned()
-            .unwrap_or_default();
+    let description = doc
+        .get_document("updateDescription")
+        .ok()
+        .and_then(|desc| Some((desc, desc.get_document("updatedFields").ok()?)));
+    if let Some((desc, updated)) = description {
+        let set = updated.clone();
         let removed = desc
             .get_array("removedFields")
             .map(|a| {

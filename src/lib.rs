@@ -13,12 +13,17 @@
 //! the MongoDB implementation in [`store::mongo`], one file per concern, and (with the
 //! `test-utils` feature, for tests only) its in-process twin `store::memory`, laid out the same.
 //!
+//! What the process holds is bounded by one memory budget ([`budget`]): every read of the
+//! stream and every snapshot chunk is charged to it before it is held, and the stream's
+//! `$project` ([`schema`]) keeps an event's size independent of the application's documents.
+//!
 //! [`daemon`] assembles the process from the configuration ([`config`]): per stream a lease
 //! ([`lease`]), a worker and a reconcile loop, plus the [`http`] endpoints, all stopped through
 //! one [`shutdown::Shutdown`]; each stream's live state ([`status`]) is what `/readyz` reads.
 //! [`cli`] is the command-line edge over all of it.
 
 pub mod batch;
+pub mod budget;
 pub mod classify;
 pub mod cli;
 pub mod clock;

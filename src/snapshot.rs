@@ -218,6 +218,20 @@ impl<S: Store + ?Sized> Snapshotter<'_, S> {
 
     /// Reads and applies the next chunk (or finishes one a previous run left in flight).
     pub async fn step(&self, checkpoint: &mut Checkpoint) -> StoreResult<Step> {
+        self.step_within(checkpoint, self.settings.chunk_rows).await
+    }
+
+    /// [`Snapshotter::step`] with a chunk of at most `max_rows` rows (at least one; what the
+    /// memory budget has room for, see `crate::budget`).
+    pub async fn step_within(
+        &self,
+        checkpoint: &mut Checkpoint,
+        max_rows: usize,
+    ) -> StoreResult<Step> {
+        let max_rows = max_rows.clamp(1, self.settings.chunk_rows.max(1));
+        // A chunk shorter than asked ends the scan. A chunk a previous run left in flight was
+        // asked with a limit not known here: the scan then ends on the next, empty, read.
+        let mut asked = max_rows as u64;
         if !checkpoint.snapshot_running() {
             return Ok(Step::Idle);
         }
@@ -227,6 +241,7 @@ impl<S: Store + ?Sized> Snapshotter<'_, S> {
             Some(chunk) => {
                 tracing::info!(stream = %self.fence.stream, chunk = chunk.number, "finishing the snapshot chunk a previous run left in flight");
                 progress.chunks_resumed += 1;
+                asked = u64::MAX;
                 chunk
             }
             None => {
@@ -243,7 +258,7 @@ impl<S: Store + ?Sized> Snapshotter<'_, S> {
                 self.store.save_snapshot(self.fence, &progress).await?;
                 let rows = self
                     .store
-                    .rows_after(progress.cursor.as_ref(), &last, self.settings.chunk_rows)
+                    .rows_after(progress.cursor.as_ref(), &last, max_rows)
                     .await?;
                 if rows.is_empty() {
                     return self.finish(checkpoint, progress).await;
@@ -274,7 +289,7 @@ impl<S: Store + ?Sized> Snapshotter<'_, S> {
         finish_chunk(&mut progress, &chunk);
         metrics::counter!(m::SNAPSHOT_ROWS, "stream" => self.fence.stream.clone())
             .increment(chunk.rows);
-        if chunk.rows < self.settings.chunk_rows as u64 {
+        if chunk.rows < asked {
             // A short chunk: no row of the range was left at its read. Rows inserted since
             // are the stream's (their inserts came after the start).
             return self.finish(checkpoint, progress).await;

@@ -275,6 +275,33 @@ async fn bad_config_file_and_env_exit_2_with_a_clear_error() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("unknown setting `no_such_setting`"));
 }
 
+/// A memory budget too small to hold one event beside each stream's server reply would leave a
+/// worker waiting for room that never frees: `run` refuses it at start, naming the setting.
+#[test]
+fn a_memory_budget_too_small_for_one_event_is_refused_at_start_with_exit_2() {
+    let least = counterd::budget::cost::min_budget(1);
+    for (budget, partitions) in [(100_000, 1), (least - 1, 1), (least, 4)] {
+        let o = Command::new(env!("CARGO_BIN_EXE_counterd"))
+            .arg("run")
+            .env("COUNTERD_MEMORY_BUDGET", budget.to_string())
+            .env("COUNTERD_PARTITIONS", partitions.to_string())
+            .env_remove("COUNTERD_CONFIG")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{budget} for {partitions}: {err}");
+        assert!(err.contains("memory_budget"), "{err}");
+    }
+    // The least budget for one stream is accepted.
+    let o = Command::new(env!("CARGO_BIN_EXE_counterd"))
+        .args(["config", "--check"])
+        .env("COUNTERD_MEMORY_BUDGET", least.to_string())
+        .env_remove("COUNTERD_CONFIG")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
 #[test]
 fn a_wrong_schema_setting_is_refused_at_start_with_exit_2() {
     for (setting, value, says) in [

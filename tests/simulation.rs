@@ -92,6 +92,7 @@ use std::time::{Duration, Instant};
 
 use bson::Timestamp;
 use counterd::batch::{bucket_of, DirtyMark};
+use counterd::budget::{cost, Budget};
 use counterd::classify::Attribution;
 use counterd::config::OnHistoryLost;
 use counterd::event::{PostId, Token};
@@ -244,6 +245,11 @@ struct Plan {
     snapshot: bool,
     snapshot_chunk_rows: usize,
     existing_writes: usize,
+    /// The process's memory budget, shared by every worker of the seed: in half the seeds a
+    /// tiny one (each stream's reply reserve and room for a few events), so that reads and
+    /// read aheads are cut by bytes, snapshot chunks are split by bytes and workers of several
+    /// partitions wait for each other's room.
+    budget: Budget,
 }
 
 impl Plan {
@@ -285,11 +291,20 @@ impl Plan {
             snapshot: false,
             snapshot_chunk_rows: 1,
             existing_writes: 0,
+            budget: Budget::unlimited(),
         };
         // Drawn last, so that the plans of the other fields stay what they were per seed.
         plan.snapshot = r.random_bool(0.7);
         plan.snapshot_chunk_rows = r.random_range(1..=6);
         plan.existing_writes = [0, 5, 30][r.random_range(0..3)];
+        if r.random_bool(0.5) {
+            // Every stream's reply reserve, then room for a read of one event (a simulated
+            // event is charged about 2.5 KiB) and up to five more; snapshot rows (512 B each)
+            // are cut to what is left.
+            let streams = plan.partitions as usize;
+            let room = cost::MIN_READ + r.random_range(0..=5) * 2600 + r.random_range(0..2048);
+            plan.budget = Budget::new(streams * cost::REPLY_RESERVE + room);
+        }
         if !plan.snapshot && !plan.start_at_zero {
             plan.existing_writes = 0; // nothing would count them before the final sweep
         }
@@ -327,6 +342,7 @@ impl Plan {
             pipeline: Vec::new(),
             retry_min_delay: Duration::ZERO,
             retry_max_delay: Duration::ZERO,
+            budget: self.budget.clone(),
             snapshot: SnapshotSettings {
                 initial: if self.snapshot {
                     InitialSnapshot::Auto
@@ -943,6 +959,13 @@ impl Sim {
                 return Err("an actor did not finish".into());
             }
         }
+        // Every worker has stopped: whatever they held of the memory budget is given back.
+        if self.plan.budget.in_use() != 0 {
+            return Err(format!(
+                "{} bytes of the memory budget still held after every worker stopped",
+                self.plan.budget.in_use()
+            ));
+        }
         self.take_errors()?;
         self.check_invariants()?;
         // The round boundary is a point to check too, when the workers caught up.
@@ -1315,6 +1338,8 @@ fn set_up(seed: u64, variant: Variant, trace: bool) -> Sim {
             check: Box::new(move |s: &State| check_when_caught_up(s, &streams, start_at)),
         });
         s.stat(format!("seeds with {} streams", plan.partitions));
+        s.budget = Some(plan.budget.clone());
+        s.snapshot_chunk_rows = plan.snapshot_chunk_rows;
     }
     Sim {
         store: Arc::new(store),
@@ -1465,6 +1490,10 @@ const COVERAGE: &[&str] = &[
     "stop caught up",
     "previous holder fenced out",
     "seeds with 2 streams",
+    "read cut by the budget",
+    "read cut to nothing by the budget",
+    "snapshot chunk cut by the budget",
+    "worker stopped while a worker waited for budget",
     "seeds with 3 streams",
 ];
 

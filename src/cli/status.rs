@@ -59,6 +59,12 @@ struct Status {
     recent_reconciles: Vec<RunSummary>,
     /// The newest run that corrected at least one counter (it may be older than the above).
     last_correction: Option<RunSummary>,
+    /// The memory budget `counterd run` takes with these settings here (`memory_budget`, or
+    /// derived from this container's limit); what is in use is the running process's gauge
+    /// `counterd_memory_in_use_bytes`.
+    memory_budget_bytes: usize,
+    /// Where the budget comes from.
+    memory_budget_source: String,
 }
 
 /// How many recent runs `status` shows.
@@ -163,6 +169,17 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         dirty,
         recent_reconciles: store.recent_runs(RECENT_RUNS).await?,
         last_correction: store.last_correcting_run().await?,
+        memory_budget_bytes: settings.memory_budget_bytes(),
+        memory_budget_source: match (
+            settings.memory_budget,
+            crate::budget::cgroup::memory_limit(),
+        ) {
+            (0, Some(limit)) => {
+                format!("derived from the container's memory limit ({limit} bytes)")
+            }
+            (0, None) => "the default (no container memory limit)".into(),
+            _ => "memory_budget".into(),
+        },
     };
     if args.json {
         print_json(&status)?;
@@ -173,6 +190,11 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         "mongodb           {} (database {})",
         status.mongodb,
         status.database
+    );
+    outln!(
+        "memory budget     {} MiB ({}; in use: counterd_memory_in_use_bytes on /metrics)",
+        status.memory_budget_bytes >> 20,
+        status.memory_budget_source
     );
     for s in &status.streams {
         outln!("stream            {}", s.stream);

@@ -61,6 +61,11 @@ pub struct Settings {
     /// Longest time spent gathering one batch while events keep coming.
     #[serde(with = "humantime_serde")]
     pub max_batch_wait: Duration,
+    /// Bytes that every buffer draws from (events in flight, read ahead, snapshot chunks,
+    /// recounts, server replies); reading waits while it is spent. 0: derived from the
+    /// container's memory limit (cgroup v2 or v1: half of what it leaves beside 40 MiB), else
+    /// 24 MiB.
+    pub memory_budget: u64,
     /// Pause after a read that returned no events.
     #[serde(with = "humantime_serde")]
     pub idle_interval: Duration,
@@ -163,6 +168,7 @@ impl Default for Settings {
             batch_size: 1000,
             max_batch_size: 10_000,
             max_batch_wait: Duration::from_millis(200),
+            memory_budget: 0,
             idle_interval: Duration::from_millis(100),
             max_await: Duration::from_millis(500),
             start_at: String::new(),
@@ -250,6 +256,27 @@ impl Settings {
     /// counterd's own collections.
     pub fn collections(&self) -> crate::store::mongo::Collections {
         crate::store::mongo::Collections::new(&self.collection_prefix, &self.counters_collection)
+    }
+
+    /// The memory budget in bytes: `memory_budget`, or (0) derived from the container's
+    /// memory limit.
+    pub fn memory_budget_bytes(&self) -> usize {
+        match self.memory_budget {
+            0 => crate::budget::cost::budget_for_limit(
+                crate::budget::cgroup::memory_limit(),
+                self.streams_per_process(),
+            ),
+            bytes => bytes.min(u32::MAX as u64) as usize,
+        }
+    }
+
+    /// The most streams (partitions) one process works on at once.
+    pub fn streams_per_process(&self) -> usize {
+        let partitions = self.partitions.max(1);
+        (match self.max_partitions_per_process {
+            0 => partitions,
+            n => n.min(partitions),
+        }) as usize
     }
 
     pub fn bucket_width_secs(&self) -> i64 {

@@ -66,6 +66,17 @@ impl Settings {
                 "the initial snapshot keeps its counts honest through the comment ledger: use attribution = \"auto\" or \"ledger\", or set initial_snapshot = \"never\"",
             ));
         }
+        let least = crate::budget::cost::min_budget(self.streams_per_process());
+        if self.memory_budget != 0 && self.memory_budget < least as u64 {
+            return Err(bad(
+                "memory_budget",
+                self.memory_budget.to_string(),
+                &format!(
+                    "too small to hold one event beside a server reply per stream ({} streams): at least {least} bytes (or 0: derived from the container's memory limit)",
+                    self.streams_per_process()
+                ),
+            ));
+        }
         if !(1..=100_000).contains(&self.batch_size) {
             return Err(bad(
                 "batch_size",

@@ -43,6 +43,7 @@ impl From<&Settings> for WorkerSettings {
             partition: None,
             schema: settings.schema(),
             snapshot: settings.into(),
+            budget: crate::budget::Budget::new(settings.memory_budget_bytes()),
         }
     }
 }

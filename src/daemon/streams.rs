@@ -91,6 +91,13 @@ pub async fn run_streams(
     let pre_images = abilities.pre_images && settings.attribution.uses_pre_images();
     let mut streams = tokio::task::JoinSet::new();
     let mut names = HashMap::new();
+    // One budget for the whole process: every stream's buffers draw from it.
+    let budget = crate::budget::Budget::exported(settings.memory_budget_bytes());
+    tracing::info!(
+        memory_budget = budget.total(),
+        configured = settings.memory_budget,
+        "memory budget"
+    );
     let partitions = crate::partition::stream_names(&settings.stream_name, settings.partitions);
     for ((stream, partition), status) in partitions.into_iter().zip(statuses) {
         let lease = LeaseSettings {
@@ -104,6 +111,7 @@ pub async fn run_streams(
             stream: stream.clone(),
             partition,
             pre_images,
+            budget: budget.clone(),
             ..WorkerSettings::from(&settings)
         };
         let reconcile_settings = ReconcileSettings {

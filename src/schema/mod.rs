@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::event::{PostId, Row, RowRead};
 
+mod projection;
 mod update;
 mod write;
 

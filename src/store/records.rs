@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Store, StoreResult};
 use crate::batch::{BucketStart, CounterDelta, DirtyMark, LedgerUpdate};
+pub use crate::budget::cost::ReadLimit;
 use crate::deployment::Deployment;
 use crate::event::{CommentId, PostId, Token};
 use crate::fold::CounterState;
@@ -407,16 +408,33 @@ pub struct StreamOptions {
 #[derive(Clone, Debug, Default)]
 pub struct RawBatch {
     pub events: Vec<Document>,
+    /// What each event is charged against the memory budget
+    /// ([`crate::budget::cost::event_cost`] of its encoded size), in the order of `events`.
+    pub costs: Vec<usize>,
     /// The post-batch resume token, where the server sends one (checkpoint it on idle streams).
     pub post_batch_token: Option<Token>,
+}
+
+impl RawBatch {
+    /// The sum of the events' charges.
+    pub fn bytes(&self) -> usize {
+        self.costs.iter().sum()
+    }
 }
 
 /// An open change stream.
 #[async_trait]
 pub trait EventSource: Send {
-    /// Reads events that are ready, up to `max`, returning early when none are ready (an empty
-    /// batch) or once `max_wait` has passed with some events in hand.
-    async fn next_batch(&mut self, max: usize, max_wait: Duration) -> StoreResult<RawBatch>;
+    /// Reads events that are ready, within `limit` (by count and by their charge against the
+    /// memory budget), returning early when none are ready (an empty batch) or once
+    /// `max_wait` has passed with some events in hand. An event that does not fit is the
+    /// first of the next read.
+    async fn read(&mut self, limit: ReadLimit, max_wait: Duration) -> StoreResult<RawBatch>;
+
+    /// Reads up to `max` events, limited by count only (tools and tests).
+    async fn next_batch(&mut self, max: usize, max_wait: Duration) -> StoreResult<RawBatch> {
+        self.read(ReadLimit::events(max), max_wait).await
+    }
 }
 
 /// What the server can do (detected once).

@@ -75,9 +75,12 @@ pub const RETRIES: &str = "counterd_retries_total";
 /// Histogram of MongoDB command latency, by `op` (the command name) and `outcome` (ok, error).
 pub const MONGODB_OPERATION_DURATION: &str = "counterd_mongodb_operation_duration_seconds";
 pub const BUILD_INFO: &str = "counterd_build_info";
+// --- the memory budget (one per process; see `crate::budget`) -----------------------------
+pub const MEMORY_BUDGET: &str = "counterd_memory_budget_bytes";
+pub const MEMORY_IN_USE: &str = "counterd_memory_in_use_bytes";
 
 /// Every counterd metric name, for documentation, the deploy checks and the scrape test.
-pub const ALL: [&str; 45] = [
+pub const ALL: [&str; 47] = [
     EVENTS_APPLIED,
     BAD_EVENTS,
     UNATTRIBUTABLE_EVENTS,
@@ -116,6 +119,8 @@ pub const ALL: [&str; 45] = [
     RETRIES,
     MONGODB_OPERATION_DURATION,
     BUILD_INFO,
+    MEMORY_BUDGET,
+    MEMORY_IN_USE,
     PROCESS_CPU,
     PROCESS_RSS,
     PROCESS_OPEN_FDS,

@@ -28,6 +28,16 @@ pub fn describe() {
     );
     describe_histogram!(BATCH_SIZE, "Events per applied batch.");
     describe_gauge!(
+        MEMORY_BUDGET,
+        Unit::Bytes,
+        "The memory budget every buffer draws from (memory_budget, or derived from the container's limit)."
+    );
+    describe_gauge!(
+        MEMORY_IN_USE,
+        Unit::Bytes,
+        "Bytes of the memory budget held now (events in flight, read ahead, snapshot chunks, recounts, server replies); reading waits when it reaches the budget."
+    );
+    describe_gauge!(
         LAST_EVENT_TIMESTAMP,
         Unit::Seconds,
         "Cluster time (Unix seconds) of the newest event the worker applied."

@@ -69,6 +69,9 @@ pub struct WorkerSettings {
     pub schema: crate::schema::Schema,
     /// The initial snapshot of rows that exist before the stream's start.
     pub snapshot: crate::snapshot::SnapshotSettings,
+    /// The process's memory budget, shared by every stream's worker: events in flight, the
+    /// read ahead and snapshot chunks are charged to it (see `crate::budget`).
+    pub budget: crate::budget::Budget,
 }
 
 /// Why the worker stopped.

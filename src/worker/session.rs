@@ -1,6 +1,11 @@
 //! One stream session: open the stream at the checkpoint, then read, batch and apply until
 //! shutdown or error; while behind, the next batch is read (and its ledger entries fetched)
 //! while the current one is written.
+//!
+//! Every read is charged to the memory budget (`crate::budget`) before its events are held: a
+//! read made while this session holds no events waits for room; the read ahead, a read that
+//! tops a batch up and a snapshot chunk take what is free and are cut to it. A batch's share
+//! is given back once it is written; the open stream holds a server reply's reserve.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -9,9 +14,13 @@ use bson::{DateTime, Timestamp};
 
 use super::apply::Prefetched;
 use super::{SessionError, Worker};
+use crate::budget::cost::{self, ReadLimit};
+use crate::budget::Grant;
 use crate::event::{ChangeEvent, Token};
 use crate::shutdown::{sleep_or_shutdown, Shutdown};
-use crate::store::{Checkpoint, EventSource, Fence, Store, StoreError, StreamOptions, StreamStart};
+use crate::store::{
+    Checkpoint, EventSource, Fence, RawBatch, Store, StoreError, StreamOptions, StreamStart,
+};
 use crate::telemetry as m;
 
 /// Idle reads between two records of the drained position while nothing is applied (with the
@@ -22,6 +31,10 @@ const IDLE_READS_PER_DRAINED_RECORD: u32 = 10;
 /// Session-local state: events read but not yet applied, and the drained-position throttle.
 struct Pending {
     events: VecDeque<ChangeEvent>,
+    /// What each of `events` is charged against the memory budget, in their order.
+    costs: VecDeque<usize>,
+    /// The budget held for `events` (the sum of `costs`).
+    held: Grant,
     /// The last read returned nothing: the next read is preceded by a position reading, so
     /// that an empty answer proves every event before it applied.
     idle: bool,
@@ -119,6 +132,12 @@ impl<S: Store + ?Sized> Worker<S> {
             (None, Some(at)) => StreamStart::AtTime(at),
             (None, None) => StreamStart::Now,
         };
+        // An open stream holds a server reply's worth of the budget (see `REPLY_RESERVE`).
+        let _reply = tokio::select! {
+            biased;
+            grant = self.settings.budget.take_at_least(cost::REPLY_RESERVE, cost::REPLY_RESERVE) => grant,
+            _ = shutdown.wait() => return Ok(()),
+        };
         let mut source = self
             .store
             .open_stream(StreamOptions {
@@ -149,6 +168,8 @@ impl<S: Store + ?Sized> Worker<S> {
         tracing::info!(stream = %fence.stream, token = %or_none(&checkpoint.token), high_water = %or_none(&checkpoint.high_water), "change stream open");
         let mut pending = Pending {
             events: VecDeque::new(),
+            costs: VecDeque::new(),
+            held: self.settings.budget.none(),
             idle: true,
             applied_since_drained: true,
             idle_reads: 0,
@@ -163,11 +184,22 @@ impl<S: Store + ?Sized> Worker<S> {
                 return Ok(());
             }
             if checkpoint.snapshot_running() && self.clock.now() >= next_chunk_at {
-                // One chunk between two batches, at the configured rate.
-                let chunk = tokio::time::timeout(
-                    self.settings.operation_timeout,
-                    snapshotter.step(&mut checkpoint),
-                );
+                // One chunk between two batches, at the configured rate, of as many rows as the
+                // memory budget has room for (waiting for room only while this worker holds
+                // no events: see `crate::budget`).
+                let want = self.settings.snapshot.chunk_rows * cost::ROW_COST;
+                let rows = tokio::select! {
+                    biased;
+                    grant = self.take_budget(pending.events.is_empty(), cost::ROW_COST, want) => grant,
+                    _ = shutdown.wait() => return Ok(()),
+                };
+                let max_rows = rows.bytes() / cost::ROW_COST;
+                let chunk = tokio::time::timeout(self.settings.operation_timeout, async {
+                    if max_rows == 0 {
+                        return Ok(crate::snapshot::Step::Idle);
+                    }
+                    snapshotter.step_within(&mut checkpoint, max_rows).await
+                });
                 let step = tokio::select! {
                     biased;
                     result = chunk => result.map_err(|_| StoreError::Transient {
@@ -227,23 +259,39 @@ impl<S: Store + ?Sized> Worker<S> {
                 None
             };
             let asked = pending.batch_limit - pending.events.len();
-            let raw = source
-                .next_batch(asked, self.settings.max_batch_wait)
-                .await?;
-            let got = raw.events.len();
-            let events = parse_events(&fence.stream, raw.events);
-            self.take_in(checkpoint, pending, asked, got, events)?;
+            // Holding nothing, the read waits for room in the budget; topping up a batch it
+            // takes what is free.
+            let holding = !pending.events.is_empty();
+            let want = cost::read_share(self.budget_total()).saturating_sub(pending.held.bytes());
+            let mut grant = self.take_budget(holding, cost::MIN_READ, want).await;
+            let limit = ReadLimit {
+                events: if grant.bytes() == 0 { 0 } else { asked },
+                bytes: grant.bytes(),
+                at_least_one: !holding,
+            };
+            let read = if limit.events == 0 {
+                Read::none()
+            } else {
+                let raw = source.read(limit, self.settings.max_batch_wait).await?;
+                Read::parse(&fence.stream, &limit, asked, raw)
+            };
+            self.settle(&mut grant, &read);
+            let (got, post_batch) = (read.got, read.post_batch_token.clone());
+            self.take_in(checkpoint, pending, read, grant)?;
             if pending.events.is_empty() {
                 self.status.lag_secs.store(0, Ordering::Relaxed);
                 let idle_before = std::mem::replace(&mut pending.idle, true);
                 let drained_at = before_read.filter(|_| idle_before && got == 0);
-                self.checkpoint_idle(fence, checkpoint, raw.post_batch_token, drained_at, pending)
+                self.checkpoint_idle(fence, checkpoint, post_batch, drained_at, pending)
                     .await?;
                 return Ok(true);
             }
         }
         pending.idle = false;
         let batch = take_batch(&mut pending.events, checkpoint.high_water.as_ref());
+        // The batch's share of the budget is held until it is written.
+        let batch_bytes: usize = pending.costs.drain(..batch.len()).sum();
+        let batch_grant = pending.held.split(batch_bytes);
         let prefetched = pending.prefetched.take();
         if pending.behind {
             // Behind: the next batch is read, and its ledger entries fetched, while this one is
@@ -256,52 +304,101 @@ impl<S: Store + ?Sized> Worker<S> {
                 && self.settings.attribution.uses_ledger()
                 && !checkpoint.snapshot_running();
             let generation = checkpoint.ledger_generation();
+            // The read ahead holds the batch being written: it takes what is free now, and is
+            // cut to it (or not made at all).
+            let mut grant = self
+                .settings
+                .budget
+                .take_free(cost::read_share(self.budget_total()));
+            let limit = ReadLimit {
+                events: if grant.bytes() == 0 { 0 } else { asked },
+                bytes: grant.bytes(),
+                at_least_one: false,
+            };
             let read_ahead = async {
+                if limit.events == 0 {
+                    return Ok((Read::none(), None));
+                }
                 // The read runs while the batch is written, so it may take about as long: a
                 // backlog is then read in full batches (coalescing needs them) rather than cut
                 // at `max_batch_wait`, which bounds the latency of a caught-up worker's reads.
                 let raw = source
-                    .next_batch(asked, self.settings.max_batch_wait * READ_AHEAD_WAITS)
+                    .read(limit, self.settings.max_batch_wait * READ_AHEAD_WAITS)
                     .await?;
-                let got = raw.events.len();
-                let events = parse_events(&fence.stream, raw.events);
-                let ledger = if prefetch && !events.is_empty() {
+                let read = Read::parse(&fence.stream, &limit, asked, raw);
+                let ledger = if prefetch && !read.events.is_empty() {
                     Some(
-                        self.prefetch_ledger(&fence.stream, generation, &events)
+                        self.prefetch_ledger(&fence.stream, generation, &read.events)
                             .await?,
                     )
                 } else {
                     None
                 };
-                Ok::<_, StoreError>((got, events, ledger))
+                Ok::<_, StoreError>((read, ledger))
             };
             let (applied, read) =
                 tokio::join!(self.apply(fence, checkpoint, batch, prefetched), read_ahead);
+            drop(batch_grant);
             let written = applied?;
-            let (got, events, ledger) = read?;
-            self.take_in(checkpoint, pending, asked, got, events)?;
+            let (read, ledger) = read?;
+            self.settle(&mut grant, &read);
+            self.take_in(checkpoint, pending, read, grant)?;
             pending.prefetched = ledger.map(|mut ledger| {
                 ledger.overlay(written);
                 ledger
             });
         } else {
             self.apply(fence, checkpoint, batch, prefetched).await?;
+            drop(batch_grant);
         }
         pending.applied_since_drained = true;
         Ok(false)
     }
 
-    /// Takes a read of `asked` events that returned `got` documents (`events`, those that
-    /// parsed) in, and sizes the next read by how full this one came back.
+    /// Takes from the budget for a read: at least `min` and up to `want` bytes, waiting for
+    /// them only when this worker holds no events (see `crate::budget`); else what is free.
+    async fn take_budget(&self, holding: bool, min: usize, want: usize) -> Grant {
+        if holding {
+            self.settings.budget.take_free(want)
+        } else {
+            self.settings.budget.take_at_least(min, want).await
+        }
+    }
+
+    fn budget_total(&self) -> usize {
+        self.settings.budget.total()
+    }
+
+    /// Fits a read's grant to what it holds: gives back the rest, or (one event larger than
+    /// the grant, read by a worker that held nothing) holds the excess beyond the budget.
+    fn settle(&self, grant: &mut Grant, read: &Read) {
+        let held: usize = read.costs.iter().sum();
+        if held > grant.bytes() {
+            grant.merge(self.settings.budget.overdraw(held - grant.bytes()));
+        } else {
+            grant.shrink_to(held);
+        }
+    }
+
+    /// Takes a read in (its events, with the budget they hold), and sizes the next read by how
+    /// full this one came back.
     fn take_in(
         &self,
         checkpoint: &Checkpoint,
         pending: &mut Pending,
-        asked: usize,
-        got: usize,
-        events: Vec<ChangeEvent>,
+        read: Read,
+        grant: Grant,
     ) -> Result<(), SessionError> {
+        let Read {
+            asked,
+            got,
+            events,
+            costs,
+            ..
+        } = read;
         self.status.progressed();
+        pending.held.merge(grant);
+        pending.costs.extend(costs);
         pending.behind = got >= asked;
         pending.batch_limit = next_batch_limit(
             pending.batch_limit,
@@ -373,18 +470,60 @@ impl<S: Store + ?Sized> Worker<S> {
     }
 }
 
-/// Parses a read's documents: an unreadable event is counted and logged, never fatal.
-fn parse_events(stream: &str, docs: Vec<bson::Document>) -> Vec<ChangeEvent> {
-    docs.into_iter()
-        .filter_map(|doc| {
-            ChangeEvent::from_document(doc)
-                .inspect_err(|e| {
+/// One read of the stream, parsed.
+struct Read {
+    /// Events asked for; a read cut by the budget's bytes counts as asked for what it got (it
+    /// was full: the worker is behind).
+    asked: usize,
+    /// Documents returned (parsed or not).
+    got: usize,
+    events: Vec<ChangeEvent>,
+    /// The charge of each of `events` (an unreadable event is not held, so not charged).
+    costs: Vec<usize>,
+    post_batch_token: Option<Token>,
+}
+
+impl Read {
+    /// No read made (no room in the budget): it neither grows nor shrinks the next read.
+    fn none() -> Read {
+        Read {
+            asked: 0,
+            got: 0,
+            events: Vec::new(),
+            costs: Vec::new(),
+            post_batch_token: None,
+        }
+    }
+
+    /// Parses a read's documents: an unreadable event is counted and logged, never fatal.
+    fn parse(stream: &str, limit: &ReadLimit, asked: usize, raw: RawBatch) -> Read {
+        let got = raw.events.len();
+        let asked = if cost::cut_by_bytes(limit, got, raw.bytes()) {
+            got
+        } else {
+            asked
+        };
+        let mut read = Read {
+            asked,
+            got,
+            events: Vec::with_capacity(got),
+            costs: Vec::with_capacity(got),
+            post_batch_token: raw.post_batch_token,
+        };
+        for (doc, cost) in raw.events.into_iter().zip(raw.costs) {
+            match ChangeEvent::from_document(doc) {
+                Ok(event) => {
+                    read.events.push(event);
+                    read.costs.push(cost);
+                }
+                Err(e) => {
                     metrics::counter!(m::BAD_EVENTS, "stream" => stream.to_string()).increment(1);
                     tracing::warn!(%stream, error = %e, "skipping an unreadable change event");
-                })
-                .ok()
-        })
-        .collect()
+                }
+            }
+        }
+        read
+    }
 }
 
 /// The checkpoint's position, for messages.

@@ -28,9 +28,47 @@ impl Daemon {
         extra: &[(&str, &str)],
         log: Option<&std::path::Path>,
     ) -> Daemon {
+        Self::start_with(uri, database, owner, extra, log, None)
+    }
+
+    /// Starts `counterd run` with its standard error written to `log` and returns at once,
+    /// without waiting for it to listen: for a run expected to stop during its start (which
+    /// may come before its HTTP endpoint binds), whose exit the caller waits for.
+    pub fn spawn_logged(
+        uri: &str,
+        database: &str,
+        owner: &str,
+        extra: &[(&str, &str)],
+        log: &std::path::Path,
+    ) -> Daemon {
+        let port = counterd_testdb::free_port();
+        let child = Self::spawn(uri, database, owner, extra, port, Some(log), None);
+        Daemon { child, port }
+    }
+
+    /// [`Daemon::start`] inside the cgroup whose `cgroup.procs` is `procs` (the child moves
+    /// itself there before it executes `counterd`, so all of its memory is charged there).
+    pub fn start_in_cgroup(
+        uri: &str,
+        database: &str,
+        owner: &str,
+        extra: &[(&str, &str)],
+        procs: &std::path::Path,
+    ) -> Daemon {
+        Self::start_with(uri, database, owner, extra, None, Some(procs))
+    }
+
+    fn start_with(
+        uri: &str,
+        database: &str,
+        owner: &str,
+        extra: &[(&str, &str)],
+        log: Option<&std::path::Path>,
+        procs: Option<&std::path::Path>,
+    ) -> Daemon {
         for _ in 0..10 {
             let port = counterd_testdb::free_port();
-            let mut child = Self::spawn(uri, database, owner, extra, port, log);
+            let mut child = Self::spawn(uri, database, owner, extra, port, log, procs);
             let deadline = Instant::now() + Duration::from_secs(10);
             while Instant::now() < deadline {
                 if let Ok(Some(_)) = child.try_wait() {
@@ -50,21 +88,6 @@ impl Daemon {
         panic!("counterd run did not start listening after 10 attempts");
     }
 
-    /// Starts `counterd run` with its standard error written to `log` and returns at once,
-    /// without waiting for it to listen: for a run expected to stop during its start (which
-    /// may come before its HTTP endpoint binds), whose exit the caller waits for.
-    pub fn spawn_logged(
-        uri: &str,
-        database: &str,
-        owner: &str,
-        extra: &[(&str, &str)],
-        log: &std::path::Path,
-    ) -> Daemon {
-        let port = counterd_testdb::free_port();
-        let child = Self::spawn(uri, database, owner, extra, port, Some(log));
-        Daemon { child, port }
-    }
-
     fn spawn(
         uri: &str,
         database: &str,
@@ -72,6 +95,7 @@ impl Daemon {
         extra: &[(&str, &str)],
         port: u16,
         log: Option<&std::path::Path>,
+        procs: Option<&std::path::Path>,
     ) -> Child {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_counterd"));
         cmd.arg("run")
@@ -103,6 +127,14 @@ impl Daemon {
             });
         for (k, v) in extra {
             cmd.env(k, v);
+        }
+        if let Some(procs) = procs {
+            use std::os::unix::process::CommandExt;
+            let procs = procs.to_path_buf();
+            // SAFETY: between fork and exec the child only writes "0" (itself) to a file.
+            unsafe {
+                cmd.pre_exec(move || std::fs::write(&procs, b"0"));
+            }
         }
         cmd.spawn().expect("start counterd run")
     }

@@ -107,6 +107,34 @@ fn comment_row(id: usize, post: i64, created: DateTime) -> Document {
     doc! {"_id": id as i64, "post_id": post, "created_at": created, "body": "benchmark comment"}
 }
 
+/// Inserts one comment per entry of `posts` with a body of `body_bytes` bytes (the memory
+/// phase: what the application stores beside the fields counterd reads); returns the seconds
+/// taken.
+pub async fn load_with_body(
+    comments: &Collection<Document>,
+    posts: &[i64],
+    created: DateTime,
+    body_bytes: usize,
+) -> anyhow::Result<f64> {
+    let started = Instant::now();
+    let body = "b".repeat(body_bytes);
+    // About 2 MB per insert command.
+    let per_command = (2_000_000 / body_bytes.max(100)).clamp(1, 1000);
+    for (c, chunk) in posts.chunks(per_command).enumerate() {
+        let docs: Vec<Document> = chunk
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let mut row = comment_row(c * per_command + i, *p, created);
+                row.insert("body", body.as_str());
+                row
+            })
+            .collect();
+        comments.insert_many(docs).await?;
+    }
+    Ok(started.elapsed().as_secs_f64())
+}
+
 /// Inserts one comment (one change event) per entry of `posts`, in chunks of 1 000; returns
 /// the seconds taken.
 pub async fn load(

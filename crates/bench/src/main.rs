@@ -10,7 +10,9 @@
 //! 5. reconcile cost against the dirty fraction, compared with a full sweep;
 //! 6. peak memory (RSS) of a worker process on its own and of the bench process;
 //!
-//! P. ledger writes per event with the stream split into 4 partitions.
+//! P. ledger writes per event with the stream split into 4 partitions;
+//! M. peak memory of `counterd run` at default settings against the backlog's size and the
+//!    comments' size, beside the catch-up rate (a flat line: memory is bounded by a budget).
 //!
 //! Every store call goes through `counterd::store::counting::CountingStore`, which counts calls
 //! and write statements per concern. Throughput phases replay a pre-written backlog (the stream
@@ -21,7 +23,7 @@
 //! failure: the process exits non-zero only when the benchmark itself breaks.
 //!
 //! Usage: `cargo run --release -p counterd-bench -- [--quick] [--out bench/latest.json]
-//! [--only partitions|rss|reconcile]`.
+//! [--only partitions|rss|reconcile|memory]`.
 //!
 //! `--soak DURATION [--seed N]` runs the chaos soak instead (see `soak`): the real
 //! `counterd run` under load and random faults, exact at every caught-up moment.
@@ -48,7 +50,7 @@ use counterd_testdb::TestServer;
 use serde::Serialize;
 
 use crate::harness::Bench;
-use crate::phases::{costs, lag, partitions, reconcile, rss, throughput};
+use crate::phases::{costs, lag, memory, partitions, reconcile, rss, throughput};
 use crate::plan::{Args, Plan};
 use crate::report::{describe_server, Row, ServerInfo};
 
@@ -155,6 +157,12 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     }
     if runs("reconcile") {
         reconcile::reconcile_phase(&bench, &plan, &mut out).await?;
+    }
+    // Five catch-ups of the real binary: in full runs and when asked for, not in the quick
+    // smoke check (debug builds, where its figures would mean nothing).
+    let memory = args.only.iter().any(|p| p == "memory") || (args.only.is_empty() && !args.quick);
+    if memory {
+        memory::memory_phase(&bench, &plan, &mut out).await?;
     }
     if let Some(child) = &child {
         rss::memory_rows(child, bench_rss_mb, &mut out);

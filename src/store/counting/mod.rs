@@ -199,8 +199,8 @@ struct CountingEvents {
 
 #[async_trait]
 impl EventSource for CountingEvents {
-    async fn next_batch(&mut self, max: usize, max_wait: Duration) -> StoreResult<RawBatch> {
-        let call = self.inner.next_batch(max, max_wait);
+    async fn read(&mut self, limit: ReadLimit, max_wait: Duration) -> StoreResult<RawBatch> {
+        let call = self.inner.read(limit, max_wait);
         self.tallies.timed(Concern::Stream, 0, call).await
     }
 }

@@ -9,8 +9,8 @@ use bson::{doc, Bson, DateTime, Document, Timestamp};
 use super::{Memory, MemoryStore};
 use crate::event::Token;
 use crate::store::{
-    ChangeStreams, EventSource, RawBatch, ServerNow, StoreError, StoreResult, StreamOptions,
-    StreamStart,
+    ChangeStreams, EventSource, RawBatch, ReadLimit, ServerNow, StoreError, StoreResult,
+    StreamOptions, StreamStart,
 };
 
 /// One change in the oplog.
@@ -150,17 +150,29 @@ impl Memory {
         self.oplog.len().saturating_sub(cursor.next)
     }
 
-    /// Reads the next `n` events (at least one must be available), moving the cursor.
-    pub fn read_events(&self, cursor: &mut Cursor, n: usize) -> RawBatch {
-        let entries = &self.oplog[cursor.next..cursor.next + n];
-        let events = entries
-            .iter()
-            .map(|e| self.render(e, cursor.pre_images))
-            .collect();
+    /// Reads the next events (at least one must be available) within `limit`, moving the
+    /// cursor past them. The result may be empty: the first event did not fit.
+    pub fn read_events(&self, cursor: &mut Cursor, limit: ReadLimit) -> RawBatch {
+        let available = &self.oplog[cursor.next..];
+        let (mut events, mut costs) = (Vec::new(), Vec::new());
+        let mut bytes = 0;
+        for entry in available {
+            let event = self.render(entry, cursor.pre_images);
+            let cost = crate::budget::cost::document_cost(&event);
+            if !limit.fits(events.len(), bytes, cost) {
+                break;
+            }
+            bytes += cost;
+            events.push(event);
+            costs.push(cost);
+        }
+        let n = events.len();
+        let entries = &available[..n];
         cursor.next += n;
         let last = entries.last().map(|e| Token(e.token.clone()));
         RawBatch {
             events,
+            costs,
             post_batch_token: last.filter(|_| self.post_batch_tokens),
         }
     }
@@ -171,6 +183,7 @@ impl Memory {
         let last = self.oplog.last().map_or(0, |e| e.seq);
         RawBatch {
             events: Vec::new(),
+            costs: Vec::new(),
             post_batch_token: self.post_batch_tokens.then(|| Token(drained_token(last))),
         }
     }
@@ -282,14 +295,15 @@ pub struct MemoryEvents {
 
 #[async_trait]
 impl EventSource for MemoryEvents {
-    async fn next_batch(&mut self, max: usize, _max_wait: Duration) -> StoreResult<RawBatch> {
+    async fn read(&mut self, limit: ReadLimit, _max_wait: Duration) -> StoreResult<RawBatch> {
         if let Some(lost) = self.cursor.history_lost() {
             return Err(lost);
         }
         let m = self.store.lock();
-        Ok(match m.available(&self.cursor).min(max) {
+        Ok(match m.available(&self.cursor).min(limit.events) {
+            0 if limit.events == 0 => RawBatch::default(),
             0 => m.drained_batch(),
-            n => m.read_events(&mut self.cursor, n),
+            n => m.read_events(&mut self.cursor, ReadLimit { events: n, ..limit }),
         })
     }
 }

@@ -2,6 +2,7 @@
 //! stands in cluster time.
 
 use super::*;
+use mongodb::bson::RawDocumentBuf;
 
 pub(super) fn token_to_resume(token: &Token) -> StoreResult<ResumeToken> {
     bson::from_document(doc! {"_data": token.as_str()}).map_err(|e| StoreError::Malformed {
@@ -24,16 +25,23 @@ pub(super) fn resume_to_token(token: &ResumeToken) -> Option<Token> {
 /// resume token is empty once a batch is exhausted, so its automatic resume after a transient
 /// error could restart "from now" and skip events. There the stream is dropped whenever it runs
 /// dry and reopened from the last event counterd itself saw.
+///
+/// Events are read as raw BSON, so that each one's encoded size, what it is charged against the
+/// memory budget, is known without encoding it again. An event that does not fit a read's
+/// limit is kept (`carried`) and returned first by the next read.
 pub(super) struct MongoEvents {
     store: MongoStore,
     options: StreamOptions,
-    stream: Option<ChangeStream<Document>>,
-    /// The last event returned, the position to reopen after.
+    stream: Option<ChangeStream<RawDocumentBuf>>,
+    /// The last event taken from the server (returned, or carried), the position to reopen
+    /// after.
     last: Option<Token>,
+    /// An event taken from the server that did not fit the last read, with its charge.
+    carried: Option<(Document, usize)>,
 }
 
 impl MongoEvents {
-    async fn open(&mut self) -> StoreResult<&mut ChangeStream<Document>> {
+    async fn open(&mut self) -> StoreResult<&mut ChangeStream<RawDocumentBuf>> {
         if self.stream.is_none() {
             let mut options = self.options.clone();
             if let Some(last) = &self.last {
@@ -45,20 +53,63 @@ impl MongoEvents {
     }
 }
 
+/// A raw event decoded, with its charge against the memory budget.
+fn decode(raw: RawDocumentBuf) -> StoreResult<(Document, usize)> {
+    let cost = crate::budget::cost::event_cost(raw.as_bytes().len());
+    let doc = raw.to_document().map_err(|e| StoreError::Malformed {
+        what: "change event",
+        id: "(undecodable)".into(),
+        detail: e.to_string(),
+    })?;
+    Ok((doc, cost))
+}
+
 #[async_trait]
 impl EventSource for MongoEvents {
-    async fn next_batch(&mut self, max: usize, max_wait: Duration) -> StoreResult<RawBatch> {
+    async fn read(&mut self, limit: ReadLimit, max_wait: Duration) -> StoreResult<RawBatch> {
         let started = Instant::now();
         let resumed_after = match &self.options.start {
             StreamStart::After(t) => Some(t.clone()),
             _ => None,
         };
-        let mut events = Vec::new();
-        let stream = self.open().await?;
+        let (mut events, mut costs) = (Vec::new(), Vec::new());
+        let mut bytes = 0;
+        if let Some((doc, cost)) = self.carried.take() {
+            if !limit.fits(0, 0, cost) {
+                self.carried = Some((doc, cost));
+                return Ok(RawBatch::default());
+            }
+            bytes += cost;
+            events.push(doc);
+            costs.push(cost);
+        }
         let mut exhausted = false;
-        while events.len() < max && (events.is_empty() || started.elapsed() < max_wait) {
+        let mut last_taken = None;
+        let mut carry = None;
+        let stream = self.open().await?;
+        while events.len() < limit.events && (events.is_empty() || started.elapsed() < max_wait) {
             match stream.next_if_any().await {
-                Ok(Some(event)) => events.push(event),
+                Ok(Some(raw)) => {
+                    let (doc, cost) = match decode(raw) {
+                        Ok(decoded) => decoded,
+                        Err(e) => {
+                            self.stream = None;
+                            return Err(e);
+                        }
+                    };
+                    last_taken = doc
+                        .get_document("_id")
+                        .ok()
+                        .and_then(Token::from_resume_document)
+                        .or(last_taken);
+                    if !limit.fits(events.len(), bytes, cost) {
+                        carry = Some((doc, cost));
+                        break;
+                    }
+                    bytes += cost;
+                    events.push(doc);
+                    costs.push(cost);
+                }
                 Ok(None) => {
                     exhausted = true;
                     break;
@@ -70,11 +121,8 @@ impl EventSource for MongoEvents {
             }
         }
         let post_batch_token = stream.resume_token().as_ref().and_then(resume_to_token);
-        if let Some(last) = events
-            .last()
-            .and_then(|e| e.get_document("_id").ok())
-            .and_then(Token::from_resume_document)
-        {
+        self.carried = carry;
+        if let Some(last) = last_taken {
             self.last = Some(last);
         }
         // Reopen only from a concrete position: "now" again would skip what came in between.
@@ -84,7 +132,9 @@ impl EventSource for MongoEvents {
         }
         Ok(RawBatch {
             events,
-            post_batch_token,
+            costs,
+            // While an event is carried the stream stands before it, not at the server's token.
+            post_batch_token: post_batch_token.filter(|_| self.carried.is_none()),
         })
     }
 }
@@ -98,6 +148,7 @@ impl ChangeStreams for MongoStore {
             options,
             stream: Some(stream),
             last: None,
+            carried: None,
         }))
     }
 
@@ -111,25 +162,30 @@ impl ChangeStreams for MongoStore {
     }
 }
 
-/// Events one server reply may hold. MongoDB caps a reply at 16 MB anyway; the fake test server
-/// does not, and answered a 100 000-event backlog in one reply that the driver buffers whole.
-/// At this size a reply stays a few megabytes and the worker's larger batches take a few
-/// replies (one round trip each, overlapped with writing the previous batch while behind).
-const EVENTS_PER_REPLY: u32 = 1000;
-
 impl MongoStore {
+    /// The stream's stages: the caller's (a partition's `$match` reads the full documents),
+    /// then the schema's `$project`, so that events carry only what counterd reads.
+    fn stream_pipeline(&self, options: &StreamOptions) -> Vec<Document> {
+        let mut pipeline = options.pipeline.clone();
+        pipeline.push(self.schema.stream_projection());
+        pipeline
+    }
+
     /// Opens a change stream on `comments` with `updateLookup` (and pre-images when asked).
     pub(super) async fn watch(
         &self,
         options: &StreamOptions,
-    ) -> StoreResult<ChangeStream<Document>> {
+    ) -> StoreResult<ChangeStream<RawDocumentBuf>> {
         let mut watch = self
             .comments
             .watch()
-            .pipeline(options.pipeline.clone())
+            .pipeline(self.stream_pipeline(options))
             .full_document(FullDocumentType::UpdateLookup)
             .max_await_time(options.max_await)
-            .batch_size(EVENTS_PER_REPLY)
+            // A reply is decoded whole by the driver: MongoDB caps one at 16 MB, the fake
+            // server does not (it answered a 100 000-event backlog in one reply). The budget
+            // sets this many projected events aside (`REPLY_RESERVE`).
+            .batch_size(crate::budget::cost::EVENTS_PER_REPLY)
             .selection_criteria(SelectionCriteria::ReadPreference(ReadPreference::Primary));
         if options.pre_images {
             watch = watch.full_document_before_change(FullDocumentBeforeChangeType::WhenAvailable);
@@ -146,7 +202,7 @@ impl MongoStore {
         Ok(watch
             .await
             .map_err(|e| stream_err(e, resumed_after.as_ref()))?
-            .with_type::<Document>())
+            .with_type::<RawDocumentBuf>())
     }
 }
 

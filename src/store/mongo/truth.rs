@@ -84,6 +84,7 @@ impl Truth for MongoStore {
         let mut cursor = self
             .comments
             .find(doc! {&self.schema.group: post.to_bson()})
+            .projection(self.schema.row_projection())
             .await
             .map_err(|e| map_err("read the rows of a post", e))?;
         let mut rows = Vec::new();
@@ -135,6 +136,7 @@ impl Truth for MongoStore {
             .find(doc! {"_id": range})
             .sort(doc! {"_id": 1})
             .limit(limit as i64)
+            .projection(self.schema.row_projection())
             .await
             .map_err(|e| map_err("read a snapshot chunk", e))?
             .try_collect()

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use counterd::store::memory::{drained_token, Cursor};
-use counterd::store::{EventSource, RawBatch, StoreResult};
+use counterd::store::{EventSource, RawBatch, ReadLimit, StoreResult};
 use rand::Rng;
 
 use super::faults::drained_answer;
@@ -40,7 +40,11 @@ impl SimEvents {
     /// (`Ok`) on the shutdown it awaits beside the read. Not an answer of "nothing new": with
     /// events waiting, that would be a drained position the worker trusts and records.
     async fn stop(&self, why: &str) -> StoreResult<RawBatch> {
-        self.store.lock().stat(why);
+        {
+            let mut s = self.store.lock();
+            s.stat(why);
+            s.note_budget_waiters();
+        }
         let worker = self.store.worker.as_ref();
         worker
             .expect("only workers read the simulation's change stream")
@@ -49,7 +53,7 @@ impl SimEvents {
     }
 
     /// One read: events, "nothing new", a fault, or the end of the worker's run.
-    async fn read(&mut self, max: usize) -> Read {
+    async fn answer(&mut self, limit: ReadLimit) -> Read {
         let strike = self.store.enter("next_batch", None, false).await;
         {
             let mut s = self.store.lock();
@@ -114,14 +118,32 @@ impl SimEvents {
             self.idled = true;
             let batch = drained(&mut s, "");
             s.stat("stop caught up");
+            s.note_budget_waiters();
             for trigger in &s.shutdown {
                 trigger.request();
             }
             return Read::Answer(Ok(batch));
         }
-        let limit = max.min(available).min(s.read_max).max(1);
-        let n = s.rng.random_range(1..=limit);
+        let most = limit.events.min(available).min(s.read_max).max(1);
+        let asked = s.rng.random_range(1..=most);
         let next = self.cursor.next;
+        let batch = s.memory.read_events(
+            &mut self.cursor,
+            ReadLimit {
+                events: asked,
+                ..limit
+            },
+        );
+        let n = batch.events.len();
+        if n == 0 {
+            // The memory budget: the first event did not fit what the reader holds.
+            s.stat("read cut to nothing by the budget");
+            s.note("  read: none (over the budget)".into());
+            return Read::Answer(Ok(batch));
+        }
+        if n < asked {
+            s.stat("read cut by the budget");
+        }
         let what: Vec<String> = s.memory.oplog[next..next + n]
             .iter()
             .map(|e| {
@@ -136,7 +158,6 @@ impl SimEvents {
             })
             .collect();
         s.note(format!("  read: {}", what.join(", ")));
-        let batch = s.memory.read_events(&mut self.cursor, n);
         if let Some(budget) = s.read_budget.as_mut() {
             *budget = budget.saturating_sub(1);
         }
@@ -153,8 +174,11 @@ enum Read {
 
 #[async_trait]
 impl EventSource for SimEvents {
-    async fn next_batch(&mut self, max: usize, _max_wait: Duration) -> StoreResult<RawBatch> {
-        match self.read(max).await {
+    async fn read(&mut self, limit: ReadLimit, _max_wait: Duration) -> StoreResult<RawBatch> {
+        if limit.events == 0 {
+            return Ok(RawBatch::default());
+        }
+        match self.answer(limit).await {
             Read::Answer(answer) => answer,
             Read::Stop(why) => self.stop(why).await,
         }

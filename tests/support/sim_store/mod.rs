@@ -109,6 +109,10 @@ pub struct State {
     /// to stop right after its idle read, so that it never sleeps on tokio's (real) clock while
     /// another actor runs.
     pub shutdown: Vec<ShutdownTrigger>,
+    /// The seed's memory budget (for the coverage statistics).
+    pub budget: Option<counterd::budget::Budget>,
+    /// Rows per snapshot chunk as configured (a chunk asked for fewer was cut by the budget).
+    pub snapshot_chunk_rows: usize,
     /// Reads that return events the worker(s) may still do this round; `None`: unlimited.
     pub read_budget: Option<u32>,
     /// Probability that a drained stream answers "nothing new" while other actors run, rather
@@ -201,6 +205,14 @@ impl State {
         *self.stats.entry(key.into()).or_default() += 1;
     }
 
+    /// Before workers are stopped: notes when one of them is waiting for room in the memory
+    /// budget (its wait is then cut short by the stop).
+    pub fn note_budget_waiters(&mut self) {
+        if self.budget.as_ref().is_some_and(|b| b.waiting() > 0) {
+            self.stat("worker stopped while a worker waited for budget");
+        }
+    }
+
     pub fn note(&mut self, line: String) {
         if self.trace_all {
             eprintln!("{line}");
@@ -290,6 +302,8 @@ impl SimStore {
                 others_running: 0,
                 workers_running: 0,
                 shutdown: Vec::new(),
+                budget: None,
+                snapshot_chunk_rows: usize::MAX,
                 read_budget: None,
                 drained_answers: 0.0,
                 read_max: 10,

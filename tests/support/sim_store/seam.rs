@@ -500,6 +500,9 @@ impl Truth for SimStore {
         limit: usize,
     ) -> StoreResult<Vec<(CommentId, Row)>> {
         self.single("rows_after", false, |s| {
+            if limit < s.snapshot_chunk_rows {
+                s.stat("snapshot chunk cut by the budget");
+            }
             Ok(s.memory.rows_after(after, last, limit))
         })
         .await

@@ -2,6 +2,7 @@
 
 pub mod costs;
 pub mod lag;
+pub mod memory;
 pub mod partitions;
 pub mod reconcile;
 pub mod rss;

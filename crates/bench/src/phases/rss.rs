@@ -59,11 +59,22 @@ pub async fn child_rss(bench: &Bench, plan: &Plan) -> anyhow::Result<ChildRss> {
     })
 }
 
-async fn rss_of_counterd(
+pub async fn rss_of_counterd(
     bench: &Bench,
     binary: &Path,
     start: Timestamp,
     n: usize,
+) -> anyhow::Result<(String, Option<f64>)> {
+    rss_of_counterd_in(bench, binary, start, n, "rss").await
+}
+
+/// [`rss_of_counterd`] on the phase database `phase`.
+pub async fn rss_of_counterd_in(
+    bench: &Bench,
+    binary: &Path,
+    start: Timestamp,
+    n: usize,
+    phase: &str,
 ) -> anyhow::Result<(String, Option<f64>)> {
     let port = counterd_testdb::free_port();
     let addr = format!("127.0.0.1:{port}");
@@ -73,7 +84,7 @@ async fn rss_of_counterd(
     let mut child = tokio::process::Command::new(binary)
         .arg("run")
         .env("COUNTERD_MONGODB_URI", bench.uri())
-        .env("COUNTERD_DATABASE", bench.db_name("rss"))
+        .env("COUNTERD_DATABASE", bench.db_name(phase))
         .env("COUNTERD_HTTP_ADDR", &addr)
         .env("COUNTERD_START_AT", start_at)
         .env("COUNTERD_LOG_LEVEL", "warn")

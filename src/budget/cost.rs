@@ -1,0 +1,201 @@
+//! Pure: what a buffer is charged, and the budget a process gets by default.
+//!
+//! An event read is held three times over before its batch's checkpoint: as the decoded
+//! document, as the parsed event, and as its share of the batch's plan (counter increments,
+//! the ledger entry it reads and the one it writes, its dirty mark, the intent that records the
+//! plan, the statements that write it). The charge is therefore its encoded size times
+//! [`DECODED_FACTOR`] (a decoded BSON document, with its map and strings, is several times its
+//! encoded bytes) plus [`EVENT_STATE`], the per-event state that does not depend on the event's
+//! size. Both were calibrated with the benchmark's memory phase (peak RSS against the number of
+//! events in flight): RSS grows by about the charge per event, so a budget of B bytes keeps the
+//! process within about its idle size plus B, whatever the backlog and whatever the
+//! application's documents (the stream's `$project` keeps an event's size independent of them).
+
+/// Bytes of decoded and parsed state per encoded byte of an event.
+pub const DECODED_FACTOR: usize = 3;
+
+/// counterd's own per-event state while its batch is in flight, beside the event itself.
+pub const EVENT_STATE: usize = 2048;
+
+/// A snapshot row or a recounted row (a comment id and what counting reads of it, read with
+/// the schema's projection), decoded and held.
+pub const ROW_COST: usize = 512;
+
+/// The largest event the budget must hold at least one of: a projected event is a few hundred
+/// bytes; its group value or shard key could be longer, up to this.
+pub const LARGEST_EVENT: usize = 16 * 1024;
+
+/// Events per server reply (the driver's `batchSize`). A reply is decoded whole by the driver
+/// before counterd reads an event of it, so [`REPLY_RESERVE`] sets it aside.
+pub const EVENTS_PER_REPLY: u32 = 1000;
+
+/// What one server reply may hold (a reply of projected events, kept raw until each event is
+/// taken): every open stream holds this much of the budget for as long as it is open.
+pub const REPLY_RESERVE: usize = 1024 * 1024;
+
+/// The budget without a container limit: fits the shipped manifests (limit 96 MiB, of which an
+/// idle `counterd run` holds about 26).
+pub const DEFAULT_BUDGET: usize = 24 * 1024 * 1024;
+
+/// The part of a container's limit that is not the budget: the idle process (runtime, driver,
+/// HTTP, allocator) and headroom for what is estimated rather than counted.
+pub const OUTSIDE_BUDGET: u64 = 40 * 1024 * 1024;
+
+/// The charge of an event whose encoded document has `encoded` bytes.
+pub fn event_cost(encoded: usize) -> usize {
+    encoded
+        .saturating_mul(DECODED_FACTOR)
+        .saturating_add(EVENT_STATE)
+}
+
+/// The charge of an event already decoded (the in-process stores): its encoded size is
+/// computed by encoding it.
+pub fn document_cost(doc: &bson::Document) -> usize {
+    event_cost(bson::to_vec(doc).map_or(0, |bytes| bytes.len()))
+}
+
+/// The smallest budget for `streams` open streams (one per partition a process works on):
+/// each stream's reply reserve, and room for one event of [`LARGEST_EVENT`] bytes. (Below it, a
+/// worker could wait for room that never frees.)
+pub fn min_budget(streams: usize) -> usize {
+    streams.max(1) * REPLY_RESERVE + event_cost(LARGEST_EVENT)
+}
+
+/// The budget for a container limit (`None`: no limit): what the limit leaves beside the idle
+/// process, half of it so that estimates and allocator slack stay inside the limit, and never
+/// less than the minimum for `streams` streams.
+pub fn budget_for_limit(limit: Option<u64>, streams: usize) -> usize {
+    let budget = match limit {
+        None => DEFAULT_BUDGET,
+        Some(limit) => {
+            let usable = limit.saturating_sub(OUTSIDE_BUDGET) / 2;
+            usable.min(u32::MAX as u64) as usize
+        }
+    };
+    budget.max(min_budget(streams))
+}
+
+/// What the budget leaves to events in flight: the reply reserve is set aside.
+pub fn for_events(budget: usize) -> usize {
+    budget.saturating_sub(REPLY_RESERVE)
+}
+
+/// What one read of the stream may take: half of what the budget leaves to events, so that
+/// the batch being written and the next one, read ahead meanwhile, fit together.
+pub fn read_share(budget: usize) -> usize {
+    for_events(budget) / 2
+}
+
+/// The least a reader that holds nothing waits for: one event of a typical projected size
+/// (a larger one is still read, see [`ReadLimit::at_least_one`]).
+pub const MIN_READ: usize = 1024 * DECODED_FACTOR + EVENT_STATE;
+
+/// Whether a read that returned `got` events costing `bytes` within `limit` was cut by the
+/// bytes rather than by the count or by the events ready: less room was left than an average
+/// event of it takes. Such a read counts as full: the worker is behind.
+pub fn cut_by_bytes(limit: &ReadLimit, got: usize, bytes: usize) -> bool {
+    got > 0 && got < limit.events && limit.bytes.saturating_sub(bytes) < bytes / got
+}
+
+/// How much one read of the change stream may return: events by count and by their charge.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadLimit {
+    pub events: usize,
+    /// The sum of the returned events' [`event_cost`]s at most.
+    pub bytes: usize,
+    /// Return the first event even when it alone is over `bytes` (a reader holding nothing
+    /// else must always get on; see `crate::budget`).
+    pub at_least_one: bool,
+}
+
+impl ReadLimit {
+    /// A limit by count only.
+    pub fn events(events: usize) -> ReadLimit {
+        ReadLimit {
+            events,
+            bytes: usize::MAX,
+            at_least_one: true,
+        }
+    }
+
+    /// Whether one more event costing `cost` fits after `taken` events costing `bytes`.
+    pub fn fits(&self, taken: usize, bytes: usize, cost: usize) -> bool {
+        taken < self.events
+            && (bytes.saturating_add(cost) <= self.bytes || (taken == 0 && self.at_least_one))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_read_is_cut_by_count_and_by_bytes() {
+        let limit = ReadLimit {
+            events: 3,
+            bytes: 100,
+            at_least_one: false,
+        };
+        assert!(limit.fits(0, 0, 100));
+        assert!(!limit.fits(0, 0, 101), "over the bytes");
+        assert!(limit.fits(2, 60, 40));
+        assert!(!limit.fits(3, 0, 1), "over the count");
+        let first = ReadLimit {
+            at_least_one: true,
+            ..limit
+        };
+        assert!(first.fits(0, 0, 1000), "the first event always");
+        assert!(!first.fits(1, 1000, 1), "but only the first");
+        assert!(ReadLimit::events(5).fits(4, usize::MAX - 1, 10));
+    }
+
+    #[test]
+    fn a_read_that_used_its_bytes_up_counts_as_cut() {
+        let limit = ReadLimit {
+            events: 100,
+            bytes: 10_000,
+            at_least_one: true,
+        };
+        assert!(
+            cut_by_bytes(&limit, 9, 9_900),
+            "room for less than one more"
+        );
+        assert!(
+            !cut_by_bytes(&limit, 5, 5_000),
+            "room for five more: the stream ran dry"
+        );
+        assert!(!cut_by_bytes(&limit, 0, 0));
+        assert!(!cut_by_bytes(&limit, 100, 10_000), "full by count, not cut");
+        assert_eq!(read_share(REPLY_RESERVE + 1000), 500);
+    }
+
+    #[test]
+    fn an_event_costs_its_decoded_size_and_the_per_event_state() {
+        assert_eq!(event_cost(0), EVENT_STATE);
+        assert_eq!(event_cost(300), 300 * DECODED_FACTOR + EVENT_STATE);
+        assert_eq!(event_cost(usize::MAX), usize::MAX, "saturates");
+    }
+
+    #[test]
+    fn the_budget_follows_the_container_limit() {
+        assert_eq!(budget_for_limit(None, 1), DEFAULT_BUDGET);
+        // The shipped manifest's limit: (96 - 40) / 2 = 28 MiB.
+        assert_eq!(budget_for_limit(Some(96 << 20), 1), 28 << 20);
+        assert_eq!(
+            budget_for_limit(Some(1 << 30), 1),
+            ((1 << 30) - (40 << 20)) / 2
+        );
+        // A tiny limit still gets the minimum (the process may not fit, but then the kernel
+        // says so, rather than a worker waiting for room that never frees).
+        assert_eq!(budget_for_limit(Some(10 << 20), 1), min_budget(1));
+        assert_eq!(budget_for_limit(None, 64), min_budget(64));
+        assert!(DEFAULT_BUDGET >= min_budget(4));
+        assert_eq!(min_budget(0), min_budget(1));
+    }
+
+    #[test]
+    fn the_reply_reserve_is_set_aside() {
+        assert_eq!(for_events(REPLY_RESERVE + 10), 10);
+        assert_eq!(for_events(1), 0);
+    }
+}
