@@ -241,7 +241,8 @@ impl<S: Store + ?Sized> Snapshotter<'_, S> {
             Some(chunk) => {
                 tracing::info!(stream = %self.fence.stream, chunk = chunk.number, "finishing the snapshot chunk a previous run left in flight");
                 progress.chunks_resumed += 1;
-                asked = u64::MAX;
+                // Never "short": its size is unknown, so the next read decides.
+                asked = 0;
                 chunk
             }
             None => {

@@ -245,7 +245,8 @@ struct Plan {
     snapshot: bool,
     snapshot_chunk_rows: usize,
     existing_writes: usize,
-    /// The process's memory budget, shared by every worker of the seed: in half the seeds a
+    /// The process's memory budget, shared by every current worker of the seed (a takeover's
+    /// previous holder has its own: it is another process): in half the seeds a
     /// tiny one (each stream's reply reserve and room for a few events), so that reads and
     /// read aheads are cut by bytes, snapshot chunks are split by bytes and workers of several
     /// partitions wait for each other's room.
@@ -913,9 +914,17 @@ impl Sim {
         {
             let settings = plan.worker_settings(stream, *partition);
             if *mode == 2 {
+                // The previous holder runs in another process, with that process's own
+                // budget: sharing this one would hold two reply reserves for one stream,
+                // which no process ever does, and leave a worker waiting for room that only
+                // a stop frees (a wait the real clock's operation timeout then ends).
+                let previous = WorkerSettings {
+                    budget: Budget::new(plan.budget.total()),
+                    ..settings.clone()
+                };
                 actors.push(worker(
                     self.store.clone(),
-                    settings.clone(),
+                    previous,
                     *epoch,
                     false,
                     0,
