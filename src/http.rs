@@ -53,6 +53,7 @@ pub async fn serve(
     bounds: ReadyBounds,
     shutdown: Shutdown,
 ) -> std::io::Result<()> {
+    let upkeep = tokio::spawn(upkeep(metrics.clone(), shutdown.clone()));
     let app = Router::new()
         .route(ROUTES[0], get(metrics_text))
         .route(ROUTES[1], get(|| async { "ok\n" }))
@@ -62,9 +63,32 @@ pub async fn serve(
             streams,
             bounds,
         });
-    axum::serve(listener, app)
+    let served = axum::serve(listener, app)
         .with_graceful_shutdown(async move { shutdown.wait().await })
-        .await
+        .await;
+    upkeep.abort();
+    served
+}
+
+/// How often the recorder's histograms are drained when nothing scrapes.
+pub const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Drains the recorder's histograms every [`UPKEEP_INTERVAL`] until shutdown.
+///
+/// The Prometheus recorder keeps every histogram sample raw until an upkeep folds it into the
+/// buckets; an installed recorder (unlike the exporter's own listener) runs no upkeep by
+/// itself. Left to scrapes alone, a process nobody scrapes, or one scraped every minute while
+/// it catches up a backlog, holds a sample per batch, per database operation and per fold:
+/// memory that grows with the work done, outside the memory budget.
+pub async fn upkeep(metrics: PrometheusHandle, shutdown: Shutdown) {
+    let mut tick = tokio::time::interval(UPKEEP_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => metrics.run_upkeep(),
+            _ = shutdown.wait() => return,
+        }
+    }
 }
 
 async fn metrics_text(

@@ -7,6 +7,8 @@ use clap::Parser;
 /// mimalloc instead of the system allocator: the worker allocates and frees many small BSON
 /// documents per event, which glibc's malloc served with much consolidation work and a peak
 /// RSS that kept growing over a long backlog (see bench/RESULTS.md).
+/// (`--features system-allocator` keeps the system's, for heap profilers.)
+#[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -21,6 +23,9 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 /// RSS 56 -> 26 MB; see bench/RESULTS.md). `MIMALLOC_PURGE_DELAY` and
 /// `MIMALLOC_ARENA_EAGER_COMMIT` in the environment still win.
 fn tune_allocator() {
+    if cfg!(feature = "system-allocator") {
+        return;
+    }
     for (option, name) in [
         (MI_OPTION_PURGE_DELAY, "MIMALLOC_PURGE_DELAY"),
         (MI_OPTION_ARENA_EAGER_COMMIT, "MIMALLOC_ARENA_EAGER_COMMIT"),
