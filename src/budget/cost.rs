@@ -35,7 +35,7 @@ pub const REPLY_RESERVE: usize = 1024 * 1024;
 
 /// The budget without a container limit: fits the shipped manifests (limit 96 MiB, of which an
 /// idle `counterd run` holds about 26).
-pub const DEFAULT_BUDGET: usize = 24 * 1024 * 1024;
+pub const DEFAULT_BUDGET: usize = 16 * 1024 * 1024;
 
 /// The part of a container's limit that is not the budget: the idle process (runtime, driver,
 /// HTTP, allocator) and headroom for what is estimated rather than counted.

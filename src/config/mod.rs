@@ -64,7 +64,7 @@ pub struct Settings {
     /// Bytes that every buffer draws from (events in flight, read ahead, snapshot chunks,
     /// recounts, server replies); reading waits while it is spent. 0: derived from the
     /// container's memory limit (cgroup v2 or v1: half of what it leaves beside 40 MiB), else
-    /// 24 MiB.
+    /// 16 MiB.
     pub memory_budget: u64,
     /// Pause after a read that returned no events.
     #[serde(with = "humantime_serde")]

@@ -6,20 +6,40 @@ use super::*;
 impl Checkpoints for MongoStore {
     async fn load_checkpoint(&self, stream: &str) -> StoreResult<Option<Checkpoint>> {
         let found = self
-            .coll(&self.names.checkpoints)
+            .db
+            .collection::<RawDocumentBuf>(&self.names.checkpoints)
             .find_one(doc! {"_id": stream})
             .await
             .map_err(|e| map_err("read the checkpoint", e))?;
-        found.map(|d| checkpoint_from_doc(stream, &d)).transpose()
+        found.map(|d| checkpoint_from_raw(stream, &d)).transpose()
     }
 
     async fn record_intent(&self, fence: &Fence, batch: &PendingBatch) -> StoreResult<()> {
-        let update = doc! {
+        // Raw from serde to the wire: the intent is the largest thing a batch writes.
+        let update = rawdoc! {
             "$max": {"high_water": batch.end.as_str()},
-            "$set": {"pending": pending_to_doc(batch)?, "updated_at": DateTime::now()},
+            "$set": {"pending": pending_to_raw(batch)?, "updated_at": DateTime::now()},
         };
-        self.owned_checkpoint_update("record the batch intent", fence, update)
+        let filter = rawdoc! {"_id": fence.stream.as_str(), "epoch": fence.epoch};
+        let command = rawdoc! {
+            "update": self.names.checkpoints.as_str(),
+            "updates": [{"q": filter, "u": update, "upsert": true}],
+        };
+        let op = "record the batch intent";
+        let reply = self
+            .db
+            .run_raw_command(command)
             .await
+            .map_err(|e| map_err(op, e))?;
+        if write_errors(op, &reply)? > 0 {
+            // The upsert hit the `_id` of a checkpoint with another epoch: a successor took
+            // the stream (as in `checkpoint_update`).
+            return Err(StoreError::Fenced {
+                stream: fence.stream.clone(),
+                epoch: fence.epoch,
+            });
+        }
+        Ok(())
     }
 
     async fn save_checkpoint(

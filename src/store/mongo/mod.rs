@@ -28,7 +28,9 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use futures::TryStreamExt;
-use mongodb::bson::{self, doc, Bson, DateTime, Document, Timestamp};
+use mongodb::bson::{
+    self, doc, rawdoc, Bson, DateTime, Document, RawArrayBuf, RawDocumentBuf, Timestamp,
+};
 use mongodb::change_stream::event::ResumeToken;
 use mongodb::change_stream::ChangeStream;
 use mongodb::error::{Error as DriverError, ErrorKind, WriteFailure};
@@ -363,41 +365,64 @@ impl MongoStore {
         let mut duplicates = 0;
         // Servers cap a command at maxWriteBatchSize statements (1000 on old ones).
         for items in items.chunks(1000) {
-            let chunk: Vec<Document> = items.iter().map(&statement).collect();
-            let sent = chunk.len() as u64;
+            // Each statement goes to raw BSON as soon as it is built: a thousand statements
+            // as document trees held megabytes (see `budget::cost`), as bytes a few hundred KB.
+            let mut chunk = RawArrayBuf::new();
+            for item in items {
+                let raw = RawDocumentBuf::from_document(&statement(item)).map_err(|e| {
+                    StoreError::Fatal {
+                        op,
+                        message: e.to_string(),
+                    }
+                })?;
+                chunk.push(raw);
+            }
+            let sent = items.len() as u64;
             let reply = self
                 .db
-                .run_command(doc! {"update": collection, "updates": chunk, "ordered": false})
+                .run_raw_command(rawdoc! {"update": collection, "updates": chunk, "ordered": false})
                 .await
                 .map_err(|e| map_err(op, e))?;
-            let errors = reply.get_array("writeErrors").cloned().unwrap_or_default();
-            for error in &errors {
-                let error = error.as_document().cloned().unwrap_or_default();
-                let code = error.get_i32("code").unwrap_or(0);
-                if code == DUPLICATE_KEY {
-                    duplicates += 1;
-                } else {
-                    let message = format!(
-                        "{} (code {code})",
-                        error.get_str("errmsg").unwrap_or("write error")
-                    );
-                    return Err(if TRANSIENT_CODES.contains(&code) {
-                        StoreError::Transient { op, message }
-                    } else {
-                        StoreError::Fatal { op, message }
-                    });
-                }
-            }
-            if let Ok(wce) = reply.get_document("writeConcernError") {
-                return Err(StoreError::Transient {
-                    op,
-                    message: format!("write concern error: {wce}"),
-                });
-            }
-            wrote += sent - errors.len() as u64;
+            let failed = reply.get_array("writeErrors").map_or(0, |e| e.len() as u64);
+            duplicates += write_errors(op, &reply)?;
+            wrote += sent - failed;
         }
         Ok((wrote, duplicates))
     }
+}
+
+/// The duplicate-key errors of a write command's reply (an upsert that raced, or hit an entry
+/// of a newer epoch); any other write error, or a write concern error, is the command's error.
+fn write_errors(op: &'static str, reply: &Document) -> StoreResult<u64> {
+    let mut duplicates = 0;
+    for error in reply
+        .get_array("writeErrors")
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+    {
+        let error = error.as_document().cloned().unwrap_or_default();
+        let code = error.get_i32("code").unwrap_or(0);
+        if code == DUPLICATE_KEY {
+            duplicates += 1;
+            continue;
+        }
+        let message = format!(
+            "{} (code {code})",
+            error.get_str("errmsg").unwrap_or("write error")
+        );
+        return Err(if TRANSIENT_CODES.contains(&code) {
+            StoreError::Transient { op, message }
+        } else {
+            StoreError::Fatal { op, message }
+        });
+    }
+    if let Ok(wce) = reply.get_document("writeConcernError") {
+        return Err(StoreError::Transient {
+            op,
+            message: format!("write concern error: {wce}"),
+        });
+    }
+    Ok(duplicates)
 }
 
 /// A probe's reply: `Some` when the server answered, `None` when it refused the command (it

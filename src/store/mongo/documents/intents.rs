@@ -189,8 +189,13 @@ struct PendingDoc {
 }
 
 /// The pending batch as stored in the checkpoint document.
-pub(in crate::store::mongo) fn pending_to_doc(batch: &PendingBatch) -> StoreResult<Document> {
-    to_stored(
+/// The pending batch as the checkpoint stores it, as raw BSON: a batch's intent names every
+/// counter, ledger state and dirty mark it plans (thousands while behind), which as a document
+/// tree held several megabytes beside the batch's other state.
+pub(in crate::store::mongo) fn pending_to_raw(
+    batch: &PendingBatch,
+) -> StoreResult<bson::RawDocumentBuf> {
+    to_stored_raw(
         "record the batch intent",
         &PendingDoc {
             end: batch.end.as_str().to_string(),
@@ -212,7 +217,20 @@ pub(in crate::store::mongo) fn pending_to_doc(batch: &PendingBatch) -> StoreResu
 pub(in crate::store::mongo) fn pending_from_doc(d: &Document) -> Result<PendingBatch, String> {
     let p: PendingDoc =
         bson::from_document(d.clone()).map_err(|e| format!("pending batch: {e}"))?;
-    Ok(PendingBatch {
+    Ok(pending_from_stored(p))
+}
+
+/// [`pending_from_doc`] from the intent's bytes, without a document tree of it.
+pub(in crate::store::mongo) fn pending_from_raw(
+    d: &bson::RawDocument,
+) -> Result<PendingBatch, String> {
+    let p: PendingDoc =
+        bson::from_slice(d.as_bytes()).map_err(|e| format!("pending batch: {e}"))?;
+    Ok(pending_from_stored(p))
+}
+
+fn pending_from_stored(p: PendingDoc) -> PendingBatch {
+    PendingBatch {
         end: Token(p.end),
         end_time: p.end_time,
         counters: p.counters.into_iter().map(CounterDelta::from).collect(),
@@ -225,7 +243,7 @@ pub(in crate::store::mongo) fn pending_from_doc(d: &Document) -> Result<PendingB
                 newest_bucket: m.bucket,
             })
             .collect(),
-    })
+    }
 }
 
 /// The snapshot's progress, as `snapshot` in the checkpoint document. Every field is written,

@@ -19,7 +19,7 @@ mod intents;
 
 pub(super) use self::entries::{dirty_from_doc, lease_from_doc, sweep_from_doc, sweep_to_set};
 pub(super) use self::intents::{
-    pending_from_doc, pending_to_doc, snapshot_from_doc, snapshot_to_doc,
+    pending_from_doc, pending_from_raw, pending_to_raw, snapshot_from_doc, snapshot_to_doc,
 };
 
 /// A stored integer, by the one rule every reader uses: counterd writes `Int64`, but a hand edit
@@ -138,6 +138,41 @@ pub(super) fn touch_to_doc(touch: &Touch) -> Document {
     doc! {"t": touch.through.as_str(), "c": comments}
 }
 
+/// A checkpoint as read, raw: its pending intent (every counter, ledger state and dirty mark
+/// of a batch in flight, thousands while behind) is parsed from its bytes, never held as a
+/// document tree; the rest is small and read as a document.
+pub(super) fn checkpoint_from_raw(
+    stream: &str,
+    raw: &bson::RawDocument,
+) -> StoreResult<Checkpoint> {
+    let malformed = |detail: String| {
+        StoreError::Malformed {
+        what: "checkpoint",
+        id: stream.to_string(),
+        detail: format!("{detail} (fix or delete it in counterd's checkpoints collection, or run `counterd replay --from-time ...`)"),
+    }
+    };
+    let mut doc = Document::new();
+    let mut pending = None;
+    for element in raw {
+        let (key, value) = element.map_err(|e| malformed(e.to_string()))?;
+        match (key, value) {
+            ("pending", bson::RawBsonRef::Document(p)) => {
+                pending = Some(pending_from_raw(p).map_err(malformed)?)
+            }
+            _ => {
+                let value = Bson::try_from(value).map_err(|e| malformed(e.to_string()))?;
+                doc.insert(key, value);
+            }
+        }
+    }
+    let mut checkpoint = checkpoint_from_doc(stream, &doc)?;
+    if pending.is_some() {
+        checkpoint.pending = pending;
+    }
+    Ok(checkpoint)
+}
+
 pub(super) fn checkpoint_from_doc(stream: &str, doc: &Document) -> StoreResult<Checkpoint> {
     let malformed = |detail: String| {
         StoreError::Malformed {
@@ -232,6 +267,18 @@ pub(super) fn ledger_row_update(row: &Row) -> (Document, Document) {
 
 /// A document serde writes: the record's stored shape, for `op` (a failure is a bug, reported
 /// as fatal rather than a panic).
+/// `value` serialized straight to BSON bytes, without the document tree `to_stored` builds (a
+/// tree of a large intent costs several times its bytes; see `checkpoints::record_intent`).
+pub(super) fn to_stored_raw<T: Serialize>(
+    op: &'static str,
+    value: &T,
+) -> StoreResult<bson::RawDocumentBuf> {
+    bson::to_raw_document_buf(value).map_err(|e| StoreError::Fatal {
+        op,
+        message: e.to_string(),
+    })
+}
+
 pub(super) fn to_stored<T: Serialize>(op: &'static str, value: &T) -> StoreResult<Document> {
     bson::to_document(value).map_err(|e| StoreError::Fatal {
         op,

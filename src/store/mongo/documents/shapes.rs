@@ -93,7 +93,7 @@ fn stored_pending() -> Document {
 #[test]
 fn a_pending_batch_keeps_its_stored_shape() {
     let batch = pending_batch();
-    let written = pending_to_doc(&batch).unwrap();
+    let written = pending_to_raw(&batch).unwrap().to_document().unwrap();
     assert_eq!(written, stored_pending());
     assert_eq!(keys(&written), keys(&stored_pending()));
     assert_eq!(pending_from_doc(&stored_pending()).unwrap(), batch);
@@ -147,7 +147,31 @@ fn a_malformed_pending_batch_is_an_error() {
     );
     for bad in [no_end, bad_post, null_row_post, no_deleted, fraction] {
         assert!(pending_from_doc(&bad).is_err(), "{bad}");
+        let raw = bson::RawDocumentBuf::from_document(&bad).unwrap();
+        assert!(pending_from_raw(&raw).is_err(), "{bad}");
     }
+}
+
+#[test]
+fn a_checkpoint_read_raw_is_the_checkpoint_read_as_a_document() {
+    let stored = doc! {
+        "_id": "comments",
+        "token": "82AB",
+        "high_water": "82AC",
+        "epoch": 3_i64,
+        "pending": stored_pending(),
+        "updated_at": at(5),
+        "sweep_requested": true,
+    };
+    let raw = bson::RawDocumentBuf::from_document(&stored).unwrap();
+    let read = checkpoint_from_raw("comments", &raw).unwrap();
+    assert_eq!(read, checkpoint_from_doc("comments", &stored).unwrap());
+    assert_eq!(read.pending, Some(pending_batch()));
+    let mut bad = stored.clone();
+    bad.insert("pending", doc! {"end": 1_i32});
+    let raw = bson::RawDocumentBuf::from_document(&bad).unwrap();
+    let err = checkpoint_from_raw("comments", &raw).unwrap_err();
+    assert!(err.to_string().contains("pending batch"), "{err}");
 }
 
 fn snapshot() -> SnapshotProgress {
