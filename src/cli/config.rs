@@ -68,6 +68,7 @@ pub async fn run(loaded: Loaded, args: Args) -> anyhow::Result<ExitCode> {
             .collect();
         return print_json(&object(vec![
             ("settings", serde_json::to_value(&redacted)?),
+            ("definitions", definitions_json(&loaded.settings)?),
             ("origins", origins.into()),
             ("ignored_environment", loaded.ignored_env.clone().into()),
         ]))
@@ -85,5 +86,30 @@ pub async fn run(loaded: Loaded, args: Args) -> anyhow::Result<ExitCode> {
     for variable in &loaded.ignored_env {
         outln!("# ignored {variable}: a Kubernetes service link, not a setting");
     }
+    outln!("# counter definitions (`--counter NAME`; the first is the default):");
+    for (_, definition) in loaded.settings.definitions()?.iter() {
+        outln!("#   {definition}");
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The definitions as JSON: name, group field, condition (as the filter the count queries
+/// use, in relaxed extended JSON) and collection, the default first.
+fn definitions_json(settings: &crate::config::Settings) -> anyhow::Result<serde_json::Value> {
+    let list = settings
+        .definitions()?
+        .iter()
+        .map(|(_, d)| {
+            object(vec![
+                ("name", d.name.clone().into()),
+                ("group_field", d.group.clone().into()),
+                (
+                    "condition",
+                    bson::Bson::Document(d.condition.to_filter()).into_relaxed_extjson(),
+                ),
+                ("collection", d.collection.clone().into()),
+            ])
+        })
+        .collect();
+    Ok(serde_json::Value::Array(list))
 }

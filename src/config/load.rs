@@ -160,8 +160,9 @@ impl Settings {
                 message,
                 ..
             } => ConfigError::Invalid {
+                // `counters[1].condition` came from wherever `counters` did.
                 origin: origins
-                    .get(&name)
+                    .get(name.split('[').next().unwrap_or(&name))
                     .cloned()
                     .unwrap_or_else(|| "settings".into()),
                 name,
