@@ -2,13 +2,20 @@
 //! deltas per post, posts to mark dirty, and what the comment ledger should now say.
 //!
 //! A row counts when it exists and has no `deleted_at`; every delta is `live_after - live_before`
-//! per post, so a move is `-1` on the old post and `+1` on the new one. "Before" comes from, best
+//! per post, so a move is `-1` on the old post and `+1` on the new one.
+//!
+//! Every counter definition ([`crate::definition`]) is classified from the same two states: a
+//! row carries its group key and condition verdict per definition ([`Row::members`]), so one
+//! event becomes deltas for each definition it touches (a row becoming approved enters the
+//! approved counter; a move between posts changes the per-post counter and not the per-author
+//! one; an author change moves it between authors). No definition reads the event again. "Before" comes from, best
 //! first, the pre-image, the comment ledger, or (neither known) best-effort rules whose guesses
 //! are documented drift sources that the reconciler later corrects.
 
 use bson::DateTime;
 use serde::{Deserialize, Serialize};
 
+use crate::definition::{CounterIx, CounterKey};
 use crate::event::{ChangeEvent, Operation, PostId, Row, RowRead, Token};
 use crate::schema::Schema;
 
@@ -60,9 +67,12 @@ pub enum Source {
     BestEffort,
 }
 
-/// A signed change to one post's count, filed under the row's creation time.
+/// A signed change to one counter, filed under the row's creation time.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Delta {
+    /// Which definition's counter (the default: posts).
+    pub counter: CounterIx,
+    /// The counter's group key (for the default definition, the post).
     pub post: PostId,
     pub created_at: Option<DateTime>,
     pub amount: i64,
@@ -122,7 +132,8 @@ pub enum Unattributable {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Classification {
     pub deltas: Vec<Delta>,
-    pub dirty: Vec<PostId>,
+    /// Every counter the event named (before or after it), of every definition.
+    pub dirty: Vec<CounterKey>,
     pub after: After,
     pub source: Source,
     pub problem: Option<Problem>,
@@ -274,7 +285,9 @@ pub fn classify(
         }
         Operation::Update {
             summary: Some(summary),
-        } if summary.complete && matches!(before, Before::Known(Some(_))) => {
+        } if summary.complete
+            && matches!(&before, Before::Known(Some(row)) if schema.derives(summary, row)) =>
+        {
             let Before::Known(Some(row)) = &before else {
                 unreachable!("guarded above")
             };
@@ -321,7 +334,9 @@ pub fn classify(
         summary: Some(summary),
     } = &event.operation
     {
-        push_unique(&mut classified.dirty, schema.post_set_by(summary));
+        for key in schema.groups_set_by(summary) {
+            push_unique(&mut classified.dirty, Some(key));
+        }
     }
     Ok(classified)
 }
@@ -329,13 +344,13 @@ pub fn classify(
 /// Before-state known: the delta is exact (or zero when the after-state is unknown).
 fn exact(before: Option<Row>, after: After, source: Source) -> Classification {
     let mut dirty = Vec::new();
-    push_unique(&mut dirty, before.as_ref().and_then(|r| r.post.clone()));
+    push_groups(&mut dirty, before.as_ref());
     let after_row = match &after {
         After::Known(row) => row.clone(),
         // No information: assume unchanged, so no delta; the post is still touched.
         After::Unchanged => before.clone(),
     };
-    push_unique(&mut dirty, after_row.as_ref().and_then(|r| r.post.clone()));
+    push_groups(&mut dirty, after_row.as_ref());
     Classification {
         deltas: transition(before.as_ref(), after_row.as_ref()),
         dirty,
@@ -345,31 +360,48 @@ fn exact(before: Option<Row>, after: After, source: Source) -> Classification {
     }
 }
 
-/// `live_after - live_before` per post (and creation bucket).
+/// `live_after - live_before` per counter of every definition (and creation bucket).
 pub fn transition(before: Option<&Row>, after: Option<&Row>) -> Vec<Delta> {
+    let known = |r: Option<&Row>| r.map_or(0, |r| r.members.len() + 1);
     let mut deltas = Vec::new();
-    if let Some((row, post)) = before.and_then(|r| Some((r, r.counted_post()?))) {
-        deltas.push(Delta {
+    for counter in (0..known(before).max(known(after))).map(CounterIx) {
+        transition_in(counter, before, after, &mut deltas);
+    }
+    deltas
+}
+
+/// [`transition`] for one definition: `-1` where the row counted, `+1` where it counts now;
+/// the two cancel on the same group and bucket.
+fn transition_in(
+    counter: CounterIx,
+    before: Option<&Row>,
+    after: Option<&Row>,
+    out: &mut Vec<Delta>,
+) {
+    let start = out.len();
+    if let Some((row, post)) = before.and_then(|r| Some((r, r.counted_in(counter)?))) {
+        out.push(Delta {
+            counter,
             post: post.clone(),
             created_at: row.created_at,
             amount: -1,
         });
     }
-    if let Some((row, post)) = after.and_then(|r| Some((r, r.counted_post()?))) {
-        if let Some(pos) = deltas
+    if let Some((row, post)) = after.and_then(|r| Some((r, r.counted_in(counter)?))) {
+        if let Some(pos) = out[start..]
             .iter()
             .position(|d| d.post == *post && d.created_at == row.created_at)
         {
-            deltas.remove(pos); // -1 and +1 on the same post and bucket cancel out
+            out.remove(start + pos); // -1 and +1 on the same post and bucket cancel out
         } else {
-            deltas.push(Delta {
+            out.push(Delta {
+                counter,
                 post: post.clone(),
                 created_at: row.created_at,
                 amount: 1,
             });
         }
     }
-    deltas
 }
 
 /// Before-state unknown (no pre-image, no ledger entry): the documented guesses.
@@ -391,11 +423,12 @@ fn best_effort(event: &ChangeEvent, after: After, schema: &Schema) -> Classifica
             // Sharded on post_id: the key names the post. Whether the row was live is a guess.
             Some(post) => {
                 c.deltas.push(Delta {
+                    counter: CounterIx::DEFAULT,
                     post: post.clone(),
                     created_at: None,
                     amount: -1,
                 });
-                c.dirty.push(post);
+                c.dirty.push(default_key(post));
             }
             None => c.problem = Some(Problem::Unattributable(Unattributable::DeleteOfUnknownRow)),
         },
@@ -412,10 +445,14 @@ fn best_effort(event: &ChangeEvent, after: After, schema: &Schema) -> Classifica
                 return c;
             };
             let created_at = after_row.as_ref().and_then(|r| r.created_at);
-            c.dirty.push(post.clone());
+            c.dirty.push(default_key(post.clone()));
+            // Other definitions have no guesses: the groups the after-state names are dirty,
+            // and the reconciler recounts them.
+            push_groups_beyond_default(&mut c.dirty, after_row.as_ref());
             if schema.moves(summary) {
                 if after_row.as_ref().is_some_and(Row::is_live) {
                     c.deltas.push(Delta {
+                        counter: CounterIx::DEFAULT,
                         post,
                         created_at,
                         amount: 1,
@@ -426,6 +463,7 @@ fn best_effort(event: &ChangeEvent, after: After, schema: &Schema) -> Classifica
                 // Guess: setting the soft-delete field deletes a live row, clearing it revives
                 // a deleted one (a re-stamp would be miscounted: a documented drift source).
                 c.deltas.push(Delta {
+                    counter: CounterIx::DEFAULT,
                     post,
                     created_at,
                     amount,
@@ -433,10 +471,15 @@ fn best_effort(event: &ChangeEvent, after: After, schema: &Schema) -> Classifica
             }
         }
         // Replace, or update without any description: only the post is known, if that.
-        _ => match after_row.and_then(|r| r.post).or(key_post) {
-            Some(post) => c.dirty.push(post),
-            None => c.problem = Some(Problem::Unattributable(Unattributable::ChangeWithoutPost)),
-        },
+        _ => {
+            push_groups_beyond_default(&mut c.dirty, after_row.as_ref());
+            match after_row.and_then(|r| r.post).or(key_post) {
+                Some(post) => c.dirty.insert(0, default_key(post)),
+                None => {
+                    c.problem = Some(Problem::Unattributable(Unattributable::ChangeWithoutPost))
+                }
+            }
+        }
     }
     c
 }
@@ -453,7 +496,7 @@ fn bad_post_type(schema: &Schema, kind: &str) -> Problem {
 fn problem_only(before: &Before, source: Source, problem: Problem) -> Classification {
     let mut dirty = Vec::new();
     if let Before::Known(Some(row)) = before {
-        push_unique(&mut dirty, row.post.clone());
+        push_groups(&mut dirty, Some(row));
     }
     Classification {
         deltas: Vec::new(),
@@ -464,10 +507,42 @@ fn problem_only(before: &Before, source: Source, problem: Problem) -> Classifica
     }
 }
 
-fn push_unique(list: &mut Vec<PostId>, post: Option<PostId>) {
-    if let Some(post) = post {
-        if !list.contains(&post) {
-            list.push(post);
+fn push_unique(list: &mut Vec<CounterKey>, key: Option<CounterKey>) {
+    if let Some(key) = key {
+        if !list.contains(&key) {
+            list.push(key);
         }
+    }
+}
+
+/// The default definition's counter of `post`.
+fn default_key(post: PostId) -> CounterKey {
+    CounterKey {
+        counter: CounterIx::DEFAULT,
+        group: post,
+    }
+}
+
+/// The row's group of every definition, counted or not: changes there may have touched them.
+fn push_groups(list: &mut Vec<CounterKey>, row: Option<&Row>) {
+    let Some(row) = row else { return };
+    for counter in row.counters() {
+        let key = row.group_in(counter).map(|group| CounterKey {
+            counter,
+            group: group.clone(),
+        });
+        push_unique(list, key);
+    }
+}
+
+/// [`push_groups`] for every definition but the default (best effort guesses for that one).
+fn push_groups_beyond_default(list: &mut Vec<CounterKey>, row: Option<&Row>) {
+    let Some(row) = row else { return };
+    for counter in row.counters().skip(1) {
+        let key = row.group_in(counter).map(|group| CounterKey {
+            counter,
+            group: group.clone(),
+        });
+        push_unique(list, key);
     }
 }

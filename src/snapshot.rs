@@ -34,7 +34,8 @@ use std::time::Duration;
 use bson::DateTime;
 
 use crate::batch::{bucket_of, counter_of, CounterDelta, LedgerUpdate};
-use crate::event::{CommentId, PostId, Row};
+use crate::definition::CounterKey;
+use crate::event::{CommentId, Row};
 use crate::partition::Partition;
 use crate::store::{
     Checkpoint, CommentsExtent, Fence, SnapshotChunk, SnapshotProgress, SnapshotState, Store,
@@ -109,7 +110,7 @@ pub fn plan_chunk(
     partition: Option<Partition>,
     bucket_width_secs: i64,
 ) -> SnapshotChunk {
-    let mut counters: BTreeMap<PostId, CounterDelta> = BTreeMap::new();
+    let mut counters: BTreeMap<CounterKey, CounterDelta> = BTreeMap::new();
     let mut claims = Vec::new();
     for (comment, row) in rows {
         if ledger.contains_key(&comment.key) {
@@ -122,14 +123,21 @@ pub fn plan_chunk(
             comment: comment.clone(),
             state: Some(row.clone()),
         });
-        let Some(post) = row.counted_post() else {
-            continue;
-        };
+        // One claim, counted in every definition it counts for.
         let bucket = bucket_of(row.created_at, bucket_width_secs);
-        let entry = counter_of(&mut counters, post);
-        entry.delta += 1;
-        *entry.buckets.entry(bucket).or_default() += 1;
-        entry.touched.insert(bucket);
+        for counter in row.counters() {
+            let Some(group) = row.counted_in(counter) else {
+                continue;
+            };
+            let key = CounterKey {
+                counter,
+                group: group.clone(),
+            };
+            let entry = counter_of(&mut counters, &key);
+            entry.delta += 1;
+            *entry.buckets.entry(bucket).or_default() += 1;
+            entry.touched.insert(bucket);
+        }
     }
     SnapshotChunk {
         number,
@@ -347,10 +355,12 @@ pub fn report(stream: &str, progress: &SnapshotProgress, rows_per_second: u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::event::PostId;
     use bson::Bson;
 
     fn row(post: i64, live: bool) -> Row {
         Row {
+            members: Vec::new(),
             post: Some(PostId::Int(post)),
             created_at: Some(DateTime::from_millis(125_000)),
             deleted: !live,

@@ -34,6 +34,7 @@ fn post(n: i64) -> PostId {
 
 fn delta(p: i64, d: i64) -> CounterDelta {
     CounterDelta {
+        counter: counterd::definition::CounterIx::DEFAULT,
         post: post(p),
         delta: d,
         buckets: BTreeMap::from([(0, d)]),
@@ -48,6 +49,7 @@ fn comment(n: i64) -> CommentId {
 
 fn row(p: i64) -> Row {
     Row {
+        members: Vec::new(),
         post: Some(post(p)),
         created_at: Some(DateTime::from_millis(1_000)),
         deleted: false,
@@ -270,6 +272,7 @@ async fn installs_are_conditional<S: Store>(store: &S) {
 async fn counters_log_the_rows_each_batch_changed<S: Store>(store: &S) {
     let f = fence(1);
     let unlisted = CounterDelta {
+        counter: counterd::definition::CounterIx::DEFAULT,
         comments: None,
         ..delta(1, 1)
     };

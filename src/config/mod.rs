@@ -242,6 +242,7 @@ impl Settings {
         use crate::schema::SoftDelete;
         let field = self.soft_delete_field.clone();
         crate::schema::Schema {
+            counters: Vec::new(),
             group: self.group_field.clone(),
             created: self.created_field.clone(),
             soft_delete: match self.soft_delete {

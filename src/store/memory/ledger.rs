@@ -85,6 +85,7 @@ impl Memory {
                 .filter(|(_, e)| e.generation >= generation);
             if let Some((_, entry)) = current {
                 let state = entry.exists.then(|| Row {
+                    members: Vec::new(),
                     post: entry.post.clone(),
                     created_at: entry.created_at,
                     deleted: entry.deleted,

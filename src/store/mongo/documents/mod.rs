@@ -51,6 +51,7 @@ pub(super) fn row_from_ledger(doc: &Document) -> Option<Row> {
     }
     let live = doc.get_bool("live").unwrap_or(false);
     Some(Row {
+        members: Vec::new(),
         post: doc.get(LEDGER_POST).and_then(PostId::from_bson),
         created_at: doc.get_datetime(LEDGER_CREATED).ok().copied(),
         deleted: doc.get_bool("deleted").unwrap_or(!live),
