@@ -403,3 +403,110 @@ contract!(
     counters_log_the_rows_each_batch_changed,
     ledger_reads_carry_the_batch_that_wrote_them,
 );
+
+/// Two definitions beyond the default (`approved` per post, `per_author`).
+fn schema_with_definitions() -> counterd::schema::Schema {
+    let definition =
+        |name: &str, group: &str, condition: bson::Document| counterd::definition::Definition {
+            name: name.into(),
+            group: group.into(),
+            condition: counterd::condition::Condition::parse(&condition).unwrap(),
+            collection: format!("{name}_counters"),
+        };
+    counterd::schema::Schema {
+        counters: vec![
+            definition("approved", "post_id", bson::doc! {"approved": true}),
+            definition("per_author", "author_id", bson::doc! {}),
+        ],
+        ..counterd::schema::Schema::default()
+    }
+}
+
+/// A ledger entry keeps the row's verdict for every definition (the next event's before-state
+/// needs no document), and "gone" clears them.
+async fn ledger_keeps_every_definitions_verdict<S: Store>(store: &S) {
+    use counterd::definition::Member;
+    let f = fence(1);
+    let mut state = row(1);
+    state.members = vec![
+        Member {
+            group: Some(post(1)),
+            matches: false,
+        },
+        Member {
+            group: Some(PostId::Str("ann".into())),
+            matches: true,
+        },
+    ];
+    store
+        .write_ledger(&f, &[update(1, Some(state.clone()))], &token(10), 0)
+        .await
+        .unwrap();
+    assert_eq!(ledger_state(store, 1).await, Some(Some(state.clone())));
+    state.members[0].matches = true;
+    state.members[1].group = None;
+    store
+        .write_ledger(&f, &[update(1, Some(state.clone()))], &token(11), 0)
+        .await
+        .unwrap();
+    assert_eq!(ledger_state(store, 1).await, Some(Some(state)));
+    store
+        .write_ledger(&f, &[update(1, None)], &token(12), 0)
+        .await
+        .unwrap();
+    assert_eq!(ledger_state(store, 1).await, Some(None));
+}
+
+#[tokio::test]
+async fn ledger_keeps_every_definitions_verdict_on_mongo() {
+    let t = support::TestDb::with_schema(
+        "ledger_keeps_every_definitions_verdict",
+        schema_with_definitions(),
+    )
+    .await;
+    ledger_keeps_every_definitions_verdict(&*t.store).await;
+}
+
+#[tokio::test]
+async fn ledger_keeps_every_definitions_verdict_in_memory() {
+    ledger_keeps_every_definitions_verdict(&memory()).await;
+}
+
+/// An existing database keeps working when definitions are added: a ledger entry written
+/// without them (as every entry before definitions existed) reads with its row intact and
+/// counts nowhere for the new definitions (whose counters start from their first changes, and
+/// the reconciler's recounts), and writing it again with definitions keeps the row.
+#[tokio::test]
+async fn a_ledger_written_before_definitions_reads_with_them() {
+    let old = support::TestDb::new("ledger_before_definitions").await;
+    old.store
+        .write_ledger(&fence(1), &[update(1, Some(row(1)))], &token(10), 0)
+        .await
+        .unwrap();
+    let stored = old
+        .db
+        .collection::<bson::Document>("counterd_comment_state")
+        .find_one(bson::doc! {})
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        !stored.contains_key("members"),
+        "without definitions the entry is written as before them: {stored}"
+    );
+    let store =
+        counterd::store::mongo::MongoStore::connect(&counterd::store::mongo::ConnectOptions {
+            uri: old.uri.clone(),
+            database: old.name.clone(),
+            comments: "comments".into(),
+            connect_timeout: std::time::Duration::from_secs(10),
+            collections: counterd::store::mongo::Collections::default(),
+            schema: schema_with_definitions(),
+        })
+        .await
+        .unwrap();
+    let mut expected = row(1);
+    expected.members = vec![Default::default(), Default::default()];
+    assert_eq!(ledger_state(&store, 1).await, Some(Some(expected)));
+    assert_eq!(shown(&*old.store, 1).await, None);
+}

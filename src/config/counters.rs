@@ -44,6 +44,20 @@ impl Settings {
             collection: self.counters_collection.clone(),
         };
         let mut more: Vec<Definition> = Vec::new();
+        if self.partitions > 1 && !self.counters.is_empty() {
+            // Partitions split the stream by the post's hash, and every counter document guards
+            // its increments with one partition's stream position: an author's counter written
+            // by two partitions would refuse one of them as "already applied".
+            return Err(ConfigError::Invalid {
+                name: "counters".into(),
+                origin: "settings".into(),
+                value: format!("{} entries", self.counters.len()),
+                message: format!(
+                    "counters beyond the default need partitions = 1 (partitions = {}): a counter grouped by another field than the post would be written by several partitions",
+                    self.partitions
+                ),
+            });
+        }
         for (i, entry) in self.counters.iter().enumerate() {
             let bad = |field: &str, value: String, message: String| ConfigError::Invalid {
                 name: format!("counters[{i}].{field}"),
@@ -289,6 +303,12 @@ mod tests {
         for (text, setting) in cases {
             assert_eq!(invalid_name(with(&text)), setting, "{text}");
         }
+    }
+
+    #[test]
+    fn counters_are_refused_beside_partitions() {
+        let text = "partitions = 2\n[[counters]]\nname = \"a\"\ngroup_field = \"author\"\ncollection = \"a_counters\"\n";
+        assert_eq!(invalid_name(with(text)), "counters");
     }
 
     #[test]

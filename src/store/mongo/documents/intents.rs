@@ -125,6 +125,9 @@ struct RowDoc {
         deserialize_with = "lenient"
     )]
     created_at: Option<DateTime>,
+    /// The row's verdicts per definition beyond the default (see `members_to_bson`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    members: Option<Bson>,
 }
 
 impl From<&LedgerUpdate> for LedgerUpdateDoc {
@@ -132,6 +135,7 @@ impl From<&LedgerUpdate> for LedgerUpdateDoc {
         LedgerUpdateDoc {
             comment: l.comment.value.clone(),
             state: l.state.as_ref().map(|r| RowDoc {
+                members: (!r.members.is_empty()).then(|| super::members_to_bson(&r.members)),
                 deleted: r.deleted,
                 post: r.post.clone(),
                 created_at: r.created_at,
@@ -145,7 +149,7 @@ impl From<LedgerUpdateDoc> for LedgerUpdate {
         LedgerUpdate {
             comment: CommentId::new(l.comment),
             state: l.state.map(|r| Row {
-                members: Vec::new(),
+                members: super::members_from(r.members.as_ref()),
                 post: r.post,
                 created_at: r.created_at,
                 deleted: r.deleted,
