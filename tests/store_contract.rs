@@ -363,6 +363,42 @@ async fn ledger_reads_carry_the_batch_that_wrote_them<S: Store>(store: &S) {
     assert!(newer.is_empty(), "{newer:?}");
 }
 
+/// Writes for a definition beyond the default are refused before anything is written: the
+/// stores keep only the default definition's counters and dirty set so far, and such a write
+/// would otherwise land on the default's counter of the same key.
+async fn writes_for_other_definitions_are_refused<S: Store>(store: &S) {
+    let f = fence(1);
+    let mut other = delta(1, 1);
+    other.counter = counterd::definition::CounterIx(1);
+    let refused = store
+        .apply_counters(&f, &[delta(2, 1), other.clone()], &token(10), None)
+        .await;
+    assert!(
+        matches!(refused, Err(StoreError::Fatal { .. })),
+        "{refused:?}"
+    );
+    let refused = store.apply_snapshot_counters(&f, 1, &[other]).await;
+    assert!(
+        matches!(refused, Err(StoreError::Fatal { .. })),
+        "{refused:?}"
+    );
+    let mut mark = counterd::batch::DirtyMark::settled(post(1));
+    mark.counter = counterd::definition::CounterIx(2);
+    let refused = store
+        .mark_dirty(&f, &[mark], DateTime::from_millis(0))
+        .await;
+    assert!(
+        matches!(refused, Err(StoreError::Fatal { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(shown(store, 1).await, None);
+    assert_eq!(
+        shown(store, 2).await,
+        None,
+        "nothing of the batch was written"
+    );
+}
+
 async fn mongo(test: &str) -> support::TestDb {
     support::TestDb::new(test).await
 }
@@ -402,6 +438,7 @@ contract!(
     installs_are_conditional,
     counters_log_the_rows_each_batch_changed,
     ledger_reads_carry_the_batch_that_wrote_them,
+    writes_for_other_definitions_are_refused,
 );
 
 /// Two definitions beyond the default (`approved` per post, `per_author`).

@@ -237,7 +237,10 @@ impl Settings {
         })
     }
 
-    /// The application's schema: field names and the soft-delete rule.
+    /// The application's schema: field names and the soft-delete rule. Its `counters` (the
+    /// definitions beyond the default) stay empty until the stores keep each definition's
+    /// counters in its own collection: rows read here must not yet produce writes for them
+    /// (see `store::only_the_default_counter`; `counterd run` refuses `[[counters]]`).
     pub fn schema(&self) -> crate::schema::Schema {
         use crate::schema::SoftDelete;
         let field = self.soft_delete_field.clone();
