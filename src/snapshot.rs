@@ -408,6 +408,45 @@ mod tests {
     }
 
     #[test]
+    fn a_claimed_row_counts_in_every_definition_it_counts_for() {
+        use crate::definition::{CounterIx, Member};
+        let member = |group: &str, matches| Member {
+            group: Some(PostId::Str(group.into())),
+            matches,
+        };
+        let mut approved_by_ann = row(7, true);
+        approved_by_ann.members = vec![member("approved", true), member("ann", true)];
+        let mut unapproved_by_ann = row(7, true);
+        unapproved_by_ann.members = vec![member("approved", false), member("ann", true)];
+        let mut deleted_by_bob = row(7, false);
+        deleted_by_bob.members = vec![member("approved", true), member("bob", true)];
+        let rows = vec![
+            (id(1), approved_by_ann),
+            (id(2), unapproved_by_ann),
+            (id(3), deleted_by_bob),
+        ];
+        let chunk = plan_chunk(1, &rows, &HashMap::new(), None, 60);
+        let counted: Vec<(CounterIx, PostId, i64)> = chunk
+            .counters
+            .iter()
+            .map(|c| (c.counter, c.post.clone(), c.delta))
+            .collect();
+        assert_eq!(
+            counted,
+            vec![
+                (CounterIx(0), PostId::Int(7), 2),
+                (CounterIx(1), PostId::Str("approved".into()), 1),
+                (CounterIx(2), PostId::Str("ann".into()), 2),
+            ]
+        );
+        assert_eq!(
+            chunk.claims.len(),
+            3,
+            "one claim per row, whatever it counts in"
+        );
+    }
+
+    #[test]
     fn a_partition_claims_and_counts_only_the_rows_of_its_posts() {
         let partition = Partition { index: 1, count: 2 };
         let rows: Vec<(CommentId, Row)> = (1..=20).map(|i| (id(i), row(i as i64, true))).collect();

@@ -291,4 +291,66 @@ mod tests {
             Ok(before.clone())
         );
     }
+
+    fn with_definitions() -> Schema {
+        use crate::condition::Condition;
+        use crate::definition::Definition;
+        let definition = |name: &str, group: &str, condition: Document| Definition {
+            name: name.into(),
+            group: group.into(),
+            condition: Condition::parse(&condition).unwrap(),
+            collection: format!("{name}_counters"),
+        };
+        Schema {
+            counters: vec![
+                definition("approved", "postId", doc! {"approved": true}),
+                definition("per_author", "author.id", doc! {}),
+            ],
+            ..js()
+        }
+    }
+
+    #[test]
+    fn an_update_of_a_condition_field_is_not_derived_from_the_row() {
+        let s = with_definitions();
+        let before =
+            s.read_existing_row(&doc! {"postId": 1, "approved": false, "author": {"id": "ann"}});
+        assert_eq!(before.members.len(), 2);
+        assert!(s.derives(&update(doc! {"deleted": true, "body": "x"}, &[]), &before));
+        assert!(s.derives(&update(doc! {"author": {"id": "bob"}}, &[]), &before));
+        assert!(!s.derives(&update(doc! {"approved": true}, &[]), &before));
+        assert!(!s.derives(&update(doc! {}, &["approved"]), &before));
+        assert!(
+            !s.derives(&update(doc! {"author.id.x": 1}, &[]), &before),
+            "a part of a group field changed"
+        );
+        let old = Row {
+            members: Vec::new(),
+            ..before.clone()
+        };
+        assert!(
+            !s.derives(&update(doc! {"body": "x"}, &[]), &old),
+            "an entry written before the definitions existed says nothing about them"
+        );
+    }
+
+    #[test]
+    fn a_derived_row_follows_its_group_fields_in_every_definition() {
+        let s = with_definitions();
+        let before =
+            s.read_existing_row(&doc! {"postId": 1, "approved": true, "author": {"id": "ann"}});
+        let after = s
+            .apply(
+                &update(doc! {"author": {"id": "bob"}, "postId": 2}, &[]),
+                &before,
+            )
+            .unwrap();
+        assert_eq!(after.post, Some(PostId::Int(2)));
+        assert_eq!(after.members[0].group, Some(PostId::Int(2)));
+        assert!(after.members[0].matches, "the condition's verdict is kept");
+        assert_eq!(after.members[1].group, Some(PostId::Str("bob".into())));
+        let keys = s.groups_set_by(&update(doc! {"author": {"id": "bob"}, "postId": 2}, &[]));
+        assert_eq!(keys.len(), 3, "{keys:?}");
+        assert!(s.touches_counting(&update(doc! {"approved": false}, &[])));
+    }
 }
