@@ -12,11 +12,11 @@
 //! first, the pre-image, the comment ledger, or (neither known) best-effort rules whose guesses
 //! are documented drift sources that the reconciler later corrects.
 
-use bson::DateTime;
+use bson::{DateTime, Document};
 use serde::{Deserialize, Serialize};
 
 use crate::definition::{CounterIx, CounterKey};
-use crate::event::{ChangeEvent, Operation, PostId, Row, RowRead, Token};
+use crate::event::{ChangeEvent, Operation, PostId, Row, RowRead, Token, UpdateSummary};
 use crate::schema::Schema;
 
 /// Where the worker takes a row's before-state from (the `attribution` setting).
@@ -172,6 +172,10 @@ fn seconds_rfc3339(secs: i64) -> String {
 /// Classifies one event. `ledger` is the ledger's view of the row before this event
 /// (`Before::Unknown` when the ledger is off or has no entry); `attribution` says whether
 /// pre-images may be used; `schema` names the application's fields.
+///
+/// Three steps: where the before-state comes from ([`before_state`]), what the row is after
+/// the event ([`after_state`]), then the deltas between the two, exact or best effort, with the
+/// counters the event touched marked dirty.
 pub fn classify(
     event: &ChangeEvent,
     ledger: Before,
@@ -189,136 +193,12 @@ pub fn classify(
             problem: None,
         });
     }
-    let (before, source) = match (&event.operation, ledger) {
-        (_, Before::Complete(row)) if attribution.uses_ledger() => {
-            (Before::Known(row), Source::Ledger)
-        }
-        // An insert creates the row: it did not exist just before, whatever a ledger says.
-        (Operation::Insert, _) => (Before::Known(None), Source::Insert),
-        (_, ledger) => match (&event.pre_image, attribution.uses_pre_images()) {
-            // A pre-image shows a row that exists, counted or not.
-            (Some(pre), true) => (
-                Before::Known(Some(schema.read_existing_row(pre))),
-                Source::PreImage,
-            ),
-            _ => match ledger {
-                Before::Known(row) if attribution.uses_ledger() => {
-                    (Before::Known(row), Source::Ledger)
-                }
-                _ => (Before::Unknown, Source::BestEffort),
-            },
-        },
+    let (before, source) = before_state(event, ledger, attribution, schema);
+    let (after, bad) = match after_state(event, &before, source, schema) {
+        Reading::After(after, bad) => (after, bad),
+        Reading::Ended(end) => return Err(end),
+        Reading::Refused(problem) => return Ok(problem_only(&before, source, problem)),
     };
-
-    // A malformed post id in the after-state: the row exists but no longer counts, and the
-    // event is reported as bad input.
-    let mut bad: Option<Problem> = None;
-    let after = match &event.operation {
-        Operation::End(op) => {
-            return Err(StreamEnded {
-                token: event.token.clone(),
-                operation: op.clone(),
-                at: event.cluster_time,
-            })
-        }
-        Operation::Unknown(op) => {
-            return Ok(problem_only(
-                &before,
-                source,
-                Problem::Bad(Malformed::UnknownOperation(op.clone())),
-            ))
-        }
-        Operation::Insert | Operation::Replace => {
-            match event.full_document.as_ref().map(|d| schema.read_row(d)) {
-                Some(RowRead::Row(row)) => After::Known(Some(row)),
-                Some(RowRead::NoPost) => {
-                    bad = Some(Problem::Bad(Malformed::NoPost {
-                        field: schema.group.clone(),
-                    }));
-                    After::Known(
-                        event
-                            .full_document
-                            .as_ref()
-                            .map(|d| schema.read_existing_row(d)),
-                    )
-                }
-                // The row exists but does not count: a malformed post id.
-                Some(RowRead::BadPost(kind)) => {
-                    bad = Some(bad_post_type(schema, &kind));
-                    After::Known(
-                        event
-                            .full_document
-                            .as_ref()
-                            .map(|d| schema.read_existing_row(d)),
-                    )
-                }
-                None => {
-                    return Ok(problem_only(
-                        &before,
-                        source,
-                        Problem::Bad(Malformed::NoFullDocument),
-                    ))
-                }
-            }
-        }
-        // With a complete update description and a known existing row before it (from the
-        // pre-image or the ledger, counted or not), the after-state is derived exactly at event
-        // time. Otherwise `updateLookup` shows the row as it is now, possibly later than the
-        // event: fine while before-states chain through the ledger (the transitions telescope),
-        // but never mixed with pre-images, which are event-time states. So a row the ledger
-        // knows without a post is described field by field too: taking a later state for it
-        // from the lookup, when the next event's before-state comes from its own pre-image,
-        // would count the change in between twice.
-        Operation::Update {
-            summary: Some(summary),
-        } if summary.complete && source == Source::PreImage => {
-            let pre = event.pre_image.as_ref().expect("source is the pre-image");
-            let after = Schema::apply_to_document(summary, pre);
-            match schema.read_row(&after) {
-                RowRead::Row(row) => After::Known(Some(row)),
-                RowRead::NoPost => After::Known(Some(schema.read_existing_row(&after))),
-                RowRead::BadPost(kind) => {
-                    bad = Some(bad_post_type(schema, &kind));
-                    After::Known(Some(schema.read_existing_row(&after)))
-                }
-            }
-        }
-        Operation::Update {
-            summary: Some(summary),
-        } if summary.complete
-            && matches!(&before, Before::Known(Some(row)) if schema.derives(summary, row)) =>
-        {
-            let Before::Known(Some(row)) = &before else {
-                unreachable!("guarded above")
-            };
-            match schema.apply(summary, row) {
-                Ok(after) => After::Known(Some(after)),
-                Err((after, kind)) => {
-                    bad = Some(bad_post_type(schema, &kind));
-                    After::Known(Some(after))
-                }
-            }
-        }
-        // A looked-up row without `post_id` exists but no longer counts; no document at all
-        // (the row was deleted since) or the fake server's fragment (no `_id`) says nothing:
-        // the delete event that follows settles it.
-        Operation::Update { .. } => {
-            let looked_up = event.full_document.as_ref();
-            match looked_up.and_then(|d| schema.read_looked_up_row(d)) {
-                Some(RowRead::Row(row)) => After::Known(Some(row)),
-                Some(RowRead::BadPost(kind)) => {
-                    bad = Some(bad_post_type(schema, &kind));
-                    After::Known(looked_up.map(|d| schema.read_existing_row(d)))
-                }
-                Some(RowRead::NoPost) => {
-                    After::Known(looked_up.map(|d| schema.read_existing_row(d)))
-                }
-                None => After::Unchanged,
-            }
-        }
-        Operation::Delete => After::Known(None),
-    };
-
     let mut classified = match before {
         Before::Known(before_row) | Before::Complete(before_row) => {
             exact(before_row, after, source)
@@ -339,6 +219,148 @@ pub fn classify(
         }
     }
     Ok(classified)
+}
+
+/// Where the row's before-state comes from, best first: a complete ledger, an insert's "did not
+/// exist", the pre-image, the ledger, else nothing (best effort).
+fn before_state(
+    event: &ChangeEvent,
+    ledger: Before,
+    attribution: Attribution,
+    schema: &Schema,
+) -> (Before, Source) {
+    match (&event.operation, ledger) {
+        (_, Before::Complete(row)) if attribution.uses_ledger() => {
+            (Before::Known(row), Source::Ledger)
+        }
+        // An insert creates the row: it did not exist just before, whatever a ledger says.
+        (Operation::Insert, _) => (Before::Known(None), Source::Insert),
+        (_, ledger) => match (&event.pre_image, attribution.uses_pre_images()) {
+            // A pre-image shows a row that exists, counted or not.
+            (Some(pre), true) => (
+                Before::Known(Some(schema.read_existing_row(pre))),
+                Source::PreImage,
+            ),
+            _ => match ledger {
+                Before::Known(row) if attribution.uses_ledger() => {
+                    (Before::Known(row), Source::Ledger)
+                }
+                _ => (Before::Unknown, Source::BestEffort),
+            },
+        },
+    }
+}
+
+/// What the event says of the row after it.
+enum Reading {
+    /// The after-state, and a malformed group field in it (the row exists but no longer
+    /// counts, and the event is reported as bad input).
+    After(After, Option<Problem>),
+    /// The stream ended: never guessed past.
+    Ended(StreamEnded),
+    /// Nothing can be read from the event: reported, its known posts marked dirty.
+    Refused(Problem),
+}
+
+fn after_state(event: &ChangeEvent, before: &Before, source: Source, schema: &Schema) -> Reading {
+    match &event.operation {
+        Operation::End(op) => Reading::Ended(StreamEnded {
+            token: event.token.clone(),
+            operation: op.clone(),
+            at: event.cluster_time,
+        }),
+        Operation::Unknown(op) => {
+            Reading::Refused(Problem::Bad(Malformed::UnknownOperation(op.clone())))
+        }
+        Operation::Insert | Operation::Replace => match event.full_document.as_ref() {
+            Some(doc) => {
+                let (after, bad) = read_document(doc, schema);
+                Reading::After(after, bad)
+            }
+            None => Reading::Refused(Problem::Bad(Malformed::NoFullDocument)),
+        },
+        Operation::Update { summary } => {
+            let (after, bad) = after_update(event, summary.as_ref(), before, source, schema);
+            Reading::After(after, bad)
+        }
+        Operation::Delete => Reading::After(After::Known(None), None),
+    }
+}
+
+/// An inserted or replaced row (a document that shows the whole row).
+fn read_document(doc: &Document, schema: &Schema) -> (After, Option<Problem>) {
+    let existing = || After::Known(Some(schema.read_existing_row(doc)));
+    match schema.read_row(doc) {
+        RowRead::Row(row) => (After::Known(Some(row)), None),
+        RowRead::NoPost => (
+            existing(),
+            Some(Problem::Bad(Malformed::NoPost {
+                field: schema.group.clone(),
+            })),
+        ),
+        // The row exists but does not count: a malformed post id.
+        RowRead::BadPost(kind) => (existing(), Some(bad_post_type(schema, &kind))),
+    }
+}
+
+/// The row after an update.
+///
+/// With a complete update description and a known existing row before it (from the pre-image
+/// or the ledger, counted or not), the after-state is derived exactly at event time. Otherwise
+/// `updateLookup` shows the row as it is now, possibly later than the event: fine while
+/// before-states chain through the ledger (the transitions telescope), but never mixed with
+/// pre-images, which are event-time states. So a row the ledger knows without a post is
+/// described field by field too: taking a later state for it from the lookup, when the next
+/// event's before-state comes from its own pre-image, would count the change in between twice.
+/// A ledger row is not enough when the update touches a field a definition's condition reads
+/// (the ledger keeps the verdict, not the field): the lookup decides ([`Schema::derives`]).
+fn after_update(
+    event: &ChangeEvent,
+    summary: Option<&UpdateSummary>,
+    before: &Before,
+    source: Source,
+    schema: &Schema,
+) -> (After, Option<Problem>) {
+    let complete = summary.filter(|s| s.complete);
+    if let (Some(summary), Source::PreImage) = (complete, source) {
+        let pre = event.pre_image.as_ref().expect("source is the pre-image");
+        let after = Schema::apply_to_document(summary, pre);
+        return match schema.read_row(&after) {
+            RowRead::Row(row) => (After::Known(Some(row)), None),
+            RowRead::NoPost => (After::Known(Some(schema.read_existing_row(&after))), None),
+            RowRead::BadPost(kind) => (
+                After::Known(Some(schema.read_existing_row(&after))),
+                Some(bad_post_type(schema, &kind)),
+            ),
+        };
+    }
+    if let (Some(summary), Before::Known(Some(row))) = (complete, before) {
+        if schema.derives(summary, row) {
+            return match schema.apply(summary, row) {
+                Ok(after) => (After::Known(Some(after)), None),
+                Err((after, kind)) => (
+                    After::Known(Some(after)),
+                    Some(bad_post_type(schema, &kind)),
+                ),
+            };
+        }
+    }
+    // A looked-up row without `post_id` exists but no longer counts; no document at all (the
+    // row was deleted since) or the fake server's fragment (no `_id`) says nothing: the delete
+    // event that follows settles it.
+    let looked_up = event.full_document.as_ref();
+    match looked_up.and_then(|d| schema.read_looked_up_row(d)) {
+        Some(RowRead::Row(row)) => (After::Known(Some(row)), None),
+        Some(RowRead::BadPost(kind)) => (
+            After::Known(looked_up.map(|d| schema.read_existing_row(d))),
+            Some(bad_post_type(schema, &kind)),
+        ),
+        Some(RowRead::NoPost) => (
+            After::Known(looked_up.map(|d| schema.read_existing_row(d))),
+            None,
+        ),
+        None => (After::Unchanged, None),
+    }
 }
 
 /// Before-state known: the delta is exact (or zero when the after-state is unknown).

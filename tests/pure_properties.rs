@@ -1,12 +1,12 @@
 //! Properties of the pure core: classification, batch planning, the reconcile fold, and that no
 //! input document can make the event model or the classifier panic.
 
-use counterd::definition::{CounterIx, CounterKey};
 use std::collections::{BTreeMap, HashMap};
 
 use bson::{doc, oid::ObjectId, Bson, DateTime, Document, Timestamp};
 use counterd::batch::{bucket_of, plan_batch, BatchPlan};
 use counterd::classify::{classify, After, Attribution, Before, Source};
+use counterd::definition::{CounterIx, CounterKey};
 use counterd::event::{ChangeEvent, CommentId, PostId, Row};
 use counterd::fold::{effective_watermark, fold, watermark_for, CounterState};
 use counterd::schema::Schema;
