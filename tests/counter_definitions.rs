@@ -124,3 +124,31 @@ fn run_refuses_counters_it_does_not_keep_yet() {
         "{err}"
     );
 }
+
+#[test]
+fn the_printed_configuration_reads_back_with_the_same_definitions() {
+    let dated = format!(
+        "{THREE}\n[[counters]]\nname = \"old\"\ngroup_field = \"post_id\"\ncondition = {{ at = {{ \"$lt\" = 2024-01-01T00:00:00Z }} }}\ncollection = \"old_counters\"\n"
+    );
+    let listed = |o: &Output| -> Vec<String> {
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter_map(|l| l.strip_prefix("#   ").map(String::from))
+            .collect()
+    };
+    let first = counterd(&dated, &["config"]);
+    assert!(first.status.success(), "{first:?}");
+    let printed: String = String::from_utf8_lossy(&first.stdout)
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| format!("{}\n", l.split("  #").next().unwrap()))
+        .collect();
+    let again = counterd(&printed, &["config"]);
+    assert!(again.status.success(), "{printed}\n{again:?}");
+    assert_eq!(listed(&again), listed(&first));
+    assert!(
+        listed(&first)[3].contains("DateTime"),
+        "{:?}",
+        listed(&first)
+    );
+}

@@ -21,10 +21,13 @@ pub struct Args {
 pub async fn run(loaded: Loaded, args: Args) -> anyhow::Result<ExitCode> {
     // Invalid settings never get here: loading failed with exit code 2 and named the setting.
     let redacted = loaded.settings.redacted();
-    let table = match toml::Value::try_from(&redacted)? {
+    let mut table = match toml::Value::try_from(&redacted)? {
         toml::Value::Table(t) => t,
         _ => anyhow::bail!("settings do not serialize to a table"),
     };
+    // Serialized through serde, a condition's TOML date would print as toml's private
+    // stand-in; the entries as read print as they were written.
+    table.insert("counters".into(), counters_value(&redacted.counters));
     // Given (in the file, the environment or a flag) is not the same as changed: a file that
     // spells out defaults gives settings that still equal them.
     let defaults = match toml::Value::try_from(crate::config::Settings::default().redacted())? {
@@ -91,6 +94,21 @@ pub async fn run(loaded: Loaded, args: Args) -> anyhow::Result<ExitCode> {
         outln!("#   {definition}");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The `[[counters]]` entries as TOML values, conditions as written.
+fn counters_value(counters: &[crate::config::CounterSetting]) -> toml::Value {
+    let entries = counters.iter().map(|c| {
+        let mut entry = toml::Table::new();
+        entry.insert("name".into(), c.name.clone().into());
+        entry.insert("group_field".into(), c.group_field.clone().into());
+        if let Some(condition) = &c.condition {
+            entry.insert("condition".into(), toml::Value::Table(condition.clone()));
+        }
+        entry.insert("collection".into(), c.collection.clone().into());
+        toml::Value::Table(entry)
+    });
+    toml::Value::Array(entries.collect())
 }
 
 /// The definitions as JSON: name, group field, condition (as the filter the count queries

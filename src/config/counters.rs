@@ -306,6 +306,26 @@ mod tests {
     }
 
     #[test]
+    fn dates_in_a_condition_stay_dates_through_the_loader() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("counterd.toml");
+        std::fs::write(
+            &path,
+            "[[counters]]\nname = \"old\"\ngroup_field = \"post_id\"\ncondition = { at = { \"$lt\" = 2024-01-01T00:00:00Z } }\ncollection = \"old_counters\"\n",
+        )
+        .unwrap();
+        let settings = Settings::load(Some(&path), Vec::new(), &[]).unwrap();
+        let all = settings.definitions().unwrap();
+        let (_, old) = all.by_name("old").unwrap();
+        assert!(old
+            .condition
+            .matches(&bson::doc! {"at": bson::DateTime::from_millis(0)}));
+        assert!(!old
+            .condition
+            .matches(&bson::doc! {"at": "2020-01-01T00:00:00Z"}));
+    }
+
+    #[test]
     fn counters_are_refused_beside_partitions() {
         let text = "partitions = 2\n[[counters]]\nname = \"a\"\ngroup_field = \"author\"\ncollection = \"a_counters\"\n";
         assert_eq!(invalid_name(with(text)), "counters");
