@@ -152,3 +152,35 @@ fn the_printed_configuration_reads_back_with_the_same_definitions() {
         listed(&first)
     );
 }
+
+#[test]
+fn commands_name_their_counter_and_refuse_unknown_ones_before_contacting_anything() {
+    // An unreachable server: a refusal must come before any connection is tried.
+    let config =
+        format!("mongodb_uri = \"mongodb://127.0.0.1:1/\"\nconnect_timeout = \"1s\"\n{THREE}");
+    for command in [
+        vec!["get", "1"],
+        vec!["dirty"],
+        vec!["verify"],
+        vec!["reconcile", "--once"],
+    ] {
+        let mut args = command.clone();
+        args.extend(["--counter", "nope"]);
+        let o = counterd(&config, &args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{command:?}: {err}");
+        assert!(
+            err.contains("--counter nope") && err.contains("default, approved, per_author"),
+            "{command:?}: {err}"
+        );
+        let mut args = command.clone();
+        args.extend(["--counter", "approved"]);
+        let o = counterd(&config, &args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{command:?}: {err}");
+        assert!(
+            err.contains("not kept by this release"),
+            "{command:?}: {err}"
+        );
+    }
+}
