@@ -1,7 +1,9 @@
 //! Counter definitions at the command line: `[[counters]]` entries are listed by `counterd
 //! config`, a bad one is a configuration error (exit 2) naming the entry and the setting, and a
 //! configuration without any is exactly today's single default counter. None of these contact
-//! MongoDB.
+//! MongoDB but `status`, which lists every counter beside the stream it reads.
+
+mod support;
 
 use std::process::{Command, Output};
 
@@ -183,4 +185,44 @@ fn commands_name_their_counter_and_refuse_unknown_ones_before_contacting_anythin
             "{command:?}: {err}"
         );
     }
+}
+
+#[tokio::test]
+async fn status_lists_every_counter_and_says_which_are_kept() {
+    let t = support::TestDb::new("status_counters").await;
+    let config = format!(
+        "mongodb_uri = \"{}\"\ndatabase = \"{}\"\n{THREE}",
+        t.uri, t.name
+    )
+    .replace("database = \"app\"\n", "");
+    let o = counterd(&config, &["status", "--json"]);
+    assert!(o.status.success(), "{o:?}");
+    let json: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let counters: Vec<(&str, &str, bool)> = json["counters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap(),
+                c["collection"].as_str().unwrap(),
+                c["kept"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        counters,
+        [
+            ("default", "comment_counters", true),
+            ("approved", "approved_counters", false),
+            ("per_author", "author_counters", false),
+        ]
+    );
+    let o = counterd(&config, &["status"]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("counter           default: per `post_id`, in `comment_counters`\n")
+            && text.contains("counter           per_author: per `author.id`, in `author_counters` (configured; not kept by this release)"),
+        "{text}"
+    );
 }
