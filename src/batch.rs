@@ -1,5 +1,7 @@
-//! Pure coalescing: a batch of events becomes one counter write per post (hot posts collapse to
-//! a single `$inc`), one ledger write per comment, and one dirty mark per post.
+//! Pure coalescing: a batch of events becomes one counter write per counter (hot posts collapse
+//! to a single `$inc`), one ledger write per comment, and one dirty mark per counter. A counter
+//! is a group key of one definition ([`CounterKey`]); with only the default definition that is
+//! one write and one mark per post, as it always was.
 //!
 //! Before-states chain through the batch: the second event of a comment sees the first event's
 //! after-state, so the transitions telescope and their sum is right even when `updateLookup`
@@ -10,6 +12,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use bson::DateTime;
 
 use crate::classify::{classify, After, Attribution, Before, Problem, Source, StreamEnded};
+use crate::definition::{CounterIx, CounterKey};
 use crate::event::{ChangeEvent, CommentId, Operation, PostId, Row, Token};
 
 pub use crate::time::{bucket_of, BucketStart};
@@ -17,6 +20,9 @@ pub use crate::time::{bucket_of, BucketStart};
 /// One coalesced counter write: `$inc` of `delta` on `live_delta` and of each bucket's amount.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CounterDelta {
+    /// Which definition's counter (its collection): the default for posts.
+    pub counter: CounterIx,
+    /// The counter's group key (for the default definition, the post).
     pub post: PostId,
     pub delta: i64,
     /// Non-zero amounts per bucket; they sum to `delta`.
@@ -39,6 +45,9 @@ pub struct CounterDelta {
 /// dirtied it is then covered by a recount).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DirtyMark {
+    /// Which definition's counter.
+    pub counter: CounterIx,
+    /// The counter's group key (for the default definition, the post).
     pub post: PostId,
     pub newest_bucket: BucketStart,
 }
@@ -47,6 +56,7 @@ impl DirtyMark {
     /// A mark for a change to rows below every watermark (bucket 0): any fold covers it.
     pub fn settled(post: PostId) -> DirtyMark {
         DirtyMark {
+            counter: CounterIx::DEFAULT,
             post,
             newest_bucket: 0,
         }
@@ -135,9 +145,9 @@ pub fn plan_batch_covering(
     let mut plan = BatchPlan::default();
     let mut known: HashMap<String, Option<Row>> = HashMap::new();
     let mut ledger_order: Vec<CommentId> = Vec::new();
-    let mut counters: BTreeMap<PostId, CounterDelta> = BTreeMap::new();
-    let mut dirty: BTreeMap<PostId, BucketStart> = BTreeMap::new();
-    let mut dirty_order: Vec<PostId> = Vec::new();
+    let mut counters: BTreeMap<CounterKey, CounterDelta> = BTreeMap::new();
+    let mut dirty: BTreeMap<CounterKey, BucketStart> = BTreeMap::new();
+    let mut dirty_order: Vec<CounterKey> = Vec::new();
     let mut named = Named::default();
 
     for event in events {
@@ -171,14 +181,18 @@ pub fn plan_batch_covering(
                 bucket_width_secs,
             )
         });
-        let mut newest: BTreeMap<&PostId, BucketStart> = BTreeMap::new();
+        let mut newest: BTreeMap<CounterKey, BucketStart> = BTreeMap::new();
         for delta in &classified.deltas {
             let bucket = bucket_of(delta.created_at, bucket_width_secs);
-            let entry = counter_of(&mut counters, &delta.post);
+            let key = CounterKey {
+                counter: delta.counter,
+                group: delta.post.clone(),
+            };
+            let entry = counter_of(&mut counters, &key);
             entry.delta += delta.amount;
             *entry.buckets.entry(bucket).or_default() += delta.amount;
             entry.touched.insert(bucket);
-            let n = newest.entry(&delta.post).or_insert(bucket);
+            let n = newest.entry(key).or_insert(bucket);
             *n = (*n).max(bucket);
         }
         // Without a delta, the rows known before and after say which bucket the post's change
@@ -206,7 +220,10 @@ pub fn plan_batch_covering(
             // here" takes the looked-up one.
             Operation::Update { summary } => {
                 let derived = summary.as_ref().is_some_and(|s| s.complete)
-                    && (classified.source == Source::PreImage || rows[0].is_some());
+                    && (classified.source == Source::PreImage
+                        || rows[0].is_some_and(|row| {
+                            summary.as_ref().is_some_and(|s| schema.derives(s, row))
+                        }));
                 !derived || classified.source == Source::BestEffort
             }
             Operation::Delete => classified.source != Source::PreImage,
@@ -217,31 +234,34 @@ pub fn plan_batch_covering(
                 counter_of(&mut counters, post).touched.insert(0);
             }
         }
-        let posts_named = classified
+        let keys_named = classified
             .deltas
             .iter()
-            .map(|d| &d.post)
-            .chain(&classified.dirty);
-        for post in posts_named {
-            named.add(post, event.comment.as_ref());
+            .map(|d| CounterKey {
+                counter: d.counter,
+                group: d.post.clone(),
+            })
+            .chain(classified.dirty.iter().cloned());
+        for key in keys_named {
+            named.add(&key, event.comment.as_ref());
         }
-        for post in &classified.dirty {
+        for key in &classified.dirty {
             let known_rows = rows
                 .iter()
                 .flatten()
-                .filter(|r| r.post.as_ref() == Some(post))
+                .filter(|r| r.group_in(key.counter) == Some(&key.group))
                 .map(|r| bucket_of(r.created_at, bucket_width_secs))
                 .max();
             let bucket = newest
-                .get(post)
+                .get(key)
                 .copied()
                 .or(known_rows)
                 .unwrap_or(event_bucket);
-            match dirty.get_mut(post) {
+            match dirty.get_mut(key) {
                 Some(b) => *b = (*b).max(bucket),
                 None => {
-                    dirty.insert(post.clone(), bucket);
-                    dirty_order.push(post.clone());
+                    dirty.insert(key.clone(), bucket);
+                    dirty_order.push(key.clone());
                 }
             }
         }
@@ -267,13 +287,13 @@ pub fn plan_batch_covering(
 /// The rows the batch's events named per post, in stream order without repeats (`None`: an
 /// event named the post without a row id).
 #[derive(Default)]
-struct Named(BTreeMap<PostId, Option<Vec<CommentId>>>);
+struct Named(BTreeMap<CounterKey, Option<Vec<CommentId>>>);
 
 impl Named {
-    fn add(&mut self, post: &PostId, comment: Option<&CommentId>) {
+    fn add(&mut self, key: &CounterKey, comment: Option<&CommentId>) {
         let list = self
             .0
-            .entry(post.clone())
+            .entry(key.clone())
             .or_insert_with(|| Some(Vec::new()));
         match (list.as_mut(), comment) {
             (Some(list), Some(c)) => {
@@ -290,35 +310,34 @@ impl Named {
     /// change that moved no count, such as a body edit of a known row) get none: their rows
     /// count as before for every watermark, and their ledger entries stay at or before the
     /// counter's position.
-    fn attach(self, counters: &mut BTreeMap<PostId, CounterDelta>) {
-        for (post, comments) in self.0 {
-            if let Some(c) = counters.get_mut(&post) {
+    fn attach(self, counters: &mut BTreeMap<CounterKey, CounterDelta>) {
+        for (key, comments) in self.0 {
+            if let Some(c) = counters.get_mut(&key) {
                 c.comments = comments;
             }
         }
     }
 }
 
-/// The batch's write for `post`, empty until an event adds to it.
+/// The batch's write for the counter `key`, empty until an event adds to it.
 pub(crate) fn counter_of<'a>(
-    counters: &'a mut BTreeMap<PostId, CounterDelta>,
-    post: &PostId,
+    counters: &'a mut BTreeMap<CounterKey, CounterDelta>,
+    key: &CounterKey,
 ) -> &'a mut CounterDelta {
-    counters
-        .entry(post.clone())
-        .or_insert_with(|| CounterDelta {
-            post: post.clone(),
-            delta: 0,
-            buckets: BTreeMap::new(),
-            touched: BTreeSet::new(),
-            comments: Some(Vec::new()),
-        })
+    counters.entry(key.clone()).or_insert_with(|| CounterDelta {
+        counter: key.counter,
+        post: key.group.clone(),
+        delta: 0,
+        buckets: BTreeMap::new(),
+        touched: BTreeSet::new(),
+        comments: Some(Vec::new()),
+    })
 }
 
 fn finish(
     mut plan: BatchPlan,
-    counters: BTreeMap<PostId, CounterDelta>,
-    (dirty_order, dirty): (Vec<PostId>, BTreeMap<PostId, BucketStart>),
+    counters: BTreeMap<CounterKey, CounterDelta>,
+    (dirty_order, dirty): (Vec<CounterKey>, BTreeMap<CounterKey, BucketStart>),
     ledger_order: Vec<CommentId>,
     known: &HashMap<String, Option<Row>>,
 ) -> BatchPlan {
@@ -332,9 +351,10 @@ fn finish(
         .collect();
     plan.dirty = dirty_order
         .into_iter()
-        .map(|post| DirtyMark {
-            newest_bucket: dirty[&post],
-            post,
+        .map(|key| DirtyMark {
+            newest_bucket: dirty[&key],
+            counter: key.counter,
+            post: key.group,
         })
         .collect();
     plan.ledger = ledger_order

@@ -2,14 +2,21 @@
 //! deltas per post, posts to mark dirty, and what the comment ledger should now say.
 //!
 //! A row counts when it exists and has no `deleted_at`; every delta is `live_after - live_before`
-//! per post, so a move is `-1` on the old post and `+1` on the new one. "Before" comes from, best
+//! per post, so a move is `-1` on the old post and `+1` on the new one.
+//!
+//! Every counter definition ([`crate::definition`]) is classified from the same two states: a
+//! row carries its group key and condition verdict per definition ([`Row::members`]), so one
+//! event becomes deltas for each definition it touches (a row becoming approved enters the
+//! approved counter; a move between posts changes the per-post counter and not the per-author
+//! one; an author change moves it between authors). No definition reads the event again. "Before" comes from, best
 //! first, the pre-image, the comment ledger, or (neither known) best-effort rules whose guesses
 //! are documented drift sources that the reconciler later corrects.
 
-use bson::DateTime;
+use bson::{DateTime, Document};
 use serde::{Deserialize, Serialize};
 
-use crate::event::{ChangeEvent, Operation, PostId, Row, RowRead, Token};
+use crate::definition::{CounterIx, CounterKey};
+use crate::event::{ChangeEvent, Operation, PostId, Row, RowRead, Token, UpdateSummary};
 use crate::schema::Schema;
 
 /// Where the worker takes a row's before-state from (the `attribution` setting).
@@ -60,9 +67,12 @@ pub enum Source {
     BestEffort,
 }
 
-/// A signed change to one post's count, filed under the row's creation time.
+/// A signed change to one counter, filed under the row's creation time.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Delta {
+    /// Which definition's counter (the default: posts).
+    pub counter: CounterIx,
+    /// The counter's group key (for the default definition, the post).
     pub post: PostId,
     pub created_at: Option<DateTime>,
     pub amount: i64,
@@ -122,7 +132,8 @@ pub enum Unattributable {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Classification {
     pub deltas: Vec<Delta>,
-    pub dirty: Vec<PostId>,
+    /// Every counter the event named (before or after it), of every definition.
+    pub dirty: Vec<CounterKey>,
     pub after: After,
     pub source: Source,
     pub problem: Option<Problem>,
@@ -161,6 +172,10 @@ fn seconds_rfc3339(secs: i64) -> String {
 /// Classifies one event. `ledger` is the ledger's view of the row before this event
 /// (`Before::Unknown` when the ledger is off or has no entry); `attribution` says whether
 /// pre-images may be used; `schema` names the application's fields.
+///
+/// Three steps: where the before-state comes from ([`before_state`]), what the row is after
+/// the event ([`after_state`]), then the deltas between the two, exact or best effort, with the
+/// counters the event touched marked dirty.
 pub fn classify(
     event: &ChangeEvent,
     ledger: Before,
@@ -178,7 +193,43 @@ pub fn classify(
             problem: None,
         });
     }
-    let (before, source) = match (&event.operation, ledger) {
+    let (before, source) = before_state(event, ledger, attribution, schema);
+    let (after, bad) = match after_state(event, &before, source, schema) {
+        Reading::After(after, bad) => (after, bad),
+        Reading::Ended(end) => return Err(end),
+        Reading::Refused(problem) => return Ok(problem_only(&before, source, problem)),
+    };
+    let mut classified = match before {
+        Before::Known(before_row) | Before::Complete(before_row) => {
+            exact(before_row, after, source)
+        }
+        Before::Unknown => best_effort(event, after, schema),
+    };
+    if let Some(problem) = bad {
+        classified.problem = Some(problem);
+    }
+    // A post the row moved to in this update is touched even when a later `updateLookup`
+    // state hides the stop there: a recount folded in meanwhile may have counted the row there.
+    if let Operation::Update {
+        summary: Some(summary),
+    } = &event.operation
+    {
+        for key in schema.groups_set_by(summary) {
+            push_unique(&mut classified.dirty, Some(key));
+        }
+    }
+    Ok(classified)
+}
+
+/// Where the row's before-state comes from, best first: a complete ledger, an insert's "did not
+/// exist", the pre-image, the ledger, else nothing (best effort).
+fn before_state(
+    event: &ChangeEvent,
+    ledger: Before,
+    attribution: Attribution,
+    schema: &Schema,
+) -> (Before, Source) {
+    match (&event.operation, ledger) {
         (_, Before::Complete(row)) if attribution.uses_ledger() => {
             (Before::Known(row), Source::Ledger)
         }
@@ -197,145 +248,131 @@ pub fn classify(
                 _ => (Before::Unknown, Source::BestEffort),
             },
         },
-    };
+    }
+}
 
-    // A malformed post id in the after-state: the row exists but no longer counts, and the
-    // event is reported as bad input.
-    let mut bad: Option<Problem> = None;
-    let after = match &event.operation {
-        Operation::End(op) => {
-            return Err(StreamEnded {
-                token: event.token.clone(),
-                operation: op.clone(),
-                at: event.cluster_time,
-            })
-        }
+/// What the event says of the row after it.
+enum Reading {
+    /// The after-state, and a malformed group field in it (the row exists but no longer
+    /// counts, and the event is reported as bad input).
+    After(After, Option<Problem>),
+    /// The stream ended: never guessed past.
+    Ended(StreamEnded),
+    /// Nothing can be read from the event: reported, its known posts marked dirty.
+    Refused(Problem),
+}
+
+fn after_state(event: &ChangeEvent, before: &Before, source: Source, schema: &Schema) -> Reading {
+    match &event.operation {
+        Operation::End(op) => Reading::Ended(StreamEnded {
+            token: event.token.clone(),
+            operation: op.clone(),
+            at: event.cluster_time,
+        }),
         Operation::Unknown(op) => {
-            return Ok(problem_only(
-                &before,
-                source,
-                Problem::Bad(Malformed::UnknownOperation(op.clone())),
-            ))
+            Reading::Refused(Problem::Bad(Malformed::UnknownOperation(op.clone())))
         }
-        Operation::Insert | Operation::Replace => {
-            match event.full_document.as_ref().map(|d| schema.read_row(d)) {
-                Some(RowRead::Row(row)) => After::Known(Some(row)),
-                Some(RowRead::NoPost) => {
-                    bad = Some(Problem::Bad(Malformed::NoPost {
-                        field: schema.group.clone(),
-                    }));
-                    After::Known(
-                        event
-                            .full_document
-                            .as_ref()
-                            .map(|d| schema.read_existing_row(d)),
-                    )
-                }
-                // The row exists but does not count: a malformed post id.
-                Some(RowRead::BadPost(kind)) => {
-                    bad = Some(bad_post_type(schema, &kind));
-                    After::Known(
-                        event
-                            .full_document
-                            .as_ref()
-                            .map(|d| schema.read_existing_row(d)),
-                    )
-                }
-                None => {
-                    return Ok(problem_only(
-                        &before,
-                        source,
-                        Problem::Bad(Malformed::NoFullDocument),
-                    ))
-                }
+        Operation::Insert | Operation::Replace => match event.full_document.as_ref() {
+            Some(doc) => {
+                let (after, bad) = read_document(doc, schema);
+                Reading::After(after, bad)
             }
+            None => Reading::Refused(Problem::Bad(Malformed::NoFullDocument)),
+        },
+        Operation::Update { summary } => {
+            let (after, bad) = after_update(event, summary.as_ref(), before, source, schema);
+            Reading::After(after, bad)
         }
-        // With a complete update description and a known existing row before it (from the
-        // pre-image or the ledger, counted or not), the after-state is derived exactly at event
-        // time. Otherwise `updateLookup` shows the row as it is now, possibly later than the
-        // event: fine while before-states chain through the ledger (the transitions telescope),
-        // but never mixed with pre-images, which are event-time states. So a row the ledger
-        // knows without a post is described field by field too: taking a later state for it
-        // from the lookup, when the next event's before-state comes from its own pre-image,
-        // would count the change in between twice.
-        Operation::Update {
-            summary: Some(summary),
-        } if summary.complete && source == Source::PreImage => {
-            let pre = event.pre_image.as_ref().expect("source is the pre-image");
-            let after = Schema::apply_to_document(summary, pre);
-            match schema.read_row(&after) {
-                RowRead::Row(row) => After::Known(Some(row)),
-                RowRead::NoPost => After::Known(Some(schema.read_existing_row(&after))),
-                RowRead::BadPost(kind) => {
-                    bad = Some(bad_post_type(schema, &kind));
-                    After::Known(Some(schema.read_existing_row(&after)))
-                }
-            }
-        }
-        Operation::Update {
-            summary: Some(summary),
-        } if summary.complete && matches!(before, Before::Known(Some(_))) => {
-            let Before::Known(Some(row)) = &before else {
-                unreachable!("guarded above")
-            };
-            match schema.apply(summary, row) {
-                Ok(after) => After::Known(Some(after)),
-                Err((after, kind)) => {
-                    bad = Some(bad_post_type(schema, &kind));
-                    After::Known(Some(after))
-                }
-            }
-        }
-        // A looked-up row without `post_id` exists but no longer counts; no document at all
-        // (the row was deleted since) or the fake server's fragment (no `_id`) says nothing:
-        // the delete event that follows settles it.
-        Operation::Update { .. } => {
-            let looked_up = event.full_document.as_ref();
-            match looked_up.and_then(|d| schema.read_looked_up_row(d)) {
-                Some(RowRead::Row(row)) => After::Known(Some(row)),
-                Some(RowRead::BadPost(kind)) => {
-                    bad = Some(bad_post_type(schema, &kind));
-                    After::Known(looked_up.map(|d| schema.read_existing_row(d)))
-                }
-                Some(RowRead::NoPost) => {
-                    After::Known(looked_up.map(|d| schema.read_existing_row(d)))
-                }
-                None => After::Unchanged,
-            }
-        }
-        Operation::Delete => After::Known(None),
-    };
+        Operation::Delete => Reading::After(After::Known(None), None),
+    }
+}
 
-    let mut classified = match before {
-        Before::Known(before_row) | Before::Complete(before_row) => {
-            exact(before_row, after, source)
+/// An inserted or replaced row (a document that shows the whole row).
+fn read_document(doc: &Document, schema: &Schema) -> (After, Option<Problem>) {
+    let existing = || After::Known(Some(schema.read_existing_row(doc)));
+    match schema.read_row(doc) {
+        RowRead::Row(row) => (After::Known(Some(row)), None),
+        RowRead::NoPost => (
+            existing(),
+            Some(Problem::Bad(Malformed::NoPost {
+                field: schema.group.clone(),
+            })),
+        ),
+        // The row exists but does not count: a malformed post id.
+        RowRead::BadPost(kind) => (existing(), Some(bad_post_type(schema, &kind))),
+    }
+}
+
+/// The row after an update.
+///
+/// With a complete update description and a known existing row before it (from the pre-image
+/// or the ledger, counted or not), the after-state is derived exactly at event time. Otherwise
+/// `updateLookup` shows the row as it is now, possibly later than the event: fine while
+/// before-states chain through the ledger (the transitions telescope), but never mixed with
+/// pre-images, which are event-time states. So a row the ledger knows without a post is
+/// described field by field too: taking a later state for it from the lookup, when the next
+/// event's before-state comes from its own pre-image, would count the change in between twice.
+/// A ledger row is not enough when the update touches a field a definition's condition reads
+/// (the ledger keeps the verdict, not the field): the lookup decides ([`Schema::derives`]).
+fn after_update(
+    event: &ChangeEvent,
+    summary: Option<&UpdateSummary>,
+    before: &Before,
+    source: Source,
+    schema: &Schema,
+) -> (After, Option<Problem>) {
+    let complete = summary.filter(|s| s.complete);
+    if let (Some(summary), Source::PreImage) = (complete, source) {
+        let pre = event.pre_image.as_ref().expect("source is the pre-image");
+        let after = Schema::apply_to_document(summary, pre);
+        return match schema.read_row(&after) {
+            RowRead::Row(row) => (After::Known(Some(row)), None),
+            RowRead::NoPost => (After::Known(Some(schema.read_existing_row(&after))), None),
+            RowRead::BadPost(kind) => (
+                After::Known(Some(schema.read_existing_row(&after))),
+                Some(bad_post_type(schema, &kind)),
+            ),
+        };
+    }
+    if let (Some(summary), Before::Known(Some(row))) = (complete, before) {
+        if schema.derives(summary, row) {
+            return match schema.apply(summary, row) {
+                Ok(after) => (After::Known(Some(after)), None),
+                Err((after, kind)) => (
+                    After::Known(Some(after)),
+                    Some(bad_post_type(schema, &kind)),
+                ),
+            };
         }
-        Before::Unknown => best_effort(event, after, schema),
-    };
-    if let Some(problem) = bad {
-        classified.problem = Some(problem);
     }
-    // A post the row moved to in this update is touched even when a later `updateLookup`
-    // state hides the stop there: a recount folded in meanwhile may have counted the row there.
-    if let Operation::Update {
-        summary: Some(summary),
-    } = &event.operation
-    {
-        push_unique(&mut classified.dirty, schema.post_set_by(summary));
+    // A looked-up row without `post_id` exists but no longer counts; no document at all (the
+    // row was deleted since) or the fake server's fragment (no `_id`) says nothing: the delete
+    // event that follows settles it.
+    let looked_up = event.full_document.as_ref();
+    match looked_up.and_then(|d| schema.read_looked_up_row(d)) {
+        Some(RowRead::Row(row)) => (After::Known(Some(row)), None),
+        Some(RowRead::BadPost(kind)) => (
+            After::Known(looked_up.map(|d| schema.read_existing_row(d))),
+            Some(bad_post_type(schema, &kind)),
+        ),
+        Some(RowRead::NoPost) => (
+            After::Known(looked_up.map(|d| schema.read_existing_row(d))),
+            None,
+        ),
+        None => (After::Unchanged, None),
     }
-    Ok(classified)
 }
 
 /// Before-state known: the delta is exact (or zero when the after-state is unknown).
 fn exact(before: Option<Row>, after: After, source: Source) -> Classification {
     let mut dirty = Vec::new();
-    push_unique(&mut dirty, before.as_ref().and_then(|r| r.post.clone()));
+    push_groups(&mut dirty, before.as_ref());
     let after_row = match &after {
         After::Known(row) => row.clone(),
         // No information: assume unchanged, so no delta; the post is still touched.
         After::Unchanged => before.clone(),
     };
-    push_unique(&mut dirty, after_row.as_ref().and_then(|r| r.post.clone()));
+    push_groups(&mut dirty, after_row.as_ref());
     Classification {
         deltas: transition(before.as_ref(), after_row.as_ref()),
         dirty,
@@ -345,31 +382,48 @@ fn exact(before: Option<Row>, after: After, source: Source) -> Classification {
     }
 }
 
-/// `live_after - live_before` per post (and creation bucket).
+/// `live_after - live_before` per counter of every definition (and creation bucket).
 pub fn transition(before: Option<&Row>, after: Option<&Row>) -> Vec<Delta> {
+    let known = |r: Option<&Row>| r.map_or(0, |r| r.members.len() + 1);
     let mut deltas = Vec::new();
-    if let Some((row, post)) = before.and_then(|r| Some((r, r.counted_post()?))) {
-        deltas.push(Delta {
+    for counter in (0..known(before).max(known(after))).map(CounterIx) {
+        transition_in(counter, before, after, &mut deltas);
+    }
+    deltas
+}
+
+/// [`transition`] for one definition: `-1` where the row counted, `+1` where it counts now;
+/// the two cancel on the same group and bucket.
+fn transition_in(
+    counter: CounterIx,
+    before: Option<&Row>,
+    after: Option<&Row>,
+    out: &mut Vec<Delta>,
+) {
+    let start = out.len();
+    if let Some((row, post)) = before.and_then(|r| Some((r, r.counted_in(counter)?))) {
+        out.push(Delta {
+            counter,
             post: post.clone(),
             created_at: row.created_at,
             amount: -1,
         });
     }
-    if let Some((row, post)) = after.and_then(|r| Some((r, r.counted_post()?))) {
-        if let Some(pos) = deltas
+    if let Some((row, post)) = after.and_then(|r| Some((r, r.counted_in(counter)?))) {
+        if let Some(pos) = out[start..]
             .iter()
             .position(|d| d.post == *post && d.created_at == row.created_at)
         {
-            deltas.remove(pos); // -1 and +1 on the same post and bucket cancel out
+            out.remove(start + pos); // -1 and +1 on the same post and bucket cancel out
         } else {
-            deltas.push(Delta {
+            out.push(Delta {
+                counter,
                 post: post.clone(),
                 created_at: row.created_at,
                 amount: 1,
             });
         }
     }
-    deltas
 }
 
 /// Before-state unknown (no pre-image, no ledger entry): the documented guesses.
@@ -391,11 +445,12 @@ fn best_effort(event: &ChangeEvent, after: After, schema: &Schema) -> Classifica
             // Sharded on post_id: the key names the post. Whether the row was live is a guess.
             Some(post) => {
                 c.deltas.push(Delta {
+                    counter: CounterIx::DEFAULT,
                     post: post.clone(),
                     created_at: None,
                     amount: -1,
                 });
-                c.dirty.push(post);
+                c.dirty.push(default_key(post));
             }
             None => c.problem = Some(Problem::Unattributable(Unattributable::DeleteOfUnknownRow)),
         },
@@ -412,10 +467,14 @@ fn best_effort(event: &ChangeEvent, after: After, schema: &Schema) -> Classifica
                 return c;
             };
             let created_at = after_row.as_ref().and_then(|r| r.created_at);
-            c.dirty.push(post.clone());
+            c.dirty.push(default_key(post.clone()));
+            // Other definitions have no guesses: the groups the after-state names are dirty,
+            // and the reconciler recounts them.
+            push_groups_beyond_default(&mut c.dirty, after_row.as_ref());
             if schema.moves(summary) {
                 if after_row.as_ref().is_some_and(Row::is_live) {
                     c.deltas.push(Delta {
+                        counter: CounterIx::DEFAULT,
                         post,
                         created_at,
                         amount: 1,
@@ -426,6 +485,7 @@ fn best_effort(event: &ChangeEvent, after: After, schema: &Schema) -> Classifica
                 // Guess: setting the soft-delete field deletes a live row, clearing it revives
                 // a deleted one (a re-stamp would be miscounted: a documented drift source).
                 c.deltas.push(Delta {
+                    counter: CounterIx::DEFAULT,
                     post,
                     created_at,
                     amount,
@@ -433,10 +493,15 @@ fn best_effort(event: &ChangeEvent, after: After, schema: &Schema) -> Classifica
             }
         }
         // Replace, or update without any description: only the post is known, if that.
-        _ => match after_row.and_then(|r| r.post).or(key_post) {
-            Some(post) => c.dirty.push(post),
-            None => c.problem = Some(Problem::Unattributable(Unattributable::ChangeWithoutPost)),
-        },
+        _ => {
+            push_groups_beyond_default(&mut c.dirty, after_row.as_ref());
+            match after_row.and_then(|r| r.post).or(key_post) {
+                Some(post) => c.dirty.insert(0, default_key(post)),
+                None => {
+                    c.problem = Some(Problem::Unattributable(Unattributable::ChangeWithoutPost))
+                }
+            }
+        }
     }
     c
 }
@@ -453,7 +518,7 @@ fn bad_post_type(schema: &Schema, kind: &str) -> Problem {
 fn problem_only(before: &Before, source: Source, problem: Problem) -> Classification {
     let mut dirty = Vec::new();
     if let Before::Known(Some(row)) = before {
-        push_unique(&mut dirty, row.post.clone());
+        push_groups(&mut dirty, Some(row));
     }
     Classification {
         deltas: Vec::new(),
@@ -464,10 +529,42 @@ fn problem_only(before: &Before, source: Source, problem: Problem) -> Classifica
     }
 }
 
-fn push_unique(list: &mut Vec<PostId>, post: Option<PostId>) {
-    if let Some(post) = post {
-        if !list.contains(&post) {
-            list.push(post);
+fn push_unique(list: &mut Vec<CounterKey>, key: Option<CounterKey>) {
+    if let Some(key) = key {
+        if !list.contains(&key) {
+            list.push(key);
         }
+    }
+}
+
+/// The default definition's counter of `post`.
+fn default_key(post: PostId) -> CounterKey {
+    CounterKey {
+        counter: CounterIx::DEFAULT,
+        group: post,
+    }
+}
+
+/// The row's group of every definition, counted or not: changes there may have touched them.
+fn push_groups(list: &mut Vec<CounterKey>, row: Option<&Row>) {
+    let Some(row) = row else { return };
+    for counter in row.counters() {
+        let key = row.group_in(counter).map(|group| CounterKey {
+            counter,
+            group: group.clone(),
+        });
+        push_unique(list, key);
+    }
+}
+
+/// [`push_groups`] for every definition but the default (best effort guesses for that one).
+fn push_groups_beyond_default(list: &mut Vec<CounterKey>, row: Option<&Row>) {
+    let Some(row) = row else { return };
+    for counter in row.counters().skip(1) {
+        let key = row.group_in(counter).map(|group| CounterKey {
+            counter,
+            group: group.clone(),
+        });
+        push_unique(list, key);
     }
 }

@@ -79,6 +79,18 @@ impl Condition {
         self.clauses.is_empty()
     }
 
+    /// The dotted paths the condition reads, in clause order, without repeats (what the stream's
+    /// projection must keep for the classifier to evaluate it).
+    pub fn paths(&self) -> Vec<&str> {
+        let mut paths: Vec<&str> = Vec::new();
+        for (field, _) in &self.clauses {
+            if !paths.contains(&field.as_str()) {
+                paths.push(field);
+            }
+        }
+        paths
+    }
+
     /// Whether `row` satisfies the condition, exactly as the server's query would decide.
     pub fn matches(&self, row: &Document) -> bool {
         self.clauses.iter().all(|(field, test)| {

@@ -11,6 +11,8 @@ use std::fmt;
 use bson::{oid::ObjectId, Bson, DateTime, Document, Timestamp};
 use serde::{Deserialize, Serialize};
 
+use crate::definition::{CounterIx, Member};
+
 /// A position in the change stream: the resume token's `_data` string.
 ///
 /// Tokens of one deployment sort in event order when compared as strings (MongoDB 4.0.7+), which
@@ -165,9 +167,38 @@ pub struct Row {
     pub created_at: Option<DateTime>,
     /// Soft-deleted, by the schema's rule ([`crate::schema::SoftDelete`]).
     pub deleted: bool,
+    /// What the row is to each counter definition beyond the default, in order
+    /// (`members[i]` is definition `i + 1`'s, see [`crate::definition`]): its group key and
+    /// whether it satisfies the condition. `post` above is the default definition's group. Kept in
+    /// the ledger with the rest of the row, so the next event's before-state needs no document.
+    /// Shorter than the definitions (an entry written before a definition existed): the row
+    /// counts nowhere for the missing ones.
+    pub members: Vec<Member>,
 }
 
 impl Row {
+    /// The group the row counts in for definition `counter`, if it counts there (see
+    /// [`Member::counts`]; the default definition's group is `post`, without condition).
+    pub fn counted_in(&self, counter: CounterIx) -> Option<&PostId> {
+        match counter.0 {
+            0 => self.counted_post(),
+            i => self.members.get(i - 1)?.counts(self.deleted),
+        }
+    }
+
+    /// The row's group key for definition `counter`, counted or not (a post to mark dirty).
+    pub fn group_in(&self, counter: CounterIx) -> Option<&PostId> {
+        match counter.0 {
+            0 => self.post.as_ref(),
+            i => self.members.get(i - 1)?.group.as_ref(),
+        }
+    }
+
+    /// Every definition the row says something about: the default and one per member.
+    pub fn counters(&self) -> impl Iterator<Item = CounterIx> {
+        (0..=self.members.len()).map(CounterIx)
+    }
+
     /// The post the row counts for: a row counts when it has a post and is not soft-deleted.
     pub fn counted_post(&self) -> Option<&PostId> {
         self.post.as_ref().filter(|_| !self.deleted)

@@ -30,6 +30,7 @@ pub mod clock;
 pub mod condition;
 pub mod config;
 pub mod daemon;
+pub mod definition;
 pub mod deployment;
 pub mod doctor;
 pub mod event;

@@ -156,6 +156,7 @@ mod tests {
 
     fn row(post: Option<PostId>, deleted: bool) -> Row {
         Row {
+            members: Vec::new(),
             post,
             created_at: None,
             deleted,

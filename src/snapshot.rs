@@ -34,7 +34,8 @@ use std::time::Duration;
 use bson::DateTime;
 
 use crate::batch::{bucket_of, counter_of, CounterDelta, LedgerUpdate};
-use crate::event::{CommentId, PostId, Row};
+use crate::definition::CounterKey;
+use crate::event::{CommentId, Row};
 use crate::partition::Partition;
 use crate::store::{
     Checkpoint, CommentsExtent, Fence, SnapshotChunk, SnapshotProgress, SnapshotState, Store,
@@ -109,7 +110,7 @@ pub fn plan_chunk(
     partition: Option<Partition>,
     bucket_width_secs: i64,
 ) -> SnapshotChunk {
-    let mut counters: BTreeMap<PostId, CounterDelta> = BTreeMap::new();
+    let mut counters: BTreeMap<CounterKey, CounterDelta> = BTreeMap::new();
     let mut claims = Vec::new();
     for (comment, row) in rows {
         if ledger.contains_key(&comment.key) {
@@ -122,14 +123,21 @@ pub fn plan_chunk(
             comment: comment.clone(),
             state: Some(row.clone()),
         });
-        let Some(post) = row.counted_post() else {
-            continue;
-        };
+        // One claim, counted in every definition it counts for.
         let bucket = bucket_of(row.created_at, bucket_width_secs);
-        let entry = counter_of(&mut counters, post);
-        entry.delta += 1;
-        *entry.buckets.entry(bucket).or_default() += 1;
-        entry.touched.insert(bucket);
+        for counter in row.counters() {
+            let Some(group) = row.counted_in(counter) else {
+                continue;
+            };
+            let key = CounterKey {
+                counter,
+                group: group.clone(),
+            };
+            let entry = counter_of(&mut counters, &key);
+            entry.delta += 1;
+            *entry.buckets.entry(bucket).or_default() += 1;
+            entry.touched.insert(bucket);
+        }
     }
     SnapshotChunk {
         number,
@@ -347,10 +355,12 @@ pub fn report(stream: &str, progress: &SnapshotProgress, rows_per_second: u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::event::PostId;
     use bson::Bson;
 
     fn row(post: i64, live: bool) -> Row {
         Row {
+            members: Vec::new(),
             post: Some(PostId::Int(post)),
             created_at: Some(DateTime::from_millis(125_000)),
             deleted: !live,
@@ -394,6 +404,45 @@ mod tests {
                 (PostId::Int(7), 1, vec![(120, 1)]),
                 (PostId::Int(8), 1, vec![(120, 1)])
             ]
+        );
+    }
+
+    #[test]
+    fn a_claimed_row_counts_in_every_definition_it_counts_for() {
+        use crate::definition::{CounterIx, Member};
+        let member = |group: &str, matches| Member {
+            group: Some(PostId::Str(group.into())),
+            matches,
+        };
+        let mut approved_by_ann = row(7, true);
+        approved_by_ann.members = vec![member("approved", true), member("ann", true)];
+        let mut unapproved_by_ann = row(7, true);
+        unapproved_by_ann.members = vec![member("approved", false), member("ann", true)];
+        let mut deleted_by_bob = row(7, false);
+        deleted_by_bob.members = vec![member("approved", true), member("bob", true)];
+        let rows = vec![
+            (id(1), approved_by_ann),
+            (id(2), unapproved_by_ann),
+            (id(3), deleted_by_bob),
+        ];
+        let chunk = plan_chunk(1, &rows, &HashMap::new(), None, 60);
+        let counted: Vec<(CounterIx, PostId, i64)> = chunk
+            .counters
+            .iter()
+            .map(|c| (c.counter, c.post.clone(), c.delta))
+            .collect();
+        assert_eq!(
+            counted,
+            vec![
+                (CounterIx(0), PostId::Int(7), 2),
+                (CounterIx(1), PostId::Str("approved".into()), 1),
+                (CounterIx(2), PostId::Str("ann".into()), 2),
+            ]
+        );
+        assert_eq!(
+            chunk.claims.len(),
+            3,
+            "one claim per row, whatever it counts in"
         );
     }
 

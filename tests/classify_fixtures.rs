@@ -89,6 +89,7 @@ fn post(name: &str) -> PostId {
 }
 fn live(p: &str, created_at: Option<DateTime>) -> Row {
     Row {
+        members: Vec::new(),
         post: Some(post(p)),
         created_at,
         deleted: false,
@@ -96,6 +97,7 @@ fn live(p: &str, created_at: Option<DateTime>) -> Row {
 }
 fn dead(p: &str, created_at: Option<DateTime>) -> Row {
     Row {
+        members: Vec::new(),
         post: Some(post(p)),
         created_at,
         deleted: true,
@@ -104,6 +106,7 @@ fn dead(p: &str, created_at: Option<DateTime>) -> Row {
 /// A row that exists without a `post_id`: it does not count, but the ledger knows its fields.
 fn unposted(created_at: Option<DateTime>, deleted: bool) -> Row {
     Row {
+        members: Vec::new(),
         post: None,
         created_at,
         deleted,
@@ -111,6 +114,7 @@ fn unposted(created_at: Option<DateTime>, deleted: bool) -> Row {
 }
 fn delta(p: &str, created_at: Option<DateTime>, amount: i64) -> Delta {
     Delta {
+        counter: counterd::definition::CounterIx::DEFAULT,
         post: post(p),
         created_at,
         amount,
@@ -135,7 +139,13 @@ fn outcome(
 ) -> Classification {
     Classification {
         deltas,
-        dirty: posts(dirty),
+        dirty: posts(dirty)
+            .into_iter()
+            .map(|group| counterd::definition::CounterKey {
+                counter: counterd::definition::CounterIx::DEFAULT,
+                group,
+            })
+            .collect(),
         after,
         source,
         problem,
@@ -493,6 +503,7 @@ fn insert_with_bad_post_id_is_reported_not_counted() {
             // The row exists but does not count: the ledger knows it, so a later fix of its
             // post id is counted exactly.
             let row = Row {
+                members: Vec::new(),
                 post: None,
                 created_at: c1(),
                 deleted: false,
@@ -1515,6 +1526,7 @@ fn counter(p: &str, buckets: &[(Option<DateTime>, i64)]) -> CounterDelta {
     let touched = map.keys().copied().collect();
     map.retain(|_, v| *v != 0);
     CounterDelta {
+        counter: counterd::definition::CounterIx::DEFAULT,
         post: post(p),
         delta: buckets.iter().map(|(_, a)| a).sum(),
         buckets: map,
@@ -1530,6 +1542,7 @@ fn net(counters: &[CounterDelta]) -> Vec<CounterDelta> {
         .iter()
         .filter(|c| c.delta != 0 || !c.buckets.is_empty())
         .map(|c| CounterDelta {
+            counter: counterd::definition::CounterIx::DEFAULT,
             // Touches beyond the changed buckets (bucket 0 for hidden states) are checked by
             // `batch_touches_changes_that_cancel_out` and `batch_touches_every_bucket_*`.
             touched: c
@@ -1636,6 +1649,7 @@ fn batch_touches_changes_that_cancel_out() {
     );
     let bucket = bucket_of(c1(), WIDTH);
     let touch_only = |p: &str| CounterDelta {
+        counter: counterd::definition::CounterIx::DEFAULT,
         post: post(p),
         delta: 0,
         buckets: BTreeMap::new(),
@@ -1650,6 +1664,7 @@ fn batch_touches_changes_that_cancel_out() {
         .counters
         .iter()
         .map(|c| CounterDelta {
+            counter: counterd::definition::CounterIx::DEFAULT,
             comments: None,
             ..c.clone()
         })
@@ -2175,6 +2190,7 @@ fn batch_pre_images_with_late_lookups() {
 
 fn js_schema() -> Schema {
     Schema {
+        counters: Vec::new(),
         group: "postId".into(),
         created: "createdAt".into(),
         soft_delete: counterd::schema::SoftDelete::True {
@@ -2185,6 +2201,7 @@ fn js_schema() -> Schema {
 
 fn status_schema() -> Schema {
     Schema {
+        counters: Vec::new(),
         soft_delete: counterd::schema::SoftDelete::OneOf {
             field: "status".into(),
             values: vec![Bson::String("removed".into()), Bson::String("spam".into())],
@@ -2195,6 +2212,7 @@ fn status_schema() -> Schema {
 
 fn nested_schema() -> Schema {
     Schema {
+        counters: Vec::new(),
         group: "meta.post".into(),
         created: "meta.created".into(),
         ..Schema::default()
@@ -2204,6 +2222,7 @@ fn nested_schema() -> Schema {
 #[test]
 fn every_soft_delete_rule_on_real_and_fake_shapes() {
     let row = |p: &str, deleted: bool| Row {
+        members: Vec::new(),
         post: Some(post(p)),
         created_at: c1(),
         deleted,

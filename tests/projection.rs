@@ -47,6 +47,7 @@ fn schemas() -> Vec<(&'static str, Schema)> {
         (
             "js",
             Schema {
+                counters: Vec::new(),
                 group: "postId".into(),
                 created: "createdAt".into(),
                 soft_delete: SoftDelete::True {
@@ -57,6 +58,7 @@ fn schemas() -> Vec<(&'static str, Schema)> {
         (
             "status",
             Schema {
+                counters: Vec::new(),
                 soft_delete: SoftDelete::OneOf {
                     field: "status".into(),
                     values: vec![Bson::String("removed".into()), Bson::String("spam".into())],
@@ -67,6 +69,7 @@ fn schemas() -> Vec<(&'static str, Schema)> {
         (
             "nested",
             Schema {
+                counters: Vec::new(),
                 group: "meta.post".into(),
                 created: "meta.created".into(),
                 ..Schema::default()
@@ -246,6 +249,7 @@ fn project(stage: &Document, event: &Document) -> Document {
 
 fn befores() -> Vec<Before> {
     let row = |post: &str, deleted| Row {
+        members: Vec::new(),
         post: Some(counterd::event::PostId::Str(post.into())),
         created_at: Some(bson::DateTime::parse_rfc3339_str("2026-01-02T10:15:30.123Z").unwrap()),
         deleted,
@@ -352,6 +356,7 @@ fn a_projected_event_carries_nothing_of_the_applications_other_fields() {
 #[test]
 fn update_keys_are_kept_when_they_are_the_field_a_parent_or_a_part_of_it() {
     let schema = Schema {
+        counters: Vec::new(),
         group: "meta.post".into(),
         created: "created_at".into(),
         soft_delete: SoftDelete::Never,

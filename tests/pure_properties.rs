@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use bson::{doc, oid::ObjectId, Bson, DateTime, Document, Timestamp};
 use counterd::batch::{bucket_of, plan_batch, BatchPlan};
 use counterd::classify::{classify, After, Attribution, Before, Source};
+use counterd::definition::{CounterIx, CounterKey};
 use counterd::event::{ChangeEvent, CommentId, PostId, Row};
 use counterd::fold::{effective_watermark, fold, watermark_for, CounterState};
 use counterd::schema::Schema;
@@ -81,6 +82,7 @@ impl Comment {
     }
     fn row(&self) -> Row {
         Row {
+            members: Vec::new(),
             post: Some(self.post.clone()),
             created_at: self.created_at,
             deleted: !self.is_live(),
@@ -293,10 +295,10 @@ proptest! {
         prop_assert_eq!(per_post(&got), per_post(&truth));
         // Every touched post is dirty.
         for touched in truth_before.iter().chain(truth_after.iter()) {
-            prop_assert!(c.dirty.contains(&touched.post), "{:?} not dirty", touched.post);
+            prop_assert!(c.dirty.contains(&default_key(&touched.post)), "{:?} not dirty", touched.post);
         }
         for d in &c.deltas {
-            prop_assert!(c.dirty.contains(&d.post));
+            prop_assert!(c.dirty.contains(&key_of(d)));
             prop_assert!(d.amount == 1 || d.amount == -1);
         }
         prop_assert_eq!(c.after, After::Known(truth_after.as_ref().map(Comment::row)));
@@ -354,7 +356,7 @@ proptest! {
         let c = classify(&event, Before::Unknown, Attribution::BestEffort, &Schema::default()).unwrap();
         prop_assert!(c.deltas.len() <= 2);
         for d in &c.deltas {
-            prop_assert!(c.dirty.contains(&d.post));
+            prop_assert!(c.dirty.contains(&key_of(d)));
             prop_assert!(d.amount == 1 || d.amount == -1);
         }
         if matches!(kind, Kind::Insert) {
@@ -701,6 +703,7 @@ proptest! {
 /// `deleted_at` → `deletedAt`.
 fn renamed_schema() -> Schema {
     Schema {
+        counters: Vec::new(),
         group: "meta.postId".into(),
         created: "createdAt".into(),
         soft_delete: counterd::schema::SoftDelete::Present {
@@ -1067,6 +1070,7 @@ fn load_fixtures() -> Vec<Document> {
 
 fn befores() -> Vec<Before> {
     let row = |deleted| Row {
+        members: Vec::new(),
         post: Some(PostId::Str("p1".into())),
         created_at: Some(DateTime::from_millis(BASE_MS)),
         deleted,
@@ -1077,12 +1081,14 @@ fn befores() -> Vec<Before> {
         Before::Known(Some(row(false))),
         Before::Known(Some(row(true))),
         Before::Known(Some(Row {
+            members: Vec::new(),
             post: Some(PostId::Int(-1)),
             created_at: Some(DateTime::MIN),
             deleted: false,
         })),
         // A row that exists without a post.
         Before::Known(Some(Row {
+            members: Vec::new(),
             post: None,
             created_at: Some(DateTime::from_millis(BASE_MS)),
             deleted: false,
@@ -1160,5 +1166,21 @@ proptest! {
             let _ = Schema::default().read_row(&doc);
             let _ = Schema::default().read_looked_up_row(&doc);
         }
+    }
+}
+
+/// The default definition's counter of `post`.
+fn default_key(post: &PostId) -> CounterKey {
+    CounterKey {
+        counter: CounterIx::DEFAULT,
+        group: post.clone(),
+    }
+}
+
+/// The counter a delta changes.
+fn key_of(d: &counterd::classify::Delta) -> CounterKey {
+    CounterKey {
+        counter: d.counter,
+        group: d.post.clone(),
     }
 }

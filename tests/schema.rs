@@ -123,6 +123,7 @@ fn remove_path(doc: &mut Document, path: &str) {
 #[tokio::test]
 async fn a_javascript_schema_with_a_boolean_soft_delete() {
     let schema = Schema {
+        counters: Vec::new(),
         group: "postId".into(),
         created: "createdAt".into(),
         soft_delete: SoftDelete::True {
@@ -135,6 +136,7 @@ async fn a_javascript_schema_with_a_boolean_soft_delete() {
 #[tokio::test]
 async fn a_nested_group_field_and_a_status_value() {
     let schema = Schema {
+        counters: Vec::new(),
         group: "meta.post".into(),
         created: "meta.created".into(),
         soft_delete: SoftDelete::OneOf {

@@ -34,6 +34,7 @@ fn post(n: i64) -> PostId {
 
 fn delta(p: i64, d: i64) -> CounterDelta {
     CounterDelta {
+        counter: counterd::definition::CounterIx::DEFAULT,
         post: post(p),
         delta: d,
         buckets: BTreeMap::from([(0, d)]),
@@ -48,6 +49,7 @@ fn comment(n: i64) -> CommentId {
 
 fn row(p: i64) -> Row {
     Row {
+        members: Vec::new(),
         post: Some(post(p)),
         created_at: Some(DateTime::from_millis(1_000)),
         deleted: false,
@@ -270,6 +272,7 @@ async fn installs_are_conditional<S: Store>(store: &S) {
 async fn counters_log_the_rows_each_batch_changed<S: Store>(store: &S) {
     let f = fence(1);
     let unlisted = CounterDelta {
+        counter: counterd::definition::CounterIx::DEFAULT,
         comments: None,
         ..delta(1, 1)
     };
@@ -360,6 +363,42 @@ async fn ledger_reads_carry_the_batch_that_wrote_them<S: Store>(store: &S) {
     assert!(newer.is_empty(), "{newer:?}");
 }
 
+/// Writes for a definition beyond the default are refused before anything is written: the
+/// stores keep only the default definition's counters and dirty set so far, and such a write
+/// would otherwise land on the default's counter of the same key.
+async fn writes_for_other_definitions_are_refused<S: Store>(store: &S) {
+    let f = fence(1);
+    let mut other = delta(1, 1);
+    other.counter = counterd::definition::CounterIx(1);
+    let refused = store
+        .apply_counters(&f, &[delta(2, 1), other.clone()], &token(10), None)
+        .await;
+    assert!(
+        matches!(refused, Err(StoreError::Fatal { .. })),
+        "{refused:?}"
+    );
+    let refused = store.apply_snapshot_counters(&f, 1, &[other]).await;
+    assert!(
+        matches!(refused, Err(StoreError::Fatal { .. })),
+        "{refused:?}"
+    );
+    let mut mark = counterd::batch::DirtyMark::settled(post(1));
+    mark.counter = counterd::definition::CounterIx(2);
+    let refused = store
+        .mark_dirty(&f, &[mark], DateTime::from_millis(0))
+        .await;
+    assert!(
+        matches!(refused, Err(StoreError::Fatal { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(shown(store, 1).await, None);
+    assert_eq!(
+        shown(store, 2).await,
+        None,
+        "nothing of the batch was written"
+    );
+}
+
 async fn mongo(test: &str) -> support::TestDb {
     support::TestDb::new(test).await
 }
@@ -399,4 +438,112 @@ contract!(
     installs_are_conditional,
     counters_log_the_rows_each_batch_changed,
     ledger_reads_carry_the_batch_that_wrote_them,
+    writes_for_other_definitions_are_refused,
 );
+
+/// Two definitions beyond the default (`approved` per post, `per_author`).
+fn schema_with_definitions() -> counterd::schema::Schema {
+    let definition =
+        |name: &str, group: &str, condition: bson::Document| counterd::definition::Definition {
+            name: name.into(),
+            group: group.into(),
+            condition: counterd::condition::Condition::parse(&condition).unwrap(),
+            collection: format!("{name}_counters"),
+        };
+    counterd::schema::Schema {
+        counters: vec![
+            definition("approved", "post_id", bson::doc! {"approved": true}),
+            definition("per_author", "author_id", bson::doc! {}),
+        ],
+        ..counterd::schema::Schema::default()
+    }
+}
+
+/// A ledger entry keeps the row's verdict for every definition (the next event's before-state
+/// needs no document), and "gone" clears them.
+async fn ledger_keeps_every_definitions_verdict<S: Store>(store: &S) {
+    use counterd::definition::Member;
+    let f = fence(1);
+    let mut state = row(1);
+    state.members = vec![
+        Member {
+            group: Some(post(1)),
+            matches: false,
+        },
+        Member {
+            group: Some(PostId::Str("ann".into())),
+            matches: true,
+        },
+    ];
+    store
+        .write_ledger(&f, &[update(1, Some(state.clone()))], &token(10), 0)
+        .await
+        .unwrap();
+    assert_eq!(ledger_state(store, 1).await, Some(Some(state.clone())));
+    state.members[0].matches = true;
+    state.members[1].group = None;
+    store
+        .write_ledger(&f, &[update(1, Some(state.clone()))], &token(11), 0)
+        .await
+        .unwrap();
+    assert_eq!(ledger_state(store, 1).await, Some(Some(state)));
+    store
+        .write_ledger(&f, &[update(1, None)], &token(12), 0)
+        .await
+        .unwrap();
+    assert_eq!(ledger_state(store, 1).await, Some(None));
+}
+
+#[tokio::test]
+async fn ledger_keeps_every_definitions_verdict_on_mongo() {
+    let t = support::TestDb::with_schema(
+        "ledger_keeps_every_definitions_verdict",
+        schema_with_definitions(),
+    )
+    .await;
+    ledger_keeps_every_definitions_verdict(&*t.store).await;
+}
+
+#[tokio::test]
+async fn ledger_keeps_every_definitions_verdict_in_memory() {
+    ledger_keeps_every_definitions_verdict(&memory()).await;
+}
+
+/// An existing database keeps working when definitions are added: a ledger entry written
+/// without them (as every entry before definitions existed) reads with its row intact and
+/// counts nowhere for the new definitions (whose counters start from their first changes, and
+/// the reconciler's recounts), and writing it again with definitions keeps the row.
+#[tokio::test]
+async fn a_ledger_written_before_definitions_reads_with_them() {
+    let old = support::TestDb::new("ledger_before_definitions").await;
+    old.store
+        .write_ledger(&fence(1), &[update(1, Some(row(1)))], &token(10), 0)
+        .await
+        .unwrap();
+    let stored = old
+        .db
+        .collection::<bson::Document>("counterd_comment_state")
+        .find_one(bson::doc! {})
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        !stored.contains_key("members"),
+        "without definitions the entry is written as before them: {stored}"
+    );
+    let store =
+        counterd::store::mongo::MongoStore::connect(&counterd::store::mongo::ConnectOptions {
+            uri: old.uri.clone(),
+            database: old.name.clone(),
+            comments: "comments".into(),
+            connect_timeout: std::time::Duration::from_secs(10),
+            collections: counterd::store::mongo::Collections::default(),
+            schema: schema_with_definitions(),
+        })
+        .await
+        .unwrap();
+    let mut expected = row(1);
+    expected.members = vec![Default::default(), Default::default()];
+    assert_eq!(ledger_state(&store, 1).await, Some(Some(expected)));
+    assert_eq!(shown(&*old.store, 1).await, None);
+}

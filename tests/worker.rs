@@ -185,6 +185,7 @@ async fn ledger_entries_keep_unposted_rows_and_expire_with_a_history_gap() {
     let now = now_secs();
     let created = Some(DateTime::from_millis(now * 1000));
     let row = |p: Option<usize>, deleted| Row {
+        members: Vec::new(),
         post: p.map(post),
         created_at: created,
         deleted,
@@ -289,6 +290,7 @@ async fn the_per_post_guard_rejects_a_duplicate_write() {
         epoch: 0,
     };
     let write = CounterDelta {
+        counter: counterd::definition::CounterIx::DEFAULT,
         post: post(1),
         delta: 1,
         buckets: [(0, 1)].into_iter().collect(),

@@ -21,10 +21,13 @@ pub struct Args {
 pub async fn run(loaded: Loaded, args: Args) -> anyhow::Result<ExitCode> {
     // Invalid settings never get here: loading failed with exit code 2 and named the setting.
     let redacted = loaded.settings.redacted();
-    let table = match toml::Value::try_from(&redacted)? {
+    let mut table = match toml::Value::try_from(&redacted)? {
         toml::Value::Table(t) => t,
         _ => anyhow::bail!("settings do not serialize to a table"),
     };
+    // Serialized through serde, a condition's TOML date would print as toml's private
+    // stand-in; the entries as read print as they were written.
+    table.insert("counters".into(), counters_value(&redacted.counters));
     // Given (in the file, the environment or a flag) is not the same as changed: a file that
     // spells out defaults gives settings that still equal them.
     let defaults = match toml::Value::try_from(crate::config::Settings::default().redacted())? {
@@ -68,6 +71,7 @@ pub async fn run(loaded: Loaded, args: Args) -> anyhow::Result<ExitCode> {
             .collect();
         return print_json(&object(vec![
             ("settings", serde_json::to_value(&redacted)?),
+            ("definitions", definitions_json(&loaded.settings)?),
             ("origins", origins.into()),
             ("ignored_environment", loaded.ignored_env.clone().into()),
         ]))
@@ -85,5 +89,45 @@ pub async fn run(loaded: Loaded, args: Args) -> anyhow::Result<ExitCode> {
     for variable in &loaded.ignored_env {
         outln!("# ignored {variable}: a Kubernetes service link, not a setting");
     }
+    outln!("# counter definitions (`--counter NAME`; the first is the default):");
+    for (_, definition) in loaded.settings.definitions()?.iter() {
+        outln!("#   {definition}");
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The `[[counters]]` entries as TOML values, conditions as written.
+fn counters_value(counters: &[crate::config::CounterSetting]) -> toml::Value {
+    let entries = counters.iter().map(|c| {
+        let mut entry = toml::Table::new();
+        entry.insert("name".into(), c.name.clone().into());
+        entry.insert("group_field".into(), c.group_field.clone().into());
+        if let Some(condition) = &c.condition {
+            entry.insert("condition".into(), toml::Value::Table(condition.clone()));
+        }
+        entry.insert("collection".into(), c.collection.clone().into());
+        toml::Value::Table(entry)
+    });
+    toml::Value::Array(entries.collect())
+}
+
+/// The definitions as JSON: name, group field, condition (as the filter the count queries
+/// use, in relaxed extended JSON) and collection, the default first.
+fn definitions_json(settings: &crate::config::Settings) -> anyhow::Result<serde_json::Value> {
+    let list = settings
+        .definitions()?
+        .iter()
+        .map(|(_, d)| {
+            object(vec![
+                ("name", d.name.clone().into()),
+                ("group_field", d.group.clone().into()),
+                (
+                    "condition",
+                    bson::Bson::Document(d.condition.to_filter()).into_relaxed_extjson(),
+                ),
+                ("collection", d.collection.clone().into()),
+            ])
+        })
+        .collect();
+    Ok(serde_json::Value::Array(list))
 }

@@ -1,6 +1,7 @@
 //! The command line: one file per subcommand, each with its own arguments and output.
 
 mod config;
+mod counter;
 mod demo;
 mod dirty;
 mod doctor;

@@ -25,9 +25,12 @@ pub struct Args {
     /// Print the run as JSON (summary and corrections).
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub counter: crate::cli::counter::CounterArg,
 }
 
 pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
+    args.counter.resolve(&settings)?;
     let store = connect(&settings).await?;
     let reconciler = Reconciler::new(store, ReconcileSettings::from(&settings));
     let now = chrono::Utc::now().timestamp();

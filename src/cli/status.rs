@@ -65,6 +65,18 @@ struct Status {
     memory_budget_bytes: usize,
     /// Where the budget comes from.
     memory_budget_source: String,
+    /// Every counter definition, the default first.
+    counters: Vec<CounterStatus>,
+}
+
+/// One counter definition, as `status` lists it.
+#[derive(serde::Serialize)]
+struct CounterStatus {
+    name: String,
+    group_field: String,
+    collection: String,
+    /// Whether this release keeps it (only the default definition, so far).
+    kept: bool,
 }
 
 /// How many recent runs `status` shows.
@@ -180,6 +192,16 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
             (0, None) => "the default (no container memory limit)".into(),
             _ => "memory_budget".into(),
         },
+        counters: settings
+            .definitions()?
+            .iter()
+            .map(|(ix, d)| CounterStatus {
+                name: d.name.clone(),
+                group_field: d.group.clone(),
+                collection: d.collection.clone(),
+                kept: ix == crate::definition::CounterIx::DEFAULT,
+            })
+            .collect(),
     };
     if args.json {
         print_json(&status)?;
@@ -196,6 +218,19 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         status.memory_budget_bytes >> 20,
         status.memory_budget_source
     );
+    for c in &status.counters {
+        outln!(
+            "counter           {}: per `{}`, in `{}`{}",
+            c.name,
+            c.group_field,
+            c.collection,
+            if c.kept {
+                ""
+            } else {
+                " (configured; not kept by this release)"
+            }
+        );
+    }
     for s in &status.streams {
         outln!("stream            {}", s.stream);
         outln!("  role            {}", s.role);

@@ -15,9 +15,12 @@ pub struct Args {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub counter: crate::cli::counter::CounterArg,
 }
 
 pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
+    args.counter.resolve(&settings)?;
     let store = connect(&settings).await?;
     let posts = store.sample_posts(args.sample).await?;
     if crate::cli::snapshot_running(&settings, &store).await? {

@@ -145,13 +145,17 @@ impl Settings {
             origins.insert(o.name.clone(), o.origin.clone());
             table.insert(o.name.clone(), value);
         }
-        let settings: Settings =
+        let counters = table.get("counters").cloned();
+        let mut settings: Settings =
             toml::Value::Table(table)
                 .try_into()
                 .map_err(|e: toml::de::Error| ConfigError::Parse {
                     path: "merged settings".into(),
                     message: e.to_string(),
                 })?;
+        if let Some(counters) = counters {
+            settings.counters = reread_counters(counters)?;
+        }
         settings.validate().map_err(|e| match e {
             // Name where the offending value came from, not just "settings".
             ConfigError::Invalid {
@@ -160,8 +164,9 @@ impl Settings {
                 message,
                 ..
             } => ConfigError::Invalid {
+                // `counters[1].condition` came from wherever `counters` did.
                 origin: origins
-                    .get(&name)
+                    .get(name.split('[').next().unwrap_or(&name))
                     .cloned()
                     .unwrap_or_else(|| "settings".into()),
                 name,
@@ -176,6 +181,25 @@ impl Settings {
             ignored_env,
         })
     }
+}
+
+/// The `[[counters]]` entries read again from their TOML text: a `toml::Value` deserializes a
+/// date as its text, and a condition's `{ "$lt" = 2024-01-01T00:00:00Z }` must stay a date.
+fn reread_counters(value: toml::Value) -> Result<Vec<super::CounterSetting>, ConfigError> {
+    #[derive(serde::Deserialize)]
+    struct Counters {
+        counters: Vec<super::CounterSetting>,
+    }
+    let mut table = toml::Table::new();
+    table.insert("counters".into(), value);
+    let parse = |message: String| ConfigError::Parse {
+        path: "counters".into(),
+        message,
+    };
+    let text = toml::to_string(&table).map_err(|e| parse(e.to_string()))?;
+    toml::from_str::<Counters>(&text)
+        .map(|c| c.counters)
+        .map_err(|e| parse(e.to_string()))
 }
 
 /// Checks a file value's type against the default's, so the error names the setting.

@@ -3,9 +3,11 @@
 //! variables (the setting's name in upper case), then flags (`--set name=value` and the named
 //! flags of `counterd`).
 
+mod counters;
 mod load;
 mod validate;
 
+pub use counters::CounterSetting;
 pub use load::{is_service_link, Loaded, Override};
 
 use std::time::Duration;
@@ -146,6 +148,10 @@ pub struct Settings {
     pub max_partitions_per_process: u32,
     /// This process's identity in leases; empty: hostname-pid.
     pub owner_id: String,
+    /// More counters over the same rows and stream, beside the default one (`group_field` into
+    /// `counters_collection`, named `default`): `[[counters]]` entries with a `name`, a
+    /// `group_field`, an optional `condition` and a `collection`.
+    pub counters: Vec<CounterSetting>,
 }
 
 impl Default for Settings {
@@ -199,6 +205,7 @@ impl Default for Settings {
             partitions: 1,
             max_partitions_per_process: 0,
             owner_id: String::new(),
+            counters: Vec::new(),
         }
     }
 }
@@ -230,11 +237,15 @@ impl Settings {
         })
     }
 
-    /// The application's schema: field names and the soft-delete rule.
+    /// The application's schema: field names and the soft-delete rule. Its `counters` (the
+    /// definitions beyond the default) stay empty until the stores keep each definition's
+    /// counters in its own collection: rows read here must not yet produce writes for them
+    /// (see `store::only_the_default_counter`; `counterd run` refuses `[[counters]]`).
     pub fn schema(&self) -> crate::schema::Schema {
         use crate::schema::SoftDelete;
         let field = self.soft_delete_field.clone();
         crate::schema::Schema {
+            counters: Vec::new(),
             group: self.group_field.clone(),
             created: self.created_field.clone(),
             soft_delete: match self.soft_delete {

@@ -38,6 +38,7 @@ impl Settings {
                 "expected a field name or a dotted path: not empty, no empty part, no part starting with `$`",
             ));
         }
+        self.definitions()?;
         if self.soft_delete == SoftDeleteRule::OneOf && self.soft_delete_values.is_empty() {
             return Err(bad(
                 "soft_delete_values",
@@ -191,7 +192,7 @@ impl Settings {
 }
 
 /// Why `name` cannot be a collection name (`None`: it can).
-fn collection_name_problem(name: &str) -> Option<&'static str> {
+pub(super) fn collection_name_problem(name: &str) -> Option<&'static str> {
     if name.is_empty() {
         Some("must not be empty")
     } else if name.contains('$') || name.contains('\0') {

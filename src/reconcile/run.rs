@@ -1,6 +1,7 @@
 //! One run's work: each post recounted consistently with the stream, folded in, installed,
 //! and recorded in the run's bookkeeping; the report it ends with.
 
+use crate::definition::DEFAULT_COUNTER;
 use bson::DateTime;
 
 use super::{Correction, Outcome, Reconciler, RunReport};
@@ -224,7 +225,10 @@ impl Run {
             return;
         }
         let sign = if folded.drift > 0 { "high" } else { "low" };
-        metrics::histogram!(m::DRIFT, "sign" => sign).record(folded.drift.unsigned_abs() as f64);
+        // Labelled by counter definition, so each counter's drift is its own series; the
+        // reconciler keeps the default definition's counters (see `crate::definition`).
+        metrics::histogram!(m::DRIFT, "sign" => sign, "counter" => DEFAULT_COUNTER)
+            .record(folded.drift.unsigned_abs() as f64);
         self.summary.corrected += 1;
         self.summary.total_abs_drift += folded.drift.abs();
         self.summary.max_abs_drift = self.summary.max_abs_drift.max(folded.drift.abs());

@@ -199,6 +199,7 @@ mod tests {
 
     fn row(post: i64, created: i64, deleted: bool) -> Row {
         Row {
+            members: Vec::new(),
             post: Some(PostId::Int(post)),
             created_at: Some(DateTime::from_millis(created * 1000)),
             deleted,
@@ -359,11 +360,13 @@ mod tests {
         assert!(!counts_below(&row(1, 10, true), &P, 60));
         assert!(!counts_below(&row(2, 10, false), &P, 60));
         let undated = Row {
+            members: Vec::new(),
             created_at: None,
             ..row(1, 0, false)
         };
         assert!(counts_below(&undated, &P, i64::MIN));
         let millis = Row {
+            members: Vec::new(),
             created_at: Some(DateTime::from_millis(59_999)),
             ..row(1, 0, false)
         };

@@ -15,6 +15,7 @@
 use bson::{Bson, Document};
 use serde::{Deserialize, Serialize};
 
+use crate::definition::Definition;
 use crate::event::{PostId, Row, RowRead};
 
 mod projection;
@@ -69,6 +70,9 @@ pub struct Schema {
     /// under bucket 0, below every watermark, and still counted.
     pub created: String,
     pub soft_delete: SoftDelete,
+    /// The counter definitions beyond the default (which is `group` without condition): every
+    /// row read also records what the row is to each of them ([`Row::members`]).
+    pub counters: Vec<Definition>,
 }
 
 impl Schema {
@@ -110,6 +114,7 @@ impl Schema {
             .field()
             .is_some_and(|f| self.soft_delete.is_deleted(Self::get(doc, f)));
         Row {
+            members: self.counters.iter().map(|d| d.member(doc)).collect(),
             post: Self::get(doc, &self.group).and_then(PostId::from_bson),
             created_at,
             deleted,
@@ -158,6 +163,7 @@ mod tests {
 
     pub(super) fn js() -> Schema {
         Schema {
+            counters: Vec::new(),
             group: "postId".into(),
             created: "createdAt".into(),
             soft_delete: SoftDelete::True {
@@ -168,6 +174,7 @@ mod tests {
 
     pub(super) fn row(post: i64, deleted: bool) -> Row {
         Row {
+            members: Vec::new(),
             post: Some(PostId::Int(post)),
             created_at: None,
             deleted,
@@ -176,6 +183,7 @@ mod tests {
 
     pub(super) fn unposted(deleted: bool) -> Row {
         Row {
+            members: Vec::new(),
             post: None,
             created_at: None,
             deleted,
@@ -185,6 +193,7 @@ mod tests {
     #[test]
     fn dotted_paths_read_nested_fields() {
         let s = Schema {
+            counters: Vec::new(),
             group: "meta.post".into(),
             ..Schema::default()
         };
@@ -216,6 +225,7 @@ mod tests {
             matches!(boolean.read_row(&doc! {"postId": 1, "deleted": "yes"}), RowRead::Row(r) if !r.deleted)
         );
         let status = Schema {
+            counters: Vec::new(),
             soft_delete: SoftDelete::OneOf {
                 field: "status".into(),
                 values: vec![Bson::String("removed".into()), Bson::String("spam".into())],
@@ -230,6 +240,7 @@ mod tests {
         );
         assert!(matches!(status.read_row(&doc! {"post_id": 1}), RowRead::Row(r) if !r.deleted));
         let never = Schema {
+            counters: Vec::new(),
             soft_delete: SoftDelete::Never,
             ..Schema::default()
         };
@@ -241,16 +252,19 @@ mod tests {
     #[test]
     fn bad_field_names_are_named() {
         let bad = Schema {
+            counters: Vec::new(),
             group: String::new(),
             ..Schema::default()
         };
         assert_eq!(bad.problem().map(|p| p.0), Some("group_field"));
         let bad = Schema {
+            counters: Vec::new(),
             created: "$x".into(),
             ..Schema::default()
         };
         assert_eq!(bad.problem().map(|p| p.0), Some("created_field"));
         let bad = Schema {
+            counters: Vec::new(),
             soft_delete: SoftDelete::True {
                 field: "a..b".into(),
             },

@@ -1,8 +1,8 @@
 //! Pure: what counterd asks the server to send, built from the schema, so that what it holds per
 //! event or per row does not depend on the size of the application's documents.
 //!
-//! counterd reads three fields of a comment (group, creation time, soft-delete field) and its
-//! `_id`. Everything else an application stores (bodies, authors, attachments) would cost
+//! counterd reads three fields of a comment (group, creation time, soft-delete field), the
+//! group and condition fields of every further counter definition, and its `_id`. Everything else an application stores (bodies, authors, attachments) would cost
 //! network, decoding and memory for nothing: a user whose comments are megabytes would need a
 //! sidecar sized for megabytes per event in flight. So the change stream ends with a `$project`
 //! stage ([`Schema::stream_projection`]) and every read of rows (snapshot chunks, sweeps,
@@ -49,6 +49,7 @@ impl Schema {
             .into_iter()
             .chain([self.soft_delete.field()])
             .flatten()
+            .chain(self.counters.iter().flat_map(|d| d.read_paths()))
             .map(String::from)
             .collect();
         paths.sort();
@@ -141,6 +142,7 @@ mod tests {
     #[test]
     fn read_paths_drop_duplicates_and_covered_children() {
         let schema = Schema {
+            counters: Vec::new(),
             group: "meta".into(),
             created: "meta.created".into(),
             soft_delete: SoftDelete::True {
@@ -154,12 +156,14 @@ mod tests {
             vec!["created_at", "deleted_at", "post_id"]
         );
         let never = Schema {
+            counters: Vec::new(),
             soft_delete: SoftDelete::Never,
             ..Schema::default()
         };
         assert_eq!(never.read_paths(), vec!["created_at", "post_id"]);
         // `meta.postx` is not under `meta.post`.
         let siblings = Schema {
+            counters: Vec::new(),
             group: "meta.post".into(),
             created: "meta.postx".into(),
             soft_delete: SoftDelete::Never,

@@ -5,6 +5,7 @@ use bson::{Bson, Document};
 
 use super::write::{remove_path, set_path};
 use super::Schema;
+use crate::definition::{CounterIx, CounterKey, Member};
 use crate::event::{PostId, Row, UpdateSummary};
 
 /// What an update did to one field, as far as its description says.
@@ -25,6 +26,25 @@ impl Schema {
             FieldChange::Set(Some(value)) => PostId::from_bson(&value),
             _ => None,
         }
+    }
+
+    /// The counters an update moves the row into, of every definition: each group field it
+    /// sets to a usable key (the default definition's is [`Schema::post_set_by`]).
+    pub fn groups_set_by(&self, update: &UpdateSummary) -> Vec<CounterKey> {
+        let default = self.post_set_by(update).map(|group| CounterKey {
+            counter: CounterIx::DEFAULT,
+            group,
+        });
+        let more = self.counters.iter().enumerate().filter_map(|(i, d)| {
+            match Self::change(update, &d.group) {
+                FieldChange::Set(Some(value)) => Some(CounterKey {
+                    counter: CounterIx(i + 1),
+                    group: PostId::from_bson(&value)?,
+                }),
+                _ => None,
+            }
+        });
+        default.into_iter().chain(more).collect()
     }
 
     /// Best effort without a before-state: the guessed count change of an update through the
@@ -89,11 +109,34 @@ impl Schema {
         change
     }
 
-    /// Whether an update may have changed whether or where a row counts (its group field or
-    /// its soft-delete field; the creation time only moves a row between buckets).
+    /// Whether an update may have changed whether or where a row counts (a group field, the
+    /// soft-delete field or a condition's field; the creation time only moves a row between
+    /// buckets).
     pub fn touches_counting(&self, update: &UpdateSummary) -> bool {
         let touched = |path: &str| Self::change(update, path) != FieldChange::Unchanged;
-        touched(&self.group) || self.soft_delete.field().is_some_and(touched)
+        touched(&self.group)
+            || self.soft_delete.field().is_some_and(touched)
+            || self
+                .counters
+                .iter()
+                .any(|d| d.read_paths().into_iter().any(touched))
+    }
+
+    /// Whether [`Schema::apply`] can derive the row after `update` from `before` alone for every
+    /// counter definition: the update touches no field a condition reads and no part of a group
+    /// field, and the row records every definition. Otherwise the after-state must come from a
+    /// document (the pre-image with the update applied, or the `updateLookup` row): a ledger
+    /// entry keeps whether the row matched a condition, not the fields it read.
+    pub fn derives(&self, update: &UpdateSummary, before: &Row) -> bool {
+        before.members.len() >= self.counters.len()
+            && self.counters.iter().all(|definition| {
+                Self::change(update, &definition.group) != FieldChange::Unknown
+                    && definition
+                        .condition
+                        .paths()
+                        .into_iter()
+                        .all(|path| Self::change(update, path) == FieldChange::Unchanged)
+            })
     }
 
     /// The row after `update`, derived from the row before it: exact at event time, unlike an
@@ -130,7 +173,25 @@ impl Schema {
                 FieldChange::Unknown => before.deleted,
             },
         };
+        // Callers check `derives` first: only group fields can change here, never a condition.
+        let members = self
+            .counters
+            .iter()
+            .enumerate()
+            .map(|(i, definition)| {
+                let before = before.members.get(i).cloned().unwrap_or_default();
+                Member {
+                    group: match Self::change(update, &definition.group) {
+                        FieldChange::Unchanged => before.group,
+                        FieldChange::Set(value) => value.as_ref().and_then(PostId::from_bson),
+                        FieldChange::Unknown => None,
+                    },
+                    matches: before.matches,
+                }
+            })
+            .collect();
         let row = Row {
+            members,
             post,
             created_at,
             deleted,
@@ -200,6 +261,7 @@ mod tests {
     #[test]
     fn updates_of_a_parent_or_a_child_of_a_dotted_field() {
         let s = Schema {
+            counters: Vec::new(),
             group: "meta.post".into(),
             ..Schema::default()
         };
@@ -228,5 +290,67 @@ mod tests {
             s.apply(&update(doc! {"meta.other": 1}, &[]), &before),
             Ok(before.clone())
         );
+    }
+
+    fn with_definitions() -> Schema {
+        use crate::condition::Condition;
+        use crate::definition::Definition;
+        let definition = |name: &str, group: &str, condition: Document| Definition {
+            name: name.into(),
+            group: group.into(),
+            condition: Condition::parse(&condition).unwrap(),
+            collection: format!("{name}_counters"),
+        };
+        Schema {
+            counters: vec![
+                definition("approved", "postId", doc! {"approved": true}),
+                definition("per_author", "author.id", doc! {}),
+            ],
+            ..js()
+        }
+    }
+
+    #[test]
+    fn an_update_of_a_condition_field_is_not_derived_from_the_row() {
+        let s = with_definitions();
+        let before =
+            s.read_existing_row(&doc! {"postId": 1, "approved": false, "author": {"id": "ann"}});
+        assert_eq!(before.members.len(), 2);
+        assert!(s.derives(&update(doc! {"deleted": true, "body": "x"}, &[]), &before));
+        assert!(s.derives(&update(doc! {"author": {"id": "bob"}}, &[]), &before));
+        assert!(!s.derives(&update(doc! {"approved": true}, &[]), &before));
+        assert!(!s.derives(&update(doc! {}, &["approved"]), &before));
+        assert!(
+            !s.derives(&update(doc! {"author.id.x": 1}, &[]), &before),
+            "a part of a group field changed"
+        );
+        let old = Row {
+            members: Vec::new(),
+            ..before.clone()
+        };
+        assert!(
+            !s.derives(&update(doc! {"body": "x"}, &[]), &old),
+            "an entry written before the definitions existed says nothing about them"
+        );
+    }
+
+    #[test]
+    fn a_derived_row_follows_its_group_fields_in_every_definition() {
+        let s = with_definitions();
+        let before =
+            s.read_existing_row(&doc! {"postId": 1, "approved": true, "author": {"id": "ann"}});
+        let after = s
+            .apply(
+                &update(doc! {"author": {"id": "bob"}, "postId": 2}, &[]),
+                &before,
+            )
+            .unwrap();
+        assert_eq!(after.post, Some(PostId::Int(2)));
+        assert_eq!(after.members[0].group, Some(PostId::Int(2)));
+        assert!(after.members[0].matches, "the condition's verdict is kept");
+        assert_eq!(after.members[1].group, Some(PostId::Str("bob".into())));
+        let keys = s.groups_set_by(&update(doc! {"author": {"id": "bob"}, "postId": 2}, &[]));
+        assert_eq!(keys.len(), 3, "{keys:?}");
+        assert!(s.touches_counting(&update(doc! {"approved": false}, &[])));
     }
 }

@@ -95,6 +95,7 @@ mod tests {
             Schema::default(),
             js(),
             Schema {
+                counters: Vec::new(),
                 group: "a.b.c".into(),
                 ..js()
             },
@@ -105,6 +106,7 @@ mod tests {
                 assert_eq!(
                     s.read_row(&d),
                     RowRead::Row(Row {
+                        members: Vec::new(),
                         post: Some(PostId::Int(5)),
                         created_at: Some(t),
                         deleted

@@ -36,10 +36,32 @@ use async_trait::async_trait;
 use bson::{DateTime, Timestamp};
 
 use crate::batch::{CounterDelta, DirtyMark, LedgerUpdate};
+use crate::definition::CounterIx;
 use crate::deployment::Deployment;
 use crate::event::{CommentId, PostId, Row, Token};
 use crate::fold::Fold;
 use crate::recount::LedgerAt;
+
+/// Refuses writes for counter definitions beyond the default. The stores keep one counters
+/// collection and one dirty set, the default definition's, until each definition is routed to
+/// its own; a write for another definition would otherwise land in the default's collection
+/// under the same key and corrupt a post's counter. Nothing in the product plans such writes
+/// yet (`counterd run` refuses `[[counters]]`): this is the seam's own guarantee.
+pub fn only_the_default_counter(
+    op: &'static str,
+    counters: impl IntoIterator<Item = CounterIx>,
+) -> StoreResult<()> {
+    match counters.into_iter().find(|c| *c != CounterIx::DEFAULT) {
+        None => Ok(()),
+        Some(other) => Err(StoreError::Fatal {
+            op,
+            message: format!(
+                "a write for counter definition #{} reached a store that keeps only the default definition's counters",
+                other.0
+            ),
+        }),
+    }
+}
 
 /// Everything the worker writes and the reconciler reads and folds: every concern's trait at
 /// once. Implemented for any type that implements them all, so `S: Store` bounds need nothing

@@ -52,7 +52,8 @@ pub const RECONCILE_RUNS: &str = "counterd_reconcile_runs_total";
 pub const RECONCILE_DURATION: &str = "counterd_reconcile_run_duration_seconds";
 pub const LAST_RECONCILE_TIMESTAMP: &str = "counterd_last_reconcile_success_timestamp_seconds";
 pub const POSTS_RECONCILED: &str = "counterd_posts_reconciled_total";
-/// Histogram of |drift| per corrected post, by `sign` (high, low).
+/// Histogram of |drift| per corrected post, by `sign` (high, low) and `counter` (the counter
+/// definition's name, `default` for today's settings).
 pub const DRIFT: &str = "counterd_drift_comments";
 pub const RECOUNTS_IN_FLIGHT: &str = "counterd_recounts_in_flight_total";
 pub const SWEEP_POSTS: &str = "counterd_sweep_posts_total";

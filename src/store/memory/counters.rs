@@ -10,7 +10,7 @@ use crate::batch::CounterDelta;
 use crate::event::{PostId, Token};
 use crate::fold::{CounterState, Fold};
 use crate::recount::{Touch, LOG_ENTRIES};
-use crate::store::{ApplyOutcome, CounterDoc, Fence};
+use crate::store::{ApplyOutcome, CounterDoc, Fence, StoreResult};
 
 /// A stored counter document.
 #[derive(Clone, Debug, Default)]
@@ -104,9 +104,15 @@ impl Memory {
         writes: &[CounterDelta],
         through: &Token,
         through_time: Option<Timestamp>,
-    ) -> ApplyOutcome {
+    ) -> StoreResult<ApplyOutcome> {
+        crate::store::only_the_default_counter(
+            "apply counter increments",
+            writes.iter().map(|w| w.counter),
+        )?;
         let statements = writes.iter();
-        ApplyOutcome::count(statements.map(|w| self.apply_counter(fence, w, through, through_time)))
+        Ok(ApplyOutcome::count(statements.map(|w| {
+            self.apply_counter(fence, w, through, through_time)
+        })))
     }
 
     /// `apply_snapshot_counters`: its statements, each on its own.
@@ -115,9 +121,15 @@ impl Memory {
         fence: &Fence,
         chunk: u64,
         writes: &[CounterDelta],
-    ) -> ApplyOutcome {
+    ) -> StoreResult<ApplyOutcome> {
+        crate::store::only_the_default_counter(
+            "apply a snapshot chunk's increments",
+            writes.iter().map(|w| w.counter),
+        )?;
         let statements = writes.iter();
-        ApplyOutcome::count(statements.map(|w| self.apply_snapshot_counter(fence, chunk, w)))
+        Ok(ApplyOutcome::count(
+            statements.map(|w| self.apply_snapshot_counter(fence, chunk, w)),
+        ))
     }
 
     pub fn read_counter(&self, post: &PostId) -> Option<CounterDoc> {
@@ -231,10 +243,10 @@ impl Memory {
 }
 
 seam!(Counters {
-    ok fn apply_counters(fence: &Fence, writes: &[CounterDelta], through: &Token, through_time: Option<Timestamp>) -> ApplyOutcome;
+    try fn apply_counters(fence: &Fence, writes: &[CounterDelta], through: &Token, through_time: Option<Timestamp>) -> ApplyOutcome;
     ok fn read_counter(post: &PostId) -> Option<CounterDoc>;
     ok fn install_fold(post: &PostId, expected: Option<&CounterDoc>, fold: &Fold, now: DateTime) -> bool;
     ok fn posts_after(after: Option<&PostId>, limit: usize) -> Vec<PostId>;
     ok fn sample_posts(n: usize) -> Vec<PostId>;
-    ok fn apply_snapshot_counters(fence: &Fence, chunk: u64, writes: &[CounterDelta]) -> ApplyOutcome;
+    try fn apply_snapshot_counters(fence: &Fence, chunk: u64, writes: &[CounterDelta]) -> ApplyOutcome;
 });

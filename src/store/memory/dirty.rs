@@ -106,15 +106,25 @@ impl Memory {
     }
 
     /// `mark_dirty`: its statements, each on its own.
-    pub fn mark_dirty(&mut self, fence: &Fence, marks: &[DirtyMark], now: DateTime) {
+    pub fn mark_dirty(
+        &mut self,
+        fence: &Fence,
+        marks: &[DirtyMark],
+        now: DateTime,
+    ) -> crate::store::StoreResult<()> {
+        crate::store::only_the_default_counter(
+            "mark posts dirty",
+            marks.iter().map(|m| m.counter),
+        )?;
         for mark in marks {
             self.mark_dirty_one(fence, mark, now);
         }
+        Ok(())
     }
 }
 
 seam!(DirtySet {
-    ok fn mark_dirty(fence: &Fence, marks: &[DirtyMark], now: DateTime) -> ();
+    try fn mark_dirty(fence: &Fence, marks: &[DirtyMark], now: DateTime) -> ();
     ok fn dirty_list(stream: Option<&str>, order: DirtyOrder, limit: usize) -> Vec<DirtyEntry>;
     ok fn dirty_summary() -> DirtySummary;
     ok fn clear_dirty(post: &PostId, version: i64) -> bool;

@@ -6,6 +6,7 @@ use bson::DateTime;
 
 use super::{fence_ok, not_gte, seam, Memory, MemoryStore};
 use crate::batch::LedgerUpdate;
+use crate::definition::Member;
 use crate::event::{CommentId, PostId, Row, Token};
 use crate::recount::LedgerAt;
 use crate::store::Fence;
@@ -18,6 +19,8 @@ pub struct LedgerRec {
     pub deleted: bool,
     pub post: Option<PostId>,
     pub created_at: Option<DateTime>,
+    /// The row's verdicts per definition beyond the default (see [`Row::members`]).
+    pub members: Vec<Member>,
     /// `None`: rebuilt by the sweep after lost history, or claimed by the snapshot (any worker
     /// write replaces it).
     pub applied_through: Option<String>,
@@ -38,6 +41,7 @@ impl LedgerRec {
             exists: state.is_some(),
             deleted: state.is_some_and(|r| r.deleted),
             post: state.and_then(|r| r.post.clone()),
+            members: state.map(|r| r.members.clone()).unwrap_or_default(),
             created_at: state.and_then(|r| r.created_at),
             applied_through,
             epoch,
@@ -85,6 +89,7 @@ impl Memory {
                 .filter(|(_, e)| e.generation >= generation);
             if let Some((_, entry)) = current {
                 let state = entry.exists.then(|| Row {
+                    members: entry.members.clone(),
                     post: entry.post.clone(),
                     created_at: entry.created_at,
                     deleted: entry.deleted,

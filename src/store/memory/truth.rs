@@ -19,6 +19,7 @@ pub fn row_facts(row: &Document) -> Option<(PostId, Option<DateTime>, bool)> {
 /// The row as it is, counted or not.
 fn read_row(row: &Document) -> Row {
     Row {
+        members: Vec::new(),
         post: row.get(POST_FIELD).and_then(PostId::from_bson),
         created_at: match row.get(CREATED_FIELD) {
             Some(Bson::DateTime(d)) => Some(*d),

@@ -35,6 +35,10 @@ impl Counters for MongoStore {
         through: &Token,
         through_time: Option<Timestamp>,
     ) -> StoreResult<ApplyOutcome> {
+        crate::store::only_the_default_counter(
+            "apply counter increments",
+            writes.iter().map(|w| w.counter),
+        )?;
         let statement = |w: &CounterDelta| {
             let mut filter =
                 doc! {"_id": w.post.to_bson(), "applied_through": not_gte(through.as_str())};
@@ -238,6 +242,10 @@ impl Counters for MongoStore {
         chunk: u64,
         writes: &[CounterDelta],
     ) -> StoreResult<ApplyOutcome> {
+        crate::store::only_the_default_counter(
+            "apply a snapshot chunk's increments",
+            writes.iter().map(|w| w.counter),
+        )?;
         let statement = |w: &CounterDelta| {
             let mut filter =
                 doc! {"_id": w.post.to_bson(), "snapshot_chunk": not_gte(chunk as i64)};

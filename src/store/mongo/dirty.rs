@@ -10,6 +10,10 @@ impl DirtySet for MongoStore {
         marks: &[DirtyMark],
         now: DateTime,
     ) -> StoreResult<()> {
+        crate::store::only_the_default_counter(
+            "mark posts dirty",
+            marks.iter().map(|m| m.counter),
+        )?;
         let statement = |m: &DirtyMark| {
             // Fenced like every worker write: an entry this stream marked under a newer
             // epoch refuses the write (the upsert then hits the `_id` and is dropped as a

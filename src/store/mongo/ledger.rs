@@ -40,7 +40,7 @@ impl Ledger for MongoStore {
             fenced(&mut filter, fence);
             let update = match &u.state {
                 Some(row) => {
-                    let (mut set, unset) = ledger_row_update(row);
+                    let (mut set, unset) = ledger_row_update(row, &self.schema.counters);
                     set.insert("applied_through", through.as_str());
                     set.insert("epoch", fence.epoch);
                     set.insert("generation", generation as i64);
@@ -48,7 +48,7 @@ impl Ledger for MongoStore {
                 }
                 None => doc! {
                     "$set": {"exists": false, "live": false, "applied_through": through.as_str(), "epoch": fence.epoch, "gone_at": now, "generation": generation as i64},
-                    "$unset": {LEDGER_POST: "", LEDGER_CREATED: "", "deleted": ""},
+                    "$unset": {LEDGER_POST: "", LEDGER_CREATED: "", "deleted": "", LEDGER_MEMBERS: ""},
                 },
             };
             doc! {"q": filter, "u": update, "upsert": true}
@@ -70,7 +70,7 @@ impl Ledger for MongoStore {
         rows: &[(CommentId, Row)],
     ) -> StoreResult<()> {
         let statement = |(comment, row): &(CommentId, Row)| {
-            let (mut set, mut unset) = ledger_row_update(row);
+            let (mut set, mut unset) = ledger_row_update(row, &self.schema.counters);
             set.insert("generation", generation as i64);
             // Any write of the worker replaces a rebuilt entry.
             unset.insert("applied_through", "");
@@ -103,7 +103,7 @@ impl Ledger for MongoStore {
             .filter_map(|c| Some((&c.comment, c.state.as_ref()?)))
             .collect();
         let statement = |(comment, row): &(&CommentId, &Row)| {
-            let (mut set, _) = ledger_row_update(row);
+            let (mut set, _) = ledger_row_update(row, &self.schema.counters);
             set.insert("epoch", fence.epoch);
             set.insert("generation", generation as i64);
             set.insert("claimed_by_snapshot", true);
@@ -152,7 +152,7 @@ impl MongoStore {
                 }
                 if let Some(id) = entry.get("_id") {
                     let at = LedgerAt {
-                        state: row_from_ledger(&entry),
+                        state: row_from_ledger(&entry, &self.schema.counters),
                         through: entry
                             .get_str("applied_through")
                             .ok()

@@ -53,6 +53,8 @@ use crate::schema::{Schema, SoftDelete};
 /// those come from the [`Schema`]).
 const LEDGER_POST: &str = "post_id";
 const LEDGER_CREATED: &str = "created_at";
+/// A ledger entry's verdicts per counter definition beyond the default.
+const LEDGER_MEMBERS: &str = "members";
 use crate::fold::{CounterState, Fold};
 use crate::recount::{Touch, LOG_ENTRIES};
 

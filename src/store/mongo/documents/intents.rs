@@ -6,11 +6,15 @@ use serde::{Deserialize, Serialize};
 
 use super::fields::{self, counted, document_if_any, document_or_none, lenient};
 use super::*;
+use crate::definition::CounterIx;
 use crate::time::BucketStart;
 
 /// Planned counter increments for one post.
 #[derive(Serialize, Deserialize)]
 struct CounterDeltaDoc {
+    /// The definition's place (absent: the default, as every intent before definitions).
+    #[serde(default, skip_serializing_if = "is_default_counter")]
+    counter: usize,
     #[serde(with = "fields::post")]
     post: PostId,
     #[serde(deserialize_with = "fields::required_integer")]
@@ -30,6 +34,7 @@ struct CounterDeltaDoc {
 impl From<&CounterDelta> for CounterDeltaDoc {
     fn from(c: &CounterDelta) -> Self {
         CounterDeltaDoc {
+            counter: c.counter.0,
             post: c.post.clone(),
             delta: c.delta,
             buckets: c.buckets.clone(),
@@ -49,6 +54,7 @@ impl From<CounterDeltaDoc> for CounterDelta {
             None => c.buckets.keys().copied().collect(),
         };
         CounterDelta {
+            counter: CounterIx(c.counter),
             post: c.post,
             delta: c.delta,
             buckets: c.buckets,
@@ -119,6 +125,9 @@ struct RowDoc {
         deserialize_with = "lenient"
     )]
     created_at: Option<DateTime>,
+    /// The row's verdicts per definition beyond the default (see `members_to_bson`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    members: Option<Bson>,
 }
 
 impl From<&LedgerUpdate> for LedgerUpdateDoc {
@@ -126,6 +135,7 @@ impl From<&LedgerUpdate> for LedgerUpdateDoc {
         LedgerUpdateDoc {
             comment: l.comment.value.clone(),
             state: l.state.as_ref().map(|r| RowDoc {
+                members: (!r.members.is_empty()).then(|| super::members_to_bson(&r.members)),
                 deleted: r.deleted,
                 post: r.post.clone(),
                 created_at: r.created_at,
@@ -139,6 +149,7 @@ impl From<LedgerUpdateDoc> for LedgerUpdate {
         LedgerUpdate {
             comment: CommentId::new(l.comment),
             state: l.state.map(|r| Row {
+                members: super::members_from(r.members.as_ref()),
                 post: r.post,
                 created_at: r.created_at,
                 deleted: r.deleted,
@@ -153,21 +164,40 @@ impl From<LedgerUpdateDoc> for LedgerUpdate {
 #[derive(Serialize, Deserialize)]
 #[serde(try_from = "Bson")]
 struct MarkDoc {
+    /// The definition's place (absent: the default, as every intent before definitions).
+    #[serde(default, skip_serializing_if = "is_default_counter")]
+    counter: usize,
     #[serde(with = "fields::post")]
     post: PostId,
     bucket: BucketStart,
+}
+
+fn is_default_counter(counter: &usize) -> bool {
+    *counter == CounterIx::DEFAULT.0
 }
 
 impl TryFrom<Bson> for MarkDoc {
     type Error = String;
 
     fn try_from(value: Bson) -> Result<Self, String> {
-        let (post, bucket) = match &value {
-            Bson::Document(d) => (d.get("post"), integer(d.get("bucket")).ok().flatten()),
-            bare => (Some(bare), Some(0)),
+        let (post, bucket, counter) = match &value {
+            Bson::Document(d) => (
+                d.get("post"),
+                integer(d.get("bucket")).ok().flatten(),
+                integer(d.get("counter")).ok().flatten().unwrap_or(0),
+            ),
+            bare => (Some(bare), Some(0), 0),
         };
-        match (post.and_then(PostId::from_bson), bucket) {
-            (Some(post), Some(bucket)) => Ok(MarkDoc { post, bucket }),
+        match (
+            post.and_then(PostId::from_bson),
+            bucket,
+            usize::try_from(counter),
+        ) {
+            (Some(post), Some(bucket), Ok(counter)) => Ok(MarkDoc {
+                counter,
+                post,
+                bucket,
+            }),
             _ => Err(format!("pending dirty post {value:?}")),
         }
     }
@@ -205,6 +235,7 @@ pub(in crate::store::mongo) fn pending_to_raw(
                 .dirty
                 .iter()
                 .map(|m| MarkDoc {
+                    counter: m.counter.0,
                     post: m.post.clone(),
                     bucket: m.newest_bucket,
                 })
@@ -239,6 +270,7 @@ fn pending_from_stored(p: PendingDoc) -> PendingBatch {
             .dirty
             .into_iter()
             .map(|m| DirtyMark {
+                counter: CounterIx(m.counter),
                 post: m.post,
                 newest_bucket: m.bucket,
             })

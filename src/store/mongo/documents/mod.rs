@@ -12,6 +12,7 @@
 use serde::Serialize;
 
 use super::*;
+use crate::definition::{Definition, Member};
 
 mod entries;
 mod fields;
@@ -45,12 +46,13 @@ fn count(value: Option<&Bson>) -> u64 {
 /// A ledger entry's row: `None` when the comment is gone. An existing row without `post_id`
 /// does not count; `live` says whether a row counts, `deleted` whether it is soft-deleted
 /// (entries written before `deleted` existed always had a post, so `live` said it).
-pub(super) fn row_from_ledger(doc: &Document) -> Option<Row> {
+pub(super) fn row_from_ledger(doc: &Document, definitions: &[Definition]) -> Option<Row> {
     if !doc.get_bool("exists").unwrap_or(false) {
         return None;
     }
     let live = doc.get_bool("live").unwrap_or(false);
     Some(Row {
+        members: ledger_members_from(doc.get(LEDGER_MEMBERS), definitions),
         post: doc.get(LEDGER_POST).and_then(PostId::from_bson),
         created_at: doc.get_datetime(LEDGER_CREATED).ok().copied(),
         deleted: doc.get_bool("deleted").unwrap_or(!live),
@@ -251,7 +253,7 @@ pub(super) fn entry_generation(doc: &Document) -> u64 {
 
 /// The `$set` of a ledger entry's row state (a row that exists; without a post it does not
 /// count), and the fields to `$unset`.
-pub(super) fn ledger_row_update(row: &Row) -> (Document, Document) {
+pub(super) fn ledger_row_update(row: &Row, definitions: &[Definition]) -> (Document, Document) {
     let mut set = doc! {"live": row.is_live(), "deleted": row.deleted, "exists": true};
     let mut unset = doc! {"gone_at": ""};
     match &row.post {
@@ -262,7 +264,72 @@ pub(super) fn ledger_row_update(row: &Row) -> (Document, Document) {
         Some(t) => set.insert(LEDGER_CREATED, t),
         None => unset.insert(LEDGER_CREATED, ""),
     };
+    // Without definitions beyond the default, the entry is written exactly as before them.
+    if !definitions.is_empty() {
+        set.insert(
+            LEDGER_MEMBERS,
+            ledger_members_to_bson(&row.members, definitions),
+        );
+    }
     (set, unset)
+}
+
+/// A row's verdicts as a ledger entry keeps them: by definition *name*
+/// (`members: {approved: {group: 8, matches: true}}`), so an entry still reads right after
+/// definitions are added, removed or reordered (a definition it does not name reads as "counts
+/// nowhere", as for a row written before the definition existed; removed ones are ignored).
+pub(super) fn ledger_members_to_bson(members: &[Member], definitions: &[Definition]) -> Bson {
+    let mut by_name = Document::new();
+    for (member, definition) in members.iter().zip(definitions) {
+        by_name.insert(definition.name.clone(), member_to_bson(member));
+    }
+    Bson::Document(by_name)
+}
+
+/// [`ledger_members_to_bson`] read back, in the order of `definitions`.
+pub(super) fn ledger_members_from(value: Option<&Bson>, definitions: &[Definition]) -> Vec<Member> {
+    let by_name = match value {
+        Some(Bson::Document(d)) => Some(d),
+        _ => None,
+    };
+    definitions
+        .iter()
+        .map(|d| member_from(by_name.and_then(|m| m.get(&d.name))))
+        .collect()
+}
+
+fn member_to_bson(member: &Member) -> Bson {
+    let mut d = doc! {"matches": member.matches};
+    if let Some(group) = &member.group {
+        d.insert("group", group.to_bson());
+    }
+    Bson::Document(d)
+}
+
+/// Anything unreadable is a member that counts nowhere (the reconciler recounts what it misses).
+fn member_from(value: Option<&Bson>) -> Member {
+    match value {
+        Some(Bson::Document(d)) => Member {
+            group: d.get("group").and_then(PostId::from_bson),
+            matches: d.get_bool("matches").unwrap_or(false),
+        },
+        _ => Member::default(),
+    }
+}
+
+/// A row's verdicts as a pending batch's intent keeps them: in definition order (an intent is
+/// re-applied by the next start, before any event is read; a configuration that changed the
+/// definitions in between gets them re-dirtied by the reconciler's recount at worst).
+pub(super) fn members_to_bson(members: &[Member]) -> Bson {
+    Bson::Array(members.iter().map(member_to_bson).collect())
+}
+
+/// [`members_to_bson`] read back.
+pub(super) fn members_from(value: Option<&Bson>) -> Vec<Member> {
+    match value {
+        Some(Bson::Array(list)) => list.iter().map(|m| member_from(Some(m))).collect(),
+        _ => Vec::new(),
+    }
 }
 
 /// A document serde writes: the record's stored shape, for `op` (a failure is a bug, reported

@@ -16,6 +16,7 @@ fn keys(d: &Document) -> Vec<&str> {
 
 fn row(post: Option<PostId>, created_at: Option<DateTime>, deleted: bool) -> Row {
     Row {
+        members: Vec::new(),
         post,
         created_at,
         deleted,
@@ -24,6 +25,7 @@ fn row(post: Option<PostId>, created_at: Option<DateTime>, deleted: bool) -> Row
 
 fn counter_delta() -> CounterDelta {
     CounterDelta {
+        counter: crate::definition::CounterIx::DEFAULT,
         post: PostId::Int(7),
         delta: 2,
         buckets: BTreeMap::from([(3600, 2)]),
@@ -74,6 +76,7 @@ fn pending_batch() -> PendingBatch {
         counters: vec![counter_delta()],
         ledger: ledger_updates(),
         dirty: vec![DirtyMark {
+            counter: crate::definition::CounterIx::DEFAULT,
             post: PostId::Int(7),
             newest_bucket: 3600,
         }],

@@ -1,0 +1,349 @@
+//! The `[[counters]]` settings: counter definitions written as TOML, checked and turned into
+//! [`Definitions`] (the default one first, from today's `group_field` and
+//! `counters_collection`).
+//!
+//! Every mistake is a configuration error naming the entry and the setting
+//! (`counters[1].condition`), found when the file is loaded, never when the first event arrives:
+//! a duplicate name, a group field that is not a usable path, a condition outside the subset the
+//! classifier mirrors, a collection another counter or the source already uses.
+
+use bson::{Bson, Document};
+use serde::{Deserialize, Serialize};
+
+use super::validate::collection_name_problem;
+use super::{ConfigError, Settings};
+use crate::condition::Condition;
+use crate::definition::{Definition, Definitions, DEFAULT_COUNTER};
+
+/// One `[[counters]]` entry.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CounterSetting {
+    /// Its name: `--counter NAME`, the `counter` label of metrics, a line of `status` (letters,
+    /// digits, `_` and `-`; `default` is the definition of the settings above).
+    pub name: String,
+    /// The field (a dotted path) that groups rows: one counter per value.
+    pub group_field: String,
+    /// Only rows matching this filter count, in a subset of MongoDB's query language: equality,
+    /// `$eq`, `$ne`, `$in`, `$exists`, `$gt`/`$gte`/`$lt`/`$lte` on numbers and dates
+    /// (`condition = { approved = true }`, `condition = { score = { "$gte" = 3 } }`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub condition: Option<toml::Table>,
+    /// The collection its counters live in (not shared with another counter).
+    pub collection: String,
+}
+
+impl Settings {
+    /// The counter definitions: the default one (`group_field`, `counters_collection`) first,
+    /// then every `[[counters]]` entry. `Err` names the entry and the setting that is wrong.
+    pub fn definitions(&self) -> Result<Definitions, ConfigError> {
+        let default = Definition {
+            name: DEFAULT_COUNTER.into(),
+            group: self.group_field.clone(),
+            condition: Condition::default(),
+            collection: self.counters_collection.clone(),
+        };
+        let mut more: Vec<Definition> = Vec::new();
+        if self.partitions > 1 && !self.counters.is_empty() {
+            // Partitions split the stream by the post's hash, and every counter document guards
+            // its increments with one partition's stream position: an author's counter written
+            // by two partitions would refuse one of them as "already applied".
+            return Err(ConfigError::Invalid {
+                name: "counters".into(),
+                origin: "settings".into(),
+                value: format!("{} entries", self.counters.len()),
+                message: format!(
+                    "counters beyond the default need partitions = 1 (partitions = {}): a counter grouped by another field than the post would be written by several partitions",
+                    self.partitions
+                ),
+            });
+        }
+        for (i, entry) in self.counters.iter().enumerate() {
+            let bad = |field: &str, value: String, message: String| ConfigError::Invalid {
+                name: format!("counters[{i}].{field}"),
+                origin: "settings".into(),
+                value,
+                message,
+            };
+            if !valid_name(&entry.name) {
+                return Err(bad(
+                    "name",
+                    entry.name.clone(),
+                    "expected letters, digits, `_` or `-` (it is a metric label and a flag value)"
+                        .into(),
+                ));
+            }
+            if entry.name == DEFAULT_COUNTER || more.iter().any(|d| d.name == entry.name) {
+                return Err(bad(
+                    "name",
+                    entry.name.clone(),
+                    format!(
+                        "another counter is already named `{}` (`{DEFAULT_COUNTER}` is the one of group_field and counters_collection)",
+                        entry.name
+                    ),
+                ));
+            }
+            if bad_path(&entry.group_field) {
+                return Err(bad(
+                    "group_field",
+                    entry.group_field.clone(),
+                    "expected a field name or a dotted path: not empty, no empty part, no part starting with `$`".into(),
+                ));
+            }
+            let condition = match &entry.condition {
+                None => Condition::default(),
+                Some(table) => {
+                    let shown = toml::Value::Table(table.clone()).to_string();
+                    let filter = to_document(table)
+                        .map_err(|message| bad("condition", shown.clone(), message))?;
+                    Condition::parse(&filter)
+                        .map_err(|e| bad("condition", shown.clone(), e.to_string()))?
+                }
+            };
+            if let Some(problem) = collection_name_problem(&entry.collection) {
+                return Err(bad("collection", entry.collection.clone(), problem.into()));
+            }
+            let taken = entry.collection == self.comments_collection
+                || entry.collection == self.counters_collection
+                || more.iter().any(|d| d.collection == entry.collection)
+                || (!self.collection_prefix.is_empty()
+                    && entry.collection.starts_with(&self.collection_prefix));
+            if taken {
+                return Err(bad(
+                    "collection",
+                    entry.collection.clone(),
+                    "already used: by comments_collection, counters_collection, another counter, or counterd's own collections (collection_prefix)".into(),
+                ));
+            }
+            more.push(Definition {
+                name: entry.name.clone(),
+                group: entry.group_field.clone(),
+                condition,
+                collection: entry.collection.clone(),
+            });
+        }
+        Ok(Definitions::new(default, more))
+    }
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+fn bad_path(path: &str) -> bool {
+    path.is_empty()
+        || path
+            .split('.')
+            .any(|part| part.is_empty() || part.starts_with('$'))
+}
+
+/// A TOML table as the filter document it spells: strings, integers (Int64), floats, booleans,
+/// dates (TOML offset date-times) and nested tables and arrays; `{ "$oid" = "<24 hex>" }` is an
+/// ObjectId, as in extended JSON.
+fn to_document(table: &toml::Table) -> Result<Document, String> {
+    let mut doc = Document::new();
+    for (key, value) in table {
+        doc.insert(key.clone(), to_bson(value)?);
+    }
+    Ok(doc)
+}
+
+fn to_bson(value: &toml::Value) -> Result<Bson, String> {
+    Ok(match value {
+        toml::Value::String(s) => Bson::String(s.clone()),
+        toml::Value::Integer(i) => Bson::Int64(*i),
+        toml::Value::Float(f) => Bson::Double(*f),
+        toml::Value::Boolean(b) => Bson::Boolean(*b),
+        toml::Value::Datetime(d) => {
+            let text = d.to_string();
+            let parsed = chrono::DateTime::parse_from_rfc3339(&text).map_err(|_| {
+                format!(
+                    "date {text}: expected a full date-time with an offset (2024-01-01T00:00:00Z)"
+                )
+            })?;
+            Bson::DateTime(bson::DateTime::from_millis(parsed.timestamp_millis()))
+        }
+        toml::Value::Array(values) => {
+            Bson::Array(values.iter().map(to_bson).collect::<Result<_, _>>()?)
+        }
+        toml::Value::Table(t) => match (t.len(), t.get("$oid")) {
+            (1, Some(toml::Value::String(hex))) => bson::oid::ObjectId::parse_str(hex)
+                .map(Bson::ObjectId)
+                .map_err(|_| format!("`$oid` {hex:?}: expected 24 hex digits"))?,
+            _ => Bson::Document(to_document(t)?),
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(counters: &str) -> Result<Definitions, ConfigError> {
+        let settings: Settings = toml::from_str(counters).expect("parses");
+        settings.definitions()
+    }
+
+    fn invalid_name(result: Result<Definitions, ConfigError>) -> String {
+        match result {
+            Err(ConfigError::Invalid { name, .. }) => name,
+            other => panic!("expected an invalid setting, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn without_counters_the_settings_are_the_one_default_definition() {
+        let all = Settings::default().definitions().unwrap();
+        assert_eq!(all.len(), 1);
+        let d = all.default_definition();
+        assert_eq!(
+            (d.name.as_str(), d.group.as_str(), d.collection.as_str()),
+            ("default", "post_id", "comment_counters")
+        );
+        assert!(d.condition.is_empty());
+    }
+
+    #[test]
+    fn counters_follow_the_default_in_order_with_their_conditions() {
+        let all = with(
+            r#"
+            [[counters]]
+            name = "approved"
+            group_field = "post_id"
+            condition = { approved = true, score = { "$gte" = 3 }, at = { "$lt" = 2024-01-01T00:00:00Z } }
+            collection = "approved_counters"
+
+            [[counters]]
+            name = "per_author"
+            group_field = "author.id"
+            collection = "author_counters"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(all.names(), ["default", "approved", "per_author"]);
+        let (_, approved) = all.by_name("approved").unwrap();
+        assert!(approved.condition.matches(&bson::doc! {
+            "approved": true, "score": 3, "at": bson::DateTime::from_millis(0)
+        }));
+        assert!(!approved
+            .condition
+            .matches(&bson::doc! {"approved": true, "score": 2}));
+        assert_eq!(all.by_name("per_author").unwrap().1.group, "author.id");
+    }
+
+    #[test]
+    fn bad_definitions_name_the_entry_and_the_setting() {
+        let entry = |name: &str, group: &str, condition: &str, collection: &str| {
+            format!(
+                "[[counters]]\nname = \"a\"\ngroup_field = \"post_id\"\ncollection = \"a_counters\"\n\
+                 [[counters]]\nname = \"{name}\"\ngroup_field = \"{group}\"\n{condition}\ncollection = \"{collection}\"\n"
+            )
+        };
+        let cases = [
+            (entry("a", "post_id", "", "b_counters"), "counters[1].name"),
+            (
+                entry("default", "post_id", "", "b_counters"),
+                "counters[1].name",
+            ),
+            (
+                entry("b c", "post_id", "", "b_counters"),
+                "counters[1].name",
+            ),
+            (
+                entry("b", "a..b", "", "b_counters"),
+                "counters[1].group_field",
+            ),
+            (
+                entry("b", "$x", "", "b_counters"),
+                "counters[1].group_field",
+            ),
+            (
+                entry("b", "post_id", "condition = { \"$or\" = [] }", "b_counters"),
+                "counters[1].condition",
+            ),
+            (
+                entry(
+                    "b",
+                    "post_id",
+                    "condition = { x = { \"$regex\" = \"a\" } }",
+                    "b_counters",
+                ),
+                "counters[1].condition",
+            ),
+            (
+                entry(
+                    "b",
+                    "post_id",
+                    "condition = { x = { \"$gt\" = \"a\" } }",
+                    "b_counters",
+                ),
+                "counters[1].condition",
+            ),
+            (
+                entry("b", "post_id", "", "a_counters"),
+                "counters[1].collection",
+            ),
+            (
+                entry("b", "post_id", "", "comment_counters"),
+                "counters[1].collection",
+            ),
+            (
+                entry("b", "post_id", "", "comments"),
+                "counters[1].collection",
+            ),
+            (
+                entry("b", "post_id", "", "counterd_dirty"),
+                "counters[1].collection",
+            ),
+            (entry("b", "post_id", "", ""), "counters[1].collection"),
+        ];
+        for (text, setting) in cases {
+            assert_eq!(invalid_name(with(&text)), setting, "{text}");
+        }
+    }
+
+    #[test]
+    fn dates_in_a_condition_stay_dates_through_the_loader() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("counterd.toml");
+        std::fs::write(
+            &path,
+            "[[counters]]\nname = \"old\"\ngroup_field = \"post_id\"\ncondition = { at = { \"$lt\" = 2024-01-01T00:00:00Z } }\ncollection = \"old_counters\"\n",
+        )
+        .unwrap();
+        let settings = Settings::load(Some(&path), Vec::new(), &[]).unwrap();
+        let all = settings.definitions().unwrap();
+        let (_, old) = all.by_name("old").unwrap();
+        assert!(old
+            .condition
+            .matches(&bson::doc! {"at": bson::DateTime::from_millis(0)}));
+        assert!(!old
+            .condition
+            .matches(&bson::doc! {"at": "2020-01-01T00:00:00Z"}));
+    }
+
+    #[test]
+    fn counters_are_refused_beside_partitions() {
+        let text = "partitions = 2\n[[counters]]\nname = \"a\"\ngroup_field = \"author\"\ncollection = \"a_counters\"\n";
+        assert_eq!(invalid_name(with(text)), "counters");
+    }
+
+    #[test]
+    fn object_ids_are_written_as_in_extended_json() {
+        let all = with(
+            r#"
+            [[counters]]
+            name = "by_site"
+            group_field = "post_id"
+            condition = { site = { "$oid" = "0123456789abcdef01234567" } }
+            collection = "site_counters"
+            "#,
+        )
+        .unwrap();
+        let oid = bson::oid::ObjectId::parse_str("0123456789abcdef01234567").unwrap();
+        assert!(all.extra()[0].condition.matches(&bson::doc! {"site": oid}));
+    }
+}

@@ -1,0 +1,251 @@
+//! Pure: counter definitions, the data that says which counters exist.
+//!
+//! Applications keep several counts over the same rows: comments per post, per author, only the
+//! approved ones. Each used to need its own counterd, with its own change stream, ledger and
+//! snapshot reading the same events. A *definition* makes a counter data instead: a name, the
+//! field that groups rows (a dotted path), an optional condition on the row (the subset of
+//! MongoDB's query language in [`crate::condition`], evaluated identically by the classifier and
+//! by the count queries), and the collection its counters live in. One stream and one ledger
+//! serve every definition of a source collection; the code does not grow per definition.
+//!
+//! The *default* definition is today's settings (`group_field`, `counters_collection`, no
+//! condition), named [`DEFAULT_COUNTER`], always first: an existing configuration and an existing
+//! database mean exactly what they meant before definitions existed. `[[counters]]` entries come
+//! after it, in the order they are written.
+//!
+//! A row counts for a definition when it exists, is not soft-deleted (the schema's rule, shared by
+//! every definition), holds a usable key in the definition's group field, and satisfies its
+//! condition. That is [`Member::counts`], and [`Definition::member`] reads it from a document.
+
+use std::fmt;
+
+use bson::{Bson, Document};
+
+use crate::condition::Condition;
+use crate::event::PostId;
+
+/// The name of the definition built from today's settings (`group_field`,
+/// `counters_collection`): what `--counter` means when it is not given.
+pub const DEFAULT_COUNTER: &str = "default";
+
+/// Which definition, by its place in [`Definitions`] (0: the default). Small and `Copy`, so a
+/// delta, a dirty mark or a ledger entry names its counter without carrying the definition.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct CounterIx(pub usize);
+
+impl CounterIx {
+    /// The default definition's place.
+    pub const DEFAULT: CounterIx = CounterIx(0);
+}
+
+/// One counter: a group value of one definition (`per_author` / `"ada"`). What a counter
+/// document is keyed by once there are several definitions; the group value alone is the
+/// counter document's `_id` inside the definition's collection.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct CounterKey {
+    pub counter: CounterIx,
+    pub group: PostId,
+}
+
+/// A counter definition (see the module doc).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Definition {
+    /// Its name: the `--counter` argument, the `counter` label of metrics, a line of `status`.
+    pub name: String,
+    /// Dotted path of the field that groups rows (`post_id`, `author_id`, `meta.thread`).
+    pub group: String,
+    /// What a row must satisfy to count (empty: every live row counts).
+    pub condition: Condition,
+    /// The collection its counters live in (one document per group value).
+    pub collection: String,
+}
+
+/// What one row is to one definition: the group it belongs to and whether it satisfies the
+/// condition. Whether it *counts* also takes the row's soft-delete state, which every definition
+/// shares ([`Member::counts`]). This pair is what a ledger entry keeps per definition, so the
+/// next event's before-state needs no document.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Member {
+    /// The row's key in the definition's group field (`None`: absent or not a usable key; the
+    /// row counts nowhere for this definition).
+    pub group: Option<PostId>,
+    /// Whether the row satisfies the definition's condition (always true without one).
+    pub matches: bool,
+}
+
+impl Member {
+    /// The group the row counts in, if it counts: it exists (the caller holds it), is not
+    /// soft-deleted, has a group and satisfies the condition.
+    pub fn counts(&self, deleted: bool) -> Option<&PostId> {
+        self.group.as_ref().filter(|_| self.matches && !deleted)
+    }
+}
+
+impl Definition {
+    /// What the row document `doc` is to this definition. The document may be a projection
+    /// (an event's `fullDocument` after the stream's `$project`): it must keep every field the
+    /// definition reads ([`Definition::read_paths`]).
+    pub fn member(&self, doc: &Document) -> Member {
+        Member {
+            group: get(doc, &self.group).and_then(PostId::from_bson),
+            matches: self.condition.matches(doc),
+        }
+    }
+
+    /// The dotted paths this definition reads in a row: its group field and its condition's.
+    pub fn read_paths(&self) -> Vec<&str> {
+        let mut paths = vec![self.group.as_str()];
+        for path in self.condition.paths() {
+            if !paths.contains(&path) {
+                paths.push(path);
+            }
+        }
+        paths
+    }
+
+    /// The part of a count query that selects this definition's rows of `group`: the group
+    /// field equal to the key and the condition (soft deletes and creation times are the
+    /// schema's, added by the caller). Built from the same [`Condition`] the classifier
+    /// evaluates, so a recount and the stream agree on every row.
+    pub fn filter(&self, group: &PostId) -> Document {
+        let mut filter = Document::new();
+        filter.insert(self.group.clone(), group.to_bson());
+        if self.condition.is_empty() {
+            return filter;
+        }
+        let mut all = vec![Bson::Document(filter)];
+        all.push(Bson::Document(self.condition.to_filter()));
+        let mut both = Document::new();
+        both.insert("$and", all);
+        both
+    }
+}
+
+/// Every definition of a source collection, the default first.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Definitions {
+    list: Vec<Definition>,
+}
+
+impl Definitions {
+    /// The definitions, the default first. Names and collections are checked by the
+    /// configuration ([`crate::config`]); here they are taken as given.
+    pub fn new(default: Definition, more: Vec<Definition>) -> Definitions {
+        let mut list = vec![default];
+        list.extend(more);
+        Definitions { list }
+    }
+
+    /// The definition `--counter` means when it is not given.
+    pub fn default_definition(&self) -> &Definition {
+        &self.list[0]
+    }
+
+    /// The definition at `ix`.
+    pub fn get(&self, ix: CounterIx) -> Option<&Definition> {
+        self.list.get(ix.0)
+    }
+
+    /// The definition named `name`, with its place.
+    pub fn by_name(&self, name: &str) -> Option<(CounterIx, &Definition)> {
+        self.iter().find(|(_, d)| d.name == name)
+    }
+
+    /// Every definition with its place, the default first.
+    pub fn iter(&self) -> impl Iterator<Item = (CounterIx, &Definition)> {
+        self.list.iter().enumerate().map(|(i, d)| (CounterIx(i), d))
+    }
+
+    /// The definitions beyond the default (what `[[counters]]` added).
+    pub fn extra(&self) -> &[Definition] {
+        &self.list[1..]
+    }
+
+    pub fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    /// Always false: the default definition always exists.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The names, in order (for messages listing what `--counter` accepts).
+    pub fn names(&self) -> Vec<&str> {
+        self.list.iter().map(|d| d.name.as_str()).collect()
+    }
+}
+
+impl fmt::Display for Definition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: per `{}`", self.name, self.group)?;
+        if !self.condition.is_empty() {
+            write!(f, " where {}", self.condition.to_filter())?;
+        }
+        write!(f, ", in `{}`", self.collection)
+    }
+}
+
+/// The value at a dotted `path` of `doc`, through documents only (as the schema reads a group
+/// field: a group field inside an array has no single key).
+fn get<'a>(doc: &'a Document, path: &str) -> Option<&'a Bson> {
+    crate::schema::Schema::get(doc, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::doc;
+
+    fn approved() -> Definition {
+        Definition {
+            name: "approved".into(),
+            group: "post_id".into(),
+            condition: Condition::parse(&doc! {"approved": true}).unwrap(),
+            collection: "approved_counters".into(),
+        }
+    }
+
+    #[test]
+    fn a_member_needs_a_group_the_condition_and_no_soft_delete() {
+        let d = approved();
+        let m = d.member(&doc! {"post_id": 8.0, "approved": true});
+        assert_eq!(m.group, Some(PostId::Int(8)));
+        assert_eq!(m.counts(false), Some(&PostId::Int(8)));
+        assert_eq!(m.counts(true), None, "soft-deleted rows count nowhere");
+        let m = d.member(&doc! {"post_id": 8, "approved": false});
+        assert_eq!(m.counts(false), None);
+        let m = d.member(&doc! {"approved": true});
+        assert_eq!(m.counts(false), None, "no group, no counter");
+    }
+
+    #[test]
+    fn the_filter_selects_the_group_and_the_condition() {
+        let d = approved();
+        assert_eq!(
+            d.filter(&PostId::Int(3)),
+            doc! {"$and": [{"post_id": 3_i64}, {"$and": [{"approved": {"$eq": true}}]}]}
+        );
+        let plain = Definition {
+            condition: Condition::default(),
+            ..approved()
+        };
+        assert_eq!(plain.filter(&PostId::Int(3)), doc! {"post_id": 3_i64});
+    }
+
+    #[test]
+    fn definitions_are_found_by_name_and_place() {
+        let default = Definition {
+            name: DEFAULT_COUNTER.into(),
+            group: "post_id".into(),
+            condition: Condition::default(),
+            collection: "comment_counters".into(),
+        };
+        let all = Definitions::new(default.clone(), vec![approved()]);
+        assert_eq!(all.default_definition(), &default);
+        assert_eq!(all.by_name("approved").map(|(i, _)| i), Some(CounterIx(1)));
+        assert_eq!(all.names(), ["default", "approved"]);
+        assert_eq!(all.extra(), [approved()]);
+        assert_eq!(approved().read_paths(), ["post_id", "approved"]);
+    }
+}
