@@ -318,6 +318,8 @@ fn a_projected_event_carries_nothing_of_the_applications_other_fields() {
                     "operationType",
                     "clusterTime",
                     "documentKey",
+                    "lsid",
+                    "txnNumber",
                     "fullDocument",
                     "fullDocumentBeforeChange",
                     "updateDescription"
