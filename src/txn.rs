@@ -90,18 +90,6 @@ pub fn must_look_further(last: Option<&TxnKey>) -> bool {
     last.is_some()
 }
 
-/// Where, among `txns` (the transaction of each event in order), a batch may end at the
-/// earliest at or after `at` events: `at` itself unless that falls inside a transaction, then
-/// that transaction's end. (`at` at or beyond the end gives the end: the read behind the last
-/// event decides whether it may end there, see [`takes_next`].)
-pub fn end_at_or_after(txns: &[Option<&TxnKey>], at: usize) -> usize {
-    let mut end = at.min(txns.len());
-    while end > 0 && end < txns.len() && !may_end_between(txns[end - 1], txns[end]) {
-        end += 1;
-    }
-    end
-}
-
 /// The boundaries inside `txns` where a batch could not end: indexes `i` (1..len) where the
 /// events `i - 1` and `i` belong to one transaction. For checks and tests.
 pub fn inner_boundaries(txns: &[Option<&TxnKey>]) -> Vec<usize> {
@@ -198,18 +186,15 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_end_inside_a_transaction_moves_to_its_end() {
+    fn the_boundaries_inside_transactions_are_found() {
         let (a, b) = (key(1, 1), key(2, 1));
         // events: x a a a y b b
         let txns = [None, Some(&a), Some(&a), Some(&a), None, Some(&b), Some(&b)];
-        let ends: Vec<usize> = (0..=8).map(|at| end_at_or_after(&txns, at)).collect();
-        assert_eq!(ends, [0, 1, 4, 4, 4, 5, 7, 7, 7]);
         assert_eq!(inner_boundaries(&txns), [2, 3, 6]);
         // Two transactions back to back: the boundary between them is free.
         let back = [Some(&a), Some(&a), Some(&b), Some(&b)];
         assert_eq!(inner_boundaries(&back), [1, 3]);
-        assert_eq!(end_at_or_after(&back, 1), 2);
-        assert_eq!(end_at_or_after(&back, 3), 4);
-        assert_eq!(end_at_or_after(&[], 3), 0);
+        assert_eq!(inner_boundaries(&[]), Vec::<usize>::new());
+        assert_eq!(inner_boundaries(&[None, None]), Vec::<usize>::new());
     }
 }
