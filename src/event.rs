@@ -4,7 +4,8 @@
 //! Two shapes are understood: the one a real MongoDB 6/7 emits (with `updateDescription`,
 //! optional `fullDocument` and `fullDocumentBeforeChange`) and the one the fake test server
 //! (mongo-java-server) emits (update events carry the update spec in `documentKey`, no
-//! `updateDescription`, replaces reported as updates).
+//! `updateDescription`, replaces reported as updates). An event of a multi-document
+//! transaction also carries `lsid` and `txnNumber` (real servers only; see [`crate::txn`]).
 
 use std::fmt;
 
@@ -12,6 +13,7 @@ use bson::{oid::ObjectId, Bson, DateTime, Document, Timestamp};
 use serde::{Deserialize, Serialize};
 
 use crate::definition::{CounterIx, Member};
+use crate::txn::TxnKey;
 
 /// A position in the change stream: the resume token's `_data` string.
 ///
@@ -265,6 +267,10 @@ pub struct ChangeEvent {
     pub full_document: Option<Document>,
     /// `fullDocumentBeforeChange`: the pre-image, when enabled and not expired.
     pub pre_image: Option<Document>,
+    /// The multi-document transaction the event belongs to (`lsid` + `txnNumber`), `None`
+    /// outside one. A batch never ends between two events of one transaction (see
+    /// [`crate::txn`]).
+    pub txn: Option<TxnKey>,
 }
 
 /// Why an event document could not be parsed at all.
@@ -299,6 +305,7 @@ impl ChangeEvent {
             })?
             .to_string();
         let cluster_time = doc.get_timestamp("clusterTime").ok();
+        let txn = TxnKey::of_event(&doc);
         let mut take = |field: &str| match doc.remove(field) {
             Some(Bson::Document(d)) => Some(d),
             _ => None,
@@ -343,6 +350,7 @@ impl ChangeEvent {
             document_key,
             full_document,
             pre_image,
+            txn,
         })
     }
 }

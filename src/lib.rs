@@ -48,4 +48,5 @@ pub mod status;
 pub mod store;
 pub mod telemetry;
 pub mod time;
+pub mod txn;
 pub mod worker;

@@ -322,6 +322,8 @@ fn a_projected_event_carries_nothing_of_the_applications_other_fields() {
                     "operationType",
                     "clusterTime",
                     "documentKey",
+                    "lsid",
+                    "txnNumber",
                     "fullDocument",
                     "fullDocumentBeforeChange",
                     "updateDescription"

@@ -9,7 +9,9 @@
 //!
 //! 1. **Snapshot** (servers whose snapshot reads were detected for real): count as of cluster
 //!    time `T`, the later of the stream's checkpoint and the counter's own last applied event,
-//!    which is exactly the set of events the counter reflects.
+//!    which is exactly the set of events the counter reflects. (Exact because both come from
+//!    batch ends, and a batch ends only at a transaction's end: a snapshot at a transaction's
+//!    time sees all of it, and so has the counter. See [`crate::txn`].)
 //! 2. **Row level, the log wins** (every other server, and a `T` older than the snapshot
 //!    window): read the counter (`since`), read the *ids* of the post's live rows below the
 //!    watermark, wait until the worker has applied everything the read could have seen, and

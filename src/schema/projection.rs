@@ -27,8 +27,17 @@ use super::Schema;
 
 /// The change-event fields counterd reads besides the documents: the resume token, the
 /// operation, its cluster time and the document key (on a sharded cluster it holds the shard
-/// key too; the fake server puts its update spec there, see `crate::event`).
-const EVENT_FIELDS: [&str; 4] = ["_id", "operationType", "clusterTime", "documentKey"];
+/// key too; the fake server puts its update spec there, see `crate::event`), and the
+/// transaction an event belongs to (`lsid`, `txnNumber`: a batch never ends inside one, see
+/// `crate::txn`).
+const EVENT_FIELDS: [&str; 6] = [
+    "_id",
+    "operationType",
+    "clusterTime",
+    "documentKey",
+    "lsid",
+    "txnNumber",
+];
 
 const UPDATED: &str = "$updateDescription.updatedFields";
 const REMOVED: &str = "$updateDescription.removedFields";

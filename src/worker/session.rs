@@ -296,8 +296,9 @@ impl<S: Store + ?Sized> Worker<S> {
         if pending.behind {
             // Behind: the next batch is read, and its ledger entries fetched, while this one is
             // written. (Caught up, the next read waits for new events instead, and is preceded
-            // by a position reading.)
-            let asked = pending.batch_limit - pending.events.len();
+            // by a position reading.) A read may return more than asked (a transaction is
+            // taken whole), so what is held may be over the limit.
+            let asked = pending.batch_limit.saturating_sub(pending.events.len());
             // Only when the read ahead is the whole next batch, and no snapshot chunk can
             // claim entries between the two batches.
             let prefetch = pending.events.is_empty()
@@ -544,6 +545,13 @@ fn rfc3339(at: Timestamp) -> String {
 
 /// Takes the next batch from the buffer: everything read so far, cut at the high water so that
 /// no batch holds events both at or below it and above it.
+///
+/// Why this never ends a batch inside a transaction: the buffer holds whole reads, and every
+/// `EventSource` read ends only at a transaction's end (or where nothing more was ready, which
+/// a transaction, visible all at once, cannot straddle): see [`crate::txn`]. So the one cut
+/// made here is the high water's, itself a batch end (or a post-batch token of a drained read);
+/// one inside a transaction can only come from a version before that rule or an operator's
+/// replay to a token inside one, and cutting there keeps what the counters already hold.
 fn take_batch(pending: &mut VecDeque<ChangeEvent>, high_water: Option<&Token>) -> Vec<ChangeEvent> {
     let Some(high) = high_water else {
         return pending.drain(..).collect();

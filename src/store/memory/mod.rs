@@ -43,7 +43,9 @@ pub use self::counters::CounterRec;
 pub use self::dirty::DirtyRec;
 pub use self::leases::LeaseRec;
 pub use self::ledger::LedgerRec;
-pub use self::stream::{drained_token, event_token, Cursor, MemoryEvents, OpKind, OplogEntry};
+pub use self::stream::{
+    drained_token, event_token, Cursor, MemoryEvents, OpKind, OpenTxn, OplogEntry, OplogTxn,
+};
 pub use self::truth::row_facts;
 use crate::event::PostId;
 use crate::store::{RunSummary, SweepCursor};
@@ -65,6 +67,8 @@ pub struct Memory {
     pub oplog_floor: usize,
     /// The cluster time of the newest oplog entry.
     pub last_time: Timestamp,
+    /// The multi-document transaction being written, if any (see `Memory::begin_transaction`).
+    pub open_txn: Option<OpenTxn>,
     /// `changeStreamPreAndPostImages` enabled on the collection.
     pub pre_images_enabled: bool,
     /// Update events carry `updateDescription` (a real server); without it (some compatible
@@ -96,6 +100,7 @@ impl Memory {
                 time: 0,
                 increment: 0,
             },
+            open_txn: None,
             pre_images_enabled: false,
             update_descriptions: true,
             post_batch_tokens: true,

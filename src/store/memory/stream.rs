@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bson::{doc, Bson, DateTime, Document, Timestamp};
+use bson::spec::BinarySubtype;
+use bson::{doc, Binary, Bson, DateTime, Document, Timestamp};
 
 use super::{Memory, MemoryStore};
 use crate::event::Token;
@@ -12,6 +13,7 @@ use crate::store::{
     ChangeStreams, EventSource, RawBatch, ReadLimit, ServerNow, StoreError, StoreResult,
     StreamOptions, StreamStart,
 };
+use crate::txn::TxnKey;
 
 /// One change in the oplog.
 #[derive(Clone, Debug)]
@@ -25,6 +27,35 @@ pub struct OplogEntry {
     pub pre: Option<Document>,
     /// The pre-image expired (comes back null even when requested).
     pub pre_expired: bool,
+    /// The multi-document transaction that wrote it (its events share one cluster time).
+    pub txn: Option<OplogTxn>,
+}
+
+/// A transaction of the in-process oplog: a session and the transaction's number in it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OplogTxn {
+    /// Rendered as `lsid.id`, a UUID whose 16 bytes repeat this number's bytes.
+    pub session: u64,
+    pub number: i64,
+}
+
+impl OplogTxn {
+    /// The `lsid` a real server puts into a transaction's events: the session's UUID and the
+    /// SHA-256 of the user who opened it.
+    pub fn lsid(&self) -> Document {
+        let id = [self.session.to_be_bytes(), self.session.to_le_bytes()].concat();
+        doc! {
+            "id": Binary { subtype: BinarySubtype::Uuid, bytes: id },
+            "uid": Binary { subtype: BinarySubtype::Generic, bytes: vec![0xE3; 32] },
+        }
+    }
+}
+
+/// An open transaction: every write until it commits is one of its events, at `time`.
+#[derive(Clone, Copy, Debug)]
+pub struct OpenTxn {
+    pub txn: OplogTxn,
+    pub time: Timestamp,
 }
 
 #[derive(Clone, Debug)]
@@ -92,10 +123,14 @@ impl Memory {
         self.last_time
     }
 
-    /// Appends the change event of a write at the clock.
+    /// Appends the change event of a write at the clock (inside an open transaction: at the
+    /// transaction's cluster time, as one of its events).
     pub(super) fn append(&mut self, id: i64, kind: OpKind, pre: Option<Document>) {
         let seq = self.oplog.len() as u64 + 1;
-        let time = self.next_time();
+        let (time, txn) = match self.open_txn {
+            Some(open) => (open.time, Some(open.txn)),
+            None => (self.next_time(), None),
+        };
         self.oplog.push(OplogEntry {
             seq,
             token: event_token(seq),
@@ -104,7 +139,23 @@ impl Memory {
             kind,
             pre,
             pre_expired: false,
+            txn,
         });
+    }
+
+    /// Starts a multi-document transaction: every write until [`Memory::commit_transaction`]
+    /// is one of its events, all at one cluster time and with its `lsid` and `txnNumber`, like
+    /// a real server's. Its events are visible together as long as the caller holds the lock
+    /// from here to the commit (the simulation's writers do).
+    pub fn begin_transaction(&mut self, txn: OplogTxn) {
+        assert!(self.open_txn.is_none(), "one transaction at a time");
+        let time = self.next_time();
+        self.open_txn = Some(OpenTxn { txn, time });
+    }
+
+    /// Ends the open transaction.
+    pub fn commit_transaction(&mut self) {
+        self.open_txn = None;
     }
 
     /// Index of the first oplog entry after `token`.
@@ -151,18 +202,35 @@ impl Memory {
     }
 
     /// Reads the next events (at least one must be available) within `limit`, moving the
-    /// cursor past them. The result may be empty: the first event did not fit.
+    /// cursor past them. The result may be empty: the first event did not fit. Like the
+    /// MongoDB store's, a read ends only at a transaction's end, going beyond its limit to
+    /// finish one (see [`crate::txn`]); `whole_transactions: false` is the deliberately broken
+    /// reader that cuts wherever the limit falls (the simulation must catch it).
     pub fn read_events(&self, cursor: &mut Cursor, limit: ReadLimit) -> RawBatch {
+        self.read_events_cut(cursor, limit, true)
+    }
+
+    /// [`Memory::read_events`], optionally cutting inside transactions.
+    pub fn read_events_cut(
+        &self,
+        cursor: &mut Cursor,
+        limit: ReadLimit,
+        whole_transactions: bool,
+    ) -> RawBatch {
         let available = &self.oplog[cursor.next..];
         let (mut events, mut costs) = (Vec::new(), Vec::new());
         let mut bytes = 0;
+        let mut last_txn: Option<TxnKey> = None;
         for entry in available {
             let event = self.render(entry, cursor.pre_images);
             let cost = crate::budget::cost::document_cost(&event);
-            if !limit.fits(events.len(), bytes, cost) {
+            let txn = TxnKey::of_event(&event).filter(|_| whole_transactions);
+            let fits = limit.fits(events.len(), bytes, cost);
+            if !crate::txn::takes_next(fits, last_txn.as_ref(), txn.as_ref()) {
                 break;
             }
             bytes += cost;
+            last_txn = txn;
             events.push(event);
             costs.push(cost);
         }
@@ -214,6 +282,10 @@ impl Memory {
             "ns": {"db": "app", "coll": "comments"},
             "documentKey": {"_id": e.id},
         };
+        if let Some(txn) = &e.txn {
+            d.insert("lsid", txn.lsid());
+            d.insert("txnNumber", txn.number);
+        }
         match &e.kind {
             OpKind::Insert(row) | OpKind::Replace(row) => {
                 d.insert("fullDocument", row.clone());

@@ -2,6 +2,7 @@
 //! stands in cluster time.
 
 use super::*;
+use crate::txn::{self, TxnKey};
 use mongodb::bson::RawDocumentBuf;
 
 pub(super) fn token_to_resume(token: &Token) -> StoreResult<ResumeToken> {
@@ -28,7 +29,9 @@ pub(super) fn resume_to_token(token: &ResumeToken) -> Option<Token> {
 ///
 /// Events are read as raw BSON, so that each one's encoded size, what it is charged against the
 /// memory budget, is known without encoding it again. An event that does not fit a read's
-/// limit is kept (`carried`) and returned first by the next read.
+/// limit is kept (`carried`) and returned first by the next read, unless it continues the
+/// transaction of the event before it: a read ends only at a transaction's end, taking a
+/// transaction larger than its limit whole (see `crate::txn`).
 pub(super) struct MongoEvents {
     store: MongoStore,
     options: StreamOptions,
@@ -74,12 +77,15 @@ impl EventSource for MongoEvents {
         };
         let (mut events, mut costs) = (Vec::new(), Vec::new());
         let mut bytes = 0;
+        // The transaction of the last event taken: the read does not end inside one.
+        let mut last_txn: Option<TxnKey> = None;
         if let Some((doc, cost)) = self.carried.take() {
             if !limit.fits(0, 0, cost) {
                 self.carried = Some((doc, cost));
                 return Ok(RawBatch::default());
             }
             bytes += cost;
+            last_txn = TxnKey::of_event(&doc);
             events.push(doc);
             costs.push(cost);
         }
@@ -87,7 +93,14 @@ impl EventSource for MongoEvents {
         let mut last_taken = None;
         let mut carry = None;
         let stream = self.open().await?;
-        while events.len() < limit.events && (events.is_empty() || started.elapsed() < max_wait) {
+        loop {
+            let within =
+                events.len() < limit.events && (events.is_empty() || started.elapsed() < max_wait);
+            // Beyond its limit a read still looks at the next event while the last one taken
+            // belongs to a transaction: it ends only at the transaction's end (`crate::txn`).
+            if !within && !txn::must_look_further(last_txn.as_ref()) {
+                break;
+            }
             match stream.next_if_any().await {
                 Ok(Some(raw)) => {
                     let (doc, cost) = match decode(raw) {
@@ -102,14 +115,19 @@ impl EventSource for MongoEvents {
                         .ok()
                         .and_then(Token::from_resume_document)
                         .or(last_taken);
-                    if !limit.fits(events.len(), bytes, cost) {
+                    let next_txn = TxnKey::of_event(&doc);
+                    let fits = within && limit.fits(events.len(), bytes, cost);
+                    if !txn::takes_next(fits, last_txn.as_ref(), next_txn.as_ref()) {
                         carry = Some((doc, cost));
                         break;
                     }
                     bytes += cost;
+                    last_txn = next_txn;
                     events.push(doc);
                     costs.push(cost);
                 }
+                // Nothing more ready: a transaction's events become visible together, so one
+                // the read was in is complete.
                 Ok(None) => {
                     exhausted = true;
                     break;

@@ -9,7 +9,7 @@ use counterd::store::{EventSource, RawBatch, ReadLimit, StoreResult};
 use rand::Rng;
 
 use super::faults::drained_answer;
-use super::{SimStore, State, YieldOnce};
+use super::{Broken, SimStore, State, YieldOnce};
 
 /// At most this many "nothing new" answers while a snapshot runs, per opened stream.
 const SNAPSHOT_WAITS: u32 = 200;
@@ -127,12 +127,14 @@ impl SimEvents {
         let most = limit.events.min(available).min(s.read_max).max(1);
         let asked = s.rng.random_range(1..=most);
         let next = self.cursor.next;
-        let batch = s.memory.read_events(
+        let whole_transactions = s.broken != Broken::CutTransactions;
+        let batch = s.memory.read_events_cut(
             &mut self.cursor,
             ReadLimit {
                 events: asked,
                 ..limit
             },
+            whole_transactions,
         );
         let n = batch.events.len();
         if n == 0 {

@@ -62,6 +62,11 @@ pub enum Broken {
     /// The fold is installed with the seed design's formula: `base' = C`,
     /// `live' = live - (base' - base)`, which never changes the displayed value.
     SeedFold,
+    /// Reads of the change stream end wherever their limit falls, also between two events of
+    /// one transaction, so batches (and the checkpoint) end inside transactions. With the
+    /// row-level recount this cannot miscount (see `State::check_batch_end`); the simulation
+    /// catches it by the invariant itself.
+    CutTransactions,
     /// The recount of the reconciler before it was made consistent with the stream: counter
     /// writes record no touched buckets and the server's position is always "applied", so a
     /// count that saw an event in flight is installed.
@@ -95,6 +100,11 @@ pub struct State {
     pub unset_post_ids: bool,
     /// Share of pre-images that have expired by the time they are read (they come back null).
     pub pre_image_expiry: f64,
+    /// Share of the application's writes that are multi-document transactions of 2 to 4
+    /// comment changes (see `State::write_transaction`); 0 unless the variant asks for them.
+    pub transactions: f64,
+    /// The last `txnNumber` written (each transaction takes the next).
+    next_txn: i64,
     pub faults: Faults,
     pub broken: Broken,
     /// Applied counter increments per (post, bucket).
@@ -251,6 +261,45 @@ impl State {
     }
 }
 
+impl State {
+    /// The transaction invariant, checked at every batch end the worker records (an intent's
+    /// end, a checkpoint's token): no batch ends between two events of one transaction.
+    ///
+    /// Why the invariant is checked itself rather than through a wrong count: a batch cut
+    /// inside a transaction miscounts only where a recount is taken *at a cluster time* (a
+    /// snapshot read at the counter's position sees the whole transaction, the counter half of
+    /// it: see `counterd::txn`). This store has no snapshot reads (like the fake test server),
+    /// so every recount here is the row-level one, and that one is exact to the event whatever
+    /// the batch boundaries: each row changed after the counter's first read takes the ledger
+    /// state its own event wrote, each event has its own token, and the wait for the worker
+    /// compares cluster times (`applied_before`: every event *before* the checkpoint event's
+    /// time, so a half-applied transaction at time `T` never counts as applied through `T`).
+    /// The broken variant `CutTransactions` therefore ends with exact counters, and is caught
+    /// here.
+    pub(super) fn check_batch_end(&mut self, end: &counterd::event::Token) {
+        let after = self.memory.index_after(end.as_str());
+        let Some(last) = after.checked_sub(1).map(|i| &self.memory.oplog[i]) else {
+            return;
+        };
+        if last.token != end.as_str() {
+            return; // a drained position, after the newest event: not inside anything
+        }
+        let Some(txn) = last.txn else {
+            return;
+        };
+        self.stat("batch ended at a transaction's end");
+        let next = self.memory.oplog.get(after).and_then(|e| e.txn);
+        if next == Some(txn) {
+            let e = format!(
+                "a batch ended at {end}, inside transaction {}/{} (its next event is {})",
+                txn.session, txn.number, self.memory.oplog[after].token
+            );
+            self.note(format!("  !! {e}"));
+            self.probe_failures.push(e);
+        }
+    }
+}
+
 /// Yields to the other actors once.
 pub async fn yield_now() {
     YieldOnce(false).await
@@ -295,6 +344,8 @@ impl SimStore {
                 hot: false,
                 unset_post_ids: true,
                 pre_image_expiry: 0.1,
+                transactions: 0.0,
+                next_txn: 0,
                 faults: Faults::none(),
                 broken: Broken::None,
                 shadow: BTreeMap::new(),

@@ -118,6 +118,7 @@ impl Checkpoints for SimStore {
         self.single("record_intent", true, |s| {
             let (end, counters) = (&batch.end, batch.counters.len());
             s.note(format!("  intent {end} ({counters} counters)"));
+            s.check_batch_end(end);
             s.memory.record_intent(fence, batch)
         })
         .await
@@ -131,6 +132,7 @@ impl Checkpoints for SimStore {
     ) -> StoreResult<()> {
         self.single("save_checkpoint", true, |s| {
             s.note(format!("  checkpoint {token}"));
+            s.check_batch_end(token);
             s.memory.save_checkpoint(fence, token, token_time)
         })
         .await

@@ -8,7 +8,7 @@ use bson::{doc, Bson, DateTime, Document};
 use counterd::batch::{bucket_of, CounterDelta};
 use counterd::event::PostId;
 use counterd::fold::Fold;
-use counterd::store::memory::{row_facts, CREATED_FIELD, DELETED_FIELD, POST_FIELD};
+use counterd::store::memory::{row_facts, OplogTxn, CREATED_FIELD, DELETED_FIELD, POST_FIELD};
 use rand::Rng;
 
 use super::State;
@@ -137,6 +137,9 @@ impl State {
     /// One random write by an application, at the simulated clock. Returns what it did.
     pub fn write_random(&mut self) -> String {
         self.memory.clock += self.rng.random_range(0..=2);
+        if self.transactions > 0.0 && self.rng.random_bool(self.transactions) {
+            return self.write_transaction();
+        }
         let now_date = Bson::DateTime(self.memory.now());
         let roll = self.rng.random_range(0..100);
         let Some(id) = self.random_row().filter(|_| roll >= 25) else {
@@ -227,6 +230,49 @@ impl State {
             }
         };
         format!("{what} {id}")
+    }
+
+    /// A multi-document transaction of 2 to 4 comment changes (inserts, soft deletes, moves
+    /// across posts, now and then of one row twice): its events share one cluster time and one
+    /// `lsid` + `txnNumber`, and are all in the oplog at once (the state's lock is held from
+    /// its first write to its commit, so no actor reads half of it), as on a real server.
+    fn write_transaction(&mut self) -> String {
+        self.next_txn += 1;
+        let txn = OplogTxn {
+            session: self.rng.random_range(1..=3),
+            number: self.next_txn,
+        };
+        self.memory.begin_transaction(txn);
+        let mut what = Vec::new();
+        for _ in 0..self.rng.random_range(2..=4) {
+            let row = self.random_row().filter(|_| self.rng.random_bool(0.7));
+            match (row, self.rng.random_range(0..2)) {
+                (None, _) => {
+                    self.next_id += 1;
+                    let row = self.new_row(self.next_id);
+                    self.insert_row(row);
+                    what.push(format!("insert {}", self.next_id));
+                }
+                (Some(id), 0) => {
+                    let now = Bson::DateTime(self.memory.now());
+                    self.update(id, doc! {DELETED_FIELD: now}, &[]);
+                    what.push(format!("soft delete {id}"));
+                }
+                (Some(id), _) => {
+                    let post = self.random_post();
+                    self.update(id, doc! {POST_FIELD: post}, &[]);
+                    what.push(format!("move {id} to {post}"));
+                }
+            }
+        }
+        self.memory.commit_transaction();
+        self.stat("transaction written");
+        format!(
+            "transaction {}/{}: {}",
+            txn.session,
+            txn.number,
+            what.join(", ")
+        )
     }
 
     // --- the truth and what the counters display ----------------------------------------------
