@@ -46,16 +46,7 @@ impl Cgroup {
                 .ok_or("no cgroup v2 group in /proc/self/cgroup")?;
             (root.join(path.trim_start_matches('/')).join(&name), true)
         } else if root.join("memory").is_dir() {
-            let path = own
-                .lines()
-                .find_map(|l| {
-                    let mut parts = l.splitn(3, ':');
-                    let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
-                    controllers
-                        .split(',')
-                        .any(|c| c == "memory")
-                        .then_some(path)
-                })
+            let path = counterd::budget::cgroup::v1_path(&own)
                 .ok_or("no v1 memory group in /proc/self/cgroup")?;
             (
                 root.join("memory")

@@ -60,8 +60,9 @@ fn v2_path(own: &str) -> Option<&str> {
     own.lines().find_map(|l| l.strip_prefix("0::"))
 }
 
-/// The v1 memory controller's group (`<n>:memory:<path>`, possibly with other controllers).
-fn v1_path(own: &str) -> Option<&str> {
+/// The v1 memory controller's group (`<n>:memory:<path>`, possibly with other controllers)
+/// in the text of `/proc/self/cgroup`.
+pub fn v1_path(own: &str) -> Option<&str> {
     own.lines().find_map(|l| {
         let mut parts = l.splitn(3, ':');
         let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
