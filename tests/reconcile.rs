@@ -117,6 +117,65 @@ async fn injected_drift_is_corrected_with_sign_and_size() {
     assert_eq!(t.store.dirty_summary().await.unwrap().size, 0);
 }
 
+/// A post with more rows than the recounter may hold ids of is recounted by a count alone (the
+/// memory budget's share for recounts bounds what a recount holds, not the post's size), and
+/// its drift is still corrected; the ids read stop at the allowance.
+#[tokio::test]
+async fn a_post_larger_than_the_recounts_share_is_recounted_by_count() {
+    let t = TestDb::new("recount_rows").await;
+    let posts = settled_posts(&t, 2, 6).await;
+    let watermark = now_secs();
+    assert_eq!(
+        t.store
+            .live_ids_below(&post(0), watermark, 6)
+            .await
+            .unwrap()
+            .map(|ids| ids.len()),
+        Some(6),
+        "six rows fit an allowance of six"
+    );
+    assert_eq!(
+        t.store
+            .live_ids_below(&post(0), watermark, 5)
+            .await
+            .unwrap(),
+        None,
+        "six rows do not fit five"
+    );
+    let counters =
+        t.db.collection::<mongodb::bson::Document>("comment_counters");
+    for p in 0..2 {
+        counters
+            .update_one(
+                doc! {"_id": post(p).to_bson()},
+                doc! {"$inc": {"live_delta": 2}},
+            )
+            .await
+            .unwrap();
+    }
+    let worker = t.spawn_worker(t.worker_settings()).await;
+    // Room for one post's ids: the second post of the group is counted alone.
+    let reconciler = Reconciler::new(
+        t.store.clone(),
+        ReconcileSettings {
+            settle_secs: 5,
+            bucket_width_secs: 60,
+            recount_rows: 8,
+            ..ReconcileSettings::default()
+        },
+    );
+    let report = reconciler.run_dirty(now_secs()).await.unwrap();
+    worker.shutdown().await.unwrap();
+    let mut drift: Vec<(String, i64)> = report
+        .corrections
+        .iter()
+        .map(|c| (c.post.to_string(), c.drift))
+        .collect();
+    drift.sort();
+    assert_eq!(drift, vec![("post-0".into(), 2), ("post-1".into(), 2)]);
+    t.wait_exact(&posts, Duration::from_secs(1)).await;
+}
+
 #[tokio::test]
 async fn only_dirty_posts_are_counted() {
     let t = TestDb::new("onlydirty").await;

@@ -271,6 +271,9 @@ struct Plan {
     /// read aheads are cut by bytes, snapshot chunks are split by bytes and workers of several
     /// partitions wait for each other's room.
     budget: Budget,
+    /// Row ids a recount group may hold: in a third of the seeds a handful, so that posts with
+    /// more rows are recounted by a count alone (which must refuse while their rows change).
+    recount_rows: usize,
 }
 
 impl Plan {
@@ -313,6 +316,7 @@ impl Plan {
             snapshot_chunk_rows: 1,
             existing_writes: 0,
             budget: Budget::unlimited(),
+            recount_rows: usize::MAX,
         };
         // Drawn last, so that the plans of the other fields stay what they were per seed.
         plan.snapshot = r.random_bool(0.7);
@@ -335,6 +339,10 @@ impl Plan {
             plan.unset_post_ids = !plan.pre_image_expiry;
         } else {
             plan.pre_image_expiry = plan.pre_images;
+        }
+        // Drawn after everything else, so that each seed's other fields stay what they were.
+        if r.random_bool(1.0 / 3.0) {
+            plan.recount_rows = r.random_range(0..=4);
         }
         plan
     }
@@ -396,6 +404,7 @@ impl Plan {
             sweep_window: 3,
             group_size: self.group_size,
             catch_up: CATCH_UP,
+            recount_rows: self.recount_rows,
             // A background pass over every post in about six steps.
             background_pass: Some(Duration::from_secs(60)),
             interval: Duration::from_secs(10),
@@ -1527,6 +1536,7 @@ const COVERAGE: &[&str] = &[
     "snapshot chunk cut by the budget",
     "worker stopped while a worker waited for budget",
     "seeds with 3 streams",
+    "recount by count alone",
 ];
 
 #[test]

@@ -61,6 +61,25 @@ pub fn min_budget(streams: usize) -> usize {
     streams.max(1) * REPLY_RESERVE + event_cost(LARGEST_EVENT)
 }
 
+/// A recounted row's id as a row-level recount holds it from its read until it settles (the
+/// id's key text and value; see [`crate::recount::window`]).
+pub const ROW_ID_COST: usize = 128;
+
+/// The part of a budget of `budget` bytes set aside for row-level recounts' reads: an eighth,
+/// and never what the `streams` streams' minimum needs. A recount holds its reads while it
+/// waits for the worker, so its share is set aside once rather than taken from what is free:
+/// a worker waiting for room then never waits for a recount that waits for it.
+pub fn recount_share(budget: usize, streams: usize) -> usize {
+    (budget / 8).min(budget.saturating_sub(min_budget(streams)))
+}
+
+/// Row ids one stream's recounts may hold at once, from its part of [`recount_share`]. A post
+/// with more live rows is recounted by count alone, which holds only when nothing changed its
+/// rows meanwhile (see `crate::recount`).
+pub fn recount_rows(budget: usize, streams: usize) -> usize {
+    recount_share(budget, streams) / streams.max(1) / ROW_ID_COST
+}
+
 /// The budget for a container limit (`None`: no limit): what the limit leaves beside the idle
 /// process, half of it so that estimates and allocator slack stay inside the limit, and never
 /// less than the minimum for `streams` streams.
@@ -191,6 +210,26 @@ mod tests {
         assert_eq!(budget_for_limit(None, 64), min_budget(64));
         assert!(DEFAULT_BUDGET >= min_budget(4));
         assert_eq!(min_budget(0), min_budget(1));
+    }
+
+    #[test]
+    fn recounts_get_an_eighth_of_the_budget_but_never_the_streams_minimum() {
+        assert_eq!(recount_share(DEFAULT_BUDGET, 1), DEFAULT_BUDGET / 8);
+        assert_eq!(
+            recount_rows(DEFAULT_BUDGET, 1),
+            DEFAULT_BUDGET / 8 / ROW_ID_COST
+        );
+        assert_eq!(
+            recount_rows(DEFAULT_BUDGET, 2),
+            DEFAULT_BUDGET / 16 / ROW_ID_COST
+        );
+        assert_eq!(
+            recount_share(min_budget(1), 1),
+            0,
+            "the minimum is the streams'"
+        );
+        assert_eq!(recount_share(min_budget(2) + 100, 2), 100);
+        assert_eq!(recount_rows(0, 0), 0);
     }
 
     #[test]

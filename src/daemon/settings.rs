@@ -72,6 +72,10 @@ impl From<&Settings> for ReconcileSettings {
             partition: None,
             group_size: RECOUNT_GROUP_SIZE,
             catch_up: settings.into(),
+            recount_rows: crate::budget::cost::recount_rows(
+                settings.memory_budget_bytes(),
+                settings.streams_per_process(),
+            ),
             background_pass: (!settings.background_sweep_pass.is_zero())
                 .then_some(settings.background_sweep_pass),
             interval: settings.reconcile_interval,

@@ -93,6 +93,12 @@ pub async fn run_streams(
     let mut names = HashMap::new();
     // One budget for the whole process: every stream's buffers draw from it.
     let budget = crate::budget::Budget::exported(settings.memory_budget_bytes());
+    // Set aside for the reconcilers' row-level reads (see `ReconcileSettings::recount_rows`)
+    // for as long as the streams run: events in flight never use it.
+    let _recounts = budget.take_free(crate::budget::cost::recount_share(
+        budget.total(),
+        settings.streams_per_process(),
+    ));
     tracing::info!(
         memory_budget = budget.total(),
         configured = settings.memory_budget,

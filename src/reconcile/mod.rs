@@ -50,6 +50,9 @@ pub struct ReconcileSettings {
     pub group_size: usize,
     /// How long a row-level recount waits for the worker, and how often it looks.
     pub catch_up: CatchUp,
+    /// Row ids a group's row-level recount may hold at once (this stream's share of the memory
+    /// budget).
+    pub recount_rows: usize,
     /// How long one pass of the background sweep over every post should take (`None`: no
     /// background sweep).
     pub background_pass: Option<Duration>,
@@ -113,7 +116,8 @@ impl<S: Store + ?Sized> Reconciler<S> {
             settings.stream.clone(),
             settings.bucket_width_secs,
             settings.catch_up.clone(),
-        );
+        )
+        .holding_at_most(settings.recount_rows);
         Reconciler {
             store,
             settings,

@@ -105,7 +105,8 @@ pub struct Consistent {
     /// Counted at a cluster time rather than at row level.
     pub snapshot: bool,
     /// Row level: the ids of the live rows below the watermark as read after `since` (`None`
-    /// for a snapshot count). [`Recounter::settle`] turns them into `count` as of a counter
+    /// for a snapshot count, and for a count alone when the post had more rows than the
+    /// recounter may hold). [`Recounter::settle`] turns them into `count` as of a counter
     /// state.
     pub read: Option<Vec<CommentId>>,
 }
@@ -163,6 +164,9 @@ pub struct Recounter<S: Store + ?Sized> {
     stream: String,
     bucket_width_secs: i64,
     catch_up: CatchUp,
+    /// Row ids one group's row-level reads may hold at once (the stream's share of the memory
+    /// budget, [`crate::budget::cost::recount_rows`]).
+    max_rows: usize,
 }
 
 impl<S: Store + ?Sized> Recounter<S> {
@@ -179,7 +183,16 @@ impl<S: Store + ?Sized> Recounter<S> {
             stream,
             bucket_width_secs,
             catch_up,
+            max_rows: crate::budget::cost::recount_rows(crate::budget::cost::DEFAULT_BUDGET, 1),
         }
+    }
+
+    /// The same recounter holding at most `rows` row ids at once: a group's reads beyond them
+    /// are counts alone, which hold only while nothing changed the post's rows meanwhile
+    /// ([`Consistent::holds_for`], the rule snapshot counts follow).
+    pub fn holding_at_most(mut self, rows: usize) -> Self {
+        self.max_rows = rows;
+        self
     }
 
     /// Recounts a group of posts. Snapshot counts need no wait; the row-level reads of the
@@ -199,6 +212,8 @@ impl<S: Store + ?Sized> Recounter<S> {
         let checkpoint_time = checkpoint.and_then(|c| c.token_time);
         let mut out: Vec<Option<Recount>> = vec![None; requests.len()];
         let mut rows: Vec<(usize, Consistent)> = Vec::new();
+        // Row ids the group's reads hold until they are settled.
+        let mut held = 0usize;
         for (i, request) in requests.iter().enumerate() {
             let counter = self.store.read_counter(&request.post).await?;
             let watermark = self.watermark_for(request, counter.as_ref()).await?;
@@ -235,17 +250,34 @@ impl<S: Store + ?Sized> Recounter<S> {
                     continue;
                 }
             }
-            let mut read = self.store.live_ids_below(&request.post, watermark).await?;
-            // Each row once, even if a cursor returned one twice while the collection moved.
-            let mut seen = std::collections::HashSet::new();
-            read.retain(|c| seen.insert(c.key.clone()));
-            rows.push((
-                i,
-                Consistent {
-                    read: Some(read),
+            let room = self.max_rows.saturating_sub(held);
+            let recount = match self
+                .store
+                .live_ids_below(&request.post, watermark, room)
+                .await?
+            {
+                Some(mut read) => {
+                    // Each row once, even if a cursor returned one twice while the collection
+                    // moved.
+                    read.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+                    read.dedup_by(|a, b| a.key == b.key);
+                    held += read.len();
+                    Consistent {
+                        read: Some(read),
+                        ..first
+                    }
+                }
+                // More rows than the budget leaves room for: counted by the server, settled
+                // like a snapshot count (nothing below the watermark may change meanwhile).
+                None => Consistent {
+                    count: self
+                        .store
+                        .count_live_below(&request.post, watermark)
+                        .await?,
                     ..first
                 },
-            ));
+            };
+            rows.push((i, recount));
         }
         if !rows.is_empty() {
             let after = self.store.read_position().await?.upper;

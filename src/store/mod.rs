@@ -284,7 +284,14 @@ pub trait Truth: Send + Sync {
 
     /// The ids of the rows [`Truth::count_live_below`] counts (the same filter): a row-level
     /// recount settles the ones that changed while it read (see [`crate::recount::window`]).
-    async fn live_ids_below(&self, post: &PostId, watermark: i64) -> StoreResult<Vec<CommentId>>;
+    /// `None` when there are more than `at_most` (the recount's share of the memory budget):
+    /// the read stops there rather than hold ids in proportion to a post's rows.
+    async fn live_ids_below(
+        &self,
+        post: &PostId,
+        watermark: i64,
+        at_most: usize,
+    ) -> StoreResult<Option<Vec<CommentId>>>;
 
     /// The same count as of cluster time `at` (a snapshot read), on servers whose snapshot
     /// reads were detected for real. `None`: no snapshot reads here, or `at` is older than the

@@ -14,12 +14,17 @@ impl<S: Truth> Truth for CountingStore<S> {
         .await
     }
 
-    async fn live_ids_below(&self, post: &PostId, watermark: i64) -> StoreResult<Vec<CommentId>> {
+    async fn live_ids_below(
+        &self,
+        post: &PostId,
+        watermark: i64,
+        at_most: usize,
+    ) -> StoreResult<Option<Vec<CommentId>>> {
         self.count_query();
         self.timed(
             Concern::Truth,
             0,
-            self.inner.live_ids_below(post, watermark),
+            self.inner.live_ids_below(post, watermark, at_most),
         )
         .await
     }

@@ -108,10 +108,16 @@ impl Memory {
             .count() as i64
     }
 
-    /// The ids of the rows `count_live_below` counts.
-    pub fn live_ids_below(&self, post: &PostId, watermark: i64) -> Vec<CommentId> {
+    /// The ids of the rows `count_live_below` counts (`None`: more than `at_most`).
+    pub fn live_ids_below(
+        &self,
+        post: &PostId,
+        watermark: i64,
+        at_most: usize,
+    ) -> Option<Vec<CommentId>> {
         let below = watermark.saturating_mul(1000);
-        self.comments
+        let ids: Vec<CommentId> = self
+            .comments
             .iter()
             .filter(|(_, row)| {
                 row_facts(row).is_some_and(|(p, created, live)| {
@@ -119,7 +125,9 @@ impl Memory {
                 })
             })
             .map(|(id, _)| comment_id(*id))
-            .collect()
+            .take(at_most.saturating_add(1))
+            .collect();
+        (ids.len() <= at_most).then_some(ids)
     }
 
     pub fn latest_created(&self, post: &PostId) -> Option<i64> {
@@ -188,7 +196,7 @@ impl Memory {
 
 seam!(Truth {
     ok fn count_live_below(post: &PostId, watermark: i64) -> i64;
-    ok fn live_ids_below(post: &PostId, watermark: i64) -> Vec<CommentId>;
+    ok fn live_ids_below(post: &PostId, watermark: i64, at_most: usize) -> Option<Vec<CommentId>>;
     ok fn count_live_below_at(post: &PostId, watermark: i64, at: Timestamp) -> Option<i64>;
     ok fn latest_created(post: &PostId) -> Option<i64>;
     ok fn count_live(post: &PostId) -> i64;

@@ -13,11 +13,19 @@ impl Truth for MongoStore {
         Ok(n as i64)
     }
 
-    async fn live_ids_below(&self, post: &PostId, watermark: i64) -> StoreResult<Vec<CommentId>> {
+    async fn live_ids_below(
+        &self,
+        post: &PostId,
+        watermark: i64,
+        at_most: usize,
+    ) -> StoreResult<Option<Vec<CommentId>>> {
+        // One more than allowed tells "too many" without reading the rest.
+        let limit = i64::try_from(at_most).unwrap_or(i64::MAX - 1) + 1;
         let mut cursor = self
             .comments
             .find(self.live_below(post, watermark))
             .projection(doc! {"_id": 1})
+            .limit(limit)
             .await
             .map_err(|e| map_err("read the ids of live comments", e))?;
         let mut ids = Vec::new();
@@ -26,11 +34,14 @@ impl Truth for MongoStore {
             .await
             .map_err(|e| map_err("read the ids of live comments", e))?
         {
+            if ids.len() == at_most {
+                return Ok(None);
+            }
             if let Some(id) = doc.get("_id") {
                 ids.push(CommentId::new(id.clone()));
             }
         }
-        Ok(ids)
+        Ok(Some(ids))
     }
 
     async fn count_live_below_at(

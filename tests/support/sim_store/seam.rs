@@ -456,9 +456,18 @@ impl Truth for SimStore {
         .await
     }
 
-    async fn live_ids_below(&self, post: &PostId, watermark: i64) -> StoreResult<Vec<CommentId>> {
+    async fn live_ids_below(
+        &self,
+        post: &PostId,
+        watermark: i64,
+        at_most: usize,
+    ) -> StoreResult<Option<Vec<CommentId>>> {
         self.single("live_ids_below", false, |s| {
-            Ok(s.memory.live_ids_below(post, watermark))
+            let ids = s.memory.live_ids_below(post, watermark, at_most);
+            if ids.is_none() {
+                s.stat("recount by count alone");
+            }
+            Ok(ids)
         })
         .await
     }
