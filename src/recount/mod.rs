@@ -125,6 +125,13 @@ impl Consistent {
     }
 }
 
+/// Each row once, even if a cursor returned one twice while the collection moved.
+fn each_row_once(mut read: Vec<CommentId>) -> Vec<CommentId> {
+    read.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+    read.dedup_by(|a, b| a.key == b.key);
+    read
+}
+
 /// Whether an event changed a row of `counter`'s post in a bucket below `watermark` in a batch
 /// after `since` (every touch counts when `since` is `None`).
 pub fn touched_after(counter: &CounterDoc, since: Option<&str>, watermark: i64) -> bool {
@@ -211,9 +218,8 @@ impl<S: Store + ?Sized> Recounter<S> {
         }
         let checkpoint_time = checkpoint.and_then(|c| c.token_time);
         let mut out: Vec<Option<Recount>> = vec![None; requests.len()];
-        let mut rows: Vec<(usize, Consistent)> = Vec::new();
-        // Row ids the group's reads hold until they are settled.
-        let mut held = 0usize;
+        // The posts counted at row level, read after every counter of the group was.
+        let mut pending: Vec<(usize, Consistent)> = Vec::new();
         for (i, request) in requests.iter().enumerate() {
             let counter = self.store.read_counter(&request.post).await?;
             let watermark = self.watermark_for(request, counter.as_ref()).await?;
@@ -250,35 +256,9 @@ impl<S: Store + ?Sized> Recounter<S> {
                     continue;
                 }
             }
-            let room = self.max_rows.saturating_sub(held);
-            let recount = match self
-                .store
-                .live_ids_below(&request.post, watermark, room)
-                .await?
-            {
-                Some(mut read) => {
-                    // Each row once, even if a cursor returned one twice while the collection
-                    // moved.
-                    read.sort_unstable_by(|a, b| a.key.cmp(&b.key));
-                    read.dedup_by(|a, b| a.key == b.key);
-                    held += read.len();
-                    Consistent {
-                        read: Some(read),
-                        ..first
-                    }
-                }
-                // More rows than the budget leaves room for: counted by the server, settled
-                // like a snapshot count (nothing below the watermark may change meanwhile).
-                None => Consistent {
-                    count: self
-                        .store
-                        .count_live_below(&request.post, watermark)
-                        .await?,
-                    ..first
-                },
-            };
-            rows.push((i, recount));
+            pending.push((i, first));
         }
+        let rows = self.read_rows(pending).await?;
         if !rows.is_empty() {
             let after = self.store.read_position().await?.upper;
             let caught_up = self.wait_until_applied(after).await?;
@@ -299,6 +279,66 @@ impl<S: Store + ?Sized> Recounter<S> {
             .into_iter()
             .map(|r| r.expect("every post recounted"))
             .collect())
+    }
+
+    /// The row-level reads of a group's posts, each after its counter's first read: one query
+    /// for the whole group while their ids fit what the recounter may hold (a count per post
+    /// would scan the collection once per post where no index serves it), else one per post,
+    /// a post with more rows than the room left counted by the server alone (settled like a
+    /// snapshot count: nothing below the watermark may change meanwhile).
+    async fn read_rows(
+        &self,
+        pending: Vec<(usize, Consistent)>,
+    ) -> StoreResult<Vec<(usize, Consistent)>> {
+        if pending.len() > 1 {
+            let wanted: Vec<(PostId, i64)> = pending
+                .iter()
+                .map(|(_, c)| (c.post.clone(), c.watermark))
+                .collect();
+            if let Some(reads) = self
+                .store
+                .live_ids_below_each(&wanted, self.max_rows)
+                .await?
+            {
+                return Ok(pending
+                    .into_iter()
+                    .zip(reads)
+                    .map(|((i, first), read)| {
+                        let read = Some(each_row_once(read));
+                        (i, Consistent { read, ..first })
+                    })
+                    .collect());
+            }
+        }
+        let mut rows = Vec::with_capacity(pending.len());
+        // Row ids the group's reads hold until they are settled.
+        let mut held = 0usize;
+        for (i, first) in pending {
+            let room = self.max_rows.saturating_sub(held);
+            let recount = match self
+                .store
+                .live_ids_below(&first.post, first.watermark, room)
+                .await?
+            {
+                Some(read) => {
+                    let read = each_row_once(read);
+                    held += read.len();
+                    Consistent {
+                        read: Some(read),
+                        ..first
+                    }
+                }
+                None => Consistent {
+                    count: self
+                        .store
+                        .count_live_below(&first.post, first.watermark)
+                        .await?,
+                    ..first
+                },
+            };
+            rows.push((i, recount));
+        }
+        Ok(rows)
     }
 
     /// Carries a recount to `now`, a state of its counter read after the worker applied every

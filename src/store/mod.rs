@@ -293,6 +293,26 @@ pub trait Truth: Send + Sync {
         at_most: usize,
     ) -> StoreResult<Option<Vec<CommentId>>>;
 
+    /// [`Truth::live_ids_below`] for several posts, each with its own watermark, in one read
+    /// where the store can: the ids of each post's rows, in the order asked, or `None` when
+    /// they are more than `at_most` together. (Here: one read per post.)
+    async fn live_ids_below_each(
+        &self,
+        wanted: &[(PostId, i64)],
+        at_most: usize,
+    ) -> StoreResult<Option<Vec<Vec<CommentId>>>> {
+        let mut reads = Vec::with_capacity(wanted.len());
+        let mut room = at_most;
+        for (post, watermark) in wanted {
+            let Some(read) = self.live_ids_below(post, *watermark, room).await? else {
+                return Ok(None);
+            };
+            room -= read.len();
+            reads.push(read);
+        }
+        Ok(Some(reads))
+    }
+
     /// The same count as of cluster time `at` (a snapshot read), on servers whose snapshot
     /// reads were detected for real. `None`: no snapshot reads here, or `at` is older than the
     /// server's snapshot window; the caller falls back to the row-level recount.

@@ -71,6 +71,8 @@ pub struct Counts {
     /// Recount queries against `comments` (the reconciler's cost): counts below a watermark
     /// (direct or at a cluster time) and latest-row lookups.
     pub count_queries: u64,
+    /// Posts those queries were about (a query over a group of posts counts each).
+    pub posts_counted: u64,
 }
 
 impl Counts {
@@ -105,6 +107,7 @@ impl Counts {
         Counts {
             by_concern,
             count_queries: self.count_queries - earlier.count_queries,
+            posts_counted: self.posts_counted - earlier.posts_counted,
         }
     }
 }
@@ -115,6 +118,7 @@ struct Tallies {
     statements: [AtomicU64; Concern::ALL.len()],
     micros: [AtomicU64; Concern::ALL.len()],
     count_queries: AtomicU64,
+    posts_counted: AtomicU64,
 }
 
 impl Tallies {
@@ -174,6 +178,7 @@ impl<S> CountingStore<S> {
         Counts {
             by_concern,
             count_queries: t.count_queries.load(Ordering::Relaxed),
+            posts_counted: t.posts_counted.load(Ordering::Relaxed),
         }
     }
 
@@ -186,8 +191,17 @@ impl<S> CountingStore<S> {
         self.tallies.timed(concern, statements, call).await
     }
 
+    /// One recount query about one post.
     fn count_query(&self) {
+        self.count_query_of(1);
+    }
+
+    /// One recount query about `posts` posts.
+    fn count_query_of(&self, posts: usize) {
         self.tallies.count_queries.fetch_add(1, Ordering::Relaxed);
+        self.tallies
+            .posts_counted
+            .fetch_add(posts as u64, Ordering::Relaxed);
     }
 }
 

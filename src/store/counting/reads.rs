@@ -29,6 +29,20 @@ impl<S: Truth> Truth for CountingStore<S> {
         .await
     }
 
+    async fn live_ids_below_each(
+        &self,
+        wanted: &[(PostId, i64)],
+        at_most: usize,
+    ) -> StoreResult<Option<Vec<Vec<CommentId>>>> {
+        self.count_query_of(wanted.len());
+        self.timed(
+            Concern::Truth,
+            0,
+            self.inner.live_ids_below_each(wanted, at_most),
+        )
+        .await
+    }
+
     async fn count_live_below_at(
         &self,
         post: &PostId,

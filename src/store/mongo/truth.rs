@@ -44,6 +44,65 @@ impl Truth for MongoStore {
         Ok(Some(ids))
     }
 
+    async fn live_ids_below_each(
+        &self,
+        wanted: &[(PostId, i64)],
+        at_most: usize,
+    ) -> StoreResult<Option<Vec<Vec<CommentId>>>> {
+        let place: HashMap<&PostId, usize> = wanted
+            .iter()
+            .enumerate()
+            .map(|(i, (p, _))| (p, i))
+            .collect();
+        let mut by_watermark: BTreeMap<i64, Vec<PostId>> = BTreeMap::new();
+        for (post, watermark) in wanted {
+            by_watermark
+                .entry(*watermark)
+                .or_default()
+                .push(post.clone());
+        }
+        if place.len() < wanted.len() {
+            // A post asked twice: no single read can say which watermark a row was read for.
+            let mut reads = Vec::with_capacity(wanted.len());
+            for (post, watermark) in wanted {
+                match self.live_ids_below(post, *watermark, at_most).await? {
+                    Some(read) => reads.push(read),
+                    None => return Ok(None),
+                }
+            }
+            return Ok(Some(reads));
+        }
+        let branches: Vec<Document> = by_watermark
+            .iter()
+            .map(|(watermark, posts)| self.live_below_any(posts, *watermark))
+            .collect();
+        let limit = i64::try_from(at_most).unwrap_or(i64::MAX - 1) + 1;
+        let op = "read the ids of live comments of a group of posts";
+        let mut cursor = self
+            .comments
+            .find(doc! {"$or": branches})
+            .projection(self.schema.row_projection())
+            .limit(limit)
+            .await
+            .map_err(|e| map_err(op, e))?;
+        let mut reads = vec![Vec::new(); wanted.len()];
+        let mut held = 0;
+        while let Some(doc) = cursor.try_next().await.map_err(|e| map_err(op, e))? {
+            if held == at_most {
+                return Ok(None);
+            }
+            let Some(id) = doc.get("_id") else { continue };
+            // The row's post as the worker reads it: the filter's `$in` matches by MongoDB's
+            // equality, and the post read here is the one that equality names.
+            let row = self.schema.read_existing_row(&doc);
+            if let Some(&i) = row.post.as_ref().and_then(|p| place.get(p)) {
+                reads[i].push(CommentId::new(id.clone()));
+                held += 1;
+            }
+        }
+        Ok(Some(reads))
+    }
+
     async fn count_live_below_at(
         &self,
         post: &PostId,
@@ -167,19 +226,36 @@ impl MongoStore {
     /// The rows of `post` that count: the group field names it and the soft-delete rule does
     /// not say the row is deleted (the schema's definition, as the worker applies it).
     pub(super) fn live(&self, post: &PostId) -> Document {
-        // Exactly the post ids the worker reads (`PostId::from_bson`): an integer matches the
-        // numbers equal to it (8, NumberLong(8), 8.0, as MongoDB's equality does), never an
-        // array holding the value or the string "8".
-        let types = match post {
-            PostId::Int(_) => vec!["int", "long", "double"],
-            PostId::Str(_) => vec!["string"],
-            PostId::Oid(_) => vec!["objectId"],
-        };
         let mut filter = doc! {&self.schema.group: {
             "$eq": post.to_bson(),
+            "$type": post_types(post).to_vec(),
+            "$not": {"$type": "array"},
+        }};
+        self.only_live(&mut filter);
+        filter
+    }
+
+    /// The rows of any of `posts` that count and whose creation time is not `>= watermark`:
+    /// [`MongoStore::live_below`] of each, at once (`$in` is `$eq` to each value; the types
+    /// allowed are those of every post asked, and a row of one type matches only the values
+    /// of its own, as MongoDB compares them).
+    fn live_below_any(&self, posts: &[PostId], watermark: i64) -> Document {
+        let mut types: Vec<&str> = posts.iter().flat_map(post_types).copied().collect();
+        types.sort_unstable();
+        types.dedup();
+        let values: Vec<Bson> = posts.iter().map(PostId::to_bson).collect();
+        let mut filter = doc! {&self.schema.group: {
+            "$in": values,
             "$type": types,
             "$not": {"$type": "array"},
         }};
+        self.only_live(&mut filter);
+        filter.insert(&self.schema.created, not_gte(to_date(watermark)));
+        filter
+    }
+
+    /// Adds the soft-delete rule's "not deleted" to a filter.
+    fn only_live(&self, filter: &mut Document) {
         match &self.schema.soft_delete {
             SoftDelete::Present { field } => {
                 filter.insert(field, Bson::Null);
@@ -192,7 +268,6 @@ impl MongoStore {
             }
             SoftDelete::Never => {}
         }
-        filter
     }
 
     /// The rows of `post` that count and whose creation time is not `>= watermark`.
@@ -280,5 +355,16 @@ impl MongoStore {
             .and_then(|n| n.as_i64().or(n.as_i32().map(i64::from)))
             .unwrap_or(0);
         Ok(n)
+    }
+}
+
+/// The BSON types a post id of this kind is stored as: exactly the post ids the worker reads
+/// (`PostId::from_bson`): an integer matches the numbers equal to it (8, NumberLong(8), 8.0, as
+/// MongoDB's equality does), never an array holding the value or the string "8".
+fn post_types(post: &PostId) -> &'static [&'static str] {
+    match post {
+        PostId::Int(_) => &["int", "long", "double"],
+        PostId::Str(_) => &["string"],
+        PostId::Oid(_) => &["objectId"],
     }
 }
