@@ -424,8 +424,10 @@ async fn run_load(name: &str, hot: bool, secs: u64) {
         writes > 2000,
         "the writer kept up its rate ({writes} writes)"
     );
+    // A run every `every` seconds, each taking a few seconds on a loaded machine.
+    let every = load_secs("COUNTERD_TEST_RECONCILE_EVERY", 3);
     assert!(
-        runs >= (secs / 8).max(5) && folded >= 100,
+        runs >= (secs / (every + 5)).max(5) && folded >= 100,
         "reconciles folded under load ({runs} runs, {folded} posts)"
     );
     assert!(
