@@ -26,6 +26,7 @@ impl Truth for MongoStore {
             .find(self.live_below(post, watermark))
             .projection(doc! {"_id": 1})
             .limit(limit)
+            .batch_size(ID_READ_BATCH)
             .await
             .map_err(|e| map_err("read the ids of live comments", e))?;
         let mut ids = Vec::new();
@@ -81,8 +82,9 @@ impl Truth for MongoStore {
         let mut cursor = self
             .comments
             .find(doc! {"$or": branches})
-            .projection(self.schema.row_projection())
+            .projection(doc! {"_id": 1, &self.schema.group: 1})
             .limit(limit)
+            .batch_size(ID_READ_BATCH)
             .await
             .map_err(|e| map_err(op, e))?;
         let mut reads = vec![Vec::new(); wanted.len()];
@@ -94,8 +96,7 @@ impl Truth for MongoStore {
             let Some(id) = doc.get("_id") else { continue };
             // The row's post as the worker reads it: the filter's `$in` matches by MongoDB's
             // equality, and the post read here is the one that equality names.
-            let row = self.schema.read_existing_row(&doc);
-            if let Some(&i) = row.post.as_ref().and_then(|p| place.get(p)) {
+            if let Some(&i) = self.schema.post_in(&doc).and_then(|p| place.get(&p)) {
                 reads[i].push(CommentId::new(id.clone()));
                 held += 1;
             }
@@ -357,6 +358,11 @@ impl MongoStore {
         Ok(n)
     }
 }
+
+/// Rows per server reply of a recount's id reads: the driver decodes a reply whole, and a reply
+/// left to the server's default (up to 16 MiB) would hold far more than the ids the recount
+/// keeps.
+const ID_READ_BATCH: u32 = 1000;
 
 /// The BSON types a post id of this kind is stored as: exactly the post ids the worker reads
 /// (`PostId::from_bson`): an integer matches the numbers equal to it (8, NumberLong(8), 8.0, as
