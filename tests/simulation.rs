@@ -70,9 +70,8 @@
 //! `removing_the_guard_is_caught`, `removing_the_recount_condition_is_caught`,
 //! `ignoring_the_recount_window_is_caught`, `the_seed_fold_formula_is_caught` and
 //! `cutting_batches_inside_transactions_is_caught` run deliberately broken variants and expect
-//! a failure. The
-//! ignored tests fail because of open bugs in `src` (each names its bug; run them with
-//! `-- --ignored`); the faithful run leaves out what the `with_*` variants need (expired
+//! a failure. A bug the simulation finds is kept as an ignored test that names it (run them
+//! with `-- --ignored`) until it is fixed; none is open now. The faithful run leaves out what the `with_*` variants need (expired
 //! pre-images together with rows that lose `post_id`; a truncated oplog). Small deterministic
 //! cases guard bugs the simulation found.
 //!
@@ -1747,13 +1746,16 @@ fn with_transactions_on_hot_posts_with_lookups() {
     );
 }
 
-/// Open bug (found by this variant, not yet diagnosed): with transactions and pre-images,
-/// seed 52 (two partitions) stops making progress and runs on the real clock's operation
-/// timeouts (minutes per seed) when reads take transactions whole; with reads cut inside
-/// transactions it finishes at once. Replay:
+/// Transactions and pre-images. Seed 52 (two partitions, one tiny budget) once stopped making
+/// progress until the real clock's operation timeouts ended it (minutes per seed): a worker
+/// holding a read ahead (a transaction taken whole) asked for room for a snapshot chunk
+/// *waiting* (the "holding" flag was passed inverted), queued behind the other partition's wait
+/// for its reply reserve, which needed the bytes the first worker would free only by writing
+/// what it held. A read ahead that takes a transaction whole holds more than its grant, which
+/// makes that state likely; with reads cut inside transactions seed 52 never reached it. Fixed in `counterd::budget::Budget::take_for`, which
+/// decides from the grant held. Replay:
 /// `SIM_TRANSACTIONS=1 SIM_PRE_IMAGES=1 SIM_SEED=52 SIM_TRACE=1 cargo test --test simulation -- --nocapture`.
 #[test]
-#[ignore = "open bug: transactions + pre-images stall at seed 52"]
 fn with_transactions_and_pre_images() {
     expect_clean(
         Variant {
