@@ -26,7 +26,8 @@
 //! (each guarded by the counter's `snapshot_chunk < n`), then the cursor moves. A restart
 //! finishes a recorded chunk exactly as planned before anything else, so a chunk is read at
 //! most once more after a crash, and its writes land once. Folds wait until the snapshot is
-//! done (a recount would count rows that a later chunk then adds again).
+//! done (a recount would count rows that a later chunk then adds again), and none is folded
+//! from a recount the snapshot began or moved during ([`crate::recount::snapshot_moved`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;

@@ -151,6 +151,21 @@ impl Budget {
         }
     }
 
+    /// Takes room for a read by a task that holds `held` (what it has read and not yet
+    /// written): holding nothing, at least `min` and up to `want` bytes, waiting for `min`
+    /// ([`Budget::take_at_least`]); holding anything, up to `want` of what is free now, possibly
+    /// nothing, without waiting ([`Budget::take_free`]). The module's one rule, decided from
+    /// the grant itself: a task that waited while holding events could wait for room that
+    /// only its own write would free (another task's wait, queued first, takes every byte
+    /// given back meanwhile), and then neither ever gets on.
+    pub async fn take_for(&self, held: &Grant, min: usize, want: usize) -> Grant {
+        if held.bytes() > 0 {
+            self.take_free(want)
+        } else {
+            self.take_at_least(min, want).await
+        }
+    }
+
     /// Takes at least `min` bytes (waiting until they are free) and up to `want` of what is
     /// free then: for a task that holds nothing. A `min` larger than the whole budget waits
     /// for the whole budget and overdraws the rest, so that one item larger than the budget
@@ -291,6 +306,41 @@ mod tests {
         drop(held);
         assert_eq!(waiter.await.unwrap(), 800, "then takes up to what it wants");
         assert_eq!(budget.in_use(), 0);
+    }
+
+    /// Seed 52 of the simulation's transactions + pre-images variant (two partitions, one
+    /// budget): a worker holding a read ahead (a transaction taken whole, so over its grant)
+    /// asked for room for a snapshot chunk *waiting*, behind the other partition's wait for
+    /// its reply reserve; that wait needed the bytes the first worker would give back only
+    /// once it wrote what it held. Neither got on until the real clock's timeouts.
+    #[tokio::test]
+    async fn a_taker_holding_something_never_waits() {
+        use futures::FutureExt;
+        let budget = Budget::new(1000);
+        let held = budget.take_free(900);
+        // Another task waits for more than is free, and is given every byte freed meanwhile.
+        let other = {
+            let budget = budget.clone();
+            tokio::spawn(async move { budget.take_at_least(500, 500).await.bytes() })
+        };
+        tokio::task::yield_now().await;
+        assert_eq!((budget.waiting(), budget.free()), (1, 0));
+        // Holding something: what is free now (nothing), at once.
+        let got = budget.take_for(&held, 10, 100).now_or_never();
+        assert_eq!(got.map(|g| g.bytes()), Some(0), "it must not wait");
+        // Its write gives back what it held; the other task gets on.
+        drop(held);
+        assert_eq!(other.await.unwrap(), 500);
+        // Holding nothing: it waits for its minimum, then takes up to what it wants.
+        let none = budget.none();
+        let mut taking = Box::pin(budget.take_for(&none, 10, 100));
+        let blocker = budget.take_free(995);
+        assert!(
+            futures::poll!(taking.as_mut()).is_pending(),
+            "5 free, 10 needed: it waits"
+        );
+        drop(blocker);
+        assert_eq!(taking.await.bytes(), 100);
     }
 
     #[tokio::test]

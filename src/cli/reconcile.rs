@@ -85,7 +85,7 @@ fn print_report(report: &RunReport, verbose: bool, json: bool) -> anyhow::Result
     }
     if s.waiting_for_snapshot > 0 {
         outln!(
-            "  {} post(s) not counted: the initial snapshot is still running (see `counterd status`); they are recounted once it is done",
+            "  {} post(s) not counted: the initial snapshot is still running, or claimed rows while they were counted (see `counterd status`); they are recounted once it is done",
             s.waiting_for_snapshot
         );
     }

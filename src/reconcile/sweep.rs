@@ -237,6 +237,12 @@ impl<S: Store + ?Sized> Reconciler<S> {
         if !self.recounter.wait_until_applied(read_at).await? {
             return Ok(false);
         }
+        // Decided before the wait on a stream whose worker had not started: it may have begun
+        // the initial snapshot meanwhile, and an entry written now would hide its row from it.
+        let checkpoint = self.store.load_checkpoint(&self.settings.stream).await?;
+        if checkpoint.is_some_and(|c| c.snapshot_running()) {
+            return Ok(false);
+        }
         self.store
             .rebuild_ledger(&self.settings.stream, generation, &rows)
             .await?;

@@ -41,7 +41,7 @@ use std::time::Duration;
 use crate::clock::Clock;
 use crate::event::{CommentId, PostId};
 use crate::fold::effective_watermark;
-use crate::store::{Checkpoint, CounterDoc, Store, StoreResult};
+use crate::store::{Checkpoint, CounterDoc, SnapshotProgress, Store, StoreResult};
 use crate::time::bucket_start;
 
 mod observe;
@@ -85,7 +85,8 @@ pub enum Recount {
     /// the worker did not catch up in time): try again later.
     InFlight,
     /// The initial snapshot has not claimed every row yet: a count now would include rows it
-    /// adds later (see [`crate::snapshot`]). Not counted; try again once it is done.
+    /// adds later (see [`crate::snapshot`]), or it claimed rows while the post was counted
+    /// ([`snapshot_moved`]). Not counted; try again once it is done.
     SnapshotRunning,
 }
 
@@ -139,6 +140,22 @@ pub fn touched_after(counter: &CounterDoc, since: Option<&str>, watermark: i64) 
         .touched
         .range(..watermark)
         .any(|(_, token)| since.is_none_or(|s| token.as_str() > s))
+}
+
+/// Whether the stream's initial snapshot claimed rows between two looks at its progress (it
+/// began, took a chunk, or finished): `first` as seen before a recount read anything, `now`
+/// after its counts (and its wait for the worker).
+///
+/// A claim adds a row to its counter as the row is *at the scan*, which may be later than the
+/// counter's position, and leaves no entry in the counter's log: a row the recount's read
+/// missed (inserted after it) or saw in an older state is then counted by the counter but not
+/// by the recount, or the other way round, and the fold would install that difference as
+/// drift. "Not running at the first look" is not enough: a stream whose worker has not started
+/// yet has no snapshot recorded, and its worker may begin one while the recount waits for it.
+/// Folds are safe only when the whole recount saw one unchanged snapshot state (none while no
+/// snapshot will run, or one that was already done).
+pub fn snapshot_moved(first: Option<&SnapshotProgress>, now: Option<&SnapshotProgress>) -> bool {
+    first != now
 }
 
 /// Spaces count queries to a rate (`0`: unlimited).
@@ -216,6 +233,7 @@ impl<S: Store + ?Sized> Recounter<S> {
         {
             return Ok(vec![Recount::SnapshotRunning; requests.len()]);
         }
+        let snapshot_first = checkpoint.as_ref().and_then(|c| c.snapshot.clone());
         let checkpoint_time = checkpoint.and_then(|c| c.token_time);
         let mut out: Vec<Option<Recount>> = vec![None; requests.len()];
         // The posts counted at row level, read after every counter of the group was.
@@ -273,6 +291,26 @@ impl<S: Store + ?Sized> Recounter<S> {
                         Recount::InFlight
                     }
                 });
+            }
+        }
+        // A snapshot that began (or took a chunk) since the first look claimed rows into these
+        // counters with no entry in their logs and no touch: no count taken across that is
+        // the count of any position of the stream.
+        if out
+            .iter()
+            .any(|r| matches!(r, Some(Recount::Consistent(_))))
+        {
+            let now = self.store.load_checkpoint(&self.stream).await?;
+            if snapshot_moved(
+                snapshot_first.as_ref(),
+                now.and_then(|c| c.snapshot).as_ref(),
+            ) {
+                tracing::debug!(stream = %self.stream, "the initial snapshot claimed rows during the recount; the posts stay dirty");
+                for r in out.iter_mut() {
+                    if matches!(r, Some(Recount::Consistent(_))) {
+                        *r = Some(Recount::SnapshotRunning);
+                    }
+                }
             }
         }
         Ok(out
@@ -487,6 +525,43 @@ mod tests {
         edited.state.base_count = 2;
         assert!(!r.holds_for(Some(&edited)));
         assert!(!r.holds_for(None), "the counter was deleted meanwhile");
+    }
+
+    /// Seed 102 of the simulation's transactions + hot posts + lookups variant: a recount
+    /// looked at a stream whose worker had not started (no snapshot recorded: "not running"),
+    /// read the post's rows, and waited; the worker then took the whole snapshot, claiming a
+    /// row inserted after the read, and caught up. The count missed the claimed row while the
+    /// counter had it, and the fold reported +1 of drift that nobody injected.
+    #[test]
+    fn a_snapshot_that_began_or_moved_during_a_recount_voids_it() {
+        use crate::event::CommentId;
+        use crate::snapshot::{begin, finish_chunk, plan_chunk};
+        use crate::store::CommentsExtent;
+        let now = bson::DateTime::from_millis(0);
+        let extent = CommentsExtent {
+            last_id: Some(CommentId::new(bson::Bson::Int32(2))),
+            estimated_rows: 2,
+        };
+        let running = begin(&extent, now);
+        let mut chunk_done = running.clone();
+        finish_chunk(
+            &mut chunk_done,
+            &plan_chunk(1, &[], &std::collections::HashMap::new(), None, 60),
+        );
+        let done = crate::store::SnapshotProgress {
+            state: crate::store::SnapshotState::Done,
+            ..chunk_done.clone()
+        };
+        // Began (and even finished) while the recount waited for the worker: void.
+        assert!(snapshot_moved(None, Some(&running)));
+        assert!(snapshot_moved(None, Some(&done)));
+        // A chunk or the end while it ran (the reconciler refuses a running one at the first
+        // look; this covers a look in between).
+        assert!(snapshot_moved(Some(&running), Some(&chunk_done)));
+        assert!(snapshot_moved(Some(&chunk_done), Some(&done)));
+        // No snapshot at all (`initial_snapshot = "never"`), or one done before: holds.
+        assert!(!snapshot_moved(None, None));
+        assert!(!snapshot_moved(Some(&done), Some(&done.clone())));
     }
 
     #[test]

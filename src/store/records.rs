@@ -318,7 +318,8 @@ pub struct RunSummary {
     pub waiting: u64,
     /// Recounts read at a cluster time (snapshot reads) rather than at row level.
     pub snapshot_counts: u64,
-    /// Posts not counted because the initial snapshot was still running (they stay dirty).
+    /// Posts not counted because the initial snapshot was still running, or began or took a
+    /// chunk while they were counted (they stay dirty).
     pub waiting_for_snapshot: u64,
     /// The longest a dirty entry this run folded had waited, in seconds, from its first mark
     /// (or its last requeue) to the fold (`None`: no dirty entry folded). Whether folds keep up

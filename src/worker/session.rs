@@ -190,7 +190,7 @@ impl<S: Store + ?Sized> Worker<S> {
                 let want = self.settings.snapshot.chunk_rows * cost::ROW_COST;
                 let rows = tokio::select! {
                     biased;
-                    grant = self.take_budget(pending.events.is_empty(), cost::ROW_COST, want) => grant,
+                    grant = self.settings.budget.take_for(&pending.held, cost::ROW_COST, want) => grant,
                     _ = shutdown.wait() => return Ok(()),
                 };
                 let max_rows = rows.bytes() / cost::ROW_COST;
@@ -261,9 +261,13 @@ impl<S: Store + ?Sized> Worker<S> {
             let asked = pending.batch_limit - pending.events.len();
             // Holding nothing, the read waits for room in the budget; topping up a batch it
             // takes what is free.
-            let holding = !pending.events.is_empty();
+            let holding = pending.held.bytes() > 0;
             let want = cost::read_share(self.budget_total()).saturating_sub(pending.held.bytes());
-            let mut grant = self.take_budget(holding, cost::MIN_READ, want).await;
+            let mut grant = self
+                .settings
+                .budget
+                .take_for(&pending.held, cost::MIN_READ, want)
+                .await;
             let limit = ReadLimit {
                 events: if grant.bytes() == 0 { 0 } else { asked },
                 bytes: grant.bytes(),
@@ -354,16 +358,6 @@ impl<S: Store + ?Sized> Worker<S> {
         }
         pending.applied_since_drained = true;
         Ok(false)
-    }
-
-    /// Takes from the budget for a read: at least `min` and up to `want` bytes, waiting for
-    /// them only when this worker holds no events (see `crate::budget`); else what is free.
-    async fn take_budget(&self, holding: bool, min: usize, want: usize) -> Grant {
-        if holding {
-            self.settings.budget.take_free(want)
-        } else {
-            self.settings.budget.take_at_least(min, want).await
-        }
     }
 
     fn budget_total(&self) -> usize {
