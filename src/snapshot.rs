@@ -201,11 +201,7 @@ impl<S: Store + ?Sized> Snapshotter<'_, S> {
         checkpoint: &mut Checkpoint,
         configured_start: Option<bson::Timestamp>,
     ) -> StoreResult<bool> {
-        let fresh = checkpoint.token.is_none()
-            && checkpoint.high_water.is_none()
-            && checkpoint.snapshot.is_none()
-            && checkpoint.gaps.is_empty();
-        if !fresh || self.settings.initial == InitialSnapshot::Never {
+        if !checkpoint.untouched() || self.settings.initial == InitialSnapshot::Never {
             return Ok(false);
         }
         if checkpoint.start_time.is_none() && configured_start.is_none() {

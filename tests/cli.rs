@@ -155,6 +155,41 @@ async fn reconcile_once_post_and_sweep() {
     assert_eq!(t.displayed(&post(2)).await, 3);
 }
 
+/// Before any `counterd run`, the first run's initial snapshot counts every post: a recount by
+/// hand would be counted again by its claims, so `reconcile` refuses (exit 1) and says why,
+/// and writes no counter.
+#[tokio::test]
+async fn reconcile_before_the_first_run_refuses_and_counts_nothing() {
+    let t = TestDb::new("clifresh").await;
+    t.insert_comment("c0", &post(0), now_secs() - 3600).await;
+    for args in [
+        &["reconcile", "--post", "post-0"][..],
+        &["reconcile", "--once"],
+        &["reconcile", "--sweep"],
+    ] {
+        let o = counterd(&t, args);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", stdout(&o));
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            stderr.contains("has not started on stream 'comments' yet"),
+            "{args:?}: {stderr}"
+        );
+    }
+    assert_eq!(t.store.read_counter(&post(0)).await.unwrap(), None);
+    // With the snapshot off, the same recount is the only way the post gets counted.
+    let o = Command::new(env!("CARGO_BIN_EXE_counterd"))
+        .args(["reconcile", "--post", "post-0"])
+        .env("COUNTERD_MONGODB_URI", &t.uri)
+        .env("COUNTERD_DATABASE", &t.name)
+        .env("COUNTERD_CONNECT_TIMEOUT", "5s")
+        .env("COUNTERD_INITIAL_SNAPSHOT", "never")
+        .env_remove("COUNTERD_CONFIG")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(t.displayed(&post(0)).await, 1);
+}
+
 #[tokio::test]
 async fn replay_dry_run_refusal_and_move() {
     let t = populated("clireplay").await;

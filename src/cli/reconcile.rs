@@ -2,11 +2,15 @@
 
 use std::process::ExitCode;
 
+use crate::cli::exit::CheckFailed;
 use crate::cli::{connect, print_json};
 use crate::config::Settings;
 use crate::event::PostId;
 use crate::outln;
+use crate::partition::stream_names;
 use crate::reconcile::{ReconcileSettings, Reconciler, RunReport};
+use crate::snapshot::InitialSnapshot;
+use crate::store::prelude::*;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -32,6 +36,7 @@ pub struct Args {
 pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     args.counter.resolve(&settings)?;
     let store = connect(&settings).await?;
+    refuse_before_the_initial_snapshot(&settings, store.as_ref()).await?;
     let reconciler = Reconciler::new(store, ReconcileSettings::from(&settings));
     let now = chrono::Utc::now().timestamp();
     let report = if let Some(post) = &args.post {
@@ -54,6 +59,31 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     };
     print_report(&report, args.verbose, args.json)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// A stream no worker has started yet gets its counts from the initial snapshot of the first
+/// `counterd run` (`initial_snapshot = "auto"`): a fold made now would be counted again by the
+/// snapshot's claims. So nothing is reconciled until the stream has begun.
+async fn refuse_before_the_initial_snapshot(
+    settings: &Settings,
+    store: &crate::store::mongo::MongoStore,
+) -> anyhow::Result<()> {
+    if settings.initial_snapshot != InitialSnapshot::Auto {
+        return Ok(());
+    }
+    for (stream, _) in stream_names(&settings.stream_name, settings.partitions) {
+        let untouched = store
+            .load_checkpoint(&stream)
+            .await?
+            .is_none_or(|c| c.untouched());
+        if untouched {
+            return Err(CheckFailed(format!(
+                "nothing reconciled: counterd has not started on stream '{stream}' yet, and the initial snapshot of its first `counterd run` counts every post (a recount now would be counted twice); start `counterd run`, or set initial_snapshot = \"never\" if counters are kept some other way"
+            ))
+            .into());
+        }
+    }
+    Ok(())
 }
 
 fn print_report(report: &RunReport, verbose: bool, json: bool) -> anyhow::Result<()> {

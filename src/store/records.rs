@@ -87,6 +87,15 @@ impl Checkpoint {
                 .is_some_and(|s| s.state != SnapshotState::Abandoned)
     }
 
+    /// Nothing was ever applied, claimed or found missing on this stream: a worker that starts
+    /// now takes the initial snapshot (unless `initial_snapshot = "never"`).
+    pub fn untouched(&self) -> bool {
+        self.token.is_none()
+            && self.high_water.is_none()
+            && self.snapshot.is_none()
+            && self.gaps.is_empty()
+    }
+
     /// The initial snapshot is still claiming rows: folds would count rows the snapshot has yet
     /// to claim, so the reconciler leaves the stream's posts dirty until it is done.
     pub fn snapshot_running(&self) -> bool {
