@@ -3,7 +3,7 @@
 //! | code | meaning |
 //! | --- | --- |
 //! | 0 | ok |
-//! | 1 | a mismatch was found or a check failed (`verify`, `replay` refused while a worker holds the stream) |
+//! | 1 | a mismatch was found or a check failed (`verify`, `replay` refused while a worker holds the stream, `reconcile` before the first run's initial snapshot) |
 //! | 2 | usage or configuration error (a bad flag or setting; nothing was contacted) |
 //! | 3 | cannot reach or talk to MongoDB (unreachable, refused, a malformed stored document) |
 //! | 4 | stopped because the change stream ended (collection dropped or renamed) or history was lost |
