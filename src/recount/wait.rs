@@ -59,8 +59,10 @@ impl<S: Store + ?Sized> Recounter<S> {
         position: Timestamp,
     ) -> StoreResult<Option<bool>> {
         let Some(checkpoint) = checkpoint else {
-            // Never started: no worker will ever apply what is already written (a first worker
-            // starts at its own "now"), so the rows are as settled as they will be.
+            // Never started: no worker will ever apply what is already written as events (a
+            // first worker starts at the server's position then), so the rows are as settled
+            // as they will be. With `initial_snapshot = "auto"` its snapshot will claim them:
+            // `counterd reconcile` refuses such a stream before it gets here.
             let before_read = self.store.read_position().await?.lower;
             return Ok((before_read >= position).then_some(true));
         };
