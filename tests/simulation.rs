@@ -102,6 +102,7 @@ use counterd::batch::{bucket_of, DirtyMark};
 use counterd::budget::{cost, Budget};
 use counterd::classify::Attribution;
 use counterd::config::OnHistoryLost;
+use counterd::definition::CounterIx;
 use counterd::event::{PostId, Token};
 use counterd::partition::{stream_names, Partition};
 use counterd::reconcile::{ReconcileSettings, Reconciler, RunReport};
@@ -1149,7 +1150,7 @@ impl Sim {
     /// the operator put there by hand.
     fn check_final_reconcile(&self) -> Result<(), String> {
         let s = self.store.lock();
-        let dirty = s.dirty_posts();
+        let dirty = s.dirty_posts(CounterIx::DEFAULT);
         if !dirty.is_empty() {
             return Err(format!(
                 "posts still dirty after the final reconcile: {dirty:?}"
@@ -1214,7 +1215,7 @@ impl Sim {
                 ));
             }
         }
-        let dirty = s.dirty_posts();
+        let dirty = s.dirty_posts(CounterIx::DEFAULT);
         if !dirty.is_empty() {
             return Err(format!(
                 "posts still dirty after the final sweep: {dirty:?}"
@@ -1840,7 +1841,7 @@ fn reconciling_one_post_clears_its_dirty_entry() {
         reconciler.run_post(&newer, START_CLOCK).await.unwrap();
     });
     assert_eq!(
-        store.lock().dirty_posts(),
+        store.lock().dirty_posts(CounterIx::DEFAULT),
         vec![older],
         "the reconciled post is still dirty"
     );
@@ -1985,8 +1986,11 @@ fn passes_through(descriptions: bool) -> Vec<String> {
     });
     let s = store.lock();
     let mut wrong = off_truth(&s);
-    if !s.dirty_posts().is_empty() {
-        wrong.push(format!("still dirty: {:?}", s.dirty_posts()));
+    if !s.dirty_posts(CounterIx::DEFAULT).is_empty() {
+        wrong.push(format!(
+            "still dirty: {:?}",
+            s.dirty_posts(CounterIx::DEFAULT)
+        ));
     }
     wrong
 }
@@ -2215,7 +2219,7 @@ fn events_after_lost_history_are_not_classified_against_stale_ledger_entries() {
     let s = store.lock();
     let wrong = off_truth(&s);
     assert!(wrong.is_empty(), "{wrong:?}");
-    let dirty = s.dirty_posts();
+    let dirty = s.dirty_posts(CounterIx::DEFAULT);
     assert!(dirty.is_empty(), "still dirty: {dirty:?}");
 }
 

@@ -7,7 +7,7 @@ impl Truth for MongoStore {
     async fn count_live_below(&self, post: &PostId, watermark: i64) -> StoreResult<i64> {
         let n = self
             .comments
-            .count_documents(self.live_below(post, watermark))
+            .count_documents(self.live_below(post, watermark)?)
             .await
             .map_err(|e| map_err("count live comments", e))?;
         Ok(n as i64)
@@ -23,7 +23,7 @@ impl Truth for MongoStore {
         let limit = i64::try_from(at_most).unwrap_or(i64::MAX - 1) + 1;
         let mut cursor = self
             .comments
-            .find(self.live_below(post, watermark))
+            .find(self.live_below(post, watermark)?)
             .projection(doc! {"_id": 1})
             .limit(limit)
             .await
@@ -53,7 +53,7 @@ impl Truth for MongoStore {
         if !self.snapshot_reads().await {
             return Ok(None);
         }
-        let filter = self.live_below(post, watermark);
+        let filter = self.live_below(post, watermark)?;
         match self.count_at(filter, at).await {
             Ok(n) => Ok(Some(n)),
             Err(e) if error_code(&e).is_some_and(|c| SNAPSHOT_GONE.contains(&c)) => {
@@ -65,11 +65,10 @@ impl Truth for MongoStore {
     }
 
     async fn latest_created(&self, post: &PostId) -> StoreResult<Option<i64>> {
+        let group = self.here("find the latest comment")?.group;
         let latest = self
             .comments
-            .find_one(
-                doc! {&self.schema.group: post.to_bson(), &self.schema.created: {"$type": "date"}},
-            )
+            .find_one(doc! {group: post.to_bson(), &self.schema.created: {"$type": "date"}})
             .sort(doc! {&self.schema.created: -1})
             .projection(doc! {&self.schema.created: 1})
             .await
@@ -85,16 +84,17 @@ impl Truth for MongoStore {
     async fn count_live(&self, post: &PostId) -> StoreResult<i64> {
         let n = self
             .comments
-            .count_documents(self.live(post))
+            .count_documents(self.live(post)?)
             .await
             .map_err(|e| map_err("count live comments", e))?;
         Ok(n as i64)
     }
 
     async fn rows_of_post(&self, post: &PostId) -> StoreResult<Vec<(CommentId, Row)>> {
+        let group = self.here("read the rows of a post")?.group;
         let mut cursor = self
             .comments
-            .find(doc! {&self.schema.group: post.to_bson()})
+            .find(doc! {group: post.to_bson()})
             .projection(self.schema.row_projection())
             .await
             .map_err(|e| map_err("read the rows of a post", e))?;
@@ -164,9 +164,14 @@ impl Truth for MongoStore {
 }
 
 impl MongoStore {
-    /// The rows of `post` that count: the group field names it and the soft-delete rule does
-    /// not say the row is deleted (the schema's definition, as the worker applies it).
-    pub(super) fn live(&self, post: &PostId) -> Document {
+    /// The rows of `post` that count for the definition this handle serves: its group field
+    /// names it, the soft-delete rule does not say the row is deleted (the schema's, as the
+    /// worker applies it), and the definition's condition holds (the same [`Condition`] the
+    /// classifier evaluates).
+    ///
+    /// [`Condition`]: crate::condition::Condition
+    pub(super) fn live(&self, post: &PostId) -> StoreResult<Document> {
+        let place = self.here("count live comments")?;
         // Exactly the post ids the worker reads (`PostId::from_bson`): an integer matches the
         // numbers equal to it (8, NumberLong(8), 8.0, as MongoDB's equality does), never an
         // array holding the value or the string "8".
@@ -175,7 +180,7 @@ impl MongoStore {
             PostId::Str(_) => vec!["string"],
             PostId::Oid(_) => vec!["objectId"],
         };
-        let mut filter = doc! {&self.schema.group: {
+        let mut filter = doc! {place.group: {
             "$eq": post.to_bson(),
             "$type": types,
             "$not": {"$type": "array"},
@@ -192,14 +197,17 @@ impl MongoStore {
             }
             SoftDelete::Never => {}
         }
-        filter
+        if let Some(condition) = place.condition {
+            filter.insert("$and", vec![Bson::Document(condition.to_filter())]);
+        }
+        Ok(filter)
     }
 
     /// The rows of `post` that count and whose creation time is not `>= watermark`.
-    pub(super) fn live_below(&self, post: &PostId, watermark: i64) -> Document {
-        let mut filter = self.live(post);
+    pub(super) fn live_below(&self, post: &PostId, watermark: i64) -> StoreResult<Document> {
+        let mut filter = self.live(post)?;
         filter.insert(&self.schema.created, not_gte(to_date(watermark)));
-        filter
+        Ok(filter)
     }
 
     /// Whether reads at a cluster time really work, detected once: the server must send

@@ -346,6 +346,9 @@ impl State {
 
     /// An applied counter write, in the shadow of everything applied.
     pub(super) fn shadow_add(&mut self, w: &CounterDelta) {
+        if w.counter != counterd::definition::CounterIx::DEFAULT {
+            return; // the other definitions are checked against the truth directly
+        }
         for (bucket, amount) in &w.buckets {
             *self.shadow.entry((w.post.clone(), *bucket)).or_default() += amount;
         }
