@@ -291,9 +291,22 @@ impl Counters for SimStore {
                 .memory
                 .install_fold(counter, post, expected, &installing, now);
             // Drift bookkeeping (injections, corrections) is the default definition's; the
-            // others are checked against the truth directly.
+            // others are checked against the truth directly, and nothing is injected into
+            // their counters: a fold there that corrects drift invented it.
             if installed && counter == CounterIx::DEFAULT {
                 s.installed(post, fold);
+            } else if installed && fold.drift != 0 {
+                s.stat("fold of another definition corrected drift");
+                if s.drift_bounds && !s.memory.has_gaps() {
+                    let e = format!(
+                        "definition #{}: a fold corrected {post} by {:+}, but no drift was injected there (the reconciler invented drift, or an event was counted twice or never)",
+                        counter.0, fold.drift
+                    );
+                    s.note(format!("  !! {e}"));
+                    s.probe_failures.push(e);
+                }
+            } else if installed {
+                s.stat("fold of another definition installed");
             }
             let post = format!("{}{post}", definition(counter));
             if installed {
