@@ -67,6 +67,12 @@
 //! (`State::check_batch_end`, which explains why this store, without snapshot reads, could not
 //! show a cut as a wrong count).
 //!
+//! With `definitions` (`with_several_counters`), every seed with one stream keeps two counter
+//! definitions beyond the default (per author, approved per post), writers also approve,
+//! unapprove and change or remove authors, one reconciler per definition runs, and every
+//! counter of every definition must equal its truth wherever the caught-up checks run and after
+//! the final sweep, with no fold of theirs correcting drift (none is injected there).
+//!
 //! `removing_the_guard_is_caught`, `removing_the_recount_condition_is_caught`,
 //! `ignoring_the_recount_window_is_caught`, `the_seed_fold_formula_is_caught` and
 //! `cutting_batches_inside_transactions_is_caught` run deliberately broken variants and expect
@@ -79,7 +85,7 @@
 //! Environment: `SIM_SEEDS` (default 3000) and `SIM_SEED_START` choose the seeds;
 //! `SIM_SEED=<n>` replays one (`SIM_TRACE=1` prints every step);
 //! `SIM_BROKEN=no_guard|seed_fold|unconditioned_recount|window_ignored|cut_transactions`,
-//! `SIM_HOT=1` (hot posts), `SIM_TRANSACTIONS=1`, `SIM_PRE_IMAGES=1`,
+//! `SIM_HOT=1` (hot posts), `SIM_TRANSACTIONS=1`, `SIM_DEFINITIONS=1`, `SIM_PRE_IMAGES=1`,
 //! `SIM_HISTORY_LOST=1`, `SIM_LOST_START_TIME=1` and `SIM_LOOKUPS=1` (no update descriptions)
 //! select the variant, of one seed or of a range. A failing seed prints the exact command that
 //! replays it.

@@ -119,7 +119,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
         summary.finished_at = Some(self.clock.now());
         self.store.record_run(&summary).await?;
         let backlog = self.store.dirty_summary().await?;
-        m::record_dirty(backlog.size, backlog.oldest);
+        m::record_dirty(backlog.size, backlog.oldest, &counter);
         let kind = summary.kind.clone();
         metrics::counter!(m::RECONCILE_RUNS, "stream" => stream.clone(), "kind" => kind.clone(), "counter" => counter.clone())
             .increment(1);
