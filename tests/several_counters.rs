@@ -294,6 +294,40 @@ async fn three_definitions_stay_exact_and_their_drift_is_corrected_per_counter()
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    // The commands read a definition's counters with `--counter` (writers paused, caught up).
+    caught_up(&t, Duration::from_secs(30)).await;
+    for (counter, ix, group) in [
+        ("per_author", 1, author(2)),
+        ("approved", 2, PostId::Int(5)),
+        ("default", 0, PostId::Int(3)),
+    ] {
+        let shown = group.to_string();
+        let o = cli(
+            &t,
+            &config,
+            &["get", &shown, "--counter", counter, "--json"],
+        );
+        assert!(o.status.success(), "get --counter {counter}: {o:?}");
+        let got: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let truth = t
+            .store
+            .for_counter(CounterIx(ix))
+            .count_live(&group)
+            .await
+            .unwrap();
+        assert_eq!(got["true_count"], truth, "{counter} {group}: {got}");
+        assert_eq!(got["displayed"], truth, "{counter} {group}: {got}");
+        let o = cli(
+            &t,
+            &config,
+            &["verify", "--counter", counter, "--sample", "50"],
+        );
+        assert!(
+            o.status.success(),
+            "verify --counter {counter}: {}",
+            String::from_utf8_lossy(&o.stdout)
+        );
+    }
     // The counters are where readers look for them, one collection per definition.
     for collection in ["comment_counters", "author_counters", "approved_counters"] {
         let n =
@@ -379,6 +413,19 @@ async fn a_single_definition_database_keeps_working_when_counters_are_added() {
         );
     }
     assert_eq!(after.terminate(), Some(0));
+}
+
+/// A one-shot `counterd` command against the test database with the definitions' file.
+fn cli(t: &TestDb, config: &str, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_counterd"))
+        .args(args)
+        .env("COUNTERD_CONFIG", config)
+        .env("COUNTERD_MONGODB_URI", &t.uri)
+        .env("COUNTERD_DATABASE", &t.name)
+        .env("COUNTERD_CONNECT_TIMEOUT", "5s")
+        .env("COUNTERD_LOG_LEVEL", "warn")
+        .output()
+        .unwrap()
 }
 
 /// The `_id`s of the documents of `collection` matching `filter`.
