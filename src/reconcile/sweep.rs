@@ -121,7 +121,8 @@ impl<S: Store + ?Sized> Reconciler<S> {
     /// keeps buckets (empty for them, their events were never seen) and would not count them.
     /// Returns `None` when no sweep is requested or it must wait for the settle time.
     ///
-    /// For a stream with one definition; [`run_requested_sweeps`] runs every definition's.
+    /// This definition's sweep only; like [`Reconciler::sweep`], only the default definition's
+    /// clears the request. [`run_requested_sweeps`] runs every definition's of a stream.
     pub async fn run_requested_sweep(
         &self,
         now_secs: i64,
@@ -130,7 +131,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
         let Some((report, passed)) = self.requested_sweep(now_secs, shutdown).await? else {
             return Ok(None);
         };
-        if passed {
+        if passed && self.settings.counter == CounterIx::DEFAULT {
             self.clear_sweep_request().await?;
         }
         Ok(Some(report))
