@@ -196,6 +196,22 @@ impl Row {
         }
     }
 
+    /// The row as definition `counter` sees it, in the default definition's terms: `post` is
+    /// its group there and `deleted` says it does not count there (soft-deleted, or the
+    /// condition fails). A rule written for the default (the row-level recount's
+    /// `counts_below`) then applies to any definition unchanged.
+    pub fn seen_by(self, counter: CounterIx) -> Row {
+        if counter == CounterIx::DEFAULT {
+            return self;
+        }
+        Row {
+            post: self.group_in(counter).cloned(),
+            deleted: self.counted_in(counter).is_none(),
+            created_at: self.created_at,
+            members: Vec::new(),
+        }
+    }
+
     /// Every definition the row says something about: the default and one per member.
     pub fn counters(&self) -> impl Iterator<Item = CounterIx> {
         (0..=self.members.len()).map(CounterIx)
@@ -404,6 +420,38 @@ fn update_summary(doc: &Document, document_key: &Document) -> Option<UpdateSumma
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_row_seen_by_a_definition_counts_where_it_counts_there() {
+        let approved_by_ann = Row {
+            post: Some(PostId::Int(1)),
+            created_at: None,
+            deleted: false,
+            members: vec![
+                Member {
+                    group: Some(PostId::Int(1)),
+                    matches: false,
+                },
+                Member {
+                    group: Some(PostId::Str("ann".into())),
+                    matches: true,
+                },
+            ],
+        };
+        let seen = |ix| approved_by_ann.clone().seen_by(CounterIx(ix));
+        assert_eq!(
+            seen(0),
+            approved_by_ann,
+            "the default sees the row as it is"
+        );
+        assert_eq!(seen(1).post, Some(PostId::Int(1)));
+        assert_eq!(seen(1).counted_post(), None, "the condition fails there");
+        assert_eq!(seen(2).counted_post(), Some(&PostId::Str("ann".into())));
+        assert_eq!(seen(3).counted_post(), None, "a definition it predates");
+        let mut deleted = approved_by_ann.clone();
+        deleted.deleted = true;
+        assert_eq!(deleted.seen_by(CounterIx(2)).counted_post(), None);
+    }
 
     #[test]
     fn integers_of_every_numeric_type_are_one_post() {

@@ -67,6 +67,12 @@
 //! (`State::check_batch_end`, which explains why this store, without snapshot reads, could not
 //! show a cut as a wrong count).
 //!
+//! With `definitions` (`with_several_counters`), every seed with one stream keeps two counter
+//! definitions beyond the default (per author, approved per post), writers also approve,
+//! unapprove and change or remove authors, one reconciler per definition runs, and every
+//! counter of every definition must equal its truth wherever the caught-up checks run and after
+//! the final sweep, with no fold of theirs correcting drift (none is injected there).
+//!
 //! `removing_the_guard_is_caught`, `removing_the_recount_condition_is_caught`,
 //! `ignoring_the_recount_window_is_caught`, `the_seed_fold_formula_is_caught` and
 //! `cutting_batches_inside_transactions_is_caught` run deliberately broken variants and expect
@@ -78,7 +84,7 @@
 //! Environment: `SIM_SEEDS` (default 3000) and `SIM_SEED_START` choose the seeds;
 //! `SIM_SEED=<n>` replays one (`SIM_TRACE=1` prints every step);
 //! `SIM_BROKEN=no_guard|seed_fold|unconditioned_recount|window_ignored|cut_transactions`,
-//! `SIM_HOT=1` (hot posts), `SIM_TRANSACTIONS=1`, `SIM_PRE_IMAGES=1`,
+//! `SIM_HOT=1` (hot posts), `SIM_TRANSACTIONS=1`, `SIM_DEFINITIONS=1`, `SIM_PRE_IMAGES=1`,
 //! `SIM_HISTORY_LOST=1`, `SIM_LOST_START_TIME=1` and `SIM_LOOKUPS=1` (no update descriptions)
 //! select the variant, of one seed or of a range. A failing seed prints the exact command that
 //! replays it.
@@ -101,9 +107,10 @@ use counterd::batch::{bucket_of, DirtyMark};
 use counterd::budget::{cost, Budget};
 use counterd::classify::Attribution;
 use counterd::config::OnHistoryLost;
+use counterd::definition::CounterIx;
 use counterd::event::{PostId, Token};
 use counterd::partition::{stream_names, Partition};
-use counterd::reconcile::{ReconcileSettings, Reconciler, RunReport};
+use counterd::reconcile::{run_requested_sweeps, ReconcileSettings, Reconciler, RunReport};
 use counterd::recount::CatchUp;
 use counterd::snapshot::{InitialSnapshot, SnapshotSettings};
 use counterd::store::prelude::*;
@@ -148,6 +155,27 @@ struct Variant {
     /// A share of the writes are multi-document transactions of 2 to 4 comment changes (one
     /// cluster time, one `lsid` + `txnNumber`, all visible at once).
     transactions: bool,
+    /// Every seed with one stream keeps two counter definitions beyond the default
+    /// (`definitions()`), and writers approve, unapprove, change and remove authors.
+    definitions: bool,
+}
+
+/// The counter definitions beyond the default of the seeds that keep several: comments per
+/// author (`author_id`, which writers change and remove) and approved comments per post
+/// (`approved: true`, which writers set and clear), each with its own counters and dirty set.
+fn definitions() -> Vec<counterd::definition::Definition> {
+    let definition =
+        |name: &str, group: &str, condition: bson::Document| counterd::definition::Definition {
+            name: name.into(),
+            group: group.into(),
+            condition: counterd::condition::Condition::parse(&condition)
+                .expect("a condition of the supported subset"),
+            collection: format!("{name}_counters"),
+        };
+    vec![
+        definition("per_author", "author_id", bson::doc! {}),
+        definition("approved", "post_id", bson::doc! {"approved": true}),
+    ]
 }
 
 /// Share of the writes that are transactions in the `transactions` variants.
@@ -162,6 +190,7 @@ impl Variant {
         lookups: false,
         hot: false,
         transactions: false,
+        definitions: false,
     };
 
     fn from_env() -> Variant {
@@ -182,6 +211,7 @@ impl Variant {
             lookups: flag("SIM_LOOKUPS"),
             hot: flag("SIM_HOT"),
             transactions: flag("SIM_TRANSACTIONS"),
+            definitions: flag("SIM_DEFINITIONS"),
         }
     }
 
@@ -212,6 +242,9 @@ impl Variant {
         }
         if self.transactions {
             prefix.push_str("SIM_TRANSACTIONS=1 ");
+        }
+        if self.definitions {
+            prefix.push_str("SIM_DEFINITIONS=1 ");
         }
         prefix
     }
@@ -273,6 +306,10 @@ struct Plan {
     /// Row ids a recount group may hold: in a third of the seeds a handful, so that posts with
     /// more rows are recounted by a count alone (which must refuse while their rows change).
     recount_rows: usize,
+    /// Two counter definitions beyond the default (see [`definitions`]) are kept from the same
+    /// stream, and writers approve, unapprove and change authors (one stream only: the
+    /// configuration refuses definitions with partitions).
+    definitions: bool,
 }
 
 impl Plan {
@@ -316,6 +353,7 @@ impl Plan {
             existing_writes: 0,
             budget: Budget::unlimited(),
             recount_rows: usize::MAX,
+            definitions: false,
         };
         // Drawn last, so that the plans of the other fields stay what they were per seed.
         plan.snapshot = r.random_bool(0.7);
@@ -343,7 +381,20 @@ impl Plan {
         if r.random_bool(1.0 / 3.0) {
             plan.recount_rows = r.random_range(0..=4);
         }
+        // A variant's, not a draw: every seed of the other variants runs exactly as it did
+        // before definitions existed (replay commands name seeds).
+        plan.definitions = plan.partitions == 1 && variant.definitions;
         plan
+    }
+
+    /// The counter definitions this seed keeps: the default (per post) first.
+    fn definitions(&self) -> Vec<CounterIx> {
+        let extra = if self.definitions {
+            definitions().len()
+        } else {
+            0
+        };
+        (0..=extra).map(CounterIx).collect()
     }
 
     /// The streams: the base stream, or one per partition.
@@ -371,6 +422,14 @@ impl Plan {
             retry_min_delay: Duration::ZERO,
             retry_max_delay: Duration::ZERO,
             budget: self.budget.clone(),
+            schema: counterd::schema::Schema {
+                counters: if self.definitions {
+                    definitions()
+                } else {
+                    Vec::new()
+                },
+                ..counterd::schema::Schema::default()
+            },
             snapshot: SnapshotSettings {
                 initial: if self.snapshot {
                     InitialSnapshot::Auto
@@ -409,6 +468,26 @@ impl Plan {
             interval: Duration::from_secs(10),
             ..ReconcileSettings::default()
         }
+    }
+
+    /// One reconciler per counter definition of the seed, with `settings` (of one stream).
+    fn reconcilers(
+        &self,
+        store: &Arc<SimStore>,
+        settings: ReconcileSettings,
+    ) -> Vec<Reconciler<SimStore>> {
+        let names = definitions();
+        self.definitions()
+            .into_iter()
+            .map(|ix| {
+                let name = match ix {
+                    CounterIx::DEFAULT => counterd::definition::DEFAULT_COUNTER,
+                    CounterIx(n) => &names[n - 1].name,
+                };
+                let settings = settings.clone().for_counter(ix, name);
+                Reconciler::with_clock(store.clone(), settings, store.clock())
+            })
+            .collect()
     }
 
     fn start_at(&self) -> Option<Timestamp> {
@@ -521,6 +600,16 @@ async fn accounted(
             let Some(report) = report else {
                 return;
             };
+            if !report.summary.counter.is_empty() {
+                // Another definition's run: nothing is injected into its counters, so a fold
+                // that corrected drift there is caught where it is installed (`seam.rs`).
+                s.stat(format!("{} run of another definition", report.summary.kind));
+                s.note(format!(
+                    "  {what}: corrections {:?}, in flight {}",
+                    report.corrections, report.summary.in_flight
+                ));
+                return;
+            }
             let mut got: Vec<(PostId, i64)> = report
                 .corrections
                 .iter()
@@ -570,6 +659,17 @@ async fn accounted(
     }
 }
 
+/// The sweep a lost history requested, of every definition of one stream (cleared once all
+/// of them swept), as the daemon's reconcile loop runs it; the default definition's report
+/// (the one [`accounted`] checks against the folds installed).
+async fn requested_sweeps(
+    definitions: &[Reconciler<SimStore>],
+    now: i64,
+) -> StoreResult<Option<RunReport>> {
+    let reports = run_requested_sweeps(definitions, now, None).await?;
+    Ok(reports.into_iter().find(|r| r.summary.counter.is_empty()))
+}
+
 /// `runs` reconcile passes, each of a stream chosen at random, as its replica's reconcile loop
 /// runs them: a requested sweep first, then the dirty posts, then (usually) a step of the
 /// background sweep. They start at a random point of the round and race the writers and
@@ -588,13 +688,12 @@ fn reconciler(
             s.rng.random_range(0..8),
         )
     };
-    let reconcilers: Vec<(String, Reconciler<SimStore>)> = plan
+    let reconcilers: Vec<(String, Vec<Reconciler<SimStore>>)> = plan
         .streams()
         .into_iter()
         .map(|(stream, partition)| {
             let settings = plan.reconcile_settings(&stream, partition, max_posts);
-            let reconciler = Reconciler::with_clock(store.clone(), settings, store.clock());
-            (stream, reconciler)
+            (stream, plan.reconcilers(&store, settings))
         })
         .collect();
     Box::pin(async move {
@@ -610,29 +709,33 @@ fn reconciler(
                 s.note(format!("reconcile {} @{now}", reconcilers[which].0));
                 (now, which, background)
             };
-            let (stream, reconciler) = &reconcilers[which];
+            let (stream, definitions) = &reconcilers[which];
             let run = |what: &str| format!("{what} of {stream} @{now}");
             accounted(
                 &store,
                 &reported,
                 &errors,
                 run("requested sweep"),
-                reconciler.run_requested_sweep(now, None),
+                requested_sweeps(definitions, now),
             )
             .await;
-            accounted(&store, &reported, &errors, run("reconcile"), async {
-                reconciler.run_dirty(now).await.map(Some)
-            })
-            .await;
-            if background {
-                accounted(
-                    &store,
-                    &reported,
-                    &errors,
-                    run("background step"),
-                    reconciler.background_step(now),
-                )
+            for reconciler in definitions {
+                let counter = &reconciler.settings().counter_name;
+                let run = |what: &str| format!("{what} of {stream} ({counter}) @{now}");
+                accounted(&store, &reported, &errors, run("reconcile"), async {
+                    reconciler.run_dirty(now).await.map(Some)
+                })
                 .await;
+                if background {
+                    accounted(
+                        &store,
+                        &reported,
+                        &errors,
+                        run("background step"),
+                        reconciler.background_step(now),
+                    )
+                    .await;
+                }
             }
             store.maybe_yield().await;
         }
@@ -835,7 +938,32 @@ fn check_when_caught_up(
             ));
         }
     }
+    check_other_definitions(s, "at a caught-up point")?;
     Ok(true)
+}
+
+/// Every counter of every definition beyond the default displays exactly its truth (nothing is
+/// injected into them) and its `count` field agrees.
+fn check_other_definitions(s: &State, when: &str) -> Result<(), String> {
+    for counter in s.memory.counter_ixs().into_iter().skip(1) {
+        let truth = s.truth_of(counter);
+        let displayed = s.displayed_of(counter);
+        let mut groups: Vec<&PostId> = truth.keys().chain(displayed.keys()).collect();
+        groups.sort();
+        groups.dedup();
+        for group in groups {
+            let want = truth.get(group).copied().unwrap_or(0);
+            let (shown, count) = displayed.get(group).copied().unwrap_or((0, 0));
+            if shown != want || count != shown {
+                return Err(format!(
+                    "definition #{} ({}), group {group} {when}: displays {shown} (count {count}), its truth is {want}",
+                    counter.0,
+                    definitions()[counter.0 - 1].name
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The simulation of one seed, past the set-up.
@@ -1033,6 +1161,17 @@ impl Sim {
                 }
             }
         }
+        for counter in s.memory.counter_ixs().into_iter().skip(1) {
+            for (group, c) in s.memory.counters_of(counter).into_iter().flatten() {
+                let sum: i64 = c.buckets.values().sum();
+                if c.count != c.displayed() || (sum != c.live_delta && !self.seed_fold()) {
+                    return Err(format!(
+                        "definition #{} counter {group}: count {}, base_count {} + live_delta {}, buckets {:?}",
+                        counter.0, c.count, c.base_count, c.live_delta, c.buckets
+                    ));
+                }
+            }
+        }
         for (stream, _) in self.plan.streams() {
             let Some(c) = s.checkpoint_view(&stream) else {
                 continue;
@@ -1050,6 +1189,11 @@ impl Sim {
             }
         }
         Ok(())
+    }
+
+    /// The broken variant whose folds leave `live_delta` apart from its buckets.
+    fn seed_fold(&self) -> bool {
+        self.plan.variant.broken == Broken::SeedFold
     }
 
     /// Between rounds: an operator moves the checkpoint back, or edits or deletes a counter by
@@ -1148,11 +1292,14 @@ impl Sim {
     /// the operator put there by hand.
     fn check_final_reconcile(&self) -> Result<(), String> {
         let s = self.store.lock();
-        let dirty = s.dirty_posts();
-        if !dirty.is_empty() {
-            return Err(format!(
-                "posts still dirty after the final reconcile: {dirty:?}"
-            ));
+        for counter in s.counter_ixs() {
+            let dirty = s.dirty_posts(counter);
+            if !dirty.is_empty() {
+                return Err(format!(
+                    "definition #{}: groups still dirty after the final reconcile: {dirty:?}",
+                    counter.0
+                ));
+            }
         }
         check_when_caught_up(&s, &self.stream_names(), self.plan.start_at())?;
         if self.plan.variant.broken == Broken::None {
@@ -1213,12 +1360,16 @@ impl Sim {
                 ));
             }
         }
-        let dirty = s.dirty_posts();
-        if !dirty.is_empty() {
-            return Err(format!(
-                "posts still dirty after the final sweep: {dirty:?}"
-            ));
+        for counter in s.counter_ixs() {
+            let dirty = s.dirty_posts(counter);
+            if !dirty.is_empty() {
+                return Err(format!(
+                    "definition #{}: groups still dirty after the final sweep: {dirty:?}",
+                    counter.0
+                ));
+            }
         }
+        check_other_definitions(&s, "after the final sweep")?;
         if !s.has_gaps() {
             let reported = self.reported.borrow();
             let mut posts: Vec<&PostId> = reported.keys().chain(s.injected.keys()).collect();
@@ -1250,24 +1401,27 @@ impl Sim {
             now
         };
         self.drained_now().await?;
-        let reconcilers: Vec<(String, Reconciler<SimStore>)> = self
+        let reconcilers: Vec<(String, Vec<Reconciler<SimStore>>)> = self
             .plan
             .streams()
             .into_iter()
             .map(|(stream, partition)| {
                 let settings = self.plan.reconcile_settings(&stream, partition, 1 << 20);
-                let reconciler =
-                    Reconciler::with_clock(self.store.clone(), settings, self.store.clock());
-                (stream, reconciler)
+                (stream, self.plan.reconcilers(&self.store, settings))
             })
             .collect();
         let (store, reported, errors) = (&self.store, &self.reported, &self.errors);
-        for (stream, reconciler) in &reconcilers {
+        for (stream, definitions) in &reconcilers {
             let what = format!("final requested sweep of {stream}");
-            accounted(store, reported, errors, what, async {
-                reconciler.run_requested_sweep(now, None).await
-            })
+            accounted(
+                store,
+                reported,
+                errors,
+                what,
+                requested_sweeps(definitions, now),
+            )
             .await;
+            let reconciler = &definitions[0];
             let waiting = store
                 .lock()
                 .checkpoint_view(stream)
@@ -1280,21 +1434,27 @@ impl Sim {
                     c.gaps.last().map(|g| g.to.timestamp_millis() / 1000)
                 ));
             }
-            let what = format!("final reconcile of {stream}");
-            accounted(store, reported, errors, what, async {
-                reconciler.run_dirty(now).await.map(Some)
-            })
-            .await;
+            for reconciler in definitions {
+                let counter = &reconciler.settings().counter_name;
+                let what = format!("final reconcile of {stream} ({counter})");
+                accounted(store, reported, errors, what, async {
+                    reconciler.run_dirty(now).await.map(Some)
+                })
+                .await;
+            }
         }
         self.take_errors()?;
         self.check_final_reconcile()?;
         self.store.lock().note(format!("final sweep @{now}"));
-        for (stream, reconciler) in &reconcilers {
-            let what = format!("final sweep of {stream}");
-            accounted(store, reported, errors, what, async {
-                reconciler.sweep(now, |_| {}, None).await.map(Some)
-            })
-            .await;
+        for (stream, definitions) in &reconcilers {
+            for reconciler in definitions {
+                let counter = &reconciler.settings().counter_name;
+                let what = format!("final sweep of {stream} ({counter})");
+                accounted(store, reported, errors, what, async {
+                    reconciler.sweep(now, |_| {}, None).await.map(Some)
+                })
+                .await;
+            }
         }
         self.take_errors()?;
         self.check_final()
@@ -1380,6 +1540,10 @@ fn set_up(seed: u64, variant: Variant, trace: bool) -> Sim {
         s.stat(format!("seeds with {} streams", plan.partitions));
         s.budget = Some(plan.budget.clone());
         s.snapshot_chunk_rows = plan.snapshot_chunk_rows;
+        if plan.definitions {
+            s.memory.define_counters(definitions());
+            s.stat("seeds with several counter definitions");
+        }
     }
     Sim {
         store: Arc::new(store),
@@ -1721,6 +1885,56 @@ fn with_hot_posts() {
     );
 }
 
+/// Several counters from one stream: in every seed with one stream, comments per author and
+/// approved comments per post beside the default per post, with writers approving,
+/// unapproving, changing and removing authors besides moving, soft-deleting, undeleting and
+/// hard-deleting rows. Every counter of every definition equals its truth at every caught-up
+/// moment and after the final sweep, no fold of theirs corrects drift (none is injected
+/// there), and every dirty set is empty at the end; the default definition keeps every check
+/// it always had.
+#[test]
+fn with_several_counters() {
+    let several = Variant {
+        definitions: true,
+        ..Variant::FAITHFUL
+    };
+    let (failures, stats, _) = run_seeds(0, 200, several, 3);
+    if let Some(first) = failures.first() {
+        for f in &failures {
+            eprintln!("{}", f.report());
+        }
+        panic!("{several:?}: seed {} failed: {}", first.seed, first.message);
+    }
+    // The checks ran where they matter: the other definitions' folds, snapshots and
+    // caught-up points with writers running.
+    for key in [
+        "seeds with several counter definitions",
+        "fold of another definition installed",
+        "dirty run of another definition",
+        "snapshot done",
+        "probe checked a caught-up point while others run",
+    ] {
+        assert!(
+            stats.get(key).copied().unwrap_or(0) > 0,
+            "never happened: {key} ({stats:?})"
+        );
+    }
+    expect_clean(
+        Variant {
+            lookups: true,
+            ..several
+        },
+        50,
+    );
+    expect_clean(
+        Variant {
+            pre_images: true,
+            ..several
+        },
+        50,
+    );
+}
+
 /// Writers sometimes write 2 to 4 comment changes (inserts, soft deletes, moves across posts)
 /// in one transaction: counters stay exact, no fold invents drift, and no batch ends inside a
 /// transaction (`State::check_batch_end`, at every intent and checkpoint).
@@ -1842,7 +2056,7 @@ fn reconciling_one_post_clears_its_dirty_entry() {
         reconciler.run_post(&newer, START_CLOCK).await.unwrap();
     });
     assert_eq!(
-        store.lock().dirty_posts(),
+        store.lock().dirty_posts(CounterIx::DEFAULT),
         vec![older],
         "the reconciled post is still dirty"
     );
@@ -2056,8 +2270,11 @@ fn passes_through(descriptions: bool) -> Vec<String> {
     });
     let s = store.lock();
     let mut wrong = off_truth(&s);
-    if !s.dirty_posts().is_empty() {
-        wrong.push(format!("still dirty: {:?}", s.dirty_posts()));
+    if !s.dirty_posts(CounterIx::DEFAULT).is_empty() {
+        wrong.push(format!(
+            "still dirty: {:?}",
+            s.dirty_posts(CounterIx::DEFAULT)
+        ));
     }
     wrong
 }
@@ -2286,7 +2503,7 @@ fn events_after_lost_history_are_not_classified_against_stale_ledger_entries() {
     let s = store.lock();
     let wrong = off_truth(&s);
     assert!(wrong.is_empty(), "{wrong:?}");
-    let dirty = s.dirty_posts();
+    let dirty = s.dirty_posts(CounterIx::DEFAULT);
     assert!(dirty.is_empty(), "still dirty: {dirty:?}");
 }
 

@@ -13,7 +13,7 @@ use counterd::event::{CommentId, PostId, Row, Token};
 use counterd::fold::Fold;
 use counterd::recount::{LedgerAt, LOG_ENTRIES};
 use counterd::store::prelude::*;
-use counterd::store::{CounterDoc, Fence, PendingBatch, StoreError};
+use counterd::store::{CounterDoc, DirtyOrder, Fence, PendingBatch, StoreError};
 
 const STREAM: &str = "comments";
 
@@ -363,27 +363,67 @@ async fn ledger_reads_carry_the_batch_that_wrote_them<S: Store>(store: &S) {
     assert!(newer.is_empty(), "{newer:?}");
 }
 
-/// Writes for a definition beyond the default are refused before anything is written: the
-/// stores keep only the default definition's counters and dirty set so far, and such a write
-/// would otherwise land on the default's counter of the same key.
-async fn writes_for_other_definitions_are_refused<S: Store>(store: &S) {
+/// Each definition keeps its own counters and dirty set: a batch's writes are routed by their
+/// definition whatever the handle, a view reads only its definition's, and a write for a
+/// definition the store does not know refuses the whole batch before anything is written
+/// (it would otherwise land on another definition's counter of the same key).
+async fn writes_go_to_their_definitions<S: Store>(store: &S) {
+    use counterd::definition::CounterIx;
     let f = fence(1);
-    let mut other = delta(1, 1);
-    other.counter = counterd::definition::CounterIx(1);
+    let of = |d: &CounterDelta, ix: usize| CounterDelta {
+        counter: CounterIx(ix),
+        ..d.clone()
+    };
+    let batch = [delta(1, 1), of(&delta(1, 2), 1), of(&delta(1, 5), 2)];
+    let outcome = store
+        .apply_counters(&f, &batch, &token(10), None)
+        .await
+        .unwrap();
+    assert_eq!(outcome.applied, 3);
+    assert_eq!(shown(store, 1).await, Some(1));
+    assert_eq!(shown(&store.for_counter(CounterIx(1)), 1).await, Some(2));
+    assert_eq!(shown(&store.for_counter(CounterIx(2)), 1).await, Some(5));
+    // Each counter keeps its own guard: a replay of the batch is already applied everywhere.
+    let again = store
+        .apply_counters(&f, &batch, &token(10), None)
+        .await
+        .unwrap();
+    assert_eq!(again.already_applied, 3);
+    let mut mark = counterd::batch::DirtyMark::settled(post(7));
+    mark.counter = CounterIx(2);
+    store
+        .mark_dirty(&f, &[mark], DateTime::from_millis(0))
+        .await
+        .unwrap();
+    let dirty = |s: S| async move {
+        s.dirty_list(None, DirtyOrder::Oldest, 10)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| e.post)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(dirty(store.for_counter(CounterIx(2))).await, [post(7)]);
+    assert!(dirty(store.for_counter(CounterIx::DEFAULT))
+        .await
+        .is_empty());
+    assert!(dirty(store.for_counter(CounterIx(1))).await.is_empty());
+
+    let unknown = of(&delta(2, 1), 3);
     let refused = store
-        .apply_counters(&f, &[delta(2, 1), other.clone()], &token(10), None)
+        .apply_counters(&f, &[delta(2, 1), unknown.clone()], &token(11), None)
         .await;
     assert!(
         matches!(refused, Err(StoreError::Fatal { .. })),
         "{refused:?}"
     );
-    let refused = store.apply_snapshot_counters(&f, 1, &[other]).await;
+    let refused = store.apply_snapshot_counters(&f, 1, &[unknown]).await;
     assert!(
         matches!(refused, Err(StoreError::Fatal { .. })),
         "{refused:?}"
     );
     let mut mark = counterd::batch::DirtyMark::settled(post(1));
-    mark.counter = counterd::definition::CounterIx(2);
+    mark.counter = CounterIx(3);
     let refused = store
         .mark_dirty(&f, &[mark], DateTime::from_millis(0))
         .await;
@@ -391,12 +431,109 @@ async fn writes_for_other_definitions_are_refused<S: Store>(store: &S) {
         matches!(refused, Err(StoreError::Fatal { .. })),
         "{refused:?}"
     );
-    assert_eq!(shown(store, 1).await, None);
     assert_eq!(
         shown(store, 2).await,
         None,
-        "nothing of the batch was written"
+        "nothing of the refused batch was written"
     );
+}
+
+/// Rows for [`a_view_counts_its_definitions_rows`]: (post, author, approved, deleted).
+fn definition_rows() -> Vec<bson::Document> {
+    let rows = [
+        (1, "ann", true, false),
+        (1, "ann", false, false),
+        (1, "bob", true, true),
+        (2, "ann", true, false),
+        (2, "bob", false, false),
+    ];
+    rows.iter()
+        .enumerate()
+        .map(|(i, (p, author, approved, deleted))| {
+            let mut row = bson::doc! {
+                "_id": i as i64 + 1,
+                "post_id": *p as i64,
+                "author_id": *author,
+                "approved": *approved,
+                "created_at": DateTime::from_millis(1_000),
+            };
+            if *deleted {
+                row.insert("deleted_at", DateTime::from_millis(2_000));
+            }
+            row
+        })
+        .collect()
+}
+
+/// A view's truth is its definition's: its group field, its condition, the shared soft delete.
+async fn a_view_counts_its_definitions_rows<S: Store>(store: &S) {
+    use counterd::definition::CounterIx;
+    let (approved, by_author) = (
+        store.for_counter(CounterIx(1)),
+        store.for_counter(CounterIx(2)),
+    );
+    let ann = PostId::Str("ann".into());
+    assert_eq!(store.count_live(&post(1)).await.unwrap(), 2);
+    assert_eq!(approved.count_live(&post(1)).await.unwrap(), 1);
+    assert_eq!(approved.count_live(&post(2)).await.unwrap(), 1);
+    assert_eq!(by_author.count_live(&ann).await.unwrap(), 3);
+    assert_eq!(
+        by_author
+            .count_live(&PostId::Str("bob".into()))
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(approved.count_live_below(&post(1), 10).await.unwrap(), 1);
+    assert_eq!(approved.count_live_below(&post(1), 0).await.unwrap(), 0);
+    let ids = by_author.live_ids_below(&ann, 10, 10).await.unwrap();
+    assert_eq!(ids.map(|i| i.len()), Some(3));
+    assert_eq!(by_author.rows_of_post(&ann).await.unwrap().len(), 3);
+    assert_eq!(by_author.latest_created(&ann).await.unwrap(), Some(1));
+    let groups = by_author.posts_after(None, 10).await.unwrap();
+    assert_eq!(groups, [ann, PostId::Str("bob".into())]);
+}
+
+#[tokio::test]
+async fn writes_go_to_their_definitions_on_mongo() {
+    let t =
+        support::TestDb::with_schema("writes_go_to_their_definitions", schema_with_definitions())
+            .await;
+    writes_go_to_their_definitions(&*t.store).await;
+}
+
+#[tokio::test]
+async fn writes_go_to_their_definitions_in_memory() {
+    writes_go_to_their_definitions(&memory_with_definitions()).await;
+}
+
+#[tokio::test]
+async fn a_view_counts_its_definitions_rows_on_mongo() {
+    let t = support::TestDb::with_schema(
+        "a_view_counts_its_definitions_rows",
+        schema_with_definitions(),
+    )
+    .await;
+    t.comments.insert_many(definition_rows()).await.unwrap();
+    a_view_counts_its_definitions_rows(&*t.store).await;
+}
+
+#[tokio::test]
+async fn a_view_counts_its_definitions_rows_in_memory() {
+    let store = memory_with_definitions();
+    for row in definition_rows() {
+        store.lock().insert_row(row);
+    }
+    a_view_counts_its_definitions_rows(&store).await;
+}
+
+/// The in-process store keeping [`schema_with_definitions`]'s definitions.
+fn memory_with_definitions() -> counterd::store::memory::MemoryStore {
+    let store = memory();
+    store
+        .lock()
+        .define_counters(schema_with_definitions().counters);
+    store
 }
 
 async fn mongo(test: &str) -> support::TestDb {
@@ -438,7 +575,6 @@ contract!(
     installs_are_conditional,
     counters_log_the_rows_each_batch_changed,
     ledger_reads_carry_the_batch_that_wrote_them,
-    writes_for_other_definitions_are_refused,
 );
 
 /// Two definitions beyond the default (`approved` per post, `per_author`).

@@ -16,10 +16,7 @@ pub struct CounterArg {
 }
 
 impl CounterArg {
-    /// The definition the flag names. Unknown names are usage errors listing the known ones;
-    /// definitions beyond the default are configured and checked but not kept yet by this
-    /// release (`counterd run` refuses them), so reading them is refused too rather than
-    /// showing counters nothing maintains.
+    /// The definition the flag names. Unknown names are usage errors listing the known ones.
     pub fn resolve(&self, settings: &Settings) -> anyhow::Result<CounterIx> {
         let definitions = settings.definitions()?;
         let Some((ix, _)) = definitions.by_name(&self.name) else {
@@ -30,13 +27,6 @@ impl CounterArg {
             ))
             .into());
         };
-        if ix != CounterIx::DEFAULT {
-            return Err(UsageError(format!(
-                "--counter {}: counters beyond `{DEFAULT_COUNTER}` are not kept by this release yet",
-                self.name
-            ))
-            .into());
-        }
         Ok(ix)
     }
 }

@@ -64,6 +64,7 @@ fn daemon_code(e: &DaemonError) -> u8 {
             LeaseError::TakeOver { source, .. } | LeaseError::Acquire { source, .. },
         ) => store_code(source),
         DaemonError::Lease(LeaseError::Panicked { .. } | LeaseError::Cancelled { .. }) => MONGODB,
+        DaemonError::Config(_) => USAGE,
     }
 }
 

@@ -20,8 +20,9 @@ pub struct Args {
 }
 
 pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
-    args.counter.resolve(&settings)?;
-    let store = connect(&settings).await?;
+    let counter = args.counter.resolve(&settings)?;
+    // The definition's view: its counters, dirty set and count queries.
+    let store = std::sync::Arc::new(connect(&settings).await?.for_counter(counter));
     let post = PostId::parse(&args.post);
     let observation = observe(&settings, &store, std::slice::from_ref(&post))
         .await?

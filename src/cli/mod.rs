@@ -224,7 +224,15 @@ pub async fn marks_in_flight(
             .await?
             .and_then(|c| c.pending)
         {
-            posts.extend(pending.dirty.into_iter().map(|m| m.post));
+            // The marks of the definition `store` is a view of.
+            let counter = crate::store::CounterViews::viewed_counter(store);
+            posts.extend(
+                pending
+                    .dirty
+                    .into_iter()
+                    .filter(|m| m.counter == counter)
+                    .map(|m| m.post),
+            );
         }
     }
     Ok(posts)

@@ -34,10 +34,11 @@ pub struct Args {
 }
 
 pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
-    args.counter.resolve(&settings)?;
+    let counter = args.counter.resolve(&settings)?;
     let store = connect(&settings).await?;
     refuse_before_the_initial_snapshot(&settings, store.as_ref()).await?;
-    let reconciler = Reconciler::new(store, ReconcileSettings::from(&settings));
+    let settings_for = ReconcileSettings::from(&settings).for_counter(counter, &args.counter.name);
+    let reconciler = Reconciler::new(store, settings_for);
     let now = chrono::Utc::now().timestamp();
     let report = if let Some(post) = &args.post {
         reconciler.run_post(&PostId::parse(post), now).await?

@@ -13,7 +13,8 @@ pub struct Args {
 }
 
 pub async fn run(settings: Settings, _args: Args) -> anyhow::Result<ExitCode> {
-    refuse_unkept_counters(&settings)?;
+    // The definitions are checked before anything is contacted (exit 2 naming the setting).
+    settings.definitions()?;
     match daemon::run(settings, daemon::shutdown_on_signals()).await {
         Ok(()) => Ok(ExitCode::SUCCESS),
         Err(e) => {
@@ -21,25 +22,5 @@ pub async fn run(settings: Settings, _args: Args) -> anyhow::Result<ExitCode> {
             tracing::error!(error = %crate::cli::exit::describe(&e), "counterd stopped");
             Err(e)
         }
-    }
-}
-
-/// `[[counters]]` beyond the default are checked, listed by `counterd config` and classified by
-/// the pure core, but the worker does not keep them yet: refusing to start (exit 2, naming the
-/// setting) is better than a sidecar that looks healthy while those counters never move.
-fn refuse_unkept_counters(settings: &Settings) -> Result<(), crate::config::ConfigError> {
-    let definitions = settings.definitions()?;
-    match definitions.extra() {
-        [] => Ok(()),
-        extra => Err(crate::config::ConfigError::Invalid {
-            name: "counters".into(),
-            origin: "settings".into(),
-            value: extra
-                .iter()
-                .map(|d| d.name.as_str())
-                .collect::<Vec<_>>()
-                .join(", "),
-            message: "`counterd run` keeps only the default counter in this release; remove the [[counters]] entries to run".into(),
-        }),
     }
 }

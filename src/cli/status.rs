@@ -75,8 +75,11 @@ struct CounterStatus {
     name: String,
     group_field: String,
     collection: String,
-    /// Whether this release keeps it (only the default definition, so far).
+    /// Whether `counterd run` keeps it (every configured definition: one stream and one
+    /// ledger serve them all).
     kept: bool,
+    /// Its dirty set's size (groups waiting for a recount).
+    dirty_backlog: u64,
 }
 
 /// How many recent runs `status` shows.
@@ -172,7 +175,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
             .push(stream_status(store.as_ref(), stream, settings.snapshot_rows_per_second).await?);
     }
     let dirty = store.dirty_summary().await?;
-    let status = Status {
+    let mut status = Status {
         mongodb: redact_uri(&settings.mongodb_uri),
         database: settings.database.clone(),
         streams,
@@ -192,17 +195,18 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
             (0, None) => "the default (no container memory limit)".into(),
             _ => "memory_budget".into(),
         },
-        counters: settings
-            .definitions()?
-            .iter()
-            .map(|(ix, d)| CounterStatus {
-                name: d.name.clone(),
-                group_field: d.group.clone(),
-                collection: d.collection.clone(),
-                kept: ix == crate::definition::CounterIx::DEFAULT,
-            })
-            .collect(),
+        counters: Vec::new(),
     };
+    for (ix, d) in settings.definitions()?.iter() {
+        let backlog = store.for_counter(ix).dirty_summary().await?;
+        status.counters.push(CounterStatus {
+            name: d.name.clone(),
+            group_field: d.group.clone(),
+            collection: d.collection.clone(),
+            kept: true,
+            dirty_backlog: backlog.size,
+        });
+    }
     if args.json {
         print_json(&status)?;
         return Ok(ExitCode::SUCCESS);
@@ -220,15 +224,11 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     );
     for c in &status.counters {
         outln!(
-            "counter           {}: per `{}`, in `{}`{}",
+            "counter           {}: per `{}`, in `{}`, {} dirty",
             c.name,
             c.group_field,
             c.collection,
-            if c.kept {
-                ""
-            } else {
-                " (configured; not kept by this release)"
-            }
+            c.dirty_backlog
         );
     }
     for s in &status.streams {

@@ -20,8 +20,9 @@ pub struct Args {
 }
 
 pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
-    args.counter.resolve(&settings)?;
-    let store = connect(&settings).await?;
+    let counter = args.counter.resolve(&settings)?;
+    // The definition's view: its counters, dirty set and count queries.
+    let store = std::sync::Arc::new(connect(&settings).await?.for_counter(counter));
     let posts = store.sample_posts(args.sample).await?;
     if crate::cli::snapshot_running(&settings, &store).await? {
         outln!("not verified: the initial snapshot is still counting the rows that existed before the stream's start; counters are comparable once it is done (see `counterd status`)");

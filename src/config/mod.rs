@@ -237,15 +237,18 @@ impl Settings {
         })
     }
 
-    /// The application's schema: field names and the soft-delete rule. Its `counters` (the
-    /// definitions beyond the default) stay empty until the stores keep each definition's
-    /// counters in its own collection: rows read here must not yet produce writes for them
-    /// (see `store::only_the_default_counter`; `counterd run` refuses `[[counters]]`).
+    /// The application's schema: field names, the soft-delete rule, and the counter
+    /// definitions beyond the default (`[[counters]]`), so that every row read records what it
+    /// is to each. Definitions that do not check out are left out here; loading the settings
+    /// and `counterd run` refuse them first (see [`Settings::definitions`]).
     pub fn schema(&self) -> crate::schema::Schema {
         use crate::schema::SoftDelete;
         let field = self.soft_delete_field.clone();
         crate::schema::Schema {
-            counters: Vec::new(),
+            counters: self
+                .definitions()
+                .map(|d| d.extra().to_vec())
+                .unwrap_or_default(),
             group: self.group_field.clone(),
             created: self.created_field.clone(),
             soft_delete: match self.soft_delete {

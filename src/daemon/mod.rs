@@ -37,6 +37,9 @@ pub enum DaemonError {
     Worker(#[from] WorkerError),
     #[error(transparent)]
     Lease(#[from] LeaseError),
+    /// The settings do not hold together (the `[[counters]]` definitions).
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
 }
 
 impl ActiveError for DaemonError {

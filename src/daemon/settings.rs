@@ -58,11 +58,14 @@ impl From<&Settings> for SnapshotSettings {
     }
 }
 
-/// The configured stream and every post.
+/// The configured stream, every post, the default counter definition (see
+/// [`ReconcileSettings::for_counter`] for the others).
 impl From<&Settings> for ReconcileSettings {
     fn from(settings: &Settings) -> Self {
         ReconcileSettings {
             stream: settings.stream_name.clone(),
+            counter: crate::definition::CounterIx::DEFAULT,
+            counter_name: crate::definition::DEFAULT_COUNTER.into(),
             bucket_width_secs: settings.bucket_width_secs(),
             settle_secs: settings.settle_time.as_secs() as i64,
             max_posts: settings.reconcile_max_posts,

@@ -104,6 +104,8 @@ pub async fn run_streams(
         configured = settings.memory_budget,
         "memory budget"
     );
+    // Checked when the settings were loaded; a mistake here is one in the file.
+    let definitions = settings.definitions()?;
     let partitions = crate::partition::stream_names(&settings.stream_name, settings.partitions);
     for ((stream, partition), status) in partitions.into_iter().zip(statuses) {
         let lease = LeaseSettings {
@@ -126,6 +128,7 @@ pub async fn run_streams(
             ..ReconcileSettings::from(&settings)
         };
         let (interval, jitter) = (settings.reconcile_interval, settings.reconcile_jitter);
+        let definitions = definitions.clone();
         let (store, stop) = (store.clone(), stop.clone());
         let task = streams.spawn(async move {
             let active_store = store.clone();
@@ -136,10 +139,17 @@ pub async fn run_streams(
                     worker_settings.clone(),
                     active_status.clone(),
                 );
-                let reconciler = Reconciler::new(active_store.clone(), reconcile_settings.clone());
+                // One reconciler per counter definition, each over its own view of the store.
+                let reconcilers = definitions
+                    .iter()
+                    .map(|(ix, d)| {
+                        let settings = reconcile_settings.clone().for_counter(ix, &d.name);
+                        Reconciler::new(active_store.clone(), settings)
+                    })
+                    .collect();
                 async move {
                     let reconcile =
-                        tokio::spawn(run_loop(reconciler, interval, jitter, stop.clone()));
+                        tokio::spawn(run_loop(reconcilers, interval, jitter, stop.clone()));
                     let result = worker.run(epoch, stop).await;
                     reconcile.abort();
                     result.map_err(DaemonError::from)

@@ -21,9 +21,12 @@ use serde::Serialize;
 mod run;
 mod sweep;
 
+pub use sweep::run_requested_sweeps;
+
 use run::Run;
 
 use crate::clock::{Clock, SystemClock};
+use crate::definition::CounterIx;
 use crate::event::PostId;
 use crate::fold::watermark_for;
 use crate::recount::{CatchUp, Recounter};
@@ -37,6 +40,12 @@ use crate::telemetry as m;
 pub struct ReconcileSettings {
     /// The stream whose checkpoint bounds the watermark.
     pub stream: String,
+    /// The counter definition whose counters this reconciler folds: its store view (counters
+    /// collection, dirty set, the rows it counts) is made from it ([`CounterViews`]).
+    pub counter: CounterIx,
+    /// That definition's name: the `counter` label of the reconciler's metrics, and the key
+    /// of its background sweep's cursor beside the stream's.
+    pub counter_name: String,
     pub bucket_width_secs: i64,
     pub settle_secs: i64,
     pub max_posts: usize,
@@ -58,6 +67,27 @@ pub struct ReconcileSettings {
     pub background_pass: Option<Duration>,
     /// How often the reconcile loop runs (paces the background sweep).
     pub interval: Duration,
+}
+
+impl ReconcileSettings {
+    /// The same settings for the counter definition `counter`, named `name`.
+    pub fn for_counter(self, counter: CounterIx, name: &str) -> Self {
+        ReconcileSettings {
+            counter,
+            counter_name: name.to_string(),
+            ..self
+        }
+    }
+
+    /// Where its background sweep keeps its place: the stream's name for the default
+    /// definition (as before definitions existed), `<stream>#<name>` for the others.
+    pub fn sweep_key(&self) -> String {
+        if self.counter == CounterIx::DEFAULT {
+            self.stream.clone()
+        } else {
+            format!("{}#{}", self.stream, self.counter_name)
+        }
+    }
 }
 
 /// One corrected counter: what it displayed and what is true.
@@ -103,13 +133,20 @@ enum Outcome {
     NotNow,
 }
 
-impl<S: Store + ?Sized> Reconciler<S> {
+impl<S: Store> Reconciler<S> {
+    /// A reconciler of `settings.counter` over `store` (any view of it: the reconciler makes
+    /// its own definition's view).
     pub fn new(store: Arc<S>, settings: ReconcileSettings) -> Self {
         Self::with_clock(store, settings, Arc::new(SystemClock))
     }
 
     /// The same reconciler pausing on (and reading time from) `clock`.
     pub fn with_clock(store: Arc<S>, settings: ReconcileSettings, clock: Arc<dyn Clock>) -> Self {
+        let store = if store.viewed_counter() == settings.counter {
+            store
+        } else {
+            Arc::new(store.for_counter(settings.counter))
+        };
         let recounter = Recounter::new(
             store.clone(),
             clock.clone(),
@@ -124,6 +161,13 @@ impl<S: Store + ?Sized> Reconciler<S> {
             clock,
             recounter,
         }
+    }
+}
+
+impl<S: Store + ?Sized> Reconciler<S> {
+    /// The settings it runs with (its stream and counter definition).
+    pub fn settings(&self) -> &ReconcileSettings {
+        &self.settings
     }
 
     /// The watermark for a run now: a bucket boundary older than the settle time and than the
@@ -158,12 +202,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
                 self.settings.max_posts,
             )
             .await?;
-        let mut run = Run::new(
-            &self.settings.stream,
-            "dirty",
-            watermark,
-            self.settings.counts_per_second,
-        );
+        let mut run = Run::new(&self.settings, "dirty", watermark);
         let passed = async {
             for group in dirty.chunks(self.settings.group_size.max(1)) {
                 let posts: Vec<PostId> = group.iter().map(|e| e.post.clone()).collect();
@@ -217,7 +256,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
             .await?
             .into_iter()
             .find(|d| d.post == *post);
-        let mut run = Run::new(&self.settings.stream, "post", watermark, 0);
+        let mut run = Run::new(&self.settings, "post", watermark).unpaced();
         let outcome = self
             .reconcile_posts(std::slice::from_ref(post), watermark, false, &mut run)
             .await?;
@@ -234,13 +273,19 @@ impl<S: Store + ?Sized> Reconciler<S> {
 
 /// Runs reconcile passes every `interval` (jittered by `jitter`, a fraction) until shutdown:
 /// a requested full sweep first, then the dirty posts, then a step of the background sweep.
+/// `reconcilers` are one stream's, one per counter definition: each pass runs every one of
+/// them in turn, so one stream's recounts never run side by side (their share of the memory
+/// budget is the stream's) and a sweep request is cleared only once every definition swept.
 pub async fn run_loop<S: Store + ?Sized>(
-    reconciler: Reconciler<S>,
+    reconcilers: Vec<Reconciler<S>>,
     interval: Duration,
     jitter: f64,
     shutdown: Shutdown,
 ) -> Result<(), StoreError> {
     use rand::Rng;
+    let Some(reconciler) = reconcilers.first() else {
+        return Ok(());
+    };
     loop {
         let spread = interval.as_secs_f64() * jitter;
         let delay = interval.as_secs_f64() + rand::rng().random_range(-spread..=spread);
@@ -256,11 +301,12 @@ pub async fn run_loop<S: Store + ?Sized>(
         }
         let now = crate::time::secs(clock.now());
         let pass = async {
-            reconciler
-                .run_requested_sweep(now, Some(shutdown.clone()))
-                .await?;
-            reconciler.run_dirty(now).await?;
-            reconciler.background_step(now).await
+            sweep::run_requested_sweeps(&reconcilers, now, Some(shutdown.clone())).await?;
+            for reconciler in &reconcilers {
+                reconciler.run_dirty(now).await?;
+                reconciler.background_step(now).await?;
+            }
+            StoreResult::Ok(())
         };
         match pass.await {
             Ok(_) => {}

@@ -1,10 +1,9 @@
 //! One run's work: each post recounted consistently with the stream, folded in, installed,
 //! and recorded in the run's bookkeeping; the report it ends with.
 
-use crate::definition::DEFAULT_COUNTER;
 use bson::DateTime;
 
-use super::{Correction, Outcome, Reconciler, RunReport};
+use super::{Correction, Outcome, ReconcileSettings, Reconciler, RunReport};
 use crate::event::PostId;
 use crate::fold::{fold, Fold};
 use crate::recount::{Consistent, Pace, Recount, Request};
@@ -110,6 +109,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
     pub(super) async fn finish(&self, run: Run) -> StoreResult<RunReport> {
         let Run {
             stream,
+            counter,
             started,
             mut summary,
             corrections,
@@ -119,9 +119,9 @@ impl<S: Store + ?Sized> Reconciler<S> {
         summary.finished_at = Some(self.clock.now());
         self.store.record_run(&summary).await?;
         let backlog = self.store.dirty_summary().await?;
-        m::record_dirty(backlog.size, backlog.oldest);
+        m::record_dirty(backlog.size, backlog.oldest, &counter);
         let kind = summary.kind.clone();
-        metrics::counter!(m::RECONCILE_RUNS, "stream" => stream.clone(), "kind" => kind.clone())
+        metrics::counter!(m::RECONCILE_RUNS, "stream" => stream.clone(), "kind" => kind.clone(), "counter" => counter.clone())
             .increment(1);
         metrics::histogram!(m::RECONCILE_DURATION, "kind" => kind)
             .record(started.elapsed().as_secs_f64());
@@ -136,7 +136,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
         macro_rules! summary_line {
             ($level:ident) => {
                 tracing::$level!(
-                    %stream, kind = %summary.kind, posts = summary.posts, counts = summary.counts,
+                    %stream, %counter, kind = %summary.kind, posts = summary.posts, counts = summary.counts,
                     corrected = summary.corrected, total_abs_drift = summary.total_abs_drift,
                     max_abs_drift = summary.max_abs_drift, high = summary.drift_high, low = summary.drift_low,
                     in_flight = summary.in_flight, waiting = summary.waiting,
@@ -184,6 +184,8 @@ fn is_noop(state: &crate::fold::CounterState, folded: &Fold) -> bool {
 pub(super) struct Run {
     /// The stream whose posts this run reconciles (the metrics' label).
     stream: String,
+    /// The counter definition whose counters it folds (the metrics' `counter` label).
+    counter: String,
     started: std::time::Instant,
     pub(super) summary: RunSummary,
     corrections: Vec<Correction>,
@@ -192,11 +194,21 @@ pub(super) struct Run {
 }
 
 impl Run {
-    pub(super) fn new(stream: &str, kind: &str, watermark: i64, counts_per_second: u32) -> Run {
+    /// A run of `kind` at `watermark` for the settings' stream and counter, paced at their
+    /// `counts_per_second` (see [`Run::unpaced`]).
+    pub(super) fn new(settings: &ReconcileSettings, kind: &str, watermark: i64) -> Run {
+        let counter = settings.counter_name.clone();
         Run {
-            stream: stream.to_string(),
+            stream: settings.stream.clone(),
             started: std::time::Instant::now(),
             summary: RunSummary {
+                // Stored only for definitions beyond the default: a default run's record is
+                // the same as before definitions existed.
+                counter: if settings.counter == crate::definition::CounterIx::DEFAULT {
+                    String::new()
+                } else {
+                    counter.clone()
+                },
                 started_at: Some(DateTime::now()),
                 kind: kind.into(),
                 watermark,
@@ -204,14 +216,21 @@ impl Run {
             },
             corrections: Vec::new(),
             contended: Vec::new(),
-            pace: Pace::new(counts_per_second),
+            pace: Pace::new(settings.counts_per_second),
+            counter,
         }
+    }
+
+    /// The same run without pacing (one post, asked for by hand).
+    pub(super) fn unpaced(mut self) -> Run {
+        self.pace = Pace::new(0);
+        self
     }
 
     /// A fold covered the settled changes of a dirty entry: how long they waited.
     pub(super) fn folded_dirty(&mut self, entry: &DirtyEntry, now: DateTime) {
         let waited_ms = (now.timestamp_millis() - entry.first_dirty_at.timestamp_millis()).max(0);
-        metrics::histogram!(m::DIRTY_TO_FOLD, "stream" => self.stream.clone())
+        metrics::histogram!(m::DIRTY_TO_FOLD, "stream" => self.stream.clone(), "counter" => self.counter.clone())
             .record(waited_ms as f64 / 1000.0);
         let secs = waited_ms / 1000;
         let longest = &mut self.summary.longest_dirty_to_fold_secs;
@@ -220,14 +239,14 @@ impl Run {
 
     fn record(&mut self, post: &PostId, folded: &Fold) {
         self.summary.posts += 1;
-        metrics::counter!(m::POSTS_RECONCILED, "stream" => self.stream.clone()).increment(1);
+        metrics::counter!(m::POSTS_RECONCILED, "stream" => self.stream.clone(), "counter" => self.counter.clone())
+            .increment(1);
         if folded.drift == 0 {
             return;
         }
         let sign = if folded.drift > 0 { "high" } else { "low" };
-        // Labelled by counter definition, so each counter's drift is its own series; the
-        // reconciler keeps the default definition's counters (see `crate::definition`).
-        metrics::histogram!(m::DRIFT, "sign" => sign, "counter" => DEFAULT_COUNTER)
+        // Labelled by counter definition, so each counter's drift is its own series.
+        metrics::histogram!(m::DRIFT, "sign" => sign, "counter" => self.counter.clone())
             .record(folded.drift.unsigned_abs() as f64);
         self.summary.corrected += 1;
         self.summary.total_abs_drift += folded.drift.abs();
@@ -239,7 +258,7 @@ impl Run {
             self.summary.drift_low += folded.drift;
             self.summary.corrected_low += 1;
         }
-        tracing::debug!(stream = %self.stream, %post, wrong = folded.wrong, right = folded.right, drift = folded.drift, "counter corrected");
+        tracing::debug!(stream = %self.stream, counter = %self.counter, %post, wrong = folded.wrong, right = folded.right, drift = folded.drift, "counter corrected");
         self.corrections.push(Correction {
             post: post.clone(),
             wrong: folded.wrong,

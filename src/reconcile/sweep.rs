@@ -3,6 +3,7 @@
 
 use super::run::Run;
 use super::{Outcome, Reconciler, RunReport};
+use crate::definition::CounterIx;
 use crate::event::PostId;
 use crate::shutdown::Shutdown;
 use crate::store::{Store, StoreResult};
@@ -11,39 +12,51 @@ use crate::telemetry as m;
 impl<S: Store + ?Sized> Reconciler<S> {
     /// Recounts every post, window by window over `post_id`, paced; `progress` hears the
     /// number of posts done after each window. Clears a pending sweep request when complete.
+    ///
+    /// A stream's sweep request is the whole stream's, every definition's: only the default
+    /// definition's sweep clears it here ([`run_requested_sweeps`] clears it once every
+    /// definition has swept).
     pub async fn sweep(
         &self,
         now_secs: i64,
         progress: impl FnMut(u64) + Send,
         shutdown: Option<Shutdown>,
     ) -> StoreResult<RunReport> {
-        self.sweep_posts(now_secs, None, progress, shutdown).await
+        let (report, passed) = self.sweep_posts(now_secs, None, progress, shutdown).await?;
+        if passed && self.settings.counter == CounterIx::DEFAULT {
+            self.clear_sweep_request().await?;
+        }
+        Ok(report)
+    }
+
+    /// Clears the stream's sweep request.
+    async fn clear_sweep_request(&self) -> StoreResult<()> {
+        self.store
+            .set_sweep_requested(&self.settings.stream, false)
+            .await
     }
 
     /// The sweep behind both. After lost history (`after_gap`: the stream's ledger generation)
     /// it folds each post above every row and bucket it has (a full recount), because no
     /// bucket can be trusted: a row dated above the watermark may have had its events in the
     /// gap. It also rebuilds the ledger entries of each post's rows first: an entry from before
-    /// the gap may show a row where it no longer is.
+    /// the gap may show a row where it no longer is. Also says whether the sweep did what a
+    /// request asks (it was not interrupted and, after a gap, recounted every post), so the
+    /// request may be cleared.
     async fn sweep_posts(
         &self,
         now_secs: i64,
         after_gap: Option<u64>,
         mut progress: impl FnMut(u64) + Send,
         shutdown: Option<Shutdown>,
-    ) -> StoreResult<RunReport> {
+    ) -> StoreResult<(RunReport, bool)> {
         let watermark = self.watermark(now_secs).await?;
         let kind = if after_gap.is_some() {
             "gap_sweep"
         } else {
             "sweep"
         };
-        let mut run = Run::new(
-            &self.settings.stream,
-            kind,
-            watermark,
-            self.settings.counts_per_second,
-        );
+        let mut run = Run::new(&self.settings, kind, watermark);
         // Every sweep also rebuilds the ledger entries of the rows it passes over: after a gap
         // they are stale, and a stream that never had them (started on existing rows without
         // a snapshot) needs them to attribute a later delete or move of an old comment. Not
@@ -59,7 +72,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
         let passed = async {
             loop {
                 if shutdown.as_ref().is_some_and(Shutdown::requested) {
-                    return Ok(()); // interrupted: a requested sweep stays requested
+                    return Ok(false); // interrupted: a requested sweep stays requested
                 }
                 let window = self
                     .store
@@ -82,37 +95,55 @@ impl<S: Store + ?Sized> Reconciler<S> {
                         .await?;
                     complete &= outcomes.iter().all(|o| *o != Outcome::NotNow);
                 }
-                metrics::counter!(m::SWEEP_POSTS, "stream" => self.settings.stream.clone())
+                metrics::counter!(m::SWEEP_POSTS, "stream" => self.settings.stream.clone(), "counter" => self.settings.counter_name.clone())
                     .increment(window.len() as u64);
                 progress(run.summary.posts);
                 after = Some(last);
             }
             if complete || after_gap.is_none() {
-                self.store
-                    .set_sweep_requested(&self.settings.stream, false)
-                    .await?;
-            } else {
-                tracing::warn!(
-                    stream = %self.settings.stream,
-                    in_flight = run.summary.in_flight,
-                    "the sweep after lost history could not recount every post consistently; it runs again"
-                );
+                return Ok(true);
             }
-            Ok(())
+            tracing::warn!(
+                stream = %self.settings.stream,
+                counter = %self.settings.counter_name,
+                in_flight = run.summary.in_flight,
+                "the sweep after lost history could not recount every post consistently; it runs again"
+            );
+            Ok(false)
         }
         .await;
-        self.conclude(run, passed).await
+        let done = matches!(passed, Ok(true));
+        Ok((self.conclude(run, passed.map(|_| ())).await?, done))
     }
 
     /// Runs the full sweep that a lost history requested, once the watermark has passed the end
     /// of the recorded gap: rows created in the gap sit above an earlier watermark, where a fold
     /// keeps buckets (empty for them, their events were never seen) and would not count them.
     /// Returns `None` when no sweep is requested or it must wait for the settle time.
+    ///
+    /// This definition's sweep only; like [`Reconciler::sweep`], only the default definition's
+    /// clears the request. [`run_requested_sweeps`] runs every definition's of a stream.
     pub async fn run_requested_sweep(
         &self,
         now_secs: i64,
         shutdown: Option<Shutdown>,
     ) -> StoreResult<Option<RunReport>> {
+        let Some((report, passed)) = self.requested_sweep(now_secs, shutdown).await? else {
+            return Ok(None);
+        };
+        if passed && self.settings.counter == CounterIx::DEFAULT {
+            self.clear_sweep_request().await?;
+        }
+        Ok(Some(report))
+    }
+
+    /// The requested sweep of this definition, if one is due, and whether it did what the
+    /// request asks (see [`Reconciler::sweep_posts`]); the request is left as it is.
+    async fn requested_sweep(
+        &self,
+        now_secs: i64,
+        shutdown: Option<Shutdown>,
+    ) -> StoreResult<Option<(RunReport, bool)>> {
         let Some(checkpoint) = self.store.load_checkpoint(&self.settings.stream).await? else {
             return Ok(None);
         };
@@ -136,6 +167,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
         }
         tracing::warn!(
             stream = %self.settings.stream,
+            counter = %self.settings.counter_name,
             "running the requested full sweep (history was lost or events were unattributable)"
         );
         let stream = self.settings.stream.clone();
@@ -165,7 +197,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
         };
         let mut cursor = self
             .store
-            .load_sweep_cursor(&self.settings.stream)
+            .load_sweep_cursor(&self.settings.sweep_key())
             .await?
             .unwrap_or_default();
         let estimate = cursor.last_pass_posts.max(cursor.posts_done).max(1);
@@ -175,12 +207,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
             .clamp(1, self.settings.sweep_window);
         let watermark = self.watermark(now_secs).await?;
         let window = self.store.posts_after(cursor.after.as_ref(), size).await?;
-        let mut run = Run::new(
-            &self.settings.stream,
-            "background",
-            watermark,
-            self.settings.counts_per_second,
-        );
+        let mut run = Run::new(&self.settings, "background", watermark);
         if cursor.pass_started.is_none() {
             cursor.pass_started = Some(self.clock.now());
         }
@@ -199,6 +226,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
                 if cursor.posts_done > 0 {
                     tracing::info!(
                         stream = %self.settings.stream,
+                        counter = %self.settings.counter_name,
                         posts = cursor.posts_done,
                         passes = cursor.passes + 1,
                         "background sweep pass complete"
@@ -212,12 +240,13 @@ impl<S: Store + ?Sized> Reconciler<S> {
             }
         }
         let stream = self.settings.stream.clone();
-        metrics::gauge!(m::BACKGROUND_SWEEP_POSTS_DONE, "stream" => stream.clone())
+        let counter = self.settings.counter_name.clone();
+        metrics::gauge!(m::BACKGROUND_SWEEP_POSTS_DONE, "stream" => stream.clone(), "counter" => counter.clone())
             .set(cursor.posts_done as f64);
-        metrics::gauge!(m::BACKGROUND_SWEEP_LAST_PASS, "stream" => stream)
+        metrics::gauge!(m::BACKGROUND_SWEEP_LAST_PASS, "stream" => stream, "counter" => counter)
             .set(cursor.last_pass_posts as f64);
         self.store
-            .save_sweep_cursor(&self.settings.stream, &cursor)
+            .save_sweep_cursor(&self.settings.sweep_key(), &cursor)
             .await?;
         Ok(Some(self.finish(run).await?))
     }
@@ -248,4 +277,30 @@ impl<S: Store + ?Sized> Reconciler<S> {
             .await?;
         Ok(true)
     }
+}
+
+/// Runs the sweep a stream's lost history requested for every definition (each over its own
+/// counters, one after the other) and clears the request only once every one of them did what
+/// it asks: a request is the whole stream's, and a definition that could not recount every
+/// group consistently runs again with the others.
+pub async fn run_requested_sweeps<S: Store + ?Sized>(
+    reconcilers: &[Reconciler<S>],
+    now_secs: i64,
+    shutdown: Option<Shutdown>,
+) -> StoreResult<Vec<RunReport>> {
+    let mut reports = Vec::new();
+    let mut passed = true;
+    for reconciler in reconcilers {
+        if let Some((report, done)) = reconciler
+            .requested_sweep(now_secs, shutdown.clone())
+            .await?
+        {
+            reports.push(report);
+            passed &= done;
+        }
+    }
+    if let (Some(first), false, true) = (reconcilers.first(), reports.is_empty(), passed) {
+        first.clear_sweep_request().await?;
+    }
+    Ok(reports)
 }

@@ -42,44 +42,73 @@ use crate::event::{CommentId, PostId, Row, Token};
 use crate::fold::Fold;
 use crate::recount::LedgerAt;
 
-/// Refuses writes for counter definitions beyond the default. The stores keep one counters
-/// collection and one dirty set, the default definition's, until each definition is routed to
-/// its own; a write for another definition would otherwise land in the default's collection
-/// under the same key and corrupt a post's counter. Nothing in the product plans such writes
-/// yet (`counterd run` refuses `[[counters]]`): this is the seam's own guarantee.
-pub fn only_the_default_counter(
-    op: &'static str,
-    counters: impl IntoIterator<Item = CounterIx>,
-) -> StoreResult<()> {
-    match counters.into_iter().find(|c| *c != CounterIx::DEFAULT) {
-        None => Ok(()),
-        Some(other) => Err(StoreError::Fatal {
-            op,
-            message: format!(
-                "a write for counter definition #{} reached a store that keeps only the default definition's counters",
-                other.0
-            ),
-        }),
+/// A write or read for a counter definition the store does not know (its place is beyond the
+/// schema's definitions): refused rather than written into another definition's collection,
+/// where it would land under the same key and corrupt that counter.
+pub fn unknown_counter(op: &'static str, counter: CounterIx) -> StoreError {
+    StoreError::Fatal {
+        op,
+        message: format!(
+            "counter definition #{} is not one of this store's definitions",
+            counter.0
+        ),
     }
+}
+
+/// One store, seen per counter definition. Every definition keeps its own counters collection
+/// ([`crate::definition::Definition::collection`]) and its own dirty set, and counts its own
+/// rows (its group field and condition): a *view* is the store as one definition sees it, so
+/// the reconciler, `get`, `verify` and `dirty` run unchanged over any definition. The worker's
+/// batch writes ([`Counters::apply_counters`], [`Counters::apply_snapshot_counters`],
+/// [`DirtySet::mark_dirty`]) are routed per item by its `counter` whatever the view, since one
+/// batch carries every definition's deltas; every other counter, dirty-set and truth call
+/// reads the view's definition. Views share everything else (connection, tables, leases,
+/// checkpoints, the ledger).
+pub trait CounterViews {
+    /// This store as definition `counter` sees it (a cheap handle on the same store).
+    fn for_counter(&self, counter: CounterIx) -> Self
+    where
+        Self: Sized;
+
+    /// The definition this handle serves ([`CounterIx::DEFAULT`] unless made by
+    /// [`CounterViews::for_counter`]).
+    fn viewed_counter(&self) -> CounterIx;
 }
 
 /// Everything the worker writes and the reconciler reads and folds: every concern's trait at
 /// once. Implemented for any type that implements them all, so `S: Store` bounds need nothing
 /// more; callers holding a concrete store import [`prelude`] to call the methods.
 pub trait Store:
-    ChangeStreams + Checkpoints + Counters + Ledger + DirtySet + Truth + Leases + RunHistory
+    ChangeStreams
+    + Checkpoints
+    + Counters
+    + Ledger
+    + DirtySet
+    + Truth
+    + Leases
+    + RunHistory
+    + CounterViews
 {
 }
 
 impl<T> Store for T where
-    T: ChangeStreams + Checkpoints + Counters + Ledger + DirtySet + Truth + Leases + RunHistory
+    T: ChangeStreams
+        + Checkpoints
+        + Counters
+        + Ledger
+        + DirtySet
+        + Truth
+        + Leases
+        + RunHistory
+        + CounterViews
 {
 }
 
 /// The store's traits, for callers that hold a concrete store (not an `S: Store` bound).
 pub mod prelude {
     pub use super::{
-        ChangeStreams, Checkpoints, Counters, DirtySet, Leases, Ledger, RunHistory, Store, Truth,
+        ChangeStreams, Checkpoints, CounterViews, Counters, DirtySet, Leases, Ledger, RunHistory,
+        Store, Truth,
     };
 }
 

@@ -304,6 +304,10 @@ impl ApplyOutcome {
 #[derive(Clone, Debug, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct RunSummary {
+    /// The counter definition the run reconciled (empty: the default, and every run stored
+    /// before definitions existed).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub counter: String,
     pub started_at: Option<DateTime>,
     pub finished_at: Option<DateTime>,
     pub kind: String,

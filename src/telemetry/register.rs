@@ -107,7 +107,7 @@ pub fn describe() {
     );
     describe_gauge!(
         DIRTY_POSTS,
-        "Posts waiting for a recount, as of this process's last reconcile run."
+        "Groups waiting for a recount, per counter definition, as of this process's last reconcile run."
     );
     describe_counter!(
         SNAPSHOT_ROWS,

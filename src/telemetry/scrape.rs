@@ -39,7 +39,14 @@ pub fn dirty_view() -> &'static DirtyView {
 
 /// Records the dirty backlog a reconcile run saw: the size as a gauge, the oldest entry's time
 /// for the scrape-time age.
-pub fn record_dirty(size: u64, oldest: Option<bson::DateTime>) {
+///
+/// Per counter definition (`counter`, its name): the backlog gauge is labelled with it; the
+/// scrape-time oldest age is the default definition's.
+pub fn record_dirty(size: u64, oldest: Option<bson::DateTime>, counter: &str) {
+    metrics::gauge!(DIRTY_POSTS, "counter" => counter.to_string()).set(size as f64);
+    if counter != crate::definition::DEFAULT_COUNTER {
+        return;
+    }
     let view = dirty_view();
     view.size.store(size, Ordering::Relaxed);
     view.oldest_ms.store(
@@ -47,7 +54,6 @@ pub fn record_dirty(size: u64, oldest: Option<bson::DateTime>) {
         Ordering::Relaxed,
     );
     view.seen.store(true, Ordering::Relaxed);
-    metrics::gauge!(DIRTY_POSTS).set(size as f64);
 }
 
 /// One stream's scrape-time view: its age gauges, computed from the worker's timestamps.

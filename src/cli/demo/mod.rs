@@ -1,7 +1,9 @@
 //! `counterd demo`: the whole product in one command. Starts a throwaway database the way the
-//! tests do, seeds posts, runs the worker and reconciler, drives a load generator (inserts, soft
-//! deletes, undeletes, hard deletes, and now and then a counter knocked off by hand), and shows
-//! the counters converging, until ctrl-c or `--duration`. It prints the drift it injected next to
+//! tests do, seeds posts, runs the worker and reconciler, drives a load generator (inserts,
+//! approvals, soft deletes, undeletes, hard deletes, and now and then a counter knocked off by
+//! hand), and shows two counters over the same rows converging (comments per post, and approved
+//! comments per post as a `[[counters]]` definition when the configuration has none), until
+//! ctrl-c or `--duration`. It prints the drift it injected next to
 //! the drift the reconciler reported: they match, because a recount is never installed while a
 //! change it could have seen is in flight (no false drift under load).
 
@@ -63,7 +65,22 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
             server.uri
         );
     }
+    // A second counter over the same rows when none is configured: approved comments per
+    // post, kept from the same stream (see `[[counters]]` in the README).
+    let counters = if settings.counters.is_empty() && settings.partitions <= 1 {
+        let mut approved = toml::Table::new();
+        approved.insert("approved".into(), toml::Value::Boolean(true));
+        vec![crate::config::CounterSetting {
+            name: "approved".into(),
+            group_field: settings.group_field.clone(),
+            condition: Some(approved),
+            collection: "approved_comment_counters".into(),
+        }]
+    } else {
+        settings.counters.clone()
+    };
     let settings = Settings {
+        counters,
         mongodb_uri: server.uri.clone(),
         database: "counterd_demo".into(),
         settle_time: Duration::from_secs(2),
@@ -101,6 +118,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
                 false,
             );
             row.insert("body", "hello");
+            row.insert("approved", rng.random_bool(0.5));
             row
         })
         .collect();
@@ -139,9 +157,17 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     }
     // The seeded rows predate the stream: a sweep (beside the running worker, which its
     // recounts wait for) creates their counters.
-    let reconciler = Reconciler::new(store.clone(), ReconcileSettings::from(&settings));
-    let swept = reconciler.sweep(now, |_| {}, None).await?;
-    outln!("initial sweep created {} counters", swept.summary.corrected);
+    let definitions = settings.definitions()?;
+    for (ix, definition) in definitions.iter() {
+        let settings = ReconcileSettings::from(&settings).for_counter(ix, &definition.name);
+        let reconciler = Reconciler::new(store.clone(), settings);
+        let swept = reconciler.sweep(now, |_| {}, None).await?;
+        outln!(
+            "initial sweep created {} `{}` counters",
+            swept.summary.corrected,
+            definition.name
+        );
+    }
     let tally_from = DateTime::now();
     let injected = Arc::new(Mutex::new(DriftTally::default()));
     let (load_stop, load_rx) = Shutdown::new();
@@ -188,23 +214,27 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
             last.as_ref().map(|r| r.total_abs_drift).unwrap_or(0),
         );
         let shown: Vec<PostId> = (0..5).map(post).collect();
-        for o in crate::cli::observe(&settings, &store, &shown).await? {
-            match o.truth {
-                Some(truth) => outln!(
-                    "  {}: displayed {:>4}  true {truth:>4}{}",
-                    o.post,
-                    o.displayed,
-                    if o.displayed == truth {
-                        ""
-                    } else {
-                        "  (drift: to be corrected)"
-                    }
-                ),
-                None => outln!(
-                    "  {}: displayed {:>4}  (a change is in flight)",
-                    o.post,
-                    o.displayed
-                ),
+        for (ix, definition) in definitions.iter() {
+            outln!("  counter `{}` ({definition})", definition.name);
+            let view = Arc::new(store.for_counter(ix));
+            for o in crate::cli::observe(&settings, &view, &shown).await? {
+                match o.truth {
+                    Some(truth) => outln!(
+                        "    {}: displayed {:>4}  true {truth:>4}{}",
+                        o.post,
+                        o.displayed,
+                        if o.displayed == truth {
+                            ""
+                        } else {
+                            "  (drift: to be corrected)"
+                        }
+                    ),
+                    None => outln!(
+                        "    {}: displayed {:>4}  (a change is in flight)",
+                        o.post,
+                        o.displayed
+                    ),
+                }
             }
         }
         let reported = reported_drift(&db, &settings.collections().runs, tally_from).await?;
@@ -221,10 +251,13 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     let deadline = Instant::now() + Duration::from_secs(60);
     let exact = loop {
         let mut wrong = 0;
-        for p in &posts {
-            let (shown, truth) = displayed_and_truth(store.as_ref(), p).await?;
-            if shown != truth {
-                wrong += 1;
+        for (ix, _) in definitions.iter() {
+            let view = store.for_counter(ix);
+            for p in &posts {
+                let (shown, truth) = displayed_and_truth(&view, p).await?;
+                if shown != truth {
+                    wrong += 1;
+                }
             }
         }
         if wrong == 0 || Instant::now() > deadline || shutdown.requested() {
@@ -250,8 +283,10 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     );
     if exact && matched {
         outln!(
-            "converged: all {} counters equal the true count",
-            posts.len()
+            "converged: all {} counters of each of {} definitions ({}) equal the true count",
+            posts.len(),
+            definitions.len(),
+            definitions.names().join(", ")
         );
         Ok(ExitCode::SUCCESS)
     } else {
@@ -347,18 +382,24 @@ async fn load_generator(
             let id = format!("c-{n}");
             ids.push(id.clone());
             let created = chrono::Utc::now().timestamp() - rng.random_range(0..120);
-            let row = schema.row_document(
+            let mut row = schema.row_document(
                 id,
                 &post(rng.random_range(0..posts)),
                 DateTime::from_millis(created * 1000),
                 false,
             );
+            row.insert("approved", rng.random_bool(0.5));
             comments.insert_one(row).await.map(|_| ())
         } else {
             let id = ids[rng.random_range(0..ids.len())].clone();
             match roll {
-                55..=89 => {
-                    let update = if roll < 75 {
+                // Approve or unapprove: moves the row in or out of the `approved` counter.
+                55..=64 => comments
+                    .update_one(doc! {"_id": &id}, doc! {"$set": {"approved": roll < 60}})
+                    .await
+                    .map(|_| ()),
+                65..=89 => {
+                    let update = if roll < 80 {
                         schema.soft_delete_update(DateTime::now())
                     } else {
                         schema.undelete_update()

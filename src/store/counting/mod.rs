@@ -205,6 +205,20 @@ impl<S> CountingStore<S> {
     }
 }
 
+/// A view counts into the same tallies as the store it was made from.
+impl<S: CounterViews> CounterViews for CountingStore<S> {
+    fn for_counter(&self, counter: crate::definition::CounterIx) -> Self {
+        CountingStore {
+            inner: self.inner.for_counter(counter),
+            tallies: self.tallies.clone(),
+        }
+    }
+
+    fn viewed_counter(&self) -> crate::definition::CounterIx {
+        self.inner.viewed_counter()
+    }
+}
+
 /// An open change stream whose reads are counted as [`Concern::Stream`] calls.
 struct CountingEvents {
     inner: Box<dyn EventSource>,

@@ -5,8 +5,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use bson::{DateTime, Timestamp};
 use rand::Rng;
 
-use super::{fence_ok, mongo_limit, not_gte, seam, Memory, MemoryStore, POST_FIELD};
+use super::{fence_ok, mongo_limit, not_gte, seam, Memory, MemoryStore};
 use crate::batch::CounterDelta;
+use crate::definition::CounterIx;
 use crate::event::{PostId, Token};
 use crate::fold::{CounterState, Fold};
 use crate::recount::{Touch, LOG_ENTRIES};
@@ -62,14 +63,17 @@ impl Memory {
         through: &Token,
         through_time: Option<Timestamp>,
     ) -> bool {
-        if let Some(c) = self.counters.get(&w.post) {
+        let Some(counters) = self.counters_of_mut(w.counter) else {
+            return false; // refused up front by `apply_counters`
+        };
+        if let Some(c) = counters.get(&w.post) {
             if !(not_gte(c.applied_through.as_deref(), through.as_str())
                 && fence_ok(c.epoch, fence))
             {
                 return false;
             }
         }
-        let c = self.counters.entry(w.post.clone()).or_default();
+        let c = counters.entry(w.post.clone()).or_default();
         c.add(w, fence);
         c.applied_through = Some(through.to_string());
         c.applied_time = through_time;
@@ -86,12 +90,15 @@ impl Memory {
     /// One statement of `apply_snapshot_counters`: the increment, if the counter has not had
     /// this chunk (or a later one) yet.
     pub fn apply_snapshot_counter(&mut self, fence: &Fence, chunk: u64, w: &CounterDelta) -> bool {
-        if let Some(c) = self.counters.get(&w.post) {
+        let Some(counters) = self.counters_of_mut(w.counter) else {
+            return false; // refused up front by `apply_snapshot_counters`
+        };
+        if let Some(c) = counters.get(&w.post) {
             if !(c.snapshot_chunk.is_none_or(|n| n < chunk) && fence_ok(c.epoch, fence)) {
                 return false;
             }
         }
-        let c = self.counters.entry(w.post.clone()).or_default();
+        let c = counters.entry(w.post.clone()).or_default();
         c.add(w, fence);
         c.snapshot_chunk = Some(chunk);
         true
@@ -105,10 +112,7 @@ impl Memory {
         through: &Token,
         through_time: Option<Timestamp>,
     ) -> StoreResult<ApplyOutcome> {
-        crate::store::only_the_default_counter(
-            "apply counter increments",
-            writes.iter().map(|w| w.counter),
-        )?;
+        self.known_counters("apply counter increments", writes.iter().map(|w| w.counter))?;
         let statements = writes.iter();
         Ok(ApplyOutcome::count(statements.map(|w| {
             self.apply_counter(fence, w, through, through_time)
@@ -122,7 +126,7 @@ impl Memory {
         chunk: u64,
         writes: &[CounterDelta],
     ) -> StoreResult<ApplyOutcome> {
-        crate::store::only_the_default_counter(
+        self.known_counters(
             "apply a snapshot chunk's increments",
             writes.iter().map(|w| w.counter),
         )?;
@@ -132,8 +136,21 @@ impl Memory {
         ))
     }
 
-    pub fn read_counter(&self, post: &PostId) -> Option<CounterDoc> {
-        self.counters.get(post).map(|c| CounterDoc {
+    /// Refuses a write for a definition without tables, as the MongoDB store refuses one it
+    /// has no collection for.
+    pub fn known_counters(
+        &self,
+        op: &'static str,
+        mut counters: impl Iterator<Item = CounterIx>,
+    ) -> StoreResult<()> {
+        match counters.find(|c| self.counters_of(*c).is_none()) {
+            None => Ok(()),
+            Some(unknown) => Err(crate::store::unknown_counter(op, unknown)),
+        }
+    }
+
+    pub fn read_counter(&self, counter: CounterIx, post: &PostId) -> Option<CounterDoc> {
+        self.counters_of(counter)?.get(post).map(|c| CounterDoc {
             post: Some(post.clone()),
             state: CounterState {
                 base_count: c.base_count,
@@ -156,13 +173,17 @@ impl Memory {
     /// Installs `fold` if the counter is still as `expected` (`None`: it must not exist).
     pub fn install_fold(
         &mut self,
+        counter: CounterIx,
         post: &PostId,
         expected: Option<&CounterDoc>,
         fold: &Fold,
         now: DateTime,
     ) -> bool {
+        let Some(counters) = self.counters_of_mut(counter) else {
+            return false;
+        };
         let Some(expected) = expected else {
-            if self.counters.contains_key(post) {
+            if counters.contains_key(post) {
                 return false;
             }
             let rec = CounterRec {
@@ -177,10 +198,10 @@ impl Memory {
                 reconciled_at: Some(now),
                 ..CounterRec::default()
             };
-            self.counters.insert(post.clone(), rec);
+            counters.insert(post.clone(), rec);
             return true;
         };
-        let Some(c) = self.counters.get_mut(post) else {
+        let Some(c) = counters.get_mut(post) else {
             return false;
         };
         if c.applied_through != expected.applied_through
@@ -206,16 +227,23 @@ impl Memory {
         true
     }
 
-    pub fn posts_after(&self, after: Option<&PostId>, limit: usize) -> Vec<PostId> {
+    pub fn posts_after(
+        &self,
+        counter: CounterIx,
+        after: Option<&PostId>,
+        limit: usize,
+    ) -> Vec<PostId> {
         let limit = mongo_limit(limit);
         let after_ok = |p: &PostId| after.is_none_or(|a| p > a);
         let from_comments: BTreeSet<PostId> = self
             .comments
             .values()
-            .filter_map(|r| r.get(POST_FIELD).and_then(PostId::from_bson))
+            .filter_map(|r| self.group_of(counter, r))
             .filter(after_ok)
             .collect();
-        let from_counters = self.counters.keys().filter(|p| after_ok(p)).take(limit);
+        let none = BTreeMap::new();
+        let counters = self.counters_of(counter).unwrap_or(&none);
+        let from_counters = counters.keys().filter(|p| after_ok(p)).take(limit);
         let mut posts: Vec<PostId> = from_comments
             .into_iter()
             .take(limit)
@@ -227,9 +255,12 @@ impl Memory {
         posts
     }
 
-    pub fn sample_posts(&mut self, n: usize) -> Vec<PostId> {
-        let with_counters: Vec<PostId> = self.counters.keys().cloned().collect();
-        let with_rows: Vec<PostId> = self.live_posts().into_iter().collect();
+    pub fn sample_posts(&mut self, counter: CounterIx, n: usize) -> Vec<PostId> {
+        let with_counters: Vec<PostId> = self
+            .counters_of(counter)
+            .map(|c| c.keys().cloned().collect())
+            .unwrap_or_default();
+        let with_rows: Vec<PostId> = self.live_groups(counter).into_iter().collect();
         let rng = &mut self.sample_rng;
         let mut posts = Vec::new();
         for all in [with_counters, with_rows] {
@@ -244,9 +275,9 @@ impl Memory {
 
 seam!(Counters {
     try fn apply_counters(fence: &Fence, writes: &[CounterDelta], through: &Token, through_time: Option<Timestamp>) -> ApplyOutcome;
-    ok fn read_counter(post: &PostId) -> Option<CounterDoc>;
-    ok fn install_fold(post: &PostId, expected: Option<&CounterDoc>, fold: &Fold, now: DateTime) -> bool;
-    ok fn posts_after(after: Option<&PostId>, limit: usize) -> Vec<PostId>;
-    ok fn sample_posts(n: usize) -> Vec<PostId>;
+    view fn read_counter(post: &PostId) -> Option<CounterDoc>;
+    view fn install_fold(post: &PostId, expected: Option<&CounterDoc>, fold: &Fold, now: DateTime) -> bool;
+    view fn posts_after(after: Option<&PostId>, limit: usize) -> Vec<PostId>;
+    view fn sample_posts(n: usize) -> Vec<PostId>;
     try fn apply_snapshot_counters(fence: &Fence, chunk: u64, writes: &[CounterDelta]) -> ApplyOutcome;
 });

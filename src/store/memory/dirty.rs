@@ -1,9 +1,12 @@
 //! [`DirtySet`]: posts waiting for a recount.
 
+use std::collections::BTreeMap;
+
 use bson::DateTime;
 
 use super::{mongo_limit, seam, Memory, MemoryStore};
 use crate::batch::DirtyMark;
+use crate::definition::CounterIx;
 use crate::event::PostId;
 use crate::store::{DirtyEntry, DirtyOrder, DirtySummary, Fence};
 
@@ -24,14 +27,16 @@ impl Memory {
     /// One statement of `mark_dirty`: an entry this stream marked under a newer epoch refuses
     /// it; otherwise the upsert bumps its version and raises its newest bucket.
     pub fn mark_dirty_one(&mut self, fence: &Fence, m: &DirtyMark, now: DateTime) {
-        if self
-            .dirty
+        let Some(dirty) = self.dirty_of_mut(m.counter) else {
+            return; // refused up front by `mark_dirty`
+        };
+        if dirty
             .get(&m.post)
             .is_some_and(|d| d.stream == fence.stream && d.epoch > fence.epoch)
         {
             return;
         }
-        let entry = self.dirty.entry(m.post.clone()).or_insert(DirtyRec {
+        let entry = dirty.entry(m.post.clone()).or_insert(DirtyRec {
             first: now,
             last: now,
             version: 0,
@@ -48,12 +53,15 @@ impl Memory {
 
     pub fn dirty_list(
         &self,
+        counter: CounterIx,
         stream: Option<&str>,
         order: DirtyOrder,
         limit: usize,
     ) -> Vec<DirtyEntry> {
+        let none = BTreeMap::new();
         let mut list: Vec<DirtyEntry> = self
-            .dirty
+            .dirty_of(counter)
+            .unwrap_or(&none)
             .iter()
             .filter(|(_, d)| stream.is_none_or(|st| d.stream == st))
             .map(|(p, d)| DirtyEntry {
@@ -76,23 +84,34 @@ impl Memory {
         list
     }
 
-    pub fn dirty_summary(&self) -> DirtySummary {
+    pub fn dirty_summary(&self, counter: CounterIx) -> DirtySummary {
+        let none = BTreeMap::new();
+        let dirty = self.dirty_of(counter).unwrap_or(&none);
         DirtySummary {
-            size: self.dirty.len() as u64,
-            oldest: self.dirty.values().map(|d| d.first).min(),
+            size: dirty.len() as u64,
+            oldest: dirty.values().map(|d| d.first).min(),
         }
     }
 
-    pub fn clear_dirty(&mut self, post: &PostId, version: i64) -> bool {
-        let current = self.dirty.get(post).is_some_and(|d| d.version == version);
+    pub fn clear_dirty(&mut self, counter: CounterIx, post: &PostId, version: i64) -> bool {
+        let Some(dirty) = self.dirty_of_mut(counter) else {
+            return false;
+        };
+        let current = dirty.get(post).is_some_and(|d| d.version == version);
         if current {
-            self.dirty.remove(post);
+            dirty.remove(post);
         }
         current
     }
 
-    pub fn requeue_dirty(&mut self, post: &PostId, version: i64, now: DateTime) -> bool {
-        match self.dirty.get_mut(post) {
+    pub fn requeue_dirty(
+        &mut self,
+        counter: CounterIx,
+        post: &PostId,
+        version: i64,
+        now: DateTime,
+    ) -> bool {
+        match self.dirty_of_mut(counter).and_then(|d| d.get_mut(post)) {
             Some(d) if d.version == version => {
                 d.first = now;
                 true
@@ -101,8 +120,10 @@ impl Memory {
         }
     }
 
-    pub fn dirty_posts(&self) -> Vec<PostId> {
-        self.dirty.keys().cloned().collect()
+    pub fn dirty_posts(&self, counter: CounterIx) -> Vec<PostId> {
+        self.dirty_of(counter)
+            .map(|d| d.keys().cloned().collect())
+            .unwrap_or_default()
     }
 
     /// `mark_dirty`: its statements, each on its own.
@@ -112,10 +133,7 @@ impl Memory {
         marks: &[DirtyMark],
         now: DateTime,
     ) -> crate::store::StoreResult<()> {
-        crate::store::only_the_default_counter(
-            "mark posts dirty",
-            marks.iter().map(|m| m.counter),
-        )?;
+        self.known_counters("mark posts dirty", marks.iter().map(|m| m.counter))?;
         for mark in marks {
             self.mark_dirty_one(fence, mark, now);
         }
@@ -125,8 +143,8 @@ impl Memory {
 
 seam!(DirtySet {
     try fn mark_dirty(fence: &Fence, marks: &[DirtyMark], now: DateTime) -> ();
-    ok fn dirty_list(stream: Option<&str>, order: DirtyOrder, limit: usize) -> Vec<DirtyEntry>;
-    ok fn dirty_summary() -> DirtySummary;
-    ok fn clear_dirty(post: &PostId, version: i64) -> bool;
-    ok fn requeue_dirty(post: &PostId, version: i64, now: DateTime) -> bool;
+    view fn dirty_list(stream: Option<&str>, order: DirtyOrder, limit: usize) -> Vec<DirtyEntry>;
+    view fn dirty_summary() -> DirtySummary;
+    view fn clear_dirty(post: &PostId, version: i64) -> bool;
+    view fn requeue_dirty(post: &PostId, version: i64, now: DateTime) -> bool;
 });

@@ -47,6 +47,7 @@ pub use self::stream::{
     drained_token, event_token, Cursor, MemoryEvents, OpKind, OpenTxn, OplogEntry, OplogTxn,
 };
 pub use self::truth::row_facts;
+use crate::definition::{CounterIx, Definition};
 use crate::event::PostId;
 use crate::store::{RunSummary, SweepCursor};
 
@@ -76,10 +77,18 @@ pub struct Memory {
     pub update_descriptions: bool,
     /// Reads carry a post-batch resume token (a real server); some servers send none.
     pub post_batch_tokens: bool,
+    /// The default definition's counters (the others' are in `more`).
     pub counters: BTreeMap<PostId, CounterRec>,
     /// Ledger entries by (collection, comment key): each partition keeps its own collection.
     pub ledger: BTreeMap<(String, String), (Bson, LedgerRec)>,
+    /// The default definition's dirty set (the others' are in `more`).
     pub dirty: BTreeMap<PostId, DirtyRec>,
+    /// The counter definitions beyond the default (the worker's `Schema::counters`), in order:
+    /// definition `CounterIx(i + 1)` is `definitions[i]`. Its counts read rows through it.
+    pub definitions: Vec<Definition>,
+    /// The counters and dirty sets of the definitions beyond the default, each its own
+    /// "collections" (see [`Memory::define_counters`]).
+    pub more: BTreeMap<CounterIx, CounterTables>,
     pub checkpoints: BTreeMap<String, CheckpointRec>,
     pub leases: BTreeMap<String, LeaseRec>,
     pub runs: Vec<RunSummary>,
@@ -107,6 +116,8 @@ impl Memory {
             counters: BTreeMap::new(),
             ledger: BTreeMap::new(),
             dirty: BTreeMap::new(),
+            definitions: Vec::new(),
+            more: BTreeMap::new(),
             checkpoints: BTreeMap::new(),
             leases: BTreeMap::new(),
             runs: Vec::new(),
@@ -119,18 +130,92 @@ impl Memory {
     pub fn now(&self) -> DateTime {
         DateTime::from_millis(self.clock * 1000)
     }
+
+    /// Keeps counters for these definitions beyond the default too (what `[[counters]]`
+    /// configures; the worker's schema must carry the same): each gets empty tables.
+    pub fn define_counters(&mut self, definitions: Vec<Definition>) {
+        self.more = (1..=definitions.len())
+            .map(|i| (CounterIx(i), CounterTables::default()))
+            .collect();
+        self.definitions = definitions;
+    }
+
+    /// Definition `counter`'s counters (`None`: no such definition).
+    pub fn counters_of(&self, counter: CounterIx) -> Option<&BTreeMap<PostId, CounterRec>> {
+        match counter {
+            CounterIx::DEFAULT => Some(&self.counters),
+            _ => self.more.get(&counter).map(|t| &t.counters),
+        }
+    }
+
+    /// Definition `counter`'s counters, to write (`None`: no such definition).
+    pub fn counters_of_mut(
+        &mut self,
+        counter: CounterIx,
+    ) -> Option<&mut BTreeMap<PostId, CounterRec>> {
+        match counter {
+            CounterIx::DEFAULT => Some(&mut self.counters),
+            _ => self.more.get_mut(&counter).map(|t| &mut t.counters),
+        }
+    }
+
+    /// Definition `counter`'s dirty set (`None`: no such definition).
+    pub fn dirty_of(&self, counter: CounterIx) -> Option<&BTreeMap<PostId, DirtyRec>> {
+        match counter {
+            CounterIx::DEFAULT => Some(&self.dirty),
+            _ => self.more.get(&counter).map(|t| &t.dirty),
+        }
+    }
+
+    /// Definition `counter`'s dirty set, to write (`None`: no such definition).
+    pub fn dirty_of_mut(&mut self, counter: CounterIx) -> Option<&mut BTreeMap<PostId, DirtyRec>> {
+        match counter {
+            CounterIx::DEFAULT => Some(&mut self.dirty),
+            _ => self.more.get_mut(&counter).map(|t| &mut t.dirty),
+        }
+    }
+
+    /// The definitions whose tables exist, the default first.
+    pub fn counter_ixs(&self) -> Vec<CounterIx> {
+        std::iter::once(CounterIx::DEFAULT)
+            .chain(self.more.keys().copied())
+            .collect()
+    }
+}
+
+/// One definition's "collections" beyond the default's: its counters and its dirty set.
+#[derive(Clone, Debug, Default)]
+pub struct CounterTables {
+    pub counters: BTreeMap<PostId, CounterRec>,
+    pub dirty: BTreeMap<PostId, DirtyRec>,
 }
 
 /// The in-process store behind the seam's traits. Clones share the same tables.
 #[derive(Clone)]
 pub struct MemoryStore {
     memory: Arc<Mutex<Memory>>,
+    /// The counter definition this handle serves (see [`crate::store::CounterViews`]).
+    counter: CounterIx,
+}
+
+impl crate::store::CounterViews for MemoryStore {
+    fn for_counter(&self, counter: CounterIx) -> MemoryStore {
+        MemoryStore {
+            memory: self.memory.clone(),
+            counter,
+        }
+    }
+
+    fn viewed_counter(&self) -> CounterIx {
+        self.counter
+    }
 }
 
 impl MemoryStore {
     pub fn new(clock: i64) -> MemoryStore {
         MemoryStore {
             memory: Arc::new(Mutex::new(Memory::new(clock))),
+            counter: CounterIx::DEFAULT,
         }
     }
 
@@ -169,23 +254,27 @@ fn fence_ok(epoch: Option<i64>, fence: &crate::store::Fence) -> bool {
 
 /// Implements one of the seam's traits for [`MemoryStore`]: each method takes the lock and calls
 /// the [`Memory`] method of the same name, whose result is the reply (`ok`: a plain value, the
-/// call cannot fail; `try`: a `StoreResult`).
+/// call cannot fail; `try`: a `StoreResult`; `view`: a plain value of the handle's counter
+/// definition, passed first).
 macro_rules! seam {
     ($trait:ident { $($kind:ident fn $name:ident($($arg:ident: $ty:ty),*) -> $ret:ty;)* }) => {
         #[async_trait::async_trait]
         impl crate::store::$trait for MemoryStore {
             $(
                 async fn $name(&self, $($arg: $ty),*) -> crate::store::StoreResult<$ret> {
-                    seam!(@$kind self.lock().$name($($arg),*))
+                    seam!(@$kind self . $name ($($arg),*))
                 }
             )*
         }
     };
-    (@ok $call:expr) => {
-        Ok($call)
+    (@view $store:ident . $name:ident ($($arg:ident),*)) => {
+        Ok($store.lock().$name($store.counter, $($arg),*))
     };
-    (@try $call:expr) => {
-        $call
+    (@ok $store:ident . $name:ident ($($arg:ident),*)) => {
+        Ok($store.lock().$name($($arg),*))
+    };
+    (@try $store:ident . $name:ident ($($arg:ident),*)) => {
+        $store.lock().$name($($arg),*)
     };
 }
 use seam;

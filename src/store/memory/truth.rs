@@ -7,19 +7,26 @@ use std::ops::Bound;
 use bson::{Bson, DateTime, Document, Timestamp};
 
 use super::{seam, Memory, MemoryStore, OpKind, CREATED_FIELD, DELETED_FIELD, POST_FIELD};
+use crate::definition::{CounterIx, Definition};
 use crate::event::{CommentId, PostId, Row};
 use crate::store::CommentsExtent;
 
 /// (post, created_at, live) of a row document, when it counts at all (it has a post).
 pub fn row_facts(row: &Document) -> Option<(PostId, Option<DateTime>, bool)> {
-    let row = read_row(row);
+    let row = read_row(&[], row);
     Some((row.post?, row.created_at, !row.deleted))
 }
 
-/// The row as it is, counted or not.
-fn read_row(row: &Document) -> Row {
+/// (post, created_at, live) of a row document, with or without a post.
+fn row_facts_ungrouped(row: &Document) -> (Option<PostId>, Option<DateTime>, bool) {
+    let row = read_row(&[], row);
+    (row.post, row.created_at, !row.deleted)
+}
+
+/// The row as it is, counted or not, with what it is to each definition beyond the default.
+fn read_row(definitions: &[Definition], row: &Document) -> Row {
     Row {
-        members: Vec::new(),
+        members: definitions.iter().map(|d| d.member(row)).collect(),
         post: row.get(POST_FIELD).and_then(PostId::from_bson),
         created_at: match row.get(CREATED_FIELD) {
             Some(Bson::DateTime(d)) => Some(*d),
@@ -34,6 +41,38 @@ fn comment_id(id: i64) -> CommentId {
 }
 
 impl Memory {
+    /// (group, created_at, counts) of a row document for definition `counter`, when it has a
+    /// group there: `counts` is live (not soft-deleted) and, beyond the default, satisfying
+    /// the definition's condition.
+    pub fn facts(
+        &self,
+        counter: CounterIx,
+        row: &Document,
+    ) -> Option<(PostId, Option<DateTime>, bool)> {
+        if counter == CounterIx::DEFAULT {
+            return row_facts(row);
+        }
+        let definition = self.definitions.get(counter.0 - 1)?;
+        let (_, created, live) = row_facts_ungrouped(row);
+        let member = definition.member(row);
+        Some((member.group?, created, live && member.matches))
+    }
+
+    /// The group of a row document in definition `counter`, live or not.
+    pub fn group_of(&self, counter: CounterIx, row: &Document) -> Option<PostId> {
+        self.facts(counter, row).map(|(group, _, _)| group)
+    }
+
+    /// Groups of definition `counter` with at least one row that counts.
+    pub fn live_groups(&self, counter: CounterIx) -> BTreeSet<PostId> {
+        self.comments
+            .values()
+            .filter_map(|r| self.facts(counter, r))
+            .filter(|(_, _, live)| *live)
+            .map(|(group, _, _)| group)
+            .collect()
+    }
+
     /// `insertOne(row)` (and its insert event) at the clock.
     pub fn insert_row(&mut self, row: Document) {
         let id = row.get_i64("_id").expect("an integer _id");
@@ -97,11 +136,11 @@ impl Memory {
             .collect()
     }
 
-    pub fn count_live_below(&self, post: &PostId, watermark: i64) -> i64 {
+    pub fn count_live_below(&self, counter: CounterIx, post: &PostId, watermark: i64) -> i64 {
         let below = watermark.saturating_mul(1000);
         self.comments
             .values()
-            .filter_map(row_facts)
+            .filter_map(|r| self.facts(counter, r))
             .filter(|(p, created, live)| {
                 p == post && *live && !created.is_some_and(|c| c.timestamp_millis() >= below)
             })
@@ -111,6 +150,7 @@ impl Memory {
     /// The ids of the rows `count_live_below` counts (`None`: more than `at_most`).
     pub fn live_ids_below(
         &self,
+        counter: CounterIx,
         post: &PostId,
         watermark: i64,
         at_most: usize,
@@ -120,7 +160,7 @@ impl Memory {
             .comments
             .iter()
             .filter(|(_, row)| {
-                row_facts(row).is_some_and(|(p, created, live)| {
+                self.facts(counter, row).is_some_and(|(p, created, live)| {
                     &p == post && live && created.is_none_or(|c| c.timestamp_millis() < below)
                 })
             })
@@ -130,29 +170,29 @@ impl Memory {
         (ids.len() <= at_most).then_some(ids)
     }
 
-    pub fn latest_created(&self, post: &PostId) -> Option<i64> {
+    pub fn latest_created(&self, counter: CounterIx, post: &PostId) -> Option<i64> {
         self.comments
             .values()
-            .filter_map(row_facts)
+            .filter_map(|r| self.facts(counter, r))
             .filter(|(p, _, _)| p == post)
             .filter_map(|(_, created, _)| created)
             .map(|t| t.timestamp_millis().div_euclid(1000))
             .max()
     }
 
-    pub fn count_live(&self, post: &PostId) -> i64 {
+    pub fn count_live(&self, counter: CounterIx, post: &PostId) -> i64 {
         self.comments
             .values()
-            .filter_map(row_facts)
+            .filter_map(|r| self.facts(counter, r))
             .filter(|(p, _, live)| p == post && *live)
             .count() as i64
     }
 
-    pub fn rows_of_post(&self, post: &PostId) -> Vec<(CommentId, Row)> {
+    pub fn rows_of_post(&self, counter: CounterIx, post: &PostId) -> Vec<(CommentId, Row)> {
         self.comments
             .iter()
-            .map(|(id, row)| (comment_id(*id), read_row(row)))
-            .filter(|(_, row)| row.post.as_ref() == Some(post))
+            .filter(|(_, row)| self.group_of(counter, row).as_ref() == Some(post))
+            .map(|(id, row)| (comment_id(*id), read_row(&self.definitions, row)))
             .collect()
     }
 
@@ -179,13 +219,14 @@ impl Memory {
         self.comments
             .range((from, Bound::Included(int(last))))
             .take(limit)
-            .map(|(id, row)| (comment_id(*id), read_row(row)))
+            .map(|(id, row)| (comment_id(*id), read_row(&self.definitions, row)))
             .collect()
     }
 
     /// Like the fake server: no snapshot reads, so every recount is a row-level one.
     pub fn count_live_below_at(
         &self,
+        _counter: CounterIx,
         _post: &PostId,
         _watermark: i64,
         _at: Timestamp,
@@ -195,12 +236,12 @@ impl Memory {
 }
 
 seam!(Truth {
-    ok fn count_live_below(post: &PostId, watermark: i64) -> i64;
-    ok fn live_ids_below(post: &PostId, watermark: i64, at_most: usize) -> Option<Vec<CommentId>>;
-    ok fn count_live_below_at(post: &PostId, watermark: i64, at: Timestamp) -> Option<i64>;
-    ok fn latest_created(post: &PostId) -> Option<i64>;
-    ok fn count_live(post: &PostId) -> i64;
-    ok fn rows_of_post(post: &PostId) -> Vec<(CommentId, Row)>;
+    view fn count_live_below(post: &PostId, watermark: i64) -> i64;
+    view fn live_ids_below(post: &PostId, watermark: i64, at_most: usize) -> Option<Vec<CommentId>>;
+    view fn count_live_below_at(post: &PostId, watermark: i64, at: Timestamp) -> Option<i64>;
+    view fn latest_created(post: &PostId) -> Option<i64>;
+    view fn count_live(post: &PostId) -> i64;
+    view fn rows_of_post(post: &PostId) -> Vec<(CommentId, Row)>;
     ok fn comments_extent() -> CommentsExtent;
     ok fn rows_after(after: Option<&CommentId>, last: &CommentId, limit: usize) -> Vec<(CommentId, Row)>;
 });

@@ -35,11 +35,7 @@ impl Counters for MongoStore {
         through: &Token,
         through_time: Option<Timestamp>,
     ) -> StoreResult<ApplyOutcome> {
-        crate::store::only_the_default_counter(
-            "apply counter increments",
-            writes.iter().map(|w| w.counter),
-        )?;
-        let statement = |w: &CounterDelta| {
+        let statement = |w: &&CounterDelta| {
             let mut filter =
                 doc! {"_id": w.post.to_bson(), "applied_through": not_gte(through.as_str())};
             fenced(&mut filter, fence);
@@ -65,23 +61,13 @@ impl Counters for MongoStore {
                 "upsert": true,
             }
         };
-        let (applied, already_applied) = self
-            .update_many_statements(
-                "apply counter increments",
-                &self.names.counters,
-                writes,
-                statement,
-            )
-            .await?;
-        Ok(ApplyOutcome {
-            applied,
-            already_applied,
-        })
+        self.per_definition("apply counter increments", writes, statement)
+            .await
     }
 
     async fn read_counter(&self, post: &PostId) -> StoreResult<Option<CounterDoc>> {
         let found = self
-            .coll(&self.names.counters)
+            .coll(self.here("read a counter")?.counters)
             .find_one(doc! {"_id": post.to_bson()})
             .await
             .map_err(|e| map_err("read a counter", e))?;
@@ -95,7 +81,7 @@ impl Counters for MongoStore {
         fold: &Fold,
         now: DateTime,
     ) -> StoreResult<bool> {
-        let counters = self.coll(&self.names.counters);
+        let counters = self.coll(self.here("install a recount")?.counters);
         let Some(expected) = expected else {
             let mut buckets = Document::new();
             for (k, v) in &fold.kept {
@@ -166,9 +152,10 @@ impl Counters for MongoStore {
     }
 
     async fn posts_after(&self, after: Option<&PostId>, limit: usize) -> StoreResult<Vec<PostId>> {
+        let place = self.here("list posts")?;
         let pipeline = vec![
-            doc! {"$match": after_filter(&self.schema.group, after)},
-            doc! {"$group": {"_id": format!("${}", self.schema.group)}},
+            doc! {"$match": after_filter(place.group, after)},
+            doc! {"$group": {"_id": format!("${}", place.group)}},
             doc! {"$sort": {"_id": 1}},
             doc! {"$limit": limit as i64},
         ];
@@ -181,7 +168,7 @@ impl Counters for MongoStore {
             .await
             .map_err(|e| map_err("list posts", e))?;
         let from_counters: Vec<Document> = self
-            .coll(&self.names.counters)
+            .coll(place.counters)
             .find(after_filter("_id", after))
             .projection(doc! {"_id": 1})
             .sort(doc! {"_id": 1})
@@ -209,8 +196,9 @@ impl Counters for MongoStore {
                 doc! {"$project": {"_id": 0, "post": format!("${field}")}},
             ]
         };
+        let place = self.here("sample counters")?;
         let mut docs: Vec<Document> = self
-            .coll(&self.names.counters)
+            .coll(place.counters)
             .aggregate(sample("_id".into()))
             .await
             .map_err(|e| map_err("sample counters", e))?
@@ -220,7 +208,7 @@ impl Counters for MongoStore {
         // Comments too: a post with rows but no counter is as wrong as a counter that is off.
         let from_comments: Vec<Document> = self
             .comments
-            .aggregate(sample(self.schema.group.clone()))
+            .aggregate(sample(place.group.to_string()))
             .await
             .map_err(|e| map_err("sample comments", e))?
             .try_collect()
@@ -242,11 +230,7 @@ impl Counters for MongoStore {
         chunk: u64,
         writes: &[CounterDelta],
     ) -> StoreResult<ApplyOutcome> {
-        crate::store::only_the_default_counter(
-            "apply a snapshot chunk's increments",
-            writes.iter().map(|w| w.counter),
-        )?;
-        let statement = |w: &CounterDelta| {
+        let statement = |w: &&CounterDelta| {
             let mut filter =
                 doc! {"_id": w.post.to_bson(), "snapshot_chunk": not_gte(chunk as i64)};
             fenced(&mut filter, fence);
@@ -261,19 +245,52 @@ impl Counters for MongoStore {
                 "upsert": true,
             }
         };
-        let (applied, already_applied) = self
-            .update_many_statements(
-                "add snapshot counts",
-                &self.names.counters,
-                writes,
-                statement,
-            )
-            .await?;
-        Ok(ApplyOutcome {
-            applied,
-            already_applied,
-        })
+        self.per_definition("add snapshot counts", writes, statement)
+            .await
     }
+}
+
+impl MongoStore {
+    /// Sends a batch's counter writes to their definitions' collections, one `update` command
+    /// (or more, past the statement cap) per definition the batch touches.
+    async fn per_definition<F>(
+        &self,
+        op: &'static str,
+        writes: &[CounterDelta],
+        statement: F,
+    ) -> StoreResult<ApplyOutcome>
+    where
+        F: Fn(&&CounterDelta) -> Document + Sync,
+    {
+        let mut outcome = ApplyOutcome::default();
+        // Every definition is looked up before anything is written: a write for an unknown one
+        // refuses the whole batch.
+        let groups = by_counter(writes, |w| w.counter)
+            .into_iter()
+            .map(|(counter, writes)| Ok((self.place(op, counter)?.counters, writes)))
+            .collect::<StoreResult<Vec<_>>>()?;
+        for (collection, writes) in groups {
+            let (applied, already_applied) = self
+                .update_many_statements(op, collection, &writes, &statement)
+                .await?;
+            outcome.applied += applied;
+            outcome.already_applied += already_applied;
+        }
+        Ok(outcome)
+    }
+}
+
+/// `items` grouped by their counter definition, in definition order, each group in the order
+/// given (the statements' order within a definition's collection is the batch's).
+pub(super) fn by_counter<T>(
+    items: &[T],
+    counter: impl Fn(&T) -> CounterIx,
+) -> BTreeMap<CounterIx, Vec<&T>> {
+    let mut groups: BTreeMap<CounterIx, Vec<&T>> = BTreeMap::new();
+    for item in items {
+        groups.entry(counter(item)).or_default().push(item);
+    }
+    groups
 }
 
 /// The `$inc` of one counter write: `live_delta`, each bucket, and `count`, which moves with

@@ -10,11 +10,7 @@ impl DirtySet for MongoStore {
         marks: &[DirtyMark],
         now: DateTime,
     ) -> StoreResult<()> {
-        crate::store::only_the_default_counter(
-            "mark posts dirty",
-            marks.iter().map(|m| m.counter),
-        )?;
-        let statement = |m: &DirtyMark| {
+        let statement = |m: &&DirtyMark| {
             // Fenced like every worker write: an entry this stream marked under a newer
             // epoch refuses the write (the upsert then hits the `_id` and is dropped as a
             // duplicate). An entry of another stream (a changed partitioning) is taken over.
@@ -36,9 +32,18 @@ impl DirtySet for MongoStore {
                 "upsert": true,
             }
         };
-        let (_, duplicates) = self
-            .update_many_statements("mark posts dirty", &self.names.dirty, marks, statement)
-            .await?;
+        let mut duplicates = 0;
+        // Each definition's marks go to its own dirty set.
+        let groups = super::counters::by_counter(marks, |m| m.counter)
+            .into_iter()
+            .map(|(counter, marks)| Ok((self.place("mark posts dirty", counter)?.dirty, marks)))
+            .collect::<StoreResult<Vec<_>>>()?;
+        for (dirty, marks) in groups {
+            duplicates += self
+                .update_many_statements("mark posts dirty", &dirty, &marks, &statement)
+                .await?
+                .1;
+        }
         if duplicates > 0 {
             // Two upserts raced on a new entry (another marker or a reconcile clear), or the
             // entry belongs to a newer epoch (this worker is fenced out): either way the entry
@@ -63,7 +68,7 @@ impl DirtySet for MongoStore {
             DirtyOrder::ByVersion => doc! {"version": -1, "_id": 1},
         };
         let docs: Vec<Document> = self
-            .coll(&self.names.dirty)
+            .coll(&self.here("list dirty posts")?.dirty)
             .find(filter)
             .sort(sort)
             .limit(limit.min(i64::MAX as usize) as i64)
@@ -76,7 +81,7 @@ impl DirtySet for MongoStore {
     }
 
     async fn dirty_summary(&self) -> StoreResult<DirtySummary> {
-        let dirty = self.coll(&self.names.dirty);
+        let dirty = self.coll(&self.here("count dirty posts")?.dirty);
         let size = dirty
             .estimated_document_count()
             .await
@@ -92,7 +97,7 @@ impl DirtySet for MongoStore {
 
     async fn clear_dirty(&self, post: &PostId, version: i64) -> StoreResult<bool> {
         let result = self
-            .coll(&self.names.dirty)
+            .coll(&self.here("clear a dirty entry")?.dirty)
             .delete_one(doc! {"_id": post.to_bson(), "version": version})
             .await
             .map_err(|e| map_err("clear a dirty entry", e))?;
@@ -101,7 +106,7 @@ impl DirtySet for MongoStore {
 
     async fn requeue_dirty(&self, post: &PostId, version: i64, now: DateTime) -> StoreResult<bool> {
         let result = self
-            .coll(&self.names.dirty)
+            .coll(&self.here("requeue a dirty entry")?.dirty)
             .update_one(
                 doc! {"_id": post.to_bson(), "version": version},
                 doc! {"$set": {"first_dirty_at": now}},

@@ -46,6 +46,7 @@ use self::documents::*;
 use self::errors::*;
 pub use self::stream::position_from_reply;
 use crate::batch::{CounterDelta, DirtyMark, LedgerUpdate};
+use crate::definition::CounterIx;
 use crate::event::{CommentId, PostId, Row, Token};
 use crate::schema::{Schema, SoftDelete};
 
@@ -84,6 +85,16 @@ impl Collections {
         }
     }
 
+    /// The dirty set of the counter definition `name`: the default keeps `<prefix>dirty` (so
+    /// an existing database works unchanged), every other `<prefix>dirty_<name>`.
+    pub fn dirty_of(&self, name: &str) -> String {
+        if name == crate::definition::DEFAULT_COUNTER {
+            self.dirty.clone()
+        } else {
+            format!("{}_{name}", self.dirty)
+        }
+    }
+
     /// The ledger collection of a stream: partitions (`<base>/pNofM`) keep their own.
     pub fn ledger_of(&self, stream: &str) -> String {
         match stream.split_once('/') {
@@ -118,6 +129,33 @@ pub struct MongoStore {
     schema: Schema,
     /// Host list for error messages (never the credentials).
     hosts: String,
+    /// The counter definition this handle serves (see [`CounterViews`]).
+    counter: CounterIx,
+}
+
+/// Where one counter definition keeps its counters and dirty entries, and which rows it counts.
+pub(super) struct Place<'a> {
+    /// Its counters collection.
+    pub counters: &'a str,
+    /// Its dirty set's collection.
+    pub dirty: String,
+    /// The field that groups its rows.
+    pub group: &'a str,
+    /// What its rows must satisfy beyond being live (`None`: nothing).
+    pub condition: Option<&'a crate::condition::Condition>,
+}
+
+impl CounterViews for MongoStore {
+    fn for_counter(&self, counter: CounterIx) -> MongoStore {
+        MongoStore {
+            counter,
+            ..self.clone()
+        }
+    }
+
+    fn viewed_counter(&self) -> CounterIx {
+        self.counter
+    }
 }
 
 impl MongoStore {
@@ -198,6 +236,7 @@ impl MongoStore {
             names: options.collections.clone(),
             schema: options.schema.clone(),
             hosts,
+            counter: CounterIx::DEFAULT,
         })
     }
 
@@ -213,6 +252,42 @@ impl MongoStore {
         self.db.collection(name)
     }
 
+    /// Where definition `counter` lives: the default is the schema's group field and the
+    /// configured counters collection; the others are the schema's `counters`, in order.
+    pub(super) fn place(&self, op: &'static str, counter: CounterIx) -> StoreResult<Place<'_>> {
+        if counter == CounterIx::DEFAULT {
+            return Ok(Place {
+                counters: &self.names.counters,
+                dirty: self.names.dirty.clone(),
+                group: &self.schema.group,
+                condition: None,
+            });
+        }
+        let definition = self
+            .schema
+            .counters
+            .get(counter.0 - 1)
+            .ok_or_else(|| unknown_counter(op, counter))?;
+        Ok(Place {
+            counters: &definition.collection,
+            dirty: self.names.dirty_of(&definition.name),
+            group: &definition.group,
+            condition: (!definition.condition.is_empty()).then_some(&definition.condition),
+        })
+    }
+
+    /// Where the definition this handle serves lives.
+    pub(super) fn here(&self, op: &'static str) -> StoreResult<Place<'_>> {
+        self.place(op, self.counter)
+    }
+
+    /// Every definition's place, the default first.
+    fn places(&self) -> Vec<Place<'_>> {
+        (0..=self.schema.counters.len())
+            .filter_map(|i| self.place("list counter definitions", CounterIx(i)).ok())
+            .collect()
+    }
+
     /// Creates the indexes counterd relies on (idempotent).
     pub async fn ensure_indexes(&self) -> StoreResult<()> {
         self.ensure_indexes_with(true).await
@@ -221,14 +296,17 @@ impl MongoStore {
     /// Creates the indexes counterd relies on, and `{count: -1}` on the counters for top-N
     /// reads when `count_index` (idempotent); then gives counters written before `count` was
     /// maintained their `count`, so that the worker's `$inc` of it starts from the right value.
+    /// Every definition gets the same: its dirty set ordered by age, its counters by `count`.
     pub async fn ensure_indexes_with(&self, count_index: bool) -> StoreResult<()> {
         let mut commands = vec![
-            doc! {"createIndexes": &self.names.dirty, "indexes": [{"key": {"first_dirty_at": 1}, "name": "first_dirty_at"}]},
             doc! {"createIndexes": &self.names.ledger, "indexes": [{"key": {"gone_at": 1}, "name": "gone_ttl", "expireAfterSeconds": 7 * 24 * 3600}]},
             doc! {"createIndexes": &self.names.runs, "indexes": [{"key": {"finished_at": 1}, "name": "runs_ttl", "expireAfterSeconds": 30 * 24 * 3600}]},
         ];
-        if count_index {
-            commands.push(doc! {"createIndexes": &self.names.counters, "indexes": [{"key": {"count": -1}, "name": "count_desc"}]});
+        for place in self.places() {
+            commands.push(doc! {"createIndexes": &place.dirty, "indexes": [{"key": {"first_dirty_at": 1}, "name": "first_dirty_at"}]});
+            if count_index {
+                commands.push(doc! {"createIndexes": place.counters, "indexes": [{"key": {"count": -1}, "name": "count_desc"}]});
+            }
         }
         for command in commands {
             self.db
@@ -236,14 +314,17 @@ impl MongoStore {
                 .await
                 .map_err(|e| map_err("create indexes", e))?;
         }
-        self.backfill_count().await
+        for place in self.places() {
+            self.backfill_count(place.counters).await?;
+        }
+        Ok(())
     }
 
     /// Sets `count = base_count + live_delta` on counters that lack it, each conditioned on the
     /// numbers read (a worker or reconciler that moved it meanwhile wins, and the next start
     /// looks again).
-    async fn backfill_count(&self) -> StoreResult<()> {
-        let counters = self.coll(&self.names.counters);
+    async fn backfill_count(&self, collection: &str) -> StoreResult<()> {
+        let counters = self.coll(collection);
         let mut missing = counters
             .find(doc! {"count": {"$exists": false}})
             .projection(doc! {"base_count": 1, "live_delta": 1})

@@ -7,7 +7,7 @@ impl Truth for MongoStore {
     async fn count_live_below(&self, post: &PostId, watermark: i64) -> StoreResult<i64> {
         let n = self
             .comments
-            .count_documents(self.live_below(post, watermark))
+            .count_documents(self.live_below(post, watermark)?)
             .await
             .map_err(|e| map_err("count live comments", e))?;
         Ok(n as i64)
@@ -23,7 +23,7 @@ impl Truth for MongoStore {
         let limit = i64::try_from(at_most).unwrap_or(i64::MAX - 1) + 1;
         let mut cursor = self
             .comments
-            .find(self.live_below(post, watermark))
+            .find(self.live_below(post, watermark)?)
             .projection(doc! {"_id": 1})
             .limit(limit)
             .batch_size(ID_READ_BATCH)
@@ -73,16 +73,17 @@ impl Truth for MongoStore {
             }
             return Ok(Some(reads));
         }
-        let branches: Vec<Document> = by_watermark
+        let branches = by_watermark
             .iter()
             .map(|(watermark, posts)| self.live_below_any(posts, *watermark))
-            .collect();
+            .collect::<StoreResult<Vec<Document>>>()?;
+        let group = self.here("read the ids of live comments")?.group;
         let limit = i64::try_from(at_most).unwrap_or(i64::MAX - 1) + 1;
         let op = "read the ids of live comments of a group of posts";
         let mut cursor = self
             .comments
             .find(doc! {"$or": branches})
-            .projection(doc! {"_id": 1, &self.schema.group: 1})
+            .projection(doc! {"_id": 1, group: 1})
             .limit(limit)
             .batch_size(ID_READ_BATCH)
             .await
@@ -96,7 +97,8 @@ impl Truth for MongoStore {
             let Some(id) = doc.get("_id") else { continue };
             // The row's post as the worker reads it: the filter's `$in` matches by MongoDB's
             // equality, and the post read here is the one that equality names.
-            if let Some(&i) = self.schema.post_in(&doc).and_then(|p| place.get(&p)) {
+            let post = crate::schema::Schema::get(&doc, group).and_then(PostId::from_bson);
+            if let Some(&i) = post.and_then(|p| place.get(&p)) {
                 reads[i].push(CommentId::new(id.clone()));
                 held += 1;
             }
@@ -113,7 +115,7 @@ impl Truth for MongoStore {
         if !self.snapshot_reads().await {
             return Ok(None);
         }
-        let filter = self.live_below(post, watermark);
+        let filter = self.live_below(post, watermark)?;
         match self.count_at(filter, at).await {
             Ok(n) => Ok(Some(n)),
             Err(e) if error_code(&e).is_some_and(|c| SNAPSHOT_GONE.contains(&c)) => {
@@ -125,11 +127,10 @@ impl Truth for MongoStore {
     }
 
     async fn latest_created(&self, post: &PostId) -> StoreResult<Option<i64>> {
+        let group = self.here("find the latest comment")?.group;
         let latest = self
             .comments
-            .find_one(
-                doc! {&self.schema.group: post.to_bson(), &self.schema.created: {"$type": "date"}},
-            )
+            .find_one(doc! {group: post.to_bson(), &self.schema.created: {"$type": "date"}})
             .sort(doc! {&self.schema.created: -1})
             .projection(doc! {&self.schema.created: 1})
             .await
@@ -145,16 +146,17 @@ impl Truth for MongoStore {
     async fn count_live(&self, post: &PostId) -> StoreResult<i64> {
         let n = self
             .comments
-            .count_documents(self.live(post))
+            .count_documents(self.live(post)?)
             .await
             .map_err(|e| map_err("count live comments", e))?;
         Ok(n as i64)
     }
 
     async fn rows_of_post(&self, post: &PostId) -> StoreResult<Vec<(CommentId, Row)>> {
+        let group = self.here("read the rows of a post")?.group;
         let mut cursor = self
             .comments
-            .find(doc! {&self.schema.group: post.to_bson()})
+            .find(doc! {group: post.to_bson()})
             .projection(self.schema.row_projection())
             .await
             .map_err(|e| map_err("read the rows of a post", e))?;
@@ -224,39 +226,45 @@ impl Truth for MongoStore {
 }
 
 impl MongoStore {
-    /// The rows of `post` that count: the group field names it and the soft-delete rule does
-    /// not say the row is deleted (the schema's definition, as the worker applies it).
-    pub(super) fn live(&self, post: &PostId) -> Document {
-        let mut filter = doc! {&self.schema.group: {
+    /// The rows of `post` that count for the definition this handle serves: its group field
+    /// names it, the soft-delete rule does not say the row is deleted (the schema's, as the
+    /// worker applies it), and the definition's condition holds (the same [`Condition`] the
+    /// classifier evaluates).
+    ///
+    /// [`Condition`]: crate::condition::Condition
+    pub(super) fn live(&self, post: &PostId) -> StoreResult<Document> {
+        let place = self.here("count live comments")?;
+        let mut filter = doc! {place.group: {
             "$eq": post.to_bson(),
             "$type": post_types(post).to_vec(),
             "$not": {"$type": "array"},
         }};
-        self.only_live(&mut filter);
-        filter
+        self.only_live(&mut filter, &place);
+        Ok(filter)
     }
 
     /// The rows of any of `posts` that count and whose creation time is not `>= watermark`:
     /// [`MongoStore::live_below`] of each, at once (`$in` is `$eq` to each value; the types
     /// allowed are those of every post asked, and a row of one type matches only the values
     /// of its own, as MongoDB compares them).
-    fn live_below_any(&self, posts: &[PostId], watermark: i64) -> Document {
+    fn live_below_any(&self, posts: &[PostId], watermark: i64) -> StoreResult<Document> {
+        let place = self.here("count live comments")?;
         let mut types: Vec<&str> = posts.iter().flat_map(post_types).copied().collect();
         types.sort_unstable();
         types.dedup();
         let values: Vec<Bson> = posts.iter().map(PostId::to_bson).collect();
-        let mut filter = doc! {&self.schema.group: {
+        let mut filter = doc! {place.group: {
             "$in": values,
             "$type": types,
             "$not": {"$type": "array"},
         }};
-        self.only_live(&mut filter);
+        self.only_live(&mut filter, &place);
         filter.insert(&self.schema.created, not_gte(to_date(watermark)));
-        filter
+        Ok(filter)
     }
 
-    /// Adds the soft-delete rule's "not deleted" to a filter.
-    fn only_live(&self, filter: &mut Document) {
+    /// Adds to a filter the soft-delete rule's "not deleted" and the definition's condition.
+    fn only_live(&self, filter: &mut Document, place: &Place<'_>) {
         match &self.schema.soft_delete {
             SoftDelete::Present { field } => {
                 filter.insert(field, Bson::Null);
@@ -269,13 +277,16 @@ impl MongoStore {
             }
             SoftDelete::Never => {}
         }
+        if let Some(condition) = place.condition {
+            filter.insert("$and", vec![Bson::Document(condition.to_filter())]);
+        }
     }
 
     /// The rows of `post` that count and whose creation time is not `>= watermark`.
-    pub(super) fn live_below(&self, post: &PostId, watermark: i64) -> Document {
-        let mut filter = self.live(post);
+    pub(super) fn live_below(&self, post: &PostId, watermark: i64) -> StoreResult<Document> {
+        let mut filter = self.live(post)?;
         filter.insert(&self.schema.created, not_gte(to_date(watermark)));
-        filter
+        Ok(filter)
     }
 
     /// Whether reads at a cluster time really work, detected once: the server must send

@@ -44,9 +44,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bson::DateTime;
 use counterd::clock::Clock;
+use counterd::definition::CounterIx;
 use counterd::event::PostId;
 use counterd::shutdown::{Shutdown, ShutdownTrigger};
 use counterd::store::memory::Memory;
+use counterd::store::CounterViews;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -327,6 +329,21 @@ pub struct SimStore {
     /// The worker this handle serves (`None`: the writers', the reconciler's, the checks'): its
     /// change streams end its run by requesting its shutdown.
     worker: Option<ShutdownTrigger>,
+    /// The counter definition this handle serves (see `counterd::store::CounterViews`).
+    counter: CounterIx,
+}
+
+impl CounterViews for SimStore {
+    fn for_counter(&self, counter: CounterIx) -> SimStore {
+        SimStore {
+            counter,
+            ..self.clone()
+        }
+    }
+
+    fn viewed_counter(&self) -> CounterIx {
+        self.counter
+    }
 }
 
 impl SimStore {
@@ -372,6 +389,7 @@ impl SimStore {
                 probe_failures: Vec::new(),
             })),
             worker: None,
+            counter: CounterIx::DEFAULT,
         }
     }
 
@@ -394,6 +412,7 @@ impl SimStore {
         let handle = SimStore {
             state: self.state.clone(),
             worker: Some(trigger),
+            counter: CounterIx::DEFAULT,
         };
         (handle, shutdown)
     }

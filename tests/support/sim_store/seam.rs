@@ -22,6 +22,15 @@ use counterd::store::{
 
 use super::events::SimEvents;
 use super::{Broken, SimStore, State};
+use counterd::definition::CounterIx;
+
+/// How a trace line names a counter definition: nothing for the default, `#n/` for another.
+fn definition(counter: CounterIx) -> String {
+    match counter {
+        CounterIx::DEFAULT => String::new(),
+        CounterIx(n) => format!("#{n}/"),
+    }
+}
 
 impl State {
     /// One statement of `apply_counters`, as the variant under test applies it.
@@ -44,19 +53,23 @@ impl State {
         let forgotten = match self.broken {
             Broken::NoGuard => self
                 .memory
-                .counters
-                .get_mut(&w.post)
+                .counters_of_mut(w.counter)
+                .and_then(|c| c.get_mut(&w.post))
                 .and_then(|c| c.applied_through.take()),
             _ => None,
         };
         let applied = self.memory.apply_counter(fence, &w, through, through_time);
-        if let (false, Some(c)) = (applied, self.memory.counters.get_mut(&w.post)) {
+        let after = self.memory.counters_of_mut(w.counter);
+        if let (false, Some(c)) = (applied, after.and_then(|c| c.get_mut(&w.post))) {
             c.applied_through = c.applied_through.take().or(forgotten);
         }
         let outcome = if applied { "" } else { ": already applied" };
         let line = format!(
-            "  counter {} {:+} {:?} at {through}{outcome}",
-            w.post, w.delta, w.buckets
+            "  counter {}{} {:+} {:?} at {through}{outcome}",
+            definition(w.counter),
+            w.post,
+            w.delta,
+            w.buckets
         );
         self.note(line);
         if applied {
@@ -251,8 +264,11 @@ impl Counters for SimStore {
     }
 
     async fn read_counter(&self, post: &PostId) -> StoreResult<Option<CounterDoc>> {
-        self.single("read_counter", false, |s| Ok(s.memory.read_counter(post)))
-            .await
+        let counter = self.counter;
+        self.single("read_counter", false, |s| {
+            Ok(s.memory.read_counter(counter, post))
+        })
+        .await
     }
 
     async fn install_fold(
@@ -262,6 +278,7 @@ impl Counters for SimStore {
         fold: &Fold,
         now: DateTime,
     ) -> StoreResult<bool> {
+        let counter = self.counter;
         self.single("install_fold", true, |s| {
             let mut installing = Cow::Borrowed(fold);
             if let (Broken::SeedFold, Some(expected)) = (s.broken, expected) {
@@ -270,9 +287,29 @@ impl Counters for SimStore {
                 installing.to_mut().live_delta =
                     was.live_delta - (fold.base_count - was.base_count);
             }
-            let installed = s.memory.install_fold(post, expected, &installing, now);
-            if installed {
+            let installed = s
+                .memory
+                .install_fold(counter, post, expected, &installing, now);
+            // Drift bookkeeping (injections, corrections) is the default definition's; the
+            // others are checked against the truth directly, and nothing is injected into
+            // their counters: a fold there that corrects drift invented it.
+            if installed && counter == CounterIx::DEFAULT {
                 s.installed(post, fold);
+            } else if installed && fold.drift != 0 {
+                s.stat("fold of another definition corrected drift");
+                if s.drift_bounds && !s.memory.has_gaps() {
+                    let e = format!(
+                        "definition #{}: a fold corrected {post} by {:+}, but no drift was injected there (the reconciler invented drift, or an event was counted twice or never)",
+                        counter.0, fold.drift
+                    );
+                    s.note(format!("  !! {e}"));
+                    s.probe_failures.push(e);
+                }
+            } else if installed {
+                s.stat("fold of another definition installed");
+            }
+            let post = format!("{}{post}", definition(counter));
+            if installed {
                 let (was, new) = (fold.wrong, fold.right);
                 let how = if expected.is_some() {
                     format!("{was} -> {new}")
@@ -289,15 +326,19 @@ impl Counters for SimStore {
     }
 
     async fn posts_after(&self, after: Option<&PostId>, limit: usize) -> StoreResult<Vec<PostId>> {
+        let counter = self.counter;
         self.single("posts_after", false, |s| {
-            Ok(s.memory.posts_after(after, limit))
+            Ok(s.memory.posts_after(counter, after, limit))
         })
         .await
     }
 
     async fn sample_posts(&self, n: usize) -> StoreResult<Vec<PostId>> {
-        self.single("sample_posts", false, |s| Ok(s.memory.sample_posts(n)))
-            .await
+        let counter = self.counter;
+        self.single("sample_posts", false, |s| {
+            Ok(s.memory.sample_posts(counter, n))
+        })
+        .await
     }
 
     async fn apply_snapshot_counters(
@@ -312,8 +353,10 @@ impl Counters for SimStore {
             if landed {
                 s.shadow_add(w);
                 let line = format!(
-                    "  counter {} {:+} from snapshot chunk {chunk}",
-                    w.post, w.delta
+                    "  counter {}{} {:+} from snapshot chunk {chunk}",
+                    definition(w.counter),
+                    w.post,
+                    w.delta
                 );
                 s.note(line);
             } else {
@@ -421,27 +464,33 @@ impl DirtySet for SimStore {
         order: DirtyOrder,
         limit: usize,
     ) -> StoreResult<Vec<DirtyEntry>> {
+        let counter = self.counter;
         self.single("dirty_list", false, |s| {
-            Ok(s.memory.dirty_list(stream, order, limit))
+            Ok(s.memory.dirty_list(counter, stream, order, limit))
         })
         .await
     }
 
     async fn dirty_summary(&self) -> StoreResult<DirtySummary> {
-        self.single("dirty_summary", false, |s| Ok(s.memory.dirty_summary()))
-            .await
+        let counter = self.counter;
+        self.single("dirty_summary", false, |s| {
+            Ok(s.memory.dirty_summary(counter))
+        })
+        .await
     }
 
     async fn clear_dirty(&self, post: &PostId, version: i64) -> StoreResult<bool> {
+        let counter = self.counter;
         self.single("clear_dirty", true, |s| {
-            Ok(s.memory.clear_dirty(post, version))
+            Ok(s.memory.clear_dirty(counter, post, version))
         })
         .await
     }
 
     async fn requeue_dirty(&self, post: &PostId, version: i64, now: DateTime) -> StoreResult<bool> {
+        let counter = self.counter;
         self.single("requeue_dirty", true, |s| {
-            Ok(s.memory.requeue_dirty(post, version, now))
+            Ok(s.memory.requeue_dirty(counter, post, version, now))
         })
         .await
     }
@@ -450,8 +499,9 @@ impl DirtySet for SimStore {
 #[async_trait]
 impl Truth for SimStore {
     async fn count_live_below(&self, post: &PostId, watermark: i64) -> StoreResult<i64> {
+        let counter = self.counter;
         self.single("count_live_below", false, |s| {
-            Ok(s.memory.count_live_below(post, watermark))
+            Ok(s.memory.count_live_below(counter, post, watermark))
         })
         .await
     }
@@ -462,8 +512,9 @@ impl Truth for SimStore {
         watermark: i64,
         at_most: usize,
     ) -> StoreResult<Option<Vec<CommentId>>> {
+        let counter = self.counter;
         self.single("live_ids_below", false, |s| {
-            let ids = s.memory.live_ids_below(post, watermark, at_most);
+            let ids = s.memory.live_ids_below(counter, post, watermark, at_most);
             if ids.is_none() {
                 s.stat("recount by count alone");
             }
@@ -483,20 +534,27 @@ impl Truth for SimStore {
     }
 
     async fn latest_created(&self, post: &PostId) -> StoreResult<Option<i64>> {
+        let counter = self.counter;
         self.single("latest_created", false, |s| {
-            Ok(s.memory.latest_created(post))
+            Ok(s.memory.latest_created(counter, post))
         })
         .await
     }
 
     async fn count_live(&self, post: &PostId) -> StoreResult<i64> {
-        self.single("count_live", false, |s| Ok(s.memory.count_live(post)))
-            .await
+        let counter = self.counter;
+        self.single("count_live", false, |s| {
+            Ok(s.memory.count_live(counter, post))
+        })
+        .await
     }
 
     async fn rows_of_post(&self, post: &PostId) -> StoreResult<Vec<(CommentId, Row)>> {
-        self.single("rows_of_post", false, |s| Ok(s.memory.rows_of_post(post)))
-            .await
+        let counter = self.counter;
+        self.single("rows_of_post", false, |s| {
+            Ok(s.memory.rows_of_post(counter, post))
+        })
+        .await
     }
 
     async fn comments_extent(&self) -> StoreResult<CommentsExtent> {

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use bson::{doc, Bson, DateTime, Document};
 use counterd::batch::{bucket_of, CounterDelta};
+use counterd::definition::CounterIx;
 use counterd::event::PostId;
 use counterd::fold::Fold;
 use counterd::store::memory::{row_facts, OplogTxn, CREATED_FIELD, DELETED_FIELD, POST_FIELD};
@@ -98,7 +99,44 @@ impl State {
             row.insert(DELETED_FIELD, DateTime::from_millis(clock * 1000));
         }
         row.insert("body", format!("b{}", self.rng.random_range(0..1000)));
+        if !self.memory.definitions.is_empty() {
+            // What the other counter definitions read (drawn only in seeds that keep them, so
+            // the other seeds' writes stay what they were).
+            if self.rng.random_bool(0.9) {
+                let author = self.rng.random_range(0..3);
+                row.insert("author_id", format!("a{author}"));
+            }
+            row.insert("approved", self.rng.random_bool(0.5));
+        }
         row
+    }
+
+    /// A change to what only the other counter definitions read: approve, unapprove, another
+    /// author, or no author (the row leaves that definition's counting).
+    fn definition_change(&mut self, id: i64) -> &'static str {
+        match self.rng.random_range(0..5) {
+            0 => {
+                self.update(id, doc! {"approved": true}, &[]);
+                "approve"
+            }
+            1 => {
+                self.update(id, doc! {"approved": false}, &[]);
+                "unapprove"
+            }
+            2 => {
+                self.update(id, doc! {}, &["approved"]);
+                "remove approved of"
+            }
+            3 => {
+                let author = format!("a{}", self.rng.random_range(0..3));
+                self.update(id, doc! {"author_id": author}, &[]);
+                "change author of"
+            }
+            _ => {
+                self.update(id, doc! {}, &["author_id"]);
+                "remove author_id of"
+            }
+        }
     }
 
     /// A creation time before the simulation began: below every watermark.
@@ -194,6 +232,9 @@ impl State {
             66..=74 => {
                 self.delete_row(id);
                 "hard delete"
+            }
+            75..=88 if !self.memory.definitions.is_empty() && self.rng.random_bool(0.7) => {
+                self.definition_change(id)
             }
             75..=88 => {
                 let body = format!("b{}", self.rng.random_range(0..1000));
@@ -312,6 +353,28 @@ impl State {
             .collect()
     }
 
+    /// The true count of every group of counter definition `counter` with a row that counts
+    /// there, from the rows themselves (its group field, its condition, the soft delete).
+    pub fn truth_of(&self, counter: CounterIx) -> BTreeMap<PostId, i64> {
+        let mut out = BTreeMap::new();
+        for row in self.memory.comments.values() {
+            if let Some((group, _, true)) = self.memory.facts(counter, row) {
+                *out.entry(group).or_default() += 1;
+            }
+        }
+        out
+    }
+
+    /// What every counter of definition `counter` displays, and its `count` field.
+    pub fn displayed_of(&self, counter: CounterIx) -> BTreeMap<PostId, (i64, i64)> {
+        let none = BTreeMap::new();
+        let counters = self.memory.counters_of(counter).unwrap_or(&none);
+        counters
+            .iter()
+            .map(|(p, c)| (p.clone(), (c.displayed(), c.count)))
+            .collect()
+    }
+
     /// Every counter's `count` beside its `base_count + live_delta`.
     pub fn counts(&self) -> Vec<(PostId, i64, i64)> {
         let counters = &self.memory.counters;
@@ -346,6 +409,9 @@ impl State {
 
     /// An applied counter write, in the shadow of everything applied.
     pub(super) fn shadow_add(&mut self, w: &CounterDelta) {
+        if w.counter != counterd::definition::CounterIx::DEFAULT {
+            return; // the other definitions are checked against the truth directly
+        }
         for (bucket, amount) in &w.buckets {
             *self.shadow.entry((w.post.clone(), *bucket)).or_default() += amount;
         }

@@ -1,0 +1,445 @@
+//! Several counters from one stream, end to end: the real `counterd run` with three definitions
+//! on `comments` (per post, the default; per author; approved comments per post) under a writer
+//! that inserts, approves and unapproves, changes authors, moves posts, soft-deletes and
+//! undeletes, while each definition's counters get drift injected by hand. At every caught-up
+//! moment (writers paused, the worker drained past every acknowledged write) every counter of
+//! every definition equals its count query; the reconciler corrects the injected drift and
+//! reports it under the counter's label. And an existing single-definition database keeps
+//! working when `[[counters]]` is added.
+
+#[path = "support/daemon.rs"]
+mod daemon;
+mod support;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use bson::{doc, Bson, DateTime, Document};
+use counterd::definition::{CounterIx, Definition};
+use counterd::event::PostId;
+use counterd::store::prelude::*;
+use daemon::Daemon;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use support::TestDb;
+
+const DEFINITIONS: &str = r#"
+[[counters]]
+name = "per_author"
+group_field = "author_id"
+collection = "author_counters"
+
+[[counters]]
+name = "approved"
+group_field = "post_id"
+condition = { approved = true }
+collection = "approved_counters"
+"#;
+
+const POSTS: i64 = 12;
+const AUTHORS: i64 = 5;
+
+/// The definitions of [`DEFINITIONS`], for the test's own store (its views count the truth).
+fn schema() -> counterd::schema::Schema {
+    let definition = |name: &str, group: &str, condition: Document, collection: &str| Definition {
+        name: name.into(),
+        group: group.into(),
+        condition: counterd::condition::Condition::parse(&condition).unwrap(),
+        collection: collection.into(),
+    };
+    counterd::schema::Schema {
+        counters: vec![
+            definition("per_author", "author_id", doc! {}, "author_counters"),
+            definition(
+                "approved",
+                "post_id",
+                doc! {"approved": true},
+                "approved_counters",
+            ),
+        ],
+        ..counterd::schema::Schema::default()
+    }
+}
+
+/// A configuration file with the definitions, for `counterd run` (`COUNTERD_CONFIG`).
+fn config_file(dir: &tempfile::TempDir) -> String {
+    let path = dir.path().join("counterd.toml");
+    std::fs::write(&path, DEFINITIONS).unwrap();
+    path.to_string_lossy().into_owned()
+}
+
+/// Short intervals, so that folds follow within seconds (one-second buckets, a settle time of
+/// a second), and the background sweep off: only dirty groups are folded.
+fn quick(config: Option<&str>) -> Vec<(&str, &str)> {
+    let mut env = vec![
+        ("COUNTERD_BUCKET_WIDTH", "1s"),
+        ("COUNTERD_SETTLE_TIME", "1s"),
+        ("COUNTERD_RECONCILE_INTERVAL", "500ms"),
+        ("COUNTERD_BACKGROUND_SWEEP_PASS", "0s"),
+    ];
+    if let Some(path) = config {
+        env.push(("COUNTERD_CONFIG", path));
+    }
+    env
+}
+
+fn author(n: i64) -> PostId {
+    PostId::Str(format!("a{n}"))
+}
+
+/// Every group of every definition the writer can touch: (definition, group).
+fn groups() -> Vec<(CounterIx, PostId)> {
+    let posts = (0..POSTS).map(PostId::Int);
+    let mut all: Vec<(CounterIx, PostId)> = posts.clone().map(|p| (CounterIx(0), p)).collect();
+    all.extend((0..AUTHORS).map(|a| (CounterIx(1), author(a))));
+    all.extend(posts.map(|p| (CounterIx(2), p)));
+    all
+}
+
+/// Groups whose counter differs from its count query: (definition, group, displayed, truth).
+async fn mismatches(t: &TestDb) -> Vec<(usize, PostId, i64, i64)> {
+    let mut wrong = Vec::new();
+    for (ix, group) in groups() {
+        let view = t.store.for_counter(ix);
+        let (shown, truth) = counterd::store::displayed_and_truth(&view, &group)
+            .await
+            .unwrap();
+        if shown != truth {
+            wrong.push((ix.0, group, shown, truth));
+        }
+    }
+    wrong
+}
+
+/// Waits until the worker has applied every write acknowledged before this call: the stream
+/// was found drained at a position after them and no batch is in flight.
+async fn caught_up(t: &TestDb, within: Duration) {
+    let after = t.store.read_position().await.unwrap().upper;
+    let deadline = Instant::now() + within;
+    loop {
+        let c = t.store.load_checkpoint("comments").await.unwrap();
+        if c.is_some_and(|c| c.pending.is_none() && c.caught_up_at.is_some_and(|at| at >= after)) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the worker did not catch up within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The application: random changes to `comments` that move rows between every definition's
+/// groups and in and out of the condition.
+struct Writer {
+    rng: StdRng,
+    next_id: i64,
+    ids: Vec<i64>,
+}
+
+impl Writer {
+    fn new(seed: u64) -> Writer {
+        Writer {
+            rng: StdRng::seed_from_u64(seed),
+            next_id: 0,
+            ids: Vec::new(),
+        }
+    }
+
+    fn row(&mut self, id: i64) -> Document {
+        let post = self.rng.random_range(0..POSTS);
+        let author = self.rng.random_range(0..AUTHORS);
+        // Back-dated now and then: an old row lands below the watermark at once.
+        let age = if self.rng.random_bool(0.2) { 3_600 } else { 0 };
+        doc! {
+            "_id": id,
+            "post_id": post,
+            "author_id": format!("a{author}"),
+            "approved": self.rng.random_bool(0.5),
+            "created_at": DateTime::from_millis((support::now_secs() - age) * 1000),
+        }
+    }
+
+    /// One change; what it did, for the failure message.
+    async fn step(&mut self, t: &TestDb) -> &'static str {
+        let comments = &t.comments;
+        if self.ids.is_empty() || self.rng.random_bool(0.3) {
+            let id = self.next_id;
+            self.next_id += 1;
+            let row = self.row(id);
+            comments.insert_one(row).await.unwrap();
+            self.ids.push(id);
+            return "insert";
+        }
+        let id = self.ids[self.rng.random_range(0..self.ids.len())];
+        let (what, update) = match self.rng.random_range(0..6) {
+            0 => ("approve", doc! {"$set": {"approved": true}}),
+            1 => ("unapprove", doc! {"$set": {"approved": false}}),
+            2 => {
+                let a = self.rng.random_range(0..AUTHORS);
+                (
+                    "author change",
+                    doc! {"$set": {"author_id": format!("a{a}")}},
+                )
+            }
+            3 => {
+                let p = self.rng.random_range(0..POSTS);
+                ("move", doc! {"$set": {"post_id": p}})
+            }
+            4 => (
+                "soft delete",
+                doc! {"$set": {"deleted_at": DateTime::from_millis(support::now_secs() * 1000)}},
+            ),
+            _ => ("undelete", doc! {"$unset": {"deleted_at": ""}}),
+        };
+        comments.update_one(doc! {"_id": id}, update).await.unwrap();
+        what
+    }
+
+    /// A burst of `n` changes.
+    async fn burst(&mut self, t: &TestDb, n: usize) -> BTreeSet<&'static str> {
+        let mut did = BTreeSet::new();
+        for _ in 0..n {
+            did.insert(self.step(t).await);
+        }
+        did
+    }
+}
+
+/// Adds `k` to a counter by hand (`base_count` and `count`, as an operator's edit would), for
+/// the definition `ix`'s group.
+async fn inject(t: &TestDb, collection: &str, group: &PostId, k: i64) {
+    let hit =
+        t.db.collection::<Document>(collection)
+            .update_one(
+                doc! {"_id": group.to_bson()},
+                doc! {"$inc": {"base_count": k, "count": k}},
+            )
+            .await
+            .unwrap();
+    assert_eq!(hit.matched_count, 1, "no counter {group} in {collection}");
+}
+
+/// The `counterd_drift_comments` samples of `/metrics` for `counter`.
+async fn drift_reported(daemon: &Daemon, counter: &str) -> u64 {
+    let Some((200, text)) = daemon.get("/metrics").await else {
+        return 0;
+    };
+    let label = format!("counter=\"{counter}\"");
+    text.lines()
+        .filter(|l| l.starts_with("counterd_drift_comments_count") && l.contains(&label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|n| n as u64)
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_definitions_stay_exact_and_their_drift_is_corrected_per_counter() {
+    let t = TestDb::with_schema("three_definitions", schema()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(&dir);
+    let daemon = Daemon::start(&t.uri, &t.name, "one", &quick(Some(&config)));
+    let mut writer = Writer::new(26);
+    let mut seen = BTreeSet::new();
+
+    // Writes continue between caught-up moments; at each, every counter is exact.
+    for round in 0..6 {
+        seen.extend(writer.burst(&t, 60).await);
+        caught_up(&t, Duration::from_secs(30)).await;
+        let wrong = mismatches(&t).await;
+        assert!(
+            wrong.is_empty(),
+            "round {round}: (definition, group, displayed, truth) {wrong:?}"
+        );
+    }
+    assert_eq!(seen.len(), 7, "every kind of change was written: {seen:?}");
+
+    // Drift in each definition's counters, then more writes (which dirty those groups too).
+    let hit = [
+        ("comment_counters", "default", PostId::Int(3), 4),
+        ("author_counters", "per_author", author(2), -3),
+        ("approved_counters", "approved", PostId::Int(5), 2),
+    ];
+    for (collection, _, group, k) in &hit {
+        inject(&t, collection, group, *k).await;
+    }
+    // A new comment in every injected group, so each is dirty and folded.
+    let mut row = writer.row(1_000_000);
+    row.insert("post_id", 3_i64);
+    t.comments.insert_one(row).await.unwrap();
+    let mut row = writer.row(1_000_001);
+    row.insert("author_id", "a2");
+    t.comments.insert_one(row).await.unwrap();
+    let mut row = writer.row(1_000_002);
+    row.insert("post_id", 5_i64);
+    row.insert("approved", true);
+    t.comments.insert_one(row).await.unwrap();
+
+    // Writes continue; the drift must be folded away and reported under each counter's label.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        writer.burst(&t, 20).await;
+        caught_up(&t, Duration::from_secs(30)).await;
+        let wrong = mismatches(&t).await;
+        let mut reported = Vec::new();
+        for (_, name, _, _) in &hit {
+            reported.push(drift_reported(&daemon, name).await);
+        }
+        if wrong.is_empty() && reported.iter().all(|n| *n > 0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "drift not corrected and reported within 60 s: mismatches {wrong:?}, drift samples per counter {reported:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // The commands read a definition's counters with `--counter` (writers paused, caught up).
+    caught_up(&t, Duration::from_secs(30)).await;
+    for (counter, ix, group) in [
+        ("per_author", 1, author(2)),
+        ("approved", 2, PostId::Int(5)),
+        ("default", 0, PostId::Int(3)),
+    ] {
+        let shown = group.to_string();
+        let o = cli(
+            &t,
+            &config,
+            &["get", &shown, "--counter", counter, "--json"],
+        );
+        assert!(o.status.success(), "get --counter {counter}: {o:?}");
+        let got: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let truth = t
+            .store
+            .for_counter(CounterIx(ix))
+            .count_live(&group)
+            .await
+            .unwrap();
+        assert_eq!(got["true_count"], truth, "{counter} {group}: {got}");
+        assert_eq!(got["displayed"], truth, "{counter} {group}: {got}");
+        let o = cli(
+            &t,
+            &config,
+            &["verify", "--counter", counter, "--sample", "50"],
+        );
+        assert!(
+            o.status.success(),
+            "verify --counter {counter}: {}",
+            String::from_utf8_lossy(&o.stdout)
+        );
+    }
+    // The counters are where readers look for them, one collection per definition.
+    for collection in ["comment_counters", "author_counters", "approved_counters"] {
+        let n =
+            t.db.collection::<Document>(collection)
+                .estimated_document_count()
+                .await
+                .unwrap();
+        assert!(n > 0, "{collection} is empty");
+    }
+    let status = daemon.terminate();
+    assert_eq!(status, Some(0), "counterd run stopped cleanly");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_definition_database_keeps_working_when_counters_are_added() {
+    let t = TestDb::with_schema("upgrade_to_definitions", schema()).await;
+    // Before: today's configuration, one definition.
+    let before = Daemon::start(&t.uri, &t.name, "old", &quick(None));
+    let mut writer = Writer::new(7);
+    writer.burst(&t, 80).await;
+    caught_up(&t, Duration::from_secs(30)).await;
+    let posts: Vec<PostId> = (0..POSTS).map(PostId::Int).collect();
+    t.wait_exact(&posts, Duration::from_secs(30)).await;
+    let old_counters = ids(&t, "comment_counters", doc! {}).await;
+    assert_eq!(before.terminate(), Some(0));
+
+    // After: the same database with `[[counters]]` added.
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(&dir);
+    let after = Daemon::start(&t.uri, &t.name, "new", &quick(Some(&config)));
+    // Every group of every definition changes once more, so each is dirty and recounted.
+    for p in 0..POSTS {
+        let mut row = writer.row(2_000_000 + p);
+        row.insert("post_id", p);
+        row.insert("approved", true);
+        row.insert("author_id", format!("a{}", p % AUTHORS));
+        t.comments.insert_one(row).await.unwrap();
+    }
+    writer.burst(&t, 40).await;
+    caught_up(&t, Duration::from_secs(30)).await;
+    // The default definition's counters were exact at the upgrade and stay exact at once.
+    let wrong: Vec<_> = mismatches(&t)
+        .await
+        .into_iter()
+        .filter(|(ix, ..)| *ix == 0)
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "default counters after the upgrade: {wrong:?}"
+    );
+    // The new definitions' counters start from the recounts of their dirty groups.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        caught_up(&t, Duration::from_secs(30)).await;
+        let wrong = mismatches(&t).await;
+        if wrong.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "counters after the upgrade not exact within 60 s: {wrong:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // Existing collections kept their names: the same counter documents, the same dirty set.
+    let still = ids(
+        &t,
+        "comment_counters",
+        doc! {"_id": {"$in": old_counters.clone()}},
+    )
+    .await;
+    assert_eq!(still.len(), old_counters.len());
+    let names = t.db.list_collection_names().await.unwrap();
+    for expected in [
+        "counterd_dirty",
+        "counterd_checkpoints",
+        "author_counters",
+        "approved_counters",
+    ] {
+        assert!(
+            names.iter().any(|n| n == expected),
+            "{expected} missing: {names:?}"
+        );
+    }
+    assert_eq!(after.terminate(), Some(0));
+}
+
+/// A one-shot `counterd` command against the test database with the definitions' file.
+fn cli(t: &TestDb, config: &str, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_counterd"))
+        .args(args)
+        .env("COUNTERD_CONFIG", config)
+        .env("COUNTERD_MONGODB_URI", &t.uri)
+        .env("COUNTERD_DATABASE", &t.name)
+        .env("COUNTERD_CONNECT_TIMEOUT", "5s")
+        .env("COUNTERD_LOG_LEVEL", "warn")
+        .output()
+        .unwrap()
+}
+
+/// The `_id`s of the documents of `collection` matching `filter`.
+async fn ids(t: &TestDb, collection: &str, filter: Document) -> Vec<Bson> {
+    use futures::TryStreamExt;
+    let docs: Vec<Document> =
+        t.db.collection::<Document>(collection)
+            .find(filter)
+            .await
+            .unwrap()
+            .try_collect()
+            .await
+            .unwrap();
+    docs.into_iter()
+        .filter_map(|d| d.get("_id").cloned())
+        .collect()
+}
