@@ -5,7 +5,7 @@ use bson::{Bson, Document};
 
 use super::write::{remove_path, set_path};
 use super::Schema;
-use crate::definition::{CounterIx, CounterKey, Member};
+use crate::definition::{CounterIx, CounterKey, Definition, Member};
 use crate::event::{PostId, Row, UpdateSummary};
 
 /// What an update did to one field, as far as its description says.
@@ -123,20 +123,50 @@ impl Schema {
     }
 
     /// Whether [`Schema::apply`] can derive the row after `update` from `before` alone for every
-    /// counter definition: the update touches no field a condition reads and no part of a group
-    /// field, and the row records every definition. Otherwise the after-state must come from a
-    /// document (the pre-image with the update applied, or the `updateLookup` row): a ledger
-    /// entry keeps whether the row matched a condition, not the fields it read.
+    /// counter definition: the update changes no part of a group field, and of each condition
+    /// either no field or every field it reads (set or removed by name, so the verdict follows
+    /// from the update alone: [`Schema::condition_set_by`]); and the row records every
+    /// definition. Otherwise the after-state must come from a document (the pre-image with the
+    /// update applied, or the `updateLookup` row): a ledger entry keeps whether the row matched
+    /// a condition, not the fields it read.
+    ///
+    /// Deriving matters beyond precision: a looked-up row may be later than its event, which is
+    /// harmless only while every later before-state also comes from the ledger. A later event
+    /// that brings its pre-image (an event-time state) would count the change in between twice.
     pub fn derives(&self, update: &UpdateSummary, before: &Row) -> bool {
         before.members.len() >= self.counters.len()
             && self.counters.iter().all(|definition| {
                 Self::change(update, &definition.group) != FieldChange::Unknown
-                    && definition
-                        .condition
-                        .paths()
-                        .into_iter()
-                        .all(|path| Self::change(update, path) == FieldChange::Unchanged)
+                    && (Self::condition_untouched(update, definition)
+                        || Self::condition_set_by(update, definition).is_some())
             })
+    }
+
+    /// Whether `update` touches no field `definition`'s condition reads.
+    fn condition_untouched(update: &UpdateSummary, definition: &Definition) -> bool {
+        definition
+            .condition
+            .paths()
+            .into_iter()
+            .all(|path| Self::change(update, path) == FieldChange::Unchanged)
+    }
+
+    /// The fields `definition`'s condition reads, as `update` leaves them, when it sets or
+    /// removes every one of them by name (`None` otherwise: a field it does not name, or names
+    /// only through a parent or a part, keeps a value the ledger does not know).
+    fn condition_set_by(update: &UpdateSummary, definition: &Definition) -> Option<Document> {
+        let mut fields = Document::new();
+        for path in definition.condition.paths() {
+            if let Some(value) = update.set.get(path) {
+                set_path(&mut fields, path, value.clone());
+            } else if !update.removed.iter().any(|r| r == path) {
+                return None;
+            }
+            if Self::change(update, path) == FieldChange::Unknown {
+                return None;
+            }
+        }
+        Some(fields)
     }
 
     /// The row after `update`, derived from the row before it: exact at event time, unlike an
@@ -173,7 +203,8 @@ impl Schema {
                 FieldChange::Unknown => before.deleted,
             },
         };
-        // Callers check `derives` first: only group fields can change here, never a condition.
+        // Callers check `derives` first: a condition's fields are untouched (the verdict stays)
+        // or all named by the update (the verdict is decided again from them).
         let members = self
             .counters
             .iter()
@@ -186,7 +217,12 @@ impl Schema {
                         FieldChange::Set(value) => value.as_ref().and_then(PostId::from_bson),
                         FieldChange::Unknown => None,
                     },
-                    matches: before.matches,
+                    matches: match Self::condition_set_by(update, definition) {
+                        Some(fields) if !Self::condition_untouched(update, definition) => {
+                            definition.condition.matches(&fields)
+                        }
+                        _ => before.matches,
+                    },
                 }
             })
             .collect();
@@ -311,15 +347,43 @@ mod tests {
     }
 
     #[test]
-    fn an_update_of_a_condition_field_is_not_derived_from_the_row() {
+    fn an_update_of_a_condition_field_is_derived_only_when_it_names_every_field_read() {
         let s = with_definitions();
         let before =
             s.read_existing_row(&doc! {"postId": 1, "approved": false, "author": {"id": "ann"}});
         assert_eq!(before.members.len(), 2);
         assert!(s.derives(&update(doc! {"deleted": true, "body": "x"}, &[]), &before));
         assert!(s.derives(&update(doc! {"author": {"id": "bob"}}, &[]), &before));
-        assert!(!s.derives(&update(doc! {"approved": true}, &[]), &before));
-        assert!(!s.derives(&update(doc! {}, &["approved"]), &before));
+        // The condition reads `approved` alone: an update that sets or removes it decides it.
+        let approve = update(doc! {"approved": true}, &[]);
+        assert!(s.derives(&approve, &before));
+        assert!(s.apply(&approve, &before).unwrap().members[0].matches);
+        let unapprove = update(doc! {}, &["approved"]);
+        let approved = s.apply(&approve, &before).unwrap();
+        assert!(s.derives(&unapprove, &approved));
+        assert!(!s.apply(&unapprove, &approved).unwrap().members[0].matches);
+        assert!(
+            !s.derives(&update(doc! {"approved.by": "x"}, &[]), &before),
+            "a part of a condition's field changed"
+        );
+        // A condition over two fields, one of them not named: the other's value is unknown.
+        let two = Schema {
+            counters: vec![Definition {
+                name: "approved_recent".into(),
+                group: "postId".into(),
+                condition: crate::condition::Condition::parse(
+                    &doc! {"approved": true, "score": {"$gt": 3}},
+                )
+                .unwrap(),
+                collection: "x".into(),
+            }],
+            ..js()
+        };
+        let before = two.read_existing_row(&doc! {"postId": 1, "approved": false, "score": 5});
+        assert!(!two.derives(&update(doc! {"approved": true}, &[]), &before));
+        let both = update(doc! {"approved": true, "score": 1}, &[]);
+        assert!(two.derives(&both, &before));
+        assert!(!two.apply(&both, &before).unwrap().members[0].matches);
         assert!(
             !s.derives(&update(doc! {"author.id.x": 1}, &[]), &before),
             "a part of a group field changed"
