@@ -539,18 +539,22 @@ async fn a_dropped_collection_stops_run_and_the_advice_recovers() {
         assert!(replay.status.success(), "{}", text(&replay));
         let log = tempfile::NamedTempFile::new().unwrap();
         let mut d = Daemon::start_logged(&t.uri, &t.name, "dropped-back", &[], Some(log.path()));
-        let deadline = Instant::now() + Duration::from_secs(20);
+        // Ready, not merely active: a run holds the lease before its stream reaches the
+        // fake's late `invalidate`, and stops on it afterwards; ready means it read the stream
+        // up to now, past anything recorded before the replay.
+        let deadline = Instant::now() + Duration::from_secs(60);
         let stopped = loop {
-            if d.wait_role("active", Duration::from_millis(200)).await {
-                break None;
-            }
             if let Some(status) = d.child.try_wait().unwrap() {
                 break Some(status.code());
             }
+            if d.get("/readyz").await.map(|r| r.0) == Some(200) {
+                break None;
+            }
             assert!(
                 Instant::now() < deadline,
-                "run neither became active nor stopped"
+                "run neither became ready nor stopped"
             );
+            tokio::time::sleep(Duration::from_millis(100)).await;
         };
         let Some(code) = stopped else { break d };
         let said = std::fs::read_to_string(log.path()).unwrap();
