@@ -75,6 +75,26 @@ pub trait CounterViews {
     fn viewed_counter(&self) -> CounterIx;
 }
 
+/// [`Truth::live_ids_below_each`] as one read per post, the room left shrinking with each
+/// (`None` once the ids together are more than `at_most`): the default, and a store's fallback
+/// where one read cannot serve the group.
+pub async fn live_ids_below_one_by_one<T: Truth + ?Sized>(
+    store: &T,
+    wanted: &[(PostId, i64)],
+    at_most: usize,
+) -> StoreResult<Option<Vec<Vec<CommentId>>>> {
+    let mut reads = Vec::with_capacity(wanted.len());
+    let mut room = at_most;
+    for (post, watermark) in wanted {
+        let Some(read) = store.live_ids_below(post, *watermark, room).await? else {
+            return Ok(None);
+        };
+        room -= read.len();
+        reads.push(read);
+    }
+    Ok(Some(reads))
+}
+
 /// Everything the worker writes and the reconciler reads and folds: every concern's trait at
 /// once. Implemented for any type that implements them all, so `S: Store` bounds need nothing
 /// more; callers holding a concrete store import [`prelude`] to call the methods.
@@ -330,16 +350,7 @@ pub trait Truth: Send + Sync {
         wanted: &[(PostId, i64)],
         at_most: usize,
     ) -> StoreResult<Option<Vec<Vec<CommentId>>>> {
-        let mut reads = Vec::with_capacity(wanted.len());
-        let mut room = at_most;
-        for (post, watermark) in wanted {
-            let Some(read) = self.live_ids_below(post, *watermark, room).await? else {
-                return Ok(None);
-            };
-            room -= read.len();
-            reads.push(read);
-        }
-        Ok(Some(reads))
+        live_ids_below_one_by_one(self, wanted, at_most).await
     }
 
     /// The same count as of cluster time `at` (a snapshot read), on servers whose snapshot

@@ -64,14 +64,7 @@ impl Truth for MongoStore {
         }
         if place.len() < wanted.len() {
             // A post asked twice: no single read can say which watermark a row was read for.
-            let mut reads = Vec::with_capacity(wanted.len());
-            for (post, watermark) in wanted {
-                match self.live_ids_below(post, *watermark, at_most).await? {
-                    Some(read) => reads.push(read),
-                    None => return Ok(None),
-                }
-            }
-            return Ok(Some(reads));
+            return crate::store::live_ids_below_one_by_one(self, wanted, at_most).await;
         }
         let branches = by_watermark
             .iter()
