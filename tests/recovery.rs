@@ -530,42 +530,10 @@ async fn a_dropped_collection_stops_run_and_the_advice_recovers() {
     t.insert_comment("back2", &post(1), now_secs() - 3600).await;
     // The fake server records the stream's closing `invalidate` as an event of its own, with no
     // time and up to seconds after the `drop` (MongoDB gives both the drop's time), so a run
-    // replayed from just after the drop may stop once more, on it: the operator follows the
-    // same advice again, from just after now. MongoDB needs one round.
-    let mut from = from;
-    let mut round = 1;
-    let mut d = loop {
-        let replay = counterd(&t.uri, &t.name, &["replay", "--from-time", &from]);
-        assert!(replay.status.success(), "{}", text(&replay));
-        let log = tempfile::NamedTempFile::new().unwrap();
-        let mut d = Daemon::start_logged(&t.uri, &t.name, "dropped-back", &[], Some(log.path()));
-        // Ready, not merely active: a run holds the lease before its stream reaches the
-        // fake's late `invalidate`, and stops on it afterwards; ready means it read the stream
-        // up to now, past anything recorded before the replay.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let stopped = loop {
-            if let Some(status) = d.child.try_wait().unwrap() {
-                break Some(status.code());
-            }
-            if d.get("/readyz").await.map(|r| r.0) == Some(200) {
-                break None;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "run neither became ready nor stopped"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
-        let Some(code) = stopped else { break d };
-        let said = std::fs::read_to_string(log.path()).unwrap();
-        assert!(
-            code == Some(4) && said.contains("`invalidate` event") && round < 3,
-            "round {round}: run stopped with {code:?}: {said}"
-        );
-        round += 1;
-        support::next_second().await;
-        from = chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string();
-    };
+    // replayed from just after the drop may stop once more, on it, even after it became ready:
+    // the operator follows the same advice again, from just after now. MongoDB needs one round.
+    let mut rounds = 1;
+    let mut d = replay_until_ready(&t, &from, &mut rounds).await;
     t.insert_comment("new", &post(1), now_secs() - 3600).await;
     // A post whose recount found a change in flight (a loaded machine: the worker did not
     // catch up within catch_up_timeout) is left as it was by a one-shot sweep, which says so:
@@ -574,6 +542,12 @@ async fn a_dropped_collection_stops_run_and_the_advice_recovers() {
     // several attempts; the property tested is that the advice recovers, not how fast.
     let sweeping = Instant::now();
     for attempt in 1.. {
+        if let Some(status) = d.run.child.try_wait().unwrap() {
+            d.assert_stopped_on_invalidate(status.code(), rounds);
+            support::next_second().await;
+            let now = chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string();
+            d = replay_until_ready(&t, &now, &mut rounds).await;
+        }
         let sweep = counterd(&t.uri, &t.name, &["reconcile", "--sweep"]);
         assert!(sweep.status.success(), "{}", text(&sweep));
         if t.mismatches(&posts).await.is_empty() || sweeping.elapsed() > Duration::from_secs(90) {
@@ -592,5 +566,60 @@ async fn a_dropped_collection_stops_run_and_the_advice_recovers() {
     );
     let verify = counterd(&t.uri, &t.name, &["verify"]);
     assert!(verify.status.success(), "{}", text(&verify));
-    assert!(d.child.try_wait().unwrap().is_none(), "run keeps running");
+    assert!(
+        d.run.child.try_wait().unwrap().is_none(),
+        "run keeps running"
+    );
+}
+
+/// A `counterd run` with the file its standard error goes to.
+struct LoggedRun {
+    run: Daemon,
+    log: tempfile::NamedTempFile,
+}
+
+impl LoggedRun {
+    /// Asserts that a run stopped on the fake server's late `invalidate` (exit 4, said so), and
+    /// that the operator has not had to follow the advice more than a few times.
+    fn assert_stopped_on_invalidate(&self, code: Option<i32>, rounds: u32) {
+        let said = std::fs::read_to_string(self.log.path()).unwrap();
+        assert!(
+            code == Some(4) && said.contains("`invalidate` event") && rounds < 4,
+            "round {rounds}: run stopped with {code:?}: {said}"
+        );
+    }
+}
+
+/// The recovery advice after a drop: `replay --from-time FROM`, then `counterd run`, until a run
+/// is ready (read the stream up to now). A run that stops on the fake's late `invalidate` first
+/// is followed by the same advice from just after now; `rounds` counts the replays.
+async fn replay_until_ready(t: &TestDb, from: &str, rounds: &mut u32) -> LoggedRun {
+    let mut from = from.to_string();
+    loop {
+        let replay = counterd(&t.uri, &t.name, &["replay", "--from-time", &from]);
+        assert!(replay.status.success(), "{}", text(&replay));
+        let log = tempfile::NamedTempFile::new().unwrap();
+        let run = Daemon::start_logged(&t.uri, &t.name, "dropped-back", &[], Some(log.path()));
+        let mut d = LoggedRun { run, log };
+        // Ready, not merely active: a run holds the lease before its stream reaches the
+        // fake's late `invalidate`, and stops on it afterwards.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let stopped = loop {
+            if let Some(status) = d.run.child.try_wait().unwrap() {
+                break status.code();
+            }
+            if d.run.get("/readyz").await.map(|r| r.0) == Some(200) {
+                return d;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "run neither became ready nor stopped"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        d.assert_stopped_on_invalidate(stopped, *rounds);
+        *rounds += 1;
+        support::next_second().await;
+        from = chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string();
+    }
 }
