@@ -381,6 +381,82 @@ fn a_wrong_schema_setting_is_refused_at_start_with_exit_2() {
 }
 
 #[test]
+fn a_second_source_is_listed_by_config_and_a_bad_one_is_refused_with_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let good = write(
+        "good.toml",
+        "[[sources]]\nname = \"likes\"\ncollection = \"likes\"\ngroup_field = \"post_id\"\ncounters_collection = \"like_counters\"\n\n[[sources.counters]]\nname = \"old_likes\"\ngroup_field = \"post_id\"\ncondition = { created_at = { \"$lt\" = 2024-01-01T00:00:00Z } }\ncollection = \"old_like_counters\"\n",
+    );
+    let run = |args: &[&str], config: &std::path::Path| {
+        Command::new(env!("CARGO_BIN_EXE_counterd"))
+            .args(args)
+            .env("COUNTERD_CONFIG", config)
+            .output()
+            .unwrap()
+    };
+    let o = run(&["config"], &good);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = stdout(&o);
+    assert!(
+        text.contains("source `likes` (collection `likes`)")
+            && text.contains("old_likes: per `post_id`"),
+        "{text}"
+    );
+    // The text form is itself a settings file: it loads again to the same definitions.
+    let again = write("again.toml", &text);
+    let o = run(&["config", "--json"], &again);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let listed = json(&o)["definitions"].clone();
+    let names: Vec<_> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| {
+            (
+                d["name"].as_str().unwrap().to_string(),
+                d["source"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("default", "comments"),
+            ("likes", "likes"),
+            ("old_likes", "likes")
+        ]
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+    );
+    // The condition's date stayed a date through both loads (a string would print quoted).
+    let printed = stdout(&run(&["config"], &again));
+    assert!(
+        printed.contains(r#"{ "$lt" = 2024-01-01T00:00:00Z }"#),
+        "{printed}"
+    );
+    // An unknown source for a command is a usage error listing the ones there are.
+    let o = run(&["status", "--source", "shares"], &good);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("comments, likes"));
+    // A mistake names the entry and the setting.
+    for (text, says) in [
+        ("[[sources]]\nname = \"likes\"\ncollection = \"comments\"\ngroup_field = \"post_id\"\ncounters_collection = \"lc\"\n", "sources[0].collection"),
+        ("[[sources]]\nname = \"likes\"\ncollection = \"likes\"\ngroup_field = \"$post\"\ncounters_collection = \"lc\"\n", "sources[0].group_field"),
+        ("[[sources]]\nname = \"likes\"\ncollection = \"likes\"\ncounters_collection = \"lc\"\n", "group_field"),
+    ] {
+        let bad = write("bad.toml", text);
+        let o = run(&["config", "--check"], &bad);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{text}: {err}");
+        assert!(err.contains(says), "{text}: names {says}: {err}");
+    }
+}
+
+#[test]
 fn every_subcommand_explains_itself() {
     for sub in [
         "run",

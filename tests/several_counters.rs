@@ -5,7 +5,9 @@
 //! moment (writers paused, the worker drained past every acknowledged write) every counter of
 //! every definition equals its count query; the reconciler corrects the injected drift and
 //! reports it under the counter's label. And an existing single-definition database keeps
-//! working when `[[counters]]` is added.
+//! working when `[[counters]]` is added; and a second source collection (`likes`, a
+//! `[[sources]]` entry with two counters of its own) runs beside the comments in the same
+//! process, exact at every caught-up moment of both streams.
 
 #[path = "support/daemon.rs"]
 mod daemon;
@@ -114,16 +116,21 @@ async fn mismatches(t: &TestDb) -> Vec<(usize, PostId, i64, i64)> {
 /// Waits until the worker has applied every write acknowledged before this call: the stream
 /// was found drained at a position after them and no batch is in flight.
 async fn caught_up(t: &TestDb, within: Duration) {
-    let after = t.store.read_position().await.unwrap().upper;
+    caught_up_on(&t.store, "comments", within).await
+}
+
+/// [`caught_up`] for the stream `stream` of the source `store` reads.
+async fn caught_up_on(store: &counterd::store::mongo::MongoStore, stream: &str, within: Duration) {
+    let after = store.read_position().await.unwrap().upper;
     let deadline = Instant::now() + within;
     loop {
-        let c = t.store.load_checkpoint("comments").await.unwrap();
+        let c = store.load_checkpoint(stream).await.unwrap();
         if c.is_some_and(|c| c.pending.is_none() && c.caught_up_at.is_some_and(|at| at >= after)) {
             return;
         }
         assert!(
             Instant::now() < deadline,
-            "the worker did not catch up within {within:?}"
+            "the worker of {stream} did not catch up within {within:?}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -440,6 +447,233 @@ async fn a_single_definition_database_keeps_working_when_counters_are_added() {
         );
     }
     assert_eq!(after.terminate(), Some(0));
+}
+
+/// A second source: likes per post (the source's first counter, named after it) and per user,
+/// with their own soft-delete field; the comments' three definitions stay as they are.
+const LIKES: &str = r#"
+[[sources]]
+name = "likes"
+collection = "likes"
+group_field = "post_id"
+counters_collection = "like_counters"
+soft_delete_field = "unliked_at"
+
+[[sources.counters]]
+name = "likes_by_user"
+group_field = "user_id"
+collection = "likes_by_user"
+"#;
+
+const USERS: i64 = 4;
+
+/// The `likes` source as its own store (its collections, schema and definitions), derived from
+/// the same configuration `counterd run` reads.
+async fn likes_store(t: &TestDb) -> counterd::store::mongo::MongoStore {
+    let mut settings: counterd::config::Settings =
+        toml::from_str(&format!("{DEFINITIONS}{LIKES}")).unwrap();
+    settings.mongodb_uri = t.uri.clone();
+    settings.database = t.name.clone();
+    let likes = settings.source_named("likes").unwrap();
+    counterd::store::mongo::MongoStore::connect(&(&likes).into())
+        .await
+        .unwrap()
+}
+
+/// Every likes counter the writer can touch that differs from its count query:
+/// (definition, group, displayed, truth).
+async fn likes_mismatches(
+    likes: &counterd::store::mongo::MongoStore,
+) -> Vec<(usize, PostId, i64, i64)> {
+    let mut groups: Vec<(CounterIx, PostId)> =
+        (0..POSTS).map(|p| (CounterIx(0), PostId::Int(p))).collect();
+    groups.extend((0..USERS).map(|u| (CounterIx(1), PostId::Str(format!("u{u}")))));
+    let mut wrong = Vec::new();
+    for (ix, group) in groups {
+        let view = likes.for_counter(ix);
+        let (shown, truth) = counterd::store::displayed_and_truth(&view, &group)
+            .await
+            .unwrap();
+        if shown != truth {
+            wrong.push((ix.0, group, shown, truth));
+        }
+    }
+    wrong
+}
+
+/// The application's likes: like, unlike (soft), like again, and delete for good.
+async fn like_step(t: &TestDb, rng: &mut StdRng, liked: &mut Vec<i64>, next: &mut i64) {
+    let likes = t.db.collection::<Document>("likes");
+    if liked.is_empty() || rng.random_bool(0.4) {
+        let id = *next;
+        *next += 1;
+        let row = doc! {
+            "_id": id,
+            "post_id": rng.random_range(0..POSTS),
+            "user_id": format!("u{}", rng.random_range(0..USERS)),
+            "created_at": DateTime::from_millis(support::now_secs() * 1000),
+        };
+        likes.insert_one(row).await.unwrap();
+        liked.push(id);
+        return;
+    }
+    let at = rng.random_range(0..liked.len());
+    let id = liked[at];
+    match rng.random_range(0..3) {
+        0 => {
+            let now = DateTime::from_millis(support::now_secs() * 1000);
+            let unlike = doc! {"$set": {"unliked_at": now}};
+            likes.update_one(doc! {"_id": id}, unlike).await.unwrap();
+        }
+        1 => {
+            let again = doc! {"$unset": {"unliked_at": ""}};
+            likes.update_one(doc! {"_id": id}, again).await.unwrap();
+        }
+        _ => {
+            likes.delete_one(doc! {"_id": id}).await.unwrap();
+            liked.swap_remove(at);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_source_collection_is_counted_beside_the_comments() {
+    let t = TestDb::with_schema("second_source", schema()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("counterd.toml");
+    std::fs::write(&path, format!("{DEFINITIONS}{LIKES}")).unwrap();
+    let config = path.to_string_lossy().into_owned();
+    let likes = likes_store(&t).await;
+    // Likes that exist before counterd first runs: the initial snapshot counts them.
+    let mut rng = StdRng::seed_from_u64(41);
+    let (mut liked, mut next) = (Vec::new(), 0);
+    for _ in 0..30 {
+        like_step(&t, &mut rng, &mut liked, &mut next).await;
+    }
+    let daemon = Daemon::start(&t.uri, &t.name, "sources", &quick(Some(&config)));
+    let mut writer = Writer::new(5);
+
+    // Comments and likes change together; at each caught-up moment of both streams every
+    // counter of both sources is exact.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut rounds = 0;
+    loop {
+        writer.burst(&t, 20).await;
+        for _ in 0..20 {
+            like_step(&t, &mut rng, &mut liked, &mut next).await;
+        }
+        caught_up(&t, Duration::from_secs(30)).await;
+        caught_up_on(&likes, "likes", Duration::from_secs(30)).await;
+        let wrong = (mismatches(&t).await, likes_mismatches(&likes).await);
+        // The snapshot of the likes that predate the stream settles in its first seconds;
+        // from then on, every caught-up moment is exact.
+        let snapshot_done = likes
+            .load_checkpoint("likes")
+            .await
+            .unwrap()
+            .is_some_and(|c| !c.snapshot_running());
+        if snapshot_done {
+            assert!(
+                wrong.0.is_empty() && wrong.1.is_empty(),
+                "round {rounds}: comments {:?}, likes {:?}",
+                wrong.0,
+                wrong.1
+            );
+            rounds += 1;
+        }
+        if rounds == 4 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the likes' initial snapshot did not finish within 90 s"
+        );
+    }
+
+    // Drift in a likes counter is folded away and reported under the source's counter name.
+    let like = doc! {"_id": 1_000_000_i64, "post_id": 2_i64, "user_id": "u1",
+    "created_at": DateTime::from_millis((support::now_secs() - 3_600) * 1000)};
+    t.db.collection::<Document>("likes")
+        .insert_one(like)
+        .await
+        .unwrap();
+    caught_up_on(&likes, "likes", Duration::from_secs(30)).await;
+    inject(&t, "like_counters", &PostId::Int(2), 5).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        // One more like on the post, so that it is dirty after the injection.
+        like_step(&t, &mut rng, &mut liked, &mut next).await;
+        let nudge = doc! {"_id": next + 2_000_000, "post_id": 2_i64, "user_id": "u0",
+        "created_at": DateTime::from_millis(support::now_secs() * 1000)};
+        t.db.collection::<Document>("likes")
+            .insert_one(nudge)
+            .await
+            .unwrap();
+        next += 1;
+        caught_up_on(&likes, "likes", Duration::from_secs(30)).await;
+        let wrong = likes_mismatches(&likes).await;
+        let reported = drift_reported(&daemon, "likes").await;
+        if wrong.is_empty() && reported > 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "likes drift not corrected and reported within 60 s: {wrong:?}, {reported} drift samples"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    // The commands find a source's counters by name; `--source` picks the source's stream.
+    caught_up_on(&likes, "likes", Duration::from_secs(30)).await;
+    for (counter, group) in [("likes", "2"), ("likes_by_user", "str:u1")] {
+        let looking = Instant::now() + Duration::from_secs(60);
+        let got = loop {
+            let o = cli(&t, &config, &["get", group, "--counter", counter, "--json"]);
+            assert!(o.status.success(), "get --counter {counter}: {o:?}");
+            let got: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+            if got["in_flight"] != true {
+                break got;
+            }
+            assert!(
+                Instant::now() < looking,
+                "{counter} {group} in flight for 60 s: {got}"
+            );
+        };
+        assert_eq!(
+            got["displayed"], got["true_count"],
+            "{counter} {group}: {got}"
+        );
+        assert!(
+            got["true_count"].as_i64().unwrap() > 0,
+            "{counter} {group}: {got}"
+        );
+    }
+    let status = cli(&t, &config, &["status", "--source", "likes", "--json"]);
+    assert!(status.status.success(), "status --source likes: {status:?}");
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(text.contains("\"likes\""), "the likes stream: {text}");
+    let unknown = cli(&t, &config, &["get", "2", "--counter", "shares"]);
+    assert_eq!(unknown.status.code(), Some(2));
+    let said = String::from_utf8_lossy(&unknown.stderr);
+    assert!(
+        said.contains("likes_by_user"),
+        "lists every counter: {said}"
+    );
+    // One process, two streams: both ready, each with its own bookkeeping.
+    assert_eq!(daemon.get("/readyz").await.map(|r| r.0), Some(200));
+    let names = t.db.list_collection_names().await.unwrap();
+    for expected in [
+        "counterd_checkpoints",
+        "counterd_likes_checkpoints",
+        "like_counters",
+        "likes_by_user",
+    ] {
+        assert!(
+            names.iter().any(|n| n == expected),
+            "{expected} missing: {names:?}"
+        );
+    }
+    assert_eq!(daemon.terminate(), Some(0), "counterd run stopped cleanly");
 }
 
 /// A one-shot `counterd` command against the test database with the definitions' file.

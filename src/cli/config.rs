@@ -28,6 +28,7 @@ pub async fn run(loaded: Loaded, args: Args) -> anyhow::Result<ExitCode> {
     // Serialized through serde, a condition's TOML date would print as toml's private
     // stand-in; the entries as read print as they were written.
     table.insert("counters".into(), counters_value(&redacted.counters));
+    table.insert("sources".into(), sources_value(&redacted.sources)?);
     // Given (in the file, the environment or a flag) is not the same as changed: a file that
     // spells out defaults gives settings that still equal them.
     let defaults = match toml::Value::try_from(crate::config::Settings::default().redacted())? {
@@ -89,11 +90,34 @@ pub async fn run(loaded: Loaded, args: Args) -> anyhow::Result<ExitCode> {
     for variable in &loaded.ignored_env {
         outln!("# ignored {variable}: a Kubernetes service link, not a setting");
     }
-    outln!("# counter definitions (`--counter NAME`; the first is the default):");
-    for (_, definition) in loaded.settings.definitions()?.iter() {
-        outln!("#   {definition}");
+    outln!("# counter definitions (`--counter NAME`; the first is the default), by source:");
+    for source in loaded.settings.sources()? {
+        outln!(
+            "#   source `{}` (collection `{}`):",
+            source.stream_name,
+            source.comments_collection
+        );
+        for (_, definition) in source.definitions()?.iter() {
+            outln!("#     {definition}");
+        }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The `[[sources]]` entries as TOML values, their counters' conditions as written.
+fn sources_value(sources: &[crate::config::SourceSetting]) -> anyhow::Result<toml::Value> {
+    let mut entries = Vec::with_capacity(sources.len());
+    for source in sources {
+        let mut entry = match toml::Value::try_from(source)? {
+            toml::Value::Table(t) => t,
+            _ => anyhow::bail!("a source does not serialize to a table"),
+        };
+        if !source.counters.is_empty() {
+            entry.insert("counters".into(), counters_value(&source.counters));
+        }
+        entries.push(toml::Value::Table(entry));
+    }
+    Ok(toml::Value::Array(entries))
 }
 
 /// The `[[counters]]` entries as TOML values, conditions as written.
@@ -111,15 +135,19 @@ fn counters_value(counters: &[crate::config::CounterSetting]) -> toml::Value {
     toml::Value::Array(entries.collect())
 }
 
-/// The definitions as JSON: name, group field, condition (as the filter the count queries
-/// use, in relaxed extended JSON) and collection, the default first.
+/// The definitions as JSON: name, source, group field, condition (as the filter the count
+/// queries use, in relaxed extended JSON) and collection, the default first.
 fn definitions_json(settings: &crate::config::Settings) -> anyhow::Result<serde_json::Value> {
-    let list = settings
-        .definitions()?
-        .iter()
-        .map(|(_, d)| {
+    let mut list = Vec::new();
+    for source in settings.sources()? {
+        list.extend(source.definitions()?.iter().map(|(_, d)| {
             object(vec![
                 ("name", d.name.clone().into()),
+                ("source", source.stream_name.clone().into()),
+                (
+                    "source_collection",
+                    source.comments_collection.clone().into(),
+                ),
                 ("group_field", d.group.clone().into()),
                 (
                     "condition",
@@ -127,7 +155,7 @@ fn definitions_json(settings: &crate::config::Settings) -> anyhow::Result<serde_
                 ),
                 ("collection", d.collection.clone().into()),
             ])
-        })
-        .collect();
+        }));
+    }
     Ok(serde_json::Value::Array(list))
 }

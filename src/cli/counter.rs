@@ -16,17 +16,18 @@ pub struct CounterArg {
 }
 
 impl CounterArg {
-    /// The definition the flag names. Unknown names are usage errors listing the known ones.
-    pub fn resolve(&self, settings: &Settings) -> anyhow::Result<CounterIx> {
-        let definitions = settings.definitions()?;
-        let Some((ix, _)) = definitions.by_name(&self.name) else {
-            return Err(UsageError(format!(
+    /// The definition the flag names, with the settings of the source that holds it (see
+    /// `config::sources`): the command reads that source's collections. Unknown names are
+    /// usage errors listing the known ones.
+    pub fn resolve(&self, settings: Settings) -> anyhow::Result<(Settings, CounterIx)> {
+        match settings.source_of_counter(&self.name)? {
+            Some(found) => Ok(found),
+            None => Err(UsageError(format!(
                 "--counter {}: no such counter; configured: {}",
                 self.name,
-                definitions.names().join(", ")
+                settings.counter_names()?.join(", ")
             ))
-            .into());
-        };
-        Ok(ix)
+            .into()),
+        }
     }
 }

@@ -20,7 +20,7 @@ pub struct Args {
 }
 
 pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
-    let counter = args.counter.resolve(&settings)?;
+    let (settings, counter) = args.counter.resolve(settings)?;
     // The definition's view: its counters, dirty set and count queries.
     let store = std::sync::Arc::new(connect(&settings).await?.for_counter(counter));
     let post = PostId::parse(&args.post);

@@ -49,6 +49,11 @@ pub struct Cli {
     /// Override any setting: --set name=value (repeatable).
     #[arg(long = "set", global = true, value_name = "NAME=VALUE")]
     pub set: Vec<String>,
+    /// Work on one source only: a `[[sources]]` entry's name, or `stream_name` for the comments
+    /// (`run` then runs that source's streams alone; `replay`, `snapshot`, `status` and `doctor`
+    /// need it for another source than the comments; `--counter` finds its source by itself).
+    #[arg(long, global = true, value_name = "NAME")]
+    pub source: Option<String>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -143,7 +148,16 @@ pub async fn main(cli: Cli) -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
-    let settings = loaded.settings.clone();
+    let settings = match &cli.source {
+        None => loaded.settings.clone(),
+        Some(name) => match loaded.settings.source_named(name) {
+            Ok(source) => source,
+            Err(e) => {
+                eprintln!("counterd: {e}");
+                return ExitCode::from(EXIT_CONFIG);
+            }
+        },
+    };
     crate::telemetry::init_logging(settings.log_format == "json", &settings.log_level);
     for variable in &loaded.ignored_env {
         tracing::debug!(%variable, "ignoring a Kubernetes service-link variable (not a setting)");

@@ -34,7 +34,7 @@ pub struct Args {
 }
 
 pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
-    let counter = args.counter.resolve(&settings)?;
+    let (settings, counter) = args.counter.resolve(settings)?;
     let store = connect(&settings).await?;
     refuse_before_the_initial_snapshot(&settings, store.as_ref()).await?;
     let settings_for = ReconcileSettings::from(&settings).for_counter(counter, &args.counter.name);

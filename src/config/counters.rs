@@ -38,7 +38,7 @@ impl Settings {
     /// then every `[[counters]]` entry. `Err` names the entry and the setting that is wrong.
     pub fn definitions(&self) -> Result<Definitions, ConfigError> {
         let default = Definition {
-            name: DEFAULT_COUNTER.into(),
+            name: self.counter_name.clone(),
             group: self.group_field.clone(),
             condition: Condition::default(),
             collection: self.counters_collection.clone(),
@@ -73,7 +73,10 @@ impl Settings {
                         .into(),
                 ));
             }
-            if entry.name == DEFAULT_COUNTER || more.iter().any(|d| d.name == entry.name) {
+            if entry.name == self.counter_name
+                || entry.name == DEFAULT_COUNTER
+                || more.iter().any(|d| d.name == entry.name)
+            {
                 return Err(bad(
                     "name",
                     entry.name.clone(),
@@ -126,7 +129,7 @@ impl Settings {
     }
 }
 
-fn valid_name(name: &str) -> bool {
+pub(super) fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name
             .bytes()

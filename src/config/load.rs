@@ -146,6 +146,7 @@ impl Settings {
             table.insert(o.name.clone(), value);
         }
         let counters = table.get("counters").cloned();
+        let sources = table.get("sources").cloned();
         let mut settings: Settings =
             toml::Value::Table(table)
                 .try_into()
@@ -154,7 +155,10 @@ impl Settings {
                     message: e.to_string(),
                 })?;
         if let Some(counters) = counters {
-            settings.counters = reread_counters(counters)?;
+            settings.counters = reread("counters", counters)?;
+        }
+        if let Some(sources) = sources {
+            settings.sources = reread("sources", sources)?;
         }
         settings.validate().map_err(|e| match e {
             // Name where the offending value came from, not just "settings".
@@ -183,22 +187,26 @@ impl Settings {
     }
 }
 
-/// The `[[counters]]` entries read again from their TOML text: a `toml::Value` deserializes a
-/// date as its text, and a condition's `{ "$lt" = 2024-01-01T00:00:00Z }` must stay a date.
-fn reread_counters(value: toml::Value) -> Result<Vec<super::CounterSetting>, ConfigError> {
+/// The `[[counters]]` (or `[[sources]]`) entries read again from their TOML text: a
+/// `toml::Value` deserializes a date as its text, and a condition's
+/// `{ "$lt" = 2024-01-01T00:00:00Z }` must stay a date.
+fn reread<T: serde::de::DeserializeOwned>(
+    key: &str,
+    value: toml::Value,
+) -> Result<Vec<T>, ConfigError> {
     #[derive(serde::Deserialize)]
-    struct Counters {
-        counters: Vec<super::CounterSetting>,
+    struct Entries<T> {
+        entries: Vec<T>,
     }
     let mut table = toml::Table::new();
-    table.insert("counters".into(), value);
+    table.insert("entries".into(), value);
     let parse = |message: String| ConfigError::Parse {
-        path: "counters".into(),
+        path: key.into(),
         message,
     };
     let text = toml::to_string(&table).map_err(|e| parse(e.to_string()))?;
-    toml::from_str::<Counters>(&text)
-        .map(|c| c.counters)
+    toml::from_str::<Entries<T>>(&text)
+        .map(|e| e.entries)
         .map_err(|e| parse(e.to_string()))
 }
 

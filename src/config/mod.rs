@@ -5,10 +5,12 @@
 
 mod counters;
 mod load;
+mod sources;
 mod validate;
 
 pub use counters::CounterSetting;
 pub use load::{is_service_link, Loaded, Override};
+pub use sources::SourceSetting;
 
 use std::time::Duration;
 
@@ -152,6 +154,14 @@ pub struct Settings {
     /// `counters_collection`, named `default`): `[[counters]]` entries with a `name`, a
     /// `group_field`, an optional `condition` and a `collection`.
     pub counters: Vec<CounterSetting>,
+    /// Counters over other collections than `comments_collection` (likes per post): `[[sources]]`
+    /// entries with a `name`, a `collection`, a `group_field` and a `counters_collection`, each
+    /// followed by its own stream in the same process (see [`Settings::sources`]).
+    pub sources: Vec<SourceSetting>,
+    /// The name of the counter of `group_field` and `counters_collection`: `default`, or a
+    /// source's name in the settings [`Settings::sources`] derives. Not a setting of its own.
+    #[serde(skip)]
+    pub counter_name: String,
 }
 
 impl Default for Settings {
@@ -206,6 +216,8 @@ impl Default for Settings {
             max_partitions_per_process: 0,
             owner_id: String::new(),
             counters: Vec::new(),
+            sources: Vec::new(),
+            counter_name: crate::definition::DEFAULT_COUNTER.into(),
         }
     }
 }
@@ -284,13 +296,14 @@ impl Settings {
         }
     }
 
-    /// The most streams (partitions) one process works on at once.
+    /// The most streams (partitions, of every source) one process works on at once.
     pub fn streams_per_process(&self) -> usize {
         let partitions = self.partitions.max(1);
-        (match self.max_partitions_per_process {
+        let own = (match self.max_partitions_per_process {
             0 => partitions,
             n => n.min(partitions),
-        }) as usize
+        }) as usize;
+        own * (1 + self.sources.len())
     }
 
     pub fn bucket_width_secs(&self) -> i64 {

@@ -6,8 +6,15 @@ use super::{redact_uri, ConfigError, Settings, SoftDeleteRule};
 use crate::snapshot::InitialSnapshot;
 
 impl Settings {
-    /// Range checks that types alone cannot express.
+    /// Range checks that types alone cannot express, for these settings and every source
+    /// derived from them (`[[sources]]`).
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_own()?;
+        self.sources().map(drop)
+    }
+
+    /// [`Settings::validate`] for these settings alone.
+    pub(super) fn validate_own(&self) -> Result<(), ConfigError> {
         let bad = |name: &str, value: String, message: &str| ConfigError::Invalid {
             name: name.into(),
             origin: "settings".into(),

@@ -1,11 +1,11 @@
-//! The sidecar assembled from [`Settings`]: HTTP endpoints, then, per stream, a lease, a worker
-//! and a reconcile loop, until shutdown or the first fatal error. `counterd run` and
+//! The sidecar assembled from [`Settings`]: HTTP endpoints, then, per stream (of each source),
+//! a lease, a worker and a reconcile loop, until shutdown or the first fatal error. `counterd run` and
 //! `counterd demo` start it; the other commands borrow its settings mapping.
 //!
 //! - `settings`: each component's settings (and defaults) from the configuration;
 //! - `startup`: start-up steps that ride through transient errors (an unreachable server, a
 //!   lost reply while creating indexes) and stop only on errors no retry mends;
-//! - `streams`: the supervisor of the streams (partitions) of the process.
+//! - `streams`: the supervisor of the streams (sources and partitions) of the process.
 
 mod settings;
 mod startup;
@@ -18,7 +18,7 @@ use crate::store::StoreError;
 use crate::worker::WorkerError;
 
 pub use startup::{connect_patiently, patiently, step};
-pub use streams::{run_streams, statuses_for};
+pub use streams::{run_sources, statuses_for};
 
 /// Why the daemon stopped.
 #[derive(Debug, thiserror::Error)]
@@ -55,7 +55,7 @@ impl ActiveError for DaemonError {
 /// the first fatal error (which stops the endpoints too: the exit code says why).
 pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<(), DaemonError> {
     let metrics = crate::http::install_metrics();
-    let statuses = statuses_for(&settings);
+    let statuses = statuses_for(&settings)?;
     let listener = tokio::net::TcpListener::bind(&settings.http_addr)
         .await
         .map_err(|source| DaemonError::Listen {
@@ -63,23 +63,17 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<(), DaemonErr
             source,
         })?;
     tracing::info!(addr = %settings.http_addr, "HTTP endpoints: /metrics /healthz /readyz");
-    let names = crate::partition::stream_names(&settings.stream_name, settings.partitions);
-    for (name, _) in &names {
+    for (name, _) in &statuses {
         crate::telemetry::register_stream(name);
     }
-    let named = names
-        .into_iter()
-        .map(|(name, _)| name)
-        .zip(statuses.iter().cloned())
-        .collect();
     let http = tokio::spawn(crate::http::serve(
         listener,
         metrics,
-        named,
+        statuses.clone(),
         (&settings).into(),
         shutdown.clone(),
     ));
-    let result = run_streams(settings, statuses, shutdown).await;
+    let result = run_sources(settings, statuses, shutdown).await;
     if result.is_err() {
         http.abort();
     }

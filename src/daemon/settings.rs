@@ -58,14 +58,14 @@ impl From<&Settings> for SnapshotSettings {
     }
 }
 
-/// The configured stream, every post, the default counter definition (see
+/// The configured stream, every post, the counter of `group_field` (see
 /// [`ReconcileSettings::for_counter`] for the others).
 impl From<&Settings> for ReconcileSettings {
     fn from(settings: &Settings) -> Self {
         ReconcileSettings {
             stream: settings.stream_name.clone(),
             counter: crate::definition::CounterIx::DEFAULT,
-            counter_name: crate::definition::DEFAULT_COUNTER.into(),
+            counter_name: settings.counter_name.clone(),
             bucket_width_secs: settings.bucket_width_secs(),
             settle_secs: settings.settle_time.as_secs() as i64,
             max_posts: settings.reconcile_max_posts,

@@ -1,5 +1,5 @@
-//! The process supervisor: one lease, worker and reconcile loop per stream (one, or one per
-//! partition), all stopped by the first fatal error of any of them.
+//! The process supervisor: one lease, worker and reconcile loop per stream (one per source,
+//! or one per partition of each), all stopped by the first fatal error of any of them.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -15,20 +15,92 @@ use crate::shutdown::Shutdown;
 use crate::status::WorkerStatus;
 use crate::worker::{Worker, WorkerSettings};
 
-/// One status per stream (partition) of the configuration.
-pub fn statuses_for(settings: &Settings) -> Vec<Arc<WorkerStatus>> {
-    (0..settings.partitions.max(1))
-        .map(|_| Arc::new(WorkerStatus::default()))
-        .collect()
+/// Every stream of the configuration with its status: each source's (the comments first, then
+/// `[[sources]]`), one per partition, in the order [`run_sources`] runs them.
+pub fn statuses_for(settings: &Settings) -> Result<Vec<(String, Arc<WorkerStatus>)>, DaemonError> {
+    let mut all = Vec::new();
+    for source in settings.sources()? {
+        for (name, _) in crate::partition::stream_names(&source.stream_name, source.partitions) {
+            all.push((name, Arc::new(WorkerStatus::default())));
+        }
+    }
+    Ok(all)
 }
 
-/// Connects and prepares the database (retrying transient errors), then, for each stream,
-/// holds its lease and runs its worker and reconciler. The first fatal error stops every
-/// stream of the process.
-pub async fn run_streams(
+/// What the sources of one process share.
+#[derive(Clone)]
+struct Shared {
+    /// One budget: every stream's buffers, of every source, draw from it.
+    budget: crate::budget::Budget,
+    /// The streams it is split over.
+    streams: usize,
+}
+
+/// Runs every source of the configuration (see `config::sources`) with
+/// [`statuses_for`]'s statuses, under one memory budget. The first fatal error of any source
+/// stops all of them.
+pub async fn run_sources(
+    settings: Settings,
+    statuses: Vec<(String, Arc<WorkerStatus>)>,
+    shutdown: Shutdown,
+) -> Result<(), DaemonError> {
+    // Checked when the settings were loaded; a mistake here is one in the file.
+    let sources = settings.sources()?;
+    let budget = crate::budget::Budget::exported(settings.memory_budget_bytes());
+    let shared = Shared {
+        streams: settings.streams_per_process(),
+        budget,
+    };
+    // Set aside for the reconcilers' row-level reads (see `ReconcileSettings::recount_rows`)
+    // for as long as the streams run: events in flight never use it.
+    let _recounts = shared.budget.take_free(crate::budget::cost::recount_share(
+        shared.budget.total(),
+        shared.streams,
+    ));
+    tracing::info!(
+        memory_budget = shared.budget.total(),
+        configured = settings.memory_budget,
+        sources = sources.len(),
+        "memory budget"
+    );
+    let (stop_all, stop) = Shutdown::new();
+    let forward = tokio::spawn({
+        let stop_all = stop_all.clone();
+        async move {
+            shutdown.wait().await;
+            stop_all.request();
+        }
+    });
+    let mut statuses = statuses.into_iter().map(|(_, status)| status);
+    let mut running = tokio::task::JoinSet::new();
+    for source in sources {
+        let own = statuses
+            .by_ref()
+            .take(source.partitions.max(1) as usize)
+            .collect();
+        running.spawn(run_streams(source, own, stop.clone(), shared.clone()));
+    }
+    let mut first_error = None;
+    while let Some(joined) = running.join_next().await {
+        let result = joined
+            .unwrap_or_else(|join| Err(LeaseError::from_join(&settings.stream_name, join).into()));
+        if let Err(e) = result {
+            stop_all.request();
+            first_error.get_or_insert(e);
+        }
+    }
+    forward.abort();
+    first_error.map_or(Ok(()), Err)
+}
+
+/// Connects and prepares the database (retrying transient errors), then, for each stream of
+/// one source, holds its lease and runs its worker and reconciler. The first fatal error stops
+/// every stream of the source.
+async fn run_streams(
     settings: Settings,
     statuses: Vec<Arc<WorkerStatus>>,
     shutdown: Shutdown,
+    shared: Shared,
 ) -> Result<(), DaemonError> {
     // Each start-up step rides through transient errors (`/readyz` stays unready meanwhile);
     // `None`: shutdown was requested before it succeeded.
@@ -51,7 +123,7 @@ pub async fn run_streams(
         return Ok(());
     };
     tracing::info!(mongodb = %crate::config::redact_uri(&settings.mongodb_uri), version = %abilities.version,
-        pre_images = abilities.pre_images, partitions = settings.partitions, "connected");
+        pre_images = abilities.pre_images, source = %settings.comments_collection, partitions = settings.partitions, "connected");
     // The doctor's checks, logged: a missing recount index or a misspelled field is a warning
     // at start, never silent (none of them stops the process: `counterd doctor` exits on them).
     // Bounded like every start-up step: a server that stops answering here must not hold the
@@ -91,19 +163,7 @@ pub async fn run_streams(
     let pre_images = abilities.pre_images && settings.attribution.uses_pre_images();
     let mut streams = tokio::task::JoinSet::new();
     let mut names = HashMap::new();
-    // One budget for the whole process: every stream's buffers draw from it.
-    let budget = crate::budget::Budget::exported(settings.memory_budget_bytes());
-    // Set aside for the reconcilers' row-level reads (see `ReconcileSettings::recount_rows`)
-    // for as long as the streams run: events in flight never use it.
-    let _recounts = budget.take_free(crate::budget::cost::recount_share(
-        budget.total(),
-        settings.streams_per_process(),
-    ));
-    tracing::info!(
-        memory_budget = budget.total(),
-        configured = settings.memory_budget,
-        "memory budget"
-    );
+    let budget = shared.budget;
     // Checked when the settings were loaded; a mistake here is one in the file.
     let definitions = settings.definitions()?;
     let partitions = crate::partition::stream_names(&settings.stream_name, settings.partitions);
@@ -125,6 +185,8 @@ pub async fn run_streams(
         let reconcile_settings = ReconcileSettings {
             stream: stream.clone(),
             partition,
+            // The process's budget, of every source, split over its streams.
+            recount_rows: crate::budget::cost::recount_rows(budget.total(), shared.streams),
             ..ReconcileSettings::from(&settings)
         };
         let (interval, jitter) = (settings.reconcile_interval, settings.reconcile_jitter);

@@ -18,7 +18,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::config::Settings;
-use crate::daemon::{run_streams, shutdown_on_signals, statuses_for};
+use crate::daemon::{run_sources, shutdown_on_signals, statuses_for};
 use crate::event::PostId;
 use crate::outln;
 use crate::reconcile::{ReconcileSettings, Reconciler};
@@ -140,15 +140,15 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
 
     // counterd itself, as `counterd run` runs it.
     let shutdown = shutdown_on_signals();
-    let statuses = statuses_for(&settings);
-    let counterd = tokio::spawn(run_streams(
+    let statuses = statuses_for(&settings)?;
+    let counterd = tokio::spawn(run_sources(
         settings.clone(),
         statuses.clone(),
         shutdown.clone(),
     ));
     while !statuses
         .iter()
-        .all(|s| s.stream_open.load(Ordering::Relaxed))
+        .all(|(_, s)| s.stream_open.load(Ordering::Relaxed))
     {
         if counterd.is_finished() || shutdown.requested() {
             anyhow::bail!("counterd stopped before its stream opened");
@@ -195,7 +195,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         }
         let events: i64 = statuses
             .iter()
-            .map(|s| s.events_applied.load(Ordering::Relaxed))
+            .map(|(_, s)| s.events_applied.load(Ordering::Relaxed))
             .sum();
         let rate = events - last_events;
         last_events = events;
@@ -208,7 +208,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
             "counterd demo  t={:>4}s  events/s {:>5}  lag {}s  dirty {:>4}  last reconcile: {} corrected, |drift| {}",
             started.elapsed().as_secs(),
             rate,
-            statuses.iter().map(|s| s.lag_secs.load(Ordering::Relaxed)).max().unwrap_or(0),
+            statuses.iter().map(|(_, s)| s.lag_secs.load(Ordering::Relaxed)).max().unwrap_or(0),
             dirty.size,
             last.as_ref().map(|r| r.corrected).unwrap_or(0),
             last.as_ref().map(|r| r.total_abs_drift).unwrap_or(0),
