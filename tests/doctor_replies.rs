@@ -213,6 +213,40 @@ fn recount_index_shapes() {
 }
 
 #[test]
+fn every_definitions_group_field_needs_its_recount_index_and_its_collections_privileges() {
+    let settings: Settings = toml::from_str(
+        "[[counters]]\nname = \"per_author\"\ngroup_field = \"author_id\"\ncollection = \"author_counters\"\n\n[[counters]]\nname = \"approved\"\ngroup_field = \"post_id\"\ncondition = { approved = true }\ncollection = \"approved_counters\"\n",
+    )
+    .unwrap();
+    let expect = Expectations::from(&settings);
+    for own in [
+        "author_counters",
+        "counterd_dirty_per_author",
+        "approved_counters",
+    ] {
+        assert!(
+            expect.own_collections.iter().any(|c| c == own),
+            "{own}: {:?}",
+            expect.own_collections
+        );
+    }
+    // The healthy replies index post_id and created_at: the default's and `approved`'s group
+    // field is served, `per_author`'s is not. One finding per distinct group field.
+    let findings = check_all(&healthy(), &expect);
+    let index: Vec<&Finding> = findings
+        .iter()
+        .filter(|f| f.check == "recount_index")
+        .collect();
+    assert_eq!(index.len(), 2, "{index:#?}");
+    assert_eq!(index[0].level, Level::Ok);
+    assert_eq!(index[1].level, Level::Warning);
+    assert_eq!(
+        index[1].fix.as_deref(),
+        Some("db.getSiblingDB(\"app\").getCollection(\"comments\").createIndex({\"author_id\": 1, \"created_at\": 1})")
+    );
+}
+
+#[test]
 fn pre_images_and_snapshot_reads_say_what_their_absence_costs() {
     let plain = Replies {
         collection: Ok(Some(doc_fixture("list_collections_plain.json"))),

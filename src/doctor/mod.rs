@@ -196,6 +196,17 @@ impl From<&Settings> for Expectations {
                 own.push(ledger);
             }
         }
+        // Every definition's counters and dirty set beside the default's.
+        for definition in settings.schema().counters {
+            for collection in [
+                definition.collection.clone(),
+                names.dirty_of(&definition.name),
+            ] {
+                if !own.contains(&collection) {
+                    own.push(collection);
+                }
+            }
+        }
         Expectations {
             database: settings.database.clone(),
             comments: settings.comments_collection.clone(),
@@ -214,7 +225,7 @@ pub fn check_all(replies: &Replies, expect: &Expectations) -> Vec<Finding> {
     let mut out = vec![server::version(&replies.build_info)];
     out.push(server::topology(&replies.is_master, &replies.change_stream));
     out.push(privileges::check(&replies.connection_status, expect));
-    out.push(index::check(&replies.indexes, &replies.collection, expect));
+    out.extend(index::check(&replies.indexes, &replies.collection, expect));
     out.push(abilities::pre_images(
         &replies.build_info,
         &replies.collection,
