@@ -2,7 +2,7 @@
 //! the dirty backlog's age, build information and the `process_*` metrics.
 
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::*;
@@ -21,39 +21,38 @@ pub fn unix_now_ms() -> i64 {
     (unix_now() * 1000.0) as i64
 }
 
-/// The dirty backlog as this process's last reconcile run saw it (shared by all streams).
+/// The dirty backlogs as this process's last reconcile runs saw them, per counter definition
+/// (its name): the oldest entry's `first_dirty_at` (Unix ms; 0: the backlog was empty). A
+/// counter appears once a reconcile run of this process has looked at it.
 #[derive(Debug, Default)]
 pub struct DirtyView {
-    /// Set once a reconcile run of this process has looked.
-    pub seen: std::sync::atomic::AtomicBool,
-    pub size: AtomicU64,
-    /// `first_dirty_at` of the oldest entry (Unix ms), 0: the backlog was empty.
-    pub oldest_ms: AtomicI64,
+    oldest_ms: std::sync::Mutex<std::collections::BTreeMap<String, i64>>,
 }
 
-/// The dirty backlog seen by this process (one per process).
+impl DirtyView {
+    /// Each counter's oldest dirty entry (Unix ms, 0: none), by name.
+    pub fn oldest(&self) -> Vec<(String, i64)> {
+        let seen = self.oldest_ms.lock().unwrap_or_else(|e| e.into_inner());
+        seen.iter().map(|(name, ms)| (name.clone(), *ms)).collect()
+    }
+}
+
+/// The dirty backlogs seen by this process (one per process).
 pub fn dirty_view() -> &'static DirtyView {
     static VIEW: std::sync::OnceLock<DirtyView> = std::sync::OnceLock::new();
     VIEW.get_or_init(DirtyView::default)
 }
 
-/// Records the dirty backlog a reconcile run saw: the size as a gauge, the oldest entry's time
-/// for the scrape-time age.
-///
-/// Per counter definition (`counter`, its name): the backlog gauge is labelled with it; the
-/// scrape-time oldest age is the default definition's.
+/// Records the dirty backlog a reconcile run of the counter definition `counter` saw: the size
+/// as a gauge, the oldest entry's time for the scrape-time age; both labelled with the counter.
 pub fn record_dirty(size: u64, oldest: Option<bson::DateTime>, counter: &str) {
     metrics::gauge!(DIRTY_POSTS, "counter" => counter.to_string()).set(size as f64);
-    if counter != crate::definition::DEFAULT_COUNTER {
-        return;
-    }
-    let view = dirty_view();
-    view.size.store(size, Ordering::Relaxed);
-    view.oldest_ms.store(
-        oldest.map(|t| t.timestamp_millis()).unwrap_or(0),
-        Ordering::Relaxed,
-    );
-    view.seen.store(true, Ordering::Relaxed);
+    let oldest = oldest.map(|t| t.timestamp_millis()).unwrap_or(0);
+    let mut seen = dirty_view()
+        .oldest_ms
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    seen.insert(counter.to_string(), oldest);
 }
 
 /// One stream's scrape-time view: its age gauges, computed from the worker's timestamps.
@@ -127,21 +126,26 @@ pub fn render_scrape_time(out: &mut String, streams: &[(String, Arc<WorkerStatus
             );
         }
     }
-    let dirty = dirty_view();
-    if dirty.seen.load(Ordering::Relaxed) {
-        let oldest = dirty.oldest_ms.load(Ordering::Relaxed);
+    let dirty = dirty_view().oldest();
+    if !dirty.is_empty() {
+        family(
+            out,
+            DIRTY_OLDEST_AGE,
+            "At scrape time: age of the oldest dirty entry seen by this process's last reconcile run of the counter (0: none).",
+            "gauge",
+        );
+    }
+    for (counter, oldest) in dirty {
         let age = if oldest > 0 {
             ((now_ms - oldest) as f64 / 1000.0).max(0.0).floor()
         } else {
             0.0
         };
-        family(
+        let _ = writeln!(
             out,
-            DIRTY_OLDEST_AGE,
-            "At scrape time: age of the oldest dirty entry seen by this process's last reconcile run (0: none).",
-            "gauge",
+            "{DIRTY_OLDEST_AGE}{{counter=\"{}\"}} {age}",
+            escape(&counter)
         );
-        let _ = writeln!(out, "{DIRTY_OLDEST_AGE} {age}");
     }
     family(out, BUILD_INFO, "counterd's version; always 1.", "gauge");
     let _ = writeln!(
@@ -225,6 +229,28 @@ fn render_process(out: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_oldest_dirty_age_is_rendered_per_counter() {
+        let now = bson::DateTime::from_millis(unix_now_ms());
+        let old = bson::DateTime::from_millis(now.timestamp_millis() - 120_000);
+        record_dirty(3, Some(old), "scrape_test_likes");
+        record_dirty(0, None, "scrape_test_empty");
+        let mut out = String::new();
+        render_scrape_time(&mut out, &[]);
+        let age = |counter: &str| -> f64 {
+            let prefix = format!("{DIRTY_OLDEST_AGE}{{counter=\"{counter}\"}} ");
+            let line = out.lines().find(|l| l.starts_with(&prefix));
+            let value = line.unwrap_or_else(|| panic!("no {prefix} in {out}"));
+            value[prefix.len()..].parse().unwrap()
+        };
+        assert!((120.0..180.0).contains(&age("scrape_test_likes")), "{out}");
+        assert_eq!(age("scrape_test_empty"), 0.0);
+        assert_eq!(
+            out.matches(&format!("# TYPE {DIRTY_OLDEST_AGE}")).count(),
+            1
+        );
+    }
 
     #[test]
     fn ages_are_computed_at_scrape_time() {
