@@ -449,6 +449,67 @@ async fn a_single_definition_database_keeps_working_when_counters_are_added() {
     assert_eq!(after.terminate(), Some(0));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_by_hand_covers_every_definition_before_it_clears_the_request() {
+    let t = TestDb::with_schema("sweep_every_definition", schema()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(&dir);
+    let daemon = Daemon::start(&t.uri, &t.name, "sweeper", &quick(Some(&config)));
+    Writer::new(11).burst(&t, 60).await;
+    caught_up(&t, Duration::from_secs(30)).await;
+    assert_eq!(daemon.terminate(), Some(0));
+    // Drift in one counter of every definition, and a sweep requested (as after lost history).
+    for collection in ["comment_counters", "author_counters", "approved_counters"] {
+        let first = ids(&t, collection, doc! {}).await;
+        let group = PostId::from_bson(&first[0]).unwrap();
+        inject(&t, collection, &group, 3).await;
+    }
+    t.store.set_sweep_requested("comments", true).await.unwrap();
+    let requested = || async {
+        let c = t.store.load_checkpoint("comments").await.unwrap().unwrap();
+        c.sweep_requested
+    };
+    let wrong_in =
+        |wrong: &[(usize, PostId, i64, i64)], ix: usize| wrong.iter().filter(|w| w.0 == ix).count();
+
+    // One definition by hand: its drift is corrected; the request stays for the others.
+    let o = cli(
+        &t,
+        &config,
+        &["reconcile", "--sweep", "--counter", "per_author", "--json"],
+    );
+    assert!(o.status.success(), "{o:?}");
+    let wrong = mismatches(&t).await;
+    assert_eq!(wrong_in(&wrong, 1), 0, "{wrong:?}");
+    assert_eq!(
+        (wrong_in(&wrong, 0), wrong_in(&wrong, 2)),
+        (1, 1),
+        "{wrong:?}"
+    );
+    assert!(
+        requested().await,
+        "one definition's sweep does not clear the request"
+    );
+
+    // Without --counter: every definition, one report each; then the request is cleared.
+    let o = cli(&t, &config, &["reconcile", "--sweep", "--json"]);
+    assert!(o.status.success(), "{o:?}");
+    let reports: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let counters: Vec<&str> = reports
+        .as_array()
+        .unwrap()
+        .iter()
+        // The default's runs carry no name (as every run stored before definitions existed).
+        .map(|r| r["summary"]["counter"].as_str().unwrap_or("default"))
+        .collect();
+    assert_eq!(counters, ["default", "per_author", "approved"], "{reports}");
+    assert!(mismatches(&t).await.is_empty());
+    assert!(
+        !requested().await,
+        "every definition swept: the request is cleared"
+    );
+}
+
 /// A second source: likes per post (the source's first counter, named after it) and per user,
 /// with their own soft-delete field; the comments' three definitions stay as they are.
 const LIKES: &str = r#"

@@ -9,22 +9,27 @@ use crate::definition::{CounterIx, DEFAULT_COUNTER};
 /// The `--counter` flag.
 #[derive(Debug, Clone, clap::Args)]
 pub struct CounterArg {
-    /// The counter definition (see `counterd config`); `default` is the one of group_field and
-    /// counters_collection.
-    #[arg(long = "counter", value_name = "NAME", default_value = DEFAULT_COUNTER)]
-    pub name: String,
+    /// The counter definition (see `counterd config`); without it, `default`: the one of
+    /// group_field and counters_collection.
+    #[arg(long = "counter", value_name = "NAME")]
+    pub given: Option<String>,
 }
 
 impl CounterArg {
+    /// The name asked for (`default` when the flag is not given).
+    pub fn name(&self) -> &str {
+        self.given.as_deref().unwrap_or(DEFAULT_COUNTER)
+    }
+
     /// The definition the flag names, with the settings of the source that holds it (see
     /// `config::sources`): the command reads that source's collections. Unknown names are
     /// usage errors listing the known ones.
     pub fn resolve(&self, settings: Settings) -> anyhow::Result<(Settings, CounterIx)> {
-        match settings.source_of_counter(&self.name)? {
+        match settings.source_of_counter(self.name())? {
             Some(found) => Ok(found),
             None => Err(UsageError(format!(
                 "--counter {}: no such counter; configured: {}",
-                self.name,
+                self.name(),
                 settings.counter_names()?.join(", ")
             ))
             .into()),

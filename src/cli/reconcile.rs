@@ -37,13 +37,41 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     let (settings, counter) = args.counter.resolve(settings)?;
     let store = connect(&settings).await?;
     refuse_before_the_initial_snapshot(&settings, store.as_ref()).await?;
-    let settings_for = ReconcileSettings::from(&settings).for_counter(counter, &args.counter.name);
-    let reconciler = Reconciler::new(store, settings_for);
     let now = chrono::Utc::now().timestamp();
+    let quiet = args.json;
+    if args.sweep && args.counter.given.is_none() {
+        // Every definition of the source, the default first: the stream's sweep request is
+        // cleared once all of them swept (see `reconcile::sweep_all`).
+        let reconcilers: Vec<_> = settings
+            .definitions()?
+            .iter()
+            .map(|(ix, d)| {
+                let settings_for = ReconcileSettings::from(&settings).for_counter(ix, &d.name);
+                Reconciler::new(store.clone(), settings_for)
+            })
+            .collect();
+        let progress = |name: &str, done: u64| {
+            if !quiet {
+                eprintln!("sweep {name}: {done} posts recounted")
+            }
+        };
+        let reports = crate::reconcile::sweep_all(&reconcilers, now, progress, None).await?;
+        if let [report] = reports.as_slice() {
+            print_report(report, args.verbose, args.json)?;
+        } else if args.json {
+            print_json(&reports)?;
+        } else {
+            for report in &reports {
+                print_report(report, args.verbose, false)?;
+            }
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let settings_for = ReconcileSettings::from(&settings).for_counter(counter, args.counter.name());
+    let reconciler = Reconciler::new(store, settings_for);
     let report = if let Some(post) = &args.post {
         reconciler.run_post(&PostId::parse(post), now).await?
     } else if args.sweep {
-        let quiet = args.json;
         reconciler
             .sweep(
                 now,
@@ -92,6 +120,9 @@ fn print_report(report: &RunReport, verbose: bool, json: bool) -> anyhow::Result
         return print_json(report);
     }
     let s = &report.summary;
+    if !s.counter.is_empty() && s.counter != crate::definition::DEFAULT_COUNTER {
+        outln!("counter {}:", s.counter);
+    }
     outln!(
         "{} run: {} posts recounted ({} count queries), {} corrected, total |drift| {} (max {}, high +{}, low {}), watermark {}",
         s.kind, s.posts, s.counts, s.corrected, s.total_abs_drift, s.max_abs_drift, s.drift_high, s.drift_low, s.watermark

@@ -21,7 +21,7 @@ use serde::Serialize;
 mod run;
 mod sweep;
 
-pub use sweep::run_requested_sweeps;
+pub use sweep::{run_requested_sweeps, sweep_all};
 
 use run::Run;
 

@@ -283,6 +283,32 @@ impl<S: Store + ?Sized> Reconciler<S> {
 /// counters, one after the other) and clears the request only once every one of them did what
 /// it asks: a request is the whole stream's, and a definition that could not recount every
 /// group consistently runs again with the others.
+/// A full sweep of every definition of a stream (`reconcilers`, one per definition, the
+/// default first), one after another: what `counterd reconcile --sweep` runs. The stream's sweep
+/// request is cleared only once every definition's sweep completed, so a request after lost
+/// history is never cleared while a definition still has counters from before the gap.
+pub async fn sweep_all<S: Store + ?Sized>(
+    reconcilers: &[Reconciler<S>],
+    now_secs: i64,
+    mut progress: impl FnMut(&str, u64) + Send,
+    shutdown: Option<Shutdown>,
+) -> StoreResult<Vec<RunReport>> {
+    let mut reports = Vec::new();
+    let mut passed = true;
+    for reconciler in reconcilers {
+        let name = reconciler.settings.counter_name.clone();
+        let (report, done) = reconciler
+            .sweep_posts(now_secs, None, |n| progress(&name, n), shutdown.clone())
+            .await?;
+        reports.push(report);
+        passed &= done;
+    }
+    if let (Some(first), true) = (reconcilers.first(), passed) {
+        first.clear_sweep_request().await?;
+    }
+    Ok(reports)
+}
+
 pub async fn run_requested_sweeps<S: Store + ?Sized>(
     reconcilers: &[Reconciler<S>],
     now_secs: i64,
