@@ -466,9 +466,11 @@ impl MongoStore {
                 .run_raw_command(rawdoc! {"update": collection, "updates": chunk, "ordered": false})
                 .await
                 .map_err(|e| map_err(op, e))?;
-            let failed = reply.get_array("writeErrors").map_or(0, |e| e.len() as u64);
-            duplicates += write_errors(op, &reply)?;
-            wrote += sent - failed;
+            // Every other write error fails the command, so the statements that did not
+            // write are the duplicates.
+            let refused = write_errors(op, &reply)?;
+            duplicates += refused;
+            wrote += sent - refused;
         }
         Ok((wrote, duplicates))
     }
