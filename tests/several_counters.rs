@@ -362,6 +362,14 @@ async fn three_definitions_stay_exact_and_their_drift_is_corrected_per_counter()
             String::from_utf8_lossy(&o.stderr)
         );
     }
+    // Configured from the start, the definitions were counted by the initial snapshot: marked
+    // adopted without a sweep of their own.
+    for marker in ["comments#per_author#adopted", "comments#approved#adopted"] {
+        let found = ids(&t, "counterd_sweeps", doc! {"_id": marker}).await;
+        assert_eq!(found.len(), 1, "{marker}");
+    }
+    let sweeps = ids(&t, "counterd_reconcile_runs", doc! {"kind": "sweep"}).await;
+    assert!(sweeps.is_empty(), "no sweep ran: {sweeps:?}");
     // The counters are where readers look for them, one collection per definition.
     for collection in ["comment_counters", "author_counters", "approved_counters"] {
         let n =
@@ -445,6 +453,52 @@ async fn a_single_definition_database_keeps_working_when_counters_are_added() {
             names.iter().any(|n| n == expected),
             "{expected} missing: {names:?}"
         );
+    }
+    assert_eq!(after.terminate(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn definitions_added_later_are_adopted_without_a_new_write() {
+    let t = TestDb::with_schema("adopt_definitions", schema()).await;
+    // Before: one definition, rows in every group.
+    let before = Daemon::start(&t.uri, &t.name, "old", &quick(None));
+    Writer::new(13).burst(&t, 80).await;
+    caught_up(&t, Duration::from_secs(30)).await;
+    assert_eq!(before.terminate(), Some(0));
+    let default_only = mismatches(&t).await;
+    assert!(
+        default_only.iter().all(|(ix, ..)| *ix != 0) && !default_only.is_empty(),
+        "the default exact, the others absent: {default_only:?}"
+    );
+
+    // After: the definitions added, and no write at all: each new definition is swept once.
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(&dir);
+    let after = Daemon::start(&t.uri, &t.name, "new", &quick(Some(&config)));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let wrong = mismatches(&t).await;
+        if wrong.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "definitions not adopted within 60 s: {wrong:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // Adopted once: a marker per new definition beside the background sweep's cursors,
+    // written just after its sweep's last fold.
+    for marker in ["comments#per_author#adopted", "comments#approved#adopted"] {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while ids(&t, "counterd_sweeps", doc! {"_id": marker})
+            .await
+            .is_empty()
+        {
+            let all = ids(&t, "counterd_sweeps", doc! {}).await;
+            assert!(Instant::now() < deadline, "no {marker} in {all:?}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
     assert_eq!(after.terminate(), Some(0));
 }

@@ -209,9 +209,11 @@ async fn run_streams(
                         Reconciler::new(active_store.clone(), settings)
                     })
                     .collect();
+                // Taken before the worker starts: an initial snapshot it begins is later.
+                let since = bson::DateTime::now();
                 async move {
                     let reconcile =
-                        tokio::spawn(run_loop(reconcilers, interval, jitter, stop.clone()));
+                        tokio::spawn(run_loop(reconcilers, interval, jitter, stop.clone(), since));
                     let result = worker.run(epoch, stop).await;
                     reconcile.abort();
                     result.map_err(DaemonError::from)

@@ -21,7 +21,7 @@ use serde::Serialize;
 mod run;
 mod sweep;
 
-pub use sweep::{run_requested_sweeps, sweep_all};
+pub use sweep::{adopt_new_definitions, run_requested_sweeps, sweep_all};
 
 use run::Run;
 
@@ -272,7 +272,9 @@ impl<S: Store + ?Sized> Reconciler<S> {
 }
 
 /// Runs reconcile passes every `interval` (jittered by `jitter`, a fraction) until shutdown:
-/// a requested full sweep first, then the dirty posts, then a step of the background sweep.
+/// the sweep of a definition added since the initial snapshot (see
+/// [`adopt_new_definitions`]; `since`: when this process began on the stream), a requested full
+/// sweep, then the dirty posts, then a step of the background sweep.
 /// `reconcilers` are one stream's, one per counter definition: each pass runs every one of
 /// them in turn, so one stream's recounts never run side by side (their share of the memory
 /// budget is the stream's) and a sweep request is cleared only once every definition swept.
@@ -281,6 +283,7 @@ pub async fn run_loop<S: Store + ?Sized>(
     interval: Duration,
     jitter: f64,
     shutdown: Shutdown,
+    since: bson::DateTime,
 ) -> Result<(), StoreError> {
     use rand::Rng;
     let Some(reconciler) = reconcilers.first() else {
@@ -301,6 +304,7 @@ pub async fn run_loop<S: Store + ?Sized>(
         }
         let now = crate::time::secs(clock.now());
         let pass = async {
+            sweep::adopt_new_definitions(&reconcilers, now, since, Some(shutdown.clone())).await?;
             sweep::run_requested_sweeps(&reconcilers, now, Some(shutdown.clone())).await?;
             for reconciler in &reconcilers {
                 reconciler.run_dirty(now).await?;

@@ -309,6 +309,69 @@ pub async fn sweep_all<S: Store + ?Sized>(
     Ok(reports)
 }
 
+/// Adopts counter definitions added to a running deployment: a definition beyond the default
+/// whose counters no initial snapshot counted gets one full sweep of its own (paced like any
+/// sweep), after which it is kept like the others. Without it, a definition added later would
+/// show no counter for a group until a change dirtied it, or the background sweep came by.
+///
+/// Whether a definition is adopted is a marker beside the background sweep's cursors
+/// (`<stream>#<name>#adopted`, one completed pass). A definition needs no sweep when the stream's
+/// initial snapshot began after `since` (when this process started working on the stream): that
+/// snapshot counts every definition this process has. Otherwise the snapshot predates it (or
+/// there was none) and it is swept. While the stream has not started or its snapshot runs,
+/// adoption waits. A deployment that had definitions before markers existed sweeps each of
+/// them once; a sweep cut short (shutdown, restart) starts again.
+pub async fn adopt_new_definitions<S: Store + ?Sized>(
+    reconcilers: &[Reconciler<S>],
+    now_secs: i64,
+    since: bson::DateTime,
+    shutdown: Option<Shutdown>,
+) -> StoreResult<Vec<RunReport>> {
+    let mut reports = Vec::new();
+    for reconciler in reconcilers {
+        if reconciler.settings.counter == CounterIx::DEFAULT {
+            continue;
+        }
+        let marker = format!("{}#adopted", reconciler.settings.sweep_key());
+        let store = &reconciler.store;
+        if store
+            .load_sweep_cursor(&marker)
+            .await?
+            .is_some_and(|m| m.passes > 0)
+        {
+            continue;
+        }
+        let stream = &reconciler.settings.stream;
+        let Some(checkpoint) = store.load_checkpoint(stream).await? else {
+            continue;
+        };
+        if checkpoint.untouched() || checkpoint.snapshot_running() {
+            continue;
+        }
+        let counted_by_snapshot = checkpoint
+            .snapshot
+            .as_ref()
+            .is_some_and(|s| s.started_at >= since);
+        if !counted_by_snapshot {
+            tracing::info!(stream = %stream, counter = %reconciler.settings.counter_name,
+                "adopting a counter definition the initial snapshot did not count: one full sweep");
+            let (report, passed) = reconciler
+                .sweep_posts(now_secs, None, |_| {}, shutdown.clone())
+                .await?;
+            reports.push(report);
+            if !passed {
+                continue;
+            }
+        }
+        let done = crate::store::SweepCursor {
+            passes: 1,
+            ..Default::default()
+        };
+        store.save_sweep_cursor(&marker, &done).await?;
+    }
+    Ok(reports)
+}
+
 pub async fn run_requested_sweeps<S: Store + ?Sized>(
     reconcilers: &[Reconciler<S>],
     now_secs: i64,
