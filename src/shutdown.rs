@@ -46,6 +46,32 @@ impl Shutdown {
     pub async fn wait(&self) {
         let _ = self.0.clone().wait_for(|stop| *stop).await;
     }
+
+    /// A stop of its own that this one also requests: for a supervisor that stops its tasks on
+    /// the first fatal error of any of them as well as when asked from outside. The forwarding
+    /// ends when the returned [`Linked`] is dropped.
+    pub fn linked(&self) -> (ShutdownTrigger, Shutdown, Linked) {
+        let (trigger, listener) = Shutdown::new();
+        let outside = self.clone();
+        let forward = tokio::spawn({
+            let trigger = trigger.clone();
+            async move {
+                outside.wait().await;
+                trigger.request();
+            }
+        });
+        (trigger, listener, Linked(forward.abort_handle()))
+    }
+}
+
+/// Keeps a [`Shutdown::linked`] stop listening to the outside one; dropping it stops that.
+#[derive(Debug)]
+pub struct Linked(tokio::task::AbortHandle);
+
+impl Drop for Linked {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// A bare `watch` receiver (true: stop), as the tests and the benchmark still hand one over.

@@ -442,18 +442,16 @@ async fn a_single_definition_database_keeps_working_when_counters_are_added() {
     )
     .await;
     assert_eq!(still.len(), old_counters.len());
-    let names = t.db.list_collection_names().await.unwrap();
-    for expected in [
-        "counterd_dirty",
-        "counterd_checkpoints",
-        "author_counters",
-        "approved_counters",
-    ] {
-        assert!(
-            names.iter().any(|n| n == expected),
-            "{expected} missing: {names:?}"
-        );
-    }
+    has_collections(
+        &t,
+        &[
+            "counterd_dirty",
+            "counterd_checkpoints",
+            "author_counters",
+            "approved_counters",
+        ],
+    )
+    .await;
     assert_eq!(after.terminate(), Some(0));
 }
 
@@ -776,18 +774,16 @@ async fn a_second_source_collection_is_counted_beside_the_comments() {
     );
     // One process, two streams: both ready, each with its own bookkeeping.
     assert_eq!(daemon.get("/readyz").await.map(|r| r.0), Some(200));
-    let names = t.db.list_collection_names().await.unwrap();
-    for expected in [
-        "counterd_checkpoints",
-        "counterd_likes_checkpoints",
-        "like_counters",
-        "likes_by_user",
-    ] {
-        assert!(
-            names.iter().any(|n| n == expected),
-            "{expected} missing: {names:?}"
-        );
-    }
+    has_collections(
+        &t,
+        &[
+            "counterd_checkpoints",
+            "counterd_likes_checkpoints",
+            "like_counters",
+            "likes_by_user",
+        ],
+    )
+    .await;
     assert_eq!(daemon.terminate(), Some(0), "counterd run stopped cleanly");
 }
 
@@ -802,6 +798,17 @@ fn cli(t: &TestDb, config: &str, args: &[&str]) -> std::process::Output {
         .env("COUNTERD_LOG_LEVEL", "warn")
         .output()
         .unwrap()
+}
+
+/// Asserts that every collection of `expected` exists.
+async fn has_collections(t: &TestDb, expected: &[&str]) {
+    let names = t.db.list_collection_names().await.unwrap();
+    for expected in expected {
+        assert!(
+            names.iter().any(|n| n == expected),
+            "{expected} missing: {names:?}"
+        );
+    }
 }
 
 /// The `_id`s of the documents of `collection` matching `filter`.

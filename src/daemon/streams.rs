@@ -63,14 +63,7 @@ pub async fn run_sources(
         sources = sources.len(),
         "memory budget"
     );
-    let (stop_all, stop) = Shutdown::new();
-    let forward = tokio::spawn({
-        let stop_all = stop_all.clone();
-        async move {
-            shutdown.wait().await;
-            stop_all.request();
-        }
-    });
+    let (stop_all, stop, _linked) = shutdown.linked();
     let mut statuses = statuses.into_iter().map(|(_, status)| status);
     let mut running = tokio::task::JoinSet::new();
     for source in sources {
@@ -89,7 +82,6 @@ pub async fn run_sources(
             first_error.get_or_insert(e);
         }
     }
-    forward.abort();
     first_error.map_or(Ok(()), Err)
 }
 
@@ -148,14 +140,7 @@ async fn run_streams(
         n => n as usize,
     }));
     // Our own stop: the outside shutdown, or a fatal error in any stream.
-    let (stop_all, stop) = Shutdown::new();
-    let forward = tokio::spawn({
-        let stop_all = stop_all.clone();
-        async move {
-            shutdown.wait().await;
-            stop_all.request();
-        }
-    });
+    let (stop_all, stop, _linked) = shutdown.linked();
     for status in &statuses {
         status.connected.store(true, Ordering::Relaxed);
     }
@@ -234,6 +219,5 @@ async fn run_streams(
             first_error.get_or_insert(e);
         }
     }
-    forward.abort();
     first_error.map_or(Ok(()), Err)
 }
