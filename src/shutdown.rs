@@ -97,6 +97,31 @@ mod tests {
     use super::*;
 
     #[tokio::test]
+    async fn a_linked_stop_hears_the_outside_one_until_dropped_and_its_own_trigger_always() {
+        let (outside, listening) = Shutdown::new();
+        let (own, linked, guard) = listening.linked();
+        own.request();
+        assert!(
+            linked.requested() && !listening.requested(),
+            "its own request stays inside"
+        );
+
+        let (_, linked, guard2) = listening.linked();
+        outside.request();
+        linked.wait().await;
+        assert!(linked.requested());
+        drop((guard, guard2));
+
+        let (outside, listening) = Shutdown::new();
+        let (_, linked, guard) = listening.linked();
+        drop(guard);
+        tokio::task::yield_now().await;
+        outside.request();
+        tokio::task::yield_now().await;
+        assert!(!linked.requested(), "dropped: no longer forwarded");
+    }
+
+    #[tokio::test]
     async fn a_request_reaches_every_listener_and_ends_their_pauses() {
         let (trigger, shutdown) = Shutdown::new();
         let other = trigger.subscribe();
