@@ -93,12 +93,12 @@ pub async fn run(loaded: Loaded, args: Args) -> anyhow::Result<ExitCode> {
     outln!("# counter definitions (`--counter NAME`; the first is the default), by source:");
     for source in loaded.settings.sources()? {
         outln!(
-            "#   source `{}` (collection `{}`):",
+            "# source `{}` (collection `{}`):",
             source.stream_name,
             source.comments_collection
         );
         for (_, definition) in source.definitions()?.iter() {
-            outln!("#     {definition}");
+            outln!("#   {definition}");
         }
     }
     Ok(ExitCode::SUCCESS)
