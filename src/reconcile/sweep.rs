@@ -318,8 +318,9 @@ pub async fn sweep_all<S: Store + ?Sized>(
 /// (`<stream>#<name>#adopted`, one completed pass). A definition needs no sweep when the stream's
 /// initial snapshot began after `since` (when this process started working on the stream): that
 /// snapshot counts every definition this process has. Otherwise the snapshot predates it (or
-/// there was none) and it is swept. While the stream has not started or its snapshot runs,
-/// adoption waits. A deployment that had definitions before markers existed sweeps each of
+/// there was none) and it is swept, once the watermark has passed `since` (a fold trusts the
+/// stream above its watermark, and events applied before `since` did not count for the
+/// definition). While the stream has not started or its snapshot runs, adoption waits. A deployment that had definitions before markers existed sweeps each of
 /// them once; a sweep cut short (shutdown, restart) starts again.
 pub async fn adopt_new_definitions<S: Store + ?Sized>(
     reconcilers: &[Reconciler<S>],
@@ -353,6 +354,12 @@ pub async fn adopt_new_definitions<S: Store + ?Sized>(
             .as_ref()
             .is_some_and(|s| s.started_at >= since);
         if !counted_by_snapshot {
+            // Events applied before this process took the stream did not count for the new
+            // definition, and a fold trusts the stream for rows above its watermark: the sweep
+            // waits until the watermark passes `since`, so every such row is recounted.
+            if reconciler.watermark(now_secs).await? <= crate::time::secs(since) {
+                continue;
+            }
             tracing::info!(stream = %stream, counter = %reconciler.settings.counter_name,
                 "adopting a counter definition the initial snapshot did not count: one full sweep");
             let (report, passed) = reconciler
