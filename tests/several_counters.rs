@@ -100,9 +100,17 @@ fn groups() -> Vec<(CounterIx, PostId)> {
 
 /// Groups whose counter differs from its count query: (definition, group, displayed, truth).
 async fn mismatches(t: &TestDb) -> Vec<(usize, PostId, i64, i64)> {
+    mismatches_in(&t.store, groups()).await
+}
+
+/// [`mismatches`] among `groups` of the source `store` reads.
+async fn mismatches_in(
+    store: &counterd::store::mongo::MongoStore,
+    groups: Vec<(CounterIx, PostId)>,
+) -> Vec<(usize, PostId, i64, i64)> {
     let mut wrong = Vec::new();
-    for (ix, group) in groups() {
-        let view = t.store.for_counter(ix);
+    for (ix, group) in groups {
+        let view = store.for_counter(ix);
         let (shown, truth) = counterd::store::displayed_and_truth(&view, &group)
             .await
             .unwrap();
@@ -605,17 +613,7 @@ async fn likes_mismatches(
     let mut groups: Vec<(CounterIx, PostId)> =
         (0..POSTS).map(|p| (CounterIx(0), PostId::Int(p))).collect();
     groups.extend((0..USERS).map(|u| (CounterIx(1), PostId::Str(format!("u{u}")))));
-    let mut wrong = Vec::new();
-    for (ix, group) in groups {
-        let view = likes.for_counter(ix);
-        let (shown, truth) = counterd::store::displayed_and_truth(&view, &group)
-            .await
-            .unwrap();
-        if shown != truth {
-            wrong.push((ix.0, group, shown, truth));
-        }
-    }
-    wrong
+    mismatches_in(likes, groups).await
 }
 
 /// The application's likes: like, unlike (soft), like again, and delete for good.
