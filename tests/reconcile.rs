@@ -554,7 +554,11 @@ async fn the_background_sweep_finds_drift_no_event_points_at() {
     // Paced to a one-second pass with one-second steps: each step takes a window of posts.
     let mut drift = Vec::new();
     for _ in 0..4 {
-        let report = rec.background_step(now_secs()).await.unwrap().unwrap();
+        let report = rec
+            .background_step(now_secs(), false)
+            .await
+            .unwrap()
+            .unwrap();
         drift.extend(report.corrections.iter().map(|c| (c.post.clone(), c.drift)));
     }
     worker.shutdown().await.unwrap();
@@ -571,6 +575,57 @@ async fn the_background_sweep_finds_drift_no_event_points_at() {
         cursor.passes >= 1,
         "a pass completed and was recorded: {cursor:?}"
     );
+}
+
+#[tokio::test]
+async fn a_pass_with_time_to_spare_sweeps_a_whole_window_at_the_default_pace() {
+    let t = TestDb::new("spare").await;
+    let posts = settled_posts(&t, 6, 2).await;
+    let worker = t.spawn_worker(t.worker_settings()).await;
+    // The default background pace (a pass a day: one post per step here), and an interval
+    // long enough that a pass with no dirty post has time to spare on any machine.
+    let rec = Reconciler::new(
+        t.store.clone(),
+        ReconcileSettings {
+            settle_secs: 1,
+            bucket_width_secs: 2,
+            interval: Duration::from_secs(120),
+            ..ReconcileSettings::default()
+        },
+    );
+    let since = DateTime::now();
+    rec.run_dirty(now_secs()).await.unwrap();
+    assert_eq!(t.store.dirty_summary().await.unwrap().size, 0);
+    // Nobody comments on post-5 any more (the last post of the pass); its counter is edited.
+    t.db.collection::<mongodb::bson::Document>("comment_counters")
+        .update_one(
+            doc! {"_id": post(5).to_bson()},
+            doc! {"$inc": {"base_count": 3}},
+        )
+        .await
+        .unwrap();
+    let reports =
+        counterd::reconcile::run_pass(std::slice::from_ref(&rec), now_secs(), since, None)
+            .await
+            .unwrap();
+    worker.shutdown().await.unwrap();
+    let background: Vec<_> = reports
+        .iter()
+        .filter(|r| r.summary.kind == "background")
+        .collect();
+    assert_eq!(background.len(), 1, "one background step: {reports:?}");
+    assert_eq!(
+        background[0].summary.posts,
+        posts.len() as u64,
+        "the step recounted every post, not one"
+    );
+    let drift: Vec<_> = background[0]
+        .corrections
+        .iter()
+        .map(|c| (c.post.clone(), c.drift))
+        .collect();
+    assert_eq!(drift, vec![(post(5), 3)], "the hand edit was found");
+    t.wait_exact(&posts, Duration::from_secs(1)).await;
 }
 
 #[tokio::test]

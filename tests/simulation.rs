@@ -732,7 +732,7 @@ fn reconciler(
                         &reported,
                         &errors,
                         run("background step"),
-                        reconciler.background_step(now),
+                        reconciler.background_step(now, now % 2 == 0),
                     )
                     .await;
                 }

@@ -19,6 +19,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 mod run;
+pub mod schedule;
 mod sweep;
 
 pub use sweep::{adopt_new_definitions, run_requested_sweeps, sweep_all};
@@ -271,13 +272,45 @@ impl<S: Store + ?Sized> Reconciler<S> {
     }
 }
 
-/// Runs reconcile passes every `interval` (jittered by `jitter`, a fraction) until shutdown:
-/// the sweep of a definition added since the initial snapshot (see
+/// One reconcile pass over one stream's definitions (`reconcilers`, one per definition, the
+/// default first): the sweep of a definition added since the initial snapshot (see
 /// [`adopt_new_definitions`]; `since`: when this process began on the stream), a requested full
-/// sweep, then the dirty posts, then a step of the background sweep.
-/// `reconcilers` are one stream's, one per counter definition: each pass runs every one of
-/// them in turn, so one stream's recounts never run side by side (their share of the memory
-/// budget is the stream's) and a sweep request is cleared only once every definition swept.
+/// sweep, then every definition's dirty posts, then a step of each one's background sweep, a
+/// whole window of it when the dirty posts left most of the interval unused
+/// ([`schedule::has_spare_time`]). Returns the report of every run it made.
+pub async fn run_pass<S: Store + ?Sized>(
+    reconcilers: &[Reconciler<S>],
+    now: i64,
+    since: bson::DateTime,
+    shutdown: Option<Shutdown>,
+) -> StoreResult<Vec<RunReport>> {
+    let Some(first) = reconcilers.first() else {
+        return Ok(Vec::new());
+    };
+    let started = first.clock.now();
+    let mut reports = adopt_new_definitions(reconcilers, now, since, shutdown.clone()).await?;
+    reports.extend(run_requested_sweeps(reconcilers, now, shutdown).await?);
+    for reconciler in reconcilers {
+        reports.push(reconciler.run_dirty(now).await?);
+    }
+    let spare = schedule::has_spare_time(
+        elapsed_since(first.clock.as_ref(), started),
+        first.settings.interval,
+    );
+    for reconciler in reconcilers {
+        reports.extend(reconciler.background_step(now, spare).await?);
+    }
+    Ok(reports)
+}
+
+fn elapsed_since(clock: &dyn Clock, started: bson::DateTime) -> Duration {
+    let millis = clock.now().timestamp_millis() - started.timestamp_millis();
+    Duration::from_millis(millis.max(0) as u64)
+}
+
+/// Runs [`run_pass`] every `interval` (jittered by `jitter`, a fraction), counted from the
+/// start of the previous pass ([`schedule::next_pass_delay`]), until shutdown. A pass that
+/// fails on a transient error is retried at the next one.
 pub async fn run_loop<S: Store + ?Sized>(
     reconcilers: Vec<Reconciler<S>>,
     interval: Duration,
@@ -289,30 +322,21 @@ pub async fn run_loop<S: Store + ?Sized>(
     let Some(reconciler) = reconcilers.first() else {
         return Ok(());
     };
+    let clock = reconciler.clock.clone();
+    let mut elapsed = Duration::ZERO;
     loop {
         let spread = interval.as_secs_f64() * jitter;
-        let delay = interval.as_secs_f64() + rand::rng().random_range(-spread..=spread);
-        let clock = reconciler.clock.clone();
-        if sleep_or_shutdown(
-            clock.as_ref(),
-            Duration::from_secs_f64(delay.max(0.01)),
-            &shutdown,
-        )
-        .await
-        {
+        let delay = schedule::next_pass_delay(
+            interval,
+            rand::rng().random_range(-spread..=spread),
+            elapsed,
+        );
+        if sleep_or_shutdown(clock.as_ref(), delay, &shutdown).await {
             return Ok(());
         }
-        let now = crate::time::secs(clock.now());
-        let pass = async {
-            sweep::adopt_new_definitions(&reconcilers, now, since, Some(shutdown.clone())).await?;
-            sweep::run_requested_sweeps(&reconcilers, now, Some(shutdown.clone())).await?;
-            for reconciler in &reconcilers {
-                reconciler.run_dirty(now).await?;
-                reconciler.background_step(now).await?;
-            }
-            StoreResult::Ok(())
-        };
-        match pass.await {
+        let started = clock.now();
+        let now = crate::time::secs(started);
+        match run_pass(&reconcilers, now, since, Some(shutdown.clone())).await {
             Ok(_) => {}
             Err(e) if e.is_transient() => {
                 metrics::counter!(m::RETRIES, "op" => "reconcile").increment(1);
@@ -320,5 +344,6 @@ pub async fn run_loop<S: Store + ?Sized>(
             }
             Err(e) => return Err(e),
         }
+        elapsed = elapsed_since(clock.as_ref(), started);
     }
 }

@@ -188,10 +188,15 @@ impl<S: Store + ?Sized> Reconciler<S> {
     }
 
     /// One step of the slow background sweep: the next posts of its current pass over every
-    /// post, as many as keep a pass near `background_pass` long (at least one, at most a
-    /// window). Resumes where the last step (of any process) stopped. Finds drift that no event
-    /// points at: a hand-edited counter of a post nobody comments on, a deleted counter.
-    pub async fn background_step(&self, now_secs: i64) -> StoreResult<Option<RunReport>> {
+    /// post, as many as keep a pass near `background_pass` long, or a whole window when the
+    /// pass has `spare` time (see [`super::schedule`]). Resumes where the last step (of any
+    /// process) stopped. Finds drift that no event points at: a hand-edited counter of a post
+    /// nobody comments on, a deleted counter.
+    pub async fn background_step(
+        &self,
+        now_secs: i64,
+        spare: bool,
+    ) -> StoreResult<Option<RunReport>> {
         let Some(pass) = self.settings.background_pass else {
             return Ok(None);
         };
@@ -200,11 +205,13 @@ impl<S: Store + ?Sized> Reconciler<S> {
             .load_sweep_cursor(&self.settings.sweep_key())
             .await?
             .unwrap_or_default();
-        let estimate = cursor.last_pass_posts.max(cursor.posts_done).max(1);
-        let steps_per_pass =
-            (pass.as_secs_f64() / self.settings.interval.as_secs_f64().max(0.001)).max(1.0);
-        let size = ((estimate as f64 / steps_per_pass).ceil() as usize)
-            .clamp(1, self.settings.sweep_window);
+        let size = super::schedule::background_step_size(
+            cursor.last_pass_posts.max(cursor.posts_done),
+            pass,
+            self.settings.interval,
+            self.settings.sweep_window,
+            spare,
+        );
         let watermark = self.watermark(now_secs).await?;
         let window = self.store.posts_after(cursor.after.as_ref(), size).await?;
         let mut run = Run::new(&self.settings, "background", watermark);
