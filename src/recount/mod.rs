@@ -408,8 +408,13 @@ impl<S: Store + ?Sized> Recounter<S> {
             }
             return Ok(false);
         };
-        if c.folds != recount.folds || c.state.base_count != recount.base_count {
-            return Ok(false); // refolded or edited meanwhile: its watermark may have moved
+        // Refolded or edited meanwhile: a fold's recount counts below its watermark, which may
+        // have moved. An observation counts every live row whatever the watermark, and compares
+        // with the counter as it is at `until`, so a fold or an edit between its reads changes
+        // neither side (an edit then shows as the mismatch it is).
+        let observation = recount.watermark >= EVERYTHING;
+        if !observation && (c.folds != recount.folds || c.state.base_count != recount.base_count) {
+            return Ok(false);
         }
         let until = c.applied_through.as_deref();
         let settled = match window::changed_since(&c.recent, recount.since.as_deref(), until) {

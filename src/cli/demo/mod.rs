@@ -23,6 +23,8 @@ use crate::event::PostId;
 use crate::outln;
 use crate::reconcile::{ReconcileSettings, Reconciler};
 use crate::shutdown::Shutdown;
+use crate::snapshot::InitialSnapshot;
+use crate::store::SnapshotState;
 use crate::store::displayed_and_truth;
 use crate::store::prelude::*;
 use std::sync::Mutex;
@@ -155,18 +157,41 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    // The seeded rows predate the stream: a sweep (beside the running worker, which its
-    // recounts wait for) creates their counters.
+    // The seeded rows predate the stream. The worker's initial snapshot counts them beside the
+    // running stream; the load starts once it is done, so that the first screen compares
+    // counters that exist (without a snapshot, a sweep creates them).
     let definitions = settings.definitions()?;
-    for (ix, definition) in definitions.iter() {
-        let settings = ReconcileSettings::from(&settings).for_counter(ix, &definition.name);
-        let reconciler = Reconciler::new(store.clone(), settings);
-        let swept = reconciler.sweep(now, |_| {}, None).await?;
-        outln!(
-            "initial sweep created {} `{}` counters",
-            swept.summary.corrected,
-            definition.name
-        );
+    let snapshot = loop {
+        let checkpoint = store.load_checkpoint(&settings.stream_name).await?;
+        match checkpoint.and_then(|c| c.snapshot) {
+            Some(s) if s.state == SnapshotState::Running => {}
+            Some(s) => break Some(s),
+            None if settings.initial_snapshot == InitialSnapshot::Never => break None,
+            None => {}
+        }
+        if counterd.is_finished() || shutdown.requested() {
+            anyhow::bail!("counterd stopped before its initial snapshot was done");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    match snapshot {
+        Some(s) => outln!(
+            "initial snapshot counted the {} seeded comments ({} counted by the definitions)",
+            s.rows_scanned,
+            s.rows_counted
+        ),
+        None => {
+            for (ix, definition) in definitions.iter() {
+                let settings = ReconcileSettings::from(&settings).for_counter(ix, &definition.name);
+                let reconciler = Reconciler::new(store.clone(), settings);
+                let swept = reconciler.sweep(now, |_| {}, None).await?;
+                outln!(
+                    "initial sweep created {} `{}` counters",
+                    swept.summary.corrected,
+                    definition.name
+                );
+            }
+        }
     }
     let tally_from = DateTime::now();
     let injected = Arc::new(Mutex::new(DriftTally::default()));
