@@ -209,9 +209,10 @@ async fn run_load(name: &str, hot: bool, secs: u64) {
     t.wait_exact(&posts, Duration::from_secs(60)).await;
 
     let every = Duration::from_secs(load_secs("COUNTERD_TEST_RECONCILE_EVERY", 3));
+    let (settle, bucket) = (30, 60);
     let settings = ReconcileSettings {
-        settle_secs: 30,
-        bucket_width_secs: 60,
+        settle_secs: settle,
+        bucket_width_secs: bucket,
         interval: every,
         ..ReconcileSettings::default()
     };
@@ -237,7 +238,7 @@ async fn run_load(name: &str, hot: bool, secs: u64) {
             (reconciler.clone(), corrections.clone(), stop_rx.clone());
         let corrected_at = corrected_at.clone();
         tokio::spawn(async move {
-            let (mut runs, mut folded, mut in_flight) = (0, 0, 0);
+            let (mut runs, mut folded, mut in_flight, mut longest) = (0, 0, 0, 0);
             let (since, mut elapsed) = (DateTime::now(), Duration::ZERO);
             while !*stop_rx.borrow() {
                 tokio::time::sleep(schedule::next_pass_delay(every, 0.0, elapsed)).await;
@@ -255,6 +256,7 @@ async fn run_load(name: &str, hot: bool, secs: u64) {
                     runs += usize::from(report.summary.kind == "dirty");
                     folded += report.summary.posts;
                     in_flight += report.summary.in_flight;
+                    longest = longest.max(report.summary.longest_dirty_to_fold_secs.unwrap_or(0));
                     let mut at = corrected_at.lock().unwrap();
                     for c in &report.corrections {
                         at.entry(c.post.clone()).or_insert_with(Instant::now);
@@ -262,7 +264,7 @@ async fn run_load(name: &str, hot: bool, secs: u64) {
                     corrections.lock().unwrap().extend(report.corrections);
                 }
             }
-            (runs, folded, in_flight)
+            (runs, folded, in_flight, longest)
         })
     };
 
@@ -373,7 +375,7 @@ async fn run_load(name: &str, hot: bool, secs: u64) {
     }
     let writes = writes.await.unwrap();
     let _ = stop.send(true);
-    let (runs, folded, in_flight) = reconciles.await.unwrap();
+    let (runs, folded, in_flight, longest) = reconciles.await.unwrap();
     injector.await.unwrap();
     let during_load = corrections.lock().unwrap().len();
     // How long each injection waited for its correction during the load (`None`: not
@@ -413,6 +415,14 @@ async fn run_load(name: &str, hot: bool, secs: u64) {
         .filter(|(p, _, _)| matches!(p, PostId::Int(i) if (*i as usize) < if zipf() { 10 } else { HOT }))
         .map(|(p, l, _)| format!("{p}: {l:?}"))
         .collect();
+    // Every change is covered by a fold within settle time + bucket width + 3 intervals (the
+    // longest a dirty entry waited for a fold that covered it, as the histogram records it).
+    let covered_within = settle + bucket + every.as_secs() as i64 * 3;
+    eprintln!("longest wait from dirty to a covering fold: {longest} s (bound {covered_within} s)");
+    assert!(
+        longest <= covered_within,
+        "a dirty post waited {longest} s for a fold (settle + bucket + 3 intervals: {covered_within} s)"
+    );
     // The target: within 3 reconcile intervals of the edit, of the injections made at
     // least that long before the load stopped.
     let three = every * 3;

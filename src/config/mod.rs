@@ -90,7 +90,8 @@ pub struct Settings {
     /// Width of the creation-time buckets deltas are filed under.
     #[serde(with = "humantime_serde")]
     pub bucket_width: Duration,
-    /// Time between reconcile runs (jittered).
+    /// Time between the starts of reconcile runs (jittered); a run longer than that is
+    /// followed at once.
     #[serde(with = "humantime_serde")]
     pub reconcile_interval: Duration,
     /// Jitter of the reconcile schedule, as a fraction of the interval (0.0 to 1.0).
@@ -110,8 +111,10 @@ pub struct Settings {
     /// every change its count could have seen; a post not settled by then stays dirty.
     #[serde(with = "humantime_serde")]
     pub catch_up_timeout: Duration,
-    /// How long one pass of the slow background sweep over every post should take (it finds
-    /// drift no event points at, e.g. a hand-edited counter); 0s: no background sweep.
+    /// How long one pass of the slow background sweep over every post may take at most (it
+    /// finds drift no event points at, e.g. a hand-edited counter); a reconcile run whose dirty
+    /// posts left most of the interval unused also sweeps a whole `sweep_window` of posts;
+    /// 0s: no background sweep.
     #[serde(with = "humantime_serde")]
     pub background_sweep_pass: Duration,
     /// Address of the HTTP endpoints (/metrics, /healthz, /readyz).

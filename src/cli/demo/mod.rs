@@ -24,9 +24,9 @@ use crate::outln;
 use crate::reconcile::{ReconcileSettings, Reconciler};
 use crate::shutdown::Shutdown;
 use crate::snapshot::InitialSnapshot;
-use crate::store::SnapshotState;
 use crate::store::displayed_and_truth;
 use crate::store::prelude::*;
+use crate::store::SnapshotState;
 use std::sync::Mutex;
 
 use crate::local_server::{LocalServer, ServerKind};
