@@ -544,6 +544,58 @@ fn memory() -> counterd::store::memory::MemoryStore {
     counterd::store::memory::MemoryStore::new(1_000)
 }
 
+/// A dirty entry is cleared only at the version a fold listed; a requeue restarts its age
+/// whatever its version (a mark since the listing must not leave the age of a post that keeps
+/// changing where it was), never moves it back, and creates nothing.
+async fn dirty_entries_clear_at_their_version_and_requeue_at_any<S: Store>(store: &S) {
+    use counterd::batch::DirtyMark;
+    let at = DateTime::from_millis;
+    let mark = |n| vec![DirtyMark::settled(post(n))];
+    store
+        .mark_dirty(&fence(1), &mark(1), at(1_000))
+        .await
+        .unwrap();
+    let listed = store
+        .dirty_list(Some(STREAM), DirtyOrder::Oldest, 10)
+        .await
+        .unwrap();
+    let entry = listed.iter().find(|e| e.post == post(1)).unwrap().clone();
+    assert_eq!(entry.first_dirty_at, at(1_000));
+    // Marked again after the listing: the fold's clear misses, its requeue lands.
+    store
+        .mark_dirty(&fence(1), &mark(1), at(2_000))
+        .await
+        .unwrap();
+    assert!(!store.clear_dirty(&post(1), entry.version).await.unwrap());
+    assert!(store.requeue_dirty(&post(1), at(3_000)).await.unwrap());
+    assert!(store.requeue_dirty(&post(1), at(2_500)).await.unwrap());
+    let age = |list: Vec<counterd::store::DirtyEntry>| {
+        list.into_iter()
+            .find(|e| e.post == post(1))
+            .map(|e| (e.first_dirty_at, e.version))
+    };
+    let (first, version) = age(store
+        .dirty_list(Some(STREAM), DirtyOrder::Oldest, 10)
+        .await
+        .unwrap())
+    .unwrap();
+    assert_eq!(
+        first,
+        at(3_000),
+        "restarted at the later fold, not moved back"
+    );
+    assert!(store.clear_dirty(&post(1), version).await.unwrap());
+    assert!(!store.requeue_dirty(&post(1), at(4_000)).await.unwrap());
+    assert_eq!(
+        age(store
+            .dirty_list(Some(STREAM), DirtyOrder::Oldest, 10)
+            .await
+            .unwrap()),
+        None,
+        "a requeue creates no entry"
+    );
+}
+
 macro_rules! contract {
     ($($case:ident),* $(,)?) => {
         mod on_mongo {
@@ -575,6 +627,7 @@ contract!(
     installs_are_conditional,
     counters_log_the_rows_each_batch_changed,
     ledger_reads_carry_the_batch_that_wrote_them,
+    dirty_entries_clear_at_their_version_and_requeue_at_any,
 );
 
 /// Two definitions beyond the default (`approved` per post, `per_author`).

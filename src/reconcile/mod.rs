@@ -215,12 +215,15 @@ impl<S: Store + ?Sized> Reconciler<S> {
                         continue;
                     };
                     run.folded_dirty(entry, self.clock.now());
-                    if entry.newest_bucket.is_none_or(|b| b < watermark) {
-                        self.store.clear_dirty(&entry.post, entry.version).await?;
-                    } else {
+                    let covered = entry.newest_bucket.is_none_or(|b| b < watermark);
+                    if !covered {
                         run.summary.waiting += 1;
+                    }
+                    // Cleared only if no mark came since it was listed; otherwise its age
+                    // restarts here: this fold covered everything older.
+                    if !(covered && self.store.clear_dirty(&entry.post, entry.version).await?) {
                         self.store
-                            .requeue_dirty(&entry.post, entry.version, self.clock.now())
+                            .requeue_dirty(&entry.post, self.clock.now())
                             .await?;
                     }
                 }

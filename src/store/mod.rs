@@ -318,10 +318,12 @@ pub trait DirtySet: Send + Sync {
     /// Deletes the dirty entry only if its version is still `version`.
     async fn clear_dirty(&self, post: &PostId, version: i64) -> StoreResult<bool>;
 
-    /// A fold covered the entry's settled changes but not its newest ones (above the
-    /// watermark): if its version is still `version`, restart its age at `now`, so the backlog's
-    /// oldest age measures the reconciler, not a post that keeps getting new comments.
-    async fn requeue_dirty(&self, post: &PostId, version: i64, now: DateTime) -> StoreResult<bool>;
+    /// A fold covered the entry's changes up to its watermark, but the entry stays: changes
+    /// above the watermark, or marked since it was listed. Restarts its age at `now` (never
+    /// moving it back), whatever its version, so the backlog's oldest age and the
+    /// dirty-to-fold time measure the reconciler, not a post that keeps getting new comments
+    /// (a worker's mark never changes the age of an existing entry). False: no entry.
+    async fn requeue_dirty(&self, post: &PostId, now: DateTime) -> StoreResult<bool>;
 }
 
 /// Reads of the application's own `comments` collection: the truth the counters are checked

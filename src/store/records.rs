@@ -335,7 +335,7 @@ pub struct RunSummary {
     /// chunk while they were counted (they stay dirty).
     pub waiting_for_snapshot: u64,
     /// The longest a dirty entry this run folded had waited, in seconds, from its first mark
-    /// (or its last requeue) to the fold (`None`: no dirty entry folded). Whether folds keep up
+    /// (or the last fold that covered it, for a post that stays dirty) to the fold (`None`: no dirty entry folded). Whether folds keep up
     /// (see the `counterd_dirty_to_fold_seconds` histogram).
     pub longest_dirty_to_fold_secs: Option<i64>,
 }

@@ -86,7 +86,7 @@ pub fn describe() {
     describe_histogram!(
         DIRTY_TO_FOLD,
         Unit::Seconds,
-        "Seconds from a post's dirty mark (or its last requeue) to the fold that covered its settled changes, per stream."
+        "Seconds from a post's dirty mark (or the last fold that covered it, for a post that stays dirty) to the next fold that covered its settled changes, per stream."
     );
     describe_counter!(
         RECOUNTS_IN_FLIGHT,

@@ -276,12 +276,8 @@ impl<S: DirtySet> DirtySet for CountingStore<S> {
             .await
     }
 
-    async fn requeue_dirty(&self, post: &PostId, version: i64, now: DateTime) -> StoreResult<bool> {
-        self.timed(
-            Concern::Dirty,
-            1,
-            self.inner.requeue_dirty(post, version, now),
-        )
-        .await
+    async fn requeue_dirty(&self, post: &PostId, now: DateTime) -> StoreResult<bool> {
+        self.timed(Concern::Dirty, 1, self.inner.requeue_dirty(post, now))
+            .await
     }
 }

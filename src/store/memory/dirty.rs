@@ -104,19 +104,13 @@ impl Memory {
         current
     }
 
-    pub fn requeue_dirty(
-        &mut self,
-        counter: CounterIx,
-        post: &PostId,
-        version: i64,
-        now: DateTime,
-    ) -> bool {
+    pub fn requeue_dirty(&mut self, counter: CounterIx, post: &PostId, now: DateTime) -> bool {
         match self.dirty_of_mut(counter).and_then(|d| d.get_mut(post)) {
-            Some(d) if d.version == version => {
-                d.first = now;
+            Some(d) => {
+                d.first = d.first.max(now);
                 true
             }
-            _ => false,
+            None => false,
         }
     }
 
@@ -146,5 +140,5 @@ seam!(DirtySet {
     view fn dirty_list(stream: Option<&str>, order: DirtyOrder, limit: usize) -> Vec<DirtyEntry>;
     view fn dirty_summary() -> DirtySummary;
     view fn clear_dirty(post: &PostId, version: i64) -> bool;
-    view fn requeue_dirty(post: &PostId, version: i64, now: DateTime) -> bool;
+    view fn requeue_dirty(post: &PostId, now: DateTime) -> bool;
 });

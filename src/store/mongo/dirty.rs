@@ -104,12 +104,12 @@ impl DirtySet for MongoStore {
         Ok(result.deleted_count == 1)
     }
 
-    async fn requeue_dirty(&self, post: &PostId, version: i64, now: DateTime) -> StoreResult<bool> {
+    async fn requeue_dirty(&self, post: &PostId, now: DateTime) -> StoreResult<bool> {
         let result = self
             .coll(&self.here("requeue a dirty entry")?.dirty)
             .update_one(
-                doc! {"_id": post.to_bson(), "version": version},
-                doc! {"$set": {"first_dirty_at": now}},
+                doc! {"_id": post.to_bson()},
+                doc! {"$max": {"first_dirty_at": now}},
             )
             .await
             .map_err(|e| map_err("requeue a dirty entry", e))?;

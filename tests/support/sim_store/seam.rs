@@ -487,10 +487,10 @@ impl DirtySet for SimStore {
         .await
     }
 
-    async fn requeue_dirty(&self, post: &PostId, version: i64, now: DateTime) -> StoreResult<bool> {
+    async fn requeue_dirty(&self, post: &PostId, now: DateTime) -> StoreResult<bool> {
         let counter = self.counter;
         self.single("requeue_dirty", true, |s| {
-            Ok(s.memory.requeue_dirty(counter, post, version, now))
+            Ok(s.memory.requeue_dirty(counter, post, now))
         })
         .await
     }
