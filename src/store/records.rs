@@ -335,8 +335,8 @@ pub struct RunSummary {
     /// chunk while they were counted (they stay dirty).
     pub waiting_for_snapshot: u64,
     /// The longest a dirty entry this run folded had waited, in seconds, from its first mark
-    /// (or the last fold that covered it, for a post that stays dirty) to the fold (`None`: no dirty entry folded). Whether folds keep up
-    /// (see the `counterd_dirty_to_fold_seconds` histogram).
+    /// (or the last fold that covered it, for a post that stays dirty) to the fold (`None`: no
+    /// dirty entry folded). Whether folds keep up (see `counterd_dirty_to_fold_seconds`).
     pub longest_dirty_to_fold_secs: Option<i64>,
 }
 
