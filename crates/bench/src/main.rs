@@ -28,10 +28,8 @@
 //! `--soak DURATION [--seed N]` runs the chaos soak instead (see `soak`): the real
 //! `counterd run` under load and random faults, exact at every caught-up moment.
 
-/// The product's allocator (see `src/main.rs`), so that the in-process worker's CPU and memory
-/// are measured as `counterd` runs.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+// The product's allocator (the system's, see `src/main.rs`), so that the in-process worker's
+// CPU and memory are measured as `counterd` runs.
 
 mod harness;
 mod load;

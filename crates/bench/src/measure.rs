@@ -31,6 +31,20 @@ pub fn vm_hwm_kb(pid: Option<u32>) -> Option<u64> {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
+/// CPU time another process has used so far, user and system together (`/proc/<pid>/stat`,
+/// fields 14 and 15, in clock ticks).
+pub fn child_cpu(pid: u32) -> Option<Duration> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces: count after it.
+    let fields: Vec<&str> = text.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i)?.parse::<u64>().ok();
+    // Fields 14 and 15 of the line are the 12th and 13th after the name (state is the 1st).
+    let total = ticks(11)? + ticks(12)?;
+    // SAFETY: sysconf only reads a configuration value.
+    let per_sec = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (per_sec > 0).then(|| Duration::from_secs_f64(total as f64 / per_sec as f64))
+}
+
 /// The `q` quantile of sorted values (nearest rank).
 pub fn percentile(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {
@@ -53,6 +67,28 @@ mod tests {
         }
         std::hint::black_box(x);
         assert!(process_cpu() > before);
+    }
+
+    #[test]
+    fn child_cpu_reads_a_process_of_its_own() {
+        let mut busy = std::process::Command::new("sh")
+            .args([
+                "-c",
+                "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; sleep 5",
+            ])
+            .spawn()
+            .unwrap();
+        let pid = busy.id();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let mut seen = Duration::ZERO;
+        while seen.is_zero() && std::time::Instant::now() < deadline {
+            seen = child_cpu(pid).unwrap_or_default();
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = busy.kill();
+        let _ = busy.wait();
+        assert!(seen > Duration::ZERO, "the busy child used some CPU");
+        assert_eq!(child_cpu(u32::MAX), None, "no such process");
     }
 
     #[test]

@@ -30,6 +30,9 @@ pub struct Point {
     pub load_secs: f64,
     pub catch_up_secs: f64,
     pub events_per_sec: f64,
+    /// CPU (user + system) of `counterd run` per event, from its start to the last event
+    /// applied: the worker, the reconciler, the driver and the runtime.
+    pub cpu_us_per_event: Option<f64>,
 }
 
 /// Peak RSS of `counterd run` catching up each backlog (a fresh server each).
@@ -60,7 +63,8 @@ pub async fn memory_phase(bench: &Bench, plan: &Plan, out: &mut Collected) -> an
             load_with_body(&comments(&store), &posts, DateTime::now(), body_bytes).await?;
         drop(posts);
         let started = Instant::now();
-        let (_, peak_rss_mb) = rss_of_counterd_in(bench, &binary, start, events, &phase).await?;
+        let (_, peak_rss_mb, cpu) =
+            rss_of_counterd_in(bench, &binary, start, events, &phase).await?;
         let catch_up_secs = started.elapsed().as_secs_f64();
         bench.drop_db(&store).await;
         let point = Point {
@@ -70,11 +74,13 @@ pub async fn memory_phase(bench: &Bench, plan: &Plan, out: &mut Collected) -> an
             load_secs,
             catch_up_secs,
             events_per_sec: events as f64 / catch_up_secs,
+            cpu_us_per_event: cpu.map(|c| c.as_secs_f64() * 1e6 / events as f64),
         };
         say!(
-            "memory: {events} events, {body_bytes} B bodies: peak RSS {:?} MB, caught up in {catch_up_secs:.1} s ({:.0} events/s)",
+            "memory: {events} events, {body_bytes} B bodies: peak RSS {:?} MB, caught up in {catch_up_secs:.1} s ({:.0} events/s, {:.1} µs CPU per event)",
             peak_rss_mb,
-            point.events_per_sec
+            point.events_per_sec,
+            point.cpu_us_per_event.unwrap_or(f64::NAN)
         );
         points.push(point);
     }
@@ -88,19 +94,21 @@ pub async fn memory_phase(bench: &Bench, plan: &Plan, out: &mut Collected) -> an
 fn print_table(points: &[Point]) {
     say!("memory: peak RSS of `counterd run` (default settings) catching up a backlog");
     say!(
-        "  {:>8}  {:>10}  {:>12}  {:>10}",
+        "  {:>8}  {:>10}  {:>12}  {:>10}  {:>12}",
         "events",
         "body (B)",
         "peak RSS MB",
-        "events/s"
+        "events/s",
+        "CPU µs/event"
     );
     for p in points {
         say!(
-            "  {:>8}  {:>10}  {:>12}  {:>10.0}",
+            "  {:>8}  {:>10}  {:>12}  {:>10.0}  {:>12}",
             p.events,
             p.body_bytes,
             p.peak_rss_mb.map_or("-".into(), |m| format!("{m:.1}")),
-            p.events_per_sec
+            p.events_per_sec,
+            p.cpu_us_per_event.map_or("-".into(), |c| format!("{c:.1}"))
         );
     }
 }
@@ -126,7 +134,11 @@ fn rows(points: &[Point], base: usize, out: &mut Collected) {
                 "MB",
             )
             .target(&target, Status::of(mb <= TARGET_FLAT_RSS_MB))
-            .note(format!("catch-up {:.0} events/s", p.events_per_sec)),
+            .note(format!(
+                "catch-up {:.0} events/s, {} µs CPU per event",
+                p.events_per_sec,
+                p.cpu_us_per_event.map_or("-".into(), |c| format!("{c:.1}"))
+            )),
         );
     }
     if let (Some(small), Some(large)) = (peak(base, BODY_BYTES), peak(base * 3, BODY_BYTES)) {

@@ -65,17 +65,19 @@ pub async fn rss_of_counterd(
     start: Timestamp,
     n: usize,
 ) -> anyhow::Result<(String, Option<f64>)> {
-    rss_of_counterd_in(bench, binary, start, n, "rss").await
+    let (what, peak, _) = rss_of_counterd_in(bench, binary, start, n, "rss").await?;
+    Ok((what, peak))
 }
 
-/// [`rss_of_counterd`] on the phase database `phase`.
+/// [`rss_of_counterd`] on the phase database `phase`, with the CPU time (user + system) the
+/// process had used when it had applied the `n` events.
 pub async fn rss_of_counterd_in(
     bench: &Bench,
     binary: &Path,
     start: Timestamp,
     n: usize,
     phase: &str,
-) -> anyhow::Result<(String, Option<f64>)> {
+) -> anyhow::Result<(String, Option<f64>, Option<Duration>)> {
     let port = counterd_testdb::free_port();
     let addr = format!("127.0.0.1:{port}");
     let start_at = chrono::DateTime::from_timestamp(start.time as i64, 0)
@@ -114,6 +116,7 @@ pub async fn rss_of_counterd_in(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     peak = vm_hwm_kb(Some(pid)).or(peak);
+    let cpu = crate::measure::child_cpu(pid);
     // SIGTERM: the graceful path (std's kill is SIGKILL).
     let _ = std::process::Command::new("kill")
         .arg("-TERM")
@@ -145,6 +148,7 @@ pub async fn rss_of_counterd_in(
             binary.display()
         ),
         peak.map(|kb| kb as f64 / 1024.0),
+        cpu,
     ))
 }
 
