@@ -280,7 +280,9 @@ impl<S: Store + ?Sized> Reconciler<S> {
 /// [`adopt_new_definitions`]; `since`: when this process began on the stream), a requested full
 /// sweep, then every definition's dirty posts, then a step of each one's background sweep, a
 /// whole window of it when the dirty posts left most of the interval unused
-/// ([`schedule::has_spare_time`]). Returns the report of every run it made.
+/// ([`schedule::has_spare_time`]). Returns the report of every run it made. The definitions
+/// run one after another, so one stream's recounts never run side by side (their share of the
+/// memory budget is the stream's), and a sweep request is cleared only once every one swept.
 pub async fn run_pass<S: Store + ?Sized>(
     reconcilers: &[Reconciler<S>],
     now: i64,
