@@ -327,8 +327,9 @@ pub async fn sweep_all<S: Store + ?Sized>(
 /// snapshot counts every definition this process has. Otherwise the snapshot predates it (or
 /// there was none) and it is swept, once the watermark has passed `since` (a fold trusts the
 /// stream above its watermark, and events applied before `since` did not count for the
-/// definition). While the stream has not started or its snapshot runs, adoption waits. A deployment that had definitions before markers existed sweeps each of
-/// them once; a sweep cut short (shutdown, restart) starts again.
+/// definition). While the stream has not started or its snapshot runs, adoption waits. A
+/// deployment that had definitions before markers existed sweeps each of them once; a sweep cut
+/// short (shutdown, restart) starts again.
 pub async fn adopt_new_definitions<S: Store + ?Sized>(
     reconcilers: &[Reconciler<S>],
     now_secs: i64,

@@ -27,9 +27,9 @@
 //!
 //! `--soak DURATION [--seed N]` runs the chaos soak instead (see `soak`): the real
 //! `counterd run` under load and random faults, exact at every caught-up moment.
-
-// The product's allocator (the system's, see `src/main.rs`), so that the in-process worker's
-// CPU and memory are measured as `counterd` runs.
+//!
+//! It keeps the system allocator, as `counterd` does (see `src/main.rs`), so that the
+//! in-process worker's CPU and memory are measured as `counterd` runs.
 
 mod harness;
 mod load;
