@@ -73,7 +73,8 @@ pub const SNAPSHOT_SECONDS_LEFT: &str = "counterd_snapshot_seconds_left";
 
 // --- MongoDB and the process --------------------------------------------------------------
 pub const RETRIES: &str = "counterd_retries_total";
-/// Histogram of MongoDB command latency, by `op` (the command name) and `outcome` (ok, error).
+/// Histogram of MongoDB call latency, by `op` (counterd's operation, e.g. "read the ledger") and
+/// `outcome` (ok, error); see `store::mongo::observe`.
 pub const MONGODB_OPERATION_DURATION: &str = "counterd_mongodb_operation_duration_seconds";
 pub const BUILD_INFO: &str = "counterd_build_info";
 // --- the memory budget (one per process; see `crate::budget`) -----------------------------

@@ -136,7 +136,7 @@ pub fn describe() {
     describe_histogram!(
         MONGODB_OPERATION_DURATION,
         Unit::Seconds,
-        "MongoDB command latency, by command (op) and outcome (ok, error)."
+        "MongoDB call latency, by counterd's operation (op) and outcome (ok, error)."
     );
 }
 

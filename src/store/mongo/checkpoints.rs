@@ -9,8 +9,8 @@ impl Checkpoints for MongoStore {
             .db
             .collection::<RawDocumentBuf>(&self.names.checkpoints)
             .find_one(doc! {"_id": stream})
-            .await
-            .map_err(|e| map_err("read the checkpoint", e))?;
+            .observed("read the checkpoint")
+            .await?;
         found.map(|d| checkpoint_from_raw(stream, &d)).transpose()
     }
 
@@ -26,11 +26,7 @@ impl Checkpoints for MongoStore {
             "updates": [{"q": filter, "u": update, "upsert": true}],
         };
         let op = "record the batch intent";
-        let reply = self
-            .db
-            .run_raw_command(command)
-            .await
-            .map_err(|e| map_err(op, e))?;
+        let reply = self.db.run_raw_command(command).observed(op).await?;
         if write_errors(op, &reply)? > 0 {
             // The upsert hit the `_id` of a checkpoint with another epoch: a successor took
             // the stream (as in `checkpoint_update`).
@@ -74,8 +70,8 @@ impl Checkpoints for MongoStore {
         self.coll(&self.names.checkpoints)
             .update_one(doc! {"_id": stream}, update)
             .upsert(true)
-            .await
-            .map_err(|e| map_err("move the checkpoint", e))?;
+            .observed("move the checkpoint")
+            .await?;
         Ok(())
     }
 
@@ -128,8 +124,8 @@ impl Checkpoints for MongoStore {
         }
         let is_master = admin
             .run_command(doc! {"isMaster": 1})
-            .await
-            .map_err(|e| map_err("isMaster", e))?;
+            .observed("isMaster")
+            .await?;
         let replica_set = is_master.contains_key("setName");
         let sharded = is_master.get_str("msg") == Ok("isdbgrid");
         let repl_config = if replica_set {
@@ -187,8 +183,8 @@ impl Checkpoints for MongoStore {
                 doc! {"$set": {"sweep_requested": requested}},
             )
             .upsert(true)
-            .await
-            .map_err(|e| map_err("flag the sweep", e))?;
+            .observed("flag the sweep")
+            .await?;
         Ok(())
     }
 
@@ -231,6 +227,7 @@ impl MongoStore {
             .coll(&self.names.checkpoints)
             .update_one(filter, update)
             .upsert(true)
+            .observed_raw(op)
             .await
         {
             Ok(_) => Ok(()),

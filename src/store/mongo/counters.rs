@@ -69,8 +69,8 @@ impl Counters for MongoStore {
         let found = self
             .coll(self.here("read a counter")?.counters)
             .find_one(doc! {"_id": post.to_bson()})
-            .await
-            .map_err(|e| map_err("read a counter", e))?;
+            .observed("read a counter")
+            .await?;
         found.map(|d| counter_from_doc(&d)).transpose()
     }
 
@@ -100,6 +100,7 @@ impl Counters for MongoStore {
                     "last_drift": fold.drift,
                     "reconciled_at": now,
                 })
+                .observed_raw("create a counter")
                 .await;
             return match inserted {
                 Ok(_) => Ok(true),
@@ -146,8 +147,8 @@ impl Counters for MongoStore {
         }
         let result = counters
             .update_one(filter, update)
-            .await
-            .map_err(|e| map_err("install a recount", e))?;
+            .observed("install a recount")
+            .await?;
         Ok(result.matched_count == 1)
     }
 
@@ -162,22 +163,22 @@ impl Counters for MongoStore {
         let from_comments: Vec<Document> = self
             .comments
             .aggregate(pipeline)
-            .await
-            .map_err(|e| map_err("list posts", e))?
+            .observed("list posts")
+            .await?
             .try_collect()
-            .await
-            .map_err(|e| map_err("list posts", e))?;
+            .observed("list posts")
+            .await?;
         let from_counters: Vec<Document> = self
             .coll(place.counters)
             .find(after_filter("_id", after))
             .projection(doc! {"_id": 1})
             .sort(doc! {"_id": 1})
             .limit(limit.min(i64::MAX as usize) as i64)
-            .await
-            .map_err(|e| map_err("list counters", e))?
+            .observed("list counters")
+            .await?
             .try_collect()
-            .await
-            .map_err(|e| map_err("list counters", e))?;
+            .observed("list counters")
+            .await?;
         let mut posts: Vec<PostId> = from_comments
             .iter()
             .chain(from_counters.iter())
@@ -200,20 +201,20 @@ impl Counters for MongoStore {
         let mut docs: Vec<Document> = self
             .coll(place.counters)
             .aggregate(sample("_id".into()))
-            .await
-            .map_err(|e| map_err("sample counters", e))?
+            .observed("sample counters")
+            .await?
             .try_collect()
-            .await
-            .map_err(|e| map_err("sample counters", e))?;
+            .observed("sample counters")
+            .await?;
         // Comments too: a post with rows but no counter is as wrong as a counter that is off.
         let from_comments: Vec<Document> = self
             .comments
             .aggregate(sample(place.group.to_string()))
-            .await
-            .map_err(|e| map_err("sample comments", e))?
+            .observed("sample comments")
+            .await?
             .try_collect()
-            .await
-            .map_err(|e| map_err("sample comments", e))?;
+            .observed("sample comments")
+            .await?;
         docs.extend(from_comments);
         let mut posts: Vec<PostId> = docs
             .iter()

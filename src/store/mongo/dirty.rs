@@ -72,11 +72,11 @@ impl DirtySet for MongoStore {
             .find(filter)
             .sort(sort)
             .limit(limit.min(i64::MAX as usize) as i64)
-            .await
-            .map_err(|e| map_err("list dirty posts", e))?
+            .observed("list dirty posts")
+            .await?
             .try_collect()
-            .await
-            .map_err(|e| map_err("list dirty posts", e))?;
+            .observed("list dirty posts")
+            .await?;
         Ok(docs.iter().filter_map(dirty_from_doc).collect())
     }
 
@@ -84,13 +84,13 @@ impl DirtySet for MongoStore {
         let dirty = self.coll(&self.here("count dirty posts")?.dirty);
         let size = dirty
             .estimated_document_count()
-            .await
-            .map_err(|e| map_err("count dirty posts", e))?;
+            .observed("count dirty posts")
+            .await?;
         let oldest = dirty
             .find_one(doc! {})
             .sort(doc! {"first_dirty_at": 1})
-            .await
-            .map_err(|e| map_err("find the oldest dirty post", e))?
+            .observed("find the oldest dirty post")
+            .await?
             .and_then(|d| d.get_datetime("first_dirty_at").ok().copied());
         Ok(DirtySummary { size, oldest })
     }
@@ -99,8 +99,8 @@ impl DirtySet for MongoStore {
         let result = self
             .coll(&self.here("clear a dirty entry")?.dirty)
             .delete_one(doc! {"_id": post.to_bson(), "version": version})
-            .await
-            .map_err(|e| map_err("clear a dirty entry", e))?;
+            .observed("clear a dirty entry")
+            .await?;
         Ok(result.deleted_count == 1)
     }
 
@@ -111,8 +111,8 @@ impl DirtySet for MongoStore {
                 doc! {"_id": post.to_bson()},
                 doc! {"$max": {"first_dirty_at": now}},
             )
-            .await
-            .map_err(|e| map_err("requeue a dirty entry", e))?;
+            .observed("requeue a dirty entry")
+            .await?;
         Ok(result.matched_count == 1)
     }
 }

@@ -8,8 +8,8 @@ impl Leases for MongoStore {
         let found = self
             .coll(&self.names.leases)
             .find_one(doc! {"_id": stream})
-            .await
-            .map_err(|e| map_err("read the lease", e))?;
+            .observed("read the lease")
+            .await?;
         Ok(found.map(|d| lease_from_doc(stream, &d)))
     }
 
@@ -29,6 +29,7 @@ impl Leases for MongoStore {
             .find_one_and_update(filter, update)
             .upsert(true)
             .return_document(mongodb::options::ReturnDocument::After)
+            .observed_raw("acquire the lease")
             .await;
         match result {
             Ok(Some(d)) => Ok(Some(d.get_i64("epoch").unwrap_or(1))),
@@ -53,8 +54,8 @@ impl Leases for MongoStore {
                 doc! {"_id": stream, "owner": owner, "epoch": epoch},
                 doc! {"$set": {"expires_at": expires}},
             )
-            .await
-            .map_err(|e| map_err("renew the lease", e))?;
+            .observed("renew the lease")
+            .await?;
         Ok(result.matched_count == 1)
     }
 
@@ -74,8 +75,8 @@ impl Leases for MongoStore {
             )
             .upsert(true)
             .return_document(mongodb::options::ReturnDocument::After)
-            .await
-            .map_err(|e| map_err("seize the lease", e))?;
+            .observed("seize the lease")
+            .await?;
         Ok(found.and_then(|d| d.get_i64("epoch").ok()).unwrap_or(1))
     }
 
@@ -85,8 +86,8 @@ impl Leases for MongoStore {
                 doc! {"_id": stream, "owner": owner, "epoch": epoch},
                 doc! {"$set": {"expires_at": DateTime::from_millis(0)}},
             )
-            .await
-            .map_err(|e| map_err("release the lease", e))?;
+            .observed("release the lease")
+            .await?;
         Ok(())
     }
 }

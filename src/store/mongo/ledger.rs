@@ -140,8 +140,8 @@ impl MongoStore {
             let mut cursor = self
                 .coll(&self.names.ledger_of(stream))
                 .find(doc! {"_id": {"$in": ids}})
-                .await
-                .map_err(|e| map_err("read the ledger", e))?;
+                .observed("read the ledger")
+                .await?;
             while let Some(entry) = cursor
                 .try_next()
                 .await

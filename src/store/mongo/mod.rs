@@ -17,6 +17,7 @@ mod documents;
 mod errors;
 mod leases;
 mod ledger;
+mod observe;
 mod preflight;
 mod run_history;
 mod stream;
@@ -44,6 +45,7 @@ use super::*;
 
 use self::documents::*;
 use self::errors::*;
+use self::observe::Observe;
 pub use self::stream::position_from_reply;
 use crate::batch::{CounterDelta, DirtyMark, LedgerUpdate};
 use crate::definition::CounterIx;
@@ -176,23 +178,8 @@ impl MongoStore {
         client_options.server_selection_timeout = Some(options.connect_timeout);
         client_options.connect_timeout = Some(options.connect_timeout);
         client_options.app_name = Some("counterd".to_string());
-        // MongoDB command latency by command, for /metrics.
-        client_options.command_event_handler = Some(mongodb::event::EventHandler::callback(
-            |event: mongodb::event::command::CommandEvent| {
-                use mongodb::event::command::CommandEvent;
-                let (op, outcome, duration) = match event {
-                    CommandEvent::Succeeded(e) => (e.command_name, "ok", e.duration),
-                    CommandEvent::Failed(e) => (e.command_name, "error", e.duration),
-                    _ => return,
-                };
-                metrics::histogram!(
-                    crate::telemetry::MONGODB_OPERATION_DURATION,
-                    "op" => op,
-                    "outcome" => outcome
-                )
-                .record(duration.as_secs_f64());
-            },
-        ));
+        // No command monitor: latency is observed per store call (see `observe`), because the
+        // driver copies every command and reply into a document for a monitor.
         let hosts = client_options
             .hosts
             .iter()
@@ -311,8 +298,8 @@ impl MongoStore {
         for command in commands {
             self.db
                 .run_command(command)
-                .await
-                .map_err(|e| map_err("create indexes", e))?;
+                .observed("create indexes")
+                .await?;
         }
         for place in self.places() {
             self.backfill_count(place.counters).await?;
@@ -328,8 +315,8 @@ impl MongoStore {
         let mut missing = counters
             .find(doc! {"count": {"$exists": false}})
             .projection(doc! {"base_count": 1, "live_delta": 1})
-            .await
-            .map_err(|e| map_err("find counters without count", e))?;
+            .observed("find counters without count")
+            .await?;
         let mut filled = 0;
         while let Some(d) = missing
             .try_next()
@@ -350,8 +337,8 @@ impl MongoStore {
             let count = base.unwrap_or(0) + live.unwrap_or(0);
             counters
                 .update_one(filter, doc! {"$set": {"count": count}})
-                .await
-                .map_err(|e| map_err("fill in a counter's count", e))?;
+                .observed("fill in a counter's count")
+                .await?;
             filled += 1;
         }
         if filled > 0 {
@@ -368,8 +355,8 @@ impl MongoStore {
         let is_master = self
             .db
             .run_command(doc! {"isMaster": 1})
-            .await
-            .map_err(|e| map_err("isMaster", e))?;
+            .observed("isMaster")
+            .await?;
         // A server that refuses `hello` or `buildInfo` lacks it; one whose reply was lost says
         // nothing either way, so the probe fails and is retried rather than taken as a "no".
         let hello = answered(self.db.run_command(doc! {"hello": 1}).await, "hello")?.is_some();
@@ -464,8 +451,8 @@ impl MongoStore {
             let reply = self
                 .db
                 .run_raw_command(rawdoc! {"update": collection, "updates": chunk, "ordered": false})
-                .await
-                .map_err(|e| map_err(op, e))?;
+                .observed(op)
+                .await?;
             // Every other write error fails the command, so the statements that did not
             // write are the duplicates.
             let refused = write_errors(op, &reply)?;

@@ -8,8 +8,8 @@ impl RunHistory for MongoStore {
         let doc = to_stored("record a reconcile run", run)?;
         self.coll(&self.names.runs)
             .insert_one(doc)
-            .await
-            .map_err(|e| map_err("record a reconcile run", e))?;
+            .observed("record a reconcile run")
+            .await?;
         Ok(())
     }
 
@@ -18,8 +18,8 @@ impl RunHistory for MongoStore {
             .coll(&self.names.runs)
             .find_one(doc! {})
             .sort(doc! {"finished_at": -1})
-            .await
-            .map_err(|e| map_err("read the last reconcile run", e))?;
+            .observed("read the last reconcile run")
+            .await?;
         found.map(run_from_doc).transpose()
     }
 
@@ -27,8 +27,8 @@ impl RunHistory for MongoStore {
         let found = self
             .coll(&self.names.sweeps)
             .find_one(doc! {"_id": stream})
-            .await
-            .map_err(|e| map_err("read the sweep cursor", e))?;
+            .observed("read the sweep cursor")
+            .await?;
         Ok(found.map(|d| sweep_from_doc(&d)))
     }
 
@@ -36,8 +36,8 @@ impl RunHistory for MongoStore {
         self.coll(&self.names.sweeps)
             .update_one(doc! {"_id": stream}, doc! {"$set": sweep_to_set(cursor)?})
             .upsert(true)
-            .await
-            .map_err(|e| map_err("save the sweep cursor", e))?;
+            .observed("save the sweep cursor")
+            .await?;
         Ok(())
     }
 }
@@ -50,11 +50,11 @@ impl MongoStore {
             .find(doc! {})
             .sort(doc! {"finished_at": -1})
             .limit(limit.min(i64::MAX as usize) as i64)
-            .await
-            .map_err(|e| map_err("read recent reconcile runs", e))?
+            .observed("read recent reconcile runs")
+            .await?
             .try_collect()
-            .await
-            .map_err(|e| map_err("read recent reconcile runs", e))?;
+            .observed("read recent reconcile runs")
+            .await?;
         docs.into_iter().map(run_from_doc).collect()
     }
 
@@ -64,8 +64,8 @@ impl MongoStore {
             .coll(&self.names.runs)
             .find_one(doc! {"corrected": {"$gt": 0_i64}})
             .sort(doc! {"finished_at": -1})
-            .await
-            .map_err(|e| map_err("read the last correcting reconcile run", e))?;
+            .observed("read the last correcting reconcile run")
+            .await?;
         found.map(run_from_doc).transpose()
     }
 }

@@ -174,8 +174,8 @@ impl ChangeStreams for MongoStore {
         let reply = self
             .db
             .run_command(doc! {"isMaster": 1})
-            .await
-            .map_err(|e| map_err("read the server's position", e))?;
+            .observed("read the server's position")
+            .await?;
         Ok(position_from_reply(&reply, DateTime::now()))
     }
 }
@@ -218,6 +218,7 @@ impl MongoStore {
             StreamStart::Now => {}
         }
         Ok(watch
+            .observed_raw("open the change stream")
             .await
             .map_err(|e| stream_err(e, resumed_after.as_ref()))?
             .with_type::<RawDocumentBuf>())

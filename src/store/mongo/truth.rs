@@ -8,8 +8,8 @@ impl Truth for MongoStore {
         let n = self
             .comments
             .count_documents(self.live_below(post, watermark)?)
-            .await
-            .map_err(|e| map_err("count live comments", e))?;
+            .observed("count live comments")
+            .await?;
         Ok(n as i64)
     }
 
@@ -27,8 +27,8 @@ impl Truth for MongoStore {
             .projection(doc! {"_id": 1})
             .limit(limit)
             .batch_size(ID_READ_BATCH)
-            .await
-            .map_err(|e| map_err("read the ids of live comments", e))?;
+            .observed("read the ids of live comments")
+            .await?;
         let mut ids = Vec::new();
         while let Some(doc) = cursor
             .try_next()
@@ -79,8 +79,8 @@ impl Truth for MongoStore {
             .projection(doc! {"_id": 1, group: 1})
             .limit(limit)
             .batch_size(ID_READ_BATCH)
-            .await
-            .map_err(|e| map_err(op, e))?;
+            .observed(op)
+            .await?;
         let mut reads = vec![Vec::new(); wanted.len()];
         let mut held = 0;
         while let Some(doc) = cursor.try_next().await.map_err(|e| map_err(op, e))? {
@@ -126,8 +126,8 @@ impl Truth for MongoStore {
             .find_one(doc! {group: post.to_bson(), &self.schema.created: {"$type": "date"}})
             .sort(doc! {&self.schema.created: -1})
             .projection(doc! {&self.schema.created: 1})
-            .await
-            .map_err(|e| map_err("find the latest comment", e))?;
+            .observed("find the latest comment")
+            .await?;
         Ok(latest
             .and_then(|d| match Schema::get(&d, &self.schema.created) {
                 Some(Bson::DateTime(t)) => Some(*t),
@@ -140,8 +140,8 @@ impl Truth for MongoStore {
         let n = self
             .comments
             .count_documents(self.live(post)?)
-            .await
-            .map_err(|e| map_err("count live comments", e))?;
+            .observed("count live comments")
+            .await?;
         Ok(n as i64)
     }
 
@@ -151,8 +151,8 @@ impl Truth for MongoStore {
             .comments
             .find(doc! {group: post.to_bson()})
             .projection(self.schema.row_projection())
-            .await
-            .map_err(|e| map_err("read the rows of a post", e))?;
+            .observed("read the rows of a post")
+            .await?;
         let mut rows = Vec::new();
         while let Some(doc) = cursor
             .try_next()
@@ -175,12 +175,12 @@ impl Truth for MongoStore {
             .find_one(doc! {})
             .sort(doc! {"_id": -1})
             .projection(doc! {"_id": 1})
-            .await
-            .map_err(|e| map_err("find the last comment", e))?;
+            .observed("find the last comment")
+            .await?;
         let estimated_rows = comments
             .estimated_document_count()
-            .await
-            .map_err(|e| map_err("estimate the comments", e))?;
+            .observed("estimate the comments")
+            .await?;
         Ok(CommentsExtent {
             last_id: last.and_then(|d| d.get("_id").cloned()).map(CommentId::new),
             estimated_rows,
@@ -203,11 +203,11 @@ impl Truth for MongoStore {
             .sort(doc! {"_id": 1})
             .limit(limit as i64)
             .projection(self.schema.row_projection())
-            .await
-            .map_err(|e| map_err("read a snapshot chunk", e))?
+            .observed("read a snapshot chunk")
+            .await?
             .try_collect()
-            .await
-            .map_err(|e| map_err("read a snapshot chunk", e))?;
+            .observed("read a snapshot chunk")
+            .await?;
         Ok(found
             .into_iter()
             .filter_map(|d| {

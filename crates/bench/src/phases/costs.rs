@@ -41,6 +41,25 @@ struct Bulk {
     events_per_sec: f64,
 }
 
+/// `--only no-io`: the worker over the in-process store alone, on the throughput phase's Zipf
+/// sequence (no server is loaded): counterd's own CPU per event, quick to repeat while
+/// profiling.
+pub async fn no_io_phase(plan: &Plan, out: &mut Collected) -> anyhow::Result<()> {
+    let posts = crate::load::draw_posts(
+        crate::load::Dist::Zipf,
+        plan.events,
+        plan.load_posts,
+        super::throughput::ZIPF_SEED,
+    )?;
+    let no_io = replay_without_io(plan, &posts).await?;
+    say!(
+        "no-io: worker over the in-process store: {:.2} s, {:.1} µs CPU/event",
+        no_io.secs,
+        no_io.cpu_us_per_event()
+    );
+    out.phase("no_io_worker", &no_io)
+}
+
 /// Returns the events per second at which the server absorbs the worker's writes (the bulk
 /// baseline).
 pub async fn costs_phase(

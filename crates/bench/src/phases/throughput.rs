@@ -117,6 +117,9 @@ pub async fn throughput_phase(
 
 /// Writes a backlog of `n` events, then replays it through the bare reader and through the
 /// worker (both from a cluster time just before the load).
+/// The seed of the Zipf sequence the throughput and cost phases replay.
+pub const ZIPF_SEED: u64 = 11;
+
 async fn throughput(
     bench: &Bench,
     phase: &str,
@@ -125,7 +128,7 @@ async fn throughput(
     plan: &Plan,
 ) -> anyhow::Result<Throughput> {
     let seed = match dist {
-        Dist::Zipf => 11,
+        Dist::Zipf => ZIPF_SEED,
         Dist::Uniform => 12,
     };
     let posts = draw_posts(dist, n, plan.load_posts, seed)?;

@@ -1,0 +1,51 @@
+//! Every driver call of the store is observed here: its latency goes into
+//! `counterd_mongodb_operation_duration_seconds` by counterd's operation and outcome, and its
+//! error is sorted into a [`StoreError`] (see `errors`).
+//!
+//! Why not the driver's command monitor (`command_event_handler`): the driver turns every
+//! command and every reply into a `Document` tree before it calls the handler, whatever the
+//! handler reads. During a catch-up the replies are the change stream's batches and the
+//! commands are the bulk writes, so that copy was about half of counterd's CPU per event
+//! (measured with `perf` on the benchmark's worker phase). Timing the store's own calls costs
+//! a clock reading each and names the operation in counterd's words.
+//!
+//! Advancing a cursor (`try_next`, the change stream's `next_if_any`) is not observed: most
+//! advances return a buffered document without a round trip, so a sample per advance would
+//! say nothing about the server. The stream's health is its lag (`counterd_stream_lag_seconds`).
+
+use std::future::IntoFuture;
+use std::time::Instant;
+
+use mongodb::error::Error as DriverError;
+
+use super::errors::map_err;
+use crate::store::StoreResult;
+use crate::telemetry as m;
+
+/// A driver call (an action or a future) that can be awaited observed.
+pub(crate) trait Observe<T>: IntoFuture<Output = Result<T, DriverError>> + Sized {
+    /// Awaits the call, records its latency under `op` and maps its error.
+    async fn observed(self, op: &'static str) -> StoreResult<T> {
+        let started = Instant::now();
+        let result = self.into_future().await;
+        record(op, result.is_ok(), started.elapsed());
+        result.map_err(|e| map_err(op, e))
+    }
+
+    /// Like [`Observe::observed`], but hands the driver's error back unmapped (callers that
+    /// read the error's code themselves).
+    async fn observed_raw(self, op: &'static str) -> Result<T, DriverError> {
+        let started = Instant::now();
+        let result = self.into_future().await;
+        record(op, result.is_ok(), started.elapsed());
+        result
+    }
+}
+
+impl<T, F: IntoFuture<Output = Result<T, DriverError>>> Observe<T> for F {}
+
+fn record(op: &'static str, ok: bool, took: std::time::Duration) {
+    let outcome = if ok { "ok" } else { "error" };
+    metrics::histogram!(m::MONGODB_OPERATION_DURATION, "op" => op, "outcome" => outcome)
+        .record(took.as_secs_f64());
+}
