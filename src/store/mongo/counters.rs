@@ -35,34 +35,40 @@ impl Counters for MongoStore {
         through: &Token,
         through_time: Option<Timestamp>,
     ) -> StoreResult<ApplyOutcome> {
+        let op = "apply counter increments";
+        // Raw from the start, like the ledger's statements: one per post of every batch.
         let statement = |w: &&CounterDelta| {
-            let mut filter =
-                doc! {"_id": w.post.to_bson(), "applied_through": not_gte(through.as_str())};
-            fenced(&mut filter, fence);
-            let inc = increments(w);
-            let mut set = doc! {"applied_through": through.as_str(), "epoch": fence.epoch};
+            let mut inc = rawdoc! {"live_delta": w.delta, "count": w.delta};
+            for (bucket, amount) in &w.buckets {
+                inc.append(format!("live_by_bucket.{bucket}"), *amount);
+            }
+            let mut set = rawdoc! {"applied_through": through.as_str(), "epoch": fence.epoch};
             match through_time {
-                Some(t) => set.insert("applied_time", t),
-                None => set.insert("applied_time", Bson::Null),
+                Some(t) => set.append("applied_time", t),
+                None => set.append("applied_time", RawBson::Null),
             };
             for bucket in &w.touched {
-                set.insert(format!("touched.{bucket}"), through.as_str());
+                set.append(format!("touched.{bucket}"), through.as_str());
             }
             let touch = Touch::new(through.as_str(), w.comments.as_deref());
-            doc! {
-                "q": filter,
+            Ok(rawdoc! {
+                "q": {
+                    "_id": raw_value(op, w.post.to_bson())?,
+                    "applied_through": {"$not": {"$gte": through.as_str()}},
+                    // The fence (see `fenced`).
+                    "epoch": {"$not": {"$gt": fence.epoch}},
+                },
                 "u": {
                     "$inc": inc,
                     "$set": set,
                     "$setOnInsert": {"base_count": 0_i64, "base_watermark": 0_i64},
                     // The batch's entry in the counter's log; the oldest fall off.
-                    "$push": {"recent": {"$each": [touch_to_doc(&touch)], "$slice": -(LOG_ENTRIES as i64)}},
+                    "$push": {"recent": {"$each": [touch_to_raw(op, &touch)?], "$slice": -(LOG_ENTRIES as i64)}},
                 },
                 "upsert": true,
-            }
+            })
         };
-        self.per_definition("apply counter increments", writes, statement)
-            .await
+        self.per_definition(op, writes, statement).await
     }
 
     async fn read_counter(&self, post: &PostId) -> StoreResult<Option<CounterDoc>> {
@@ -254,14 +260,15 @@ impl Counters for MongoStore {
 impl MongoStore {
     /// Sends a batch's counter writes to their definitions' collections, one `update` command
     /// (or more, past the statement cap) per definition the batch touches.
-    async fn per_definition<F>(
+    async fn per_definition<S, F>(
         &self,
         op: &'static str,
         writes: &[CounterDelta],
         statement: F,
     ) -> StoreResult<ApplyOutcome>
     where
-        F: Fn(&&CounterDelta) -> Document + Sync,
+        S: Statement,
+        F: Fn(&&CounterDelta) -> S + Sync,
     {
         let mut outcome = ApplyOutcome::default();
         // Every definition is looked up before anything is written: a write for an unknown one

@@ -10,37 +10,39 @@ impl DirtySet for MongoStore {
         marks: &[DirtyMark],
         now: DateTime,
     ) -> StoreResult<()> {
+        let op = "mark posts dirty";
+        // Raw from the start, like the counters' statements: one per post of every batch.
         let statement = |m: &&DirtyMark| {
             // Fenced like every worker write: an entry this stream marked under a newer
             // epoch refuses the write (the upsert then hits the `_id` and is dropped as a
             // duplicate). An entry of another stream (a changed partitioning) is taken over.
-            let filter = doc! {
-                "_id": m.post.to_bson(),
-                "$or": [
-                    {"stream": {"$ne": &fence.stream}},
-                    {"epoch": {"$not": {"$gt": fence.epoch}}},
-                ],
-            };
-            doc! {
-                "q": filter,
+            let stream = fence.stream.as_str();
+            Ok(rawdoc! {
+                "q": {
+                    "_id": raw_value(op, m.post.to_bson())?,
+                    "$or": [
+                        {"stream": {"$ne": stream}},
+                        {"epoch": {"$not": {"$gt": fence.epoch}}},
+                    ],
+                },
                 "u": {
                     "$inc": {"version": 1_i64},
-                    "$set": {"last_dirty_at": now, "stream": &fence.stream, "epoch": fence.epoch},
+                    "$set": {"last_dirty_at": now, "stream": stream, "epoch": fence.epoch},
                     "$max": {"newest_bucket": m.newest_bucket},
                     "$setOnInsert": {"first_dirty_at": now},
                 },
                 "upsert": true,
-            }
+            })
         };
         let mut duplicates = 0;
         // Each definition's marks go to its own dirty set.
         let groups = super::counters::by_counter(marks, |m| m.counter)
             .into_iter()
-            .map(|(counter, marks)| Ok((self.place("mark posts dirty", counter)?.dirty, marks)))
+            .map(|(counter, marks)| Ok((self.place(op, counter)?.dirty, marks)))
             .collect::<StoreResult<Vec<_>>>()?;
         for (dirty, marks) in groups {
             duplicates += self
-                .update_many_statements("mark posts dirty", &dirty, &marks, &statement)
+                .update_many_statements(op, &dirty, &marks, &statement)
                 .await?
                 .1;
         }

@@ -34,32 +34,32 @@ impl Ledger for MongoStore {
         generation: u64,
     ) -> StoreResult<()> {
         let now = DateTime::now();
+        let op = "write the comment ledger";
+        // Raw from the start: one statement per event, the worker's most numerous write.
         let statement = |u: &LedgerUpdate| {
-            let mut filter =
-                doc! {"_id": u.comment.value.clone(), "applied_through": not_gte(through.as_str())};
-            fenced(&mut filter, fence);
+            let filter = rawdoc! {
+                "_id": raw_value(op, u.comment.value.clone())?,
+                "applied_through": {"$not": {"$gte": through.as_str()}},
+                // The fence (see `fenced`).
+                "epoch": {"$not": {"$gt": fence.epoch}},
+            };
             let update = match &u.state {
                 Some(row) => {
-                    let (mut set, unset) = ledger_row_update(row, &self.schema.counters);
-                    set.insert("applied_through", through.as_str());
-                    set.insert("epoch", fence.epoch);
-                    set.insert("generation", generation as i64);
-                    doc! {"$set": set, "$unset": unset}
+                    let (mut set, unset) = ledger_row_update(op, row, &self.schema.counters)?;
+                    set.append("applied_through", through.as_str());
+                    set.append("epoch", fence.epoch);
+                    set.append("generation", generation as i64);
+                    rawdoc! {"$set": set, "$unset": unset}
                 }
-                None => doc! {
+                None => rawdoc! {
                     "$set": {"exists": false, "live": false, "applied_through": through.as_str(), "epoch": fence.epoch, "gone_at": now, "generation": generation as i64},
                     "$unset": {LEDGER_POST: "", LEDGER_CREATED: "", "deleted": "", LEDGER_MEMBERS: ""},
                 },
             };
-            doc! {"q": filter, "u": update, "upsert": true}
+            Ok(rawdoc! {"q": filter, "u": update, "upsert": true})
         };
-        self.update_many_statements(
-            "write the comment ledger",
-            &self.names.ledger_of(&fence.stream),
-            updates,
-            statement,
-        )
-        .await?;
+        self.update_many_statements(op, &self.names.ledger_of(&fence.stream), updates, statement)
+            .await?;
         Ok(())
     }
 
@@ -69,25 +69,21 @@ impl Ledger for MongoStore {
         generation: u64,
         rows: &[(CommentId, Row)],
     ) -> StoreResult<()> {
+        let op = "rebuild the comment ledger";
         let statement = |(comment, row): &(CommentId, Row)| {
-            let (mut set, mut unset) = ledger_row_update(row, &self.schema.counters);
-            set.insert("generation", generation as i64);
+            let (mut set, mut unset) = ledger_row_update(op, row, &self.schema.counters)?;
+            set.append("generation", generation as i64);
             // Any write of the worker replaces a rebuilt entry.
-            unset.insert("applied_through", "");
-            doc! {
+            unset.append("applied_through", "");
+            Ok(rawdoc! {
                 // No entry, or one from before the gap: a duplicate key otherwise (skipped).
-                "q": {"_id": comment.value.clone(), "generation": not_gte(generation as i64)},
+                "q": {"_id": raw_value(op, comment.value.clone())?, "generation": {"$not": {"$gte": generation as i64}}},
                 "u": {"$set": set, "$unset": unset},
                 "upsert": true,
-            }
+            })
         };
-        self.update_many_statements(
-            "rebuild the comment ledger",
-            &self.names.ledger_of(stream),
-            rows,
-            statement,
-        )
-        .await?;
+        self.update_many_statements(op, &self.names.ledger_of(stream), rows, statement)
+            .await?;
         Ok(())
     }
 
@@ -102,25 +98,21 @@ impl Ledger for MongoStore {
             .iter()
             .filter_map(|c| Some((&c.comment, c.state.as_ref()?)))
             .collect();
+        let op = "claim ledger entries for the snapshot";
         let statement = |(comment, row): &(&CommentId, &Row)| {
-            let (mut set, _) = ledger_row_update(row, &self.schema.counters);
-            set.insert("epoch", fence.epoch);
-            set.insert("generation", generation as i64);
-            set.insert("claimed_by_snapshot", true);
+            let (mut set, _) = ledger_row_update(op, row, &self.schema.counters)?;
+            set.append("epoch", fence.epoch);
+            set.append("generation", generation as i64);
+            set.append("claimed_by_snapshot", true);
             // Only where no entry exists: `$setOnInsert` leaves any state the stream wrote.
-            doc! {
-                "q": {"_id": comment.value.clone()},
+            Ok(rawdoc! {
+                "q": {"_id": raw_value(op, comment.value.clone())?},
                 "u": {"$setOnInsert": set},
                 "upsert": true,
-            }
+            })
         };
-        self.update_many_statements(
-            "claim ledger entries for the snapshot",
-            &self.names.ledger_of(&fence.stream),
-            &claims,
-            statement,
-        )
-        .await?;
+        self.update_many_statements(op, &self.names.ledger_of(&fence.stream), &claims, statement)
+            .await?;
         Ok(())
     }
 }

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use futures::TryStreamExt;
 use mongodb::bson::{
-    self, doc, rawdoc, Bson, DateTime, Document, RawArrayBuf, RawDocumentBuf, Timestamp,
+    self, doc, rawdoc, Bson, DateTime, Document, RawArrayBuf, RawBson, RawDocumentBuf, Timestamp,
 };
 use mongodb::change_stream::event::ResumeToken;
 use mongodb::change_stream::ChangeStream;
@@ -420,7 +420,7 @@ impl MongoStore {
     /// returns (statements that wrote, statements rejected by a
     /// duplicate key). Each command's statements are built just before it is sent, so a large
     /// batch never holds all of its statements at once.
-    async fn update_many_statements<T, F>(
+    async fn update_many_statements<T, S, F>(
         &self,
         op: &'static str,
         collection: &str,
@@ -429,7 +429,8 @@ impl MongoStore {
     ) -> StoreResult<(u64, u64)>
     where
         T: Sync,
-        F: Fn(&T) -> Document + Sync,
+        S: Statement,
+        F: Fn(&T) -> S + Sync,
     {
         let mut wrote = 0;
         let mut duplicates = 0;
@@ -439,13 +440,7 @@ impl MongoStore {
             // as document trees held megabytes (see `budget::cost`), as bytes a few hundred KB.
             let mut chunk = RawArrayBuf::new();
             for item in items {
-                let raw = RawDocumentBuf::from_document(&statement(item)).map_err(|e| {
-                    StoreError::Fatal {
-                        op,
-                        message: e.to_string(),
-                    }
-                })?;
-                chunk.push(raw);
+                chunk.push(statement(item).into_raw(op)?);
             }
             let sent = items.len() as u64;
             let reply = self
@@ -461,6 +456,35 @@ impl MongoStore {
         }
         Ok((wrote, duplicates))
     }
+}
+
+/// One statement of an `update` command: built as a document, or (the worker's per-event
+/// writes) straight as raw BSON, which skips building a document tree and encoding it.
+pub(super) trait Statement {
+    fn into_raw(self, op: &'static str) -> StoreResult<RawDocumentBuf>;
+}
+
+impl Statement for Document {
+    fn into_raw(self, op: &'static str) -> StoreResult<RawDocumentBuf> {
+        RawDocumentBuf::from_document(&self).map_err(|e| StoreError::Fatal {
+            op,
+            message: e.to_string(),
+        })
+    }
+}
+
+impl Statement for StoreResult<RawDocumentBuf> {
+    fn into_raw(self, _op: &'static str) -> StoreResult<RawDocumentBuf> {
+        self
+    }
+}
+
+/// A value as raw BSON, for statements built raw.
+pub(super) fn raw_value(op: &'static str, value: Bson) -> StoreResult<RawBson> {
+    RawBson::try_from(value).map_err(|e| StoreError::Fatal {
+        op,
+        message: e.to_string(),
+    })
 }
 
 /// The duplicate-key errors of a write command's reply (an upsert that raced, or hit an entry

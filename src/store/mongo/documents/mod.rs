@@ -131,13 +131,20 @@ fn recent_from(doc: &Document) -> Vec<Touch> {
         .collect()
 }
 
-/// A log entry as stored in the counter document.
-pub(super) fn touch_to_doc(touch: &Touch) -> Document {
-    let comments = match &touch.comments {
-        Some(ids) => Bson::Array(ids.iter().map(|c| c.value.clone()).collect()),
-        None => Bson::Null,
-    };
-    doc! {"t": touch.through.as_str(), "c": comments}
+/// A counter log entry as the counters' raw statements push it: `{t: through, c: [ids] | null}`.
+pub(super) fn touch_to_raw(op: &'static str, touch: &Touch) -> StoreResult<RawDocumentBuf> {
+    let mut raw = rawdoc! {"t": touch.through.as_str()};
+    match &touch.comments {
+        Some(ids) => {
+            let mut comments = RawArrayBuf::new();
+            for c in ids {
+                comments.push(raw_value(op, c.value.clone())?);
+            }
+            raw.append("c", comments);
+        }
+        None => raw.append("c", RawBson::Null),
+    }
+    Ok(raw)
 }
 
 /// A checkpoint as read, raw: its pending intent (every counter, ledger state and dirty mark
@@ -252,26 +259,28 @@ pub(super) fn entry_generation(doc: &Document) -> u64 {
 }
 
 /// The `$set` of a ledger entry's row state (a row that exists; without a post it does not
-/// count), and the fields to `$unset`.
-pub(super) fn ledger_row_update(row: &Row, definitions: &[Definition]) -> (Document, Document) {
-    let mut set = doc! {"live": row.is_live(), "deleted": row.deleted, "exists": true};
-    let mut unset = doc! {"gone_at": ""};
+/// count), and the fields to `$unset`, as raw BSON (a ledger write is one statement per event).
+pub(super) fn ledger_row_update(
+    op: &'static str,
+    row: &Row,
+    definitions: &[Definition],
+) -> StoreResult<(RawDocumentBuf, RawDocumentBuf)> {
+    let mut set = rawdoc! {"live": row.is_live(), "deleted": row.deleted, "exists": true};
+    let mut unset = rawdoc! {"gone_at": ""};
     match &row.post {
-        Some(post) => set.insert(LEDGER_POST, post.to_bson()),
-        None => unset.insert(LEDGER_POST, ""),
+        Some(post) => set.append(LEDGER_POST, raw_value(op, post.to_bson())?),
+        None => unset.append(LEDGER_POST, ""),
     };
     match row.created_at {
-        Some(t) => set.insert(LEDGER_CREATED, t),
-        None => unset.insert(LEDGER_CREATED, ""),
+        Some(t) => set.append(LEDGER_CREATED, t),
+        None => unset.append(LEDGER_CREATED, ""),
     };
     // Without definitions beyond the default, the entry is written exactly as before them.
     if !definitions.is_empty() {
-        set.insert(
-            LEDGER_MEMBERS,
-            ledger_members_to_bson(&row.members, definitions),
-        );
+        let members = ledger_members_to_bson(&row.members, definitions);
+        set.append(LEDGER_MEMBERS, raw_value(op, members)?);
     }
-    (set, unset)
+    Ok((set, unset))
 }
 
 /// A row's verdicts as a ledger entry keeps them: by definition *name*
