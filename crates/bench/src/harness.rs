@@ -291,6 +291,24 @@ impl WorkerRun {
         self.cpu_secs * 1e6 / self.events as f64
     }
 
+    /// Seconds spent inside store calls (every concern; calls that overlap each count their
+    /// own).
+    pub fn store_secs(&self) -> f64 {
+        self.counts
+            .by_concern
+            .values()
+            .map(|t| t.micros)
+            .sum::<u64>() as f64
+            / 1e6
+    }
+
+    /// CPU per event outside the store's calls: over the in-process store, whose calls are
+    /// synchronous CPU work (no I/O, no `.await` inside), this is counterd's own work
+    /// (classification, coalescing, planning, budget, runtime) without the stand-in server's.
+    pub fn own_cpu_us_per_event(&self) -> f64 {
+        (self.cpu_secs - self.store_secs()).max(0.0) * 1e6 / self.events as f64
+    }
+
     /// Store calls (each at least one round trip) per 1 000 events.
     pub fn calls_per_1000(&self) -> f64 {
         self.counts.calls() as f64 * 1000.0 / self.events as f64
