@@ -114,15 +114,24 @@ pub struct Consistent {
 
 impl Consistent {
     /// Whether a snapshot count still describes `counter`, a state read later: nothing changed a row
-    /// below the watermark after `since`, and the base was not refolded or edited.
+    /// below the watermark after `since`, and the base was not refolded or edited
+    /// ([`Consistent::voided_by_fold`]).
     pub fn holds_for(&self, counter: Option<&CounterDoc>) -> bool {
         let Some(c) = counter else {
             return self.since.is_none() && self.counter.is_none();
         };
-        if c.folds != self.folds || c.state.base_count != self.base_count {
-            return false;
-        }
-        !touched_after(c, self.since.as_deref(), self.watermark)
+        !self.voided_by_fold(c) && !touched_after(c, self.since.as_deref(), self.watermark)
+    }
+
+    /// Whether `c`, a later state of the counter, was refolded or hand-edited in a way that voids
+    /// this count. A fold's recount counts below its watermark, which a fold in between may
+    /// have moved. An observation (`get`, `verify`: its watermark is above every row) counts
+    /// every live row whatever the watermark and is compared with the counter as it is at its
+    /// second read, so a fold or an edit in between changes neither side (an edit then shows
+    /// as the mismatch it is). Both recount paths (snapshot and row level) ask this.
+    pub fn voided_by_fold(&self, c: &CounterDoc) -> bool {
+        let observation = self.watermark >= EVERYTHING;
+        !observation && (c.folds != self.folds || c.state.base_count != self.base_count)
     }
 }
 
@@ -408,12 +417,7 @@ impl<S: Store + ?Sized> Recounter<S> {
             }
             return Ok(false);
         };
-        // Refolded or edited meanwhile: a fold's recount counts below its watermark, which may
-        // have moved. An observation counts every live row whatever the watermark, and compares
-        // with the counter as it is at `until`, so a fold or an edit between its reads changes
-        // neither side (an edit then shows as the mismatch it is).
-        let observation = recount.watermark >= EVERYTHING;
-        if !observation && (c.folds != recount.folds || c.state.base_count != recount.base_count) {
+        if recount.voided_by_fold(c) {
             return Ok(false);
         }
         let until = c.applied_through.as_deref();
@@ -536,6 +540,19 @@ mod tests {
         edited.state.base_count = 2;
         assert!(!r.holds_for(Some(&edited)));
         assert!(!r.holds_for(None), "the counter was deleted meanwhile");
+    }
+
+    #[test]
+    fn an_observation_holds_across_a_fold_or_an_edit_but_not_across_a_settled_touch() {
+        // `get` and `verify` count every live row and compare with the later state itself.
+        let r = recount(Some(counter("0a", &[])), EVERYTHING);
+        let mut folded = counter("0a", &[]);
+        folded.folds = 1;
+        folded.state.base_count = 7;
+        assert!(r.holds_for(Some(&folded)));
+        // A row changed after the first read still voids it: the count may have seen either
+        // state of that row.
+        assert!(!r.holds_for(Some(&counter("0c", &[(0, "0c")]))));
     }
 
     /// Seed 102 of the simulation's transactions + hot posts + lookups variant: a recount
