@@ -767,6 +767,42 @@ async fn a_second_source_collection_is_counted_beside_the_comments() {
     assert!(status.status.success(), "status --source likes: {status:?}");
     let text = String::from_utf8_lossy(&status.stdout);
     assert!(text.contains("\"likes\""), "the likes stream: {text}");
+    // Without `--source`, every source `run` keeps: the comments' streams and counters, then
+    // the likes'.
+    let all = cli(&t, &config, &["status", "--json"]);
+    assert!(all.status.success(), "status: {all:?}");
+    let all: serde_json::Value = serde_json::from_slice(&all.stdout).unwrap();
+    let names = |key: &str, field: &str| -> Vec<(String, String)> {
+        all[key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                let of = |f: &str| s[f].as_str().unwrap_or_default().to_string();
+                (of("source"), of(field))
+            })
+            .collect()
+    };
+    let streams = names("streams", "stream");
+    assert_eq!(
+        streams.first().map(|s| s.0.as_str()),
+        Some("comments"),
+        "{all}"
+    );
+    assert!(
+        streams.contains(&("likes".into(), "likes".into())),
+        "the likes stream beside the comments': {all}"
+    );
+    let counters = names("counters", "name");
+    assert!(
+        counters.contains(&("likes".into(), "likes_by_user".into())),
+        "the likes source's counters: {all}"
+    );
+    let text = String::from_utf8_lossy(&cli(&t, &config, &["status"]).stdout).to_string();
+    assert!(
+        text.contains("stream            likes (source likes)"),
+        "{text}"
+    );
     let unknown = cli(&t, &config, &["get", "2", "--counter", "shares"]);
     assert_eq!(unknown.status.code(), Some(2));
     let said = String::from_utf8_lossy(&unknown.stderr);

@@ -50,8 +50,9 @@ pub struct Cli {
     #[arg(long = "set", global = true, value_name = "NAME=VALUE")]
     pub set: Vec<String>,
     /// Work on one source only: a `[[sources]]` entry's name, or `stream_name` for the comments
-    /// (`run` then runs that source's streams alone; `replay`, `snapshot`, `status` and `doctor`
-    /// need it for another source than the comments; `--counter` finds its source by itself).
+    /// (`run` then runs that source's streams alone; `replay`, `snapshot` and `doctor` need it
+    /// for another source than the comments; `status` shows every source without it;
+    /// `--counter` finds its source by itself).
     #[arg(long, global = true, value_name = "NAME")]
     pub source: Option<String>,
     #[command(subcommand)]

@@ -1,5 +1,10 @@
 //! `counterd status`: where the stream stands, how far behind it is, the dirty backlog, the last
 //! few reconcile runs and the last one that corrected a counter.
+//!
+//! Without `--source` it shows every source's streams and counters (the comments' first, then
+//! each `[[sources]]` entry's), as `counterd run` keeps them all; the dirty backlog line, the
+//! batch in flight and the reconcile runs are the comments' (each counter's own backlog is on
+//! its line). With `--source NAME`, that source alone.
 
 use std::process::ExitCode;
 
@@ -25,6 +30,8 @@ pub struct Args {
 /// Where one stream (or partition) stands.
 #[derive(Serialize)]
 struct StreamStatus {
+    /// The source it reads: `stream_name` for the comments, else a `[[sources]]` entry's name.
+    source: String,
     stream: String,
     role: String,
     lease: Option<Lease>,
@@ -73,6 +80,8 @@ struct Status {
 #[derive(serde::Serialize)]
 struct CounterStatus {
     name: String,
+    /// The source whose rows it counts (see [`StreamStatus::source`]).
+    source: String,
     group_field: String,
     collection: String,
     /// Whether `counterd run` keeps it (every configured definition: one stream and one
@@ -121,6 +130,7 @@ fn describe_snapshot(checkpoint: &Checkpoint, rows_per_second: u32) -> String {
 
 async fn stream_status(
     store: &impl Store,
+    source: &str,
     stream: String,
     rows_per_second: u32,
 ) -> anyhow::Result<StreamStatus> {
@@ -163,19 +173,43 @@ async fn stream_status(
         background_sweep: store.load_sweep_cursor(&stream).await?,
         initial_snapshot_summary: describe_snapshot(&checkpoint, rows_per_second),
         initial_snapshot: checkpoint.snapshot.clone(),
+        source: source.to_string(),
         stream,
     })
 }
 
 pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     let store = connect(&settings).await?;
+    // Every source `run` keeps: the comments first (this `settings`), then the others.
+    let sources = settings.sources()?;
     let mut streams = Vec::new();
-    for (stream, _) in stream_names(&settings.stream_name, settings.partitions) {
-        streams
-            .push(stream_status(store.as_ref(), stream, settings.snapshot_rows_per_second).await?);
+    let mut counters = Vec::new();
+    for source in &sources {
+        let source_store = connect(source).await?;
+        for (stream, _) in stream_names(&source.stream_name, source.partitions) {
+            let status = stream_status(
+                source_store.as_ref(),
+                &source.stream_name,
+                stream,
+                source.snapshot_rows_per_second,
+            )
+            .await?;
+            streams.push(status);
+        }
+        for (ix, d) in source.definitions()?.iter() {
+            let backlog = source_store.for_counter(ix).dirty_summary().await?;
+            counters.push(CounterStatus {
+                name: d.name.clone(),
+                source: source.stream_name.clone(),
+                group_field: d.group.clone(),
+                collection: d.collection.clone(),
+                kept: true,
+                dirty_backlog: backlog.size,
+            });
+        }
     }
     let dirty = store.dirty_summary().await?;
-    let mut status = Status {
+    let status = Status {
         mongodb: redact_uri(&settings.mongodb_uri),
         database: settings.database.clone(),
         streams,
@@ -195,23 +229,21 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
             (0, None) => "the default (no container memory limit)".into(),
             _ => "memory_budget".into(),
         },
-        counters: Vec::new(),
+        counters,
     };
-    for (ix, d) in settings.definitions()?.iter() {
-        let backlog = store.for_counter(ix).dirty_summary().await?;
-        status.counters.push(CounterStatus {
-            name: d.name.clone(),
-            group_field: d.group.clone(),
-            collection: d.collection.clone(),
-            kept: true,
-            dirty_backlog: backlog.size,
-        });
-    }
     if args.json {
         print_json(&status)?;
         return Ok(ExitCode::SUCCESS);
     }
     let or_none = |v: &Option<String>| v.clone().unwrap_or_else(|| "none".into());
+    // Which source a line is about, where there is more than one.
+    let of_source = |source: &str| {
+        if sources.len() > 1 {
+            format!(" (source {source})")
+        } else {
+            String::new()
+        }
+    };
     outln!(
         "mongodb           {} (database {})",
         status.mongodb,
@@ -224,15 +256,16 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     );
     for c in &status.counters {
         outln!(
-            "counter           {}: per `{}`, in `{}`, {} dirty",
+            "counter           {}: per `{}`, in `{}`, {} dirty{}",
             c.name,
             c.group_field,
             c.collection,
-            c.dirty_backlog
+            c.dirty_backlog,
+            of_source(&c.source)
         );
     }
     for s in &status.streams {
-        outln!("stream            {}", s.stream);
+        outln!("stream            {}{}", s.stream, of_source(&s.source));
         outln!("  role            {}", s.role);
         outln!("  checkpoint token {}", or_none(&s.checkpoint_token));
         outln!("  checkpoint time {}", or_none(&s.checkpoint_time));
