@@ -172,8 +172,8 @@ impl Counters for MongoStore {
             .observed("list posts")
             .await?
             .try_collect()
-            .observed("list posts")
-            .await?;
+            .await
+            .map_err(|e| map_err("list posts", e))?;
         let from_counters: Vec<Document> = self
             .coll(place.counters)
             .find(after_filter("_id", after))
@@ -183,8 +183,8 @@ impl Counters for MongoStore {
             .observed("list counters")
             .await?
             .try_collect()
-            .observed("list counters")
-            .await?;
+            .await
+            .map_err(|e| map_err("list counters", e))?;
         let mut posts: Vec<PostId> = from_comments
             .iter()
             .chain(from_counters.iter())
@@ -210,8 +210,8 @@ impl Counters for MongoStore {
             .observed("sample counters")
             .await?
             .try_collect()
-            .observed("sample counters")
-            .await?;
+            .await
+            .map_err(|e| map_err("sample counters", e))?;
         // Comments too: a post with rows but no counter is as wrong as a counter that is off.
         let from_comments: Vec<Document> = self
             .comments
@@ -219,8 +219,8 @@ impl Counters for MongoStore {
             .observed("sample comments")
             .await?
             .try_collect()
-            .observed("sample comments")
-            .await?;
+            .await
+            .map_err(|e| map_err("sample comments", e))?;
         docs.extend(from_comments);
         let mut posts: Vec<PostId> = docs
             .iter()

@@ -77,8 +77,8 @@ impl DirtySet for MongoStore {
             .observed("list dirty posts")
             .await?
             .try_collect()
-            .observed("list dirty posts")
-            .await?;
+            .await
+            .map_err(|e| map_err("list dirty posts", e))?;
         Ok(docs.iter().filter_map(dirty_from_doc).collect())
     }
 

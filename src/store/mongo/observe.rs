@@ -9,9 +9,10 @@
 //! (measured with `perf` on the benchmark's worker phase). Timing the store's own calls costs
 //! a clock reading each and names the operation in counterd's words.
 //!
-//! Advancing a cursor (`try_next`, the change stream's `next_if_any`) is not observed: most
-//! advances return a buffered document without a round trip, so a sample per advance would
-//! say nothing about the server. The stream's health is its lag (`counterd_stream_lag_seconds`).
+//! Advancing a cursor (`try_next`, `try_collect`, the change stream's `next_if_any`) is not
+//! observed: most advances return a buffered document without a round trip, so a sample per
+//! advance would say nothing about the server. The command that opens a cursor is. The
+//! stream's health is its lag (`counterd_stream_lag_seconds`).
 
 use std::future::IntoFuture;
 use std::time::Instant;

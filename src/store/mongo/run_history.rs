@@ -53,8 +53,8 @@ impl MongoStore {
             .observed("read recent reconcile runs")
             .await?
             .try_collect()
-            .observed("read recent reconcile runs")
-            .await?;
+            .await
+            .map_err(|e| map_err("read recent reconcile runs", e))?;
         docs.into_iter().map(run_from_doc).collect()
     }
 

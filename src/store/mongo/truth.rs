@@ -206,8 +206,8 @@ impl Truth for MongoStore {
             .observed("read a snapshot chunk")
             .await?
             .try_collect()
-            .observed("read a snapshot chunk")
-            .await?;
+            .await
+            .map_err(|e| map_err("read a snapshot chunk", e))?;
         Ok(found
             .into_iter()
             .filter_map(|d| {
