@@ -2452,13 +2452,23 @@ fn a_noop_full_recount_keeps_its_watermark() {
 /// and counting it; the sweep rebuilds the ledger entries of the rows it counts. (Found by
 /// `with_history_lost_and_start_at`, `SIM_HISTORY_LOST=1 SIM_LOST_START_TIME=1 SIM_SEED=104`,
 /// before the recount change.)
+///
+/// Run twice: with the recounts' whole share, the rebuild reads the group's rows at once; with
+/// a share of no rows, it rebuilds each post's rows before it reads the next post's.
 #[test]
 fn events_after_lost_history_are_not_classified_against_stale_ledger_entries() {
+    for recount_rows in [0, usize::MAX] {
+        stale_ledger_entries_case(recount_rows);
+    }
+}
+
+fn stale_ledger_entries_case(recount_rows: usize) {
     let store = Arc::new(SimStore::new(1, 10, 3, START_CLOCK));
     let mut plan = Plan::new(1, Variant::FAITHFUL);
     plan.bucket_width = 10;
     plan.settle = 5;
     plan.pre_images = false;
+    plan.recount_rows = recount_rows;
     let settings = plan.worker_settings(STREAM, None);
     let reconciler = Reconciler::new(store.clone(), plan.reconcile_settings(STREAM, None, 100));
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -2502,9 +2512,12 @@ fn events_after_lost_history_are_not_classified_against_stale_ledger_entries() {
     });
     let s = store.lock();
     let wrong = off_truth(&s);
-    assert!(wrong.is_empty(), "{wrong:?}");
+    assert!(wrong.is_empty(), "recount_rows {recount_rows}: {wrong:?}");
     let dirty = s.dirty_posts(CounterIx::DEFAULT);
-    assert!(dirty.is_empty(), "still dirty: {dirty:?}");
+    assert!(
+        dirty.is_empty(),
+        "recount_rows {recount_rows}: still dirty: {dirty:?}"
+    );
 }
 
 /// Moves the clock on by `secs` with writes paused, and records for the stopped worker that it

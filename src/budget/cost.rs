@@ -65,6 +65,12 @@ pub fn min_budget(streams: usize) -> usize {
 /// id's key text and value; see [`crate::recount::window`]).
 pub const ROW_ID_COST: usize = 128;
 
+/// Whole rows (an id and what counting reads of it: [`ROW_COST`]) that fit where `ids` row ids
+/// do: the ledger rebuild after lost history holds rows in the recounts' share. At least one.
+pub fn rows_for_ids(ids: usize) -> usize {
+    (ids.saturating_mul(ROW_ID_COST) / ROW_COST).max(1)
+}
+
 /// The part of a budget of `budget` bytes set aside for row-level recounts' reads: an eighth,
 /// and never what the `streams` streams' minimum needs. A recount holds its reads while it
 /// waits for the worker, so its share is set aside once rather than taken from what is free:
@@ -230,6 +236,19 @@ mod tests {
         );
         assert_eq!(recount_share(min_budget(2) + 100, 2), 100);
         assert_eq!(recount_rows(0, 0), 0);
+    }
+
+    #[test]
+    fn the_ledger_rebuild_holds_as_many_rows_as_the_recount_share_holds_ids() {
+        // The default budget's share for one stream: 16 384 ids of 128 B, 4 096 rows of 512 B.
+        let ids = recount_rows(DEFAULT_BUDGET, 1);
+        assert_eq!(ids, 16_384);
+        assert_eq!(rows_for_ids(ids), 4_096);
+        assert_eq!(rows_for_ids(ids) * ROW_COST, ids * ROW_ID_COST);
+        // A share too small for one row still reads one post at a time.
+        assert_eq!(rows_for_ids(0), 1);
+        assert_eq!(rows_for_ids(3), 1);
+        assert_eq!(rows_for_ids(usize::MAX), usize::MAX / ROW_COST);
     }
 
     #[test]

@@ -264,11 +264,37 @@ impl<S: Store + ?Sized> Reconciler<S> {
     /// post and never off its new one). The rows are read, then every event before the read
     /// must be applied (false if the worker did not catch up in time: the sweep runs again);
     /// only entries from before the gap are replaced, and the worker's later writes win.
+    ///
+    /// The rows held at once are bounded by the recount share of the memory budget (the
+    /// rebuild runs before the group's recounts, never beside them): whenever the rows read so
+    /// far fill it, they are rebuilt (read, wait, write) before the next post is read. One
+    /// post with more rows than the share is still read whole.
     async fn rebuild_ledger(&self, posts: &[PostId], generation: u64) -> StoreResult<bool> {
+        let at_most = crate::budget::cost::rows_for_ids(self.settings.recount_rows);
         let mut rows = Vec::new();
         for post in posts {
             rows.extend(self.store.rows_of_post(post).await?);
+            if rows.len() >= at_most
+                && !self
+                    .rebuild_rows(std::mem::take(&mut rows), generation)
+                    .await?
+            {
+                return Ok(false);
+            }
         }
+        if rows.is_empty() {
+            return Ok(true);
+        }
+        self.rebuild_rows(rows, generation).await
+    }
+
+    /// One part of [`Reconciler::rebuild_ledger`]: rows just read, written as ledger entries
+    /// once every event before the read is applied.
+    async fn rebuild_rows(
+        &self,
+        rows: Vec<(crate::event::CommentId, crate::event::Row)>,
+        generation: u64,
+    ) -> StoreResult<bool> {
         let read_at = self.store.read_position().await?.upper;
         if !self.recounter.wait_until_applied(read_at).await? {
             return Ok(false);
