@@ -38,10 +38,6 @@ impl Counters for MongoStore {
         let op = "apply counter increments";
         // Raw from the start, like the ledger's statements: one per post of every batch.
         let statement = |w: &&CounterDelta| {
-            let mut inc = rawdoc! {"live_delta": w.delta, "count": w.delta};
-            for (bucket, amount) in &w.buckets {
-                inc.append(format!("live_by_bucket.{bucket}"), *amount);
-            }
             let mut set = rawdoc! {"applied_through": through.as_str(), "epoch": fence.epoch};
             match through_time {
                 Some(t) => set.append("applied_time", t),
@@ -52,14 +48,9 @@ impl Counters for MongoStore {
             }
             let touch = Touch::new(through.as_str(), w.comments.as_deref());
             Ok(rawdoc! {
-                "q": {
-                    "_id": raw_value(op, w.post.to_bson())?,
-                    "applied_through": {"$not": {"$gte": through.as_str()}},
-                    // The fence (see `fenced`).
-                    "epoch": {"$not": {"$gt": fence.epoch}},
-                },
+                "q": guarded_raw(op, w.post.to_bson(), "applied_through", through.as_str(), fence)?,
                 "u": {
-                    "$inc": inc,
+                    "$inc": increments(w),
                     "$set": set,
                     "$setOnInsert": {"base_count": 0_i64, "base_watermark": 0_i64},
                     // The batch's entry in the counter's log; the oldest fall off.
@@ -237,23 +228,19 @@ impl Counters for MongoStore {
         chunk: u64,
         writes: &[CounterDelta],
     ) -> StoreResult<ApplyOutcome> {
+        let op = "add snapshot counts";
         let statement = |w: &&CounterDelta| {
-            let mut filter =
-                doc! {"_id": w.post.to_bson(), "snapshot_chunk": not_gte(chunk as i64)};
-            fenced(&mut filter, fence);
-            let inc = increments(w);
-            doc! {
-                "q": filter,
+            Ok(rawdoc! {
+                "q": guarded_raw(op, w.post.to_bson(), "snapshot_chunk", chunk as i64, fence)?,
                 "u": {
-                    "$inc": inc,
+                    "$inc": increments(w),
                     "$set": {"snapshot_chunk": chunk as i64, "epoch": fence.epoch},
                     "$setOnInsert": {"base_count": 0_i64, "base_watermark": 0_i64},
                 },
                 "upsert": true,
-            }
+            })
         };
-        self.per_definition("add snapshot counts", writes, statement)
-            .await
+        self.per_definition(op, writes, statement).await
     }
 }
 
@@ -303,10 +290,10 @@ pub(super) fn by_counter<T>(
 
 /// The `$inc` of one counter write: `live_delta`, each bucket, and `count`, which moves with
 /// `live_delta` in the same write so readers never see it apart from `base_count + live_delta`.
-fn increments(w: &CounterDelta) -> Document {
-    let mut inc = doc! {"live_delta": w.delta, "count": w.delta};
+fn increments(w: &CounterDelta) -> RawDocumentBuf {
+    let mut inc = rawdoc! {"live_delta": w.delta, "count": w.delta};
     for (bucket, amount) in &w.buckets {
-        inc.insert(format!("live_by_bucket.{bucket}"), *amount);
+        inc.append(format!("live_by_bucket.{bucket}"), *amount);
     }
     inc
 }

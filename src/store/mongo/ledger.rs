@@ -37,12 +37,13 @@ impl Ledger for MongoStore {
         let op = "write the comment ledger";
         // Raw from the start: one statement per event, the worker's most numerous write.
         let statement = |u: &LedgerUpdate| {
-            let filter = rawdoc! {
-                "_id": raw_value(op, u.comment.value.clone())?,
-                "applied_through": {"$not": {"$gte": through.as_str()}},
-                // The fence (see `fenced`).
-                "epoch": {"$not": {"$gt": fence.epoch}},
-            };
+            let filter = guarded_raw(
+                op,
+                u.comment.value.clone(),
+                "applied_through",
+                through.as_str(),
+                fence,
+            )?;
             let update = match &u.state {
                 Some(row) => {
                     let (mut set, unset) = ledger_row_update(op, row, &self.schema.counters)?;

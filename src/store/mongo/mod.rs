@@ -541,9 +541,20 @@ fn not_gte(value: impl Into<Bson>) -> Document {
     doc! {"$not": {"$gte": value.into()}}
 }
 
-/// `epoch` is not newer than ours: the fencing condition carried by every worker write.
-fn fenced(filter: &mut Document, fence: &Fence) {
-    filter.insert("epoch", doc! {"$not": {"$gt": fence.epoch}});
+/// The filter of a guarded, fenced worker write, as raw BSON: the document `id` whose `guard`
+/// is not `>= through` (as [`not_gte`]), and whose `epoch` is not newer than ours: the fencing
+/// condition every worker write carries.
+fn guarded_raw(
+    op: &'static str,
+    id: Bson,
+    guard: &str,
+    through: impl Into<RawBson>,
+    fence: &Fence,
+) -> StoreResult<RawDocumentBuf> {
+    let mut filter = rawdoc! {"_id": raw_value(op, id)?};
+    filter.append(guard, rawdoc! {"$not": {"$gte": through.into()}});
+    filter.append("epoch", rawdoc! {"$not": {"$gt": fence.epoch}});
+    Ok(filter)
 }
 
 fn to_date(secs: i64) -> DateTime {
