@@ -8,6 +8,7 @@
 
 use std::process::ExitCode;
 
+use anyhow::Context;
 use serde::Serialize;
 
 use crate::cli::{age_secs, connect, print_json, rfc3339};
@@ -179,9 +180,10 @@ async fn stream_status(
 }
 
 pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
-    let store = connect(&settings).await?;
-    // Every source `run` keeps: the comments first (this `settings`), then the others.
+    // Every source `run` keeps: the comments first (this `settings`'s own), then the others.
+    // The first one's store also answers for the dirty backlog and the reconcile runs below.
     let sources = settings.sources()?;
+    let mut first_store = None;
     let mut streams = Vec::new();
     let mut counters = Vec::new();
     for source in &sources {
@@ -207,7 +209,9 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
                 dirty_backlog: backlog.size,
             });
         }
+        first_store.get_or_insert(source_store);
     }
+    let store = first_store.context("no source to show (the settings list none)")?;
     let dirty = store.dirty_summary().await?;
     let status = Status {
         mongodb: redact_uri(&settings.mongodb_uri),
