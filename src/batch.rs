@@ -40,6 +40,48 @@ pub struct CounterDelta {
     pub comments: Option<Vec<CommentId>>,
 }
 
+/// What the store writes for one counter: the increments of one or more batches that changed
+/// its group, as one guarded statement (see [`crate::carry`]).
+///
+/// The statement leaves the counter as the batches' own writes, one after the other, would
+/// have: `applied_through` (the guard) is the last batch's end, each bucket records the last
+/// batch that touched it, and each batch keeps its own entry in the counter's log.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CounterWrite {
+    pub counter: CounterIx,
+    pub post: PostId,
+    pub delta: i64,
+    /// Non-zero amounts per bucket; they sum to `delta`.
+    pub buckets: BTreeMap<BucketStart, i64>,
+    /// The end of the last batch that changed the group: the write is guarded by
+    /// `applied_through < through` and sets it.
+    pub through: Token,
+    pub through_time: Option<bson::Timestamp>,
+    /// Every bucket a batch changed, with the end of the last batch that changed it.
+    pub touched: BTreeMap<BucketStart, Token>,
+    /// One entry per batch, oldest first (the newest [`crate::recount::LOG_ENTRIES`]).
+    pub log: Vec<crate::recount::Touch>,
+}
+
+impl CounterWrite {
+    /// The write of one batch ending at `end`.
+    pub fn of_batch(d: &CounterDelta, end: &Token, end_time: Option<bson::Timestamp>) -> Self {
+        CounterWrite {
+            counter: d.counter,
+            post: d.post.clone(),
+            delta: d.delta,
+            buckets: d.buckets.clone(),
+            through: end.clone(),
+            through_time: end_time,
+            touched: d.touched.iter().map(|b| (*b, end.clone())).collect(),
+            log: vec![crate::recount::Touch::new(
+                end.as_str(),
+                d.comments.as_deref(),
+            )],
+        }
+    }
+}
+
 /// A post to mark dirty, with the newest creation bucket the marking events changed: the post
 /// may leave the dirty set only once a fold's watermark is above that bucket (every change that
 /// dirtied it is then covered by a recount).

@@ -152,9 +152,21 @@ pub struct CommentId {
 impl CommentId {
     pub fn new(value: Bson) -> CommentId {
         CommentId {
-            key: value.clone().into_canonical_extjson().to_string(),
+            key: canonical_key(&value),
             value,
         }
+    }
+}
+
+/// The canonical extended-JSON text of an id: the common id types (ObjectId, 32- and 64-bit
+/// integers) written directly, as `into_canonical_extjson` would write them, without its JSON
+/// tree (one per event read and per row id written); every other type through it.
+fn canonical_key(value: &Bson) -> String {
+    match value {
+        Bson::ObjectId(oid) => format!("{{\"$oid\":\"{}\"}}", oid.to_hex()),
+        Bson::Int32(n) => format!("{{\"$numberInt\":\"{n}\"}}"),
+        Bson::Int64(n) => format!("{{\"$numberLong\":\"{n}\"}}"),
+        other => other.clone().into_canonical_extjson().to_string(),
     }
 }
 
@@ -419,6 +431,34 @@ fn update_summary(doc: &Document, document_key: &Document) -> Option<UpdateSumma
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_fast_keys_are_the_canonical_extended_json() {
+        use bson::{oid::ObjectId, Bson};
+        let slow = |v: &Bson| v.clone().into_canonical_extjson().to_string();
+        let mut values = vec![
+            Bson::ObjectId(ObjectId::new()),
+            Bson::ObjectId(ObjectId::parse_str("000000000000000000000000").unwrap()),
+        ];
+        for n in [
+            0_i64,
+            1,
+            -1,
+            42,
+            i32::MAX as i64,
+            i32::MIN as i64,
+            i64::MAX,
+            i64::MIN,
+        ] {
+            values.push(Bson::Int64(n));
+            values.push(Bson::Int32(n as i32));
+        }
+        values.push(Bson::String("a \"quoted\" id".into()));
+        values.push(Bson::Double(2.5));
+        for v in &values {
+            assert_eq!(super::canonical_key(v), slow(v), "{v:?}");
+        }
+    }
+
     use super::*;
 
     #[test]

@@ -24,6 +24,7 @@
 
 pub mod batch;
 pub mod budget;
+pub mod carry;
 pub mod classify;
 pub mod cli;
 pub mod clock;

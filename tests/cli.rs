@@ -844,8 +844,9 @@ async fn a_dirty_mark_still_in_flight_is_reported_not_hidden() {
         counters: vec![],
         ledger: vec![],
         dirty: vec![counterd::batch::DirtyMark::settled(post(7))],
+        carry: None,
     };
-    t.store.record_intent(&fence, &batch).await.unwrap();
+    t.store.record_intent(&fence, &batch, None).await.unwrap();
     // (No worker runs to finish the batch: each truth comparison waits out the catch-up
     // timeout and says "in flight"; keep that short.)
     let counterd = |t: &TestDb, args: &[&str]| {

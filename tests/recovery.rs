@@ -274,12 +274,13 @@ async fn replay_after_a_stop_with_a_batch_in_flight_resolves_it_first() {
         counters: plan.counters,
         ledger: plan.ledger,
         dirty: plan.dirty,
+        carry: None,
     };
     let fence = Fence {
         stream: "comments".into(),
         epoch: checkpoint.epoch,
     };
-    t.store.record_intent(&fence, &batch).await.unwrap();
+    t.store.record_intent(&fence, &batch, None).await.unwrap();
     assert_eq!(t.displayed(&post(2)).await, 3, "not applied yet");
 
     let from = rfc3339(before);

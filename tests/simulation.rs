@@ -1700,6 +1700,10 @@ const COVERAGE: &[&str] = &[
     "worker stopped while a worker waited for budget",
     "seeds with 3 streams",
     "recount by count alone",
+    "counters carried across batches",
+    "counter written for several batches at once",
+    "fault while counters are carried",
+    "carried counters re-applied by a restart",
 ];
 
 #[test]

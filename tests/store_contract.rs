@@ -192,7 +192,7 @@ async fn older_epochs_are_fenced_out<S: Store>(store: &S) {
         end: token(12),
         ..PendingBatch::default()
     };
-    let refused = store.record_intent(&fence(1), &batch).await;
+    let refused = store.record_intent(&fence(1), &batch, None).await;
     assert!(
         matches!(refused, Err(StoreError::Fenced { .. })),
         "{refused:?}"

@@ -9,7 +9,7 @@ use counterd::batch::{CounterDelta, LedgerUpdate};
 use counterd::event::{CommentId, PostId, Row, Token};
 use counterd::store::counting::Concern;
 use counterd::store::prelude::*;
-use counterd::store::{DirtyOrder, Fence};
+use counterd::store::{DirtyOrder, Fence, PendingBatch};
 use mongodb::bson::{doc, DateTime};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -328,6 +328,130 @@ async fn the_per_post_guard_rejects_a_duplicate_write() {
         .await
         .unwrap();
     assert_eq!(new.applied, 1, "newer token: applied");
+    assert_eq!(t.displayed(&post(1)).await, 2);
+}
+
+/// A worker that stopped while it carried counters across batches (see `counterd::carry`):
+/// the first batch's ledger states written, its counters and dirty marks stored with the second
+/// batch's intent, nothing else. The next start writes both batches' counters once, each
+/// guarded by the last batch that touched it, with one log entry per batch.
+#[tokio::test]
+async fn a_carry_left_in_flight_is_written_once_by_the_next_start() {
+    let t = TestDb::new("carry").await;
+    let fence = Fence {
+        stream: "comments".into(),
+        epoch: 0,
+    };
+    let comment = |n: i32| CommentId::new(mongodb::bson::Bson::Int32(n));
+    let delta = |p: usize, rows: &[i32]| CounterDelta {
+        counter: counterd::definition::CounterIx::DEFAULT,
+        post: post(p),
+        delta: rows.len() as i64,
+        buckets: [(0, rows.len() as i64)].into_iter().collect(),
+        touched: [0].into_iter().collect(),
+        comments: Some(rows.iter().map(|n| comment(*n)).collect()),
+    };
+    let row = |p: usize| Row {
+        post: Some(post(p)),
+        created_at: None,
+        deleted: false,
+        members: Vec::new(),
+    };
+    let batch = |end: &str, deltas: Vec<CounterDelta>, rows: &[(i32, usize)]| PendingBatch {
+        end: Token(end.into()),
+        end_time: None,
+        counters: deltas,
+        ledger: rows
+            .iter()
+            .map(|(n, p)| LedgerUpdate {
+                comment: comment(*n),
+                state: Some(row(*p)),
+            })
+            .collect(),
+        dirty: rows
+            .iter()
+            .map(|(_, p)| counterd::batch::DirtyMark::settled(post(*p)))
+            .collect(),
+        carry: None,
+    };
+    let first = batch(
+        "0010",
+        vec![delta(1, &[1]), delta(2, &[2])],
+        &[(1, 1), (2, 2)],
+    );
+    let second = PendingBatch {
+        carry: Some(first.end.clone()),
+        ..batch("0020", vec![delta(1, &[3])], &[(3, 1)])
+    };
+    // What the worker stores: the first intent, its ledger states; the second intent with the
+    // first batch's counters and marks carried.
+    t.store.record_intent(&fence, &first, None).await.unwrap();
+    t.store
+        .write_ledger(&fence, &first.ledger, &first.end, 0)
+        .await
+        .unwrap();
+    let carried = PendingBatch {
+        ledger: Vec::new(),
+        ..first.clone()
+    };
+    t.store
+        .record_intent(&fence, &second, Some(&carried))
+        .await
+        .unwrap();
+    let stored = t.store.load_checkpoint("comments").await.unwrap().unwrap();
+    assert_eq!(stored.pending.as_ref(), Some(&second));
+    let read = t
+        .store
+        .load_carried("comments", &first.end, &second.end)
+        .await;
+    assert_eq!(read.unwrap(), vec![carried.clone()], "read back as written");
+    let read = t
+        .store
+        .load_carried("comments", &first.end, &first.end)
+        .await;
+    assert_eq!(read.unwrap(), vec![], "only those before the pending batch");
+    let other = Token("0005".into());
+    let read = t.store.load_carried("comments", &other, &second.end).await;
+    assert_eq!(read.unwrap(), vec![], "only this carry's");
+    // One carried counter had landed before the stop: it is not added again.
+    t.store
+        .apply_counters(&fence, &[delta(2, &[2])], &first.end, None)
+        .await
+        .unwrap();
+
+    let worker = counterd::worker::Worker::new(
+        t.store.clone(),
+        t.worker_settings(),
+        std::sync::Arc::new(counterd::worker::WorkerStatus::default()),
+    );
+    let resolved = worker.resolve_pending(&fence).await.unwrap();
+    assert_eq!(resolved.map(|b| b.end), Some(second.end.clone()));
+    assert_eq!(t.displayed(&post(1)).await, 2, "both batches, once");
+    assert_eq!(t.displayed(&post(2)).await, 1, "landed before: once");
+    let one = t.store.read_counter(&post(1)).await.unwrap().unwrap();
+    assert_eq!(one.applied_through.as_deref(), Some("0020"));
+    let log: Vec<&str> = one.recent.iter().map(|e| e.through.as_str()).collect();
+    assert_eq!(log, ["0010", "0020"], "one log entry per batch");
+    let two = t.store.read_counter(&post(2)).await.unwrap().unwrap();
+    assert_eq!(
+        two.applied_through.as_deref(),
+        Some("0010"),
+        "guarded by the last batch that touched it"
+    );
+    let after = t.store.load_checkpoint("comments").await.unwrap().unwrap();
+    assert_eq!(after.token, Some(second.end.clone()));
+    assert!(after.pending.is_none(), "{after:?}");
+    let left =
+        t.db.collection::<mongodb::bson::Document>("counterd_carried");
+    assert_eq!(left.count_documents(doc! {}).await.unwrap(), 0, "cleared");
+    let dirty = t
+        .store
+        .dirty_list(Some("comments"), DirtyOrder::Oldest, 10)
+        .await
+        .unwrap();
+    assert_eq!(dirty.len(), 2, "both posts marked: {dirty:?}");
+    // Nothing is left to re-apply.
+    assert!(worker.resolve_pending(&fence).await.unwrap().is_none());
     assert_eq!(t.displayed(&post(1)).await, 2);
 }
 

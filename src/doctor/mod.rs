@@ -184,6 +184,7 @@ impl From<&Settings> for Expectations {
             names.counters.clone(),
             names.dirty.clone(),
             names.checkpoints.clone(),
+            names.carried.clone(),
             names.leases.clone(),
             names.runs.clone(),
             names.sweeps.clone(),

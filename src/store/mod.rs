@@ -35,7 +35,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bson::{DateTime, Timestamp};
 
-use crate::batch::{CounterDelta, DirtyMark, LedgerUpdate};
+use crate::batch::{CounterDelta, CounterWrite, DirtyMark, LedgerUpdate};
 use crate::definition::CounterIx;
 use crate::deployment::Deployment;
 use crate::event::{CommentId, PostId, Row, Token};
@@ -148,7 +148,31 @@ pub trait Checkpoints: Send + Sync {
     async fn load_checkpoint(&self, stream: &str) -> StoreResult<Option<Checkpoint>>;
 
     /// Records a batch's intent: raises `high_water` to its end and stores its plan as pending.
-    async fn record_intent(&self, fence: &Fence, batch: &PendingBatch) -> StoreResult<()>;
+    /// `carried`: the batch pending until now, whose counters and dirty marks are carried (not
+    /// written yet; see [`crate::carry`]): stored first, where [`Checkpoints::load_carried`]
+    /// finds it.
+    async fn record_intent(
+        &self,
+        fence: &Fence,
+        batch: &PendingBatch,
+        carried: Option<&PendingBatch>,
+    ) -> StoreResult<()>;
+
+    /// The batches of the carry `carry` (the pending batch's [`PendingBatch::carry`]) that a
+    /// stopped worker stored (see [`Checkpoints::record_intent`]) and that end before `before`
+    /// (the pending batch: stored too if the stop came between storing it and the next
+    /// intent, and then only its pending copy counts), oldest first.
+    async fn load_carried(
+        &self,
+        stream: &str,
+        carry: &Token,
+        before: &Token,
+    ) -> StoreResult<Vec<PendingBatch>>;
+
+    /// Deletes the batches stored for the carry `carry`, once its counters and dirty marks are
+    /// written and before the checkpoint moves past them (a restart in between re-applies
+    /// what is left, which the guards reject).
+    async fn clear_carried(&self, fence: &Fence, carry: &Token) -> StoreResult<()>;
 
     /// Advances the resume position (and clears any pending batch) after every write of a batch
     /// was acknowledged.
@@ -198,16 +222,31 @@ pub trait Checkpoints: Send + Sync {
 /// installs.
 #[async_trait]
 pub trait Counters: Send + Sync {
-    /// (a) Counter increments, each guarded by `applied_through < through`.
-    /// Each statement also records `through` (and its cluster time) under every bucket the
-    /// write touched.
+    /// (a) Counter writes, each guarded by `applied_through < w.through`. Each statement adds
+    /// the increments, sets `applied_through` (and its cluster time), records each touched
+    /// bucket's batch and appends the write's log entries (the newest
+    /// [`crate::recount::LOG_ENTRIES`] are kept).
+    async fn write_counters(
+        &self,
+        fence: &Fence,
+        writes: &[CounterWrite],
+    ) -> StoreResult<ApplyOutcome>;
+
+    /// (a) for one batch ending at `through`: its increments, each guarded by
+    /// `applied_through < through`.
     async fn apply_counters(
         &self,
         fence: &Fence,
         writes: &[CounterDelta],
         through: &Token,
         through_time: Option<Timestamp>,
-    ) -> StoreResult<ApplyOutcome>;
+    ) -> StoreResult<ApplyOutcome> {
+        let writes: Vec<CounterWrite> = writes
+            .iter()
+            .map(|d| CounterWrite::of_batch(d, through, through_time))
+            .collect();
+        self.write_counters(fence, &writes).await
+    }
 
     async fn read_counter(&self, post: &PostId) -> StoreResult<Option<CounterDoc>>;
 

@@ -202,6 +202,10 @@ pub struct PendingBatch {
     pub counters: Vec<CounterDelta>,
     pub ledger: Vec<LedgerUpdate>,
     pub dirty: Vec<DirtyMark>,
+    /// The carry the batch belongs to (see [`crate::carry`]): the end of its first batch, under
+    /// which the batches carried before this one are stored (`None`: nothing is carried before
+    /// it).
+    pub carry: Option<Token>,
 }
 
 /// A counter document as readers and the reconciler see it.

@@ -5,9 +5,11 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 
 use super::{SessionError, Worker};
-use crate::batch::{plan_batch_covering, Coverage, LedgerUpdate};
+use crate::batch::{plan_batch_covering, CounterWrite, Coverage, LedgerUpdate};
+use crate::budget::{cost, Budget, Grant};
+use crate::carry::Carry;
 use crate::event::{ChangeEvent, CommentId, Row};
-use crate::store::{Checkpoint, Fence, PendingBatch, Store, StoreError, StoreResult};
+use crate::store::{ApplyOutcome, Checkpoint, Fence, PendingBatch, Store, StoreError, StoreResult};
 use crate::telemetry as m;
 
 /// Ledger entries read ahead for the next batch while the current one was written, with the
@@ -80,12 +82,19 @@ impl<S: Store + ?Sized> Worker<S> {
     /// Classifies one batch and applies it (or, below the high water, only marks it dirty).
     /// Returns the ledger states it wrote. The events are dropped once planned: only the plan
     /// is held while it is written (memory per event in flight).
+    ///
+    /// With `may_carry` (the worker is behind and more events are read), the batch's counter
+    /// increments join the counters carried across batches instead of being written now, if
+    /// `carrying` has room for them (see [`crate::carry`]); otherwise everything carried is
+    /// written with this batch and the checkpoint moves.
     pub(super) async fn apply(
         &self,
         fence: &Fence,
         checkpoint: &mut Checkpoint,
         events: Vec<ChangeEvent>,
         prefetched: Option<Prefetched>,
+        carrying: &mut Carrying,
+        may_carry: bool,
     ) -> Result<Vec<LedgerUpdate>, SessionError> {
         let mut ledger = if self.settings.attribution.uses_ledger() {
             self.batch_ledger(&fence.stream, checkpoint, &events, prefetched)
@@ -142,12 +151,13 @@ impl<S: Store + ?Sized> Worker<S> {
         drop((events, ledger));
         let mut written = Vec::new();
         if let Some((end, end_time)) = last {
-            let batch = PendingBatch {
+            let mut batch = PendingBatch {
                 end,
                 end_time,
                 counters: plan.counters,
                 ledger: plan.ledger,
                 dirty: plan.dirty,
+                carry: None,
             };
             let seen = checkpoint
                 .high_water
@@ -156,6 +166,8 @@ impl<S: Store + ?Sized> Worker<S> {
             let started = std::time::Instant::now();
             if seen {
                 // Already applied before (an operator replay): recount, never count again.
+                // (Carried counters are of later events: written first, should any be.)
+                self.flush(fence, checkpoint, carrying).await?;
                 self.store
                     .mark_dirty(fence, &batch.dirty, self.clock.now())
                     .await?;
@@ -165,9 +177,32 @@ impl<S: Store + ?Sized> Worker<S> {
                 checkpoint.token = Some(batch.end.clone());
                 checkpoint.token_time = batch.end_time;
             } else {
-                self.store.record_intent(fence, &batch).await?; // (0)
+                // (0), with the batch carried until now, if any, stored as carried.
+                batch.carry = carrying.carry.id().cloned();
+                carrying.settled = false;
+                self.store
+                    .record_intent(fence, &batch, carrying.carry.newest())
+                    .await?;
                 checkpoint.high_water = Some(batch.end.clone());
-                self.write_batch(fence, checkpoint, &batch).await?;
+                let counters = std::mem::take(&mut batch.counters);
+                let dirty = std::mem::take(&mut batch.dirty);
+                carrying
+                    .carry
+                    .push(batch.end.clone(), batch.end_time, counters, dirty);
+                // Only well behind: a worker keeping up with live writes writes every batch, so
+                // that counters follow the stream within about a batch's latency.
+                let behind = batch.end_time.is_some_and(|t| {
+                    crate::time::secs(self.clock.now()) - t.time as i64 >= CARRY_BEHIND_SECS
+                });
+                if may_carry && behind && carrying.has_room(&self.settings.budget, self.clock.now())
+                {
+                    self.write_carried(fence, checkpoint, &batch).await?;
+                    carrying.settled = true;
+                } else {
+                    self.write_batch(fence, checkpoint, Some(&batch), &mut carrying.carry)
+                        .await?;
+                    carrying.closed();
+                }
                 metrics::counter!(m::UNATTRIBUTABLE_EVENTS, "stream" => fence.stream.clone())
                     .increment(unattributable as u64);
                 written = batch.ledger;
@@ -206,51 +241,207 @@ impl<S: Store + ?Sized> Worker<S> {
         }
     }
 
-    /// Writes a planned batch: (a) counters, (b) ledger and (c) dirty marks together, then (d)
-    /// the checkpoint.
+    /// Writes what `carry` holds, (a) its counters and (c) dirty marks, with `batch`'s (b)
+    /// ledger states, then (d) moves the checkpoint to the carry's end (`batch`: none when its
+    /// own writes already landed, see [`Worker::flush`]).
     ///
     /// (a), (b) and (c) go out side by side (one round trip of latency instead of three): the
-    /// batch's whole plan is recorded as the intent before any of them, and a crash anywhere is
-    /// repaired by re-applying that plan, each write guarded by the batch's end token, so which
-    /// of them landed first never matters. No reader depends on their order either: the
-    /// reconciler trusts only positions at or below the checkpoint, which (d) moves after all
-    /// three are acknowledged. The simulation interleaves and fails them one by one.
+    /// batch's whole plan is recorded as the intent before any of them (and the carried
+    /// batches' counters and marks with it), and a crash anywhere is repaired by re-applying that plan,
+    /// each write guarded by its batch's end token, so which of them landed first never
+    /// matters. No reader depends on their order either: the reconciler trusts only positions
+    /// at or below the checkpoint, which (d) moves after all three are acknowledged. The
+    /// simulation interleaves and fails them one by one.
     pub(super) async fn write_batch(
+        &self,
+        fence: &Fence,
+        checkpoint: &mut Checkpoint,
+        batch: Option<&PendingBatch>,
+        carry: &mut Carry,
+    ) -> Result<(), StoreError> {
+        let Some((end, end_time)) = carry.end().map(|(t, at)| (t.clone(), at)) else {
+            return Ok(());
+        };
+        let (batches, posts) = (carry.batches(), carry.counters());
+        let carry_id = carry.id().cloned();
+        let marks = carry.take_dirty();
+        let mut writes = carry.take_writes();
+        let counters = async {
+            // In slices: only one slice's writes and statements are held at once.
+            let mut outcome = ApplyOutcome::default();
+            loop {
+                let slice: Vec<CounterWrite> = writes.by_ref().take(FLUSH_SLICE).collect();
+                if slice.is_empty() {
+                    return Ok::<_, StoreError>(outcome);
+                }
+                let wrote = self.store.write_counters(fence, &slice).await?; // (a)
+                outcome.applied += wrote.applied;
+                outcome.already_applied += wrote.already_applied;
+            }
+        };
+        let ledger = async {
+            match batch {
+                Some(batch) => self.write_carried(fence, checkpoint, batch).await,
+                None => Ok(()),
+            }
+        };
+        let dirty = async {
+            for slice in marks.chunks(FLUSH_SLICE) {
+                self.store
+                    .mark_dirty(fence, slice, self.clock.now())
+                    .await?; // (c)
+            }
+            Ok(())
+        };
+        let (outcome, (), ()) = futures::try_join!(counters, ledger, dirty)?;
+        if let Some(carry) = carry_id.filter(|_| batches > 1) {
+            // Written: the stored copies go, before the checkpoint moves past them.
+            self.store.clear_carried(fence, &carry).await?;
+        }
+        self.store.save_checkpoint(fence, &end, end_time).await?; // (d)
+        checkpoint.token = Some(end.clone());
+        checkpoint.token_time = end_time;
+        checkpoint.pending = None;
+        let stream = fence.stream.clone();
+        metrics::counter!(m::BATCHES, "stream" => stream.clone()).increment(batches as u64);
+        metrics::counter!(m::INCREMENTS, "stream" => stream.clone(), "result" => "applied")
+            .increment(outcome.applied);
+        metrics::counter!(m::INCREMENTS, "stream" => stream, "result" => "already_applied")
+            .increment(outcome.already_applied);
+        tracing::debug!(stream = %fence.stream, %end, batches, writes = posts, already = outcome.already_applied, "batch applied");
+        Ok(())
+    }
+
+    /// Writes a batch's (b) ledger states; its counters and dirty marks are carried (or
+    /// written beside, by [`Worker::write_batch`]).
+    async fn write_carried(
+        &self,
+        fence: &Fence,
+        checkpoint: &Checkpoint,
+        batch: &PendingBatch,
+    ) -> Result<(), StoreError> {
+        if batch.ledger.is_empty() {
+            return Ok(());
+        }
+        // A batch left in flight is re-applied before the stream is read again, so before a
+        // history gap can be recorded: its states are of this generation.
+        let generation = checkpoint.ledger_generation();
+        self.store
+            .write_ledger(fence, &batch.ledger, &batch.end, generation)
+            .await // (b)
+    }
+
+    /// Writes what is carried and moves the checkpoint to its end (the newest carried batch's
+    /// own writes landed already): before the worker reads on caught up, pauses for a
+    /// snapshot chunk or stops, and once the carry is old or full.
+    pub(super) async fn flush(
+        &self,
+        fence: &Fence,
+        checkpoint: &mut Checkpoint,
+        carrying: &mut Carrying,
+    ) -> Result<(), StoreError> {
+        if carrying.carry.is_open() {
+            self.write_batch(fence, checkpoint, None, &mut carrying.carry)
+                .await?;
+        }
+        carrying.closed();
+        Ok(())
+    }
+
+    /// Re-applies the batch a stopped worker left in flight, with the counters it carried,
+    /// exactly as planned.
+    pub(super) async fn reapply(
         &self,
         fence: &Fence,
         checkpoint: &mut Checkpoint,
         batch: &PendingBatch,
     ) -> Result<(), StoreError> {
-        // A batch left in flight is re-applied before the stream is read again, so before a
-        // history gap can be recorded: its states are of this generation.
-        let generation = checkpoint.ledger_generation();
-        let counters =
-            self.store
-                .apply_counters(fence, &batch.counters, &batch.end, batch.end_time); // (a)
-        let ledger = async {
-            if batch.ledger.is_empty() {
-                return Ok(());
+        let carried = match &batch.carry {
+            Some(carry) => {
+                self.store
+                    .load_carried(&fence.stream, carry, &batch.end)
+                    .await?
             }
-            self.store
-                .write_ledger(fence, &batch.ledger, &batch.end, generation)
-                .await
-        }; // (b)
-        let dirty = self.store.mark_dirty(fence, &batch.dirty, self.clock.now()); // (c)
-        let (outcome, (), ()) = futures::try_join!(counters, ledger, dirty)?;
-        self.store
-            .save_checkpoint(fence, &batch.end, batch.end_time)
-            .await?; // (d)
-        checkpoint.token = Some(batch.end.clone());
-        checkpoint.token_time = batch.end_time;
-        checkpoint.pending = None;
-        let stream = fence.stream.clone();
-        metrics::counter!(m::BATCHES, "stream" => stream.clone()).increment(1);
-        metrics::counter!(m::INCREMENTS, "stream" => stream.clone(), "result" => "applied")
-            .increment(outcome.applied);
-        metrics::counter!(m::INCREMENTS, "stream" => stream, "result" => "already_applied")
-            .increment(outcome.already_applied);
-        tracing::debug!(stream = %fence.stream, end = %batch.end, writes = batch.counters.len(), already = outcome.already_applied, "batch applied");
-        Ok(())
+            None => Vec::new(),
+        };
+        if !carried.is_empty() {
+            tracing::info!(stream = %fence.stream, end = %batch.end, carried = carried.len(), "re-applying the counters carried before the batch left in flight");
+        }
+        let mut carry = Carry::from_stored(&carried, batch);
+        self.write_batch(fence, checkpoint, Some(batch), &mut carry)
+            .await
+    }
+}
+
+/// Counter writes sent per command while a carry is written.
+const FLUSH_SLICE: usize = 1000;
+
+/// How far behind the stream (the batch's last event's cluster time, in seconds, against the
+/// clock) the worker must be to carry counters: catching up a backlog, not keeping up with live
+/// writes, whose readers expect counters within about a second.
+const CARRY_BEHIND_SECS: i64 = 3;
+
+/// How long counters may be carried: a counter shown to readers lags the stream by at most
+/// this much more while the worker is behind (it lags by the backlog anyway).
+pub(super) const CARRY_FOR: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The counters carried across batches, with the part of the memory budget they hold.
+#[derive(Debug)]
+pub(super) struct Carrying {
+    pub(super) carry: Carry,
+    held: Grant,
+    /// When the carry's first batch was applied.
+    since: Option<bson::DateTime>,
+    /// Every carried batch's own writes (intent, ledger states) landed: the carry may be
+    /// written. False from a batch's intent until its writes are acknowledged.
+    settled: bool,
+}
+
+impl Carrying {
+    pub(super) fn new(budget: &Budget) -> Carrying {
+        Carrying {
+            carry: Carry::default(),
+            held: budget.none(),
+            since: None,
+            settled: true,
+        }
+    }
+
+    /// Whether the carry, its newest batch included, may stay carried: it is younger than
+    /// [`CARRY_FOR`] and its share of the budget
+    /// ([`cost::carry_share`]) holds what it holds. Takes what it holds now from what is free.
+    fn has_room(&mut self, budget: &Budget, now: bson::DateTime) -> bool {
+        let since = *self.since.get_or_insert(now);
+        let young =
+            now.timestamp_millis() - since.timestamp_millis() < CARRY_FOR.as_millis() as i64;
+        let want = self.carry.charge();
+        if want > self.held.bytes() {
+            let room = cost::carry_share(budget.total()).saturating_sub(self.held.bytes());
+            let more = want - self.held.bytes();
+            if more <= room {
+                self.held.merge(budget.take_free(more));
+            }
+        }
+        young && self.held.bytes() >= want
+    }
+
+    /// Whether every carried batch's own writes landed (see [`Carrying::settled`]).
+    pub(super) fn settled(&self) -> bool {
+        self.settled
+    }
+
+    /// Whether the carry is older than [`CARRY_FOR`] at `now`.
+    pub(super) fn expired(&self, now: bson::DateTime) -> bool {
+        self.since.is_some_and(|since| {
+            now.timestamp_millis() - since.timestamp_millis() >= CARRY_FOR.as_millis() as i64
+        })
+    }
+
+    /// The carry was written: it holds nothing.
+    fn closed(&mut self) {
+        self.held.shrink_to(0);
+        self.since = None;
+        self.settled = true;
     }
 }
 

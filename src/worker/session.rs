@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 
 use bson::{DateTime, Timestamp};
 
-use super::apply::Prefetched;
+use super::apply::{Carrying, Prefetched};
 use super::{SessionError, Worker};
 use crate::budget::cost::{self, ReadLimit};
 use crate::budget::Grant;
@@ -53,7 +53,12 @@ struct Pending {
     /// The ledger entries of the events read ahead, fetched while the batch before them was
     /// written (see [`Prefetched`]).
     prefetched: Option<Prefetched>,
+    /// Counters carried across batches while behind (see [`crate::carry`]).
+    carrying: Carrying,
 }
+
+/// How long a stop waits for the carried counters to be written.
+const STOP_FLUSH: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// How many `max_batch_wait`s a read ahead (made while the worker is behind, during a batch's
 /// writes) may gather events for.
@@ -93,7 +98,7 @@ impl<S: Store + ?Sized> Worker<S> {
             });
         if let Some(batch) = checkpoint.pending.clone() {
             tracing::info!(stream = %fence.stream, end = %batch.end, posts = batch.counters.len(), "re-applying the batch a previous run left in flight");
-            self.write_batch(fence, &mut checkpoint, &batch).await?;
+            self.reapply(fence, &mut checkpoint, &batch).await?;
         }
         self.check_deployment(fence, &mut checkpoint).await?;
         // A configured start applies once: after a history gap it is lost too, so "now" then.
@@ -177,16 +182,22 @@ impl<S: Store + ?Sized> Worker<S> {
             batch_limit: self.settings.batch_size,
             behind: false,
             prefetched: None,
+            carrying: Carrying::new(&self.settings.budget),
         };
         let mut next_chunk_at = self.clock.now();
         loop {
             if shutdown.requested() {
+                self.stop(fence, &mut checkpoint, &mut pending.carrying)
+                    .await;
                 return Ok(());
             }
             if checkpoint.snapshot_running() && self.clock.now() >= next_chunk_at {
                 // One chunk between two batches, at the configured rate, of as many rows as the
                 // memory budget has room for (waiting for room only while this worker holds
-                // no events: see `crate::budget`).
+                // no events: see `crate::budget`). Carried counters are written first: the
+                // chunk's counts are added beside the stream's (see `crate::snapshot`).
+                self.flush(fence, &mut checkpoint, &mut pending.carrying)
+                    .await?;
                 let want = self.settings.snapshot.chunk_rows * cost::ROW_COST;
                 let rows = tokio::select! {
                     biased;
@@ -230,7 +241,11 @@ impl<S: Store + ?Sized> Worker<S> {
                 })??,
                 // Abandoning a batch mid-way is safe: the checkpoint has not moved, and a
                 // recorded intent is re-applied exactly, as planned, by the next session.
-                _ = shutdown.wait() => return Ok(()),
+                // What is carried is still written when the batches it holds are settled.
+                _ = shutdown.wait() => {
+                    self.stop(fence, &mut checkpoint, &mut pending.carrying).await;
+                    return Ok(());
+                }
             };
             *backoff = self.backoff();
             if idle
@@ -242,6 +257,28 @@ impl<S: Store + ?Sized> Worker<S> {
         }
     }
 
+    /// A stop: what is carried is written first, so that a stopped worker's counters show
+    /// every batch it applied, if every carried batch's own writes are settled (a stop that
+    /// abandoned a batch mid-way leaves it, as planned, to whoever resumes the stream), and
+    /// within [`STOP_FLUSH`] (a stop is not held up by a slow server: the intent holds the
+    /// carry, and the next start writes it).
+    async fn stop(&self, fence: &Fence, checkpoint: &mut Checkpoint, carrying: &mut Carrying) {
+        if !carrying.settled() {
+            return;
+        }
+        let limit = STOP_FLUSH.min(self.settings.operation_timeout);
+        let flush = self.flush(fence, checkpoint, carrying);
+        let outcome = tokio::time::timeout(limit, flush).await;
+        if let Err(error) = outcome.unwrap_or_else(|_| {
+            Err(StoreError::Transient {
+                op: "write the carried counters",
+                message: format!("no answer within {limit:?}"),
+            })
+        }) {
+            tracing::warn!(stream = %fence.stream, %error, "stopping without writing the carried counters; the next start writes them from the intent");
+        }
+    }
+
     /// Reads and applies one batch. Returns true when the stream was idle.
     async fn step(
         &self,
@@ -250,7 +287,23 @@ impl<S: Store + ?Sized> Worker<S> {
         source: &mut dyn EventSource,
         pending: &mut Pending,
     ) -> Result<bool, SessionError> {
-        if pending.events.len() < pending.batch_limit {
+        // Counters are carried only while more events are read and waiting (see
+        // `crate::carry`): otherwise what is carried is written now, before the stream is read
+        // on caught up (a read that waits for events holds nothing else; `crate::budget`).
+        let carry_on = pending.behind
+            && !pending.events.is_empty()
+            && !checkpoint.snapshot_running()
+            && !pending.carrying.expired(self.clock.now());
+        if !carry_on {
+            self.flush(fence, checkpoint, &mut pending.carrying).await?;
+        }
+        // Events read ahead that already fill a read's share of the budget are a whole batch:
+        // a read topping them up would be cut to nothing and look like a caught-up stream
+        // (which would halve the next batch and stop the read ahead and the carry).
+        let full_by_bytes = !pending.events.is_empty()
+            && cost::read_share(self.budget_total()).saturating_sub(pending.held.bytes())
+                < cost::MIN_READ;
+        if pending.events.len() < pending.batch_limit && !full_by_bytes {
             // On an idle stream, note where the server stands before reading: an empty answer
             // then proves that every event before that position is applied.
             let before_read = if pending.events.is_empty() && pending.idle {
@@ -341,8 +394,16 @@ impl<S: Store + ?Sized> Worker<S> {
                 };
                 Ok::<_, StoreError>((read, ledger))
             };
-            let (applied, read) =
-                tokio::join!(self.apply(fence, checkpoint, batch, prefetched), read_ahead);
+            let may_carry = !checkpoint.snapshot_running();
+            let applied = self.apply(
+                fence,
+                checkpoint,
+                batch,
+                prefetched,
+                &mut pending.carrying,
+                may_carry,
+            );
+            let (applied, read) = tokio::join!(applied, read_ahead);
             drop(batch_grant);
             let written = applied?;
             let (read, ledger) = read?;
@@ -353,7 +414,15 @@ impl<S: Store + ?Sized> Worker<S> {
                 ledger
             });
         } else {
-            self.apply(fence, checkpoint, batch, prefetched).await?;
+            self.apply(
+                fence,
+                checkpoint,
+                batch,
+                prefetched,
+                &mut pending.carrying,
+                false,
+            )
+            .await?;
             drop(batch_grant);
         }
         pending.applied_since_drained = true;

@@ -10,11 +10,39 @@ impl<S: Checkpoints> Checkpoints for CountingStore<S> {
             .await
     }
 
-    async fn record_intent(&self, fence: &Fence, batch: &PendingBatch) -> StoreResult<()> {
+    async fn record_intent(
+        &self,
+        fence: &Fence,
+        batch: &PendingBatch,
+        carried: Option<&PendingBatch>,
+    ) -> StoreResult<()> {
         self.timed(
             Concern::Checkpoints,
             1,
-            self.inner.record_intent(fence, batch),
+            self.inner.record_intent(fence, batch, carried),
+        )
+        .await
+    }
+
+    async fn load_carried(
+        &self,
+        stream: &str,
+        carry: &Token,
+        before: &Token,
+    ) -> StoreResult<Vec<PendingBatch>> {
+        self.timed(
+            Concern::Checkpoints,
+            0,
+            self.inner.load_carried(stream, carry, before),
+        )
+        .await
+    }
+
+    async fn clear_carried(&self, fence: &Fence, carry: &Token) -> StoreResult<()> {
+        self.timed(
+            Concern::Checkpoints,
+            1,
+            self.inner.clear_carried(fence, carry),
         )
         .await
     }
@@ -101,18 +129,15 @@ impl<S: Checkpoints> Checkpoints for CountingStore<S> {
 
 #[async_trait]
 impl<S: Counters> Counters for CountingStore<S> {
-    async fn apply_counters(
+    async fn write_counters(
         &self,
         fence: &Fence,
-        writes: &[CounterDelta],
-        through: &Token,
-        through_time: Option<Timestamp>,
+        writes: &[CounterWrite],
     ) -> StoreResult<ApplyOutcome> {
         self.timed(
             Concern::Counters,
             writes.len(),
-            self.inner
-                .apply_counters(fence, writes, through, through_time),
+            self.inner.write_counters(fence, writes),
         )
         .await
     }

@@ -105,12 +105,42 @@ impl Memory {
         Ok(c.map(|c| c.view(stream)))
     }
 
-    pub fn record_intent(&mut self, fence: &Fence, batch: &PendingBatch) -> StoreResult<()> {
+    pub fn record_intent(
+        &mut self,
+        fence: &Fence,
+        batch: &PendingBatch,
+        carried: Option<&PendingBatch>,
+    ) -> StoreResult<()> {
+        if let Some(carried) = carried {
+            let carry = batch.carry.as_ref().unwrap_or(&carried.end).to_string();
+            let key = (fence.stream.clone(), carry, carried.end.to_string());
+            self.carried.insert(key, carried.clone());
+        }
         self.owned_checkpoint_update(fence, |c, now| {
             max_string(&mut c.high_water, batch.end.as_str());
             c.pending = Some(batch.clone());
             c.updated_at = Some(now);
         })
+    }
+
+    pub fn load_carried(
+        &self,
+        stream: &str,
+        carry: &Token,
+        before: &Token,
+    ) -> StoreResult<Vec<PendingBatch>> {
+        Ok(self
+            .carried
+            .iter()
+            .filter(|((s, c, _), b)| s == stream && c == carry.as_str() && b.end < *before)
+            .map(|(_, b)| b.clone())
+            .collect())
+    }
+
+    pub fn clear_carried(&mut self, fence: &Fence, carry: &Token) -> StoreResult<()> {
+        self.carried
+            .retain(|(s, c, _), _| !(*s == fence.stream && c == carry.as_str()));
+        Ok(())
     }
 
     pub fn save_checkpoint(
@@ -223,7 +253,9 @@ impl Memory {
 
 seam!(Checkpoints {
     try fn load_checkpoint(stream: &str) -> Option<Checkpoint>;
-    try fn record_intent(fence: &Fence, batch: &PendingBatch) -> ();
+    try fn record_intent(fence: &Fence, batch: &PendingBatch, carried: Option<&PendingBatch>) -> ();
+    try fn load_carried(stream: &str, carry: &Token, before: &Token) -> Vec<PendingBatch>;
+    try fn clear_carried(fence: &Fence, carry: &Token) -> ();
     try fn save_checkpoint(fence: &Fence, token: &Token, token_time: Option<Timestamp>) -> ();
     try fn move_checkpoint(stream: &str, to: &Position) -> ();
     try fn record_start(fence: &Fence, at: Timestamp) -> ();

@@ -6,9 +6,9 @@ use bson::{DateTime, Timestamp};
 use rand::Rng;
 
 use super::{fence_ok, mongo_limit, not_gte, seam, Memory, MemoryStore};
-use crate::batch::CounterDelta;
+use crate::batch::{CounterDelta, CounterWrite};
 use crate::definition::CounterIx;
-use crate::event::{PostId, Token};
+use crate::event::PostId;
 use crate::fold::{CounterState, Fold};
 use crate::recount::{Touch, LOG_ENTRIES};
 use crate::store::{ApplyOutcome, CounterDoc, Fence, StoreResult};
@@ -42,10 +42,10 @@ impl CounterRec {
     }
 
     /// Adds one write's increments (`live_delta`, `count`, each bucket) under the writer's epoch.
-    fn add(&mut self, w: &CounterDelta, fence: &Fence) {
-        self.live_delta += w.delta;
-        self.count += w.delta;
-        for (bucket, amount) in &w.buckets {
+    fn add(&mut self, delta: i64, buckets: &BTreeMap<i64, i64>, fence: &Fence) {
+        self.live_delta += delta;
+        self.count += delta;
+        for (bucket, amount) in buckets {
             *self.buckets.entry(*bucket).or_default() += amount;
         }
         self.epoch = Some(fence.epoch);
@@ -53,35 +53,28 @@ impl CounterRec {
 }
 
 impl Memory {
-    /// One statement of `apply_counters`: the increment, if the counter's `applied_through` is
-    /// below `through` and no newer epoch wrote it. Returns whether it applied (false: the
+    /// One statement of `write_counters`: the increment, if the counter's `applied_through` is
+    /// below the write's and no newer epoch wrote it. Returns whether it applied (false: the
     /// upsert's insert hit the existing `_id`, a duplicate key: already applied).
-    pub fn apply_counter(
-        &mut self,
-        fence: &Fence,
-        w: &CounterDelta,
-        through: &Token,
-        through_time: Option<Timestamp>,
-    ) -> bool {
+    pub fn apply_counter(&mut self, fence: &Fence, w: &CounterWrite) -> bool {
         let Some(counters) = self.counters_of_mut(w.counter) else {
-            return false; // refused up front by `apply_counters`
+            return false; // refused up front by `write_counters`
         };
         if let Some(c) = counters.get(&w.post) {
-            if !(not_gte(c.applied_through.as_deref(), through.as_str())
+            if !(not_gte(c.applied_through.as_deref(), w.through.as_str())
                 && fence_ok(c.epoch, fence))
             {
                 return false;
             }
         }
         let c = counters.entry(w.post.clone()).or_default();
-        c.add(w, fence);
-        c.applied_through = Some(through.to_string());
-        c.applied_time = through_time;
-        for bucket in &w.touched {
-            c.touched.insert(*bucket, through.to_string());
+        c.add(w.delta, &w.buckets, fence);
+        c.applied_through = Some(w.through.to_string());
+        c.applied_time = w.through_time;
+        for (bucket, batch) in &w.touched {
+            c.touched.insert(*bucket, batch.to_string());
         }
-        c.recent
-            .push(Touch::new(through.as_str(), w.comments.as_deref()));
+        c.recent.extend(w.log.iter().cloned());
         let excess = c.recent.len().saturating_sub(LOG_ENTRIES);
         c.recent.drain(..excess);
         true
@@ -99,24 +92,22 @@ impl Memory {
             }
         }
         let c = counters.entry(w.post.clone()).or_default();
-        c.add(w, fence);
+        c.add(w.delta, &w.buckets, fence);
         c.snapshot_chunk = Some(chunk);
         true
     }
 
-    /// `apply_counters`: its statements, each on its own (`ordered: false`).
-    pub fn apply_counters(
+    /// `write_counters`: its statements, each on its own (`ordered: false`).
+    pub fn write_counters(
         &mut self,
         fence: &Fence,
-        writes: &[CounterDelta],
-        through: &Token,
-        through_time: Option<Timestamp>,
+        writes: &[CounterWrite],
     ) -> StoreResult<ApplyOutcome> {
         self.known_counters("apply counter increments", writes.iter().map(|w| w.counter))?;
         let statements = writes.iter();
-        Ok(ApplyOutcome::count(statements.map(|w| {
-            self.apply_counter(fence, w, through, through_time)
-        })))
+        Ok(ApplyOutcome::count(
+            statements.map(|w| self.apply_counter(fence, w)),
+        ))
     }
 
     /// `apply_snapshot_counters`: its statements, each on its own.
@@ -274,7 +265,7 @@ impl Memory {
 }
 
 seam!(Counters {
-    try fn apply_counters(fence: &Fence, writes: &[CounterDelta], through: &Token, through_time: Option<Timestamp>) -> ApplyOutcome;
+    try fn write_counters(fence: &Fence, writes: &[CounterWrite]) -> ApplyOutcome;
     view fn read_counter(post: &PostId) -> Option<CounterDoc>;
     view fn install_fold(post: &PostId, expected: Option<&CounterDoc>, fold: &Fold, now: DateTime) -> bool;
     view fn posts_after(after: Option<&PostId>, limit: usize) -> Vec<PostId>;

@@ -90,6 +90,8 @@ pub struct Memory {
     /// "collections" (see [`Memory::define_counters`]).
     pub more: BTreeMap<CounterIx, CounterTables>,
     pub checkpoints: BTreeMap<String, CheckpointRec>,
+    /// Carried batches by stream, carry and end (the carried collection).
+    pub carried: BTreeMap<(String, String, String), crate::store::PendingBatch>,
     pub leases: BTreeMap<String, LeaseRec>,
     pub runs: Vec<RunSummary>,
     pub sweeps: BTreeMap<String, SweepCursor>,
@@ -119,6 +121,7 @@ impl Memory {
             definitions: Vec::new(),
             more: BTreeMap::new(),
             checkpoints: BTreeMap::new(),
+            carried: BTreeMap::new(),
             leases: BTreeMap::new(),
             runs: Vec::new(),
             sweeps: BTreeMap::new(),

@@ -14,8 +14,35 @@ impl Checkpoints for MongoStore {
         found.map(|d| checkpoint_from_raw(stream, &d)).transpose()
     }
 
-    async fn record_intent(&self, fence: &Fence, batch: &PendingBatch) -> StoreResult<()> {
+    async fn record_intent(
+        &self,
+        fence: &Fence,
+        batch: &PendingBatch,
+        carried: Option<&PendingBatch>,
+    ) -> StoreResult<()> {
         // Raw from serde to the wire: the intent is the largest thing a batch writes.
+        if let Some(carried) = carried {
+            // Its own document, written once (the checkpoint document does not grow with the
+            // carry), under the carry's id; stored before the intent that replaces it as
+            // pending, so that it is never in neither place (`load_carried` skips it while it
+            // is still pending).
+            let op = "store a carried batch";
+            let id = format!("{}|{}", fence.stream, carried.end);
+            let carry = batch.carry.as_ref().unwrap_or(&carried.end);
+            let stored = rawdoc! {
+                "stream": fence.stream.as_str(),
+                "carry": carry.as_str(),
+                "end": carried.end.as_str(),
+                "epoch": fence.epoch,
+                "batch": pending_to_raw(carried)?,
+            };
+            let command = rawdoc! {
+                "update": self.names.carried.as_str(),
+                "updates": [{"q": {"_id": id}, "u": {"$set": stored}, "upsert": true}],
+            };
+            let reply = self.db.run_raw_command(command).observed(op).await?;
+            write_errors(op, &reply)?;
+        }
         let update = rawdoc! {
             "$max": {"high_water": batch.end.as_str()},
             "$set": {"pending": pending_to_raw(batch)?, "updated_at": DateTime::now()},
@@ -52,6 +79,49 @@ impl Checkpoints for MongoStore {
             doc! {"$set": set, "$max": {"high_water": token.as_str()}, "$unset": {"pending": ""}};
         self.owned_checkpoint_update("save the checkpoint", fence, update)
             .await
+    }
+
+    async fn load_carried(
+        &self,
+        stream: &str,
+        carry: &Token,
+        before: &Token,
+    ) -> StoreResult<Vec<PendingBatch>> {
+        let op = "read the carried batches";
+        let mut cursor = self
+            .db
+            .collection::<RawDocumentBuf>(&self.names.carried)
+            .find(doc! {"stream": stream, "carry": carry.as_str()})
+            .observed(op)
+            .await?;
+        let mut carried = Vec::new();
+        while let Some(stored) = cursor.try_next().await.map_err(|e| map_err(op, e))? {
+            let malformed = |detail: String| {
+                StoreError::Malformed {
+                what: "carried batch",
+                id: stream.to_string(),
+                detail: format!("{detail} (a stopped worker's carried counters; delete it from counterd's carried collection, then recount with `counterd reconcile --sweep`)"),
+            }
+            };
+            let batch = stored
+                .get_document("batch")
+                .map_err(|e| malformed(e.to_string()))?;
+            let batch = pending_from_raw(batch).map_err(malformed)?;
+            if batch.end < *before {
+                carried.push(batch);
+            }
+        }
+        carried.sort_by(|a, b| a.end.cmp(&b.end));
+        Ok(carried)
+    }
+
+    async fn clear_carried(&self, fence: &Fence, carry: &Token) -> StoreResult<()> {
+        self.db
+            .collection::<Document>(&self.names.carried)
+            .delete_many(doc! {"stream": fence.stream.as_str(), "carry": carry.as_str()})
+            .observed("clear the carried batches")
+            .await?;
+        Ok(())
     }
 
     async fn move_checkpoint(&self, stream: &str, to: &Position) -> StoreResult<()> {

@@ -28,38 +28,41 @@ pub(super) fn after_filter(field: &str, after: Option<&PostId>) -> Document {
 
 #[async_trait]
 impl Counters for MongoStore {
-    async fn apply_counters(
+    async fn write_counters(
         &self,
         fence: &Fence,
-        writes: &[CounterDelta],
-        through: &Token,
-        through_time: Option<Timestamp>,
+        writes: &[CounterWrite],
     ) -> StoreResult<ApplyOutcome> {
         let op = "apply counter increments";
-        // Raw from the start, like the ledger's statements: one per post of every batch.
-        let statement = |w: &&CounterDelta| {
-            let mut set = rawdoc! {"applied_through": through.as_str(), "epoch": fence.epoch};
-            match through_time {
+        // Raw from the start, like the ledger's statements: one per counter of every flush.
+        let statement = |w: &&CounterWrite| {
+            let through = w.through.as_str();
+            let mut set = rawdoc! {"applied_through": through, "epoch": fence.epoch};
+            match w.through_time {
                 Some(t) => set.append("applied_time", t),
                 None => set.append("applied_time", RawBson::Null),
             };
-            for bucket in &w.touched {
-                set.append(format!("touched.{bucket}"), through.as_str());
+            for (bucket, batch) in &w.touched {
+                set.append(format!("touched.{bucket}"), batch.as_str());
             }
-            let touch = Touch::new(through.as_str(), w.comments.as_deref());
+            let mut log = RawArrayBuf::new();
+            for touch in &w.log {
+                log.push(touch_to_raw(op, touch)?);
+            }
             Ok(rawdoc! {
-                "q": guarded_raw(op, w.post.to_bson(), "applied_through", through.as_str(), fence)?,
+                "q": guarded_raw(op, w.post.to_bson(), "applied_through", through, fence)?,
                 "u": {
-                    "$inc": increments(w),
+                    "$inc": increments(w.delta, &w.buckets),
                     "$set": set,
                     "$setOnInsert": {"base_count": 0_i64, "base_watermark": 0_i64},
-                    // The batch's entry in the counter's log; the oldest fall off.
-                    "$push": {"recent": {"$each": [touch_to_raw(op, &touch)?], "$slice": -(LOG_ENTRIES as i64)}},
+                    // Each batch's entry in the counter's log; the oldest fall off.
+                    "$push": {"recent": {"$each": log, "$slice": -(LOG_ENTRIES as i64)}},
                 },
                 "upsert": true,
             })
         };
-        self.per_definition(op, writes, statement).await
+        self.per_definition(op, writes, |w| w.counter, statement)
+            .await
     }
 
     async fn read_counter(&self, post: &PostId) -> StoreResult<Option<CounterDoc>> {
@@ -233,34 +236,37 @@ impl Counters for MongoStore {
             Ok(rawdoc! {
                 "q": guarded_raw(op, w.post.to_bson(), "snapshot_chunk", chunk as i64, fence)?,
                 "u": {
-                    "$inc": increments(w),
+                    "$inc": increments(w.delta, &w.buckets),
                     "$set": {"snapshot_chunk": chunk as i64, "epoch": fence.epoch},
                     "$setOnInsert": {"base_count": 0_i64, "base_watermark": 0_i64},
                 },
                 "upsert": true,
             })
         };
-        self.per_definition(op, writes, statement).await
+        self.per_definition(op, writes, |w| w.counter, statement)
+            .await
     }
 }
 
 impl MongoStore {
     /// Sends a batch's counter writes to their definitions' collections, one `update` command
     /// (or more, past the statement cap) per definition the batch touches.
-    async fn per_definition<S, F>(
+    async fn per_definition<T, S, F>(
         &self,
         op: &'static str,
-        writes: &[CounterDelta],
+        writes: &[T],
+        counter: impl Fn(&T) -> CounterIx,
         statement: F,
     ) -> StoreResult<ApplyOutcome>
     where
+        T: Sync,
         S: Statement,
-        F: Fn(&&CounterDelta) -> S + Sync,
+        F: Fn(&&T) -> S + Sync,
     {
         let mut outcome = ApplyOutcome::default();
         // Every definition is looked up before anything is written: a write for an unknown one
         // refuses the whole batch.
-        let groups = by_counter(writes, |w| w.counter)
+        let groups = by_counter(writes, counter)
             .into_iter()
             .map(|(counter, writes)| Ok((self.place(op, counter)?.counters, writes)))
             .collect::<StoreResult<Vec<_>>>()?;
@@ -290,9 +296,9 @@ pub(super) fn by_counter<T>(
 
 /// The `$inc` of one counter write: `live_delta`, each bucket, and `count`, which moves with
 /// `live_delta` in the same write so readers never see it apart from `base_count + live_delta`.
-fn increments(w: &CounterDelta) -> RawDocumentBuf {
-    let mut inc = rawdoc! {"live_delta": w.delta, "count": w.delta};
-    for (bucket, amount) in &w.buckets {
+fn increments(delta: i64, buckets: &BTreeMap<BucketStart, i64>) -> RawDocumentBuf {
+    let mut inc = rawdoc! {"live_delta": delta, "count": delta};
+    for (bucket, amount) in buckets {
         inc.append(format!("live_by_bucket.{bucket}"), *amount);
     }
     inc

@@ -47,7 +47,7 @@ use self::documents::*;
 use self::errors::*;
 use self::observe::Observe;
 pub use self::stream::position_from_reply;
-use crate::batch::{CounterDelta, DirtyMark, LedgerUpdate};
+use crate::batch::{BucketStart, CounterDelta, CounterWrite, DirtyMark, LedgerUpdate};
 use crate::definition::CounterIx;
 use crate::event::{CommentId, PostId, Row, Token};
 use crate::schema::{Schema, SoftDelete};
@@ -69,6 +69,9 @@ pub struct Collections {
     pub ledger: String,
     pub dirty: String,
     pub checkpoints: String,
+    /// Batches whose counters a worker carries (see [`crate::carry`]), one document each,
+    /// until the carry is written.
+    pub carried: String,
     pub leases: String,
     pub runs: String,
     pub sweeps: String,
@@ -81,6 +84,7 @@ impl Collections {
             ledger: format!("{prefix}comment_state"),
             dirty: format!("{prefix}dirty"),
             checkpoints: format!("{prefix}checkpoints"),
+            carried: format!("{prefix}carried"),
             leases: format!("{prefix}leases"),
             runs: format!("{prefix}reconcile_runs"),
             sweeps: format!("{prefix}sweeps"),

@@ -93,6 +93,9 @@ impl State {
         };
         self.stat(format!("fault {op} {at}"));
         self.stat(format!("fault {kind}"));
+        if !self.memory.carried.is_empty() {
+            self.stat("fault while counters are carried");
+        }
         self.note(format!("  !! {kind} fault in {op} ({at})"));
         let message = format!("{INJECTED} {kind} fault ({at})");
         let error = if transient {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bson::{DateTime, Timestamp};
-use counterd::batch::{CounterDelta, DirtyMark, LedgerUpdate};
+use counterd::batch::{CounterDelta, CounterWrite, DirtyMark, LedgerUpdate};
 use counterd::deployment::Deployment;
 use counterd::event::{CommentId, PostId, Row, Token};
 use counterd::fold::Fold;
@@ -33,20 +33,16 @@ fn definition(counter: CounterIx) -> String {
 }
 
 impl State {
-    /// One statement of `apply_counters`, as the variant under test applies it.
-    fn apply_counter(
-        &mut self,
-        fence: &Fence,
-        w: &CounterDelta,
-        through: &Token,
-        through_time: Option<Timestamp>,
-    ) -> bool {
+    /// One statement of `write_counters`, as the variant under test applies it.
+    fn apply_counter(&mut self, fence: &Fence, w: &CounterWrite) -> bool {
         let mut w = Cow::Borrowed(w);
         if self.broken == Broken::UnconditionedRecount {
             w.to_mut().touched.clear(); // no touched buckets recorded
         }
         if self.broken == Broken::WindowIgnored {
-            w.to_mut().comments = Some(Vec::new()); // the log names no changed row
+            for touch in &mut w.to_mut().log {
+                touch.comments = Some(Vec::new()); // the log names no changed row
+            }
         }
         // No guard: the counter's `applied_through` is forgotten for this statement (and put
         // back if the fence refused it anyway).
@@ -58,22 +54,23 @@ impl State {
                 .and_then(|c| c.applied_through.take()),
             _ => None,
         };
-        let applied = self.memory.apply_counter(fence, &w, through, through_time);
+        let applied = self.memory.apply_counter(fence, &w);
         let after = self.memory.counters_of_mut(w.counter);
         if let (false, Some(c)) = (applied, after.and_then(|c| c.get_mut(&w.post))) {
             c.applied_through = c.applied_through.take().or(forgotten);
         }
         let outcome = if applied { "" } else { ": already applied" };
         let line = format!(
-            "  counter {}{} {:+} {:?} at {through}{outcome}",
+            "  counter {}{} {:+} {:?} at {}{outcome}",
             definition(w.counter),
             w.post,
             w.delta,
-            w.buckets
+            w.buckets,
+            w.through,
         );
         self.note(line);
         if applied {
-            self.shadow_add(&w);
+            self.shadow_add(w.counter, &w.post, &w.buckets);
         }
         applied
     }
@@ -127,12 +124,50 @@ impl Checkpoints for SimStore {
         .await
     }
 
-    async fn record_intent(&self, fence: &Fence, batch: &PendingBatch) -> StoreResult<()> {
+    async fn record_intent(
+        &self,
+        fence: &Fence,
+        batch: &PendingBatch,
+        carried: Option<&PendingBatch>,
+    ) -> StoreResult<()> {
         self.single("record_intent", true, |s| {
             let (end, counters) = (&batch.end, batch.counters.len());
-            s.note(format!("  intent {end} ({counters} counters)"));
+            match carried {
+                Some(carried) => {
+                    s.stat("counters carried across batches");
+                    s.note(format!(
+                        "  intent {end} ({counters} counters; {} carried from {})",
+                        carried.counters.len(),
+                        carried.end
+                    ));
+                }
+                None => s.note(format!("  intent {end} ({counters} counters)")),
+            }
             s.check_batch_end(end);
-            s.memory.record_intent(fence, batch)
+            s.memory.record_intent(fence, batch, carried)
+        })
+        .await
+    }
+
+    async fn load_carried(
+        &self,
+        stream: &str,
+        carry: &Token,
+        before: &Token,
+    ) -> StoreResult<Vec<PendingBatch>> {
+        self.single("load_carried", false, |s| {
+            let carried = s.memory.load_carried(stream, carry, before)?;
+            if !carried.is_empty() {
+                s.stat("carried counters re-applied by a restart");
+            }
+            Ok(carried)
+        })
+        .await
+    }
+
+    async fn clear_carried(&self, fence: &Fence, through: &Token) -> StoreResult<()> {
+        self.single("clear_carried", true, |s| {
+            s.memory.clear_carried(fence, through)
         })
         .await
     }
@@ -248,16 +283,17 @@ impl Checkpoints for SimStore {
 
 #[async_trait]
 impl Counters for SimStore {
-    async fn apply_counters(
+    async fn write_counters(
         &self,
         fence: &Fence,
-        writes: &[CounterDelta],
-        through: &Token,
-        through_time: Option<Timestamp>,
+        writes: &[CounterWrite],
     ) -> StoreResult<ApplyOutcome> {
         let mut applied = Vec::new();
         self.statements("apply_counters", writes, |s, w| {
-            applied.push(s.apply_counter(fence, w, through, through_time));
+            if w.log.len() > 1 {
+                s.stat("counter written for several batches at once");
+            }
+            applied.push(s.apply_counter(fence, w));
         })
         .await?;
         Ok(ApplyOutcome::count(applied))
@@ -351,7 +387,7 @@ impl Counters for SimStore {
         self.statements("apply_snapshot_counters", writes, |s, w| {
             let landed = s.memory.apply_snapshot_counter(fence, chunk, w);
             if landed {
-                s.shadow_add(w);
+                s.shadow_add(w.counter, &w.post, &w.buckets);
                 let line = format!(
                     "  counter {}{} {:+} from snapshot chunk {chunk}",
                     definition(w.counter),

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use bson::{doc, Bson, DateTime, Document};
-use counterd::batch::{bucket_of, CounterDelta};
+use counterd::batch::bucket_of;
 use counterd::definition::CounterIx;
 use counterd::event::PostId;
 use counterd::fold::Fold;
@@ -408,12 +408,17 @@ impl State {
     }
 
     /// An applied counter write, in the shadow of everything applied.
-    pub(super) fn shadow_add(&mut self, w: &CounterDelta) {
-        if w.counter != counterd::definition::CounterIx::DEFAULT {
+    pub(super) fn shadow_add(
+        &mut self,
+        counter: counterd::definition::CounterIx,
+        post: &PostId,
+        buckets: &std::collections::BTreeMap<i64, i64>,
+    ) {
+        if counter != counterd::definition::CounterIx::DEFAULT {
             return; // the other definitions are checked against the truth directly
         }
-        for (bucket, amount) in &w.buckets {
-            *self.shadow.entry((w.post.clone(), *bucket)).or_default() += amount;
+        for (bucket, amount) in buckets {
+            *self.shadow.entry((post.clone(), *bucket)).or_default() += amount;
         }
     }
 
@@ -461,13 +466,17 @@ impl State {
     /// stream is in flight for the post (a pending intent re-applied to the new, empty
     /// document would count its increments again: drift, but not the drift recorded here).
     pub fn delete_counter(&mut self, post: &PostId) -> Option<i64> {
-        let in_flight = self.memory.checkpoints.values().any(|c| {
-            let chunk = c.snapshot.as_ref().and_then(|s| s.pending.as_ref());
-            c.pending
-                .as_ref()
-                .is_some_and(|p| p.counters.iter().any(|w| w.post == *post))
-                || chunk.is_some_and(|p| p.counters.iter().any(|w| w.post == *post))
-        });
+        let carried = self.memory.carried.values();
+        let in_flight = carried
+            .into_iter()
+            .any(|b| b.counters.iter().any(|w| w.post == *post))
+            || self.memory.checkpoints.values().any(|c| {
+                let chunk = c.snapshot.as_ref().and_then(|s| s.pending.as_ref());
+                c.pending
+                    .iter()
+                    .any(|p| p.counters.iter().any(|w| w.post == *post))
+                    || chunk.is_some_and(|p| p.counters.iter().any(|w| w.post == *post))
+            });
         if in_flight {
             return None;
         }

@@ -56,10 +56,12 @@ pub async fn no_io_phase(plan: &Plan, out: &mut Collected) -> anyhow::Result<()>
     )?;
     let no_io = replay_without_io(plan, &posts).await?;
     say!(
-        "no-io: worker over the in-process store: {:.2} s, {:.1} µs CPU/event, of which counterd's own {:.1}",
+        "no-io: worker over the in-process store: {:.2} s, {:.1} µs CPU/event, of which counterd's own {:.1}; {} counter writes for {} events",
         no_io.secs,
         no_io.cpu_us_per_event(),
-        no_io.own_cpu_us_per_event()
+        no_io.own_cpu_us_per_event(),
+        no_io.counts.of(Concern::Counters).statements,
+        no_io.events,
     );
     out.phase("no_io_worker", &no_io)
 }

@@ -216,6 +216,8 @@ struct PendingDoc {
         deserialize_with = "lenient"
     )]
     end_time: Option<Timestamp>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    carry: Option<String>,
 }
 
 /// The pending batch as stored in the checkpoint document.
@@ -241,6 +243,7 @@ pub(in crate::store::mongo) fn pending_to_raw(
                 })
                 .collect(),
             end_time: batch.end_time,
+            carry: batch.carry.as_ref().map(|c| c.as_str().to_string()),
         },
     )
 }
@@ -275,6 +278,7 @@ fn pending_from_stored(p: PendingDoc) -> PendingBatch {
                 newest_bucket: m.bucket,
             })
             .collect(),
+        carry: p.carry.map(Token),
     }
 }
 

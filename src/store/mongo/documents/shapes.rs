@@ -68,6 +68,7 @@ fn stored_ledger() -> Bson {
 
 fn pending_batch() -> PendingBatch {
     PendingBatch {
+        carry: None,
         end: Token("82AB".into()),
         end_time: Some(Timestamp {
             time: 10,
@@ -91,6 +92,17 @@ fn stored_pending() -> Document {
         "dirty": [{"post": 7_i64, "bucket": 3600_i64}],
         "end_time": Timestamp { time: 10, increment: 2 },
     }
+}
+
+#[test]
+fn a_batch_that_continues_a_carry_names_it() {
+    let batch = PendingBatch {
+        carry: Some(Token("82AA".into())),
+        ..pending_batch()
+    };
+    let written = pending_to_raw(&batch).unwrap();
+    assert_eq!(written.get_str("carry").unwrap(), "82AA");
+    assert_eq!(pending_from_raw(&written).unwrap(), batch);
 }
 
 #[test]
