@@ -411,9 +411,8 @@ impl Carrying {
     /// [`CARRY_FOR`] and its share of the budget
     /// ([`cost::carry_share`]) holds what it holds. Takes what it holds now from what is free.
     fn has_room(&mut self, budget: &Budget, now: bson::DateTime) -> bool {
-        let since = *self.since.get_or_insert(now);
-        let young =
-            now.timestamp_millis() - since.timestamp_millis() < CARRY_FOR.as_millis() as i64;
+        self.since.get_or_insert(now);
+        let young = !self.expired(now);
         let want = self.carry.charge();
         if want > self.held.bytes() {
             let room = cost::carry_share(budget.total()).saturating_sub(self.held.bytes());
