@@ -49,10 +49,22 @@ impl Bench {
 
     /// A fresh database for `phase`, with counterd's indexes (on a fresh fake server).
     pub async fn store(&self, phase: &str) -> anyhow::Result<Arc<Counted>> {
+        Ok(Arc::new(CountingStore::new(self.mongo_store(phase).await?)))
+    }
+
+    /// [`Bench::store`], keeping a copy of every write made through it
+    /// ([`CountingStore::recording`]).
+    pub async fn recording_store(&self, phase: &str) -> anyhow::Result<Arc<Counted>> {
+        Ok(Arc::new(CountingStore::recording(
+            self.mongo_store(phase).await?,
+        )))
+    }
+
+    async fn mongo_store(&self, phase: &str) -> anyhow::Result<MongoStore> {
         self.fresh_server().await?;
         let store = connect(&self.uri(), &self.db_name(phase)).await?;
         store.ensure_indexes().await?;
-        Ok(Arc::new(CountingStore::new(store)))
+        Ok(store)
     }
 
     /// On the fake server, replaces a server that a phase has used by a fresh one, with the

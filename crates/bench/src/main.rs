@@ -23,7 +23,7 @@
 //! failure: the process exits non-zero only when the benchmark itself breaks.
 //!
 //! Usage: `cargo run --release -p counterd-bench -- [--quick] [--out bench/latest.json]
-//! [--only partitions|rss|reconcile|memory|no-io]`.
+//! [--only speed|partitions|rss|reconcile|memory|no-io]`.
 //!
 //! `--soak DURATION [--seed N]` runs the chaos soak instead (see `soak`): the real
 //! `counterd run` under load and random faults, exact at every caught-up moment.
@@ -135,11 +135,13 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     let mut out = Collected::default();
     let runs = |phase: &str| args.only.is_empty() || args.only.iter().any(|p| p == phase);
     let mut bench_rss_mb = None;
-    if args.only.is_empty() {
+    if runs("speed") {
         let (zipf, uniform, rss_mb) = throughput::throughput_phase(&bench, &plan, &mut out).await?;
         bench_rss_mb = rss_mb;
         let server_rate = costs::costs_phase(&bench, &plan, &zipf, &uniform, &mut out).await?;
-        lag::lag_phase(&bench, &plan, zipf.worker.rate(), server_rate, &mut out).await?;
+        if args.only.is_empty() {
+            lag::lag_phase(&bench, &plan, zipf.worker.rate(), server_rate, &mut out).await?;
+        }
     }
     if args.only.iter().any(|p| p == "no-io") {
         costs::no_io_phase(&plan, &mut out).await?;

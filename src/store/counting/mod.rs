@@ -7,10 +7,14 @@
 //! through it, so the stores themselves keep no instrumentation.
 //!
 //! Here: the tallies and the wrapper, and the change stream's delegation; beside it, `writes`
-//! (checkpoints, counters, ledger, dirty set) and `reads` (truth, leases, run history).
+//! (checkpoints, counters, ledger, dirty set), `reads` (truth, leases, run history) and
+//! `recording` (the worker's writes kept to be replayed).
 
 mod reads;
+mod recording;
 mod writes;
+
+pub use recording::Write;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -145,6 +149,7 @@ impl Tallies {
 pub struct CountingStore<S> {
     inner: S,
     tallies: Arc<Tallies>,
+    recorder: recording::Recorder,
 }
 
 impl<S> CountingStore<S> {
@@ -152,6 +157,35 @@ impl<S> CountingStore<S> {
         CountingStore {
             inner,
             tallies: Arc::default(),
+            recorder: None,
+        }
+    }
+
+    /// Counts, and keeps a copy of every write the worker makes through it (intents,
+    /// checkpoints, counters, ledger, dirty marks), to be replayed with [`Write::replay`].
+    /// The copies cost memory and CPU: for a baseline run, not for one that is measured.
+    pub fn recording(inner: S) -> CountingStore<S> {
+        CountingStore {
+            recorder: Some(Arc::default()),
+            ..CountingStore::new(inner)
+        }
+    }
+
+    /// The writes kept so far (see [`CountingStore::recording`]), oldest first; none when
+    /// not recording.
+    pub fn take_recorded(&self) -> Vec<Write> {
+        self.recorder.as_ref().map_or_else(Vec::new, |r| {
+            std::mem::take(&mut *r.lock().unwrap_or_else(|e| e.into_inner()))
+        })
+    }
+
+    /// Keeps `write()` when recording (made only then).
+    fn record(&self, write: impl FnOnce() -> Write) {
+        if let Some(recorder) = &self.recorder {
+            recorder
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(write());
         }
     }
 
@@ -211,6 +245,7 @@ impl<S: CounterViews> CounterViews for CountingStore<S> {
         CountingStore {
             inner: self.inner.for_counter(counter),
             tallies: self.tallies.clone(),
+            recorder: self.recorder.clone(),
         }
     }
 

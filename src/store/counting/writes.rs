@@ -16,6 +16,11 @@ impl<S: Checkpoints> Checkpoints for CountingStore<S> {
         batch: &PendingBatch,
         carried: Option<&PendingBatch>,
     ) -> StoreResult<()> {
+        self.record(|| Write::Intent {
+            fence: fence.clone(),
+            batch: batch.clone(),
+            carried: carried.cloned(),
+        });
         self.timed(
             Concern::Checkpoints,
             1,
@@ -39,6 +44,10 @@ impl<S: Checkpoints> Checkpoints for CountingStore<S> {
     }
 
     async fn clear_carried(&self, fence: &Fence, carry: &Token) -> StoreResult<()> {
+        self.record(|| Write::ClearCarried {
+            fence: fence.clone(),
+            carry: carry.clone(),
+        });
         self.timed(
             Concern::Checkpoints,
             1,
@@ -53,6 +62,11 @@ impl<S: Checkpoints> Checkpoints for CountingStore<S> {
         token: &Token,
         token_time: Option<Timestamp>,
     ) -> StoreResult<()> {
+        self.record(|| Write::Checkpoint {
+            fence: fence.clone(),
+            token: token.clone(),
+            time: token_time,
+        });
         self.timed(
             Concern::Checkpoints,
             1,
@@ -71,11 +85,19 @@ impl<S: Checkpoints> Checkpoints for CountingStore<S> {
     }
 
     async fn record_start(&self, fence: &Fence, at: Timestamp) -> StoreResult<()> {
+        self.record(|| Write::Start {
+            fence: fence.clone(),
+            at,
+        });
         self.timed(Concern::Checkpoints, 1, self.inner.record_start(fence, at))
             .await
     }
 
     async fn record_caught_up(&self, fence: &Fence, at: Timestamp) -> StoreResult<()> {
+        self.record(|| Write::CaughtUp {
+            fence: fence.clone(),
+            at,
+        });
         self.timed(
             Concern::Checkpoints,
             1,
@@ -113,6 +135,9 @@ impl<S: Checkpoints> Checkpoints for CountingStore<S> {
     }
 
     async fn adopt_checkpoint(&self, fence: &Fence) -> StoreResult<()> {
+        self.record(|| Write::Adopt {
+            fence: fence.clone(),
+        });
         self.timed(Concern::Checkpoints, 1, self.inner.adopt_checkpoint(fence))
             .await
     }
@@ -134,6 +159,10 @@ impl<S: Counters> Counters for CountingStore<S> {
         fence: &Fence,
         writes: &[CounterWrite],
     ) -> StoreResult<ApplyOutcome> {
+        self.record(|| Write::Counters {
+            fence: fence.clone(),
+            writes: writes.to_vec(),
+        });
         self.timed(
             Concern::Counters,
             writes.len(),
@@ -224,6 +253,12 @@ impl<S: Ledger> Ledger for CountingStore<S> {
         through: &Token,
         generation: u64,
     ) -> StoreResult<()> {
+        self.record(|| Write::Ledger {
+            fence: fence.clone(),
+            updates: updates.to_vec(),
+            through: through.clone(),
+            generation,
+        });
         self.timed(
             Concern::Ledger,
             updates.len(),
@@ -269,6 +304,11 @@ impl<S: DirtySet> DirtySet for CountingStore<S> {
         marks: &[DirtyMark],
         now: DateTime,
     ) -> StoreResult<()> {
+        self.record(|| Write::Dirty {
+            fence: fence.clone(),
+            marks: marks.to_vec(),
+            now,
+        });
         self.timed(
             Concern::Dirty,
             marks.len(),
