@@ -13,8 +13,8 @@ pub enum Write {
     },
     Intent {
         fence: Fence,
-        batch: PendingBatch,
-        carried: Option<PendingBatch>,
+        batch: Box<PendingBatch>,
+        carried: Option<Box<PendingBatch>>,
     },
     ClearCarried {
         fence: Fence,
@@ -59,7 +59,7 @@ impl Write {
                 fence,
                 batch,
                 carried,
-            } => store.record_intent(fence, batch, carried.as_ref()).await,
+            } => store.record_intent(fence, batch, carried.as_deref()).await,
             Write::ClearCarried { fence, carry } => store.clear_carried(fence, carry).await,
             Write::Checkpoint { fence, token, time } => {
                 store.save_checkpoint(fence, token, *time).await

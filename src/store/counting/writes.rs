@@ -18,8 +18,8 @@ impl<S: Checkpoints> Checkpoints for CountingStore<S> {
     ) -> StoreResult<()> {
         self.record(|| Write::Intent {
             fence: fence.clone(),
-            batch: batch.clone(),
-            carried: carried.cloned(),
+            batch: Box::new(batch.clone()),
+            carried: carried.cloned().map(Box::new),
         });
         self.timed(
             Concern::Checkpoints,
