@@ -12,11 +12,11 @@
 //! # How it stays exact
 //! Each batch is still planned, recorded and written on its own: its intent, then its ledger
 //! states. Only its counter increments, its dirty marks (merged the same way: one mark per
-//! counter, with the newest bucket) and the checkpoint wait. When the next batch's intent
-//! replaces it as pending, the batch is first stored as carried (counters and marks as planned,
-//! one document each, written once), so a crash anywhere re-applies the whole carry exactly: a
-//! stopped worker's successor merges the carried batches and the pending one again and writes
-//! them before it reads the stream. The checkpoint never passes a carried increment or mark,
+//! counter, with the newest bucket) and the checkpoint wait. A batch that may be carried has
+//! its counters and marks stored once, as planned, under the carry's id just before its
+//! intent (which then holds only its ledger states and names the carry), so a crash anywhere
+//! re-applies the whole carry exactly: a stopped worker's successor merges the carry's stored
+//! batches with the pending one and writes them before it reads the stream. The checkpoint never passes a carried increment or mark,
 //! so every position the reconciler trusts (at or below the checkpoint) still has its counters
 //! written and its posts marked, as with one batch in flight.
 //!
@@ -52,9 +52,9 @@ pub struct Carry {
     /// it in [`Merged`]).
     ends: Vec<(Token, Option<Timestamp>)>,
     merged: BTreeMap<(CounterIx, PostId), Merged>,
-    /// The newest batch, counters and dirty marks only, not merged yet: the next batch's
-    /// intent stores it among the carried, as it was planned.
-    newest: Option<PendingBatch>,
+    /// Some batch's counters are stored under the carry's id: once written, the stored
+    /// copies are cleared.
+    stored: bool,
     /// The running [`Carry::charge`].
     charge: usize,
 }
@@ -103,17 +103,17 @@ impl Carry {
     /// continues the carry records it in its intent, and the batches carried before it are
     /// stored under it, so a restart finds exactly this carry's batches.
     pub fn id(&self) -> Option<&Token> {
-        self.ends
-            .first()
-            .map(|(end, _)| end)
-            .or(self.newest.as_ref().map(|b| &b.end))
+        self.ends.first().map(|(end, _)| end)
     }
 
-    /// The carry a stopped worker left: the batches stored among the carried, oldest first,
-    /// then the batch whose intent is pending.
+    /// The carry a stopped worker left: the batches stored under its id, oldest first, then
+    /// the batch whose intent is pending (unless it is the newest stored one: its counters
+    /// and marks were stored instead of recorded in its intent).
     pub fn from_stored(carried: &[PendingBatch], pending: &PendingBatch) -> Carry {
         let mut carry = Carry::default();
-        for batch in carried.iter().chain([pending]) {
+        let own_stored = carried.last().is_some_and(|b| b.end == pending.end);
+        let pending = Some(pending).filter(|_| !own_stored);
+        for batch in carried.iter().chain(pending) {
             carry.push(
                 batch.end.clone(),
                 batch.end_time,
@@ -121,22 +121,23 @@ impl Carry {
                 batch.dirty.clone(),
             );
         }
+        carry.stored = !carried.is_empty();
         carry
     }
 
     /// Whether batches are carried (their counters and the checkpoint not written yet).
     pub fn is_open(&self) -> bool {
-        self.newest.is_some()
+        !self.ends.is_empty()
     }
 
-    /// Batches carried, the newest included.
+    /// Batches carried.
     pub fn batches(&self) -> usize {
-        self.ends.len() + usize::from(self.newest.is_some())
+        self.ends.len()
     }
 
-    /// Counters a flush writes now (an upper bound: the newest batch's are not merged yet).
+    /// Counters a flush writes now (an upper bound: some may be only marked dirty).
     pub fn counters(&self) -> usize {
-        self.merged.len() + self.newest.as_ref().map_or(0, |b| b.counters.len())
+        self.merged.len()
     }
 
     /// What the carry holds, in the memory budget's bytes.
@@ -144,14 +145,19 @@ impl Carry {
         self.charge
     }
 
-    /// The newest batch (counters and dirty marks only): what the next batch's intent stores
-    /// among the carried.
-    pub fn newest(&self) -> Option<&PendingBatch> {
-        self.newest.as_ref()
+    /// Whether some batch's counters are stored under the carry's id (see
+    /// [`Carry::stored_under_id`]): to be cleared once the carry is written.
+    pub fn is_stored(&self) -> bool {
+        self.stored
+    }
+
+    /// Records that the carry's newest batch's counters and marks were stored under its id.
+    pub fn stored_under_id(&mut self) {
+        self.stored = true;
     }
 
     /// Carries one more batch: the one ending at `end`, with its planned `counters` and dirty
-    /// marks.
+    /// marks, merged into what is carried at once.
     pub fn push(
         &mut self,
         end: Token,
@@ -159,31 +165,13 @@ impl Carry {
         counters: Vec<CounterDelta>,
         dirty: Vec<DirtyMark>,
     ) {
-        if let Some(previous) = self.newest.take() {
-            self.merge(previous);
-        }
-        self.charge += counters.iter().map(delta_charge).sum::<usize>();
-        self.charge += dirty.len() * cost::CARRIED_MARK;
-        self.newest = Some(PendingBatch {
-            end,
-            end_time,
-            counters,
-            ledger: Vec::new(),
-            dirty,
-            carry: None,
-        });
-    }
-
-    fn merge(&mut self, batch: PendingBatch) {
         let index = self.ends.len() as u32;
-        self.ends.push((batch.end, batch.end_time));
-        for mark in batch.dirty {
-            self.charge -= cost::CARRIED_MARK;
+        self.ends.push((end, end_time));
+        for mark in dirty {
             let merged = self.entry(mark.counter, mark.post);
             merged.marked = merged.marked.max(Some(mark.newest_bucket));
         }
-        for d in batch.counters {
-            self.charge -= delta_charge(&d);
+        for d in counters {
             let listed = d
                 .comments
                 .filter(|c| c.len() <= LOG_COMMENTS)
@@ -219,22 +207,14 @@ impl Carry {
         }
     }
 
-    /// Merges the newest batch too: everything carried is then in `merged`.
-    fn close(&mut self) {
-        if let Some(newest) = self.newest.take() {
-            self.merge(newest);
-        }
-    }
-
     /// The end of the newest batch: where the checkpoint moves once the carry is written.
     pub fn end(&self) -> Option<(&Token, Option<Timestamp>)> {
-        self.newest.as_ref().map(|b| (&b.end, b.end_time))
+        self.ends.last().map(|(end, at)| (end, *at))
     }
 
     /// The dirty marks of every carried batch, one per counter (with the newest bucket), in
     /// counter and post order. Taken before [`Carry::take_writes`], which empties the carry.
     pub fn take_dirty(&mut self) -> Vec<DirtyMark> {
-        self.close();
         self.merged
             .iter_mut()
             .filter_map(|((counter, post), m)| {
@@ -251,7 +231,6 @@ impl Carry {
     /// one by one as they are taken (a flush writes them in slices, so that only a slice of
     /// statements is held at once). Empties the carry.
     pub fn take_writes(&mut self) -> impl Iterator<Item = CounterWrite> {
-        self.close();
         let Carry { ends, merged, .. } = std::mem::take(self);
         merged
             .into_iter()
@@ -304,11 +283,6 @@ fn comment_ids(raw: &[u8]) -> Option<Vec<CommentId>> {
             Some(CommentId::new(Bson::try_from(value).ok()?))
         })
         .collect()
-}
-
-/// What one planned delta holds while its batch is the newest.
-fn delta_charge(_: &CounterDelta) -> usize {
-    cost::PLANNED_DELTA
 }
 
 /// What a merged log entry holds: the entry and its listed ids' bytes.
@@ -477,20 +451,45 @@ mod tests {
             (token(2), vec![delta(1, &[(0, 1)], &[3])]),
             (token(3), vec![delta(2, &[(0, -1)], &[2])]),
         ];
+        let planned = |n: usize| PendingBatch {
+            end: batches[n].0.clone(),
+            counters: batches[n].1.clone(),
+            dirty: vec![mark(1, n as i64)],
+            ..PendingBatch::default()
+        };
         let mut live = Carry::default();
-        let mut stored = Vec::new();
-        for (n, (end, deltas)) in batches.iter().enumerate() {
-            // The next intent stores the newest batch among the carried.
-            stored.extend(live.newest().cloned());
-            live.push(end.clone(), None, deltas.clone(), vec![mark(1, n as i64)]);
+        for n in 0..batches.len() {
+            let PendingBatch {
+                end,
+                end_time,
+                counters,
+                dirty,
+                ..
+            } = planned(n);
+            live.push(end, end_time, counters, dirty);
         }
-        let pending = live.newest().cloned().expect("the newest batch");
+        let (dirty, writes) = (live.take_dirty(), live.take_writes().collect::<Vec<_>>());
+        // Each batch stored its counters and marks just before its own intent, which then
+        // holds neither.
+        let stored: Vec<PendingBatch> = (0..3).map(planned).collect();
+        let pending = PendingBatch {
+            counters: vec![],
+            dirty: vec![],
+            ..planned(2)
+        };
         let mut again = Carry::from_stored(&stored, &pending);
-        assert_eq!(again.take_dirty(), live.take_dirty());
-        assert_eq!(
-            again.take_writes().collect::<Vec<_>>(),
-            live.take_writes().collect::<Vec<_>>()
-        );
+        assert!(again.is_stored());
+        assert_eq!(again.batches(), 3, "the pending batch is its stored copy");
+        assert_eq!(again.take_dirty(), dirty);
+        assert_eq!(again.take_writes().collect::<Vec<_>>(), writes);
+        // The newest batch kept its counters in its intent (the worker had caught up).
+        let mut again = Carry::from_stored(&stored[..2], &planned(2));
+        assert_eq!(again.take_dirty(), dirty);
+        assert_eq!(again.take_writes().collect::<Vec<_>>(), writes);
+        // Nothing stored: the pending batch alone, nothing to clear.
+        let alone = Carry::from_stored(&[], &planned(0));
+        assert!(!alone.is_stored());
+        assert_eq!(alone.batches(), 1);
     }
 
     fn mark(post: i64, newest_bucket: BucketStart) -> DirtyMark {
@@ -505,18 +504,11 @@ mod tests {
     fn dirty_marks_merge_to_one_per_counter_with_the_newest_bucket() {
         let mut carry = Carry::default();
         carry.push(token(1), None, vec![], vec![mark(1, 60), mark(2, 0)]);
+        assert_eq!(carry.charge(), 2 * cost::CARRIED_COUNTER);
         carry.push(token(2), None, vec![], vec![mark(1, 0), mark(3, 120)]);
-        // Posts 1 and 2 merged; the newest batch's two marks as planned.
-        assert_eq!(
-            carry.charge(),
-            2 * cost::CARRIED_COUNTER + 2 * cost::CARRIED_MARK
-        );
+        assert_eq!(carry.charge(), 3 * cost::CARRIED_COUNTER, "one per counter");
         carry.push(token(3), None, vec![], vec![mark(2, 180)]);
-        assert_eq!(
-            carry.charge(),
-            3 * cost::CARRIED_COUNTER + cost::CARRIED_MARK,
-            "three merged, one newest"
-        );
+        assert_eq!(carry.charge(), 3 * cost::CARRIED_COUNTER);
         assert_eq!(
             carry.take_dirty(),
             vec![mark(1, 60), mark(2, 180), mark(3, 120)]
@@ -538,13 +530,8 @@ mod tests {
         let mut carry = Carry::default();
         assert_eq!(carry.charge(), 0);
         carry.push(token(1), None, vec![delta(1, &[(0, 1)], &[1])], vec![]);
-        assert_eq!(carry.charge(), cost::PLANNED_DELTA);
+        assert_eq!(carry.charge(), cost::CARRIED_COUNTER + entry(&[1]));
         carry.push(token(2), None, vec![delta(1, &[(0, 1)], &[2])], vec![]);
-        // One merged counter with one entry, and the newest batch's delta.
-        assert_eq!(
-            carry.charge(),
-            cost::CARRIED_COUNTER + entry(&[1]) + cost::PLANNED_DELTA
-        );
         carry.push(token(3), None, vec![], vec![]);
         // One merged counter with two entries.
         assert_eq!(

@@ -596,6 +596,68 @@ async fn dirty_entries_clear_at_their_version_and_requeue_at_any<S: Store>(store
     );
 }
 
+/// A batch's counters stored under its carry's id (see `counterd::carry`) are fenced like every
+/// worker write: a predecessor that has not noticed its successor cannot overwrite the
+/// successor's copy of the same batch with its own plan, while the successor may overwrite a
+/// predecessor's. What is read back is the newest epoch's copy, through the pending batch only.
+async fn carried_copies_are_fenced<S: Store>(store: &S) {
+    let own = |end: u32, d: i64| PendingBatch {
+        end: token(end),
+        counters: vec![delta(1, d)],
+        ..PendingBatch::default()
+    };
+    let intent = |end: u32| PendingBatch {
+        end: token(end),
+        carry: Some(token(20)),
+        ..PendingBatch::default()
+    };
+    // A predecessor stored its copy of batch 20; the successor's replaces it.
+    store
+        .record_intent(&fence(1), &intent(20), Some(&own(20, 5)))
+        .await
+        .unwrap();
+    store.adopt_checkpoint(&fence(2)).await.unwrap();
+    store
+        .record_intent(&fence(2), &intent(20), Some(&own(20, 1)))
+        .await
+        .unwrap();
+    store
+        .record_intent(&fence(2), &intent(21), Some(&own(21, 2)))
+        .await
+        .unwrap();
+    // The predecessor, still running, tries to store its plan of batch 21 again.
+    let refused = store
+        .record_intent(&fence(1), &intent(21), Some(&own(21, 7)))
+        .await;
+    assert!(
+        matches!(refused, Err(StoreError::Fenced { .. })),
+        "{refused:?}"
+    );
+    let read = store
+        .load_carried(STREAM, &token(20), &token(21))
+        .await
+        .unwrap();
+    assert_eq!(read, vec![own(20, 1), own(21, 2)], "the successor's copies");
+    let read = store
+        .load_carried(STREAM, &token(20), &token(20))
+        .await
+        .unwrap();
+    assert_eq!(read, vec![own(20, 1)], "through the pending batch only");
+    // The predecessor, re-applying the same pending carry, clears it: the successor's stay.
+    let _ = store.clear_carried(&fence(1), &token(20)).await;
+    let read = store
+        .load_carried(STREAM, &token(20), &token(21))
+        .await
+        .unwrap();
+    assert_eq!(read.len(), 2, "a newer epoch's copies stay");
+    store.clear_carried(&fence(2), &token(20)).await.unwrap();
+    let read = store
+        .load_carried(STREAM, &token(20), &token(21))
+        .await
+        .unwrap();
+    assert_eq!(read, vec![], "cleared");
+}
+
 macro_rules! contract {
     ($($case:ident),* $(,)?) => {
         mod on_mongo {
@@ -628,6 +690,7 @@ contract!(
     counters_log_the_rows_each_batch_changed,
     ledger_reads_carry_the_batch_that_wrote_them,
     dirty_entries_clear_at_their_version_and_requeue_at_any,
+    carried_copies_are_fenced,
 );
 
 /// Two definitions beyond the default (`approved` per post, `per_author`).

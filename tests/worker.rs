@@ -332,8 +332,8 @@ async fn the_per_post_guard_rejects_a_duplicate_write() {
 }
 
 /// A worker that stopped while it carried counters across batches (see `counterd::carry`):
-/// the first batch's ledger states written, its counters and dirty marks stored with the second
-/// batch's intent, nothing else. The next start writes both batches' counters once, each
+/// both batches' counters and dirty marks stored under the carry's id, their intents recorded,
+/// the first batch's ledger states written, nothing else. The next start writes both batches' counters once, each
 /// guarded by the last batch that touched it, with one log entry per batch.
 #[tokio::test]
 async fn a_carry_left_in_flight_is_written_once_by_the_next_start() {
@@ -379,37 +379,53 @@ async fn a_carry_left_in_flight_is_written_once_by_the_next_start() {
         vec![delta(1, &[1]), delta(2, &[2])],
         &[(1, 1), (2, 2)],
     );
-    let second = PendingBatch {
-        carry: Some(first.end.clone()),
-        ..batch("0020", vec![delta(1, &[3])], &[(3, 1)])
+    let second = batch("0020", vec![delta(1, &[3])], &[(3, 1)]);
+    // What the worker stores for a batch that may be carried: its counters and marks under the
+    // carry's id (the first batch's end), then its intent, which names the carry and holds
+    // only its ledger states; then its ledger states. The second batch's stop came after its
+    // intent.
+    let own = |b: &PendingBatch| PendingBatch {
+        ledger: Vec::new(),
+        ..b.clone()
     };
-    // What the worker stores: the first intent, its ledger states; the second intent with the
-    // first batch's counters and marks carried.
-    t.store.record_intent(&fence, &first, None).await.unwrap();
+    let intent = |b: &PendingBatch| PendingBatch {
+        counters: Vec::new(),
+        dirty: Vec::new(),
+        carry: Some(first.end.clone()),
+        ..b.clone()
+    };
+    t.store
+        .record_intent(&fence, &intent(&first), Some(&own(&first)))
+        .await
+        .unwrap();
     t.store
         .write_ledger(&fence, &first.ledger, &first.end, 0)
         .await
         .unwrap();
-    let carried = PendingBatch {
-        ledger: Vec::new(),
-        ..first.clone()
-    };
     t.store
-        .record_intent(&fence, &second, Some(&carried))
+        .record_intent(&fence, &intent(&second), Some(&own(&second)))
         .await
         .unwrap();
     let stored = t.store.load_checkpoint("comments").await.unwrap().unwrap();
-    assert_eq!(stored.pending.as_ref(), Some(&second));
+    assert_eq!(stored.pending.as_ref(), Some(&intent(&second)));
     let read = t
         .store
         .load_carried("comments", &first.end, &second.end)
         .await;
-    assert_eq!(read.unwrap(), vec![carried.clone()], "read back as written");
+    assert_eq!(
+        read.unwrap(),
+        vec![own(&first), own(&second)],
+        "read back as written"
+    );
     let read = t
         .store
         .load_carried("comments", &first.end, &first.end)
         .await;
-    assert_eq!(read.unwrap(), vec![], "only those before the pending batch");
+    assert_eq!(
+        read.unwrap(),
+        vec![own(&first)],
+        "only those through the pending batch"
+    );
     let other = Token("0005".into());
     let read = t.store.load_carried("comments", &other, &second.end).await;
     assert_eq!(read.unwrap(), vec![], "only this carry's");

@@ -121,16 +121,8 @@ pub fn carry_share(budget: usize) -> usize {
 
 /// One counter carried across batches, merged: its key, increments, buckets and dirty mark
 /// (see `crate::carry`). Measured with a counting allocator: 20 000 carried counters of one
-/// entry each held 368 B per counter in all (this, the entry and its id, and a share of the
-/// newest batch), charged 357.
+/// entry each held 368 B per counter in all (this, the entry and its id), charged 357.
 pub const CARRIED_COUNTER: usize = 288;
-
-/// One counter delta of the newest carried batch, as planned (its bucket maps and listed row
-/// ids; measured about 700 B).
-pub const PLANNED_DELTA: usize = 704;
-
-/// One dirty mark of the newest carried batch, as planned.
-pub const CARRIED_MARK: usize = 64;
 
 /// One entry of a carried counter's log, beside the raw bytes of the row ids it lists.
 pub const CARRIED_TOUCH: usize = 48;

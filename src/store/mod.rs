@@ -148,9 +148,9 @@ pub trait Checkpoints: Send + Sync {
     async fn load_checkpoint(&self, stream: &str) -> StoreResult<Option<Checkpoint>>;
 
     /// Records a batch's intent: raises `high_water` to its end and stores its plan as pending.
-    /// `carried`: the batch pending until now, whose counters and dirty marks are carried (not
-    /// written yet; see [`crate::carry`]): stored first, where [`Checkpoints::load_carried`]
-    /// finds it.
+    /// `carried`: the batch's own counters and dirty marks when it may be carried (not written
+    /// with it; see [`crate::carry`]), then not in `batch`: stored first, under the carry's id
+    /// (`batch.carry`), where [`Checkpoints::load_carried`] finds them.
     async fn record_intent(
         &self,
         fence: &Fence,
@@ -159,19 +159,19 @@ pub trait Checkpoints: Send + Sync {
     ) -> StoreResult<()>;
 
     /// The batches of the carry `carry` (the pending batch's [`PendingBatch::carry`]) that a
-    /// stopped worker stored (see [`Checkpoints::record_intent`]) and that end before `before`
-    /// (the pending batch: stored too if the stop came between storing it and the next
-    /// intent, and then only its pending copy counts), oldest first.
+    /// stopped worker stored (see [`Checkpoints::record_intent`]) and that end at or before
+    /// `through` (the pending batch, whose own counters may be among them; a batch stored after
+    /// it never got its intent and is read again from the stream), oldest first.
     async fn load_carried(
         &self,
         stream: &str,
         carry: &Token,
-        before: &Token,
+        through: &Token,
     ) -> StoreResult<Vec<PendingBatch>>;
 
     /// Deletes the batches stored for the carry `carry`, once its counters and dirty marks are
     /// written and before the checkpoint moves past them (a restart in between re-applies
-    /// what is left, which the guards reject).
+    /// what is left, which the guards reject). Fenced: a copy stored by a newer epoch stays.
     async fn clear_carried(&self, fence: &Fence, carry: &Token) -> StoreResult<()>;
 
     /// Advances the resume position (and clears any pending batch) after every write of a batch

@@ -177,25 +177,45 @@ impl<S: Store + ?Sized> Worker<S> {
                 checkpoint.token = Some(batch.end.clone());
                 checkpoint.token_time = batch.end_time;
             } else {
-                // (0), with the batch carried until now, if any, stored as carried.
-                batch.carry = carrying.carry.id().cloned();
-                carrying.settled = false;
-                self.store
-                    .record_intent(fence, &batch, carrying.carry.newest())
-                    .await?;
-                checkpoint.high_water = Some(batch.end.clone());
-                let counters = std::mem::take(&mut batch.counters);
-                let dirty = std::mem::take(&mut batch.dirty);
-                carrying
-                    .carry
-                    .push(batch.end.clone(), batch.end_time, counters, dirty);
                 // Only well behind: a worker keeping up with live writes writes every batch, so
                 // that counters follow the stream within about a batch's latency.
                 let behind = batch.end_time.is_some_and(|t| {
                     crate::time::secs(self.clock.now()) - t.time as i64 >= CARRY_BEHIND_SECS
                 });
-                if may_carry && behind && carrying.has_room(&self.settings.budget, self.clock.now())
-                {
+                let may_carry = may_carry && behind;
+                let own = PendingBatch {
+                    end: batch.end.clone(),
+                    end_time: batch.end_time,
+                    counters: std::mem::take(&mut batch.counters),
+                    dirty: std::mem::take(&mut batch.dirty),
+                    ..PendingBatch::default()
+                };
+                // (0) The intent names the carry the batch joins. A batch that may be carried
+                // stores its counters and marks under the carry's id instead of in its intent:
+                // written once, where a restart finds them with the carry's other batches.
+                batch.carry = carrying.carry.id().cloned();
+                carrying.settled = false;
+                let (counters, dirty) = if may_carry {
+                    batch.carry.get_or_insert_with(|| batch.end.clone());
+                    self.store.record_intent(fence, &batch, Some(&own)).await?;
+                    (own.counters, own.dirty)
+                } else {
+                    batch.counters = own.counters;
+                    batch.dirty = own.dirty;
+                    self.store.record_intent(fence, &batch, None).await?;
+                    (
+                        std::mem::take(&mut batch.counters),
+                        std::mem::take(&mut batch.dirty),
+                    )
+                };
+                checkpoint.high_water = Some(batch.end.clone());
+                carrying
+                    .carry
+                    .push(batch.end.clone(), batch.end_time, counters, dirty);
+                if may_carry {
+                    carrying.carry.stored_under_id();
+                }
+                if may_carry && carrying.has_room(&self.settings.budget, self.clock.now()) {
                     self.write_carried(fence, checkpoint, &batch).await?;
                     carrying.settled = true;
                 } else {
@@ -246,8 +266,8 @@ impl<S: Store + ?Sized> Worker<S> {
     /// own writes already landed, see [`Worker::flush`]).
     ///
     /// (a), (b) and (c) go out side by side (one round trip of latency instead of three): the
-    /// batch's whole plan is recorded as the intent before any of them (and the carried
-    /// batches' counters and marks with it), and a crash anywhere is repaired by re-applying that plan,
+    /// batch's whole plan is recorded before any of them (its intent, and the carry's
+    /// counters and marks stored under the carry's id), and a crash anywhere is repaired by re-applying that plan,
     /// each write guarded by its batch's end token, so which of them landed first never
     /// matters. No reader depends on their order either: the reconciler trusts only positions
     /// at or below the checkpoint, which (d) moves after all three are acknowledged. The
@@ -263,7 +283,7 @@ impl<S: Store + ?Sized> Worker<S> {
             return Ok(());
         };
         let (batches, posts) = (carry.batches(), carry.counters());
-        let carry_id = carry.id().cloned();
+        let stored = carry.id().filter(|_| carry.is_stored()).cloned();
         let marks = carry.take_dirty();
         let mut writes = carry.take_writes();
         let counters = async {
@@ -294,7 +314,7 @@ impl<S: Store + ?Sized> Worker<S> {
             Ok(())
         };
         let (outcome, (), ()) = futures::try_join!(counters, ledger, dirty)?;
-        if let Some(carry) = carry_id.filter(|_| batches > 1) {
+        if let Some(carry) = stored {
             // Written: the stored copies go, before the checkpoint moves past them.
             self.store.clear_carried(fence, &carry).await?;
         }

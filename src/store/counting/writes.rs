@@ -33,12 +33,12 @@ impl<S: Checkpoints> Checkpoints for CountingStore<S> {
         &self,
         stream: &str,
         carry: &Token,
-        before: &Token,
+        through: &Token,
     ) -> StoreResult<Vec<PendingBatch>> {
         self.timed(
             Concern::Checkpoints,
             0,
-            self.inner.load_carried(stream, carry, before),
+            self.inner.load_carried(stream, carry, through),
         )
         .await
     }

@@ -2,7 +2,7 @@
 
 use bson::{DateTime, Timestamp};
 
-use super::{fence_ok, max_string, seam, Memory, MemoryStore};
+use super::{fence_ok, max_string, seam, CarriedCopy, Memory, MemoryStore};
 use crate::deployment::Deployment;
 use crate::event::Token;
 use crate::store::{
@@ -112,9 +112,24 @@ impl Memory {
         carried: Option<&PendingBatch>,
     ) -> StoreResult<()> {
         if let Some(carried) = carried {
-            let carry = batch.carry.as_ref().unwrap_or(&carried.end).to_string();
-            let key = (fence.stream.clone(), carry, carried.end.to_string());
-            self.carried.insert(key, carried.clone());
+            let key = (fence.stream.clone(), carried.end.to_string());
+            if self
+                .carried
+                .get(&key)
+                .is_some_and(|c| c.epoch > fence.epoch)
+            {
+                // A successor's copy of the same batch (see the MongoDB store).
+                return Err(StoreError::Fenced {
+                    stream: fence.stream.clone(),
+                    epoch: fence.epoch,
+                });
+            }
+            let copy = CarriedCopy {
+                carry: batch.carry.as_ref().unwrap_or(&carried.end).to_string(),
+                epoch: fence.epoch,
+                batch: carried.clone(),
+            };
+            self.carried.insert(key, copy);
         }
         self.owned_checkpoint_update(fence, |c, now| {
             max_string(&mut c.high_water, batch.end.as_str());
@@ -127,19 +142,22 @@ impl Memory {
         &self,
         stream: &str,
         carry: &Token,
-        before: &Token,
+        through: &Token,
     ) -> StoreResult<Vec<PendingBatch>> {
         Ok(self
             .carried
             .iter()
-            .filter(|((s, c, _), b)| s == stream && c == carry.as_str() && b.end < *before)
-            .map(|(_, b)| b.clone())
+            .filter(|((s, _), c)| {
+                s == stream && c.carry == carry.as_str() && c.batch.end <= *through
+            })
+            .map(|(_, c)| c.batch.clone())
             .collect())
     }
 
     pub fn clear_carried(&mut self, fence: &Fence, carry: &Token) -> StoreResult<()> {
-        self.carried
-            .retain(|(s, c, _), _| !(*s == fence.stream && c == carry.as_str()));
+        self.carried.retain(|(s, _), c| {
+            !(*s == fence.stream && c.carry == carry.as_str() && c.epoch <= fence.epoch)
+        });
         Ok(())
     }
 
@@ -254,7 +272,7 @@ impl Memory {
 seam!(Checkpoints {
     try fn load_checkpoint(stream: &str) -> Option<Checkpoint>;
     try fn record_intent(fence: &Fence, batch: &PendingBatch, carried: Option<&PendingBatch>) -> ();
-    try fn load_carried(stream: &str, carry: &Token, before: &Token) -> Vec<PendingBatch>;
+    try fn load_carried(stream: &str, carry: &Token, through: &Token) -> Vec<PendingBatch>;
     try fn clear_carried(fence: &Fence, carry: &Token) -> ();
     try fn save_checkpoint(fence: &Fence, token: &Token, token_time: Option<Timestamp>) -> ();
     try fn move_checkpoint(stream: &str, to: &Position) -> ();

@@ -56,6 +56,15 @@ pub const POST_FIELD: &str = "post_id";
 pub const CREATED_FIELD: &str = "created_at";
 pub const DELETED_FIELD: &str = "deleted_at";
 
+/// A batch's counters and dirty marks stored under its carry's id (a document of the carried
+/// collection): the carry, and the epoch of the worker that stored it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CarriedCopy {
+    pub carry: String,
+    pub epoch: i64,
+    pub batch: crate::store::PendingBatch,
+}
+
 /// Everything the store holds. Fields are public: the test that owns the store may read any
 /// table, and edit one by hand the way an operator would in the shell.
 pub struct Memory {
@@ -90,8 +99,8 @@ pub struct Memory {
     /// "collections" (see [`Memory::define_counters`]).
     pub more: BTreeMap<CounterIx, CounterTables>,
     pub checkpoints: BTreeMap<String, CheckpointRec>,
-    /// Carried batches by stream, carry and end (the carried collection).
-    pub carried: BTreeMap<(String, String, String), crate::store::PendingBatch>,
+    /// Carried batches by stream and end (the carried collection).
+    pub carried: BTreeMap<(String, String), CarriedCopy>,
     pub leases: BTreeMap<String, LeaseRec>,
     pub runs: Vec<RunSummary>,
     pub sweeps: BTreeMap<String, SweepCursor>,

@@ -23,9 +23,12 @@ impl Checkpoints for MongoStore {
         // Raw from serde to the wire: the intent is the largest thing a batch writes.
         if let Some(carried) = carried {
             // Its own document, written once (the checkpoint document does not grow with the
-            // carry), under the carry's id; stored before the intent that replaces it as
-            // pending, so that it is never in neither place (`load_carried` skips it while it
-            // is still pending).
+            // carry), under the carry's id; stored before the intent that names the carry, so
+            // that a crash between the two leaves it for a batch that never was pending.
+            // Fenced like every worker write: a predecessor that has not noticed it was
+            // replaced must not overwrite its successor's copy of the same batch with its own
+            // plan (made against a ledger the successor had moved on), so a copy of a newer
+            // epoch is left alone (the upsert then collides with its `_id`).
             let op = "store a carried batch";
             let id = format!("{}|{}", fence.stream, carried.end);
             let carry = batch.carry.as_ref().unwrap_or(&carried.end);
@@ -36,12 +39,18 @@ impl Checkpoints for MongoStore {
                 "epoch": fence.epoch,
                 "batch": pending_to_raw(carried)?,
             };
+            let filter = rawdoc! {"_id": id, "epoch": {"$not": {"$gt": fence.epoch}}};
             let command = rawdoc! {
                 "update": self.names.carried.as_str(),
-                "updates": [{"q": {"_id": id}, "u": {"$set": stored}, "upsert": true}],
+                "updates": [{"q": filter, "u": {"$set": stored}, "upsert": true}],
             };
             let reply = self.db.run_raw_command(command).observed(op).await?;
-            write_errors(op, &reply)?;
+            if write_errors(op, &reply)? > 0 {
+                return Err(StoreError::Fenced {
+                    stream: fence.stream.clone(),
+                    epoch: fence.epoch,
+                });
+            }
         }
         let update = rawdoc! {
             "$max": {"high_water": batch.end.as_str()},
@@ -85,7 +94,7 @@ impl Checkpoints for MongoStore {
         &self,
         stream: &str,
         carry: &Token,
-        before: &Token,
+        through: &Token,
     ) -> StoreResult<Vec<PendingBatch>> {
         let op = "read the carried batches";
         let mut cursor = self
@@ -107,7 +116,7 @@ impl Checkpoints for MongoStore {
                 .get_document("batch")
                 .map_err(|e| malformed(e.to_string()))?;
             let batch = pending_from_raw(batch).map_err(malformed)?;
-            if batch.end < *before {
+            if batch.end <= *through {
                 carried.push(batch);
             }
         }
@@ -116,9 +125,16 @@ impl Checkpoints for MongoStore {
     }
 
     async fn clear_carried(&self, fence: &Fence, carry: &Token) -> StoreResult<()> {
+        // Fenced: a predecessor re-applying the same pending carry (its writes all refused)
+        // must not delete the copies its successor still needs.
+        let filter = doc! {
+            "stream": fence.stream.as_str(),
+            "carry": carry.as_str(),
+            "epoch": {"$not": {"$gt": fence.epoch}},
+        };
         self.db
             .collection::<Document>(&self.names.carried)
-            .delete_many(doc! {"stream": fence.stream.as_str(), "carry": carry.as_str()})
+            .delete_many(filter)
             .observed("clear the carried batches")
             .await?;
         Ok(())

@@ -134,14 +134,17 @@ impl Checkpoints for SimStore {
             let (end, counters) = (&batch.end, batch.counters.len());
             match carried {
                 Some(carried) => {
-                    s.stat("counters carried across batches");
                     s.note(format!(
-                        "  intent {end} ({counters} counters; {} carried from {})",
+                        "  intent {end} (its {} counters stored under carry {})",
                         carried.counters.len(),
-                        carried.end
+                        batch.carry.as_ref().map_or("?", |c| c.as_str())
                     ));
                 }
                 None => s.note(format!("  intent {end} ({counters} counters)")),
+            }
+            if batch.carry.as_ref().is_some_and(|c| c != end) {
+                // It joins a carry that an earlier batch opened.
+                s.stat("counters carried across batches");
             }
             s.check_batch_end(end);
             s.memory.record_intent(fence, batch, carried)
@@ -153,10 +156,14 @@ impl Checkpoints for SimStore {
         &self,
         stream: &str,
         carry: &Token,
-        before: &Token,
+        through: &Token,
     ) -> StoreResult<Vec<PendingBatch>> {
         self.single("load_carried", false, |s| {
-            let carried = s.memory.load_carried(stream, carry, before)?;
+            let carried = s.memory.load_carried(stream, carry, through)?;
+            s.note(format!(
+                "  load carried {carry} through {through}: {} batches",
+                carried.len()
+            ));
             if !carried.is_empty() {
                 s.stat("carried counters re-applied by a restart");
             }
@@ -167,6 +174,7 @@ impl Checkpoints for SimStore {
 
     async fn clear_carried(&self, fence: &Fence, through: &Token) -> StoreResult<()> {
         self.single("clear_carried", true, |s| {
+            s.note(format!("  clear carried {through} (epoch {})", fence.epoch));
             s.memory.clear_carried(fence, through)
         })
         .await

@@ -469,7 +469,7 @@ impl State {
         let carried = self.memory.carried.values();
         let in_flight = carried
             .into_iter()
-            .any(|b| b.counters.iter().any(|w| w.post == *post))
+            .any(|c| c.batch.counters.iter().any(|w| w.post == *post))
             || self.memory.checkpoints.values().any(|c| {
                 let chunk = c.snapshot.as_ref().and_then(|s| s.pending.as_ref());
                 c.pending
