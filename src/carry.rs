@@ -106,23 +106,26 @@ impl Carry {
         self.ends.first().map(|(end, _)| end)
     }
 
-    /// The carry a stopped worker left: the batches stored under its id, oldest first, then
-    /// the batch whose intent is pending (unless it is the newest stored one: its counters
-    /// and marks were stored instead of recorded in its intent).
-    pub fn from_stored(carried: &[PendingBatch], pending: &PendingBatch) -> Carry {
-        let mut carry = Carry::default();
-        let own_stored = carried.last().is_some_and(|b| b.end == pending.end);
-        let pending = Some(pending).filter(|_| !own_stored);
-        for batch in carried.iter().chain(pending) {
-            carry.push(
-                batch.end.clone(),
-                batch.end_time,
-                batch.counters.clone(),
-                batch.dirty.clone(),
-            );
+    /// Rebuilds the carry a stopped worker left, one stored batch at a time (oldest first,
+    /// merged as it comes, so recovery holds the carry as compactly as the worker did): a
+    /// batch stored under the carry's id.
+    pub fn push_stored(&mut self, batch: PendingBatch) {
+        self.push(batch.end, batch.end_time, batch.counters, batch.dirty);
+        self.stored = true;
+    }
+
+    /// Then the batch whose intent is pending, unless it is the newest stored one (its
+    /// counters and marks were stored instead of recorded in its intent).
+    pub fn push_pending(&mut self, pending: &PendingBatch) {
+        if self.end().is_some_and(|(end, _)| *end == pending.end) {
+            return;
         }
-        carry.stored = !carried.is_empty();
-        carry
+        self.push(
+            pending.end.clone(),
+            pending.end_time,
+            pending.counters.clone(),
+            pending.dirty.clone(),
+        );
     }
 
     /// Whether batches are carried (their counters and the checkpoint not written yet).
@@ -477,17 +480,25 @@ mod tests {
             dirty: vec![],
             ..planned(2)
         };
-        let mut again = Carry::from_stored(&stored, &pending);
-        assert!(again.is_stored());
-        assert_eq!(again.batches(), 3, "the pending batch is its stored copy");
-        assert_eq!(again.take_dirty(), dirty);
-        assert_eq!(again.take_writes().collect::<Vec<_>>(), writes);
+        let again = |stored: &[PendingBatch], pending: &PendingBatch| {
+            let mut carry = Carry::default();
+            for batch in stored {
+                carry.push_stored(batch.clone());
+            }
+            carry.push_pending(pending);
+            carry
+        };
+        let mut carry = again(&stored, &pending);
+        assert!(carry.is_stored());
+        assert_eq!(carry.batches(), 3, "the pending batch is its stored copy");
+        assert_eq!(carry.take_dirty(), dirty);
+        assert_eq!(carry.take_writes().collect::<Vec<_>>(), writes);
         // The newest batch kept its counters in its intent (the worker had caught up).
-        let mut again = Carry::from_stored(&stored[..2], &planned(2));
-        assert_eq!(again.take_dirty(), dirty);
-        assert_eq!(again.take_writes().collect::<Vec<_>>(), writes);
+        let mut carry = again(&stored[..2], &planned(2));
+        assert_eq!(carry.take_dirty(), dirty);
+        assert_eq!(carry.take_writes().collect::<Vec<_>>(), writes);
         // Nothing stored: the pending batch alone, nothing to clear.
-        let alone = Carry::from_stored(&[], &planned(0));
+        let alone = again(&[], &planned(0));
         assert!(!alone.is_stored());
         assert_eq!(alone.batches(), 1);
     }

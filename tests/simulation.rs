@@ -1704,6 +1704,7 @@ const COVERAGE: &[&str] = &[
     "counter written for several batches at once",
     "fault while counters are carried",
     "carried counters re-applied by a restart",
+    "carried batches re-read in pages",
 ];
 
 #[test]

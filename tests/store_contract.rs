@@ -634,25 +634,38 @@ async fn carried_copies_are_fenced<S: Store>(store: &S) {
         "{refused:?}"
     );
     let read = store
-        .load_carried(STREAM, &token(20), &token(21))
+        .load_carried(STREAM, &token(20), None, &token(21), 10)
         .await
         .unwrap();
     assert_eq!(read, vec![own(20, 1), own(21, 2)], "the successor's copies");
     let read = store
-        .load_carried(STREAM, &token(20), &token(20))
+        .load_carried(STREAM, &token(20), None, &token(20), 10)
         .await
         .unwrap();
     assert_eq!(read, vec![own(20, 1)], "through the pending batch only");
+    let first = store
+        .load_carried(STREAM, &token(20), None, &token(21), 1)
+        .await
+        .unwrap();
+    let next = store
+        .load_carried(STREAM, &token(20), Some(&token(20)), &token(21), 1)
+        .await
+        .unwrap();
+    assert_eq!(
+        (first, next),
+        (vec![own(20, 1)], vec![own(21, 2)]),
+        "in pages, oldest first"
+    );
     // The predecessor, re-applying the same pending carry, clears it: the successor's stay.
     let _ = store.clear_carried(&fence(1), &token(20)).await;
     let read = store
-        .load_carried(STREAM, &token(20), &token(21))
+        .load_carried(STREAM, &token(20), None, &token(21), 10)
         .await
         .unwrap();
     assert_eq!(read.len(), 2, "a newer epoch's copies stay");
     store.clear_carried(&fence(2), &token(20)).await.unwrap();
     let read = store
-        .load_carried(STREAM, &token(20), &token(21))
+        .load_carried(STREAM, &token(20), None, &token(21), 10)
         .await
         .unwrap();
     assert_eq!(read, vec![], "cleared");

@@ -410,7 +410,7 @@ async fn a_carry_left_in_flight_is_written_once_by_the_next_start() {
     assert_eq!(stored.pending.as_ref(), Some(&intent(&second)));
     let read = t
         .store
-        .load_carried("comments", &first.end, &second.end)
+        .load_carried("comments", &first.end, None, &second.end, 10)
         .await;
     assert_eq!(
         read.unwrap(),
@@ -419,7 +419,7 @@ async fn a_carry_left_in_flight_is_written_once_by_the_next_start() {
     );
     let read = t
         .store
-        .load_carried("comments", &first.end, &first.end)
+        .load_carried("comments", &first.end, None, &first.end, 10)
         .await;
     assert_eq!(
         read.unwrap(),
@@ -427,7 +427,10 @@ async fn a_carry_left_in_flight_is_written_once_by_the_next_start() {
         "only those through the pending batch"
     );
     let other = Token("0005".into());
-    let read = t.store.load_carried("comments", &other, &second.end).await;
+    let read = t
+        .store
+        .load_carried("comments", &other, None, &second.end, 10)
+        .await;
     assert_eq!(read.unwrap(), vec![], "only this carry's");
     // One carried counter had landed before the stop: it is not added again.
     t.store

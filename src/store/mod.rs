@@ -159,14 +159,18 @@ pub trait Checkpoints: Send + Sync {
     ) -> StoreResult<()>;
 
     /// The batches of the carry `carry` (the pending batch's [`PendingBatch::carry`]) that a
-    /// stopped worker stored (see [`Checkpoints::record_intent`]) and that end at or before
-    /// `through` (the pending batch, whose own counters may be among them; a batch stored after
-    /// it never got its intent and is read again from the stream), oldest first.
+    /// stopped worker stored (see [`Checkpoints::record_intent`]) and that end after `after`
+    /// (`None`: from the first) and at or before `through` (the pending batch, whose own
+    /// counters may be among them; a batch stored after it never got its intent and is read
+    /// again from the stream), oldest first, at most `limit` of them: a carry is read a few
+    /// batches at a time, so that recovery holds it merged, as it was held while carried.
     async fn load_carried(
         &self,
         stream: &str,
         carry: &Token,
+        after: Option<&Token>,
         through: &Token,
+        limit: usize,
     ) -> StoreResult<Vec<PendingBatch>>;
 
     /// Deletes the batches stored for the carry `carry`, once its counters and dirty marks are

@@ -376,18 +376,29 @@ impl<S: Store + ?Sized> Worker<S> {
         checkpoint: &mut Checkpoint,
         batch: &PendingBatch,
     ) -> Result<(), StoreError> {
-        let carried = match &batch.carry {
-            Some(carry) => {
-                self.store
-                    .load_carried(&fence.stream, carry, &batch.end)
-                    .await?
+        let mut carry = Carry::default();
+        if let Some(id) = &batch.carry {
+            // A few stored batches at a time, merged as they come.
+            let mut after: Option<crate::event::Token> = None;
+            loop {
+                let page = self
+                    .store
+                    .load_carried(&fence.stream, id, after.as_ref(), &batch.end, CARRIED_PAGE)
+                    .await?;
+                let more = page.len() >= CARRIED_PAGE;
+                for stored in page {
+                    after = Some(stored.end.clone());
+                    carry.push_stored(stored);
+                }
+                if !more {
+                    break;
+                }
             }
-            None => Vec::new(),
-        };
-        if !carried.is_empty() {
-            tracing::info!(stream = %fence.stream, end = %batch.end, carried = carried.len(), "re-applying the counters carried before the batch left in flight");
         }
-        let mut carry = Carry::from_stored(&carried, batch);
+        if carry.is_stored() {
+            tracing::info!(stream = %fence.stream, end = %batch.end, carried = carry.batches(), "re-applying the counters carried up to the batch left in flight");
+        }
+        carry.push_pending(batch);
         self.write_batch(fence, checkpoint, Some(batch), &mut carry)
             .await
     }
@@ -395,6 +406,10 @@ impl<S: Store + ?Sized> Worker<S> {
 
 /// Counter writes sent per command while a carry is written.
 const FLUSH_SLICE: usize = 1000;
+
+/// Stored batches read per call while a stopped worker's carry is rebuilt (each holds up to a
+/// batch's counters, decoded).
+const CARRIED_PAGE: usize = 4;
 
 /// How far behind the stream (the batch's last event's cluster time, in seconds, against the
 /// clock) the worker must be to carry counters: catching up a backlog, not keeping up with live

@@ -33,12 +33,15 @@ impl<S: Checkpoints> Checkpoints for CountingStore<S> {
         &self,
         stream: &str,
         carry: &Token,
+        after: Option<&Token>,
         through: &Token,
+        limit: usize,
     ) -> StoreResult<Vec<PendingBatch>> {
         self.timed(
             Concern::Checkpoints,
             0,
-            self.inner.load_carried(stream, carry, through),
+            self.inner
+                .load_carried(stream, carry, after, through, limit),
         )
         .await
     }

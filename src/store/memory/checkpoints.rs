@@ -142,14 +142,20 @@ impl Memory {
         &self,
         stream: &str,
         carry: &Token,
+        after: Option<&Token>,
         through: &Token,
+        limit: usize,
     ) -> StoreResult<Vec<PendingBatch>> {
         Ok(self
             .carried
             .iter()
             .filter(|((s, _), c)| {
-                s == stream && c.carry == carry.as_str() && c.batch.end <= *through
+                s == stream
+                    && c.carry == carry.as_str()
+                    && after.is_none_or(|a| c.batch.end > *a)
+                    && c.batch.end <= *through
             })
+            .take(limit.max(1))
             .map(|(_, c)| c.batch.clone())
             .collect())
     }
@@ -272,7 +278,7 @@ impl Memory {
 seam!(Checkpoints {
     try fn load_checkpoint(stream: &str) -> Option<Checkpoint>;
     try fn record_intent(fence: &Fence, batch: &PendingBatch, carried: Option<&PendingBatch>) -> ();
-    try fn load_carried(stream: &str, carry: &Token, through: &Token) -> Vec<PendingBatch>;
+    try fn load_carried(stream: &str, carry: &Token, after: Option<&Token>, through: &Token, limit: usize) -> Vec<PendingBatch>;
     try fn clear_carried(fence: &Fence, carry: &Token) -> ();
     try fn save_checkpoint(fence: &Fence, token: &Token, token_time: Option<Timestamp>) -> ();
     try fn move_checkpoint(stream: &str, to: &Position) -> ();

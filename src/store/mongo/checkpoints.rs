@@ -94,13 +94,25 @@ impl Checkpoints for MongoStore {
         &self,
         stream: &str,
         carry: &Token,
+        after: Option<&Token>,
         through: &Token,
+        limit: usize,
     ) -> StoreResult<Vec<PendingBatch>> {
         let op = "read the carried batches";
+        let mut end = doc! {"$lte": through.as_str()};
+        if let Some(after) = after {
+            end.insert("$gt", after.as_str());
+        }
+        // In the order of their ends: the `_id`s are `<stream>|<end>`, one stream's share the
+        // same prefix, so the `_id` index gives that order without sorting in memory.
+        let limit = limit.clamp(1, i32::MAX as usize);
         let mut cursor = self
             .db
             .collection::<RawDocumentBuf>(&self.names.carried)
-            .find(doc! {"stream": stream, "carry": carry.as_str()})
+            .find(doc! {"stream": stream, "carry": carry.as_str(), "end": end})
+            .sort(doc! {"_id": 1})
+            .limit(limit as i64)
+            .batch_size(limit as u32)
             .observed(op)
             .await?;
         let mut carried = Vec::new();
@@ -115,12 +127,8 @@ impl Checkpoints for MongoStore {
             let batch = stored
                 .get_document("batch")
                 .map_err(|e| malformed(e.to_string()))?;
-            let batch = pending_from_raw(batch).map_err(malformed)?;
-            if batch.end <= *through {
-                carried.push(batch);
-            }
+            carried.push(pending_from_raw(batch).map_err(malformed)?);
         }
-        carried.sort_by(|a, b| a.end.cmp(&b.end));
         Ok(carried)
     }
 

@@ -156,16 +156,23 @@ impl Checkpoints for SimStore {
         &self,
         stream: &str,
         carry: &Token,
+        after: Option<&Token>,
         through: &Token,
+        limit: usize,
     ) -> StoreResult<Vec<PendingBatch>> {
         self.single("load_carried", false, |s| {
-            let carried = s.memory.load_carried(stream, carry, through)?;
+            let carried = s
+                .memory
+                .load_carried(stream, carry, after, through, limit)?;
             s.note(format!(
                 "  load carried {carry} through {through}: {} batches",
                 carried.len()
             ));
             if !carried.is_empty() {
                 s.stat("carried counters re-applied by a restart");
+            }
+            if after.is_some() && !carried.is_empty() {
+                s.stat("carried batches re-read in pages");
             }
             Ok(carried)
         })
