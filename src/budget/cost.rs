@@ -26,12 +26,19 @@ pub const ROW_COST: usize = 512;
 pub const LARGEST_EVENT: usize = 16 * 1024;
 
 /// Events per server reply (the driver's `batchSize`). A reply is decoded whole by the driver
-/// before counterd reads an event of it, so [`REPLY_RESERVE`] sets it aside.
-pub const EVENTS_PER_REPLY: u32 = 1000;
+/// before counterd reads an event of it, so [`REPLY_RESERVE`] sets it aside. Fewer, larger
+/// replies cost fewer round trips and, on the fake test server, less of its time (each of its
+/// `getMore`s scans and sorts the oplog after the cursor). With the 2 MiB reserve, 4 000 took
+/// the benchmark's catch-up of 100 000 events to 10.8-11.2 s, against 11.8-12.7 s with 1 000
+/// and 1 MiB; 1 000 with 2 MiB, 3 000 with 1 MiB and 8 000 with 4 MiB (whose reserve takes
+/// budget from the batches and the carry) were all at 12.2-12.6 s (bench/RESULTS.md,
+/// 2026-12-05).
+pub const EVENTS_PER_REPLY: u32 = 4000;
 
-/// What one server reply may hold (a reply of projected events, kept raw until each event is
-/// taken): every open stream holds this much of the budget for as long as it is open.
-pub const REPLY_RESERVE: usize = 1024 * 1024;
+/// What one server reply may hold (a reply of projected events, about 270 bytes each, kept raw
+/// until each event is taken: twice what [`EVENTS_PER_REPLY`] of them take): every open stream
+/// holds this much of the budget for as long as it is open.
+pub const REPLY_RESERVE: usize = 2 * 1024 * 1024;
 
 /// The budget without a container limit: fits the shipped manifests (limit 96 MiB, of which an
 /// idle `counterd run` holds about 26).
