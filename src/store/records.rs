@@ -203,8 +203,8 @@ pub struct PendingBatch {
     pub ledger: Vec<LedgerUpdate>,
     pub dirty: Vec<DirtyMark>,
     /// The carry the batch belongs to (see [`crate::carry`]): the end of its first batch, under
-    /// which the batches carried before this one are stored (`None`: nothing is carried before
-    /// it).
+    /// which the carry's batches store their counters and marks, this one's too if it may be
+    /// carried (its intent then holds neither). `None`: nothing is carried, nothing stored.
     pub carry: Option<Token>,
 }
 

@@ -183,13 +183,6 @@ impl<S: Store + ?Sized> Worker<S> {
                     crate::time::secs(self.clock.now()) - t.time as i64 >= CARRY_BEHIND_SECS
                 });
                 let may_carry = may_carry && behind;
-                let own = PendingBatch {
-                    end: batch.end.clone(),
-                    end_time: batch.end_time,
-                    counters: std::mem::take(&mut batch.counters),
-                    dirty: std::mem::take(&mut batch.dirty),
-                    ..PendingBatch::default()
-                };
                 // (0) The intent names the carry the batch joins. A batch that may be carried
                 // stores its counters and marks under the carry's id instead of in its intent:
                 // written once, where a restart finds them with the carry's other batches.
@@ -197,11 +190,16 @@ impl<S: Store + ?Sized> Worker<S> {
                 carrying.settled = false;
                 let (counters, dirty) = if may_carry {
                     batch.carry.get_or_insert_with(|| batch.end.clone());
+                    let own = PendingBatch {
+                        end: batch.end.clone(),
+                        end_time: batch.end_time,
+                        counters: std::mem::take(&mut batch.counters),
+                        dirty: std::mem::take(&mut batch.dirty),
+                        ..PendingBatch::default()
+                    };
                     self.store.record_intent(fence, &batch, Some(&own)).await?;
                     (own.counters, own.dirty)
                 } else {
-                    batch.counters = own.counters;
-                    batch.dirty = own.dirty;
                     self.store.record_intent(fence, &batch, None).await?;
                     (
                         std::mem::take(&mut batch.counters),
@@ -267,7 +265,8 @@ impl<S: Store + ?Sized> Worker<S> {
     ///
     /// (a), (b) and (c) go out side by side (one round trip of latency instead of three): the
     /// batch's whole plan is recorded before any of them (its intent, and the carry's
-    /// counters and marks stored under the carry's id), and a crash anywhere is repaired by re-applying that plan,
+    /// counters and marks stored under the carry's id), and a crash anywhere is repaired by
+    /// re-applying that plan,
     /// each write guarded by its batch's end token, so which of them landed first never
     /// matters. No reader depends on their order either: the reconciler trusts only positions
     /// at or below the checkpoint, which (d) moves after all three are acknowledged. The
