@@ -75,8 +75,12 @@ impl Daemon {
                     break; // exited (port taken): try another port
                 }
                 let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+                // Whoever answers must be this child: the port was only free a moment ago, and
+                // another test's daemon or proxy may have bound it since (this child then
+                // fails to listen and exits, and the loop tries another port).
                 if std::net::TcpStream::connect_timeout(&address, Duration::from_millis(100))
                     .is_ok()
+                    && listens_on(child.id(), port)
                 {
                     return Daemon { child, port };
                 }
@@ -178,6 +182,32 @@ impl Daemon {
         self.signal("-TERM");
         self.child.wait().ok().and_then(|s| s.code())
     }
+}
+
+/// Whether process `pid` holds the socket listening on 127.0.0.1:`port` (Linux: the listening
+/// socket's inode in `/proc/net/tcp`, among the process's open descriptors). Elsewhere, true.
+fn listens_on(pid: u32, port: u16) -> bool {
+    let Ok(table) = std::fs::read_to_string("/proc/net/tcp") else {
+        return true;
+    };
+    let local = format!("0100007F:{port:04X}");
+    let inodes: Vec<String> = table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // sl, local_address, rem_address, st (0A: LISTEN), ..., inode (the tenth).
+            (fields.len() > 9 && fields[1] == local && fields[3] == "0A")
+                .then(|| format!("socket:[{}]", fields[9]))
+        })
+        .collect();
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten().any(|fd| {
+        std::fs::read_link(fd.path())
+            .is_ok_and(|target| inodes.iter().any(|i| target.as_os_str() == i.as_str()))
+    })
 }
 
 impl Drop for Daemon {
