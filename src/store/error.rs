@@ -44,6 +44,14 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// A write refused because a successor holds the stream with a newer epoch than `fence`'s.
+    pub fn fenced(fence: &super::Fence) -> StoreError {
+        StoreError::Fenced {
+            stream: fence.stream.clone(),
+            epoch: fence.epoch,
+        }
+    }
+
     pub fn is_transient(&self) -> bool {
         matches!(
             self,

@@ -66,10 +66,7 @@ impl Memory {
                 update(c, now);
                 Ok(())
             }
-            Some(_) => Err(StoreError::Fenced {
-                stream: fence.stream.clone(),
-                epoch: fence.epoch,
-            }),
+            Some(_) => Err(StoreError::fenced(fence)),
             None => {
                 let mut c = CheckpointRec {
                     epoch: Some(fence.epoch),
@@ -119,10 +116,7 @@ impl Memory {
                 .is_some_and(|c| c.epoch > fence.epoch)
             {
                 // A successor's copy of the same batch (see the MongoDB store).
-                return Err(StoreError::Fenced {
-                    stream: fence.stream.clone(),
-                    epoch: fence.epoch,
-                });
+                return Err(StoreError::fenced(fence));
             }
             let copy = CarriedCopy {
                 carry: batch.carry.as_ref().unwrap_or(&carried.end).to_string(),

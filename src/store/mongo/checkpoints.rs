@@ -40,38 +40,18 @@ impl Checkpoints for MongoStore {
                 "batch": pending_to_raw(carried)?,
             };
             let filter = rawdoc! {"_id": id, "epoch": {"$not": {"$gt": fence.epoch}}};
-            let command = rawdoc! {
-                "update": self.names.carried.as_str(),
-                "updates": [{"q": filter, "u": {"$set": stored}, "upsert": true}],
-            };
-            let reply = self.db.run_raw_command(command).observed(op).await?;
-            if write_errors(op, &reply)? > 0 {
-                return Err(StoreError::Fenced {
-                    stream: fence.stream.clone(),
-                    epoch: fence.epoch,
-                });
-            }
+            let update = rawdoc! {"$set": stored};
+            self.fenced_upsert(op, &self.names.carried, filter, update, fence)
+                .await?;
         }
         let update = rawdoc! {
             "$max": {"high_water": batch.end.as_str()},
             "$set": {"pending": pending_to_raw(batch)?, "updated_at": DateTime::now()},
         };
         let filter = rawdoc! {"_id": fence.stream.as_str(), "epoch": fence.epoch};
-        let command = rawdoc! {
-            "update": self.names.checkpoints.as_str(),
-            "updates": [{"q": filter, "u": update, "upsert": true}],
-        };
         let op = "record the batch intent";
-        let reply = self.db.run_raw_command(command).observed(op).await?;
-        if write_errors(op, &reply)? > 0 {
-            // The upsert hit the `_id` of a checkpoint with another epoch: a successor took
-            // the stream (as in `checkpoint_update`).
-            return Err(StoreError::Fenced {
-                stream: fence.stream.clone(),
-                epoch: fence.epoch,
-            });
-        }
-        Ok(())
+        self.fenced_upsert(op, &self.names.checkpoints, filter, update, fence)
+            .await
     }
 
     async fn save_checkpoint(
@@ -298,6 +278,28 @@ impl Checkpoints for MongoStore {
 }
 
 impl MongoStore {
+    /// A fenced upsert of one document, raw (the intent and a carried batch are the largest
+    /// things a batch writes): a duplicate key means the filter's epoch condition failed on an
+    /// existing document, so a successor took the stream (as in `checkpoint_update`).
+    async fn fenced_upsert(
+        &self,
+        op: &'static str,
+        collection: &str,
+        filter: RawDocumentBuf,
+        update: RawDocumentBuf,
+        fence: &Fence,
+    ) -> StoreResult<()> {
+        let command = rawdoc! {
+            "update": collection,
+            "updates": [{"q": filter, "u": update, "upsert": true}],
+        };
+        let reply = self.db.run_raw_command(command).observed(op).await?;
+        if write_errors(op, &reply)? > 0 {
+            return Err(StoreError::fenced(fence));
+        }
+        Ok(())
+    }
+
     /// A checkpoint write by the worker that owns the stream's current epoch.
     pub(super) async fn owned_checkpoint_update(
         &self,
@@ -326,10 +328,7 @@ impl MongoStore {
         {
             Ok(_) => Ok(()),
             // The checkpoint exists with another epoch: a successor took the stream.
-            Err(e) if error_code(&e) == Some(DUPLICATE_KEY) => Err(StoreError::Fenced {
-                stream: fence.stream.clone(),
-                epoch: fence.epoch,
-            }),
+            Err(e) if error_code(&e) == Some(DUPLICATE_KEY) => Err(StoreError::fenced(fence)),
             Err(e) => Err(map_err(op, e)),
         }
     }
