@@ -16,9 +16,10 @@
 //! its counters and marks stored once, as planned, under the carry's id just before its
 //! intent (which then holds only its ledger states and names the carry), so a crash anywhere
 //! re-applies the whole carry exactly: a stopped worker's successor merges the carry's stored
-//! batches with the pending one and writes them before it reads the stream. The checkpoint never passes a carried increment or mark,
-//! so every position the reconciler trusts (at or below the checkpoint) still has its counters
-//! written and its posts marked, as with one batch in flight.
+//! batches with the pending one and writes them before it reads the stream. The checkpoint
+//! never passes a carried increment or mark, so every position the reconciler trusts (at or
+//! below the checkpoint) still has its counters written and its posts marked, as with one
+//! batch in flight.
 //!
 //! The merged write of a counter is the one its batches' own writes, one after the other,
 //! would have left ([`crate::batch::CounterWrite`]): the guard is the end of the *last* batch

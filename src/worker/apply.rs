@@ -214,7 +214,7 @@ impl<S: Store + ?Sized> Worker<S> {
                     carrying.carry.stored_under_id();
                 }
                 if may_carry && carrying.has_room(&self.settings.budget, self.clock.now()) {
-                    self.write_carried(fence, checkpoint, &batch).await?;
+                    self.write_ledger_states(fence, checkpoint, &batch).await?;
                     carrying.settled = true;
                 } else {
                     self.write_batch(fence, checkpoint, Some(&batch), &mut carrying.carry)
@@ -266,11 +266,10 @@ impl<S: Store + ?Sized> Worker<S> {
     /// (a), (b) and (c) go out side by side (one round trip of latency instead of three): the
     /// batch's whole plan is recorded before any of them (its intent, and the carry's
     /// counters and marks stored under the carry's id), and a crash anywhere is repaired by
-    /// re-applying that plan,
-    /// each write guarded by its batch's end token, so which of them landed first never
-    /// matters. No reader depends on their order either: the reconciler trusts only positions
-    /// at or below the checkpoint, which (d) moves after all three are acknowledged. The
-    /// simulation interleaves and fails them one by one.
+    /// re-applying that plan, each write guarded by its batch's end token, so which of them
+    /// landed first never matters. No reader depends on their order either: the reconciler
+    /// trusts only positions at or below the checkpoint, which (d) moves after all three are
+    /// acknowledged. The simulation interleaves and fails them one by one.
     pub(super) async fn write_batch(
         &self,
         fence: &Fence,
@@ -300,7 +299,7 @@ impl<S: Store + ?Sized> Worker<S> {
         };
         let ledger = async {
             match batch {
-                Some(batch) => self.write_carried(fence, checkpoint, batch).await,
+                Some(batch) => self.write_ledger_states(fence, checkpoint, batch).await,
                 None => Ok(()),
             }
         };
@@ -333,7 +332,7 @@ impl<S: Store + ?Sized> Worker<S> {
 
     /// Writes a batch's (b) ledger states; its counters and dirty marks are carried (or
     /// written beside, by [`Worker::write_batch`]).
-    async fn write_carried(
+    async fn write_ledger_states(
         &self,
         fence: &Fence,
         checkpoint: &Checkpoint,

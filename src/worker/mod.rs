@@ -8,10 +8,11 @@
 //! issued together: once the intent is stored, their order no longer matters (see
 //! `write_batch`); (d) waits for all three.
 //!
-//! While the worker is behind, (a) may wait: a batch's counter increments are carried to the
-//! next batch (see [`crate::carry`]), whose intent stores them; the carry's counters are
-//! written together, before (d), when the worker catches up, stops, pauses for a snapshot chunk,
-//! or the carry is old or full. (d) never passes a carried increment.
+//! While the worker is behind, (a) and (c) may wait: a batch's counter increments and dirty
+//! marks are carried to the next batch (see [`crate::carry`]), stored under the carry's id just
+//! before the batch's intent (which then holds only its ledger states); the carry's counters
+//! are written together, before (d), when the worker catches up, stops, pauses for a snapshot
+//! chunk, or the carry is old or full. (d) never passes a carried increment.
 //!
 //! After a crash the stored plan is re-applied as it was planned, before the stream is read
 //! again: the guards reject what already landed and the rest lands once. The plan is replayed
@@ -263,9 +264,9 @@ impl<S: Store + ?Sized> Worker<S> {
     }
 
     /// Re-applies the batch a stopped worker left in flight, with the counters it carried,
-    /// exactly as planned (what a session
-    /// does before it reads the stream), so that an operator's move of the checkpoint is not
-    /// undone by it later. Returns the batch, if there was one.
+    /// exactly as planned (what a session does before it reads the stream), so that an
+    /// operator's move of the checkpoint is not undone by it later. Returns the batch, if
+    /// there was one.
     pub async fn resolve_pending(&self, fence: &Fence) -> Result<Option<PendingBatch>, StoreError> {
         let Some(mut checkpoint) = self.store.load_checkpoint(&fence.stream).await? else {
             return Ok(None);
