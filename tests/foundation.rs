@@ -100,6 +100,59 @@ async fn change_stream_delivers_inserts_and_resumes_after_a_token() {
     );
 }
 
+/// The stream is read ahead of the worker (`store::mongo::pump`), so an empty reply can be
+/// waiting in its queue when a read begins. The worker takes an empty read for proof that every
+/// event before a position it took just before is applied; an empty reply asked for before the
+/// read began proves nothing of the sort. Each round leaves such a reply behind (a read cut at
+/// its limit, after which the reader asks the server on and finds nothing) before a new event.
+#[tokio::test]
+async fn an_empty_read_never_answers_with_a_reply_from_before_it() {
+    let t = TestDb::new("stale_dry").await;
+    let mut source = t
+        .store
+        .open_stream(stream_options(StreamStart::Now))
+        .await
+        .unwrap();
+    let ids = |read: &counterd::store::RawBatch| -> Vec<mongodb::bson::Bson> {
+        read.events
+            .iter()
+            .map(|d| ChangeEvent::parse(d).unwrap().comment.unwrap().value)
+            .collect()
+    };
+    for round in 0..20 {
+        t.comments
+            .insert_one(doc! {"_id": round, "post_id": "p1"})
+            .await
+            .unwrap();
+        // Cut at one event: the read does not look at what the reader takes next.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let read = source.next_batch(1, Duration::ZERO).await.unwrap();
+            if !read.events.is_empty() {
+                assert_eq!(ids(&read), vec![round.into()]);
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: the insert never arrived"
+            );
+        }
+        // The reader now asks on and finds nothing: that reply is older than what follows.
+        t.store.read_position().await.unwrap();
+        t.comments
+            .insert_one(doc! {"_id": 1000 + round, "post_id": "p1"})
+            .await
+            .unwrap();
+        t.store.read_position().await.unwrap();
+        let read = source.next_batch(1, Duration::ZERO).await.unwrap();
+        assert_eq!(
+            ids(&read),
+            vec![(1000 + round).into()],
+            "round {round}: a read begun after the insert answered without it"
+        );
+    }
+}
+
 #[tokio::test]
 async fn unreachable_server_gives_a_clear_error_within_the_timeout() {
     let port = counterd_testdb::free_port();

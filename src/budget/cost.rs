@@ -26,19 +26,30 @@ pub const ROW_COST: usize = 512;
 pub const LARGEST_EVENT: usize = 16 * 1024;
 
 /// Events per server reply (the driver's `batchSize`). A reply is decoded whole by the driver
-/// before counterd reads an event of it, so [`REPLY_RESERVE`] sets it aside. Fewer, larger
-/// replies cost fewer round trips and, on the fake test server, less of its time (each of its
-/// `getMore`s scans and sorts the oplog after the cursor). With the 2 MiB reserve, 4 000 took
-/// the benchmark's catch-up of 100 000 events to 10.8-11.2 s, against 11.8-12.7 s with 1 000
-/// and 1 MiB; 1 000 with 2 MiB, 3 000 with 1 MiB and 8 000 with 4 MiB (whose reserve takes
-/// budget from the batches and the carry) were all at 12.2-12.6 s (bench/RESULTS.md,
-/// 2026-12-05).
-pub const EVENTS_PER_REPLY: u32 = 4000;
+/// before counterd reads an event of it, so [`REPLY_RESERVE`] sets it aside. The stream is read
+/// ahead of the worker (`store::mongo::pump`), so the round trip of the next reply is no longer
+/// waited for between batches, and a smaller reply leaves room in the same reserve for the
+/// events read ahead. Before the read ahead, 4 000 (with 2 MiB) took the benchmark's catch-up of
+/// 100 000 events to 10.8-11.2 s, against 11.8-12.7 s with 1 000 and 1 MiB, and 12.2-12.6 s with
+/// 1 000 and 2 MiB, 3 000 and 1 MiB, 8 000 and 4 MiB (whose reserve takes budget from the
+/// batches and the carry); with it, 2 000 and a queue of the rest of the same 2 MiB were as fast as or
+/// faster than 4 000 without (bench/RESULTS.md, 2026-12-05, afternoon).
+pub const EVENTS_PER_REPLY: u32 = 2000;
 
-/// What one server reply may hold (a reply of projected events, about 270 bytes each, kept raw
-/// until each event is taken: twice what [`EVENTS_PER_REPLY`] of them take): every open stream
-/// holds this much of the budget for as long as it is open.
+/// What an open stream holds of the budget for as long as it is open: the reply the driver holds
+/// while it decodes it (a reply of projected events, about 270 bytes each: its message and the
+/// events taken out of it, twice what [`EVENTS_PER_REPLY`] of them take, about 1.1 MB) and the
+/// events read ahead of the worker, still raw, in the stream's queue ([`STREAM_QUEUE`]).
 pub const REPLY_RESERVE: usize = 2 * 1024 * 1024;
+
+/// What the events a stream has taken from the driver and not yet handed to the worker may hold:
+/// their encoded bytes and [`QUEUED_EVENT`] each (about 2 900 projected events), so that the
+/// driver asks the server for the next reply while the worker still takes the last one's.
+pub const STREAM_QUEUE: usize = 960 * 1024;
+
+/// What an event waiting in a stream's queue holds beside its encoded bytes (its buffer's
+/// header and allocation, and its slot in the queue).
+pub const QUEUED_EVENT: usize = 64;
 
 /// The budget without a container limit: fits the shipped manifests (limit 96 MiB, of which an
 /// idle `counterd run` holds about 26).
@@ -279,5 +290,15 @@ mod tests {
     fn the_reply_reserve_is_set_aside() {
         assert_eq!(for_events(REPLY_RESERVE + 10), 10);
         assert_eq!(for_events(1), 0);
+    }
+
+    #[test]
+    fn the_reply_reserve_holds_a_reply_being_decoded_and_the_queue() {
+        // A projected event is about 270 bytes; a reply is held twice while it is decoded.
+        let reply = EVENTS_PER_REPLY as usize * 270 * 2;
+        assert!(
+            reply + STREAM_QUEUE <= REPLY_RESERVE,
+            "{reply} + {STREAM_QUEUE} > {REPLY_RESERVE}"
+        );
     }
 }

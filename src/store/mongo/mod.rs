@@ -6,9 +6,10 @@
 //!
 //! Here: connecting, ability detection, indexes and the [`MongoStore`] itself. Beside it:
 //! `errors` (driver errors sorted by what the caller should do), `stream` (the change-stream
-//! adapter and the server's cluster time), `documents` (the stored documents, mostly
-//! serde-derived, their shapes pinned by tests), and one file per store trait: `checkpoints`,
-//! `counters`, `ledger`, `dirty`, `truth`, `leases`, `run_history`.
+//! adapter and the server's cluster time), `pump` (the stream's reader, ahead of the worker),
+//! `documents` (the stored documents, mostly serde-derived, their shapes pinned by tests), and
+//! one file per store trait: `checkpoints`, `counters`, `ledger`, `dirty`, `truth`, `leases`,
+//! `run_history`.
 
 mod checkpoints;
 mod counters;
@@ -19,6 +20,7 @@ mod leases;
 mod ledger;
 mod observe;
 mod preflight;
+mod pump;
 mod run_history;
 mod stream;
 mod truth;

@@ -1,6 +1,7 @@
 //! The change stream: resume tokens, the event source over `comments`, and where the server
 //! stands in cluster time.
 
+use super::pump::{Pump, Pumped};
 use super::*;
 use crate::txn::{self, TxnKey};
 use mongodb::bson::RawDocumentBuf;
@@ -20,11 +21,11 @@ pub(super) fn resume_to_token(token: &ResumeToken) -> Option<Token> {
     }
 }
 
-/// The open change stream over `comments`.
+/// The open change stream over `comments`, read ahead by a [`Pump`].
 ///
 /// On servers that send no post-batch resume token (the fake test server), the driver's own
 /// resume token is empty once a batch is exhausted, so its automatic resume after a transient
-/// error could restart "from now" and skip events. There the stream is dropped whenever it runs
+/// error could restart "from now" and skip events. There the stream is closed whenever it runs
 /// dry and reopened from the last event counterd itself saw.
 ///
 /// Events are read as raw BSON, so that each one's encoded size, what it is charged against the
@@ -35,25 +36,37 @@ pub(super) fn resume_to_token(token: &ResumeToken) -> Option<Token> {
 pub(super) struct MongoEvents {
     store: MongoStore,
     options: StreamOptions,
-    stream: Option<ChangeStream<RawDocumentBuf>>,
-    /// The last event taken from the server (returned, or carried), the position to reopen
+    /// The stream's reader, once opened (closed again when it runs dry or fails).
+    pump: Option<Pump>,
+    /// The last event taken from the pump (returned, or carried), the position to reopen
     /// after.
     last: Option<Token>,
-    /// An event taken from the server that did not fit the last read, with its charge.
+    /// An event taken from the pump that did not fit the last read, with its charge.
     carried: Option<(Document, usize)>,
 }
 
 impl MongoEvents {
-    async fn open(&mut self) -> StoreResult<&mut ChangeStream<RawDocumentBuf>> {
-        if self.stream.is_none() {
-            let mut options = self.options.clone();
-            if let Some(last) = &self.last {
-                options.start = StreamStart::After(last.clone());
-            }
-            self.stream = Some(self.store.watch(&options).await?);
+    /// Numbers a read that begins now, opening the stream (from the last event taken) if it is
+    /// closed: every reply of a stream opened now is asked for after the read began.
+    async fn begin_read(&mut self) -> StoreResult<u64> {
+        if let Some(pump) = &mut self.pump {
+            return Ok(pump.begin_read());
         }
-        Ok(self.stream.as_mut().expect("opened above"))
+        let mut options = self.options.clone();
+        if let Some(last) = &self.last {
+            options.start = StreamStart::After(last.clone());
+        }
+        let stream = self.store.watch(&options).await?;
+        let pump = Pump::start(stream, positioned(&options), 1);
+        self.pump = Some(pump);
+        Ok(1)
     }
+}
+
+/// Whether a stream starts at a concrete position, so that it may be closed when it runs dry and
+/// reopened from its last event: "now" again would skip what came in between.
+fn positioned(options: &StreamOptions) -> bool {
+    !matches!(options.start, StreamStart::Now)
 }
 
 /// A raw event decoded, with its charge against the memory budget.
@@ -71,6 +84,7 @@ fn decode(raw: RawDocumentBuf) -> StoreResult<(Document, usize)> {
 impl EventSource for MongoEvents {
     async fn read(&mut self, limit: ReadLimit, max_wait: Duration) -> StoreResult<RawBatch> {
         let started = Instant::now();
+        let deadline = tokio::time::Instant::from_std(started + max_wait);
         let resumed_after = match &self.options.start {
             StreamStart::After(t) => Some(t.clone()),
             _ => None,
@@ -89,24 +103,36 @@ impl EventSource for MongoEvents {
             events.push(doc);
             costs.push(cost);
         }
-        let mut exhausted = false;
         let mut last_taken = None;
         let mut carry = None;
-        let stream = self.open().await?;
+        let mut post_batch = None;
+        let mut this_read = self.begin_read().await?;
         loop {
             let within =
                 events.len() < limit.events && (events.is_empty() || started.elapsed() < max_wait);
             // Beyond its limit a read still looks at the next event while the last one taken
             // belongs to a transaction: it ends only at the transaction's end (`crate::txn`).
-            if !within && !txn::must_look_further(last_txn.as_ref()) {
+            let looks_further = txn::must_look_further(last_txn.as_ref());
+            if !within && !looks_further {
                 break;
             }
-            match stream.next_if_any().await {
-                Ok(Some(raw)) => {
+            let pump = self.pump.as_mut().expect("open while a read goes on");
+            // With events in hand (and not inside a transaction) the read waits for more only
+            // until `max_wait`.
+            let next = if events.is_empty() || looks_further {
+                pump.next().await
+            } else {
+                match tokio::time::timeout_at(deadline, pump.next()).await {
+                    Ok(next) => next,
+                    Err(_) => break,
+                }
+            };
+            match next {
+                Some(Pumped::Event { raw, .. }) => {
                     let (doc, cost) = match decode(raw) {
                         Ok(decoded) => decoded,
                         Err(e) => {
-                            self.stream = None;
+                            self.pump = None;
                             return Err(e);
                         }
                     };
@@ -128,31 +154,40 @@ impl EventSource for MongoEvents {
                 }
                 // Nothing more ready: a transaction's events become visible together, so one
                 // the read was in is complete.
-                Ok(None) => {
-                    exhausted = true;
-                    break;
+                Some(Pumped::Dry(dry)) => {
+                    post_batch = dry.post_batch.as_ref().and_then(resume_to_token);
+                    if dry.ended {
+                        self.pump = None;
+                    }
+                    if !events.is_empty() || dry.asked_by >= this_read {
+                        break;
+                    }
+                    // An empty reply asked for before this read began answers an earlier
+                    // question: ask again.
+                    this_read = self.begin_read().await?;
                 }
-                Err(e) => {
-                    self.stream = None;
+                Some(Pumped::Failed(e)) => {
+                    self.pump = None;
                     return Err(stream_err(e, resumed_after.as_ref()));
+                }
+                None => {
+                    self.pump = None;
+                    return Err(StoreError::Transient {
+                        op: "read the change stream",
+                        message: "the stream's reader stopped".into(),
+                    });
                 }
             }
         }
-        let post_batch_token = stream.resume_token().as_ref().and_then(resume_to_token);
         self.carried = carry;
         if let Some(last) = last_taken {
             self.last = Some(last);
         }
-        // Reopen only from a concrete position: "now" again would skip what came in between.
-        let positioned = self.last.is_some() || !matches!(self.options.start, StreamStart::Now);
-        if exhausted && post_batch_token.is_none() && positioned {
-            self.stream = None;
-        }
         Ok(RawBatch {
             events,
             costs,
-            // While an event is carried the stream stands before it, not at the server's token.
-            post_batch_token: post_batch_token.filter(|_| self.carried.is_none()),
+            // Only a read that took everything up to an empty reply stands at its token.
+            post_batch_token: post_batch.filter(|_| self.carried.is_none()),
         })
     }
 }
@@ -161,10 +196,12 @@ impl EventSource for MongoEvents {
 impl ChangeStreams for MongoStore {
     async fn open_stream(&self, options: StreamOptions) -> StoreResult<Box<dyn EventSource>> {
         let stream = self.watch(&options).await?;
+        // Opened before any read: none of its replies answers one yet.
+        let pump = Pump::start(stream, positioned(&options), 0);
         Ok(Box::new(MongoEvents {
             store: self.clone(),
             options,
-            stream: Some(stream),
+            pump: Some(pump),
             last: None,
             carried: None,
         }))
