@@ -32,8 +32,8 @@ pub const LARGEST_EVENT: usize = 16 * 1024;
 /// events read ahead. Before the read ahead, 4 000 (with 2 MiB) took the benchmark's catch-up of
 /// 100 000 events to 10.8-11.2 s, against 11.8-12.7 s with 1 000 and 1 MiB, and 12.2-12.6 s with
 /// 1 000 and 2 MiB, 3 000 and 1 MiB, 8 000 and 4 MiB (whose reserve takes budget from the
-/// batches and the carry); with it, 2 000 and a queue of the rest of the same 2 MiB were as fast as or
-/// faster than 4 000 without (bench/RESULTS.md, 2026-12-05, afternoon).
+/// batches and the carry); with it, 2 000 and a queue of the rest of the same 2 MiB were as
+/// fast as or faster than 4 000 without (bench/RESULTS.md, 2026-12-05, afternoon).
 pub const EVENTS_PER_REPLY: u32 = 2000;
 
 /// What an open stream holds of the budget for as long as it is open: the reply the driver holds

@@ -1,5 +1,5 @@
 //! What the process itself costs: CPU time (user + system, `getrusage`) and peak resident memory
-//! (`VmHWM`), plus the percentile of a latency sample.
+//! (`VmHWM`), plus the percentile of a latency sample and the median of repeated runs.
 
 use std::time::Duration;
 
@@ -54,6 +54,14 @@ pub fn percentile(sorted: &[f64], q: f64) -> f64 {
     sorted[rank - 1]
 }
 
+/// The median of `values` (any order): [`percentile`] 0.5 of them sorted, the lower middle of an
+/// even count.
+pub fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    percentile(&sorted, 0.5)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,5 +105,11 @@ mod tests {
         assert_eq!(percentile(&v, 0.5), 2.0);
         assert_eq!(percentile(&v, 0.99), 4.0);
         assert!(percentile(&[], 0.5).is_nan());
+    }
+
+    #[test]
+    fn median_is_the_middle_of_any_order() {
+        assert_eq!(median(&[12.65, 10.28, 11.92]), 11.92);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.0);
     }
 }

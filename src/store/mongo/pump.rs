@@ -98,7 +98,7 @@ impl Pump {
     }
 
     /// Asks the server again after a dry reply (nothing if the pump is not paused).
-    pub(super) fn ask(&mut self) {
+    fn ask(&mut self) {
         if std::mem::take(&mut self.paused) {
             self.demand.notify_one();
         }

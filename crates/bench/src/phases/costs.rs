@@ -16,7 +16,7 @@ use crate::harness::{
     comments, just_before_now, load, replay_through, replay_without_io, worker_settings, Bench,
 };
 use crate::load::windowed_distinct;
-use crate::measure::process_cpu;
+use crate::measure::{median, process_cpu};
 use crate::plan::{
     Plan, TARGET_CPU_US_PER_EVENT, TARGET_OWN_CPU_US_PER_EVENT, TARGET_WORKER_VS_BULK,
     TARGET_ZIPF_WRITES,
@@ -59,13 +59,6 @@ impl SameWrites {
     fn worker_secs(&self) -> f64 {
         median(&self.worker_secs)
     }
-}
-
-/// The middle value (of an odd count; the upper middle of an even one).
-fn median(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    sorted[sorted.len() / 2]
 }
 
 /// The worker's write statements of one run, reissued as plain bulk updates by `_id`.

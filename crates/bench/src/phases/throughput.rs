@@ -17,7 +17,7 @@ use crate::harness::{
     WorkerRun,
 };
 use crate::load::{distinct, draw_posts, Dist};
-use crate::measure::vm_hwm_kb;
+use crate::measure::{median, vm_hwm_kb};
 use crate::plan::Plan;
 use crate::report::Row;
 use crate::{say, Collected};
@@ -245,15 +245,10 @@ async fn guard_probe(store: &MongoStore, n: usize) -> anyhow::Result<GuardProbe>
             times[slot].push(started.elapsed().as_secs_f64() * 1000.0);
         }
     }
-    let median = |mut ms: Vec<f64>| {
-        ms.sort_by(f64::total_cmp);
-        ms[ms.len() / 2]
-    };
-    let [guarded, id_only] = times;
     Ok(GuardProbe {
         statements: k,
         ledger_docs,
-        guarded_ms: median(guarded),
-        id_only_ms: median(id_only),
+        guarded_ms: median(&times[0]),
+        id_only_ms: median(&times[1]),
     })
 }
