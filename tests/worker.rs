@@ -331,6 +331,72 @@ async fn the_per_post_guard_rejects_a_duplicate_write() {
     assert_eq!(t.displayed(&post(1)).await, 2);
 }
 
+/// A predecessor that has not yet noticed a takeover must leave its successor's intent alone:
+/// the successor carries counters across batches, and the carry its intent names goes on in
+/// its memory. Re-applied by the predecessor, the carry's first batch was counted once then
+/// and once more when the successor wrote the carry (found by the simulation).
+#[tokio::test]
+async fn a_predecessor_leaves_its_successors_intent_alone() {
+    let t = TestDb::new("predecessor").await;
+    let (predecessor, successor) = (0, 1);
+    let fence = |epoch| Fence {
+        stream: "comments".into(),
+        epoch,
+    };
+    let comment = CommentId::new(mongodb::bson::Bson::Int32(1));
+    let end = Token("0010".into());
+    // The successor's first carried batch: its counter stored under the carry's id, its
+    // intent naming the carry.
+    let own = PendingBatch {
+        end: end.clone(),
+        counters: vec![CounterDelta {
+            counter: counterd::definition::CounterIx::DEFAULT,
+            post: post(1),
+            delta: 1,
+            buckets: [(0, 1)].into_iter().collect(),
+            touched: [0].into_iter().collect(),
+            comments: Some(vec![comment.clone()]),
+        }],
+        dirty: vec![counterd::batch::DirtyMark::settled(post(1))],
+        ..PendingBatch::default()
+    };
+    let intent = PendingBatch {
+        end: end.clone(),
+        ledger: vec![LedgerUpdate {
+            comment,
+            state: Some(Row {
+                post: Some(post(1)),
+                created_at: None,
+                deleted: false,
+                members: Vec::new(),
+            }),
+        }],
+        carry: Some(end.clone()),
+        ..PendingBatch::default()
+    };
+    t.store
+        .record_intent(&fence(successor), &intent, Some(&own))
+        .await
+        .unwrap();
+    let worker = counterd::worker::Worker::new(
+        t.store.clone(),
+        t.worker_settings(),
+        std::sync::Arc::new(counterd::worker::WorkerStatus::default()),
+    );
+    let stale = worker.resolve_pending(&fence(predecessor)).await;
+    assert!(
+        matches!(stale, Err(counterd::store::StoreError::Fenced { .. })),
+        "the predecessor re-applied its successor's intent: {stale:?}"
+    );
+    assert_eq!(t.displayed(&post(1)).await, 0, "nothing written by it");
+    let pending = t.store.load_checkpoint("comments").await.unwrap().unwrap();
+    assert_eq!(pending.pending.as_ref(), Some(&intent), "left in flight");
+    // The successor's own re-apply writes it, once.
+    let resolved = worker.resolve_pending(&fence(successor)).await.unwrap();
+    assert_eq!(resolved.map(|b| b.end), Some(end));
+    assert_eq!(t.displayed(&post(1)).await, 1);
+}
+
 /// A worker that stopped while it carried counters across batches (see `counterd::carry`):
 /// both batches' counters and dirty marks stored under the carry's id, their intents recorded,
 /// the first batch's ledger states written, nothing else. The next start writes both batches' counters once, each

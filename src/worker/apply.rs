@@ -368,12 +368,21 @@ impl<S: Store + ?Sized> Worker<S> {
 
     /// Re-applies the batch a stopped worker left in flight, with the counters it carried,
     /// exactly as planned.
+    ///
+    /// Only by the checkpoint's own epoch or a newer one: a successor's intent is the
+    /// successor's to re-apply. The carry it names goes on in the successor's memory, and a
+    /// predecessor that re-applied it would write that carry's first batches' counters once
+    /// now and again when the successor writes the carry (a counter the successor has not
+    /// written yet still accepts the predecessor's epoch). Found by the simulation.
     pub(super) async fn reapply(
         &self,
         fence: &Fence,
         checkpoint: &mut Checkpoint,
         batch: &PendingBatch,
     ) -> Result<(), StoreError> {
+        if checkpoint.epoch > fence.epoch {
+            return Err(StoreError::fenced(fence));
+        }
         let mut carry = Carry::default();
         if let Some(id) = &batch.carry {
             // A few stored batches at a time, merged as they come.

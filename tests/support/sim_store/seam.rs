@@ -61,12 +61,13 @@ impl State {
         }
         let outcome = if applied { "" } else { ": already applied" };
         let line = format!(
-            "  counter {}{} {:+} {:?} at {}{outcome}",
+            "  counter {}{} {:+} {:?} at {} (epoch {}){outcome}",
             definition(w.counter),
             w.post,
             w.delta,
             w.buckets,
             w.through,
+            fence.epoch,
         );
         self.note(line);
         if applied {
@@ -135,12 +136,16 @@ impl Checkpoints for SimStore {
             match carried {
                 Some(carried) => {
                     s.note(format!(
-                        "  intent {end} (its {} counters stored under carry {})",
+                        "  intent {end} (its {} counters stored under carry {}; epoch {})",
                         carried.counters.len(),
-                        batch.carry.as_ref().map_or("?", |c| c.as_str())
+                        batch.carry.as_ref().map_or("?", |c| c.as_str()),
+                        fence.epoch
                     ));
                 }
-                None => s.note(format!("  intent {end} ({counters} counters)")),
+                None => s.note(format!(
+                    "  intent {end} ({counters} counters; epoch {})",
+                    fence.epoch
+                )),
             }
             if batch.carry.as_ref().is_some_and(|c| c != end) {
                 // It joins a carry that an earlier batch opened.
@@ -455,7 +460,14 @@ impl Ledger for SimStore {
         generation: u64,
     ) -> StoreResult<()> {
         self.statements("write_ledger", updates, |s, u| {
-            s.memory.write_ledger_entry(fence, u, through, generation);
+            let wrote = s.memory.write_ledger_entry(fence, u, through, generation);
+            s.note(format!(
+                "  ledger {} {} through {through} (epoch {}): {:?}",
+                u.comment.key,
+                if wrote { "written" } else { "refused" },
+                fence.epoch,
+                u.state.as_ref().map(|r| (r.deleted, r.created_at))
+            ));
         })
         .await
     }
