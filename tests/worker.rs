@@ -331,6 +331,15 @@ async fn the_per_post_guard_rejects_a_duplicate_write() {
     assert_eq!(t.displayed(&post(1)).await, 2);
 }
 
+/// A worker over the test database with the test settings, for calling its recovery directly.
+fn worker(t: &TestDb) -> counterd::worker::Worker<counterd::store::mongo::MongoStore> {
+    counterd::worker::Worker::new(
+        t.store.clone(),
+        t.worker_settings(),
+        std::sync::Arc::new(counterd::worker::WorkerStatus::default()),
+    )
+}
+
 /// A predecessor that has not yet noticed a takeover must leave its successor's intent alone:
 /// the successor carries counters across batches, and the carry its intent names goes on in
 /// its memory. Re-applied by the predecessor, the carry's first batch was counted once then
@@ -378,11 +387,7 @@ async fn a_predecessor_leaves_its_successors_intent_alone() {
         .record_intent(&fence(successor), &intent, Some(&own))
         .await
         .unwrap();
-    let worker = counterd::worker::Worker::new(
-        t.store.clone(),
-        t.worker_settings(),
-        std::sync::Arc::new(counterd::worker::WorkerStatus::default()),
-    );
+    let worker = worker(&t);
     let stale = worker.resolve_pending(&fence(predecessor)).await;
     assert!(
         matches!(stale, Err(counterd::store::StoreError::Fenced { .. })),
@@ -504,11 +509,7 @@ async fn a_carry_left_in_flight_is_written_once_by_the_next_start() {
         .await
         .unwrap();
 
-    let worker = counterd::worker::Worker::new(
-        t.store.clone(),
-        t.worker_settings(),
-        std::sync::Arc::new(counterd::worker::WorkerStatus::default()),
-    );
+    let worker = worker(&t);
     let resolved = worker.resolve_pending(&fence).await.unwrap();
     assert_eq!(resolved.map(|b| b.end), Some(second.end.clone()));
     assert_eq!(t.displayed(&post(1)).await, 2, "both batches, once");

@@ -459,17 +459,27 @@ impl Ledger for SimStore {
         through: &Token,
         generation: u64,
     ) -> StoreResult<()> {
-        self.statements("write_ledger", updates, |s, u| {
-            let wrote = s.memory.write_ledger_entry(fence, u, through, generation);
-            s.note(format!(
-                "  ledger {} {} through {through} (epoch {}): {:?}",
-                u.comment.key,
-                if wrote { "written" } else { "refused" },
+        let (mut written, mut refused) = (Vec::new(), Vec::new());
+        let result = self
+            .statements("write_ledger", updates, |s, u| {
+                let landed = s.memory.write_ledger_entry(fence, u, through, generation);
+                let key = u.comment.key.clone();
+                if landed {
+                    written.push(key);
+                } else {
+                    refused.push(key);
+                }
+            })
+            .await;
+        if !(written.is_empty() && refused.is_empty()) {
+            self.lock().note(format!(
+                "  ledger through {through} (epoch {}): written [{}], refused [{}]",
                 fence.epoch,
-                u.state.as_ref().map(|r| (r.deleted, r.created_at))
+                written.join(" "),
+                refused.join(" ")
             ));
-        })
-        .await
+        }
+        result
     }
 
     async fn rebuild_ledger(

@@ -4,6 +4,7 @@
 //! and the worker's throughput against the rate at which the same server absorbs the same
 //! write statements issued as bare bulk updates.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use bson::{doc, Bson, DateTime, Document};
@@ -14,6 +15,7 @@ use serde::Serialize;
 use super::throughput::Throughput;
 use crate::harness::{
     comments, just_before_now, load, replay_through, replay_without_io, worker_settings, Bench,
+    Counted, WorkerRun,
 };
 use crate::load::windowed_distinct;
 use crate::measure::{median, process_cpu};
@@ -318,12 +320,9 @@ async fn same_writes(
 ) -> anyhow::Result<SameWrites> {
     let n = posts.len();
     let recorded = bench.recording_store("record").await?;
-    let start = just_before_now();
-    load(&comments(&recorded), posts, DateTime::now()).await?;
     say!("same writes: recording the worker's writes over {n} events ...");
-    let run = replay_through(recorded.clone(), worker_settings(plan, start), n).await?;
+    let run = worker_over_backlog(bench, &recorded, plan, posts).await?;
     let writes = recorded.take_recorded();
-    bench.drop_db(&recorded).await;
     say!(
         "same writes: recorded in {:.2} s; {} statements in {} calls",
         run.secs,
@@ -350,11 +349,8 @@ async fn same_writes(
         replays_secs.push(secs);
         if round < 2 {
             let again = bench.store("worker_again").await?;
-            let start = just_before_now();
-            load(&comments(&again), posts, DateTime::now()).await?;
-            let worker = replay_through(again.clone(), worker_settings(plan, start), n).await?;
+            let worker = worker_over_backlog(bench, &again, plan, posts).await?;
             say!("same writes: the worker once more: {:.2} s", worker.secs);
-            bench.drop_db(&again).await;
             worker_secs.push(worker.secs);
         }
     }
@@ -368,6 +364,21 @@ async fn same_writes(
         events_per_sec: n as f64 / secs,
         worker_secs,
     })
+}
+
+/// The worker over the Zipf backlog `posts`, loaded into `store` (a fresh server's) first;
+/// the database is dropped afterwards.
+async fn worker_over_backlog(
+    bench: &Bench,
+    store: &Arc<Counted>,
+    plan: &Plan,
+    posts: &[i64],
+) -> anyhow::Result<WorkerRun> {
+    let start = just_before_now();
+    load(&comments(store), posts, DateTime::now()).await?;
+    let run = replay_through(store.clone(), worker_settings(plan, start), posts.len()).await?;
+    bench.drop_db(store).await;
+    Ok(run)
 }
 
 /// Per-concern figures of `counts`, divided by `per`.
