@@ -11,6 +11,9 @@
 //! 6. peak memory (RSS) of a worker process on its own and of the bench process;
 //!
 //! P. ledger writes per event with the stream split into 4 partitions;
+//! X. the outage backlog (80 % inserts, the rest soft deletes, undeletes, moves and hard deletes
+//!    of older rows, 2 KB bodies) caught up by `counterd run`, against an inserts-only backlog of
+//!    the same size in the same run and a bare reader with and without `updateLookup`;
 //! M. peak memory of `counterd run` at default settings against the backlog's size and the
 //!    comments' size, beside the catch-up rate (a flat line: memory is bounded by a budget).
 //!
@@ -23,7 +26,7 @@
 //! failure: the process exits non-zero only when the benchmark itself breaks.
 //!
 //! Usage: `cargo run --release -p counterd-bench -- [--quick] [--out bench/latest.json]
-//! [--only speed|lag|partitions|rss|reconcile|memory|no-io]`.
+//! [--only speed|lag|partitions|rss|reconcile|memory|mixed|no-io]`.
 //!
 //! `--soak DURATION [--seed N]` runs the chaos soak instead (see `soak`): the real
 //! `counterd run` under load and random faults, exact at every caught-up moment.
@@ -48,7 +51,7 @@ use counterd_testdb::TestServer;
 use serde::Serialize;
 
 use crate::harness::Bench;
-use crate::phases::{costs, lag, memory, partitions, reconcile, rss, throughput};
+use crate::phases::{costs, lag, memory, mixed, partitions, reconcile, rss, throughput};
 use crate::plan::{Args, Plan};
 use crate::report::{describe_server, Row, ServerInfo};
 
@@ -175,6 +178,9 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     let memory = args.only.iter().any(|p| p == "memory") || (args.only.is_empty() && !args.quick);
     if memory {
         memory::memory_phase(&bench, &plan, &mut out).await?;
+    }
+    if runs("mixed") {
+        mixed::mixed_phase(&bench, &plan, &mut out).await?;
     }
     if let Some(child) = &child {
         rss::memory_rows(child, bench_rss_mb, &mut out);

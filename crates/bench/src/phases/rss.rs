@@ -78,78 +78,131 @@ pub async fn rss_of_counterd_in(
     n: usize,
     phase: &str,
 ) -> anyhow::Result<(String, Option<f64>, Option<Duration>)> {
-    let port = counterd_testdb::free_port();
-    let addr = format!("127.0.0.1:{port}");
-    let start_at = chrono::DateTime::from_timestamp(start.time as i64, 0)
-        .ok_or_else(|| anyhow!("bad start time"))?
-        .to_rfc3339();
-    let mut child = tokio::process::Command::new(binary)
-        .arg("run")
-        .env("COUNTERD_MONGODB_URI", bench.uri())
-        .env("COUNTERD_DATABASE", bench.db_name(phase))
-        .env("COUNTERD_HTTP_ADDR", &addr)
-        .env("COUNTERD_START_AT", start_at)
-        .env("COUNTERD_LOG_LEVEL", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("start {}", binary.display()))?;
-    let pid = child
-        .id()
-        .ok_or_else(|| anyhow!("counterd exited at once"))?;
-    let deadline = Instant::now() + phase_timeout(n);
-    let mut peak = None;
-    loop {
-        if let Some(status) = child.try_wait()? {
-            bail!("`counterd run` exited early ({status})");
-        }
-        peak = vm_hwm_kb(Some(pid)).or(peak);
-        if scrape_applied(&addr).await.unwrap_or(0.0) >= n as f64 {
-            break;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill().await;
-            bail!("`counterd run` did not apply {n} events in time");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut child = CounterdChild::start(bench, binary, start, phase, &[]).await?;
+    child.wait_applied(n).await?;
+    let cpu = child.cpu();
+    let peak = child.peak_rss_mb();
+    let what = child.stop().await;
+    Ok((what, peak, cpu))
+}
+
+/// A `counterd run` process of the benchmark, reached through its `/metrics`.
+pub struct CounterdChild {
+    child: tokio::process::Child,
+    pid: u32,
+    addr: String,
+    binary: std::path::PathBuf,
+    /// The highest VmHWM seen, KiB.
+    peak_kb: Option<u64>,
+}
+
+impl CounterdChild {
+    /// Starts `binary run` on the phase database `phase`, its stream starting at `start`, with
+    /// extra `COUNTERD_*` settings `env`.
+    pub async fn start(
+        bench: &Bench,
+        binary: &Path,
+        start: Timestamp,
+        phase: &str,
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<CounterdChild> {
+        let port = counterd_testdb::free_port();
+        let addr = format!("127.0.0.1:{port}");
+        let start_at = chrono::DateTime::from_timestamp(start.time as i64, 0)
+            .ok_or_else(|| anyhow!("bad start time"))?
+            .to_rfc3339();
+        let child = tokio::process::Command::new(binary)
+            .arg("run")
+            .env("COUNTERD_MONGODB_URI", bench.uri())
+            .env("COUNTERD_DATABASE", bench.db_name(phase))
+            .env("COUNTERD_HTTP_ADDR", &addr)
+            .env("COUNTERD_START_AT", start_at)
+            .env("COUNTERD_LOG_LEVEL", "warn")
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("start {}", binary.display()))?;
+        let pid = child
+            .id()
+            .ok_or_else(|| anyhow!("counterd exited at once"))?;
+        Ok(CounterdChild {
+            child,
+            pid,
+            addr,
+            binary: binary.to_path_buf(),
+            peak_kb: None,
+        })
     }
-    peak = vm_hwm_kb(Some(pid)).or(peak);
-    let cpu = crate::measure::child_cpu(pid);
-    // SIGTERM: the graceful path (std's kill is SIGKILL).
-    let _ = std::process::Command::new("kill")
-        .arg("-TERM")
-        .arg(pid.to_string())
-        .status();
-    match tokio::time::timeout(Duration::from_secs(15), child.wait()).await {
-        Ok(status) => {
-            let status = status?;
-            if !status.success() {
+
+    /// Waits until the process has applied `n` events (its `counterd_events_applied_total`),
+    /// noting its peak RSS meanwhile.
+    pub async fn wait_applied(&mut self, n: usize) -> anyhow::Result<()> {
+        let deadline = Instant::now() + phase_timeout(n);
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                bail!("`counterd run` exited early ({status})");
+            }
+            self.peak_kb = vm_hwm_kb(Some(self.pid)).or(self.peak_kb);
+            if scrape_applied(&self.addr).await.unwrap_or(0.0) >= n as f64 {
+                self.peak_kb = vm_hwm_kb(Some(self.pid)).or(self.peak_kb);
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill().await;
+                bail!("`counterd run` did not apply {n} events in time");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The process's `/metrics` text.
+    pub async fn metrics(&self) -> Option<String> {
+        scrape(&self.addr).await
+    }
+
+    /// CPU time (user + system) used so far.
+    pub fn cpu(&self) -> Option<Duration> {
+        crate::measure::child_cpu(self.pid)
+    }
+
+    /// The peak RSS seen, MiB.
+    pub fn peak_rss_mb(&self) -> Option<f64> {
+        self.peak_kb.map(|kb| kb as f64 / 1024.0)
+    }
+
+    /// Stops the process gracefully (SIGTERM); returns what it was, for the report.
+    pub async fn stop(mut self) -> String {
+        // SIGTERM: the graceful path (std's kill is SIGKILL).
+        let _ = std::process::Command::new("kill")
+            .arg("-TERM")
+            .arg(self.pid.to_string())
+            .status();
+        match tokio::time::timeout(Duration::from_secs(15), self.child.wait()).await {
+            Ok(Ok(status)) if !status.success() => {
                 say!("rss: `counterd run` exited with {status} after SIGTERM");
             }
+            Ok(_) => {}
+            Err(_) => {
+                let _ = self.child.kill().await;
+                say!("rss: `counterd run` ignored SIGTERM for 15 s; killed");
+            }
         }
-        Err(_) => {
-            let _ = child.kill().await;
-            say!("rss: `counterd run` ignored SIGTERM for 15 s; killed");
-        }
-    }
-    let modified = std::fs::metadata(binary)
-        .and_then(|m| m.modified())
-        .ok()
-        .map(|t| {
-            chrono::DateTime::<chrono::Utc>::from(t)
-                .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-        })
-        .unwrap_or_default();
-    Ok((
+        let modified = std::fs::metadata(&self.binary)
+            .and_then(|m| m.modified())
+            .ok()
+            .map(|t| {
+                chrono::DateTime::<chrono::Utc>::from(t)
+                    .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            })
+            .unwrap_or_default();
         format!(
             "`counterd run` (worker + reconciler + HTTP), {} built {modified}",
-            binary.display()
-        ),
-        peak.map(|kb| kb as f64 / 1024.0),
-        cpu,
-    ))
+            self.binary.display()
+        )
+    }
 }
 
 async fn rss_of_bare_worker(
@@ -189,6 +242,16 @@ async fn rss_of_bare_worker(
 
 /// `counterd_events_applied_total` from a running `counterd`'s /metrics.
 async fn scrape_applied(addr: &str) -> Option<f64> {
+    scrape(addr)
+        .await?
+        .lines()
+        .find(|l| l.starts_with("counterd_events_applied_total"))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|v| v.parse().ok())
+}
+
+/// A running `counterd`'s /metrics text.
+async fn scrape(addr: &str) -> Option<String> {
     let mut stream =
         tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(addr))
             .await
@@ -201,10 +264,7 @@ async fn scrape_applied(addr: &str) -> Option<f64> {
         .await
         .ok()?
         .ok()?;
-    body.lines()
-        .find(|l| l.starts_with("counterd_events_applied_total"))
-        .and_then(|l| l.split_whitespace().last())
-        .and_then(|v| v.parse().ok())
+    Some(body)
 }
 
 /// The memory rows: the worker process on its own, and this process.
