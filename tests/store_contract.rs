@@ -812,3 +812,117 @@ async fn a_ledger_written_before_definitions_reads_with_them() {
     assert_eq!(ledger_state(&store, 1).await, Some(Some(expected)));
     assert_eq!(shown(&*old.store, 1).await, None);
 }
+
+/// The rows [`updates_come_without_the_row_and_are_looked_up`] writes: three comments on post
+/// 1, then a soft delete of the first, a move of the second and a hard delete of the third.
+const LOOKUP_ROWS: [i64; 3] = [1, 2, 3];
+
+/// An update event names its row but carries no row of it (no `updateLookup`: at most the fake
+/// server's fragment of the update, without `_id`) unless pre-images are asked for, and
+/// `look_up` reads the rows as they are now, in one read, a row that is gone absent: the
+/// batched read that replaces the server's lookups (`counterd::lookup`).
+async fn updates_come_without_the_row_and_are_looked_up<S: Store>(
+    store: &S,
+    start: bson::Timestamp,
+) {
+    use counterd::event::{ChangeEvent, Operation};
+    use counterd::store::{StreamOptions, StreamStart};
+    let mut source = store
+        .open_stream(StreamOptions {
+            start: StreamStart::AtTime(start),
+            pre_images: false,
+            pipeline: Vec::new(),
+            max_await: std::time::Duration::from_millis(100),
+        })
+        .await
+        .unwrap();
+    let mut events = Vec::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while events.len() < 6 && std::time::Instant::now() < deadline {
+        let batch = source
+            .next_batch(10, std::time::Duration::from_millis(100))
+            .await
+            .unwrap();
+        events.extend(batch.events.iter().map(|d| ChangeEvent::parse(d).unwrap()));
+    }
+    let updates: Vec<&ChangeEvent> = events
+        .iter()
+        .filter(|e| matches!(e.operation, Operation::Update { .. }))
+        .collect();
+    assert_eq!(updates.len(), 2, "{events:?}");
+    for u in &updates {
+        assert!(u.comment.is_some(), "the event names its row: {u:?}");
+        let row = u.full_document.as_ref();
+        assert!(
+            !row.is_some_and(|d| d.contains_key("_id")),
+            "no lookup: {u:?}"
+        );
+    }
+    let ids: Vec<CommentId> = LOOKUP_ROWS.iter().map(|c| comment(*c)).collect();
+    let rows = store.look_up(&ids).await.unwrap();
+    assert_eq!(rows.len(), 2, "the hard-deleted row is absent: {rows:?}");
+    let first = &rows[&comment(1).key];
+    assert!(
+        first.contains_key("deleted_at"),
+        "soft-deleted since: {first}"
+    );
+    let second = &rows[&comment(2).key];
+    assert_eq!(second.get_i64("post_id"), Ok(2), "moved since: {second}");
+    assert!(!second.contains_key("body"), "read with the row projection");
+    assert_eq!(store.look_up(&[]).await.unwrap().len(), 0);
+}
+
+fn lookup_row(c: i64) -> bson::Document {
+    bson::doc! {"_id": c, "post_id": 1_i64, "created_at": DateTime::from_millis(1_000), "body": "text"}
+}
+
+#[tokio::test]
+async fn updates_come_without_the_row_and_are_looked_up_on_mongo() {
+    let t = mongo("updates_come_without_the_row_and_are_looked_up").await;
+    let start = t.store.read_position().await.unwrap().lower;
+    let start = bson::Timestamp {
+        time: start.time.saturating_sub(1),
+        increment: 0,
+    };
+    let rows: Vec<bson::Document> = LOOKUP_ROWS.iter().map(|c| lookup_row(*c)).collect();
+    t.comments.insert_many(rows).await.unwrap();
+    let set = |doc: bson::Document| bson::doc! {"$set": doc};
+    t.comments
+        .update_one(
+            bson::doc! {"_id": 1_i64},
+            set(bson::doc! {"deleted_at": DateTime::now()}),
+        )
+        .await
+        .unwrap();
+    t.comments
+        .update_one(
+            bson::doc! {"_id": 2_i64},
+            set(bson::doc! {"post_id": 2_i64}),
+        )
+        .await
+        .unwrap();
+    t.comments
+        .delete_one(bson::doc! {"_id": 3_i64})
+        .await
+        .unwrap();
+    updates_come_without_the_row_and_are_looked_up(&*t.store, start).await;
+}
+
+#[tokio::test]
+async fn updates_come_without_the_row_and_are_looked_up_in_memory() {
+    for descriptions in [true, false] {
+        let store = memory();
+        let start = store.read_position().await.unwrap().lower;
+        {
+            let mut m = store.lock();
+            m.update_descriptions = descriptions;
+            for c in LOOKUP_ROWS {
+                m.insert_row(lookup_row(c));
+            }
+            m.update(1, bson::doc! {"deleted_at": DateTime::now()}, &[]);
+            m.update(2, bson::doc! {"post_id": 2_i64}, &[]);
+            m.delete_row(3);
+        }
+        updates_come_without_the_row_and_are_looked_up(&store, start).await;
+    }
+}

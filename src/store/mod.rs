@@ -33,7 +33,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bson::{DateTime, Timestamp};
+use bson::{DateTime, Document, Timestamp};
 
 use crate::batch::{CounterDelta, CounterWrite, DirtyMark, LedgerUpdate};
 use crate::definition::CounterIx;
@@ -139,6 +139,11 @@ pub trait ChangeStreams: Send + Sync {
 
     /// Where the server stands now, in cluster time (see [`ServerNow`]).
     async fn read_position(&self) -> StoreResult<ServerNow>;
+
+    /// The rows of `comments` as they are now, read with the schema's row projection, by
+    /// comment key (a comment that is gone is absent): what `updateLookup` would have sent with
+    /// their update events, read in one batched read (see [`crate::lookup`]).
+    async fn look_up(&self, comments: &[CommentId]) -> StoreResult<HashMap<String, Document>>;
 }
 
 /// Where each stream stands: resume position, pending batch, gaps, deployment, fencing epoch

@@ -28,6 +28,9 @@ pub use scrape::{
 
 // --- the worker (label: stream) -------------------------------------------------------------
 pub const EVENTS_APPLIED: &str = "counterd_events_applied_total";
+/// Rows of updated comments the worker read itself, in one batched read per batch, because it
+/// could not derive their state from the ledger and the update (see `crate::lookup`).
+pub const UPDATE_ROWS_READ: &str = "counterd_update_rows_read_total";
 pub const BAD_EVENTS: &str = "counterd_bad_events_total";
 pub const UNATTRIBUTABLE_EVENTS: &str = "counterd_unattributable_events_total";
 /// Counter increment statements, by `result` (applied, already_applied).
@@ -82,8 +85,9 @@ pub const MEMORY_BUDGET: &str = "counterd_memory_budget_bytes";
 pub const MEMORY_IN_USE: &str = "counterd_memory_in_use_bytes";
 
 /// Every counterd metric name, for documentation, the deploy checks and the scrape test.
-pub const ALL: [&str; 47] = [
+pub const ALL: [&str; 48] = [
     EVENTS_APPLIED,
+    UPDATE_ROWS_READ,
     BAD_EVENTS,
     UNATTRIBUTABLE_EVENTS,
     INCREMENTS,

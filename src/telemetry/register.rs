@@ -78,6 +78,10 @@ pub fn describe() {
         Unit::Seconds,
         "Wall-clock time (Unix seconds) of the last reconcile run that finished without error."
     );
+    describe_counter!(
+        UPDATE_ROWS_READ,
+        "Rows of updated comments the worker read in its batched reads, per stream: the updates whose state it could not derive from its ledger and the update's description (what updateLookup used to send with every update event)."
+    );
     describe_counter!(POSTS_RECONCILED, "Posts recounted and folded.");
     describe_histogram!(
         DRIFT,
@@ -177,6 +181,7 @@ pub fn register_stream(stream: &str) {
     let stream = stream.to_string();
     for counter in [
         EVENTS_APPLIED,
+        UPDATE_ROWS_READ,
         BAD_EVENTS,
         UNATTRIBUTABLE_EVENTS,
         BATCHES,

@@ -79,6 +79,33 @@ impl<S: Store + ?Sized> Worker<S> {
         Ok(ledger)
     }
 
+    /// Reads the rows of the batch's updates whose after-state cannot be derived, in one
+    /// batched read, and sets each as its events' `fullDocument` (see [`crate::lookup`]).
+    /// Returns what the rows are charged against the memory budget while the batch is planned
+    /// (like the ledger entries read for it, a row's projection per updated comment).
+    async fn look_up_rows(
+        &self,
+        stream: &str,
+        events: &mut [ChangeEvent],
+        ledger: &HashMap<String, Option<Row>>,
+    ) -> StoreResult<Grant> {
+        let wanted = crate::lookup::rows_to_read(
+            events,
+            ledger,
+            self.settings.attribution,
+            &self.settings.schema,
+        );
+        if wanted.is_empty() {
+            return Ok(self.settings.budget.none());
+        }
+        let grant = self.settings.budget.overdraw(wanted.len() * cost::ROW_COST);
+        let rows = self.store.look_up(&wanted).await?;
+        crate::lookup::attach(events, &wanted, &rows);
+        metrics::counter!(m::UPDATE_ROWS_READ, "stream" => stream.to_string())
+            .increment(wanted.len() as u64);
+        Ok(grant)
+    }
+
     /// Classifies one batch and applies it (or, below the high water, only marks it dirty).
     /// Returns the ledger states it wrote. The events are dropped once planned: only the plan
     /// is held while it is written (memory per event in flight).
@@ -114,6 +141,10 @@ impl<S: Store + ?Sized> Worker<S> {
         } else {
             Coverage::Partial
         };
+        let mut events = events;
+        let rows_grant = self
+            .look_up_rows(&fence.stream, &mut events, &ledger)
+            .await?;
         let (mut plan, ended) = plan_batch_covering(
             &events,
             &ledger,
@@ -148,7 +179,7 @@ impl<S: Store + ?Sized> Worker<S> {
             .events
             .checked_sub(1)
             .map(|i| (events[i].token.clone(), events[i].cluster_time));
-        drop((events, ledger));
+        drop((events, ledger, rows_grant));
         let mut written = Vec::new();
         if let Some((end, end_time)) = last {
             let mut batch = PendingBatch {

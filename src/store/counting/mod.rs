@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use async_trait::async_trait;
-use bson::{DateTime, Timestamp};
+use bson::{DateTime, Document, Timestamp};
 use serde::Serialize;
 
 use super::*;
@@ -282,6 +282,11 @@ impl<S: ChangeStreams> ChangeStreams for CountingStore<S> {
 
     async fn read_position(&self) -> StoreResult<ServerNow> {
         self.timed(Concern::Stream, 0, self.inner.read_position())
+            .await
+    }
+
+    async fn look_up(&self, comments: &[CommentId]) -> StoreResult<HashMap<String, Document>> {
+        self.timed(Concern::Stream, 0, self.inner.look_up(comments))
             .await
     }
 }

@@ -1,6 +1,7 @@
 //! [`ChangeStreams`]: the oplog of the application's writes, rendered as change events the way
 //! a real server renders them when they are read, and the server's position.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -8,7 +9,7 @@ use bson::spec::BinarySubtype;
 use bson::{doc, Binary, Bson, DateTime, Document, Timestamp};
 
 use super::{Memory, MemoryStore};
-use crate::event::Token;
+use crate::event::{CommentId, Token};
 use crate::store::{
     ChangeStreams, EventSource, RawBatch, ReadLimit, ServerNow, StoreError, StoreResult,
     StreamOptions, StreamStart,
@@ -307,9 +308,20 @@ impl Memory {
                         doc! {"_id": e.id, "$set": updated.clone(), "$unset": unset},
                     );
                 }
-                // updateLookup: the row as it is now, null when it is gone.
-                let now = self.comments.get(&e.id).cloned();
-                d.insert("fullDocument", now.map_or(Bson::Null, Bson::Document));
+                if pre_images {
+                    // updateLookup (asked for with pre-images only, like the MongoDB store):
+                    // the row as it is now, null when it is gone.
+                    let now = self.comments.get(&e.id).cloned();
+                    d.insert("fullDocument", now.map_or(Bson::Null, Bson::Document));
+                } else if !self.update_descriptions {
+                    // Without a lookup the fake test server sends the update's fields instead
+                    // (`$set`'s values, `$unset`'s names): a fragment without `_id`.
+                    let mut fragment = updated.clone();
+                    for field in removed {
+                        fragment.insert(field.as_str(), "");
+                    }
+                    d.insert("fullDocument", fragment);
+                }
             }
             OpKind::Delete => {}
         }
@@ -321,6 +333,42 @@ impl Memory {
             d.insert("fullDocumentBeforeChange", pre);
         }
         d
+    }
+
+    /// The rows of `comments` as they are now, by comment key (gone ones absent): the batched
+    /// read that replaces `updateLookup` (see `crate::lookup`).
+    /// Like the MongoDB store's, a row comes with the schema's row projection: `_id` and the
+    /// fields counterd reads (by their top-level field).
+    pub fn look_up(&self, comments: &[CommentId]) -> HashMap<String, Document> {
+        let schema = crate::schema::Schema::default();
+        let mut fields: Vec<String> = schema
+            .read_paths()
+            .into_iter()
+            .chain(
+                self.definitions
+                    .iter()
+                    .flat_map(|d| d.read_paths().into_iter().map(String::from)),
+            )
+            .map(|p| p.split('.').next().unwrap_or_default().to_string())
+            .collect();
+        fields.push("_id".into());
+        comments
+            .iter()
+            .filter_map(|c| {
+                let id = match c.value {
+                    Bson::Int64(id) => id,
+                    Bson::Int32(id) => id as i64,
+                    _ => return None,
+                };
+                let row = self.comments.get(&id)?;
+                let projected: Document = row
+                    .iter()
+                    .filter(|(k, _)| fields.iter().any(|f| f == *k))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                Some((c.key.clone(), projected))
+            })
+            .collect()
     }
 
     /// Every one of `streams` has nothing in flight and, resumed now, would count no event
@@ -392,5 +440,9 @@ impl ChangeStreams for MemoryStore {
 
     async fn read_position(&self) -> StoreResult<ServerNow> {
         Ok(self.lock().read_position())
+    }
+
+    async fn look_up(&self, comments: &[CommentId]) -> StoreResult<HashMap<String, Document>> {
+        Ok(self.lock().look_up(comments))
     }
 }

@@ -215,7 +215,34 @@ impl ChangeStreams for MongoStore {
             .await?;
         Ok(position_from_reply(&reply, DateTime::now()))
     }
+
+    async fn look_up(&self, comments: &[CommentId]) -> StoreResult<HashMap<String, Document>> {
+        let op = "read the rows the stream does not carry";
+        let mut out = HashMap::with_capacity(comments.len());
+        for chunk in comments.chunks(LOOK_UP_CHUNK) {
+            let ids: Vec<Bson> = chunk.iter().map(|c| c.value.clone()).collect();
+            // From the primary, like the lookup it replaces: a secondary may lag behind the
+            // events just read.
+            let mut cursor = self
+                .comments
+                .find(doc! {"_id": {"$in": ids}})
+                .projection(self.schema.row_projection())
+                .selection_criteria(SelectionCriteria::ReadPreference(ReadPreference::Primary))
+                .observed(op)
+                .await?;
+            while let Some(row) = cursor.try_next().await.map_err(|e| map_err(op, e))? {
+                if let Some(id) = row.get("_id") {
+                    out.insert(CommentId::new(id.clone()).key, row);
+                }
+            }
+        }
+        Ok(out)
+    }
 }
+
+/// Ids per batched row read (the ledger reads take 5 000 per `$in` too): one command for a
+/// batch of any size the budget allows.
+const LOOK_UP_CHUNK: usize = 5000;
 
 impl MongoStore {
     /// The stream's stages: the caller's (a partition's `$match` reads the full documents),
@@ -226,7 +253,11 @@ impl MongoStore {
         pipeline
     }
 
-    /// Opens a change stream on `comments` with `updateLookup` (and pre-images when asked).
+    /// Opens a change stream on `comments`. With pre-images it asks for them and for
+    /// `updateLookup` (a pre-image's after-state is derived from the description, and where it
+    /// expired the lookup is the row to take); without, update events come without the row,
+    /// and the worker reads the rows it cannot derive in one batched read per batch
+    /// ([`crate::lookup`]) instead of the server looking up every updated row.
     pub(super) async fn watch(
         &self,
         options: &StreamOptions,
@@ -235,7 +266,6 @@ impl MongoStore {
             .comments
             .watch()
             .pipeline(self.stream_pipeline(options))
-            .full_document(FullDocumentType::UpdateLookup)
             .max_await_time(options.max_await)
             // A reply is decoded whole by the driver: MongoDB caps one at 16 MB, the fake
             // server does not (it answered a 100 000-event backlog in one reply). The budget
@@ -243,7 +273,9 @@ impl MongoStore {
             .batch_size(crate::budget::cost::EVENTS_PER_REPLY)
             .selection_criteria(SelectionCriteria::ReadPreference(ReadPreference::Primary));
         if options.pre_images {
-            watch = watch.full_document_before_change(FullDocumentBeforeChangeType::WhenAvailable);
+            watch = watch
+                .full_document(FullDocumentType::UpdateLookup)
+                .full_document_before_change(FullDocumentBeforeChangeType::WhenAvailable);
         }
         let mut resumed_after = None;
         match &options.start {

@@ -114,6 +114,18 @@ impl ChangeStreams for SimStore {
         })
         .await
     }
+
+    async fn look_up(
+        &self,
+        comments: &[CommentId],
+    ) -> StoreResult<HashMap<String, bson::Document>> {
+        let rows = self
+            .single("look_up", false, |s| Ok(s.memory.look_up(comments)))
+            .await?;
+        let line = format!("  look up {} rows ({} found)", comments.len(), rows.len());
+        self.lock().note(line);
+        Ok(rows)
+    }
 }
 
 #[async_trait]
