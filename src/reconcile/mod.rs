@@ -205,7 +205,17 @@ impl<S: Store + ?Sized> Reconciler<S> {
             .await?;
         let mut run = Run::new(&self.settings, "dirty", watermark);
         let passed = async {
-            for group in dirty.chunks(self.settings.group_size.max(1)) {
+            for (i, group) in dirty.chunks(self.settings.group_size.max(1)).enumerate() {
+                // A worker catching up a backlog has not reached the changes a count would
+                // see: its posts are left, uncounted, for a later run (they stay dirty, with
+                // their age), rather than counted and found in flight.
+                if self.recounter.worker_behind().await? {
+                    let left = dirty.len() - i * self.settings.group_size.max(1);
+                    run.summary.deferred += left as u64;
+                    metrics::counter!(m::RECOUNTS_DEFERRED, "stream" => self.settings.stream.clone())
+                        .increment(left as u64);
+                    break;
+                }
                 let posts: Vec<PostId> = group.iter().map(|e| e.post.clone()).collect();
                 let outcomes = self
                     .reconcile_posts(&posts, watermark, false, &mut run)

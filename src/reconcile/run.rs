@@ -34,6 +34,8 @@ impl<S: Store + ?Sized> Reconciler<S> {
         let recounts = self.recounter.recount(&requests, &mut run.pace).await;
         let recounts = recounts?;
         run.summary.counts += recounts.len() as u64;
+        metrics::counter!(m::RECOUNTS, "stream" => self.settings.stream.clone())
+            .increment(recounts.len() as u64);
         let mut outcomes = Vec::with_capacity(recounts.len());
         for recount in recounts {
             let outcome = match recount {
@@ -131,6 +133,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
         // debug (`counter corrected`).
         let notable = summary.corrected > 0
             || summary.in_flight > 0
+            || summary.deferred > 0
             || !matches!(summary.kind.as_str(), "dirty" | "background");
         let biggest = biggest_corrections(&corrections, 3);
         macro_rules! summary_line {
@@ -139,7 +142,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
                     %stream, %counter, kind = %summary.kind, posts = summary.posts, counts = summary.counts,
                     corrected = summary.corrected, total_abs_drift = summary.total_abs_drift,
                     max_abs_drift = summary.max_abs_drift, high = summary.drift_high, low = summary.drift_low,
-                    in_flight = summary.in_flight, waiting = summary.waiting,
+                    in_flight = summary.in_flight, deferred = summary.deferred, waiting = summary.waiting,
                     dirty_backlog = backlog.size, %biggest,
                     seconds = started.elapsed().as_secs_f64(),
                     "reconcile run finished"

@@ -43,6 +43,27 @@ impl<S: Store + ?Sized> Recounter<S> {
         Ok(false)
     }
 
+    /// Whether the stream's worker is further behind the server than a count's wait for it
+    /// covers (`catch_up.timeout`): a post counted now would see changes the worker has not
+    /// applied, and the count could not be folded (it would be in flight), so the reconciler
+    /// leaves its posts for a later run instead of counting them. False while no worker holds
+    /// the lease (the wait then reads the stream itself), before the stream has a position,
+    /// and while the initial snapshot runs (the recount reports that on its own).
+    pub async fn worker_behind(&self) -> StoreResult<bool> {
+        let Some(checkpoint) = self.store.load_checkpoint(&self.stream).await? else {
+            return Ok(false);
+        };
+        let Some(applied) = applied_before(&checkpoint) else {
+            return Ok(false);
+        };
+        if checkpoint.snapshot_running() || !self.worker_alive().await? {
+            return Ok(false);
+        }
+        let now = self.store.read_position().await?.lower;
+        let covered = self.catch_up.timeout.as_secs().max(1);
+        Ok(u64::from(now.time) > u64::from(applied.time) + covered)
+    }
+
     /// Whether some process holds the stream's lease (and so applies its events).
     async fn worker_alive(&self) -> StoreResult<bool> {
         let lease = self.store.read_lease(&self.stream).await?;

@@ -59,6 +59,10 @@ pub const POSTS_RECONCILED: &str = "counterd_posts_reconciled_total";
 /// definition's name, `default` for today's settings).
 pub const DRIFT: &str = "counterd_drift_comments";
 pub const RECOUNTS_IN_FLIGHT: &str = "counterd_recounts_in_flight_total";
+/// Counts the reconciler made (the share in flight: `RECOUNTS_IN_FLIGHT` over this).
+pub const RECOUNTS: &str = "counterd_recounts_total";
+/// Dirty posts left uncounted for a later run while the worker was catching up.
+pub const RECOUNTS_DEFERRED: &str = "counterd_recounts_deferred_total";
 pub const SWEEP_POSTS: &str = "counterd_sweep_posts_total";
 pub const FULL_SWEEP_PROGRESS: &str = "counterd_full_sweep_progress_posts";
 pub const BACKGROUND_SWEEP_POSTS_DONE: &str = "counterd_background_sweep_pass_posts";
@@ -85,7 +89,7 @@ pub const MEMORY_BUDGET: &str = "counterd_memory_budget_bytes";
 pub const MEMORY_IN_USE: &str = "counterd_memory_in_use_bytes";
 
 /// Every counterd metric name, for documentation, the deploy checks and the scrape test.
-pub const ALL: [&str; 48] = [
+pub const ALL: [&str; 50] = [
     EVENTS_APPLIED,
     UPDATE_ROWS_READ,
     BAD_EVENTS,
@@ -110,6 +114,8 @@ pub const ALL: [&str; 48] = [
     POSTS_RECONCILED,
     DRIFT,
     RECOUNTS_IN_FLIGHT,
+    RECOUNTS,
+    RECOUNTS_DEFERRED,
     SWEEP_POSTS,
     FULL_SWEEP_PROGRESS,
     BACKGROUND_SWEEP_POSTS_DONE,

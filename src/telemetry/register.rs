@@ -96,6 +96,14 @@ pub fn describe() {
         RECOUNTS_IN_FLIGHT,
         "Recounts not installed because a row changed while counted could not be settled against the stream (or the worker did not catch up in time); the post stays dirty and is retried."
     );
+    describe_counter!(
+        RECOUNTS,
+        "Counts the reconciler made of dirty, swept or requested posts, per stream; counterd_recounts_in_flight_total over it is the share of counts that could not be folded."
+    );
+    describe_counter!(
+        RECOUNTS_DEFERRED,
+        "Dirty posts left uncounted for a later run because the worker was further behind the server than catch_up_timeout (catching up a backlog): a count would have seen changes it had not applied."
+    );
     describe_counter!(SWEEP_POSTS, "Posts visited by full sweeps.");
     describe_gauge!(
         FULL_SWEEP_PROGRESS,
@@ -189,6 +197,8 @@ pub fn register_stream(stream: &str) {
         HISTORY_LOST,
         SWEEP_POSTS,
         RECOUNTS_IN_FLIGHT,
+        RECOUNTS,
+        RECOUNTS_DEFERRED,
     ] {
         metrics::counter!(counter, "stream" => stream.clone()).absolute(0);
     }
