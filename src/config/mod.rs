@@ -5,10 +5,12 @@
 
 mod counters;
 mod load;
+pub mod redact;
 mod sources;
 mod validate;
 
 pub use counters::CounterSetting;
+pub use redact::{redact_text, redact_uri};
 pub use load::{is_service_link, Loaded, Override};
 pub use sources::SourceSetting;
 
@@ -327,21 +329,6 @@ pub fn parse_time(text: &str) -> Option<i64> {
     chrono::DateTime::parse_from_rfc3339(text)
         .ok()
         .map(|t| t.timestamp())
-}
-
-/// Replaces the password in a MongoDB URI with `***`.
-pub fn redact_uri(uri: &str) -> String {
-    let Some(scheme_end) = uri.find("://") else {
-        return uri.to_string();
-    };
-    let rest = &uri[scheme_end + 3..];
-    let host_start = rest.find('/').unwrap_or(rest.len());
-    let Some(at) = rest[..host_start].rfind('@') else {
-        return uri.to_string();
-    };
-    let userinfo = &rest[..at];
-    let user = userinfo.split(':').next().unwrap_or("");
-    format!("{}://{}:***@{}", &uri[..scheme_end], user, &rest[at + 1..])
 }
 
 /// What to do when the checkpoint has fallen off the oplog.
