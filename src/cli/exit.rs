@@ -99,14 +99,24 @@ pub fn code_for(error: &anyhow::Error) -> u8 {
 
 /// A failure and its causes for the operator, joined by `: `, each said once: a cause whose
 /// text is already shown (an error that prints its source) is skipped, and the chain ends at
-/// the driver's own error, which the store error above it has already described briefly and
-/// without credentials (the whole driver error stays available as a source to code).
+/// the driver's own error, which the store error above it has already described in one
+/// sentence (the whole driver error stays available as a source to code, and to
+/// [`describe_in_full`]). Any URI or known secret in the text is redacted.
 pub fn describe(error: &anyhow::Error) -> String {
+    join_causes(error, false)
+}
+
+/// [`describe`] with the driver's own text too (`--verbose`), secrets redacted.
+pub fn describe_in_full(error: &anyhow::Error) -> String {
+    join_causes(error, true)
+}
+
+fn join_causes(error: &anyhow::Error, driver_text: bool) -> String {
     let mut text = String::new();
     for cause in error.chain() {
         let driver =
             cause.is::<mongodb::error::Error>() || cause.is::<Box<mongodb::error::Error>>(); // as `StoreError::Driver` keeps it
-        if driver && !text.is_empty() {
+        if driver && !driver_text && !text.is_empty() {
             break;
         }
         let said = cause.to_string();
@@ -118,7 +128,7 @@ pub fn describe(error: &anyhow::Error) -> String {
         }
         text.push_str(&said);
     }
-    text
+    crate::config::redact_text(&text)
 }
 
 /// The exit code as a process exit code.

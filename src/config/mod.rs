@@ -7,7 +7,7 @@ mod counters;
 mod load;
 pub mod redact;
 mod sources;
-mod validate;
+pub(crate) mod validate;
 
 pub use counters::CounterSetting;
 pub use redact::{redact_text, redact_uri};

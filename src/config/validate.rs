@@ -3,6 +3,10 @@
 use std::time::Duration;
 
 use super::{redact_uri, ConfigError, Settings, SoftDeleteRule};
+
+/// What a connection string looks like, said without writing one (a URI-shaped example would
+/// itself be redacted in the message).
+pub const URI_SHAPE: &str = "expected mongodb:// or mongodb+srv:// then [user:password@]host[:port][,host…][/database][?options], with / @ : ? # % in the user or password percent-encoded";
 use crate::snapshot::InitialSnapshot;
 
 impl Settings {
@@ -171,7 +175,7 @@ impl Settings {
             return Err(bad(
                 "mongodb_uri",
                 redact_uri(&self.mongodb_uri),
-                "expected mongodb://… or mongodb+srv://…",
+                URI_SHAPE,
             ));
         }
         if let Err(e) = mongodb::options::ConnectionString::parse(&self.mongodb_uri) {
@@ -180,11 +184,14 @@ impl Settings {
                 mongodb::error::ErrorKind::InvalidArgument { message, .. } => message.clone(),
                 _ => e.to_string(),
             };
-            let reason = reason.replace(&self.mongodb_uri, "<uri>");
+            let reason = super::redact::redact_text_for(
+                &reason.replace(&self.mongodb_uri, "<uri>"),
+                &self.mongodb_uri,
+            );
             return Err(bad(
                 "mongodb_uri",
                 redact_uri(&self.mongodb_uri),
-                &format!("not a valid connection string: {reason} (expected mongodb://[user:pass@]host[:port][,host…]/[?options])"),
+                &format!("not a valid connection string: {reason} ({URI_SHAPE})"),
             ));
         }
         if self.ready_max_stall < Duration::from_secs(1) {

@@ -170,6 +170,7 @@ impl MongoStore {
     /// Connects and checks that the server answers, with an error that names the host, what
     /// failed and what to check.
     pub async fn connect(options: &ConnectOptions) -> StoreResult<MongoStore> {
+        crate::config::redact::remember_secrets(&options.uri);
         let mut client_options =
             ClientOptions::parse(&options.uri)
                 .await
@@ -177,7 +178,9 @@ impl MongoStore {
                     op: "parse the MongoDB URI",
                     transient: false,
                     detail: format!(
-                        "{e} (check `mongodb_uri`: mongodb://[user:pass@]host:port/?options)"
+                        "{} (check `mongodb_uri`: {})",
+                        crate::config::redact::redact_text_for(&e.to_string(), &options.uri),
+                        crate::config::validate::URI_SHAPE
                     ),
                     source: Box::new(e),
                 })?;
