@@ -167,7 +167,10 @@ pub async fn main(cli: Cli) -> ExitCode {
     let loaded = match cli.load() {
         Ok(l) => l,
         Err(e) => {
-            eprintln!("counterd: configuration error: {}", redact_text(&e.to_string()));
+            eprintln!(
+                "counterd: configuration error: {}",
+                redact_text(&e.to_string())
+            );
             return ExitCode::from(EXIT_CONFIG);
         }
     };

@@ -10,8 +10,8 @@ mod sources;
 pub(crate) mod validate;
 
 pub use counters::CounterSetting;
-pub use redact::{redact_text, redact_uri};
 pub use load::{is_service_link, Loaded, Override};
+pub use redact::{redact_text, redact_uri};
 pub use sources::SourceSetting;
 
 use std::time::Duration;

@@ -172,11 +172,7 @@ impl Settings {
         if !self.mongodb_uri.starts_with("mongodb://")
             && !self.mongodb_uri.starts_with("mongodb+srv://")
         {
-            return Err(bad(
-                "mongodb_uri",
-                redact_uri(&self.mongodb_uri),
-                URI_SHAPE,
-            ));
+            return Err(bad("mongodb_uri", redact_uri(&self.mongodb_uri), URI_SHAPE));
         }
         if let Err(e) = mongodb::options::ConnectionString::parse(&self.mongodb_uri) {
             // The driver's reason, without echoing the URI (it may hold a password).

@@ -3,8 +3,9 @@
 /// Why a store operation failed, sorted by what the caller should do about it.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// Worth retrying: network trouble, no primary, an interrupted operation.
-    #[error("transient database error during {op}: {message}")]
+    /// Worth retrying: network trouble, no primary, an interrupted operation. (Its text does
+    /// not say "transient": a caller that retries says so, and one that gave up must not.)
+    #[error("database error during {op}: {message}")]
     Transient { op: &'static str, message: String },
     /// The resume token fell off the oplog (codes 286, 280, 260).
     #[error("change stream history lost (code {code}) while resuming after token {token}: the checkpoint is older than the oplog window")]
@@ -33,7 +34,7 @@ pub enum StoreError {
     /// otherwise as [`StoreError::Fatal`]. `detail` is a short, credential-free description
     /// for logs and messages; the driver's own error is kept whole as the source (its code,
     /// labels and chain).
-    #[error("{}database error during {op}: {detail}", if *.transient { "transient " } else { "" })]
+    #[error("{}", driver_failure(op, detail))]
     Driver {
         op: &'static str,
         transient: bool,
@@ -41,6 +42,16 @@ pub enum StoreError {
         #[source]
         source: Box<mongodb::error::Error>,
     },
+}
+
+/// A driver failure's text: the detail alone when it already says what failed (`cannot reach
+/// MongoDB at ...`, `MongoDB at ... refused counterd`), else `database error during <op>`.
+fn driver_failure(op: &str, detail: &str) -> String {
+    if detail.starts_with("cannot reach MongoDB") || detail.starts_with("MongoDB at ") {
+        detail.to_string()
+    } else {
+        format!("database error during {op}: {detail}")
+    }
 }
 
 impl StoreError {

@@ -122,7 +122,10 @@ fn secrets_of_a_uri_are_found_raw_and_decoded() {
         assert!(secrets.iter().any(|x| x == s), "{s}: {secrets:?}");
     }
     assert_eq!(
-        redact_text_for("login failed for p/w0rd and k@y9", "mongodb://u:p%2Fw0rd@h/?tlsCertificateKeyFilePassword=k%40y9"),
+        redact_text_for(
+            "login failed for p/w0rd and k@y9",
+            "mongodb://u:p%2Fw0rd@h/?tlsCertificateKeyFilePassword=k%40y9"
+        ),
         "login failed for *** and ***"
     );
 }
@@ -131,8 +134,11 @@ fn secrets_of_a_uri_are_found_raw_and_decoded() {
 const HARD: &str = "/@:%?#+=&;abcXYZ019 ";
 
 fn password() -> impl Strategy<Value = String> {
-    proptest::collection::vec(proptest::sample::select(HARD.chars().collect::<Vec<_>>()), 1..24)
-        .prop_map(|cs| cs.into_iter().collect())
+    proptest::collection::vec(
+        proptest::sample::select(HARD.chars().collect::<Vec<_>>()),
+        1..24,
+    )
+    .prop_map(|cs| cs.into_iter().collect())
 }
 
 fn encode(p: &str) -> String {
