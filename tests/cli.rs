@@ -156,8 +156,8 @@ async fn reconcile_once_post_and_sweep() {
 }
 
 /// Before any `counterd run`, the first run's initial snapshot counts every post: a recount by
-/// hand would be counted again by its claims, so `reconcile` refuses (exit 1) and says why,
-/// and writes no counter.
+/// hand would be counted again by its claims, so `reconcile` refuses (exit 5: not yet) and
+/// says why, and writes no counter.
 #[tokio::test]
 async fn reconcile_before_the_first_run_refuses_and_counts_nothing() {
     let t = TestDb::new("clifresh").await;
@@ -168,7 +168,7 @@ async fn reconcile_before_the_first_run_refuses_and_counts_nothing() {
         &["reconcile", "--sweep"],
     ] {
         let o = counterd(&t, args);
-        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", stdout(&o));
+        assert_eq!(o.status.code(), Some(5), "{args:?}: {}", stdout(&o));
         let stderr = String::from_utf8_lossy(&o.stderr);
         assert!(
             stderr.contains("has not started on stream 'comments' yet"),
