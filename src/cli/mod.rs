@@ -217,6 +217,7 @@ pub async fn main(cli: Cli) -> ExitCode {
 
 /// Connects to the configured database (one-shot commands fail fast with a clear error).
 pub async fn connect(settings: &Settings) -> anyhow::Result<Arc<MongoStore>> {
+    crate::doctor::tls::check_files(&settings.mongodb_uri).map_err(ConfigError::from)?;
     let store = MongoStore::connect(&settings.into()).await?;
     Ok(Arc::new(store))
 }

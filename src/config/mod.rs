@@ -234,6 +234,9 @@ pub enum ConfigError {
     File { path: String, message: String },
     #[error("config file {path}: {message}")]
     Parse { path: String, message: String },
+    /// A certificate file named in `mongodb_uri` cannot be used (checked before connecting).
+    #[error("mongodb_uri names a certificate counterd cannot use: {0}")]
+    Tls(#[from] crate::doctor::tls::TlsFileError),
     #[error("unknown setting `{name}` (from {origin}); see counterd.example.toml for the list")]
     Unknown { name: String, origin: String },
     #[error("setting `{name}` (from {origin}) = {value:?}: {message}")]

@@ -180,6 +180,11 @@ impl Settings {
                 mongodb::error::ErrorKind::InvalidArgument { message, .. } => message.clone(),
                 _ => e.to_string(),
             };
+            let reason = if reason.contains("cert-key-password") {
+                "tlsCertificateKeyFilePassword is not supported: counterd reads only an unencrypted client key (convert it with openssl pkcs8 -nocrypt and keep the file readable by counterd alone)".to_string()
+            } else {
+                reason
+            };
             let reason = super::redact::redact_text_for(
                 &reason.replace(&self.mongodb_uri, "<uri>"),
                 &self.mongodb_uri,
