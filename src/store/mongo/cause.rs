@@ -160,7 +160,7 @@ fn tls_reason(lower: &str) -> Option<String> {
 /// A refused login, with what to check.
 fn login_refused(message: &str) -> String {
     format!(
-        "authentication refused ({}): check the user and password in mongodb_uri and authSource",
+        "authentication refused ({}): check the credentials (user and password) in mongodb_uri, and authSource",
         clip(first_line(message)).trim_end_matches('.')
     )
 }
