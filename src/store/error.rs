@@ -63,6 +63,19 @@ impl StoreError {
         }
     }
 
+    /// The error with every source below it, the driver's own text included, secrets
+    /// redacted: for debug logs and `--verbose`, never for the one-sentence message.
+    pub fn in_full(&self) -> String {
+        let mut text = self.to_string();
+        let mut source = std::error::Error::source(self);
+        while let Some(cause) = source {
+            text.push_str(": ");
+            text.push_str(&cause.to_string());
+            source = cause.source();
+        }
+        crate::config::redact_text(&text)
+    }
+
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
