@@ -165,6 +165,16 @@ pub fn check_files(uri: &str) -> Result<(), TlsFileError> {
     }
 }
 
+/// TLS in a few words, for `run`'s "connected" log line: `off`, `on (CA: webpki roots)` or
+/// `on (CA: /etc/counterd/ca.pem)`.
+pub fn summary(plan: &TlsPlan) -> String {
+    match (&plan.enabled, &plan.ca_file) {
+        (false, _) => "off".into(),
+        (true, None) => "on (CA: the driver's built-in webpki roots)".into(),
+        (true, Some(ca)) => format!("on (CA: {})", ca.display()),
+    }
+}
+
 /// The doctor's `tls` findings: on or off, the CA in use, the client certificate, and any
 /// file that cannot be used.
 pub fn findings(plan: &TlsPlan, files: &TlsFiles) -> Vec<Finding> {

@@ -133,3 +133,18 @@ fn doctor_says_tls_on_or_off_and_which_ca() {
         .iter()
         .any(|f| f.level == Level::Warning));
 }
+
+#[test]
+fn the_summary_names_the_ca() {
+    assert_eq!(summary(&TlsPlan::default()), "off");
+    let on = TlsPlan {
+        enabled: true,
+        ..TlsPlan::default()
+    };
+    assert!(summary(&on).contains("webpki"));
+    let ca = TlsPlan {
+        ca_file: Some("/etc/ca.pem".into()),
+        ..on
+    };
+    assert_eq!(summary(&ca), "on (CA: /etc/ca.pem)");
+}
