@@ -20,9 +20,10 @@ pub const REDACTED: &str = "***";
 /// What replaces a URI with no recognisable structure around its `@`.
 pub const UNPARSEABLE: &str = "<unparseable URI redacted>";
 
-/// Secrets shorter than this are not scrubbed from free text (they would garble every line;
-/// inside a URI they are still hidden by structure).
-const MIN_FREE_TEXT_SECRET: usize = 4;
+/// Secrets shorter than this, or made of digits only, are not scrubbed from free text (they
+/// would garble every line, and every number of a JSON log line; inside a URI they are still
+/// hidden by structure).
+const MIN_FREE_TEXT_SECRET: usize = 6;
 
 /// Replaces a MongoDB URI's password and secret query options with `***` (the user name, the
 /// hosts and the other options stay, so an operator still sees where counterd connects).
@@ -198,8 +199,9 @@ pub fn redact_text_for(text: &str, uri: &str) -> String {
     scrub(&redact_text_uris(text), &secrets)
 }
 
-/// The URIs of `text` redacted, line by line.
-fn redact_text_uris(text: &str) -> String {
+/// The URIs of `text` redacted, line by line (structure only: for command output, where
+/// replacing a remembered secret could alter data, e.g. a number in a JSON document).
+pub fn redact_text_uris(text: &str) -> String {
     if !text.contains("://") {
         return text.to_string();
     }
@@ -263,10 +265,7 @@ fn uri_end(s: &str, from: usize) -> usize {
 
 /// `text` with every secret replaced by `***`, longest first (a secret that holds another).
 fn scrub(text: &str, secrets: &[String]) -> String {
-    let mut sorted: Vec<&String> = secrets
-        .iter()
-        .filter(|s| s.len() >= MIN_FREE_TEXT_SECRET)
-        .collect();
+    let mut sorted: Vec<&String> = secrets.iter().filter(|s| scrubbable(s)).collect();
     sorted.sort_by_key(|s| std::cmp::Reverse(s.len()));
     let mut out = text.to_string();
     for secret in sorted {
@@ -275,6 +274,11 @@ fn scrub(text: &str, secrets: &[String]) -> String {
         }
     }
     out
+}
+
+/// Whether a secret is distinctive enough to be replaced wherever it appears in text.
+fn scrubbable(secret: &str) -> bool {
+    secret.len() >= MIN_FREE_TEXT_SECRET && !secret.chars().all(|c| c.is_ascii_digit())
 }
 
 /// The secret values of a URI as they may appear in text: the password and each secret
@@ -326,7 +330,7 @@ fn store() -> &'static Mutex<Vec<String>> {
 pub fn remember_secrets(uri: &str) {
     let mut known = store().lock().unwrap_or_else(|p| p.into_inner());
     for secret in secrets_of(uri) {
-        if secret.len() >= MIN_FREE_TEXT_SECRET && !known.contains(&secret) {
+        if scrubbable(&secret) && !known.contains(&secret) {
             known.push(secret);
         }
     }

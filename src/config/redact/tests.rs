@@ -126,7 +126,16 @@ fn secrets_of_a_uri_are_found_raw_and_decoded() {
             "login failed for p/w0rd and k@y9",
             "mongodb://u:p%2Fw0rd@h/?tlsCertificateKeyFilePassword=k%40y9"
         ),
-        "login failed for *** and ***"
+        "login failed for *** and k@y9",
+        "4 characters: too short to scrub from free text"
+    );
+    assert_eq!(
+        redact_text_for(
+            "count 1234567 for s3cret!",
+            "mongodb://u:1234567@h/?apiKey=s3cret!"
+        ),
+        "count 1234567 for ***",
+        "digits alone are not scrubbed (they would alter numbers)"
     );
 }
 
