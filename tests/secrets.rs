@@ -219,9 +219,7 @@ async fn run_logs_no_part_of_a_password() {
             // The line that shows the URI (connected), or the one that says why it stopped.
             let said = wait_for(&log, Duration::from_secs(60), |text| {
                 text.contains("mongodb")
-                    && (text.contains("counterd stopped")
-                        || text.contains("configuration error")
-                        || text.contains("version"))
+                    && (text.contains("version") || STOPPED.iter().any(|m| text.contains(m)))
             });
             let _ = child.kill();
             let _ = child.wait();
@@ -249,15 +247,62 @@ proptest! {
         chars in proptest::collection::vec(proptest::sample::select(HARD.chars().collect::<Vec<_>>()), 6..20),
         encode in any::<bool>(),
     ) {
+        // Every printing path: the configuration error, `config`, `status`, `get`, `dirty`,
+        // `doctor` (text and JSON), and `run`'s log lines.
         let password: String = chars.into_iter().collect();
         let server = &support::server().uri;
         let written = if encode { encoded(&password) } else { password.clone() };
         let uri = with_credentials(server, &written);
-        for args in [&["config"][..], &["config", "--check"], &["status"], &["doctor", "--json"], &["dirty"]] {
+        for args in COMMANDS {
             let said = both(&counterd(&uri, "secretsprop", args));
             for part in distinctive_parts(&password, server) {
                 prop_assert!(!said.contains(&part), "counterd {:?} with {:?} shows `{}`:\n{}", args, uri, part, said);
             }
         }
+        // `run` stops at the setting (raw) or at the refused login (encoded): its log lines.
+        let said = run_until_it_stops(&uri);
+        for part in distinctive_parts(&password, server) {
+            prop_assert!(!said.contains(&part), "run with {:?} shows `{}`:\n{}", uri, part, said);
+        }
     }
 }
+
+/// `counterd run` with `uri` until it exits (or 60 s, then killed): what it said, both streams.
+fn run_until_it_stops(uri: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("run.log");
+    let file = std::fs::File::create(&log).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_counterd"))
+        .args(["run", "--http-addr"])
+        .arg(format!("127.0.0.1:{}", counterd_testdb::free_port()))
+        .env("COUNTERD_MONGODB_URI", uri)
+        .env("COUNTERD_DATABASE", "secretsprop")
+        .env("COUNTERD_CONNECT_TIMEOUT", "3s")
+        .env("COUNTERD_LOG_LEVEL", "debug")
+        .env_remove("COUNTERD_CONFIG")
+        .stdout(Stdio::from(file.try_clone().unwrap()))
+        .stderr(Stdio::from(file))
+        .spawn()
+        .unwrap();
+    // It exits at a bad setting; at a refused login it exits, or parks (`on_fatal = "park"`)
+    // and stays up: then the line that says so is the one to read.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
+        let said = std::fs::read_to_string(&log).unwrap_or_default();
+        if STOPPED.iter().any(|m| said.contains(m)) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    std::fs::read_to_string(&log).unwrap()
+}
+
+/// What `run` says when it stops or parks for good.
+const STOPPED: [&str; 4] = [
+    "counterd stopped",
+    "configuration error",
+    "authentication refused",
+    "parked",
+];

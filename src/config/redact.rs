@@ -276,6 +276,20 @@ fn scrub(text: &str, secrets: &[String]) -> String {
     out
 }
 
+/// Whether `text` shows a stretch (4 characters or more) of one of `uri`'s secrets that the
+/// redacted URI does not show anyway: for a parser's message about a URI it could not split
+/// (it may quote a fragment of the credentials as a host or a port).
+pub fn shows_part_of_secret(text: &str, uri: &str) -> bool {
+    let visible = redact_uri(uri);
+    secrets_of(uri).iter().any(|secret| {
+        let chars: Vec<char> = secret.chars().collect();
+        chars.windows(4.min(chars.len()).max(1)).any(|w| {
+            let part: String = w.iter().collect();
+            part.chars().count() >= 4 && text.contains(&part) && !visible.contains(&part)
+        })
+    })
+}
+
 /// Whether a secret is distinctive enough to be replaced wherever it appears in text.
 fn scrubbable(secret: &str) -> bool {
     secret.len() >= MIN_FREE_TEXT_SECRET && !secret.chars().all(|c| c.is_ascii_digit())

@@ -185,10 +185,7 @@ impl Settings {
             } else {
                 reason
             };
-            let reason = super::redact::redact_text_for(
-                &reason.replace(&self.mongodb_uri, "<uri>"),
-                &self.mongodb_uri,
-            );
+            let reason = safe_reason(&reason, &self.mongodb_uri);
             return Err(bad(
                 "mongodb_uri",
                 redact_uri(&self.mongodb_uri),
@@ -216,5 +213,17 @@ pub(super) fn collection_name_problem(name: &str) -> Option<&'static str> {
         Some("must not start with `system.`")
     } else {
         None
+    }
+}
+
+/// The driver's reason for refusing a URI, without any part of its secrets: a URI it could not
+/// split may be quoted in pieces (a fragment of the password read as a host or a port), and
+/// then only the likely cause is said.
+fn safe_reason(reason: &str, uri: &str) -> String {
+    let reason = super::redact::redact_text_for(&reason.replace(uri, "<uri>"), uri);
+    if super::redact::shows_part_of_secret(&reason, uri) {
+        "it does not split into user:password@hosts (a character of the password that must be percent-encoded, such as / @ : ? # % or a space, is written as it is)".into()
+    } else {
+        reason
     }
 }

@@ -204,3 +204,21 @@ proptest! {
         prop_assert_eq!(redact_uri(&shown), shown.clone(), "idempotent");
     }
 }
+
+#[test]
+fn a_fragment_of_a_secret_is_found() {
+    let uri = "mongodb://alice::::#?/@h:1/";
+    assert!(shows_part_of_secret(
+        "invalid server address alice::::#: got :::#",
+        uri
+    ));
+    assert!(!shows_part_of_secret("password must be URL encoded", uri));
+    assert!(
+        !shows_part_of_secret("alice at h:1", "mongodb://alice:alice99@h:1/"),
+        "the user shows anyway"
+    );
+    assert!(shows_part_of_secret(
+        "got ice99",
+        "mongodb://alice:alice99@h:1/"
+    ));
+}
