@@ -524,9 +524,17 @@ fn every_counterd_command_line_parses() {
 /// the dashboard as such.
 const EXTERNAL_METRICS: [&str; 1] = ["container_spec_memory_limit_bytes"];
 
-/// Metrics being added on another branch (the parked state, issue 38): accepted until
-/// `counterd::telemetry::ALL` holds them, then checked like the others.
+/// Metrics being added on another branch (the parked state, issue 38): accepted while
+/// `counterd::telemetry::ALL` does not hold them (with a note saying whether the source tree
+/// defines them yet), then checked like the others.
 const PENDING_METRICS: [&str; 1] = ["counterd_parked"];
+
+/// Whether src/telemetry/mod.rs defines a metric name (a `pub const …: &str = "<name>"`).
+fn defined_in_source(name: &str) -> bool {
+    read("src/telemetry/mod.rs")
+        .lines()
+        .any(|l| l.starts_with("pub const ") && l.ends_with(&format!("= \"{name}\";")))
+}
 
 /// Metric names in a PromQL expression.
 fn metrics_in(expr: &str) -> BTreeSet<String> {
@@ -581,7 +589,12 @@ fn rules_and_dashboard_use_exported_metrics() {
         for name in metrics_in(expr) {
             let pending = PENDING_METRICS.contains(&name.as_str()) && !is_exported(&name);
             if pending {
-                eprintln!("note: {origin}: {name} is not exported yet (pending, issue 38)");
+                let state = if defined_in_source(&name) {
+                    "defined in src/telemetry/mod.rs but not listed in telemetry::ALL"
+                } else {
+                    "not defined yet"
+                };
+                eprintln!("note: {origin}: {name} is {state} (pending, issue 38)");
             }
             assert!(
                 is_exported(&name) || EXTERNAL_METRICS.contains(&name.as_str()) || pending,
@@ -624,6 +637,7 @@ fn rules_and_dashboard_use_exported_metrics() {
     assert!(metrics_in("rate(counterd_drift_comments_bucket[5m]) by (le)").len() == 1);
     assert!(!is_exported("counterd_events_applied_total_count"));
     assert!(!is_exported("container_spec_memory_limit_bytes"));
+    assert!(defined_in_source("counterd_worker_active"));
 }
 
 /// The one base of every runbook_url (README: how to set it to where you publish the docs).
