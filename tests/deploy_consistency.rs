@@ -389,36 +389,49 @@ fn no_applied_file_holds_a_secret_and_settings_roll_the_pods() {
     );
     for shape in Shape::all() {
         for c in shape.counterd() {
-            let env: BTreeMap<String, Option<String>> = env_of(c).into_iter().collect();
-            assert!(
-                !env.contains_key("COUNTERD_MONGODB_URI"),
-                "{}: the URI never in the environment (kubectl describe, /proc/*/environ)",
-                shape.name
-            );
-            // The URI file is the README's Secret's key, mounted.
-            let file = env["COUNTERD_MONGODB_URI_FILE"].clone().expect("a path");
-            let (mount, rest) = mount_of(c, &file).expect("the URI file is mounted");
-            let volume = volume_named(&shape, str_at(mount, "name").unwrap());
-            assert_eq!(str_at(&volume["secret"], "secretName"), Some(&*secret));
-            assert_eq!(rest, key, "{}: the file is the Secret's key", shape.name);
-            // The settings file is a generated ConfigMap's (its name gets the content's hash,
-            // and kustomize rewrites this reference: a settings change rolls the pods).
-            let file = env["COUNTERD_CONFIG"].clone().expect("a path");
-            let (mount, rest) = mount_of(c, &file).expect("the settings file is mounted");
-            let volume = volume_named(&shape, str_at(mount, "name").unwrap());
-            let map = str_at(&volume["configMap"], "name").expect("a ConfigMap volume");
-            assert!(
-                shape
-                    .generated
-                    .iter()
-                    .any(|(n, k, _)| n == map && *k == rest),
-                "{}: {file} is not a generated ConfigMap's key",
-                shape.name
-            );
-            for m in seq(c.get("volumeMounts")) {
-                assert_eq!(m["readOnly"].as_bool(), Some(true), "{}", shape.name);
-            }
+            assert_mounted_files(&shape, c, &secret, &key);
         }
+    }
+}
+
+/// counterd's URI and settings come from mounted files: the URI from the README's Secret's
+/// key (never from the environment: `kubectl describe`, /proc/*/environ), the settings from
+/// a generated ConfigMap (its name gets the content's hash and kustomize rewrites this
+/// reference, so a settings change rolls the pods); every mount read-only.
+fn assert_mounted_files(shape: &Shape, c: &Value, secret: &str, key: &str) {
+    let env: BTreeMap<String, Option<String>> = env_of(c).into_iter().collect();
+    let name = shape.name;
+    assert!(
+        !env.contains_key("COUNTERD_MONGODB_URI"),
+        "{name}: a URI in the environment"
+    );
+    let file = env["COUNTERD_MONGODB_URI_FILE"].clone().expect("a path");
+    let (mount, rest) = mount_of(c, &file).expect("the URI file is mounted");
+    let volume = volume_named(shape, str_at(mount, "name").unwrap());
+    assert_eq!(
+        str_at(&volume["secret"], "secretName"),
+        Some(secret),
+        "{name}"
+    );
+    assert_eq!(rest, key, "{name}: the URI file is the Secret's key");
+    let file = env["COUNTERD_CONFIG"].clone().expect("a path");
+    let (mount, rest) = mount_of(c, &file).expect("the settings file is mounted");
+    let volume = volume_named(shape, str_at(mount, "name").unwrap());
+    let map = str_at(&volume["configMap"], "name").expect("a ConfigMap volume");
+    let generated = shape
+        .generated
+        .iter()
+        .any(|(n, k, _)| n == map && *k == rest);
+    assert!(
+        generated,
+        "{name}: {file} is not a generated ConfigMap's key"
+    );
+    for m in seq(c.get("volumeMounts")) {
+        assert_eq!(
+            m["readOnly"].as_bool(),
+            Some(true),
+            "{name}: read-only mounts"
+        );
     }
 }
 
@@ -724,6 +737,31 @@ fn annotation_of<'a>(pod: &'a Value, key: &str) -> Option<&'a str> {
     str_at(&pod["metadata"]["annotations"], key)
 }
 
+/// counterd's container runs the image's non-root user, read-only and unprivileged, with a
+/// liveness probe that asks only whether the process serves HTTP (200 while parked).
+fn assert_container_is_safe(shape: &str, c: &Value, user: &str) {
+    let sc = &c["securityContext"];
+    let uid = sc["runAsUser"].as_u64().map(|u| u.to_string());
+    assert_eq!(
+        uid.as_deref(),
+        Some(user),
+        "{shape}: runAsUser is the image's USER"
+    );
+    assert_eq!(sc["runAsNonRoot"].as_bool(), Some(true), "{shape}");
+    assert_eq!(
+        sc["readOnlyRootFilesystem"].as_bool(),
+        Some(true),
+        "{shape}"
+    );
+    assert_eq!(
+        sc["allowPrivilegeEscalation"].as_bool(),
+        Some(false),
+        "{shape}"
+    );
+    let liveness = str_at(&c["livenessProbe"]["httpGet"], "path");
+    assert_eq!(liveness, Some("/healthz"), "{shape}: liveness on /healthz");
+}
+
 #[test]
 fn probes_and_scrapes_use_routed_paths_and_the_pod_is_safe() {
     let routed = counterd::http::ROUTES;
@@ -742,23 +780,7 @@ fn probes_and_scrapes_use_routed_paths_and_the_pod_is_safe() {
                     .into_iter()
                     .filter_map(|n| str_at(n.get("httpGet")?, "path").map(String::from)),
             );
-            let sc = &c["securityContext"];
-            let uid = sc["runAsUser"].as_u64().map(|u| u.to_string());
-            assert_eq!(
-                uid.as_deref(),
-                Some(user.as_str()),
-                "{}: runAsUser is the image's USER",
-                shape.name
-            );
-            assert_eq!(sc["runAsNonRoot"].as_bool(), Some(true), "{}", shape.name);
-            assert_eq!(sc["readOnlyRootFilesystem"].as_bool(), Some(true));
-            assert_eq!(sc["allowPrivilegeEscalation"].as_bool(), Some(false));
-            assert_eq!(
-                str_at(&c["livenessProbe"]["httpGet"], "path"),
-                Some("/healthz"),
-                "{}: liveness asks only whether the process serves HTTP (200 while parked)",
-                shape.name
-            );
+            assert_container_is_safe(shape.name, c, &user);
         }
     }
     // The standalone pod is counterd's own: service links off (a Service named counterd-…
