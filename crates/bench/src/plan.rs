@@ -68,6 +68,13 @@ pub struct Args {
     /// what the README quotes.
     #[arg(long, value_parser = ["speed", "lag", "partitions", "rss", "reconcile", "memory", "mixed", "no-io"])]
     pub only: Vec<String>,
+    /// Runs of each side of worker ÷ bulk (phase 2), alternating: the median of each is kept.
+    #[arg(long, default_value_t = 3)]
+    pub speed_runs: usize,
+    /// Pairs of catch-ups (inserts-only, then the outage backlog) of phase X, alternating: the
+    /// pair of the median ratio is reported.
+    #[arg(long, default_value_t = 1)]
+    pub mixed_runs: usize,
     /// Instead of the benchmark, a chaos soak of this long (`90s`, `2m`, `30m`, `1h`): load,
     /// random faults, an exactness check at every caught-up moment (see `soak`). Writes its
     /// summary to `--out` (default then `target/soak.json`).
@@ -103,6 +110,10 @@ pub struct Plan {
     /// Events of the partition phase: a fifth of `events` (at least 1 000). Its figure, ledger
     /// writes per event, does not depend on the size, and every partition reads every event.
     pub partition_events: usize,
+    /// Worker runs and bulk replays of phase 2, alternating (`--speed-runs`).
+    pub speed_runs: usize,
+    /// Pairs of catch-ups of phase X (`--mixed-runs`).
+    pub mixed_runs: usize,
 }
 
 impl Plan {
@@ -129,6 +140,8 @@ impl Plan {
             zipf_exponent: ZIPF_EXPONENT,
             partitions: PARTITIONS,
             partition_events: (events / 5).max(1_000),
+            speed_runs: args.speed_runs.max(1),
+            mixed_runs: args.mixed_runs.max(1),
         }
     }
 }

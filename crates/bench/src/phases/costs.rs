@@ -308,7 +308,8 @@ pub async fn costs_phase(
 /// the ratio is the worker's overhead over the writes it must make.
 ///
 /// Both sides vary from run to run on a shared machine (a replay took 7.3-8.3 s, the worker
-/// 9.3-10.6 s, in consecutive runs of the same build), so each is the median of three, taken
+/// 9.3-10.6 s, in consecutive runs of the same build), so each is the median of three
+/// (`--speed-runs`, default 3), taken
 /// alternately (replay, worker, replay, worker, replay) so that a machine that slows down or
 /// speeds up meanwhile does so for both: `worker_secs` (phase 2's run) and two more. The
 /// recording run is not one of them: its store copies every write, which its time includes.
@@ -331,7 +332,8 @@ async fn same_writes(
     );
     let mut worker_secs = vec![worker_secs];
     let mut replays_secs = Vec::new();
-    for round in 0..3 {
+    let rounds = plan.speed_runs.max(1);
+    for round in 0..rounds {
         let target = bench.store("same_writes").await?;
         // The server the worker wrote to held the backlog; the replay's holds it too, so that
         // both write to a server of one size.
@@ -347,7 +349,7 @@ async fn same_writes(
         );
         bench.drop_db(&target).await;
         replays_secs.push(secs);
-        if round < 2 {
+        if round + 1 < rounds {
             let again = bench.store("worker_again").await?;
             let worker = worker_over_backlog(bench, &again, plan, posts).await?;
             say!("same writes: the worker once more: {:.2} s", worker.secs);
