@@ -120,7 +120,11 @@ where
                     .await
                 {
                     Ok(Some(epoch)) => break (epoch, slot),
-                    Ok(None) => status.reached(),
+                    Ok(None) => {
+                        // Another worker holds the stream: this one is a healthy standby.
+                        status.reached();
+                        status.resumed();
+                    }
                     Err(e) if e.is_transient() => {
                         // Retried at the next look (every `renew`, jittered), at start-up as
                         // later.

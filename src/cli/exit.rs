@@ -65,6 +65,7 @@ fn daemon_code(e: &DaemonError) -> u8 {
         ) => store_code(source),
         DaemonError::Lease(LeaseError::Panicked { .. } | LeaseError::Cancelled { .. }) => MONGODB,
         DaemonError::Config(_) => USAGE,
+        DaemonError::SourceMissing { .. } => STREAM,
     }
 }
 

@@ -7,6 +7,7 @@
 //!   lost reply while creating indexes) and stop only on errors no retry mends;
 //! - `streams`: the supervisor of the streams (sources and partitions) of the process.
 
+mod park;
 mod settings;
 mod startup;
 mod streams;
@@ -40,6 +41,10 @@ pub enum DaemonError {
     /// The settings do not hold together (the `[[counters]]` definitions).
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
+    /// The source collection is gone although counters were counted from it (checked by the
+    /// stream's lease holder before it reads; a condition that parks the stream).
+    #[error("the source collection `{collection}` of stream `{stream}` does not exist, although counters were counted from it")]
+    SourceMissing { stream: String, collection: String },
 }
 
 impl ActiveError for DaemonError {

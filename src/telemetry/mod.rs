@@ -47,6 +47,8 @@ pub const STREAM_STALL: &str = "counterd_stream_stall_seconds";
 pub const WORKER_ACTIVE: &str = "counterd_worker_active";
 pub const LEASE_RENEWED_TIMESTAMP: &str = "counterd_lease_renewed_timestamp_seconds";
 pub const LEASE_TAKEOVERS: &str = "counterd_lease_takeovers_total";
+/// 1 while a stream is parked for `reason` (see [`crate::status::ParkReason`]), 0 otherwise.
+pub const PARKED: &str = "counterd_parked";
 // --- the reconciler (label: stream; runs also by kind) ------------------------------------
 pub const RECONCILE_RUNS: &str = "counterd_reconcile_runs_total";
 pub const RECONCILE_DURATION: &str = "counterd_reconcile_run_duration_seconds";

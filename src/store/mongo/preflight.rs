@@ -86,6 +86,24 @@ impl MongoStore {
         }
     }
 
+    /// Whether the source collection (`comments`, or a `[[sources]]` entry's) exists now.
+    pub async fn comments_exist(&self) -> StoreResult<bool> {
+        let reply = self
+            .db
+            .run_command(doc! {
+                "listCollections": 1,
+                "filter": {"name": self.comments.name()},
+                "nameOnly": true,
+            })
+            .observed("list the source collection")
+            .await?;
+        Ok(reply
+            .get_document("cursor")
+            .ok()
+            .and_then(|c| c.get_array("firstBatch").ok())
+            .is_some_and(|b| !b.is_empty()))
+    }
+
     /// The comments collection's `listCollections` entry (`None`: it does not exist).
     async fn comments_entry(&self) -> Result<Option<Document>, String> {
         let reply = self
