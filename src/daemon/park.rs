@@ -87,7 +87,7 @@ pub(super) fn advice(
                 .map(|t| format!(" at {}", seconds_rfc3339(t.time as i64)))
                 .unwrap_or_default();
             format!(
-                "stream {streams} parked (stream_ended): its change stream ended with a `{}` event{at}: `{collection}` was dropped or renamed, or the stream invalidated; nothing after it is counted and nothing is guessed. To recover: restore or recreate `{collection}`, run `counterd{source} replay --from-time {}` ({resume}), then `counterd{source} reconcile --sweep` once to recount every post",
+                "stream {streams} parked (stream_ended): its change stream ended (event `{}`{at}): `{collection}` was dropped or renamed, or the stream invalidated; nothing after it is counted and nothing is guessed. To recover: restore or recreate `{collection}`, run `counterd{source} replay --from-time {}` ({resume}), then `counterd{source} reconcile --sweep` once to recount every post",
                 end.operation,
                 crate::classify::replay_from(&end.at)
             )
@@ -188,7 +188,9 @@ pub(super) async fn until_worth_trying(
         match position(wait.store, wait.stream).await {
             Ok(now) if parked_at.as_ref().is_some_and(|p| *p != now) => {
                 tracing::info!(stream = %wait.stream, "the parked stream's checkpoint moved: trying again");
-                return Some(wait.store.clone());
+                // On a new connection: nothing of the ended stream's (its cursors, a server's
+                // memory of them) is carried over.
+                return Some(reconnect(wait.settings).await.unwrap_or(wait.store.clone()));
             }
             Ok(now) => parked_at = Some(now),
             Err(e) => {
@@ -202,19 +204,7 @@ pub(super) async fn until_worth_trying(
 /// `None` (still there).
 async fn recheck(wait: &Wait<'_>) -> Option<Arc<MongoStore>> {
     match wait.reason {
-        ParkReason::Credentials => {
-            let settings = Settings {
-                mongodb_uri: current_uri(wait.settings),
-                ..wait.settings.clone()
-            };
-            match MongoStore::connect(&(&settings).into()).await {
-                Ok(store) => Some(Arc::new(store)),
-                Err(e) => {
-                    tracing::info!(stream = %wait.stream, error = %redacted(&e.to_string(), &settings), "parked (credentials): still cannot log in");
-                    None
-                }
-            }
-        }
+        ParkReason::Credentials => reconnect(wait.settings).await,
         _ => match wait.store.comments_exist().await {
             Ok(true) => {
                 tracing::info!(stream = %wait.stream, collection = %wait.settings.comments_collection, "the parked stream's collection is back: trying again");
@@ -226,6 +216,22 @@ async fn recheck(wait: &Wait<'_>) -> Option<Arc<MongoStore>> {
                 None
             }
         },
+    }
+}
+
+/// A new connection with the connection string as it is now (`mongodb_uri_file` read
+/// again); `None` (said at info) when it cannot be made.
+async fn reconnect(settings: &Settings) -> Option<Arc<MongoStore>> {
+    let settings = Settings {
+        mongodb_uri: current_uri(settings),
+        ..settings.clone()
+    };
+    match MongoStore::connect(&(&settings).into()).await {
+        Ok(store) => Some(Arc::new(store)),
+        Err(e) => {
+            tracing::info!(error = %redacted(&e.to_string(), &settings), "parked: cannot connect yet");
+            None
+        }
     }
 }
 
@@ -285,7 +291,7 @@ mod tests {
         };
         let said = advice(ParkReason::StreamEnded, &ended, &settings, "`comments`");
         assert!(
-            said.contains("`rename` event at 2023-11-14T22:13:20Z")
+            said.contains("(event `rename` at 2023-11-14T22:13:20Z)")
                 && said.contains("counterd replay --from-time 2023-11-14T22:13:21Z"),
             "{said}"
         );
