@@ -369,6 +369,12 @@ async fn history_lost_under_fail_parks_the_stream_until_replay() {
     }
     let mut d = s.daemon("park_history1", &[("COUNTERD_ON_HISTORY_LOST", "fail")]);
     wait_parked(&mut d, "comments", "history_lost").await;
+    // `counterd status` (which reads the database, not the process) says so too.
+    eventually("`counterd status` shows the parked stream", || async {
+        let o = s.counterd(&["status"]);
+        String::from_utf8_lossy(&o.stdout).contains("PARKED          history_lost since")
+    })
+    .await;
     // The other source keeps counting.
     s.like(4).await;
     s.wait_likes_exact().await;
@@ -376,6 +382,12 @@ async fn history_lost_under_fail_parks_the_stream_until_replay() {
     s.comment(3).await;
     s.ok(&["replay", "--from-time", &rfc3339(from)]);
     wait_resumed(&d, "comments", "history_lost").await;
+    let o = s.counterd(&["status"]);
+    assert!(
+        !String::from_utf8_lossy(&o.stdout).contains("PARKED"),
+        "the note went with the lease: {}",
+        String::from_utf8_lossy(&o.stdout)
+    );
     s.comment(2).await;
     s.t.wait_exact(&posts(), WITHIN).await;
 }

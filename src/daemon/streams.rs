@@ -312,6 +312,13 @@ impl StreamJob {
             } else {
                 tracing::info!(stream = %self.stream, reason = reason.label(), error = %error, "still parked");
             }
+            // For `counterd status`: the lease (released) says why nobody holds it.
+            if let Err(e) = store
+                .note_parked(&self.stream, &self.lease.owner, reason.label())
+                .await
+            {
+                tracing::debug!(stream = %self.stream, error = %e, "cannot note the parked stream on its lease");
+            }
             let wait = park::Wait {
                 reason,
                 stream: &self.stream,
