@@ -181,7 +181,11 @@ where
         status.reached();
         status.active.store(true, Ordering::Relaxed);
         metrics::gauge!(m::WORKER_ACTIVE, "stream" => label.clone()).set(1.0);
-        metrics::counter!(m::LEASE_TAKEOVERS, "stream" => label.clone()).increment(1);
+        // A parked stream trying again takes back the lease it released: not a takeover (its
+        // retries would read as a flapping lease).
+        if status.parked().is_none() {
+            metrics::counter!(m::LEASE_TAKEOVERS, "stream" => label.clone()).increment(1);
+        }
         metrics::gauge!(m::LEASE_RENEWED_TIMESTAMP, "stream" => label.clone())
             .set(now_ms as f64 / 1000.0);
 

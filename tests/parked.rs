@@ -453,6 +453,17 @@ async fn a_refused_privilege_parks_the_stream_until_it_is_granted() {
     s.like(4).await;
     s.wait_likes_exact().await;
     s.comment(3).await;
+    // Re-checked with backoff: each retry takes back the lease it released, which is not a
+    // takeover (the lease would read as flapping).
+    eventually("retried a few times", || async {
+        proxy.stats().refused >= 3
+    })
+    .await;
+    let (_, metrics) = d.get("/metrics").await.unwrap();
+    assert!(
+        metrics.contains("counterd_lease_takeovers_total{stream=\"comments\"} 1\n"),
+        "{metrics}"
+    );
     proxy.clear();
     wait_resumed(&d, "comments", "credentials").await;
     s.comment(3).await;
