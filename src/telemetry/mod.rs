@@ -84,7 +84,7 @@ pub const MEMORY_BUDGET: &str = "counterd_memory_budget_bytes";
 pub const MEMORY_IN_USE: &str = "counterd_memory_in_use_bytes";
 
 /// Every counterd metric name, for documentation, the deploy checks and the scrape test.
-pub const ALL: [&str; 47] = [
+pub const ALL: [&str; 48] = [
     EVENTS_APPLIED,
     BAD_EVENTS,
     UNATTRIBUTABLE_EVENTS,
@@ -102,6 +102,7 @@ pub const ALL: [&str; 47] = [
     WORKER_ACTIVE,
     LEASE_RENEWED_TIMESTAMP,
     LEASE_TAKEOVERS,
+    PARKED,
     RECONCILE_RUNS,
     RECONCILE_DURATION,
     LAST_RECONCILE_TIMESTAMP,
