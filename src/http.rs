@@ -1,5 +1,6 @@
-//! HTTP endpoints: `/metrics` (Prometheus text), `/healthz` (process alive), `/readyz` (the
-//! process reaches MongoDB; an active stream is open, made progress recently and is not too far
+//! HTTP endpoints: `/metrics` (Prometheus text), `/healthz` (process alive, parked streams
+//! included: a restart would meet the same wall), `/readyz` (no stream is parked; the process
+//! reaches MongoDB; an active stream is open, made progress recently and is not too far
 //! behind; a standby is ready to take over, so it answers ready too).
 //!
 //! Everything about time is computed when the endpoint is asked, from the timestamps the

@@ -1,11 +1,14 @@
 //! The sidecar assembled from [`Settings`]: HTTP endpoints, then, per stream (of each source),
-//! a lease, a worker and a reconcile loop, until shutdown or the first fatal error. `counterd run` and
-//! `counterd demo` start it; the other commands borrow its settings mapping.
+//! a lease, a worker and a reconcile loop, until shutdown or the first fatal error. A condition
+//! no retry mends parks its stream instead (`on_fatal = "park"`, the default: see `park`).
+//! `counterd run` and `counterd demo` start it; the other commands borrow its settings mapping.
 //!
 //! - `settings`: each component's settings (and defaults) from the configuration;
 //! - `startup`: start-up steps that ride through transient errors (an unreachable server, a
 //!   lost reply while creating indexes) and stop only on errors no retry mends;
-//! - `streams`: the supervisor of the streams (sources and partitions) of the process.
+//! - `streams`: the supervisor of the streams (sources and partitions) of the process;
+//! - `park`: which errors park a stream, the ERROR line that says what to do, and the re-checks
+//!   that resume it.
 
 mod park;
 mod settings;
@@ -57,7 +60,8 @@ impl ActiveError for DaemonError {
 }
 
 /// Serves the HTTP endpoints and runs every stream of the configuration until `shutdown` or
-/// the first fatal error (which stops the endpoints too: the exit code says why).
+/// the first fatal error that does not park its stream (which stops the endpoints too: the exit
+/// code says why).
 pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<(), DaemonError> {
     let metrics = crate::http::install_metrics();
     let statuses = statuses_for(&settings)?;
