@@ -295,6 +295,8 @@ async fn a_dropped_comments_collection_parks_its_stream_until_replay() {
             "a_dropped_comments_collection_parks_its_stream_until_replay (its exact end)",
             "the test server invalidates any resume by token on a collection it ever dropped",
         );
+        // Parked or not, SIGTERM stops it cleanly.
+        assert_eq!(d.terminate(), Some(0));
         return;
     }
     wait_resumed(&d, "comments", "stream_ended").await;
