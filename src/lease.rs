@@ -240,8 +240,9 @@ where
         status.active.store(false, Ordering::Relaxed);
         status.stream_open.store(false, Ordering::Relaxed);
         metrics::gauge!(m::WORKER_ACTIVE, "stream" => label).set(0.0);
-        // Released on shutdown, and when the work failed for good (the process stops): a
-        // standby, or an operator's `replay`, need not wait for it to lapse.
+        // Released on shutdown, and when the work failed for good (the process stops, or the
+        // stream parks: see `daemon::park`): a standby, or an operator's `replay`, need not
+        // wait for it to lapse.
         let fenced = result.as_ref().is_err_and(E::is_fenced);
         if shutdown.requested() || (result.is_err() && !fenced) {
             let _ = store

@@ -567,3 +567,37 @@ fn a_bad_uri_file_or_the_placeholder_password_exits_2() {
     assert_eq!(code, Some(2), "{said}");
     assert!(said.contains("set only one of them"), "{said}");
 }
+
+/// `counterd config` with the URI in a file: the URI shown redacted and commented out (its
+/// origin the file), so that the output read back as a settings file is accepted.
+#[test]
+fn config_shows_the_uri_read_from_its_file_and_stays_a_settings_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("uri");
+    std::fs::write(&file, "mongodb://counterd:s3cr3t-pw@db.invalid:27017/\n").unwrap();
+    let file = file.to_string_lossy().into_owned();
+    let config = |args: &[&str], env: &[(&str, &str)]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_counterd"));
+        cmd.args(args)
+            .env_remove("COUNTERD_CONFIG")
+            .env_remove("COUNTERD_MONGODB_URI");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.output().unwrap()
+    };
+    let o = config(&["config"], &[("COUNTERD_MONGODB_URI_FILE", &file)]);
+    let shown = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "{shown}");
+    assert!(!shown.contains("s3cr3t-pw"), "{shown}");
+    assert!(
+        shown.contains("# mongodb_uri = \"mongodb://counterd:***@db.invalid:27017/\"")
+            && shown.contains(&format!("file {file} (mongodb_uri_file")),
+        "{shown}"
+    );
+    let again = dir.path().join("effective.toml");
+    std::fs::write(&again, &shown).unwrap();
+    let again = again.to_string_lossy().into_owned();
+    let o = config(&["config", "--check"], &[("COUNTERD_CONFIG", &again)]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
