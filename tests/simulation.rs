@@ -171,6 +171,7 @@ fn definitions() -> Vec<counterd::definition::Definition> {
             condition: counterd::condition::Condition::parse(&condition)
                 .expect("a condition of the supported subset"),
             collection: format!("{name}_counters"),
+            kind: counterd::definition::Kind::Count,
         };
     vec![
         definition("per_author", "author_id", bson::doc! {}),
@@ -613,7 +614,7 @@ async fn accounted(
             let mut got: Vec<(PostId, i64)> = report
                 .corrections
                 .iter()
-                .map(|c| (c.post.clone(), c.drift))
+                .map(|c| (c.post.clone(), c.drift.as_i64()))
                 .collect();
             let mut want = installed;
             got.sort();
@@ -952,9 +953,9 @@ fn check_other_definitions(s: &State, when: &str) -> Result<(), String> {
         groups.sort();
         groups.dedup();
         for group in groups {
-            let want = truth.get(group).copied().unwrap_or(0);
-            let (shown, count) = displayed.get(group).copied().unwrap_or((0, 0));
-            if shown != want || count != shown {
+            let want = truth.get(group).copied().unwrap_or_default();
+            let (shown, count) = displayed.get(group).copied().unwrap_or_default();
+            if shown.differs(want) || count.differs(shown) {
                 return Err(format!(
                     "definition #{} ({}), group {group} {when}: displays {shown} (count {count}), its truth is {want}",
                     counter.0,
@@ -1163,8 +1164,10 @@ impl Sim {
         }
         for counter in s.memory.counter_ixs().into_iter().skip(1) {
             for (group, c) in s.memory.counters_of(counter).into_iter().flatten() {
-                let sum: i64 = c.buckets.values().sum();
-                if c.count != c.displayed() || (sum != c.live_delta && !self.seed_fold()) {
+                let sum: counterd::num::Num = c.buckets.values().sum();
+                if c.count.differs(c.displayed())
+                    || (sum.differs(c.live_delta) && !self.seed_fold())
+                {
                     return Err(format!(
                         "definition #{} counter {group}: count {}, base_count {} + live_delta {}, buckets {:?}",
                         counter.0, c.count, c.base_count, c.live_delta, c.buckets

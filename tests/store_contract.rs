@@ -11,6 +11,7 @@ use bson::{Bson, DateTime};
 use counterd::batch::{CounterDelta, LedgerUpdate};
 use counterd::event::{CommentId, PostId, Row, Token};
 use counterd::fold::Fold;
+use counterd::num::Num;
 use counterd::recount::{LedgerAt, LOG_ENTRIES};
 use counterd::store::prelude::*;
 use counterd::store::{CounterDoc, DirtyOrder, Fence, PendingBatch, StoreError};
@@ -36,8 +37,8 @@ fn delta(p: i64, d: i64) -> CounterDelta {
     CounterDelta {
         counter: counterd::definition::CounterIx::DEFAULT,
         post: post(p),
-        delta: d,
-        buckets: BTreeMap::from([(0, d)]),
+        delta: Num::Int(d),
+        buckets: BTreeMap::from([(0, Num::Int(d))]),
         touched: BTreeSet::from([0]),
         comments: Some(vec![comment(p * 100)]),
     }
@@ -68,7 +69,7 @@ async fn shown<S: Store>(store: &S, p: i64) -> Option<i64> {
         .read_counter(&post(p))
         .await
         .unwrap()
-        .map(|c| c.shown())
+        .map(|c| c.shown().as_i64())
 }
 
 async fn ledger_state<S: Store>(store: &S, c: i64) -> Option<Option<Row>> {
@@ -222,13 +223,13 @@ async fn older_epochs_are_fenced_out<S: Store>(store: &S) {
 fn fold(base_count: i64) -> Fold {
     Fold {
         watermark: 100,
-        base_count,
-        live_delta: 0,
+        base_count: Num::Int(base_count),
+        live_delta: Num::ZERO,
         kept: BTreeMap::new(),
         dropped: vec![0],
-        wrong: 0,
-        right: base_count,
-        drift: 0,
+        wrong: Num::ZERO,
+        right: Num::Int(base_count),
+        drift: Num::ZERO,
     }
 }
 
@@ -714,6 +715,7 @@ fn schema_with_definitions() -> counterd::schema::Schema {
             group: group.into(),
             condition: counterd::condition::Condition::parse(&condition).unwrap(),
             collection: format!("{name}_counters"),
+            kind: counterd::definition::Kind::Count,
         };
     counterd::schema::Schema {
         counters: vec![
@@ -731,14 +733,8 @@ async fn ledger_keeps_every_definitions_verdict<S: Store>(store: &S) {
     let f = fence(1);
     let mut state = row(1);
     state.members = vec![
-        Member {
-            group: Some(post(1)),
-            matches: false,
-        },
-        Member {
-            group: Some(PostId::Str("ann".into())),
-            matches: true,
-        },
+        Member::counting(Some(post(1)), false),
+        Member::counting(Some(PostId::Str("ann".into())), true),
     ];
     store
         .write_ledger(&f, &[update(1, Some(state.clone()))], &token(10), 0)

@@ -21,6 +21,11 @@ pub struct Args {
 
 pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     let (settings, counter) = args.counter.resolve(settings)?;
+    // A sum's numbers are in its field's units (the true value is the `$sum` of the rows).
+    let summed = settings
+        .definitions()?
+        .get(counter)
+        .and_then(|d| d.kind.field().map(String::from));
     // The definition's view: its counters, dirty set and count queries.
     let store = std::sync::Arc::new(connect(&settings).await?.for_counter(counter));
     let post = PostId::parse(&args.post);
@@ -46,7 +51,8 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         "post": post.to_string(),
         "displayed": observation.displayed,
         "true_count": observation.truth,
-        "difference": observation.mismatch().unwrap_or(0),
+        "difference": observation.mismatch().unwrap_or_default(),
+        "sum_of": summed,
         "in_flight": observation.truth.is_none() && !snapshotting,
         "snapshot_running": snapshotting,
         "dirty": dirty,
@@ -66,6 +72,9 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     outln!("post            {post}");
+    if let Some(field) = &summed {
+        outln!("sum of          `{field}` (every number below is in its units; true count = the rows' $sum)");
+    }
     outln!(
         "displayed       {}   (count; base {} + live {})",
         counter.shown(),

@@ -1,6 +1,7 @@
 //! [`Counters`] over the counters collection: guarded increments and conditional fold installs.
 
 use super::*;
+use crate::num::Num;
 
 /// Type brackets of BSON sort order that post ids may have, in order.
 pub(super) fn later_types(post: &PostId) -> Vec<&'static str> {
@@ -296,10 +297,20 @@ pub(super) fn by_counter<T>(
 
 /// The `$inc` of one counter write: `live_delta`, each bucket, and `count`, which moves with
 /// `live_delta` in the same write so readers never see it apart from `base_count + live_delta`.
-fn increments(delta: i64, buckets: &BTreeMap<BucketStart, i64>) -> RawDocumentBuf {
-    let mut inc = rawdoc! {"live_delta": delta, "count": delta};
+/// A sum's amounts go as doubles once they are: `$inc` of a double on an integer field makes
+/// it a double, as `$sum` over the rows would.
+fn increments(delta: Num, buckets: &BTreeMap<BucketStart, Num>) -> RawDocumentBuf {
+    let mut inc = rawdoc! {"live_delta": raw_num(delta), "count": raw_num(delta)};
     for (bucket, amount) in buckets {
-        inc.append(format!("live_by_bucket.{bucket}"), *amount);
+        inc.append(format!("live_by_bucket.{bucket}"), raw_num(*amount));
     }
     inc
+}
+
+/// A counter's number as stored: an Int64 or a Double.
+pub(super) fn raw_num(n: Num) -> RawBson {
+    match n {
+        Num::Int(i) => RawBson::Int64(i),
+        Num::Double(d) => RawBson::Double(d),
+    }
 }

@@ -151,6 +151,8 @@ pub(super) struct Place<'a> {
     pub group: &'a str,
     /// What its rows must satisfy beyond being live (`None`: nothing).
     pub condition: Option<&'a crate::condition::Condition>,
+    /// The field a sum adds up (`None`: a count).
+    pub sum: Option<&'a str>,
 }
 
 impl CounterViews for MongoStore {
@@ -254,6 +256,7 @@ impl MongoStore {
                 dirty: self.names.dirty.clone(),
                 group: &self.schema.group,
                 condition: None,
+                sum: None,
             });
         }
         let definition = self
@@ -266,6 +269,7 @@ impl MongoStore {
             dirty: self.names.dirty_of(&definition.name),
             group: &definition.group,
             condition: (!definition.condition.is_empty()).then_some(&definition.condition),
+            sum: definition.kind.field(),
         })
     }
 
