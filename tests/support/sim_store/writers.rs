@@ -109,7 +109,54 @@ impl State {
             }
             row.insert("approved", self.rng.random_bool(0.5));
         }
+        if self.sums() {
+            // Drawn only where sums are kept, so the other seeds' writes stay what they were.
+            if let Some(rating) = self.rating() {
+                row.insert("rating", rating);
+            }
+            row.insert("score", self.rng.random_range(-4..=10) as f64 / 2.0);
+        }
         row
+    }
+
+    /// Whether a counter definition of this seed is a sum.
+    fn sums(&self) -> bool {
+        self.memory
+            .definitions
+            .iter()
+            .any(|d| d.kind.field().is_some())
+    }
+
+    /// A rating as applications write them: mostly an integer, sometimes a half, missing (adds
+    /// nothing) or a string (adds nothing and is a bad event).
+    fn rating(&mut self) -> Option<Bson> {
+        match self.rng.random_range(0..20) {
+            0 => None,
+            1 => Some(Bson::String("n/a".into())),
+            2..=4 => Some(Bson::Double(self.rng.random_range(1..=10) as f64 / 2.0)),
+            _ => Some(Bson::Int32(self.rng.random_range(1..=5))),
+        }
+    }
+
+    /// A change of a summed value: a new rating (or none, or a string), a new score.
+    fn sum_change(&mut self, id: i64) -> &'static str {
+        if self.rng.random_bool(0.5) {
+            let score = self.rng.random_range(-4..=10) as f64 / 2.0;
+            self.update(id, doc! {"score": score}, &[]);
+            self.stat("change score of");
+            return "change score of";
+        }
+        match self.rating() {
+            Some(rating) => {
+                self.update(id, doc! {"rating": rating}, &[]);
+                self.stat("change rating of");
+                "change rating of"
+            }
+            None => {
+                self.update(id, doc! {}, &["rating"]);
+                "remove rating of"
+            }
+        }
     }
 
     /// A change to what only the other counter definitions read: approve, unapprove, another
@@ -235,7 +282,11 @@ impl State {
                 "hard delete"
             }
             75..=88 if !self.memory.definitions.is_empty() && self.rng.random_bool(0.7) => {
-                self.definition_change(id)
+                if self.sums() && self.rng.random_bool(0.5) {
+                    self.sum_change(id)
+                } else {
+                    self.definition_change(id)
+                }
             }
             75..=88 => {
                 let body = format!("b{}", self.rng.random_range(0..1000));
