@@ -72,14 +72,35 @@ pub enum Kind {
     /// The value of `field` (a dotted path), by MongoDB's numeric rules ([`Num`]): a missing
     /// or null field adds 0, as `$sum` does; any other non-number adds 0 and is reported.
     Sum { field: String },
+    /// The rows a sum adds up (`with_count = true` on the sum `of`): a count with the sum's
+    /// group and condition whose counter lives in the sum's counter document, under
+    /// [`ROWS_FIELD`] (`{_id, count: <sum>, rows: {count: <rows>, ...}}`), so that an average
+    /// is two exact numbers in one read. Everything else about it is a count's.
+    Rows { of: String },
 }
+
+/// The sub-document of a sum's counter document that holds its row count (`with_count`).
+pub const ROWS_FIELD: &str = "rows";
+
+/// The suffix of the name of a sum's row count (`rating_sum` → `rating_sum_rows`): its
+/// `--counter` name, metric label and dirty set.
+pub const ROWS_SUFFIX: &str = "_rows";
 
 impl Kind {
     /// The summed field, for a sum.
     pub fn field(&self) -> Option<&str> {
         match self {
-            Kind::Count => None,
+            Kind::Count | Kind::Rows { .. } => None,
             Kind::Sum { field } => Some(field),
+        }
+    }
+
+    /// Where the counter's fields live in its document: at the top (`""`), or under
+    /// [`ROWS_FIELD`] for a sum's row count (`"rows."`).
+    pub fn field_prefix(&self) -> &'static str {
+        match self {
+            Kind::Rows { .. } => "rows.",
+            Kind::Count | Kind::Sum { .. } => "",
         }
     }
 }

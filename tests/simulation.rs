@@ -183,7 +183,8 @@ fn definitions() -> Vec<counterd::definition::Definition> {
 }
 
 /// The sums of the `sums` variant: the ratings per author (integers, halves, missing values and
-/// strings, which add nothing) and the scores of approved comments per post (halves).
+/// strings, which add nothing) with their row count (`with_count`), and the scores of approved
+/// comments per post (halves).
 fn sums() -> Vec<counterd::definition::Definition> {
     let sum = |name: &str, group: &str, field: &str, condition: bson::Document| {
         counterd::definition::Definition {
@@ -197,8 +198,16 @@ fn sums() -> Vec<counterd::definition::Definition> {
             },
         }
     };
+    let rows = counterd::definition::Definition {
+        name: "rating_per_author_rows".into(),
+        kind: counterd::definition::Kind::Rows {
+            of: "rating_per_author".into(),
+        },
+        ..sum("rating_per_author", "author_id", "rating", bson::doc! {})
+    };
     vec![
         sum("rating_per_author", "author_id", "rating", bson::doc! {}),
+        rows,
         sum(
             "approved_score",
             "post_id",

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use super::validate::collection_name_problem;
 use super::{ConfigError, Settings};
 use crate::condition::Condition;
-use crate::definition::{Definition, Definitions, Kind, DEFAULT_COUNTER};
+use crate::definition::{Definition, Definitions, Kind, DEFAULT_COUNTER, ROWS_SUFFIX};
 
 /// `kind` of a `[[counters]]` entry.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -133,6 +133,18 @@ impl Settings {
             };
             let kind =
                 entry_kind(entry).map_err(|(field, value, message)| bad(field, value, message))?;
+            if entry.with_count
+                && self.counters.iter().any(|e| {
+                    e.name == format!("{}{ROWS_SUFFIX}", entry.name)
+                        || e.name == format!("{}{ROWS_SUFFIX}", self.counter_name)
+                })
+            {
+                return Err(bad(
+                    "name",
+                    entry.name.clone(),
+                    format!("with_count names the sum's row count `{}{ROWS_SUFFIX}`, which another counter uses", entry.name),
+                ));
+            }
             if let Some(problem) = collection_name_problem(&entry.collection) {
                 return Err(bad("collection", entry.collection.clone(), problem.into()));
             }
@@ -148,6 +160,15 @@ impl Settings {
                     "already used: by comments_collection, counters_collection, another counter, or counterd's own collections (collection_prefix)".into(),
                 ));
             }
+            let rows = entry.with_count.then(|| Definition {
+                name: format!("{}{ROWS_SUFFIX}", entry.name),
+                group: entry.group_field.clone(),
+                condition: condition.clone(),
+                collection: entry.collection.clone(),
+                kind: Kind::Rows {
+                    of: entry.name.clone(),
+                },
+            });
             more.push(Definition {
                 name: entry.name.clone(),
                 group: entry.group_field.clone(),
@@ -155,6 +176,8 @@ impl Settings {
                 collection: entry.collection.clone(),
                 kind,
             });
+            // The row count right after its sum: its counters share the sum's documents.
+            more.extend(rows);
         }
         Ok(Definitions::new(default, more))
     }
@@ -384,9 +407,18 @@ mod tests {
             "#,
         )
         .unwrap();
-        let (_, sum) = all.by_name("rating_sum").unwrap();
+        let (ix, sum) = all.by_name("rating_sum").unwrap();
         assert_eq!(sum.kind.field(), Some("review.rating"));
         assert!(sum.read_paths().contains(&"review.rating"));
+        // with_count: the sum's row count, right after it, in the same collection.
+        let (rows_ix, rows) = all.by_name("rating_sum_rows").unwrap();
+        assert_eq!(rows_ix.0, ix.0 + 1);
+        assert_eq!(rows.collection, "product_ratings");
+        assert_eq!(
+            (rows.group.as_str(), rows.kind.field()),
+            ("product_id", None)
+        );
+        assert_eq!(rows.kind.field_prefix(), "rows.");
         let entry = |kind: &str, field: &str, with_count: &str| {
             format!("[[counters]]\nname = \"s\"\ngroup_field = \"post_id\"\ncollection = \"s_counters\"\n{kind}\n{field}\n{with_count}\n")
         };
