@@ -259,9 +259,16 @@ impl Definitions {
 
 impl fmt::Display for Definition {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.kind.field() {
-            None => write!(f, "{}: per `{}`", self.name, self.group)?,
-            Some(field) => write!(f, "{}: sum of `{field}` per `{}`", self.name, self.group)?,
+        match &self.kind {
+            Kind::Count => write!(f, "{}: per `{}`", self.name, self.group)?,
+            Kind::Sum { field } => {
+                write!(f, "{}: sum of `{field}` per `{}`", self.name, self.group)?
+            }
+            Kind::Rows { of } => write!(
+                f,
+                "{}: the rows `{of}` adds up, per `{}`",
+                self.name, self.group
+            )?,
         }
         if !self.condition.is_empty() {
             write!(f, " where {}", self.condition.to_filter())?;

@@ -8,7 +8,7 @@ mod load;
 mod sources;
 mod validate;
 
-pub use counters::CounterSetting;
+pub use counters::{CounterKind, CounterSetting};
 pub use load::{is_service_link, Loaded, Override};
 pub use sources::SourceSetting;
 
