@@ -164,7 +164,7 @@ impl Memory {
             .values()
             .filter(|r| {
                 self.facts(counter, r).is_some_and(|(p, created, live)| {
-                    &p == post && live && !created.is_some_and(|c| c.timestamp_millis() >= below)
+                    &p == post && live && created.is_none_or(|c| c.timestamp_millis() < below)
                 })
             })
             .map(|r| self.amount(counter, r))
