@@ -377,6 +377,12 @@ async fn sums_and_their_row_counts_stay_exact_under_kill_9_and_drift_is_correcte
     let displayed = got["displayed"].as_f64().unwrap();
     assert!((displayed - want.as_f64()).abs() < 1e-9, "{got} vs {want}");
     assert_eq!(got["difference"].as_f64(), Some(0.0), "{got}");
+    let text = cli(&t, &config, &["get", "a2", "--counter", "rating"]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("sum of          `rating`") && text.contains("true sum"),
+        "{text}"
+    );
     for counter in ["rating", "rating_rows"] {
         let mut attempts = 0;
         let o = loop {

@@ -77,7 +77,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     }
     outln!("post            {post}");
     if let Some(field) = &summed {
-        outln!("sum of          `{field}` (every number below is in its units; true count = the rows' $sum)");
+        outln!("sum of          `{field}` (every number below is in its units; the true sum is the rows' $sum)");
     }
     outln!(
         "displayed       {}   (count; base {} + live {})",
@@ -85,16 +85,22 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         state.base_count,
         state.live_delta
     );
+    // A sum's truth is the `$sum` of its rows' field, not a number of rows.
+    let truth_label = if summed.is_some() {
+        "true sum  "
+    } else {
+        "true count"
+    };
     match (observation.truth, observation.mismatch()) {
         (None, _) if snapshotting => outln!(
-            "true count      not compared: the initial snapshot is still counting the rows that existed before the stream's start (see `counterd status`)"
+            "{truth_label}      not compared: the initial snapshot is still counting the rows that existed before the stream's start (see `counterd status`)"
         ),
         (None, _) => outln!(
-            "true count      in flight: a change to this post is not applied yet; ask again in a moment"
+            "{truth_label}      in flight: a change to this post is not applied yet; ask again in a moment"
         ),
-        (Some(truth), None) => outln!("true count      {truth}"),
+        (Some(truth), None) => outln!("{truth_label}      {truth}"),
         (Some(truth), Some(difference)) => outln!(
-            "true count      {truth}   (differs by {difference:+}: drift the reconciler will correct{})",
+            "{truth_label}      {truth}   (differs by {difference:+}: drift the reconciler will correct{})",
             if dirty { "; the post is dirty" } else { " when it next recounts this post" }
         ),
     }
