@@ -40,6 +40,7 @@ pub mod http;
 pub mod lease;
 pub mod local_server;
 pub mod lookup;
+pub mod num;
 pub mod partition;
 pub mod reconcile;
 pub mod recount;

@@ -177,7 +177,7 @@ fn a_row_inserted_earlier_in_the_batch_is_derived_from_the_insert() {
         "the insert's row and the description give the state"
     );
     let (plan, _) = plan_batch(&batch, &HashMap::new(), Attribution::Auto, &schema, 60);
-    let net: i64 = plan.counters.iter().map(|c| c.delta).sum();
+    let net: i64 = plan.counters.iter().map(|c| c.delta.as_i64()).sum();
     assert_eq!(net, 0, "inserted and soft-deleted: {plan:?}");
     let gone = plan.ledger.last().unwrap().state.as_ref().unwrap();
     assert!(!gone.is_live());

@@ -85,7 +85,11 @@ pub async fn run(loaded: Loaded, args: Args) -> anyhow::Result<ExitCode> {
             .get(name)
             .map(String::as_str)
             .unwrap_or("default");
-        outln!("{name} = {value}  # {origin}");
+        // Read from `mongodb_uri_file`: shown, but commented out, so that the output stays a
+        // settings file counterd accepts (the two settings exclude each other).
+        let from_file = name == "mongodb_uri" && !loaded.settings.mongodb_uri_file.is_empty();
+        let comment = if from_file { "# " } else { "" };
+        outln!("{comment}{name} = {value}  # {origin}");
     }
     for variable in &loaded.ignored_env {
         outln!("# ignored {variable}: a Kubernetes service link, not a setting");
@@ -130,6 +134,15 @@ fn counters_value(counters: &[crate::config::CounterSetting]) -> toml::Value {
             entry.insert("condition".into(), toml::Value::Table(condition.clone()));
         }
         entry.insert("collection".into(), c.collection.clone().into());
+        if c.kind == crate::config::CounterKind::Sum {
+            entry.insert("kind".into(), "sum".into());
+        }
+        if let Some(field) = &c.field {
+            entry.insert("field".into(), field.clone().into());
+        }
+        if c.with_count {
+            entry.insert("with_count".into(), true.into());
+        }
         toml::Value::Table(entry)
     });
     toml::Value::Array(entries.collect())
@@ -154,6 +167,16 @@ fn definitions_json(settings: &crate::config::Settings) -> anyhow::Result<serde_
                     bson::Bson::Document(d.condition.to_filter()).into_relaxed_extjson(),
                 ),
                 ("collection", d.collection.clone().into()),
+                (
+                    "kind",
+                    match &d.kind {
+                        crate::definition::Kind::Count => "count",
+                        crate::definition::Kind::Sum { .. } => "sum",
+                        crate::definition::Kind::Rows { .. } => "rows",
+                    }
+                    .into(),
+                ),
+                ("sum_of", d.kind.field().map(String::from).into()),
             ])
         }));
     }

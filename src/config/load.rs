@@ -30,13 +30,35 @@ pub struct Loaded {
 /// benchmark knobs.
 const NOT_SETTINGS: [&str; 4] = ["config", "testdb_dir", "kill_iterations", "test_threads"];
 
-/// Whether `name` (after `COUNTERD_`, lower case) is what Kubernetes injects for a Service
-/// named `counterd`: `COUNTERD_SERVICE_HOST`, `COUNTERD_SERVICE_PORT[_<name>]`,
-/// `COUNTERD_PORT` and `COUNTERD_PORT_<port>_<proto>[_PROTO|_PORT|_ADDR]`.
-pub fn is_service_link(name: &str) -> bool {
-    if matches!(name, "port" | "service_host" | "service_port") || name.starts_with("service_port_")
-    {
+/// Whether `name` (after `COUNTERD_`, lower case) with `value` is what Kubernetes injects for a
+/// Service named `counterd` or `counterd-<x>` (service links are on by default, and the
+/// sidecar leaves them to the application): `[<X>_]SERVICE_HOST`, `[<X>_]SERVICE_PORT[_<name>]`,
+/// `[<X>_]PORT=tcp://…` and `[<X>_]PORT_<port>_<proto>[_PROTO|_PORT|_ADDR]`. Refusing them would
+/// stop counterd at start (exit 2) in a namespace that merely has such a Service.
+pub fn is_service_link(name: &str, value: &str) -> bool {
+    let mut rest = name;
+    loop {
+        if is_link_suffix(rest, value) {
+            return true;
+        }
+        match rest.split_once('_') {
+            Some((_, tail)) => rest = tail,
+            None => return false,
+        }
+    }
+}
+
+/// One service-link variable without its Service's name (see [`is_service_link`]). A bare
+/// `PORT` counts only with a `tcp://`-style value, so a setting misspelt as `…_PORT` still
+/// fails as unknown.
+fn is_link_suffix(name: &str, value: &str) -> bool {
+    if matches!(name, "service_host" | "service_port") || name.starts_with("service_port_") {
         return true;
+    }
+    if name == "port" {
+        return ["tcp://", "udp://", "sctp://"]
+            .iter()
+            .any(|scheme| value.starts_with(scheme));
     }
     let Some(rest) = name.strip_prefix("port_") else {
         return false;
@@ -124,7 +146,7 @@ impl Settings {
                 {
                     continue;
                 }
-                if is_service_link(&name) {
+                if is_service_link(&name, &raw) {
                     ignored_env.push(key);
                     continue;
                 }
@@ -145,6 +167,7 @@ impl Settings {
             origins.insert(o.name.clone(), o.origin.clone());
             table.insert(o.name.clone(), value);
         }
+        read_uri_file(&mut table, &mut origins)?;
         let counters = table.get("counters").cloned();
         let sources = table.get("sources").cloned();
         let mut settings: Settings =
@@ -185,6 +208,46 @@ impl Settings {
             ignored_env,
         })
     }
+}
+
+/// `mongodb_uri_file` given: the URI is read from that file into `mongodb_uri` (whose origin
+/// then names the file). Setting `mongodb_uri` as well is refused: which one wins would be a
+/// guess.
+fn read_uri_file(
+    table: &mut toml::Table,
+    origins: &mut BTreeMap<String, String>,
+) -> Result<(), ConfigError> {
+    let path = match table.get("mongodb_uri_file") {
+        Some(toml::Value::String(p)) if !p.is_empty() => p.clone(),
+        _ => return Ok(()),
+    };
+    let origin = origins
+        .get("mongodb_uri_file")
+        .cloned()
+        .unwrap_or_else(|| "settings".into());
+    let uri_origin = origins.get("mongodb_uri").map_or("default", String::as_str);
+    if uri_origin != "default" {
+        return Err(ConfigError::Invalid {
+            name: "mongodb_uri_file".into(),
+            origin,
+            value: path,
+            message: format!(
+                "mongodb_uri is set as well (from {uri_origin}): set only one of them"
+            ),
+        });
+    }
+    let uri = super::read_uri_file(&path).map_err(|message| ConfigError::Invalid {
+        name: "mongodb_uri_file".into(),
+        origin: origin.clone(),
+        value: path.clone(),
+        message,
+    })?;
+    table.insert("mongodb_uri".into(), toml::Value::String(uri));
+    origins.insert(
+        "mongodb_uri".into(),
+        format!("file {path} (mongodb_uri_file, {origin})"),
+    );
+    Ok(())
 }
 
 /// The `[[counters]]` (or `[[sources]]`) entries read again from their TOML text: a
@@ -305,6 +368,11 @@ mod tests {
             ("COUNTERD_SERVICE_HOST", "10.0.0.1"),
             ("COUNTERD_SERVICE_PORT", "9187"),
             ("COUNTERD_SERVICE_PORT_HTTP", "9187"),
+            // A Service named `counterd-metrics` in the same namespace.
+            ("COUNTERD_METRICS_PORT", "tcp://10.0.0.2:9187"),
+            ("COUNTERD_METRICS_PORT_9187_TCP_ADDR", "10.0.0.2"),
+            ("COUNTERD_METRICS_SERVICE_HOST", "10.0.0.2"),
+            ("COUNTERD_METRICS_SERVICE_PORT_HTTP", "9187"),
         ];
         let env = links.iter().map(|(k, v)| (k.to_string(), v.to_string()));
         let loaded = Settings::load_traced(None, env, &[]).unwrap();
@@ -314,6 +382,8 @@ mod tests {
             "COUNTERD_PORTS",
             "COUNTERD_PORT_X_TCP",
             "COUNTERD_PORT_80_TCP_HOST",
+            "COUNTERD_HTTP_PORT",
+            "COUNTERD_METRICS_PORT_X_TCP",
         ] {
             let env = vec![(near_miss.to_string(), "1".to_string())];
             let e = Settings::load(None, env, &[]).unwrap_err().to_string();
@@ -375,6 +445,77 @@ mod tests {
             );
             assert!(!e.contains("hunter2"), "{e}");
         }
+    }
+
+    #[test]
+    fn the_uri_comes_from_mongodb_uri_file_trimmed_and_never_beside_mongodb_uri() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("uri");
+        std::fs::write(&path, "mongodb://alice:s3cret@db:27017/?replicaSet=rs0\n").unwrap();
+        let file = path.display().to_string();
+        let env = vec![("COUNTERD_MONGODB_URI_FILE".to_string(), file.clone())];
+        let l = Settings::load_traced(None, env.clone(), &[]).unwrap();
+        assert_eq!(
+            l.settings.mongodb_uri,
+            "mongodb://alice:s3cret@db:27017/?replicaSet=rs0"
+        );
+        assert!(l.origins["mongodb_uri"].contains(&file));
+        // Re-read: a rotated Secret is seen without a restart.
+        std::fs::write(&path, "mongodb://alice:n3w@db:27017/\n\n").unwrap();
+        assert_eq!(
+            l.settings.current_uri().unwrap(),
+            "mongodb://alice:n3w@db:27017/"
+        );
+        // Both given: refused, naming both.
+        let mut both = env.clone();
+        both.push(("COUNTERD_MONGODB_URI".into(), "mongodb://db/".into()));
+        let e = Settings::load(None, both, &[]).unwrap_err().to_string();
+        assert!(
+            e.contains("mongodb_uri_file") && e.contains("COUNTERD_MONGODB_URI"),
+            "{e}"
+        );
+        // Unreadable: the path is named, nothing of the content.
+        let missing = dir.path().join("nope").display().to_string();
+        let env = vec![("COUNTERD_MONGODB_URI_FILE".to_string(), missing.clone())];
+        let e = Settings::load(None, env, &[]).unwrap_err().to_string();
+        assert!(e.contains(&missing) && e.contains("no such file"), "{e}");
+        std::fs::write(&path, "mongodb://alice:hunter2@db:notaport/\n").unwrap();
+        let e = Settings::load(
+            None,
+            vec![("COUNTERD_MONGODB_URI_FILE".to_string(), file.clone())],
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("not a valid connection string") && e.contains(&file),
+            "{e}"
+        );
+        assert!(!e.contains("hunter2"), "{e}");
+        assert!(
+            l.settings.current_uri().is_err(),
+            "a bad rotation is refused"
+        );
+    }
+
+    #[test]
+    fn the_placeholder_password_is_refused() {
+        for uri in [
+            "mongodb://counterd:CHANGE_ME@db:27017/?authSource=admin",
+            "mongodb://counterd:CHANGE%5FME@db:27017/",
+        ] {
+            let env = vec![("COUNTERD_MONGODB_URI".to_string(), uri.to_string())];
+            let e = Settings::load(None, env, &[]).unwrap_err().to_string();
+            assert!(
+                e.contains("placeholder") && e.contains("create the Secret"),
+                "{uri}: {e}"
+            );
+        }
+        let env = vec![(
+            "COUNTERD_MONGODB_URI".to_string(),
+            "mongodb://counterd:CHANGE_ME_NOT@db/".to_string(),
+        )];
+        assert!(Settings::load(None, env, &[]).is_ok());
     }
 
     #[test]

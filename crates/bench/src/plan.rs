@@ -65,8 +65,9 @@ pub struct Args {
     /// `reconcile`, `memory`, `mixed` (the outage backlog of changes to older rows against
     /// inserts-only, both caught up by `counterd run`) or `no-io`, the
     /// phases that need no other phase's figures. For working on one figure; a report of the whole run is
-    /// what the README quotes.
-    #[arg(long, value_parser = ["speed", "lag", "partitions", "rss", "reconcile", "memory", "mixed", "no-io"])]
+    /// what the README quotes. `definitions` (the cost of an extra count or sum per event) runs
+    /// only when asked for.
+    #[arg(long, value_parser = ["speed", "lag", "partitions", "rss", "reconcile", "memory", "mixed", "no-io", "definitions"])]
     pub only: Vec<String>,
     /// Runs of each side of worker ÷ bulk (phase 2), alternating: the median of each is kept.
     #[arg(long, default_value_t = 3)]

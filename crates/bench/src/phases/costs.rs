@@ -154,7 +154,8 @@ pub async fn costs_phase(
             Status::of(ratio_to_bulk >= TARGET_WORKER_VS_BULK),
         )
         .note(format!(
-            "medians of three: the worker's own writes of a replay of the same backlog ({} calls, {} statements: {}), made again one after another on a fresh server loaded with the backlog each time, took {:.2} s ({:.2?}); the worker took {:.2} s ({:.2?}), runs alternating with the replays",
+            "medians of {}: the worker's own writes of a replay of the same backlog ({} calls, {} statements: {}), made again one after another on a fresh server loaded with the backlog each time, took {:.2} s ({:.2?}); the worker took {:.2} s ({:.2?}), runs alternating with the replays",
+            same.replays_secs.len(),
             same.calls,
             same.statements.statements(),
             breakdown(&same.statements, "per event", n, |t| t.statements),
