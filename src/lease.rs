@@ -4,7 +4,6 @@
 //! every worker write carries in its filter, so a paused former holder cannot write even once.
 
 use std::future::Future;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -122,8 +121,7 @@ where
                     Ok(Some(epoch)) => break (epoch, slot),
                     Ok(None) => {
                         // Another worker holds the stream: this one is a healthy standby.
-                        status.reached();
-                        status.resumed();
+                        status.saw_holder(DateTime::now());
                     }
                     Err(e) if e.is_transient() => {
                         // Retried at the next look (every `renew`, jittered), at start-up as
@@ -173,21 +171,16 @@ where
         }
         tracing::info!(stream = %settings.stream, owner = %settings.owner, epoch, "lease acquired: active");
         let label = settings.stream.clone();
-        let now_ms = m::unix_now_ms();
-        status.active_since_ms.store(now_ms, Ordering::Relaxed);
-        status.progress_at_ms.store(0, Ordering::Relaxed);
-        status.applied_until_secs.store(0, Ordering::Relaxed);
-        status.checkpoint_secs.store(0, Ordering::Relaxed);
-        status.reached();
-        status.active.store(true, Ordering::Relaxed);
+        let now = DateTime::now();
+        status.became_active(now);
         metrics::gauge!(m::WORKER_ACTIVE, "stream" => label.clone()).set(1.0);
         // A parked stream trying again takes back the lease it released: not a takeover (its
         // retries would read as a flapping lease).
-        if status.parked().is_none() {
+        if status.why_parked().is_none() {
             metrics::counter!(m::LEASE_TAKEOVERS, "stream" => label.clone()).increment(1);
         }
         metrics::gauge!(m::LEASE_RENEWED_TIMESTAMP, "stream" => label.clone())
-            .set(now_ms as f64 / 1000.0);
+            .set(now.timestamp_millis() as f64 / 1000.0);
 
         // --- active: run the work, renew the lease, step down when it is lost.
         let (stop, stop_rx) = Shutdown::new();
@@ -214,7 +207,7 @@ where
             {
                 Ok(true) => {
                     last_renewed = tokio::time::Instant::now();
-                    status.reached();
+                    status.lease_renewed(DateTime::now());
                     metrics::gauge!(m::LEASE_RENEWED_TIMESTAMP, "stream" => label.clone())
                         .set(m::unix_now());
                 }
@@ -237,8 +230,7 @@ where
             None => work.await,
         }
         .unwrap_or_else(|join| Err(LeaseError::from_join(&settings.stream, join).into()));
-        status.active.store(false, Ordering::Relaxed);
-        status.stream_open.store(false, Ordering::Relaxed);
+        status.became_standby();
         metrics::gauge!(m::WORKER_ACTIVE, "stream" => label).set(0.0);
         // Released on shutdown, and when the work failed for good (the process stops, or the
         // stream parks: see `daemon::park`): a standby, or an operator's `replay`, need not
