@@ -260,7 +260,9 @@ fn variable_at(s: &str) -> Option<(usize, &'static str)> {
             return Some((len, "app"));
         }
     }
-    duration_len(s).map(|len| (len, "<dur>"))
+    // A signed duration (`skew -2 ms`) is a duration.
+    let sign = usize::from(s.starts_with('-'));
+    duration_len(&s[sign..]).map(|len| (sign + len, "<dur>"))
 }
 
 /// `2026-12-06T06:41:07Z`, `2026-12-06T06:41:07.123Z`, `...+00:00`.
@@ -493,7 +495,20 @@ fn bless(page: &str, id: &str, text: &str) {
 }
 
 /// The transcripts of the worked sequences, checked by `tests/operator_sequences.rs`.
-pub const SEQUENCE_BLOCKS: &[&str] = &[];
+pub const SEQUENCE_BLOCKS: &[&str] = &[
+    "replay-verify-damage",
+    "replay-dry-run",
+    "replay-force",
+    "replay-verify-clean",
+    "backlog-oldest",
+    "backlog-by-version",
+    "backlog-json",
+    "backlog-drain",
+    "adopt-doctor",
+    "adopt-snapshot-done",
+    "adopt-verify",
+    "adopt-compare",
+];
 
 /// Checks of the helpers above (called from a test of each binary that uses them).
 pub fn self_check() {
