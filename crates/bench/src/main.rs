@@ -12,7 +12,9 @@
 //!
 //! P. ledger writes per event with the stream split into 4 partitions;
 //! M. peak memory of `counterd run` at default settings against the backlog's size and the
-//!    comments' size, beside the catch-up rate (a flat line: memory is bounded by a budget).
+//!    comments' size, beside the catch-up rate (a flat line: memory is bounded by a budget);
+//! O. counterd's own oplog bytes per application event, by collection, catching up and
+//!    keeping up, read from the server's `local.oplog.rs`.
 //!
 //! Every store call goes through `counterd::store::counting::CountingStore`, which counts calls
 //! and write statements per concern. Throughput phases replay a pre-written backlog (the stream
@@ -23,7 +25,7 @@
 //! failure: the process exits non-zero only when the benchmark itself breaks.
 //!
 //! Usage: `cargo run --release -p counterd-bench -- [--quick] [--out bench/latest.json]
-//! [--only speed|lag|partitions|rss|reconcile|memory|no-io]`.
+//! [--only speed|lag|partitions|rss|reconcile|memory|no-io|oplog]`.
 //!
 //! `--soak DURATION [--seed N]` runs the chaos soak instead (see `soak`): the real
 //! `counterd run` under load and random faults, exact at every caught-up moment.
@@ -48,7 +50,7 @@ use counterd_testdb::TestServer;
 use serde::Serialize;
 
 use crate::harness::Bench;
-use crate::phases::{costs, lag, memory, partitions, reconcile, rss, throughput};
+use crate::phases::{costs, lag, memory, oplog, partitions, reconcile, rss, throughput};
 use crate::plan::{Args, Plan};
 use crate::report::{describe_server, Row, ServerInfo};
 
@@ -169,6 +171,9 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     }
     if runs("reconcile") {
         reconcile::reconcile_phase(&bench, &plan, &mut out).await?;
+    }
+    if runs("oplog") {
+        oplog::oplog_phase(&bench, &plan, &mut out).await?;
     }
     // Five catch-ups of the real binary: in full runs and when asked for, not in the quick
     // smoke check (debug builds, where its figures would mean nothing).

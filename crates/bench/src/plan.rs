@@ -62,10 +62,10 @@ pub struct Args {
     pub batch_size: usize,
     /// Run only these phases (repeatable): `speed` (phases 1-3 without the lag runs: tail rate,
     /// worker, bulk baseline, CPU), `lag` (phase 4 alone, at fixed rates), `partitions`, `rss`,
-    /// `reconcile`, `memory` or `no-io`, the
+    /// `reconcile`, `memory`, `no-io` or `oplog` (counterd's own oplog bytes per event), the
     /// phases that need no other phase's figures. For working on one figure; a report of the whole run is
     /// what the README quotes.
-    #[arg(long, value_parser = ["speed", "lag", "partitions", "rss", "reconcile", "memory", "no-io"])]
+    #[arg(long, value_parser = ["speed", "lag", "partitions", "rss", "reconcile", "memory", "no-io", "oplog"])]
     pub only: Vec<String>,
     /// Instead of the benchmark, a chaos soak of this long (`90s`, `2m`, `30m`, `1h`): load,
     /// random faults, an exactness check at every caught-up moment (see `soak`). Writes its

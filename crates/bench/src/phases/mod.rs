@@ -3,6 +3,7 @@
 pub mod costs;
 pub mod lag;
 pub mod memory;
+pub mod oplog;
 pub mod partitions;
 pub mod reconcile;
 pub mod rss;
