@@ -205,7 +205,7 @@ fn check_shell_line(origin: &str, w: &[String], env: &mut Vec<(String, String)>)
             );
             "path is served"
         }
-        "mongosh" | "cargo" | "promtool" => "a named tool",
+        "mongosh" | "cargo" | "promtool" | "sed" => "a named tool",
         other => panic!("{origin}: `{other}` is a command this test does not know: add a rule"),
     }
 }
@@ -404,6 +404,15 @@ fn every_alert_has_its_runbook_section() {
         }
     }
     assert!(alerts >= 10);
+    // The checklist shows what `promtool check rules` prints for them.
+    let rules_count: usize = rules["groups"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|g| g["rules"].as_sequence().unwrap().len())
+        .sum();
+    let said = format!("SUCCESS: {rules_count} rules found");
+    assert!(read("README.md").contains(&said), "README.md: `{said}`");
     // The shared spec's alert, whichever branch ships its rule first.
     assert!(
         anchors.contains("counterdparked"),
@@ -512,6 +521,8 @@ const REFERENCE_BLOCKS: &[&str] = &[
     "commands-verify",
     "commands-replay-dry-run",
     "get-ambiguous",
+    "readme-doctor",
+    "readme-verify",
 ];
 
 /// The owner id the pages show for the running process.
@@ -570,6 +581,8 @@ async fn reference_transcripts_print_what_the_pages_show() {
     session.check_block("config-collections");
     session.check_block("commands-status");
     session.check_block("commands-doctor");
+    session.check_block("readme-doctor");
+    session.check_block("readme-verify");
     session.check_block("commands-get");
     session.check_block("commands-verify");
     session.check_block("commands-replay-dry-run");

@@ -238,7 +238,11 @@ fn variable_at(s: &str) -> Option<(usize, &'static str)> {
             // `on <host>` after it: the machine the server runs on.
             let host = rest[pid..]
                 .strip_prefix(" on ")
-                .map(|h| 4 + h.find(' ').unwrap_or(h.len()))
+                .map(|h| {
+                    4 + h
+                        .find(|c: char| !(c.is_alphanumeric() || c == '-' || c == '.'))
+                        .unwrap_or(h.len())
+                })
                 .unwrap_or(0);
             return Some((8 + pid + host, "process <pid> on <host>"));
         }
