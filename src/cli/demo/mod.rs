@@ -83,7 +83,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     // The log went to this file from the start (see `cli::main`): say where, before the view.
     outln!("counterd's log: {}", args.log_path().display());
     // A second counter over the same rows when none is configured: approved comments per
-    // post, kept from the same stream (see `[[counters]]` in the README).
+    // post, kept from the same stream (see `[[counters]]` in docs/counters.md).
     let counters = if settings.counters.is_empty() && settings.partitions <= 1 {
         let mut approved = toml::Table::new();
         approved.insert("approved".into(), toml::Value::Boolean(true));
@@ -142,7 +142,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     for chunk in seed.chunks(1000) {
         comments.insert_many(chunk.to_vec()).await?;
     }
-    // The recount index of the README's prerequisites, created as an operator would (counterd
+    // The recount index of the README's production checklist, created as an operator would (counterd
     // indexes only its own collections, and `run` warns at start without this one).
     let mut key = bson::Document::new();
     key.insert(&schema.group, 1);
