@@ -18,7 +18,7 @@ use counterd::event::PostId;
 use daemon::Daemon;
 use support::TestDb;
 
-/// The shipped manifest's memory limit (deploy/kubernetes/deployment.yaml).
+/// The shipped manifests' memory limit (deploy/kubernetes/: the sizing line and resources).
 const LIMIT: u64 = 96 * 1024 * 1024;
 const EVENTS: usize = 20_000;
 const POSTS: i64 = 500;

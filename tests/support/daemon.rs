@@ -4,8 +4,6 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
 /// A running `counterd run`.
 pub struct Daemon {
     pub child: Child,
@@ -217,27 +215,4 @@ impl Drop for Daemon {
     }
 }
 
-/// A minimal HTTP/1.0 GET on 127.0.0.1 (enough for /metrics, /readyz).
-pub async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    let fut = async {
-        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .ok()?;
-        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
-            .await
-            .ok()?;
-        let mut buf = Vec::new();
-        s.read_to_end(&mut buf).await.ok()?;
-        let text = String::from_utf8_lossy(&buf).into_owned();
-        let code = text.split_whitespace().nth(1)?.parse().ok()?;
-        let body = text
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default();
-        Some((code, body))
-    };
-    tokio::time::timeout(Duration::from_secs(3), fut)
-        .await
-        .ok()
-        .flatten()
-}
+pub use counterd_testdb::http::http_get;

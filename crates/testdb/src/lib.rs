@@ -27,6 +27,7 @@
 use counterd::local_server::LocalServer;
 pub use counterd::local_server::{free_port, preferred_kind, ServerKind, NO_TEST_SERVER};
 
+pub mod http;
 pub mod proxy;
 pub use proxy::{FaultProxy, FaultStats, Target};
 

@@ -126,16 +126,6 @@ impl Memory {
         Some(old)
     }
 
-    /// Posts with at least one live row.
-    pub fn live_posts(&self) -> BTreeSet<PostId> {
-        self.comments
-            .values()
-            .filter_map(row_facts)
-            .filter(|(_, _, live)| *live)
-            .map(|(post, _, _)| post)
-            .collect()
-    }
-
     pub fn count_live_below(&self, counter: CounterIx, post: &PostId, watermark: i64) -> i64 {
         let below = watermark.saturating_mul(1000);
         self.comments
