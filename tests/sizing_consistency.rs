@@ -88,19 +88,36 @@ struct Manifests {
     sizing_lines: Vec<(String, [u64; 5])>,
 }
 
-fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) {
+/// Every file under `dir` whose name ends in one of `extensions`.
+fn files(dir: &Path, extensions: &[&str], out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).unwrap().flatten() {
         let path = entry.path();
         if path.is_dir() {
-            yaml_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "yaml" || e == "yml") {
+            files(&path, extensions, out);
+        } else if path
+            .extension()
+            .is_some_and(|e| extensions.iter().any(|x| e == *x))
+        {
             out.push(path);
         }
     }
 }
 
+/// `memory_budget = N` lines of a settings file (a generated ConfigMap's, or one inline).
+fn budgets_in(text: &str, found: &mut Manifests) {
+    for line in text.lines() {
+        if let Some(rest) = line.trim().strip_prefix("memory_budget") {
+            if let Some(n) = rest.trim().strip_prefix('=') {
+                found
+                    .budgets
+                    .insert(n.trim().parse().expect("memory_budget bytes"));
+            }
+        }
+    }
+}
+
 /// Containers named counterd (in `containers` or `initContainers`, a native sidecar) and
-/// settings files holding `memory_budget = N`, anywhere in a YAML document.
+/// settings held inline with `memory_budget = N`, anywhere in a YAML document.
 fn collect(value: &serde_norway::Value, found: &mut Manifests) {
     use serde_norway::Value as Y;
     match value {
@@ -120,17 +137,7 @@ fn collect(value: &serde_norway::Value, found: &mut Manifests) {
             }
         }
         Y::Sequence(items) => items.iter().for_each(|v| collect(v, found)),
-        Y::String(text) => {
-            for line in text.lines() {
-                if let Some(rest) = line.trim().strip_prefix("memory_budget") {
-                    if let Some(n) = rest.trim().strip_prefix('=') {
-                        found
-                            .budgets
-                            .insert(n.trim().parse().expect("memory_budget bytes"));
-                    }
-                }
-            }
-        }
+        Y::String(text) => budgets_in(text, found),
         _ => {}
     }
 }
@@ -154,10 +161,17 @@ fn sizing_line(line: &str) -> Option<[u64; 5]> {
 }
 
 fn manifests() -> Manifests {
-    let mut files = Vec::new();
-    yaml_files(&root().join("deploy/kubernetes"), &mut files);
+    let dir = root().join("deploy/kubernetes");
     let mut found = Manifests::default();
-    for file in files {
+    // Settings files a kustomize configMapGenerator turns into the ConfigMap.
+    let mut settings = Vec::new();
+    files(&dir, &["toml"], &mut settings);
+    for file in settings {
+        budgets_in(&std::fs::read_to_string(&file).unwrap(), &mut found);
+    }
+    let mut manifests = Vec::new();
+    files(&dir, &["yaml", "yml"], &mut manifests);
+    for file in manifests {
         let text = std::fs::read_to_string(&file).unwrap();
         for line in text.lines().filter(|l| l.trim().starts_with("# sizing:")) {
             let parsed = sizing_line(line).unwrap_or_else(|| {
@@ -275,7 +289,11 @@ fn the_table_the_manifests_the_readme_and_the_benchmark_agree() {
         table.iter().any(|(l, _)| l.contains(&sweep_label)),
         "docs/sizing.md: the sweep's row should say {sweep_label}"
     );
-    // The manifests' sizing lines say the same.
+    // The manifests' sizing lines say the same (every shape carries one).
+    assert!(
+        m.sizing_lines.len() >= 2,
+        "no `# sizing:` lines found under deploy/kubernetes: is the scan blind? {m:?}"
+    );
     for (file, [lo, hi, budget, req, lim]) in &m.sizing_lines {
         let said = format!("{lo}-{hi} MiB, {budget} MiB, {req}Mi, {lim}Mi");
         let sources = format!("{peak}, {budget_mib} MiB, {request}, {limit}");
