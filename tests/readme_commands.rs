@@ -523,6 +523,7 @@ const REFERENCE_BLOCKS: &[&str] = &[
     "get-ambiguous",
     "readme-doctor",
     "readme-verify",
+    "reconcile-conflict",
 ];
 
 /// The owner id the pages show for the running process.
@@ -579,6 +580,7 @@ async fn reference_transcripts_print_what_the_pages_show() {
     );
     session.check_block("config-check");
     session.check_block("config-collections");
+    session.check_block("reconcile-conflict");
     session.check_block("commands-status");
     session.check_block("commands-doctor");
     session.check_block("readme-doctor");
