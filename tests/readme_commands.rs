@@ -263,6 +263,14 @@ fn every_transcript_is_named_parsed_and_checked() {
         for step in steps {
             let w = words(&step.command);
             match w[0].as_str() {
+                // A transcript of a usage error shows clap's refusal: it runs, but must not parse.
+                "counterd" if step.printed.starts_with("error:") => {
+                    assert!(
+                        counterd::cli::Cli::try_parse_from(&w).is_err(),
+                        "{page} id={id}: `{}` parses, but the page shows a usage error",
+                        step.command
+                    );
+                }
                 "counterd" => parses(&format!("{page} id={id}"), &w),
                 "echo" | "export" => {}
                 other => panic!("{page} id={id}: `{other}` cannot run in a transcript"),
