@@ -20,7 +20,7 @@ fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("counterd: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
+            return ExitCode::from(counterd::cli::exit::INTERNAL);
         }
     };
     runtime.block_on(counterd::cli::main(cli))

@@ -156,8 +156,8 @@ async fn reconcile_once_post_and_sweep() {
 }
 
 /// Before any `counterd run`, the first run's initial snapshot counts every post: a recount by
-/// hand would be counted again by its claims, so `reconcile` refuses (exit 1) and says why,
-/// and writes no counter.
+/// hand would be counted again by its claims, so `reconcile` refuses (exit 5: not yet) and
+/// says why, and writes no counter.
 #[tokio::test]
 async fn reconcile_before_the_first_run_refuses_and_counts_nothing() {
     let t = TestDb::new("clifresh").await;
@@ -168,7 +168,7 @@ async fn reconcile_before_the_first_run_refuses_and_counts_nothing() {
         &["reconcile", "--sweep"],
     ] {
         let o = counterd(&t, args);
-        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", stdout(&o));
+        assert_eq!(o.status.code(), Some(5), "{args:?}: {}", stdout(&o));
         let stderr = String::from_utf8_lossy(&o.stderr);
         assert!(
             stderr.contains("has not started on stream 'comments' yet"),
@@ -599,7 +599,8 @@ async fn a_broken_pipe_ends_quietly_with_the_commands_own_code() {
 }
 
 /// The documented exit codes (README, "Exit codes"); 4 is in tests/faults.rs (a dropped
-/// collection stops `counterd run`), and every code's mapping in src/cli/exit.rs.
+/// collection stops `counterd run`), 5 in tests/snapshot.rs (verify while the initial
+/// snapshot runs), and every code's mapping in src/cli/exit.rs.
 #[tokio::test]
 async fn exit_codes_say_what_went_wrong() {
     let t = populated("cliexit").await;
@@ -615,6 +616,16 @@ async fn exit_codes_say_what_went_wrong() {
         counterd(&t, &["verify"]).status.code(),
         Some(1),
         "1: mismatch"
+    );
+    // 6: `run` cannot listen on http_addr (a port this test holds).
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let busy = counterd(&t, &["run", "--http-addr", &addr]);
+    let err = String::from_utf8_lossy(&busy.stderr);
+    assert_eq!(busy.status.code(), Some(6), "6: cannot listen: {err}");
+    assert!(
+        err.contains(&format!("cannot listen on http_addr {addr}")),
+        "{err}"
     );
     let usage = counterd(&t, &["replay", "--from-token", "not-hex", "--force"]);
     assert_eq!(usage.status.code(), Some(2), "2: a bad flag value");

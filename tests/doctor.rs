@@ -269,3 +269,50 @@ async fn run_logs_the_checks_at_start() {
         "{line}"
     );
 }
+
+/// The `tls` check against the test server (no TLS): off. A certificate file named in the URI
+/// that cannot be used stops every command before anything is contacted, with exit 2 naming
+/// the setting, the file and why; `doctor --json` reports it as a finding.
+#[tokio::test]
+async fn tls_is_reported_and_an_unusable_certificate_file_is_named() {
+    let t = TestDb::new("doctortls").await;
+    let (_, json) = doctor(&t, &[]);
+    let tls = &of(&json, "tls")[0];
+    assert_eq!(tls.0, "info", "{tls:?}");
+    assert!(tls.1.starts_with("TLS off"), "{tls:?}");
+    assert_eq!(json["connected"], true, "{json:#}");
+
+    let fixtures = format!("{}/fixtures/tls", env!("CARGO_MANIFEST_DIR"));
+    for (file, why) in [
+        ("missing.pem", "no such file"),
+        ("empty.pem", "the file is empty"),
+        ("garbage.pem", "no PEM certificate"),
+    ] {
+        let uri = format!(
+            "mongodb://127.0.0.1:1/?tls=true&tlsCAFile={fixtures}/{file}&directConnection=true"
+        );
+        let run = |args: &[&str]| {
+            Command::new(env!("CARGO_BIN_EXE_counterd"))
+                .args(args)
+                .env("COUNTERD_MONGODB_URI", &uri)
+                .env("COUNTERD_CONNECT_TIMEOUT", "1s")
+                .env_remove("COUNTERD_CONFIG")
+                .output()
+                .unwrap()
+        };
+        let status = run(&["status"]);
+        let err = String::from_utf8_lossy(&status.stderr);
+        assert_eq!(status.status.code(), Some(2), "{file}: {err}");
+        assert!(
+            err.contains(&format!("tlsCAFile {fixtures}/{file}: {why}")),
+            "{file}: {err}"
+        );
+        let doctor = run(&["doctor", "--json"]);
+        assert_eq!(doctor.status.code(), Some(2), "{file}");
+        let json: serde_json::Value = serde_json::from_slice(&doctor.stdout).unwrap();
+        let tls = &of(&json, "tls")[0];
+        assert_eq!(tls.0, "problem", "{file}: {tls:?}");
+        assert!(tls.1.contains(why), "{file}: {tls:?}");
+        assert_eq!(of(&json, "server")[0].0, "skipped", "{json:#}");
+    }
+}

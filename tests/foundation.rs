@@ -177,8 +177,8 @@ async fn unreachable_server_gives_a_clear_error_within_the_timeout() {
         "names the host: {text}"
     );
     assert!(
-        text.contains("check that the server is running"),
-        "says what to check: {text}"
+        text.contains("connection refused (is the server running on that host and port?)"),
+        "says why, and what to check: {text}"
     );
     assert!(
         !text.contains("hunter2"),

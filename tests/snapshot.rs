@@ -362,3 +362,47 @@ async fn counterd_snapshot_takes_it_by_hand_and_refuses_a_stream_that_already_co
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("reconcile --sweep"), "{}", text(&o));
 }
+
+/// Until the initial snapshot is done no counter can be compared with the truth: `verify`
+/// and `get` exit 5 (not yet verifiable), which a script tells apart from 1 (differs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_and_get_say_not_yet_while_the_snapshot_runs() {
+    let t = TestDb::new("snapnotyet").await;
+    for i in 0..40_i64 {
+        t.comments
+            .insert_one(doc! {"_id": i, "post_id": i % 4, "created_at": DateTime::from_millis((now_secs() - 7200) * 1000)})
+            .await
+            .unwrap();
+    }
+    support::next_second().await;
+    // One row per chunk, one row per second: the snapshot runs for the whole test.
+    let mut slow = Command::new(env!("CARGO_BIN_EXE_counterd"))
+        .args(["snapshot"])
+        .env("COUNTERD_MONGODB_URI", &t.uri)
+        .env("COUNTERD_DATABASE", &t.name)
+        .env("COUNTERD_SNAPSHOT_CHUNK_ROWS", "1")
+        .env("COUNTERD_SNAPSHOT_ROWS_PER_SECOND", "1")
+        .env_remove("COUNTERD_CONFIG")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for(&t, Duration::from_secs(30), "the snapshot started", |p| {
+        p.state == SnapshotState::Running
+    })
+    .await;
+    let verify = counterd(&t, &["verify"]);
+    let get = counterd(&t, &["get", "post-1"]);
+    let still_running = progress(&t).await.map(|p| p.state) == Some(SnapshotState::Running);
+    let _ = slow.kill();
+    let _ = slow.wait();
+    assert!(still_running, "the snapshot ended before the checks");
+    assert_eq!(verify.status.code(), Some(5), "{}", text(&verify));
+    assert!(
+        text(&verify).contains("initial snapshot is still counting"),
+        "{}",
+        text(&verify)
+    );
+    assert_eq!(get.status.code(), Some(5), "{}", text(&get));
+    assert!(text(&get).contains("not compared"), "{}", text(&get));
+}

@@ -1,11 +1,16 @@
-//! `counterd doctor`: the preflight, one line per check; exits 1 on any problem, 3 when the
-//! server cannot be reached. The checks themselves are [`crate::doctor`]'s.
+//! `counterd doctor`: the preflight, one line per check; exits 1 on any problem, 2 when a
+//! certificate file named in the URI cannot be used (nothing is contacted), 3 when the server
+//! cannot be reached. `--json` always prints a report, a failure to connect included (as the
+//! `server` finding), so a script reads one shape whatever happened. The checks themselves
+//! are [`crate::doctor`]'s.
 
 use std::process::ExitCode;
 
+use crate::cli::exit::{code_for, describe, exit_code, CHECK_FAILED, USAGE};
 use crate::cli::{connect, print_json};
 use crate::config::Settings;
-use crate::doctor::{check_all, worst, Expectations, Level};
+use crate::doctor::tls::{self, TlsPlan};
+use crate::doctor::{check_all, worst, Expectations, Finding, Level};
 use crate::outln;
 
 #[derive(Debug, clap::Args)]
@@ -18,34 +23,92 @@ pub struct Args {
     pub json: bool,
 }
 
+/// The report, and the exit code it ends with.
+struct Report {
+    findings: Vec<Finding>,
+    /// Set when the server was not (or could not be) asked: the code says why.
+    failed: Option<u8>,
+    /// Why, in one sentence (also said on standard error, as every command says its failure).
+    error: Option<String>,
+}
+
 pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
-    let store = connect(&settings).await?;
-    let expect = Expectations::from(&settings);
-    let findings = check_all(&store.preflight(args.sample).await, &expect);
+    let report = gather(&settings, args.sample).await;
+    print(&settings, &report, args.json)?;
+    if let Some(error) = &report.error {
+        eprintln!("counterd: {}", crate::config::redact_text(error));
+    }
+    let code = match report.failed {
+        Some(code) => code,
+        None if worst(&report.findings) == Level::Problem => CHECK_FAILED,
+        None => 0,
+    };
+    Ok(exit_code(code))
+}
+
+/// TLS first (without connecting), then the server's replies, or the failure to connect as
+/// the `server` finding.
+async fn gather(settings: &Settings, sample: usize) -> Report {
+    let plan = TlsPlan::of(&settings.mongodb_uri).unwrap_or_default();
+    let files = tls::read_files(&plan);
+    let mut findings = tls::findings(&plan, &files);
+    if let Err(e) = tls::judge(&plan, &files) {
+        findings.push(Finding::skipped("server", format!("not contacted: {e}")));
+        let error = Some(crate::config::ConfigError::from(e).to_string());
+        return Report {
+            findings,
+            failed: Some(USAGE),
+            error,
+        };
+    }
+    match connect(settings).await {
+        Ok(store) => {
+            let expect = Expectations::from(settings);
+            findings.extend(check_all(&store.preflight(sample).await, &expect));
+            Report {
+                findings,
+                failed: None,
+                error: None,
+            }
+        }
+        Err(e) => {
+            findings.push(Finding::problem(
+                "server",
+                describe(&e),
+                "check that the server runs and answers at the hosts in mongodb_uri, the credentials, and the TLS settings (`counterd doctor --verbose` shows the driver's own text)",
+            ));
+            tracing::debug!(error = %crate::cli::exit::describe_in_full(&e), "doctor: cannot connect");
+            Report {
+                findings,
+                failed: Some(code_for(&e)),
+                error: Some(describe(&e)),
+            }
+        }
+    }
+}
+
+fn print(settings: &Settings, report: &Report, json: bool) -> anyhow::Result<()> {
+    let findings = &report.findings;
     let count = |level| findings.iter().filter(|f| f.level == level).count();
     let (problems, warnings) = (count(Level::Problem), count(Level::Warning));
-    if args.json {
-        print_json(&serde_json::json!({
-            "mongodb": crate::config::redact_uri(&settings.mongodb_uri),
+    let mongodb = crate::config::redact_uri(&settings.mongodb_uri);
+    if json {
+        return print_json(&serde_json::json!({
+            "mongodb": mongodb,
             "database": settings.database,
+            "connected": report.failed.is_none(),
             "problems": problems,
             "warnings": warnings,
             "findings": findings,
-        }))?;
-    } else {
-        outln!(
-            "counterd doctor: {} (database {})",
-            crate::config::redact_uri(&settings.mongodb_uri),
-            settings.database
-        );
-        for f in &findings {
-            outln!("{}", f.line());
-        }
-        outln!("{problems} problems, {warnings} warnings");
+        }));
     }
-    Ok(if worst(&findings) == Level::Problem {
-        crate::cli::exit::exit_code(crate::cli::exit::CHECK_FAILED)
-    } else {
-        ExitCode::SUCCESS
-    })
+    outln!(
+        "counterd doctor: {mongodb} (database {})",
+        settings.database
+    );
+    for f in findings {
+        outln!("{}", f.line());
+    }
+    outln!("{problems} problems, {warnings} warnings");
+    Ok(())
 }

@@ -3,10 +3,13 @@
 //! | code | meaning |
 //! | --- | --- |
 //! | 0 | ok |
-//! | 1 | a mismatch was found or a check failed (`verify`, `replay` refused while a worker holds the stream, `reconcile` before the first run's initial snapshot) |
+//! | 1 | differs or refused: `verify`/`get` found a counter that differs from the truth, `doctor` found a problem, `replay`/`snapshot` refused while a worker holds the stream (without `--force`) |
 //! | 2 | usage or configuration error (a bad flag or setting; nothing was contacted) |
-//! | 3 | cannot reach or talk to MongoDB (unreachable, refused, a malformed stored document) |
-//! | 4 | stopped because the change stream ended (collection dropped or renamed) or history was lost |
+//! | 3 | cannot reach or talk to MongoDB (unreachable, refused credentials or privileges, a malformed stored document) |
+//! | 4 | the change stream ended (collection dropped or renamed) or history was lost |
+//! | 5 | not yet verifiable: the initial snapshot is still running (or no worker has started the stream) |
+//! | 6 | `counterd run` cannot listen on `http_addr` |
+//! | 70 | internal error: anything unclassified (a bug; please report it) |
 
 use std::process::ExitCode;
 
@@ -18,10 +21,17 @@ use crate::store::StoreError;
 use crate::worker::WorkerError;
 
 pub const OK: u8 = 0;
+/// A counter differs from the truth, a check failed, or the command was refused.
 pub const CHECK_FAILED: u8 = 1;
 pub const USAGE: u8 = 2;
 pub const MONGODB: u8 = 3;
 pub const STREAM: u8 = 4;
+/// Not yet verifiable: the initial snapshot is still counting (ask again once it is done).
+pub const NOT_YET: u8 = 5;
+/// `run` cannot listen on `http_addr` (the port is taken, or the address is not this host's).
+pub const LISTEN: u8 = 6;
+/// Anything unclassified: a bug (`EX_SOFTWARE` of sysexits.h).
+pub const INTERNAL: u8 = 70;
 
 /// A command was used wrongly (a flag value it cannot use): exit code 2.
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +42,12 @@ pub struct UsageError(pub String);
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct CheckFailed(pub String);
+
+/// The answer cannot be given yet (the initial snapshot is still running, or has not begun):
+/// exit code 5, so a script can wait and ask again rather than read it as a mismatch.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct NotYet(pub String);
 
 /// The exit code for a store error.
 fn store_code(e: &StoreError) -> u8 {
@@ -53,60 +69,72 @@ fn worker_code(e: &WorkerError) -> u8 {
     }
 }
 
-/// The exit code when `counterd run` stopped. A panicked or cancelled stream keeps the code it
-/// always had (3), and a port that cannot be bound its 1.
+/// The exit code when `counterd run` stopped. A panicked or cancelled stream is a bug (70).
 fn daemon_code(e: &DaemonError) -> u8 {
     match e {
         DaemonError::Startup(s) => store_code(s),
-        DaemonError::Listen { .. } => CHECK_FAILED,
+        DaemonError::Listen { .. } => LISTEN,
         DaemonError::Worker(w) => worker_code(w),
         DaemonError::Lease(
             LeaseError::TakeOver { source, .. } | LeaseError::Acquire { source, .. },
         ) => store_code(source),
-        DaemonError::Lease(LeaseError::Panicked { .. } | LeaseError::Cancelled { .. }) => MONGODB,
+        DaemonError::Lease(LeaseError::Panicked { .. } | LeaseError::Cancelled { .. }) => INTERNAL,
         DaemonError::Config(_) => USAGE,
     }
 }
 
 /// The exit code for a failed command: the first cause in the chain that says what it is;
-/// anything else is a failed check (1).
+/// anything else is an internal error (70).
 pub fn code_for(error: &anyhow::Error) -> u8 {
-    for cause in error.chain() {
-        if cause.is::<ConfigError>() || cause.is::<UsageError>() {
-            return USAGE;
-        }
-        if cause.is::<CheckFailed>() {
-            return CHECK_FAILED;
-        }
-        if cause.is::<StreamEnded>() {
-            return STREAM;
-        }
-        if let Some(e) = cause.downcast_ref::<DaemonError>() {
-            return daemon_code(e);
-        }
-        if let Some(e) = cause.downcast_ref::<WorkerError>() {
-            return worker_code(e);
-        }
-        if let Some(e) = cause.downcast_ref::<StoreError>() {
-            return store_code(e);
-        }
-        if cause.is::<mongodb::error::Error>() {
-            return MONGODB;
-        }
+    error.chain().find_map(code_of).unwrap_or(INTERNAL)
+}
+
+/// The code one cause says, if it says one.
+fn code_of(cause: &(dyn std::error::Error + 'static)) -> Option<u8> {
+    if cause.is::<ConfigError>() || cause.is::<UsageError>() {
+        return Some(USAGE);
     }
-    CHECK_FAILED
+    if cause.is::<CheckFailed>() {
+        return Some(CHECK_FAILED);
+    }
+    if cause.is::<NotYet>() {
+        return Some(NOT_YET);
+    }
+    if cause.is::<StreamEnded>() {
+        return Some(STREAM);
+    }
+    if let Some(e) = cause.downcast_ref::<DaemonError>() {
+        return Some(daemon_code(e));
+    }
+    if let Some(e) = cause.downcast_ref::<WorkerError>() {
+        return Some(worker_code(e));
+    }
+    if let Some(e) = cause.downcast_ref::<StoreError>() {
+        return Some(store_code(e));
+    }
+    cause.is::<mongodb::error::Error>().then_some(MONGODB)
 }
 
 /// A failure and its causes for the operator, joined by `: `, each said once: a cause whose
 /// text is already shown (an error that prints its source) is skipped, and the chain ends at
-/// the driver's own error, which the store error above it has already described briefly and
-/// without credentials (the whole driver error stays available as a source to code).
+/// the driver's own error, which the store error above it has already described in one
+/// sentence (the whole driver error stays available as a source to code, and to
+/// [`describe_in_full`]). Any URI or known secret in the text is redacted.
 pub fn describe(error: &anyhow::Error) -> String {
+    join_causes(error, false)
+}
+
+/// [`describe`] with the driver's own text too (`--verbose`), secrets redacted.
+pub fn describe_in_full(error: &anyhow::Error) -> String {
+    join_causes(error, true)
+}
+
+fn join_causes(error: &anyhow::Error, driver_text: bool) -> String {
     let mut text = String::new();
     for cause in error.chain() {
         let driver =
             cause.is::<mongodb::error::Error>() || cause.is::<Box<mongodb::error::Error>>(); // as `StoreError::Driver` keeps it
-        if driver && !text.is_empty() {
+        if driver && !driver_text && !text.is_empty() {
             break;
         }
         let said = cause.to_string();
@@ -118,7 +146,7 @@ pub fn describe(error: &anyhow::Error) -> String {
         }
         text.push_str(&said);
     }
-    text
+    crate::config::redact_text(&text)
 }
 
 /// The exit code as a process exit code.
@@ -151,7 +179,23 @@ mod tests {
             at: None,
         };
         assert_eq!(code(CheckFailed("mismatch".into())), 1);
-        assert_eq!(code(anyhow::anyhow!("something else")), 1);
+        assert_eq!(
+            code(anyhow::anyhow!("something else")),
+            70,
+            "unclassified: a bug"
+        );
+        assert_eq!(code(NotYet("snapshot running".into())), 5);
+        assert_eq!(
+            code(anyhow::Error::from(NotYet("x".into())).context("verify")),
+            5
+        );
+        assert_eq!(
+            code(DaemonError::Listen {
+                addr: "127.0.0.1:1".into(),
+                source: std::io::Error::from(std::io::ErrorKind::AddrInUse),
+            }),
+            6
+        );
         assert_eq!(
             code(ConfigError::Unknown {
                 name: "x".into(),
@@ -191,5 +235,10 @@ mod tests {
         assert!(DaemonError::from(panicked)
             .to_string()
             .contains("panicked: boom"));
+        let panicked = LeaseError::Panicked {
+            stream: "comments".into(),
+            message: "boom".into(),
+        };
+        assert_eq!(code(DaemonError::from(panicked)), 70);
     }
 }

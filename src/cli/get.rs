@@ -64,9 +64,13 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         "last_drift": counter.last_drift,
         "reconciled_at": counter.reconciled_at.map(rfc3339),
     });
+    let code = exit_code(
+        observation.mismatch().is_some(),
+        observation.truth.is_none() && snapshotting,
+    );
     if args.json {
         print_json(&value)?;
-        return Ok(ExitCode::SUCCESS);
+        return Ok(code);
     }
     outln!("post            {post}");
     outln!(
@@ -121,7 +125,18 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
             ))
             .unwrap_or_else(|| "-".into())
     );
-    Ok(ExitCode::SUCCESS)
+    Ok(code)
+}
+
+/// `get`'s exit code: 1 when the counter differs from the truth, 5 when it cannot be compared
+/// until the initial snapshot is done, 0 otherwise (a change in flight is not a difference).
+fn exit_code(differs: bool, waits_for_snapshot: bool) -> ExitCode {
+    use crate::cli::exit::{exit_code, CHECK_FAILED, NOT_YET};
+    match (differs, waits_for_snapshot) {
+        (true, _) => exit_code(CHECK_FAILED),
+        (false, true) => exit_code(NOT_YET),
+        (false, false) => ExitCode::SUCCESS,
+    }
 }
 
 /// The readings of a post id as typed: `int:`, `str:` and `oid:` name one type; a plain id

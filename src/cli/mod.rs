@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 
-use crate::config::{ConfigError, Loaded, Override, Settings};
+use crate::config::{redact_text, ConfigError, Loaded, Override, Settings};
 use crate::store::mongo::MongoStore;
 
 pub use output::{print_json, rfc3339};
@@ -47,6 +47,10 @@ pub struct Cli {
     /// Log JSON lines instead of human-readable text.
     #[arg(long, global = true)]
     pub log_json: bool,
+    /// Log at debug level and print a failure's full text (the driver's own, secrets redacted)
+    /// after its one-sentence cause.
+    #[arg(long, short = 'v', global = true)]
+    pub verbose: bool,
     /// Override any setting: --set name=value (repeatable).
     #[arg(long = "set", global = true, value_name = "NAME=VALUE")]
     pub set: Vec<String>,
@@ -92,6 +96,20 @@ pub enum Command {
 }
 
 impl Cli {
+    /// Records the secrets of every URI given on the command line or in the environment before
+    /// anything can fail, so that no message (a refused setting, a TOML error quoting a line)
+    /// shows them, even outside a URI.
+    fn remember_secrets(&self) {
+        let set = self.set.iter().filter_map(|pair| {
+            let (name, value) = pair.split_once('=')?;
+            (name.trim() == "mongodb_uri").then(|| value.to_string())
+        });
+        let env = std::env::var("COUNTERD_MONGODB_URI").ok();
+        for uri in self.mongodb_uri.iter().cloned().chain(set).chain(env) {
+            crate::config::redact::remember_secrets(&uri);
+        }
+    }
+
     /// Settings from file, environment and these flags.
     pub fn settings(&self) -> Result<Settings, ConfigError> {
         self.load().map(|l| l.settings)
@@ -122,6 +140,9 @@ impl Cli {
         if self.log_json {
             overrides.push(named("log_format", "--log-json", "json"));
         }
+        if self.verbose {
+            overrides.push(named("log_level", "--verbose", "debug"));
+        }
         for pair in &self.set {
             let Some((name, value)) = pair.split_once('=') else {
                 return Err(ConfigError::Invalid {
@@ -143,10 +164,14 @@ impl Cli {
 
 /// Runs the parsed command line.
 pub async fn main(cli: Cli) -> ExitCode {
+    cli.remember_secrets();
     let loaded = match cli.load() {
         Ok(l) => l,
         Err(e) => {
-            eprintln!("counterd: configuration error: {e}");
+            eprintln!(
+                "counterd: configuration error: {}",
+                redact_text(&e.to_string())
+            );
             return ExitCode::from(EXIT_CONFIG);
         }
     };
@@ -155,11 +180,12 @@ pub async fn main(cli: Cli) -> ExitCode {
         Some(name) => match loaded.settings.source_named(name) {
             Ok(source) => source,
             Err(e) => {
-                eprintln!("counterd: {e}");
+                eprintln!("counterd: {}", redact_text(&e.to_string()));
                 return ExitCode::from(EXIT_CONFIG);
             }
         },
     };
+    crate::config::redact::remember_secrets(&settings.mongodb_uri);
     let json_logs = settings.log_format == "json";
     match &cli.command {
         // The demo's live view owns the screen: its log lines go to a file it names.
@@ -180,6 +206,7 @@ pub async fn main(cli: Cli) -> ExitCode {
     for variable in &loaded.ignored_env {
         tracing::debug!(%variable, "ignoring a Kubernetes service-link variable (not a setting)");
     }
+    let verbose = cli.verbose;
     let result = match cli.command {
         Command::Config(args) => config::run(loaded, args).await,
         Command::Run(args) => run::run(settings, args).await,
@@ -197,6 +224,9 @@ pub async fn main(cli: Cli) -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("counterd: {}", exit::describe(&e));
+            if verbose {
+                eprintln!("counterd: in full: {}", exit::describe_in_full(&e));
+            }
             exit::exit_code(exit::code_for(&e))
         }
     }
@@ -204,6 +234,7 @@ pub async fn main(cli: Cli) -> ExitCode {
 
 /// Connects to the configured database (one-shot commands fail fast with a clear error).
 pub async fn connect(settings: &Settings) -> anyhow::Result<Arc<MongoStore>> {
+    crate::doctor::tls::check_files(&settings.mongodb_uri).map_err(ConfigError::from)?;
     let store = MongoStore::connect(&settings.into()).await?;
     Ok(Arc::new(store))
 }

@@ -12,14 +12,16 @@ use serde_json::{Map, Value};
 /// Set once a write to standard output failed (the reader went away): later output is dropped.
 static STDOUT_CLOSED: AtomicBool = AtomicBool::new(false);
 
-/// Writes one line to standard output; after a broken pipe, writes nothing more.
+/// Writes one line to standard output, any URI in it redacted (a last guard: commands print
+/// URIs already redacted); after a broken pipe, writes nothing more.
 pub fn write_line(args: std::fmt::Arguments<'_>) {
     if STDOUT_CLOSED.load(Ordering::Relaxed) {
         return;
     }
+    let text = crate::config::redact::redact_text_uris(&args.to_string());
     let mut out = std::io::stdout().lock();
     if out
-        .write_fmt(args)
+        .write_all(text.as_bytes())
         .and_then(|_| out.write_all(b"\n"))
         .and_then(|_| out.flush())
         .is_err()
@@ -33,6 +35,7 @@ pub fn write_raw(text: &str) {
     if STDOUT_CLOSED.load(Ordering::Relaxed) {
         return;
     }
+    let text = crate::config::redact::redact_text_uris(text);
     let mut out = std::io::stdout().lock();
     if out
         .write_all(text.as_bytes())

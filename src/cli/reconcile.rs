@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use crate::cli::exit::CheckFailed;
+use crate::cli::exit::NotYet;
 use crate::cli::{connect, print_json};
 use crate::config::Settings;
 use crate::event::PostId;
@@ -107,7 +107,7 @@ async fn refuse_before_the_initial_snapshot(
             .await?
             .is_none_or(|c| c.untouched());
         if untouched {
-            return Err(CheckFailed(format!(
+            return Err(NotYet(format!(
                 "nothing reconciled: counterd has not started on stream '{stream}' yet, and the initial snapshot of its first `counterd run` counts every post (a recount now would be counted twice); start `counterd run`, or set initial_snapshot = \"never\" if counters are kept some other way"
             ))
             .into());

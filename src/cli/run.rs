@@ -20,6 +20,7 @@ pub async fn run(settings: Settings, _args: Args) -> anyhow::Result<ExitCode> {
         Err(e) => {
             let e = anyhow::Error::from(e);
             tracing::error!(error = %crate::cli::exit::describe(&e), "counterd stopped");
+            tracing::debug!(error = %crate::cli::exit::describe_in_full(&e), "why counterd stopped, in full");
             Err(e)
         }
     }

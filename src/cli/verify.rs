@@ -25,8 +25,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     let store = std::sync::Arc::new(connect(&settings).await?.for_counter(counter));
     let posts = store.sample_posts(args.sample).await?;
     if crate::cli::snapshot_running(&settings, &store).await? {
-        outln!("not verified: the initial snapshot is still counting the rows that existed before the stream's start; counters are comparable once it is done (see `counterd status`)");
-        return Ok(crate::cli::exit::exit_code(crate::cli::exit::CHECK_FAILED));
+        return Err(crate::cli::exit::NotYet("not verified: the initial snapshot is still counting the rows that existed before the stream's start; counters are comparable once it is done (see `counterd status`)".into()).into());
     }
     let observations = observe(&settings, &store, &posts).await?;
     let mut mismatches = Vec::new();

@@ -5,11 +5,13 @@
 
 mod counters;
 mod load;
+pub mod redact;
 mod sources;
-mod validate;
+pub(crate) mod validate;
 
 pub use counters::CounterSetting;
 pub use load::{is_service_link, Loaded, Override};
+pub use redact::{redact_text, redact_uri};
 pub use sources::SourceSetting;
 
 use std::time::Duration;
@@ -232,6 +234,9 @@ pub enum ConfigError {
     File { path: String, message: String },
     #[error("config file {path}: {message}")]
     Parse { path: String, message: String },
+    /// A certificate file named in `mongodb_uri` cannot be used (checked before connecting).
+    #[error("mongodb_uri names a certificate counterd cannot use: {0}")]
+    Tls(#[from] crate::doctor::tls::TlsFileError),
     #[error("unknown setting `{name}` (from {origin}); see counterd.example.toml for the list")]
     Unknown { name: String, origin: String },
     #[error("setting `{name}` (from {origin}) = {value:?}: {message}")]
@@ -327,21 +332,6 @@ pub fn parse_time(text: &str) -> Option<i64> {
     chrono::DateTime::parse_from_rfc3339(text)
         .ok()
         .map(|t| t.timestamp())
-}
-
-/// Replaces the password in a MongoDB URI with `***`.
-pub fn redact_uri(uri: &str) -> String {
-    let Some(scheme_end) = uri.find("://") else {
-        return uri.to_string();
-    };
-    let rest = &uri[scheme_end + 3..];
-    let host_start = rest.find('/').unwrap_or(rest.len());
-    let Some(at) = rest[..host_start].rfind('@') else {
-        return uri.to_string();
-    };
-    let userinfo = &rest[..at];
-    let user = userinfo.split(':').next().unwrap_or("");
-    format!("{}://{}:***@{}", &uri[..scheme_end], user, &rest[at + 1..])
 }
 
 /// What to do when the checkpoint has fallen off the oplog.

@@ -3,6 +3,10 @@
 use std::time::Duration;
 
 use super::{redact_uri, ConfigError, Settings, SoftDeleteRule};
+
+/// What a connection string looks like, said without writing one (a URI-shaped example would
+/// itself be redacted in the message).
+pub const URI_SHAPE: &str = "expected mongodb:// or mongodb+srv:// then [user:password@]host[:port][,host…][/database][?options], with / @ : ? # % in the user or password percent-encoded";
 use crate::snapshot::InitialSnapshot;
 
 impl Settings {
@@ -168,11 +172,7 @@ impl Settings {
         if !self.mongodb_uri.starts_with("mongodb://")
             && !self.mongodb_uri.starts_with("mongodb+srv://")
         {
-            return Err(bad(
-                "mongodb_uri",
-                redact_uri(&self.mongodb_uri),
-                "expected mongodb://… or mongodb+srv://…",
-            ));
+            return Err(bad("mongodb_uri", redact_uri(&self.mongodb_uri), URI_SHAPE));
         }
         if let Err(e) = mongodb::options::ConnectionString::parse(&self.mongodb_uri) {
             // The driver's reason, without echoing the URI (it may hold a password).
@@ -180,11 +180,16 @@ impl Settings {
                 mongodb::error::ErrorKind::InvalidArgument { message, .. } => message.clone(),
                 _ => e.to_string(),
             };
-            let reason = reason.replace(&self.mongodb_uri, "<uri>");
+            let reason = if reason.contains("cert-key-password") {
+                "tlsCertificateKeyFilePassword is not supported: counterd reads only an unencrypted client key (convert it with openssl pkcs8 -nocrypt and keep the file readable by counterd alone)".to_string()
+            } else {
+                reason
+            };
+            let reason = safe_reason(&reason, &self.mongodb_uri);
             return Err(bad(
                 "mongodb_uri",
                 redact_uri(&self.mongodb_uri),
-                &format!("not a valid connection string: {reason} (expected mongodb://[user:pass@]host[:port][,host…]/[?options])"),
+                &format!("not a valid connection string: {reason} ({URI_SHAPE})"),
             ));
         }
         if self.ready_max_stall < Duration::from_secs(1) {
@@ -208,5 +213,17 @@ pub(super) fn collection_name_problem(name: &str) -> Option<&'static str> {
         Some("must not start with `system.`")
     } else {
         None
+    }
+}
+
+/// The driver's reason for refusing a URI, without any part of its secrets: a URI it could not
+/// split may be quoted in pieces (a fragment of the password read as a host or a port), and
+/// then only the likely cause is said.
+fn safe_reason(reason: &str, uri: &str) -> String {
+    let reason = super::redact::redact_text_for(&reason.replace(uri, "<uri>"), uri);
+    if super::redact::shows_part_of_secret(&reason, uri) {
+        "it does not split into user:password@hosts (a character of the password that must be percent-encoded, such as / @ : ? # % or a space, is written as it is)".into()
+    } else {
+        reason
     }
 }

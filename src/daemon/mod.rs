@@ -56,6 +56,9 @@ impl ActiveError for DaemonError {
 pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<(), DaemonError> {
     let metrics = crate::http::install_metrics();
     let statuses = statuses_for(&settings)?;
+    // A certificate file the driver cannot use fails every connection: say which, at once.
+    crate::doctor::tls::check_files(&settings.mongodb_uri)
+        .map_err(|e| DaemonError::Config(e.into()))?;
     let listener = tokio::net::TcpListener::bind(&settings.http_addr)
         .await
         .map_err(|source| DaemonError::Listen {

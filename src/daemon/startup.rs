@@ -87,6 +87,7 @@ where
         let delay = backoff.next().unwrap_or(max_delay);
         tracing::warn!(%step, error = %error, retry_in = %humantime::format_duration(delay),
             "start-up step failed with a transient error; retrying");
+        tracing::debug!(%step, error = %error.in_full(), "the start-up step's error in full");
         if sleep_or_shutdown(&SystemClock, delay, shutdown).await {
             return Ok(None);
         }

@@ -114,8 +114,9 @@ async fn run_streams(
     let Some(abilities) = abilities.await.map_err(DaemonError::Startup)? else {
         return Ok(());
     };
+    let tls = crate::doctor::tls::TlsPlan::of(&settings.mongodb_uri).unwrap_or_default();
     tracing::info!(mongodb = %crate::config::redact_uri(&settings.mongodb_uri), version = %abilities.version,
-        pre_images = abilities.pre_images, source = %settings.comments_collection, partitions = settings.partitions, "connected");
+        tls = %crate::doctor::tls::summary(&tls), pre_images = abilities.pre_images, source = %settings.comments_collection, partitions = settings.partitions, "connected");
     // The doctor's checks, logged: a missing recount index or a misspelled field is a warning
     // at start, never silent (none of them stops the process: `counterd doctor` exits on them).
     // Bounded like every start-up step: a server that stops answering here must not hold the

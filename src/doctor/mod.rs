@@ -19,6 +19,7 @@ mod index;
 mod privileges;
 mod sample;
 mod server;
+pub mod tls;
 
 use bson::Document;
 
@@ -60,7 +61,7 @@ impl Level {
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Finding {
     /// The check, one word: `server`, `topology`, `privileges`, `recount_index`,
-    /// `pre_images`, `snapshot_reads`, `fields`, `clock`.
+    /// `pre_images`, `snapshot_reads`, `fields`, `clock`, `tls`.
     pub check: &'static str,
     pub level: Level,
     pub message: String,

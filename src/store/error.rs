@@ -3,8 +3,9 @@
 /// Why a store operation failed, sorted by what the caller should do about it.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// Worth retrying: network trouble, no primary, an interrupted operation.
-    #[error("transient database error during {op}: {message}")]
+    /// Worth retrying: network trouble, no primary, an interrupted operation. (Its text does
+    /// not say "transient": a caller that retries says so, and one that gave up must not.)
+    #[error("database error during {op}: {message}")]
     Transient { op: &'static str, message: String },
     /// The resume token fell off the oplog (codes 286, 280, 260).
     #[error("change stream history lost (code {code}) while resuming after token {token}: the checkpoint is older than the oplog window")]
@@ -33,7 +34,7 @@ pub enum StoreError {
     /// otherwise as [`StoreError::Fatal`]. `detail` is a short, credential-free description
     /// for logs and messages; the driver's own error is kept whole as the source (its code,
     /// labels and chain).
-    #[error("{}database error during {op}: {detail}", if *.transient { "transient " } else { "" })]
+    #[error("{}", driver_failure(op, detail))]
     Driver {
         op: &'static str,
         transient: bool,
@@ -43,6 +44,16 @@ pub enum StoreError {
     },
 }
 
+/// A driver failure's text: the detail alone when it already says what failed (`cannot reach
+/// MongoDB at ...`, `MongoDB at ... refused counterd`), else `database error during <op>`.
+fn driver_failure(op: &str, detail: &str) -> String {
+    if detail.starts_with("cannot reach MongoDB") || detail.starts_with("MongoDB at ") {
+        detail.to_string()
+    } else {
+        format!("database error during {op}: {detail}")
+    }
+}
+
 impl StoreError {
     /// A write refused because a successor holds the stream with a newer epoch than `fence`'s.
     pub fn fenced(fence: &super::Fence) -> StoreError {
@@ -50,6 +61,19 @@ impl StoreError {
             stream: fence.stream.clone(),
             epoch: fence.epoch,
         }
+    }
+
+    /// The error with every source below it, the driver's own text included, secrets
+    /// redacted: for debug logs and `--verbose`, never for the one-sentence message.
+    pub fn in_full(&self) -> String {
+        let mut text = self.to_string();
+        let mut source = std::error::Error::source(self);
+        while let Some(cause) = source {
+            text.push_str(": ");
+            text.push_str(&cause.to_string());
+            source = cause.source();
+        }
+        crate::config::redact_text(&text)
     }
 
     pub fn is_transient(&self) -> bool {

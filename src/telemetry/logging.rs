@@ -5,12 +5,7 @@
 /// and `message`).
 pub fn init_logging(json: bool, level: &str) {
     use std::io::IsTerminal;
-    install(
-        json,
-        level,
-        std::io::stderr().is_terminal(),
-        std::io::stderr,
-    );
+    install(json, level, std::io::stderr().is_terminal(), Sink::Stderr);
 }
 
 /// [`init_logging`] into the file `path` (created or truncated) instead of standard error: for
@@ -22,34 +17,17 @@ pub fn init_logging_to_file(
     path: &std::path::Path,
 ) -> std::io::Result<()> {
     let file = std::sync::Arc::new(std::fs::File::create(path)?);
-    install(json, level, false, move || {
-        std::io::LineWriter::new(FileWriter(file.clone()))
-    });
+    install(json, level, false, Sink::File(file));
     Ok(())
 }
 
-/// A shared file handle as a writer (each log line is one `write` through the line writer).
-struct FileWriter(std::sync::Arc<std::fs::File>);
-
-impl std::io::Write for FileWriter {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        (&*self.0).write(buf)
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        (&*self.0).flush()
-    }
-}
-
-fn install<W>(json: bool, level: &str, ansi: bool, writer: W)
-where
-    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
-{
+fn install(json: bool, level: &str, ansi: bool, sink: Sink) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(ansi)
-        .with_writer(writer);
+        .with_writer(Redacting(sink));
     let _ = if json {
         builder
             .json()
@@ -60,4 +38,49 @@ where
     } else {
         builder.try_init()
     };
+}
+
+/// Where log lines go: standard error, or a file (the demo's).
+#[derive(Clone)]
+enum Sink {
+    Stderr,
+    File(std::sync::Arc<std::fs::File>),
+}
+
+/// Log lines to a [`Sink`], each line's URIs and known secrets redacted before it is written
+/// (a last guard: an error logged with a driver's text that quotes a URI). The subscriber
+/// formats an event whole and writes it through one writer, so one writer is one line.
+struct Redacting(Sink);
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Redacting {
+    type Writer = RedactedLine;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        RedactedLine(Vec::new(), self.0.clone())
+    }
+}
+
+/// One log line, written redacted when dropped.
+struct RedactedLine(Vec<u8>, Sink);
+
+impl std::io::Write for RedactedLine {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for RedactedLine {
+    fn drop(&mut self) {
+        use std::io::Write;
+        let line = crate::config::redact_text(&String::from_utf8_lossy(&self.0));
+        let _ = match &self.1 {
+            Sink::Stderr => std::io::stderr().lock().write_all(line.as_bytes()),
+            Sink::File(file) => (&**file).write_all(line.as_bytes()),
+        };
+    }
 }

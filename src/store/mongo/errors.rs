@@ -17,17 +17,10 @@ pub(super) const DUPLICATE_KEY: i32 = 11000;
 /// `SnapshotUnavailable`, `StaleClusterTime`-like refusals): fall back to the row-level recount.
 pub(super) const SNAPSHOT_GONE: [i32; 3] = [239, 246, 209];
 
-/// A short, credential-free description of a driver error: the server's own words for a
-/// refused command or login (the driver's text adds labels and the raw reply in hex).
+/// A short, credential-free description of a driver error: one sentence, the server's own
+/// words for a refused command or login, never the driver's debug text (see [`super::cause`]).
 pub(super) fn short(e: &DriverError) -> String {
-    match e.kind.as_ref() {
-        ErrorKind::ServerSelection { message, .. } => {
-            message.lines().next().unwrap_or(message).to_string()
-        }
-        ErrorKind::Command(c) => format!("{} (code {} {})", c.message, c.code, c.code_name),
-        ErrorKind::Authentication { message, .. } => format!("authentication failed: {message}"),
-        _ => e.to_string(),
-    }
+    super::cause::sentence(e)
 }
 
 pub(super) fn error_code(e: &DriverError) -> Option<i32> {

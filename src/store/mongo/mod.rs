@@ -11,6 +11,7 @@
 //! one file per store trait: `checkpoints`, `counters`, `ledger`, `dirty`, `truth`, `leases`,
 //! `run_history`.
 
+mod cause;
 mod checkpoints;
 mod counters;
 mod dirty;
@@ -170,6 +171,7 @@ impl MongoStore {
     /// Connects and checks that the server answers, with an error that names the host, what
     /// failed and what to check.
     pub async fn connect(options: &ConnectOptions) -> StoreResult<MongoStore> {
+        crate::config::redact::remember_secrets(&options.uri);
         let mut client_options =
             ClientOptions::parse(&options.uri)
                 .await
@@ -177,7 +179,9 @@ impl MongoStore {
                     op: "parse the MongoDB URI",
                     transient: false,
                     detail: format!(
-                        "{e} (check `mongodb_uri`: mongodb://[user:pass@]host:port/?options)"
+                        "{} (check `mongodb_uri`: {})",
+                        crate::config::redact::redact_text_for(&short(&e), &options.uri),
+                        crate::config::validate::URI_SHAPE
                     ),
                     source: Box::new(e),
                 })?;
@@ -195,7 +199,7 @@ impl MongoStore {
         let client = Client::with_options(client_options).map_err(|e| StoreError::Driver {
             op: "create the MongoDB client",
             transient: false,
-            detail: e.to_string(),
+            detail: short(&e),
             source: Box::new(e),
         })?;
         let db = client.database(&options.database);
@@ -204,15 +208,12 @@ impl MongoStore {
             let transient = unreachable_for_now(&e);
             let detail = if transient {
                 format!(
-                    "cannot reach MongoDB at {hosts} within {:?}: {} (check that the server is running, the host and port, credentials and TLS settings)",
-                    options.connect_timeout,
+                    "cannot reach MongoDB at {hosts} within {}: {}",
+                    humantime::format_duration(options.connect_timeout),
                     short(&e)
                 )
             } else {
-                format!(
-                    "MongoDB at {hosts} refused counterd: {} (check the credentials in `mongodb_uri` and the user's roles)",
-                    short(&e)
-                )
+                format!("MongoDB at {hosts} refused counterd: {}", short(&e))
             };
             StoreError::Driver {
                 op: "connect",

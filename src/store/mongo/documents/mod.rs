@@ -59,10 +59,17 @@ pub(super) fn row_from_ledger(doc: &Document, definitions: &[Definition]) -> Opt
     })
 }
 
+/// A document's `_id` as an operator reads it (`"post-1"`, `ObjectId("...")`, `7`), not as
+/// Rust debug text (`Some(String("post-1"))`).
+fn shown_id(doc: &Document) -> String {
+    doc.get("_id")
+        .map_or_else(|| "(no _id)".to_string(), |id| id.to_string())
+}
+
 pub(super) fn counter_from_doc(doc: &Document) -> StoreResult<CounterDoc> {
     let malformed = |detail: String| StoreError::Malformed {
         what: "counter",
-        id: format!("{:?}", doc.get("_id")),
+        id: shown_id(doc),
         detail,
     };
     let int_or_none = |field: &str| -> StoreResult<Option<i64>> {
@@ -365,7 +372,7 @@ pub(super) fn to_stored<T: Serialize>(op: &'static str, value: &T) -> StoreResul
 /// A stored reconcile run: the document `record_run` wrote with serde, read back with serde
 /// (fields a run written by an older counterd lacks take their defaults).
 pub(super) fn run_from_doc(d: Document) -> StoreResult<RunSummary> {
-    let id = format!("{:?}", d.get("_id"));
+    let id = shown_id(&d);
     bson::from_document(d).map_err(|e| StoreError::Malformed {
         what: "reconcile run",
         id,
