@@ -326,8 +326,14 @@ async fn a_plain_id_is_the_post_that_exists() {
     let t = TestDb::new("seqplainid").await;
     t.insert_comment("c1", &PostId::Str("123".into()), now_secs() - 3600)
         .await;
+    // No counter yet (no worker ran): `get` says it differs from the truth (exit 1).
     let o = counterd(&t, &["get", "123", "--json"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["true_count"], 1, "{v}");
     let o = counterd(&t, &["get", "int:123", "--json"]);
