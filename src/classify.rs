@@ -158,7 +158,8 @@ fn at_text(at: &Option<bson::Timestamp>) -> String {
 }
 
 /// The first whole second after the event, where to replay from.
-fn replay_from(at: &Option<bson::Timestamp>) -> String {
+/// The time to replay from after an end at `at`: the next whole second.
+pub fn replay_from(at: &Option<bson::Timestamp>) -> String {
     at.map(|t| seconds_rfc3339(t.time as i64 + 1))
         .unwrap_or_else(|| "<RFC 3339 time just after the drop>".into())
 }

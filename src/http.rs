@@ -1,5 +1,6 @@
-//! HTTP endpoints: `/metrics` (Prometheus text), `/healthz` (process alive), `/readyz` (the
-//! process reaches MongoDB; an active stream is open, made progress recently and is not too far
+//! HTTP endpoints: `/metrics` (Prometheus text), `/healthz` (process alive, parked streams
+//! included: a restart would meet the same wall), `/readyz` (no stream is parked; the process
+//! reaches MongoDB; an active stream is open, made progress recently and is not too far
 //! behind; a standby is ready to take over, so it answers ready too).
 //!
 //! Everything about time is computed when the endpoint is asked, from the timestamps the
@@ -118,6 +119,9 @@ pub fn readiness(
     now_ms: i64,
 ) -> (StatusCode, String) {
     let unready = StatusCode::SERVICE_UNAVAILABLE;
+    if let Some(body) = parked_body(statuses) {
+        return (unready, body);
+    }
     if statuses
         .iter()
         .any(|s| !s.connected.load(Ordering::Relaxed))
@@ -181,6 +185,21 @@ pub fn readiness(
     (StatusCode::OK, format!("active ({of}): lag {lag:.0}s\n"))
 }
 
+/// `/readyz`'s body when a stream is parked: each parked stream and why, and where to look.
+fn parked_body(statuses: &[&Arc<WorkerStatus>]) -> Option<String> {
+    let parked: Vec<String> = statuses
+        .iter()
+        .filter_map(|s| s.parked())
+        .map(|p| format!("{} ({})", p.stream, p.reason.label()))
+        .collect();
+    (!parked.is_empty()).then(|| {
+        format!(
+            "parked: {}; the process stays up and re-checks by itself (the ERROR log line says what to do; counterd_parked)\n",
+            parked.join(", ")
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -215,6 +234,27 @@ mod tests {
         let (code, body) = readiness(&[&s], BOUNDS, now + 11_000);
         assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
         assert!(body.contains("no progress for 11s"), "{body}");
+    }
+
+    #[test]
+    fn a_parked_stream_is_unready_and_named_with_its_reason() {
+        let parked = status(false);
+        let healthy = status(true);
+        healthy.progressed();
+        let now = healthy.progress_at_ms.load(Ordering::Relaxed);
+        healthy
+            .applied_until_secs
+            .store(now / 1000, Ordering::Relaxed);
+        assert!(parked.park("likes", crate::status::ParkReason::SourceMissing));
+        assert!(!parked.park("likes", crate::status::ParkReason::SourceMissing));
+        let (code, body) = readiness(&[&healthy, &parked], BOUNDS, now);
+        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(body.starts_with("parked: likes (source_missing)"), "{body}");
+        assert!(parked.resumed());
+        assert_eq!(
+            readiness(&[&healthy, &parked], BOUNDS, now).0,
+            StatusCode::OK
+        );
     }
 
     #[test]

@@ -120,7 +120,11 @@ where
                     .await
                 {
                     Ok(Some(epoch)) => break (epoch, slot),
-                    Ok(None) => status.reached(),
+                    Ok(None) => {
+                        // Another worker holds the stream: this one is a healthy standby.
+                        status.reached();
+                        status.resumed();
+                    }
                     Err(e) if e.is_transient() => {
                         // Retried at the next look (every `renew`, jittered), at start-up as
                         // later.
@@ -177,7 +181,11 @@ where
         status.reached();
         status.active.store(true, Ordering::Relaxed);
         metrics::gauge!(m::WORKER_ACTIVE, "stream" => label.clone()).set(1.0);
-        metrics::counter!(m::LEASE_TAKEOVERS, "stream" => label.clone()).increment(1);
+        // A parked stream trying again takes back the lease it released: not a takeover (its
+        // retries would read as a flapping lease).
+        if status.parked().is_none() {
+            metrics::counter!(m::LEASE_TAKEOVERS, "stream" => label.clone()).increment(1);
+        }
         metrics::gauge!(m::LEASE_RENEWED_TIMESTAMP, "stream" => label.clone())
             .set(now_ms as f64 / 1000.0);
 
@@ -232,8 +240,9 @@ where
         status.active.store(false, Ordering::Relaxed);
         status.stream_open.store(false, Ordering::Relaxed);
         metrics::gauge!(m::WORKER_ACTIVE, "stream" => label).set(0.0);
-        // Released on shutdown, and when the work failed for good (the process stops): a
-        // standby, or an operator's `replay`, need not wait for it to lapse.
+        // Released on shutdown, and when the work failed for good (the process stops, or the
+        // stream parks: see `daemon::park`): a standby, or an operator's `replay`, need not
+        // wait for it to lapse.
         let fenced = result.as_ref().is_err_and(E::is_fenced);
         if shutdown.requested() || (result.is_err() && !fenced) {
             let _ = store

@@ -319,9 +319,11 @@ fn which_promtool() -> Result<std::path::PathBuf, ()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dropped_comments_collection_stops_run_with_exit_code_4() {
+async fn a_dropped_comments_collection_stops_run_with_exit_code_4_under_on_fatal_exit() {
     let t = TestDb::new("dropped").await;
-    let mut d = Daemon::start(&t.uri, &t.name, "dropped", &[]);
+    // on_fatal = "exit" keeps the exit codes for a supervisor that wants them (the default
+    // parks the stream instead: tests/parked.rs).
+    let mut d = Daemon::start(&t.uri, &t.name, "dropped", &[("COUNTERD_ON_FATAL", "exit")]);
     assert!(d.wait_role("active", Duration::from_secs(20)).await);
     t.insert_comment("d0", &post(0), now_secs()).await;
     t.comments.drop().await.unwrap();

@@ -407,7 +407,11 @@ async fn a_backup_restored_on_a_fresh_server_is_lost_history() {
         &fresh.uri,
         &t.name,
         "restored-fail",
-        &[("COUNTERD_ON_HISTORY_LOST", "fail")],
+        // on_fatal = "exit": the old behaviour (the default parks: tests/parked.rs).
+        &[
+            ("COUNTERD_ON_HISTORY_LOST", "fail"),
+            ("COUNTERD_ON_FATAL", "exit"),
+        ],
         Some(log.path()),
     );
     assert_eq!(
@@ -491,12 +495,16 @@ fn replay_time_in(log: &str) -> String {
         .to_string()
 }
 
+/// `run` stops on a condition no retry mends, with its exit code, instead of parking it.
+const EXIT: (&str, &str) = ("COUNTERD_ON_FATAL", "exit");
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_collection_stops_run_and_the_advice_recovers() {
     let t = TestDb::new("droprecover").await;
     let posts = [post(0), post(1), post(2)];
     let log = tempfile::NamedTempFile::new().unwrap();
-    let mut d = Daemon::start_logged(&t.uri, &t.name, "dropped", &[], Some(log.path()));
+    // on_fatal = "exit" (the default parks the stream instead: tests/parked.rs).
+    let mut d = Daemon::start_logged(&t.uri, &t.name, "dropped", &[EXIT], Some(log.path()));
     nine_rows(&t, &d).await;
     assert_eq!(d.get("/readyz").await.map(|r| r.0), Some(200));
 
@@ -519,7 +527,7 @@ async fn a_dropped_collection_stops_run_and_the_advice_recovers() {
     let from = replay_time_in(&said);
 
     // A restart reads the drop again and stops again.
-    let mut again = Daemon::start(&t.uri, &t.name, "dropped-again", &[]);
+    let mut again = Daemon::start(&t.uri, &t.name, "dropped-again", &[EXIT]);
     assert_eq!(
         exit_within(&mut again, Duration::from_secs(20)).await,
         Some(4)
@@ -600,7 +608,7 @@ async fn replay_until_ready(t: &TestDb, from: &str, rounds: &mut u32) -> LoggedR
         let replay = counterd(&t.uri, &t.name, &["replay", "--from-time", &from]);
         assert!(replay.status.success(), "{}", text(&replay));
         let log = tempfile::NamedTempFile::new().unwrap();
-        let run = Daemon::start_logged(&t.uri, &t.name, "dropped-back", &[], Some(log.path()));
+        let run = Daemon::start_logged(&t.uri, &t.name, "dropped-back", &[EXIT], Some(log.path()));
         let mut d = LoggedRun { run, log };
         // Ready, not merely active: a run holds the lease before its stream reaches the
         // fake's late `invalidate`, and stops on it afterwards.

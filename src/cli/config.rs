@@ -93,7 +93,11 @@ pub async fn run(loaded: Loaded, args: Args) -> anyhow::Result<ExitCode> {
             .get(name)
             .map(String::as_str)
             .unwrap_or("default");
-        outln!("{name} = {value}  # {origin}");
+        // Read from `mongodb_uri_file`: shown, but commented out, so that the output stays a
+        // settings file counterd accepts (the two settings exclude each other).
+        let from_file = name == "mongodb_uri" && !loaded.settings.mongodb_uri_file.is_empty();
+        let comment = if from_file { "# " } else { "" };
+        outln!("{comment}{name} = {value}  # {origin}");
     }
     for variable in &loaded.ignored_env {
         outln!("# ignored {variable}: a Kubernetes service link, not a setting");

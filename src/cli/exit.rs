@@ -80,6 +80,7 @@ fn daemon_code(e: &DaemonError) -> u8 {
         ) => store_code(source),
         DaemonError::Lease(LeaseError::Panicked { .. } | LeaseError::Cancelled { .. }) => INTERNAL,
         DaemonError::Config(_) => USAGE,
+        DaemonError::SourceMissing { .. } => STREAM,
     }
 }
 

@@ -15,10 +15,10 @@ use crate::cli::{age_secs, connect, print_json, rfc3339};
 use crate::config::{redact_uri, Settings};
 use crate::outln;
 use crate::partition::stream_names;
+use crate::store::mongo::MongoStore;
 use crate::store::prelude::*;
 use crate::store::{
-    Checkpoint, DirtySummary, Lease, RunSummary, SnapshotProgress, SnapshotState, Store,
-    SweepCursor,
+    Checkpoint, DirtySummary, Lease, RunSummary, SnapshotProgress, SnapshotState, SweepCursor,
 };
 
 #[derive(Debug, clap::Args)]
@@ -36,6 +36,8 @@ struct StreamStatus {
     stream: String,
     role: String,
     lease: Option<Lease>,
+    /// Why the stream is parked (`counterd run` with `on_fatal = "park"`), as its lease notes it.
+    parked: Option<String>,
     checkpoint_token: Option<String>,
     checkpoint_time: Option<String>,
     /// Seconds between the checkpoint's event time and now (the stream lag when events flow).
@@ -130,7 +132,7 @@ fn describe_snapshot(checkpoint: &Checkpoint, rows_per_second: u32) -> String {
 }
 
 async fn stream_status(
-    store: &impl Store,
+    store: &MongoStore,
     source: &str,
     stream: String,
     rows_per_second: u32,
@@ -150,7 +152,17 @@ async fn stream_status(
     let checkpoint_time = checkpoint
         .token_time
         .map(|t| bson::DateTime::from_millis(t.time as i64 * 1000));
+    let parked = store
+        .parked_note(&stream)
+        .await?
+        .map(|(reason, owner, since)| {
+            format!(
+                "{reason} since {} (by {owner}; the ERROR line of its log says what to do)",
+                rfc3339(since)
+            )
+        });
     Ok(StreamStatus {
+        parked,
         role,
         lease,
         checkpoint_token: checkpoint.token.as_ref().map(|t| t.to_string()),
@@ -271,6 +283,9 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     for s in &status.streams {
         outln!("stream            {}{}", s.stream, of_source(&s.source));
         outln!("  role            {}", s.role);
+        if let Some(parked) = &s.parked {
+            outln!("  PARKED          {parked}");
+        }
         outln!("  checkpoint token {}", or_none(&s.checkpoint_token));
         outln!("  checkpoint time {}", or_none(&s.checkpoint_time));
         let lag = s.lag_seconds.map(|l| format!("{l}s"));

@@ -145,6 +145,7 @@ impl Settings {
             origins.insert(o.name.clone(), o.origin.clone());
             table.insert(o.name.clone(), value);
         }
+        read_uri_file(&mut table, &mut origins)?;
         let counters = table.get("counters").cloned();
         let sources = table.get("sources").cloned();
         let mut settings: Settings =
@@ -185,6 +186,46 @@ impl Settings {
             ignored_env,
         })
     }
+}
+
+/// `mongodb_uri_file` given: the URI is read from that file into `mongodb_uri` (whose origin
+/// then names the file). Setting `mongodb_uri` as well is refused: which one wins would be a
+/// guess.
+fn read_uri_file(
+    table: &mut toml::Table,
+    origins: &mut BTreeMap<String, String>,
+) -> Result<(), ConfigError> {
+    let path = match table.get("mongodb_uri_file") {
+        Some(toml::Value::String(p)) if !p.is_empty() => p.clone(),
+        _ => return Ok(()),
+    };
+    let origin = origins
+        .get("mongodb_uri_file")
+        .cloned()
+        .unwrap_or_else(|| "settings".into());
+    let uri_origin = origins.get("mongodb_uri").map_or("default", String::as_str);
+    if uri_origin != "default" {
+        return Err(ConfigError::Invalid {
+            name: "mongodb_uri_file".into(),
+            origin,
+            value: path,
+            message: format!(
+                "mongodb_uri is set as well (from {uri_origin}): set only one of them"
+            ),
+        });
+    }
+    let uri = super::read_uri_file(&path).map_err(|message| ConfigError::Invalid {
+        name: "mongodb_uri_file".into(),
+        origin: origin.clone(),
+        value: path.clone(),
+        message,
+    })?;
+    table.insert("mongodb_uri".into(), toml::Value::String(uri));
+    origins.insert(
+        "mongodb_uri".into(),
+        format!("file {path} (mongodb_uri_file, {origin})"),
+    );
+    Ok(())
 }
 
 /// The `[[counters]]` (or `[[sources]]`) entries read again from their TOML text: a
@@ -375,6 +416,77 @@ mod tests {
             );
             assert!(!e.contains("hunter2"), "{e}");
         }
+    }
+
+    #[test]
+    fn the_uri_comes_from_mongodb_uri_file_trimmed_and_never_beside_mongodb_uri() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("uri");
+        std::fs::write(&path, "mongodb://alice:s3cret@db:27017/?replicaSet=rs0\n").unwrap();
+        let file = path.display().to_string();
+        let env = vec![("COUNTERD_MONGODB_URI_FILE".to_string(), file.clone())];
+        let l = Settings::load_traced(None, env.clone(), &[]).unwrap();
+        assert_eq!(
+            l.settings.mongodb_uri,
+            "mongodb://alice:s3cret@db:27017/?replicaSet=rs0"
+        );
+        assert!(l.origins["mongodb_uri"].contains(&file));
+        // Re-read: a rotated Secret is seen without a restart.
+        std::fs::write(&path, "mongodb://alice:n3w@db:27017/\n\n").unwrap();
+        assert_eq!(
+            l.settings.current_uri().unwrap(),
+            "mongodb://alice:n3w@db:27017/"
+        );
+        // Both given: refused, naming both.
+        let mut both = env.clone();
+        both.push(("COUNTERD_MONGODB_URI".into(), "mongodb://db/".into()));
+        let e = Settings::load(None, both, &[]).unwrap_err().to_string();
+        assert!(
+            e.contains("mongodb_uri_file") && e.contains("COUNTERD_MONGODB_URI"),
+            "{e}"
+        );
+        // Unreadable: the path is named, nothing of the content.
+        let missing = dir.path().join("nope").display().to_string();
+        let env = vec![("COUNTERD_MONGODB_URI_FILE".to_string(), missing.clone())];
+        let e = Settings::load(None, env, &[]).unwrap_err().to_string();
+        assert!(e.contains(&missing) && e.contains("no such file"), "{e}");
+        std::fs::write(&path, "mongodb://alice:hunter2@db:notaport/\n").unwrap();
+        let e = Settings::load(
+            None,
+            vec![("COUNTERD_MONGODB_URI_FILE".to_string(), file.clone())],
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("not a valid connection string") && e.contains(&file),
+            "{e}"
+        );
+        assert!(!e.contains("hunter2"), "{e}");
+        assert!(
+            l.settings.current_uri().is_err(),
+            "a bad rotation is refused"
+        );
+    }
+
+    #[test]
+    fn the_placeholder_password_is_refused() {
+        for uri in [
+            "mongodb://counterd:CHANGE_ME@db:27017/?authSource=admin",
+            "mongodb://counterd:CHANGE%5FME@db:27017/",
+        ] {
+            let env = vec![("COUNTERD_MONGODB_URI".to_string(), uri.to_string())];
+            let e = Settings::load(None, env, &[]).unwrap_err().to_string();
+            assert!(
+                e.contains("placeholder") && e.contains("create the Secret"),
+                "{uri}: {e}"
+            );
+        }
+        let env = vec![(
+            "COUNTERD_MONGODB_URI".to_string(),
+            "mongodb://counterd:CHANGE_ME_NOT@db/".to_string(),
+        )];
+        assert!(Settings::load(None, env, &[]).is_ok());
     }
 
     #[test]

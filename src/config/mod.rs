@@ -27,6 +27,10 @@ use crate::snapshot::InitialSnapshot;
 pub struct Settings {
     /// MongoDB connection string (credentials allowed; they are redacted in logs and `status`).
     pub mongodb_uri: String,
+    /// Path of a file holding the connection string (a mounted Secret), read at start and again
+    /// each time a stream parked on refused credentials retries its login; trailing whitespace
+    /// is ignored. Empty: use `mongodb_uri` (setting both is an error).
+    pub mongodb_uri_file: String,
     /// Database holding `comments` and counterd's own collections.
     pub database: String,
     /// The collection of comment rows to count.
@@ -82,6 +86,15 @@ pub struct Settings {
     pub start_at: String,
     /// When the checkpoint fell off the oplog: fail, or resweep (start from now + full recount).
     pub on_history_lost: OnHistoryLost,
+    /// What `counterd run` does on a condition no retry mends (refused credentials or
+    /// privileges, the stream ended by a drop or rename, history lost under `fail`, a source
+    /// collection missing): park (that stream waits, re-checks by itself and resumes; the
+    /// process stays up) or exit (the process stops with the condition's exit code).
+    pub on_fatal: OnFatal,
+    /// Longest pause between a parked stream's re-checks (credentials, the collection back,
+    /// a checkpoint moved by `counterd replay`).
+    #[serde(with = "humantime_serde")]
+    pub park_recheck_interval: Duration,
     /// A stream that has never applied anything first counts the rows that already exist
     /// (`auto`), or counts only what it sees change (`never`).
     pub initial_snapshot: InitialSnapshot,
@@ -173,6 +186,7 @@ impl Default for Settings {
     fn default() -> Self {
         Settings {
             mongodb_uri: "mongodb://127.0.0.1:27017/".into(),
+            mongodb_uri_file: String::new(),
             database: "app".into(),
             comments_collection: "comments".into(),
             counters_collection: "comment_counters".into(),
@@ -194,6 +208,8 @@ impl Default for Settings {
             max_await: Duration::from_millis(500),
             start_at: String::new(),
             on_history_lost: OnHistoryLost::Resweep,
+            on_fatal: OnFatal::Park,
+            park_recheck_interval: Duration::from_secs(30),
             initial_snapshot: InitialSnapshot::Auto,
             snapshot_rows_per_second: 5000,
             snapshot_chunk_rows: 1000,
@@ -327,6 +343,61 @@ impl Settings {
     }
 }
 
+/// The connection string held in the file at `path` (a mounted Secret), trailing whitespace
+/// and newline trimmed. The error names the file, never its content.
+pub fn read_uri_file(path: &str) -> Result<String, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        let reason = match e.kind() {
+            std::io::ErrorKind::NotFound => "no such file".to_string(),
+            std::io::ErrorKind::PermissionDenied => "permission denied".to_string(),
+            std::io::ErrorKind::InvalidData => "not UTF-8 text".to_string(),
+            _ => e.kind().to_string(),
+        };
+        format!("cannot read the connection string from this file: {reason} (is the Secret mounted there, and readable by counterd's user?)")
+    })?;
+    let uri = text.trim_end().to_string();
+    if uri.is_empty() {
+        return Err("the file is empty: it must hold the connection string (mongodb://...)".into());
+    }
+    Ok(uri)
+}
+
+/// The password the shipped manifests carry as a placeholder: never a real one.
+pub const PLACEHOLDER_PASSWORD: &str = "CHANGE_ME";
+
+/// Whether `uri`'s password is the manifests' placeholder (`CHANGE_ME`, percent-encoded or not).
+pub fn has_placeholder_password(uri: &str) -> bool {
+    mongodb::options::ConnectionString::parse(uri)
+        .ok()
+        .and_then(|c| c.credential)
+        .and_then(|c| c.password)
+        .is_some_and(|p| p == PLACEHOLDER_PASSWORD)
+}
+
+impl Settings {
+    /// The connection string as it is now: `mongodb_uri_file` read again (a rotated Secret),
+    /// else `mongodb_uri`. An unreadable file or an unusable URI in it is an error naming the
+    /// file; the caller keeps the URI it had.
+    pub fn current_uri(&self) -> Result<String, ConfigError> {
+        if self.mongodb_uri_file.is_empty() {
+            return Ok(self.mongodb_uri.clone());
+        }
+        let invalid = |message: String| ConfigError::Invalid {
+            name: "mongodb_uri_file".into(),
+            origin: "settings".into(),
+            value: self.mongodb_uri_file.clone(),
+            message,
+        };
+        let uri = read_uri_file(&self.mongodb_uri_file).map_err(invalid)?;
+        let reread = Settings {
+            mongodb_uri: uri.clone(),
+            ..Settings::default()
+        };
+        reread.check_uri().map_err(|e| invalid(e.to_string()))?;
+        Ok(uri)
+    }
+}
+
 /// Parses an RFC 3339 time into seconds since the epoch.
 pub fn parse_time(text: &str) -> Option<i64> {
     chrono::DateTime::parse_from_rfc3339(text)
@@ -343,6 +414,17 @@ pub enum OnHistoryLost {
     /// Start from now, record the gap, and run a throttled full sweep.
     #[default]
     Resweep,
+}
+
+/// What `counterd run` does on a condition that no retry mends (see `crate::daemon::park`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum OnFatal {
+    /// Park the stream: the process stays up, the stream re-checks and resumes by itself.
+    #[default]
+    Park,
+    /// Stop the process with the condition's exit code.
+    Exit,
 }
 
 /// The soft-delete rules (see [`crate::schema::SoftDelete`]).

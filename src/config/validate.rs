@@ -169,6 +169,26 @@ impl Settings {
                 "expected an RFC 3339 time, e.g. 2026-01-31T12:00:00Z",
             ));
         }
+        self.check_uri()?;
+        if self.ready_max_stall < Duration::from_secs(1) {
+            return Err(bad(
+                "ready_max_stall",
+                humantime::format_duration(self.ready_max_stall).to_string(),
+                "allowed: at least 1s",
+            ));
+        }
+        Ok(())
+    }
+
+    /// `mongodb_uri` is a connection string counterd can use: its shape, what the driver
+    /// parses, and not the manifests' placeholder password.
+    pub(super) fn check_uri(&self) -> Result<(), ConfigError> {
+        let bad = |name: &str, value: String, message: &str| ConfigError::Invalid {
+            name: name.into(),
+            origin: "settings".into(),
+            value,
+            message: message.into(),
+        };
         if !self.mongodb_uri.starts_with("mongodb://")
             && !self.mongodb_uri.starts_with("mongodb+srv://")
         {
@@ -192,11 +212,11 @@ impl Settings {
                 &format!("not a valid connection string: {reason} ({URI_SHAPE})"),
             ));
         }
-        if self.ready_max_stall < Duration::from_secs(1) {
+        if super::has_placeholder_password(&self.mongodb_uri) {
             return Err(bad(
-                "ready_max_stall",
-                humantime::format_duration(self.ready_max_stall).to_string(),
-                "allowed: at least 1s",
+                "mongodb_uri",
+                redact_uri(&self.mongodb_uri),
+                &format!("the password is the shipped manifests' placeholder `{}`: create the Secret with the real connection string (kubectl create secret generic ..., see deploy/README.md) instead of applying the placeholder", super::PLACEHOLDER_PASSWORD),
             ));
         }
         Ok(())

@@ -1,12 +1,16 @@
 //! The sidecar assembled from [`Settings`]: HTTP endpoints, then, per stream (of each source),
-//! a lease, a worker and a reconcile loop, until shutdown or the first fatal error. `counterd run` and
-//! `counterd demo` start it; the other commands borrow its settings mapping.
+//! a lease, a worker and a reconcile loop, until shutdown or the first fatal error. A condition
+//! no retry mends parks its stream instead (`on_fatal = "park"`, the default: see `park`).
+//! `counterd run` and `counterd demo` start it; the other commands borrow its settings mapping.
 //!
 //! - `settings`: each component's settings (and defaults) from the configuration;
 //! - `startup`: start-up steps that ride through transient errors (an unreachable server, a
 //!   lost reply while creating indexes) and stop only on errors no retry mends;
-//! - `streams`: the supervisor of the streams (sources and partitions) of the process.
+//! - `streams`: the supervisor of the streams (sources and partitions) of the process;
+//! - `park`: which errors park a stream, the ERROR line that says what to do, and the re-checks
+//!   that resume it.
 
+mod park;
 mod settings;
 mod startup;
 mod streams;
@@ -40,6 +44,10 @@ pub enum DaemonError {
     /// The settings do not hold together (the `[[counters]]` definitions).
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
+    /// The source collection is gone although counters were counted from it (checked by the
+    /// stream's lease holder before it reads; a condition that parks the stream).
+    #[error("the source collection `{collection}` of stream `{stream}` does not exist, although counters were counted from it")]
+    SourceMissing { stream: String, collection: String },
 }
 
 impl ActiveError for DaemonError {
@@ -52,7 +60,8 @@ impl ActiveError for DaemonError {
 }
 
 /// Serves the HTTP endpoints and runs every stream of the configuration until `shutdown` or
-/// the first fatal error (which stops the endpoints too: the exit code says why).
+/// the first fatal error that does not park its stream (which stops the endpoints too: the exit
+/// code says why).
 pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<(), DaemonError> {
     let metrics = crate::http::install_metrics();
     let statuses = statuses_for(&settings)?;

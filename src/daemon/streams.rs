@@ -1,5 +1,6 @@
 //! The process supervisor: one lease, worker and reconcile loop per stream (one per source,
-//! or one per partition of each), all stopped by the first fatal error of any of them.
+//! or one per partition of each). A condition no retry mends parks its stream (see
+//! `daemon::park`); any other fatal error, or any under `on_fatal = "exit"`, stops them all.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -7,12 +8,17 @@ use std::sync::Arc;
 
 use tokio::sync::Semaphore;
 
-use super::{connect_patiently, patiently, step, DaemonError};
-use crate::config::Settings;
+use super::{connect_patiently, park, patiently, step, DaemonError};
+use crate::clock::SystemClock;
+use crate::config::{OnFatal, Settings};
 use crate::lease::{default_owner, hold, LeaseError, LeaseSettings};
 use crate::reconcile::{run_loop, ReconcileSettings, Reconciler};
+use crate::shutdown::sleep_or_shutdown;
 use crate::shutdown::Shutdown;
 use crate::status::WorkerStatus;
+use crate::store::mongo::MongoStore;
+use crate::store::prelude::*;
+use crate::store::{ServerAbilities, StoreError};
 use crate::worker::{Worker, WorkerSettings};
 
 /// Every stream of the configuration with its status: each source's (the comments first, then
@@ -85,9 +91,10 @@ pub async fn run_sources(
     first_error.map_or(Ok(()), Err)
 }
 
-/// Connects and prepares the database (retrying transient errors), then, for each stream of
-/// one source, holds its lease and runs its worker and reconciler. The first fatal error stops
-/// every stream of the source.
+/// Connects and prepares the database (retrying transient errors; parking the source's streams
+/// while their credentials are refused), then, for each stream of one source, holds its lease
+/// and runs its worker and reconciler (see [`StreamJob::supervise`]). The first error that
+/// does not park a stream stops every stream of the source.
 async fn run_streams(
     settings: Settings,
     statuses: Vec<Arc<WorkerStatus>>,
@@ -96,22 +103,9 @@ async fn run_streams(
 ) -> Result<(), DaemonError> {
     // Each start-up step rides through transient errors (`/readyz` stays unready meanwhile);
     // `None`: shutdown was requested before it succeeded.
-    let Some(store) = connect_patiently(&settings, &shutdown)
-        .await
-        .map_err(DaemonError::Startup)?
+    let Some((settings, store, abilities)) =
+        prepare_or_park(settings, &statuses, &shutdown).await?
     else {
-        return Ok(());
-    };
-    let indexes = patiently(step::CREATE_INDEXES, &settings, &shutdown, || {
-        store.ensure_indexes_with(settings.count_index)
-    });
-    if indexes.await.map_err(DaemonError::Startup)?.is_none() {
-        return Ok(());
-    }
-    let abilities = patiently(step::SERVER_ABILITIES, &settings, &shutdown, || {
-        store.abilities()
-    });
-    let Some(abilities) = abilities.await.map_err(DaemonError::Startup)? else {
         return Ok(());
     };
     let tls = crate::doctor::tls::TlsPlan::of(&settings.mongodb_uri).unwrap_or_default();
@@ -151,62 +145,39 @@ async fn run_streams(
     let mut names = HashMap::new();
     let budget = shared.budget;
     // Checked when the settings were loaded; a mistake here is one in the file.
-    let definitions = settings.definitions()?;
+    let definitions = Arc::new(settings.definitions()?);
     let partitions = crate::partition::stream_names(&settings.stream_name, settings.partitions);
+    let source = Arc::new(settings);
     for ((stream, partition), status) in partitions.into_iter().zip(statuses) {
-        let lease = LeaseSettings {
+        let settings = source.as_ref();
+        let job = StreamJob {
+            lease: LeaseSettings {
+                stream: stream.clone(),
+                owner: owner.clone(),
+                ttl: settings.lease_ttl,
+                renew: settings.lease_renew,
+                slots: slots.clone(),
+            },
+            worker: WorkerSettings {
+                stream: stream.clone(),
+                partition,
+                pre_images,
+                budget: budget.clone(),
+                ..WorkerSettings::from(settings)
+            },
+            reconcile: ReconcileSettings {
+                stream: stream.clone(),
+                partition,
+                // The process's budget, of every source, split over its streams.
+                recount_rows: crate::budget::cost::recount_rows(budget.total(), shared.streams),
+                ..ReconcileSettings::from(settings)
+            },
             stream: stream.clone(),
-            owner: owner.clone(),
-            ttl: settings.lease_ttl,
-            renew: settings.lease_renew,
-            slots: slots.clone(),
+            settings: source.clone(),
+            definitions: definitions.clone(),
+            status,
         };
-        let worker_settings = WorkerSettings {
-            stream: stream.clone(),
-            partition,
-            pre_images,
-            budget: budget.clone(),
-            ..WorkerSettings::from(&settings)
-        };
-        let reconcile_settings = ReconcileSettings {
-            stream: stream.clone(),
-            partition,
-            // The process's budget, of every source, split over its streams.
-            recount_rows: crate::budget::cost::recount_rows(budget.total(), shared.streams),
-            ..ReconcileSettings::from(&settings)
-        };
-        let (interval, jitter) = (settings.reconcile_interval, settings.reconcile_jitter);
-        let definitions = definitions.clone();
-        let (store, stop) = (store.clone(), stop.clone());
-        let task = streams.spawn(async move {
-            let active_store = store.clone();
-            let active_status = status.clone();
-            hold(store, lease, status, stop, move |epoch, stop: Shutdown| {
-                let worker = Worker::new(
-                    active_store.clone(),
-                    worker_settings.clone(),
-                    active_status.clone(),
-                );
-                // One reconciler per counter definition, each over its own view of the store.
-                let reconcilers = definitions
-                    .iter()
-                    .map(|(ix, d)| {
-                        let settings = reconcile_settings.clone().for_counter(ix, &d.name);
-                        Reconciler::new(active_store.clone(), settings)
-                    })
-                    .collect();
-                // Taken before the worker starts: an initial snapshot it begins is later.
-                let since = bson::DateTime::now();
-                async move {
-                    let reconcile =
-                        tokio::spawn(run_loop(reconcilers, interval, jitter, stop.clone(), since));
-                    let result = worker.run(epoch, stop).await;
-                    reconcile.abort();
-                    result.map_err(DaemonError::from)
-                }
-            })
-            .await
-        });
+        let task = streams.spawn(job.supervise(store.clone(), stop.clone()));
         names.insert(task.id(), stream);
     }
     let mut first_error = None;
@@ -221,4 +192,208 @@ async fn run_streams(
         }
     }
     first_error.map_or(Ok(()), Err)
+}
+
+/// A prepared database: the settings it was reached with (the URI as last read), the store
+/// and what the server can do.
+type Prepared = (Settings, MongoStore, ServerAbilities);
+
+/// Connects and prepares the database (connect, indexes, server abilities), each step riding
+/// through transient errors. Refused credentials park every stream of the source (under
+/// `on_fatal = "park"`): the start is tried again with backoff, reading `mongodb_uri_file`
+/// again each time. `None`: shutdown was requested first.
+async fn prepare_or_park(
+    mut settings: Settings,
+    statuses: &[Arc<WorkerStatus>],
+    shutdown: &Shutdown,
+) -> Result<Option<Prepared>, DaemonError> {
+    let mut backoff = park::recheck_backoff(&settings);
+    loop {
+        let error = match prepare(&settings, shutdown).await {
+            Ok(Some((store, abilities))) => return Ok(Some((settings, store, abilities))),
+            Ok(None) => return Ok(None),
+            Err(e) => DaemonError::Startup(e),
+        };
+        let Some(reason) = park::reason_for(&error).filter(|_| settings.on_fatal == OnFatal::Park)
+        else {
+            return Err(error);
+        };
+        let names: Vec<String> =
+            crate::partition::stream_names(&settings.stream_name, settings.partitions)
+                .into_iter()
+                .map(|(name, _)| name)
+                .collect();
+        let mut newly = false;
+        for (name, status) in names.iter().zip(statuses) {
+            newly |= status.park(name, reason);
+        }
+        if newly {
+            let streams = names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>();
+            let advice = park::advice(reason, &error, &settings, &streams.join(", "));
+            tracing::error!(streams = %names.join(","), reason = reason.label(), "{advice}");
+        } else {
+            tracing::info!(reason = reason.label(), error = %error, "still parked: the start was refused again");
+        }
+        let delay = backoff.next().unwrap_or(settings.park_recheck_interval);
+        if sleep_or_shutdown(&SystemClock, delay, shutdown).await {
+            return Ok(None);
+        }
+        settings.mongodb_uri = park::current_uri(&settings);
+    }
+}
+
+/// Connect, indexes, server abilities, each retried while its error is transient.
+async fn prepare(
+    settings: &Settings,
+    shutdown: &Shutdown,
+) -> Result<Option<(MongoStore, ServerAbilities)>, StoreError> {
+    let Some(store) = connect_patiently(settings, shutdown).await? else {
+        return Ok(None);
+    };
+    let indexes = patiently(step::CREATE_INDEXES, settings, shutdown, || {
+        store.ensure_indexes_with(settings.count_index)
+    });
+    if indexes.await?.is_none() {
+        return Ok(None);
+    }
+    let abilities = patiently(step::SERVER_ABILITIES, settings, shutdown, || {
+        store.abilities()
+    });
+    Ok(abilities.await?.map(|abilities| (store, abilities)))
+}
+
+/// One stream (a source, or a partition of one): its lease, worker and reconcilers, parked on
+/// a condition no retry mends (under `on_fatal = "park"`).
+#[derive(Clone)]
+struct StreamJob {
+    stream: String,
+    /// The source's settings.
+    settings: Arc<Settings>,
+    lease: LeaseSettings,
+    worker: WorkerSettings,
+    reconcile: ReconcileSettings,
+    definitions: Arc<crate::definition::Definitions>,
+    status: Arc<WorkerStatus>,
+}
+
+impl StreamJob {
+    /// Holds the lease and runs the work until shutdown; a condition that parks the stream
+    /// releases the lease (see [`hold`]), waits until it is worth trying again (see
+    /// [`park::until_worth_trying`]) and tries again. Any other error ends it.
+    async fn supervise(self, store: Arc<MongoStore>, stop: Shutdown) -> Result<(), DaemonError> {
+        let mut store = store;
+        let mut backoff = park::recheck_backoff(&self.settings);
+        loop {
+            let (job, active_store) = (self.clone(), store.clone());
+            let held = hold(
+                store.clone(),
+                self.lease.clone(),
+                self.status.clone(),
+                stop.clone(),
+                move |epoch, stop: Shutdown| job.work(active_store.clone(), epoch, stop),
+            );
+            let error = match held.await {
+                Ok(()) => return Ok(()),
+                Err(e) => e,
+            };
+            let Some(reason) =
+                park::reason_for(&error).filter(|_| self.settings.on_fatal == OnFatal::Park)
+            else {
+                return Err(error);
+            };
+            if self.status.park(&self.stream, reason) {
+                let advice = park::advice(
+                    reason,
+                    &error,
+                    &self.settings,
+                    &format!("`{}`", self.stream),
+                );
+                tracing::error!(stream = %self.stream, reason = reason.label(), "{advice}");
+                backoff = park::recheck_backoff(&self.settings);
+            } else {
+                tracing::info!(stream = %self.stream, reason = reason.label(), error = %error, "still parked");
+            }
+            // For `counterd status`: the lease (released) says why nobody holds it.
+            if let Err(e) = store
+                .note_parked(&self.stream, &self.lease.owner, reason.label())
+                .await
+            {
+                tracing::debug!(stream = %self.stream, error = %e, "cannot note the parked stream on its lease");
+            }
+            let wait = park::Wait {
+                reason,
+                stream: &self.stream,
+                settings: &self.settings,
+                store: &store,
+                parked_at: park::position(&store, &self.stream).await.ok(),
+            };
+            match park::until_worth_trying(wait, &mut backoff, &stop).await {
+                Some(again) => store = again,
+                None => return Ok(()),
+            }
+        }
+    }
+
+    /// The active work under the lease at `epoch`: the source collection checked (parking
+    /// mode), then the worker and one reconciler per counter definition until `stop`.
+    fn work(
+        &self,
+        store: Arc<MongoStore>,
+        epoch: i64,
+        stop: Shutdown,
+    ) -> impl std::future::Future<Output = Result<(), DaemonError>> + Send + 'static {
+        let worker = Worker::new(store.clone(), self.worker.clone(), self.status.clone());
+        // One reconciler per counter definition, each over its own view of the store.
+        let reconcilers = self
+            .definitions
+            .iter()
+            .map(|(ix, d)| {
+                let settings = self.reconcile.clone().for_counter(ix, &d.name);
+                Reconciler::new(store.clone(), settings)
+            })
+            .collect();
+        let (interval, jitter) = (
+            self.settings.reconcile_interval,
+            self.settings.reconcile_jitter,
+        );
+        let check = (self.settings.on_fatal == OnFatal::Park).then(|| self.stream.clone());
+        let collection = self.settings.comments_collection.clone();
+        // Taken before the worker starts: an initial snapshot it begins is later.
+        let since = bson::DateTime::now();
+        async move {
+            if let Some(stream) = check {
+                source_present(&store, stream, collection).await?;
+            }
+            let reconcile =
+                tokio::spawn(run_loop(reconcilers, interval, jitter, stop.clone(), since));
+            let result = worker.run(epoch, stop).await;
+            reconcile.abort();
+            result.map_err(DaemonError::from)
+        }
+    }
+}
+
+/// Refuses to run a stream whose source collection is gone although counters were counted
+/// from it (a stream on a missing collection would wait for events that never come, and say
+/// nothing). A collection that never existed is not refused: a new application creates it
+/// with its first row. Where it cannot tell (the user may not list collections), it runs.
+async fn source_present(
+    store: &MongoStore,
+    stream: String,
+    collection: String,
+) -> Result<(), DaemonError> {
+    match store.comments_exist().await {
+        Ok(true) => return Ok(()),
+        Ok(false) => {}
+        Err(e) => {
+            tracing::debug!(%stream, error = %e, "cannot list the source collection; not checked");
+            return Ok(());
+        }
+    }
+    match store.posts_after(None, 1).await {
+        Ok(counted) if !counted.is_empty() => {
+            Err(DaemonError::SourceMissing { stream, collection })
+        }
+        _ => Ok(()),
+    }
 }

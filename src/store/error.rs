@@ -87,6 +87,30 @@ impl StoreError {
         )
     }
 
+    /// MongoDB refused counterd's login or a command for want of a privilege (codes 13
+    /// `Unauthorized`, 18 `AuthenticationFailed`, 8000 Atlas's refused login, 11
+    /// `UserNotFound`, or the driver's own authentication failure): no retry mends it until
+    /// someone fixes the credentials or grants the role.
+    pub fn is_refused_credentials(&self) -> bool {
+        use mongodb::error::{ErrorKind, WriteFailure};
+        let StoreError::Driver {
+            transient: false,
+            source,
+            ..
+        } = self
+        else {
+            return false;
+        };
+        let code = match source.kind.as_ref() {
+            ErrorKind::Authentication { .. } => return true,
+            ErrorKind::Command(c) => c.code,
+            ErrorKind::Write(WriteFailure::WriteError(w)) => w.code,
+            ErrorKind::Write(WriteFailure::WriteConcernError(w)) => w.code,
+            _ => return false,
+        };
+        REFUSED_CODES.contains(&code)
+    }
+
     /// The checkpoint's history is gone: the server refused it, or counterd found it belongs
     /// to another history. Both follow `on_history_lost`.
     pub fn is_history_lost(&self) -> bool {
@@ -96,5 +120,9 @@ impl StoreError {
         )
     }
 }
+
+/// Server codes of a refused login or privilege: `Unauthorized` (13), `AuthenticationFailed`
+/// (18), `UserNotFound` (11), Atlas's `AtlasError` for a refused login (8000).
+pub const REFUSED_CODES: [i32; 4] = [13, 18, 11, 8000];
 
 pub type StoreResult<T> = Result<T, StoreError>;

@@ -47,6 +47,8 @@ pub const STREAM_STALL: &str = "counterd_stream_stall_seconds";
 pub const WORKER_ACTIVE: &str = "counterd_worker_active";
 pub const LEASE_RENEWED_TIMESTAMP: &str = "counterd_lease_renewed_timestamp_seconds";
 pub const LEASE_TAKEOVERS: &str = "counterd_lease_takeovers_total";
+/// 1 while a stream is parked for `reason` (see [`crate::status::ParkReason`]), 0 otherwise.
+pub const PARKED: &str = "counterd_parked";
 // --- the reconciler (label: stream; runs also by kind) ------------------------------------
 pub const RECONCILE_RUNS: &str = "counterd_reconcile_runs_total";
 pub const RECONCILE_DURATION: &str = "counterd_reconcile_run_duration_seconds";
@@ -82,7 +84,7 @@ pub const MEMORY_BUDGET: &str = "counterd_memory_budget_bytes";
 pub const MEMORY_IN_USE: &str = "counterd_memory_in_use_bytes";
 
 /// Every counterd metric name, for documentation, the deploy checks and the scrape test.
-pub const ALL: [&str; 47] = [
+pub const ALL: [&str; 48] = [
     EVENTS_APPLIED,
     BAD_EVENTS,
     UNATTRIBUTABLE_EVENTS,
@@ -100,6 +102,7 @@ pub const ALL: [&str; 47] = [
     WORKER_ACTIVE,
     LEASE_RENEWED_TIMESTAMP,
     LEASE_TAKEOVERS,
+    PARKED,
     RECONCILE_RUNS,
     RECONCILE_DURATION,
     LAST_RECONCILE_TIMESTAMP,

@@ -52,6 +52,10 @@ pub fn describe() {
         "Times the checkpoint had fallen off the oplog."
     );
     describe_gauge!(
+        PARKED,
+        "1 while the stream is parked for `reason` (credentials, stream_ended, history_lost, source_missing): a condition no retry mends stopped it; the process stays up, re-checks by itself and resumes. 0 otherwise."
+    );
+    describe_gauge!(
         WORKER_ACTIVE,
         "1 when this process holds the stream's lease and applies its events, 0 on standby."
     );
@@ -196,5 +200,8 @@ pub fn register_stream(stream: &str) {
         BACKGROUND_SWEEP_LAST_PASS,
     ] {
         metrics::gauge!(gauge, "stream" => stream.clone()).set(0.0);
+    }
+    for reason in crate::status::ParkReason::ALL {
+        metrics::gauge!(PARKED, "stream" => stream.clone(), "reason" => reason.label()).set(0.0);
     }
 }

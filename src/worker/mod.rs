@@ -191,7 +191,9 @@ impl<S: Store + ?Sized> Worker<S> {
                         .increment(1);
                     match self.settings.on_history_lost {
                         OnHistoryLost::Fail => {
-                            tracing::error!(stream = %fence.stream, %error, "history lost; on_history_lost = fail");
+                            // Said once, by whoever handles the error: the supervisor parks
+                            // the stream (its ERROR line says what to do) or `run` stops.
+                            tracing::warn!(stream = %fence.stream, %error, "history lost; on_history_lost = fail");
                             return Err(WorkerError::HistoryLost { source: error });
                         }
                         OnHistoryLost::Resweep => self.resweep(&fence, error).await?,

@@ -153,6 +153,7 @@ impl<S: Store + ?Sized> Worker<S> {
             })
             .await?;
         self.status.stream_open.store(true, Ordering::Relaxed);
+        self.status.resumed();
         self.status.progressed();
         // The position a restart would resume from, known from the start (not only after the
         // first checkpoint written by this process).

@@ -145,7 +145,10 @@ async fn stops_for_good(test: &str, user: &str, target: Target, code: i32, said:
     let log = tempfile::NamedTempFile::new().unwrap();
     let uri = f.proxy.uri().replacen("://", &format!("://{user}"), 1);
     // It may stop before its HTTP endpoint listens: do not wait for that.
-    let mut d = Daemon::spawn_logged(&uri, &f.t.name, test, &[NO_RECONCILE], log.path());
+    // on_fatal = "exit": the exit codes a supervisor may want (the default parks the stream:
+    // tests/parked.rs).
+    let extra = [NO_RECONCILE, ("COUNTERD_ON_FATAL", "exit")];
+    let mut d = Daemon::spawn_logged(&uri, &f.t.name, test, &extra, log.path());
     let exited = wait_until(RECOVERY, || {
         let exited = d.child.try_wait().unwrap().is_some();
         async move { exited }

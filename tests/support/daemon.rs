@@ -130,6 +130,10 @@ impl Daemon {
         for (k, v) in extra {
             cmd.env(k, v);
         }
+        // The URI read from a file: `mongodb_uri` must not be set beside it.
+        if extra.iter().any(|(k, _)| *k == "COUNTERD_MONGODB_URI_FILE") {
+            cmd.env_remove("COUNTERD_MONGODB_URI");
+        }
         if let Some(procs) = procs {
             use std::os::unix::process::CommandExt;
             let procs = procs.to_path_buf();

@@ -22,8 +22,8 @@ impl Leases for MongoStore {
     ) -> StoreResult<Option<i64>> {
         let expires = DateTime::from_millis(now.timestamp_millis() + ttl.as_millis() as i64);
         let filter = doc! {"_id": stream, "$or": [{"expires_at": {"$lt": now}}, {"owner": owner}]};
-        let update =
-            doc! {"$set": {"owner": owner, "expires_at": expires}, "$inc": {"epoch": 1_i64}};
+        // A parked note (see `note_parked`) goes with the lease: whoever takes it tries again.
+        let update = doc! {"$set": {"owner": owner, "expires_at": expires}, "$inc": {"epoch": 1_i64}, "$unset": {"parked": ""}};
         let result = self
             .coll(&self.names.leases)
             .find_one_and_update(filter, update)
@@ -71,7 +71,7 @@ impl Leases for MongoStore {
             .coll(&self.names.leases)
             .find_one_and_update(
                 doc! {"_id": stream},
-                doc! {"$set": {"owner": owner, "expires_at": expires}, "$inc": {"epoch": 1_i64}},
+                doc! {"$set": {"owner": owner, "expires_at": expires}, "$inc": {"epoch": 1_i64}, "$unset": {"parked": ""}},
             )
             .upsert(true)
             .return_document(mongodb::options::ReturnDocument::After)
@@ -89,5 +89,41 @@ impl Leases for MongoStore {
             .observed("release the lease")
             .await?;
         Ok(())
+    }
+}
+
+/// Why a stream is parked, as its lease document keeps it for `counterd status` (which reads
+/// no process's memory): set by the process that parked it, once it released the lease, and
+/// removed by whoever takes the lease next (a retry, a standby, `counterd replay`).
+impl MongoStore {
+    /// Notes on `stream`'s lease that `owner` parked it for `reason` (best effort: a store
+    /// that refused counterd's credentials may refuse this too).
+    pub async fn note_parked(&self, stream: &str, owner: &str, reason: &str) -> StoreResult<()> {
+        let note = doc! {"reason": reason, "owner": owner, "since": DateTime::now()};
+        self.coll(&self.names.leases)
+            .update_one(doc! {"_id": stream}, doc! {"$set": {"parked": note}})
+            .observed("note the parked stream")
+            .await?;
+        Ok(())
+    }
+
+    /// The parked note on `stream`'s lease: (reason, owner, since), if there is one.
+    pub async fn parked_note(
+        &self,
+        stream: &str,
+    ) -> StoreResult<Option<(String, String, DateTime)>> {
+        let found = self
+            .coll(&self.names.leases)
+            .find_one(doc! {"_id": stream})
+            .observed("read the lease")
+            .await?;
+        Ok(found.and_then(|d| {
+            let note = d.get_document("parked").ok()?;
+            Some((
+                note.get_str("reason").ok()?.to_string(),
+                note.get_str("owner").unwrap_or("?").to_string(),
+                note.get_datetime("since").ok().copied()?,
+            ))
+        }))
     }
 }

@@ -86,6 +86,32 @@ impl MongoStore {
         }
     }
 
+    /// Whether the source collection (`comments`, or a `[[sources]]` entry's) exists now.
+    pub async fn comments_exist(&self) -> StoreResult<bool> {
+        let reply = self
+            .db
+            .run_command(doc! {
+                "listCollections": 1,
+                "filter": {"name": self.comments.name()},
+                "nameOnly": true,
+            })
+            .observed("list the source collection")
+            .await?;
+        // By name: a server may answer with more than the filter asks (the test server lists
+        // every collection).
+        let name = self.comments.name();
+        Ok(reply
+            .get_document("cursor")
+            .ok()
+            .and_then(|c| c.get_array("firstBatch").ok())
+            .is_some_and(|batch| {
+                batch
+                    .iter()
+                    .filter_map(Bson::as_document)
+                    .any(|entry| entry.get_str("name") == Ok(name))
+            }))
+    }
+
     /// The comments collection's `listCollections` entry (`None`: it does not exist).
     async fn comments_entry(&self) -> Result<Option<Document>, String> {
         let reply = self
