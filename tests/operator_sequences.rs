@@ -289,6 +289,66 @@ async fn adopt_an_existing_database_and_cut_over() {
     );
 }
 
+/// The parked state, as the runbook's recovery goes: the checkpoint belongs to another
+/// deployment (a backup restored elsewhere) and `on_history_lost = "fail"`: the stream parks,
+/// the process stays up, `status` says why; `replay` (no `--force`) moves the checkpoint and the
+/// stream resumes without a restart.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_parked_stream_and_its_recovery() {
+    let t = TestDb::new("seqparked").await;
+    recount_index(&t).await;
+    support::next_second().await;
+    let env = [
+        ("COUNTERD_INITIAL_SNAPSHOT", "never"),
+        ("COUNTERD_RECONCILE_INTERVAL", "1h"),
+    ];
+    let d = daemon::Daemon::start(&t.uri, &t.name, OWNER, &env);
+    assert!(d.wait_role("active", Duration::from_secs(30)).await);
+    let hour_ago = now_secs() - 3600;
+    let posts = [post(1), post(2)];
+    for i in 0..4 {
+        t.insert_comment(format!("a{i}"), &posts[i % 2], hour_ago)
+            .await;
+    }
+    t.wait_exact(&posts, Duration::from_secs(30)).await;
+    t.wait_drained(Duration::from_secs(30)).await;
+    assert_eq!(d.terminate(), Some(0));
+    // The checkpoint now belongs to another deployment: its position means nothing here.
+    let checkpoints = t.db.collection::<Document>("counterd_checkpoints");
+    checkpoints
+        .update_one(
+            doc! {"_id": "comments"},
+            doc! {"$set": {"deployment.id": "0000feedface", "deployment.process.pid": -1_i64}},
+        )
+        .await
+        .unwrap();
+    let mut fail = env.to_vec();
+    fail.push(("COUNTERD_ON_HISTORY_LOST", "fail"));
+    let d = daemon::Daemon::start(&t.uri, &t.name, OWNER, &fail);
+    until("the stream parks", Duration::from_secs(60), || async {
+        matches!(d.get("/readyz").await, Some((503, body)) if body.starts_with("parked: comments (history_lost)"))
+    })
+    .await;
+    assert_eq!(d.get("/healthz").await.map(|(code, _)| code), Some(200));
+    let mut session = docs::Session::new(&t.uri, &t.name);
+    session.check_block("parked-status");
+    // Comments written meanwhile are counted once the stream resumes from the replayed time.
+    support::next_second().await;
+    let from = now_secs();
+    t.insert_comment("b0", &posts[0], hour_ago).await;
+    session
+        .vars
+        .push(("2026-12-06T07:30:00Z".into(), rfc3339(from)));
+    session.check_block("parked-replay");
+    until("the stream resumes", Duration::from_secs(60), || async {
+        matches!(d.get("/readyz").await, Some((200, _)))
+    })
+    .await;
+    t.wait_exact(&posts, Duration::from_secs(60)).await;
+    t.wait_drained(Duration::from_secs(30)).await;
+    session.check_block("parked-resumed");
+}
+
 fn counterd(t: &TestDb, args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_counterd"))
         .args(args)

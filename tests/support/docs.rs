@@ -233,8 +233,13 @@ fn variable_at(s: &str) -> Option<(usize, &'static str)> {
     }
     // A process id (`server process 3460`), a Unix time in seconds (`base watermark 1796539680`).
     if let Some(rest) = s.strip_prefix("process ") {
-        let pid = rest.chars().take_while(char::is_ascii_digit).count();
-        if pid > 0 {
+        let sign = usize::from(rest.starts_with('-'));
+        let pid = sign
+            + rest[sign..]
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .count();
+        if pid > sign {
             // `on <host>` after it: the machine the server runs on.
             let host = rest[pid..]
                 .strip_prefix(" on ")
@@ -512,6 +517,9 @@ pub const SEQUENCE_BLOCKS: &[&str] = &[
     "adopt-snapshot-done",
     "adopt-verify",
     "adopt-compare",
+    "parked-status",
+    "parked-replay",
+    "parked-resumed",
 ];
 
 /// Checks of the helpers above (called from a test of each binary that uses them).
@@ -535,6 +543,10 @@ pub fn self_check() {
     assert_eq!(
         normalise("server process 3460 on vm, watermark 1796539680"),
         "server process <pid> on <host>, watermark <epoch>\n"
+    );
+    assert_eq!(
+        normalise("id 0000feedface, server process -1 on vm7 started"),
+        "id 0000feedface, server process <pid> on <host> started\n"
     );
     assert_eq!(normalise("mongodb://a:***@h:1/?x=y (ok)"), "<uri> (ok)\n");
     assert_eq!(
