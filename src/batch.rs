@@ -14,6 +14,7 @@ use bson::DateTime;
 use crate::classify::{classify, After, Attribution, Before, Problem, Source, StreamEnded};
 use crate::definition::{CounterIx, CounterKey};
 use crate::event::{ChangeEvent, CommentId, Operation, PostId, Row, Token};
+use crate::num::Num;
 
 pub use crate::time::{bucket_of, BucketStart};
 
@@ -24,9 +25,10 @@ pub struct CounterDelta {
     pub counter: CounterIx,
     /// The counter's group key (for the default definition, the post).
     pub post: PostId,
-    pub delta: i64,
+    /// Whole rows for a count, the field's units for a sum ([`Num`]'s rules).
+    pub delta: Num,
     /// Non-zero amounts per bucket; they sum to `delta`.
-    pub buckets: BTreeMap<BucketStart, i64>,
+    pub buckets: BTreeMap<BucketStart, Num>,
     /// Every bucket an event of the batch changed for this post, including changes that cancel
     /// out (a soft delete and an undelete in one batch). The counter records the batch's token
     /// under each, so the reconciler can tell that a recount may have seen a change in flight
@@ -50,9 +52,9 @@ pub struct CounterDelta {
 pub struct CounterWrite {
     pub counter: CounterIx,
     pub post: PostId,
-    pub delta: i64,
+    pub delta: Num,
     /// Non-zero amounts per bucket; they sum to `delta`.
-    pub buckets: BTreeMap<BucketStart, i64>,
+    pub buckets: BTreeMap<BucketStart, Num>,
     /// The end of the last batch that changed the group: the write is guarded by
     /// `applied_through < through` and sets it.
     pub through: Token,
@@ -231,6 +233,15 @@ pub fn plan_batch_covering(
                 group: delta.post.clone(),
             };
             let entry = counter_of(&mut counters, &key);
+            if entry.delta.checked_add(delta.amount).is_none() {
+                // Never wrapped: the sum goes on as a double, and the event is reported.
+                plan.skipped.push(Skipped {
+                    token: event.token.clone(),
+                    problem: Problem::Bad(crate::classify::Malformed::Overflow {
+                        counter: counter_name(schema, delta.counter),
+                    }),
+                });
+            }
             entry.delta += delta.amount;
             *entry.buckets.entry(bucket).or_default() += delta.amount;
             entry.touched.insert(bucket);
@@ -369,7 +380,7 @@ pub(crate) fn counter_of<'a>(
     counters.entry(key.clone()).or_insert_with(|| CounterDelta {
         counter: key.counter,
         post: key.group.clone(),
-        delta: 0,
+        delta: Num::ZERO,
         buckets: BTreeMap::new(),
         touched: BTreeSet::new(),
         comments: Some(Vec::new()),
@@ -386,7 +397,10 @@ fn finish(
     plan.counters = counters
         .into_values()
         .map(|mut c| {
-            c.buckets.retain(|_, amount| *amount != 0);
+            // A sum's changes that cancel out leave no bucket and no double behind (a row
+            // with 2.5 inserted and deleted in one batch leaves an integer sum an integer).
+            c.buckets.retain(|_, amount| !amount.is_zero());
+            c.delta = c.buckets.values().sum();
             c
         })
         .filter(|c| !c.touched.is_empty())
@@ -407,6 +421,17 @@ fn finish(
         })
         .collect();
     plan
+}
+
+/// The name of definition `counter` (for a report).
+fn counter_name(schema: &crate::schema::Schema, counter: CounterIx) -> String {
+    match counter.0 {
+        0 => crate::definition::DEFAULT_COUNTER.to_string(),
+        i => schema
+            .counters
+            .get(i - 1)
+            .map_or_else(|| format!("#{i}"), |d| d.name.clone()),
+    }
 }
 
 fn source_name(source: Source) -> &'static str {

@@ -42,6 +42,7 @@ use crate::batch::{BucketStart, CounterDelta, CounterWrite, DirtyMark};
 use crate::budget::cost;
 use crate::definition::CounterIx;
 use crate::event::{CommentId, PostId, Token};
+use crate::num::Num;
 use crate::recount::window::LOG_COMMENTS;
 use crate::recount::{Touch, LOG_ENTRIES};
 use crate::store::PendingBatch;
@@ -66,9 +67,9 @@ pub struct Carry {
 /// entry lists as their raw BSON ids.
 #[derive(Debug, Default)]
 struct Merged {
-    delta: i64,
+    delta: Num,
     /// Non-zero amounts per bucket, by bucket.
-    buckets: SmallVec<[(BucketStart, i64); 1]>,
+    buckets: SmallVec<[(BucketStart, Num); 1]>,
     /// Bucket → the last batch (index into `Carry::ends`) that changed it, by bucket.
     touched: SmallVec<[(BucketStart, u32); 1]>,
     /// One entry per batch that touched the counter, oldest first: the batch and the ids of
@@ -182,11 +183,13 @@ impl Carry {
                 .and_then(|c| raw_ids(&c));
             let added = log_charge(&listed);
             let merged = self.entry(d.counter, d.post);
-            merged.delta += d.delta;
             for (bucket, amount) in d.buckets {
                 upsert(&mut merged.buckets, bucket, |sum| *sum += amount);
             }
-            merged.buckets.retain(|(_, amount)| *amount != 0);
+            merged.buckets.retain(|(_, amount)| !amount.is_zero());
+            // The buckets' sum, as `plan_batch` makes a batch's (a sum's amounts that cancel
+            // leave no double behind).
+            merged.delta = merged.buckets.iter().map(|(_, a)| *a).sum();
             for bucket in d.touched {
                 upsert(&mut merged.touched, bucket, |last| *last = index);
             }
@@ -314,8 +317,12 @@ mod tests {
         CounterDelta {
             counter: CounterIx::DEFAULT,
             post: PostId::Int(post),
-            delta: buckets.iter().map(|(_, a)| a).sum(),
-            buckets: buckets.iter().copied().filter(|(_, a)| *a != 0).collect(),
+            delta: Num::Int(buckets.iter().map(|(_, a)| a).sum()),
+            buckets: buckets
+                .iter()
+                .filter(|(_, a)| *a != 0)
+                .map(|(b, a)| (*b, Num::Int(*a)))
+                .collect(),
             touched: buckets.iter().map(|(b, _)| *b).collect::<BTreeSet<_>>(),
             comments: Some(rows.iter().map(|n| id(*n)).collect()),
         }
@@ -396,12 +403,18 @@ mod tests {
         // end; bucket 60 nets to zero but stays touched by batch 3.
         assert_eq!(writes[0].through, token(3));
         assert_eq!(writes[0].delta, 2);
-        assert_eq!(writes[0].buckets, BTreeMap::from([(0, 1), (120, 1)]));
+        assert_eq!(
+            writes[0].buckets,
+            BTreeMap::from([(0, Num::ONE), (120, Num::ONE)])
+        );
         assert_eq!(writes[0].touched[&60], token(3));
         assert_eq!(writes[0].touched[&0], token(1));
         assert_eq!(writes[0].log.len(), 2);
         // Post 2 nets to zero and is still written: its log and buckets record the batches.
-        assert_eq!((writes[1].delta, writes[1].through.clone()), (0, token(2)));
+        assert_eq!(
+            (writes[1].delta, writes[1].through.clone()),
+            (Num::ZERO, token(2))
+        );
     }
 
     #[test]

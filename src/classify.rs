@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::definition::{CounterIx, CounterKey};
 use crate::event::{ChangeEvent, Operation, PostId, Row, RowRead, Token, UpdateSummary};
+use crate::num::Num;
 use crate::schema::Schema;
 
 /// Where the worker takes a row's before-state from (the `attribution` setting).
@@ -75,7 +76,9 @@ pub struct Delta {
     /// The counter's group key (for the default definition, the post).
     pub post: PostId,
     pub created_at: Option<DateTime>,
-    pub amount: i64,
+    /// What the counter gains (negative: loses): whole rows for a count, the field's units
+    /// for a sum.
+    pub amount: Num,
 }
 
 /// What the ledger should record for the comment after this event.
@@ -113,6 +116,18 @@ pub enum Malformed {
     UnsupportedPostType { field: String, kind: String },
     #[error("event has no fullDocument")]
     NoFullDocument,
+    /// A summed field holding something other than a number (the row adds 0 to that sum).
+    #[error("summed field `{field}` of counter `{counter}` holds a {kind}, not a number")]
+    NotANumber {
+        counter: String,
+        field: String,
+        kind: String,
+    },
+    /// Adding a row's value overflowed 64-bit integers (the sum became a double instead).
+    #[error(
+        "the sum of counter `{counter}` overflowed 64-bit integers (it continues as a double)"
+    )]
+    Overflow { counter: String },
 }
 
 /// Why no delta could be attributed to a well-formed event.
@@ -206,7 +221,7 @@ pub fn classify(
         }
         Before::Unknown => best_effort(event, after, schema),
     };
-    if let Some(problem) = bad {
+    if let Some(problem) = bad.or_else(|| not_a_number(&classified.after, schema)) {
         classified.problem = Some(problem);
     }
     // A post the row moved to in this update is touched even when a later `updateLookup`
@@ -393,8 +408,9 @@ pub fn transition(before: Option<&Row>, after: Option<&Row>) -> Vec<Delta> {
     deltas
 }
 
-/// [`transition`] for one definition: `-1` where the row counted, `+1` where it counts now;
-/// the two cancel on the same group and bucket.
+/// [`transition`] for one definition: minus what the row added where it counted, plus what it
+/// adds where it counts now (`-1`/`+1` for a count, the old and new values for a sum); on the
+/// same group and bucket the two make one delta, `after - before`, and none when it is 0.
 fn transition_in(
     counter: CounterIx,
     before: Option<&Row>,
@@ -402,27 +418,30 @@ fn transition_in(
     out: &mut Vec<Delta>,
 ) {
     let start = out.len();
-    if let Some((row, post)) = before.and_then(|r| Some((r, r.counted_in(counter)?))) {
+    if let Some((row, (post, amount))) = before.and_then(|r| Some((r, r.contribution(counter)?))) {
         out.push(Delta {
             counter,
             post: post.clone(),
             created_at: row.created_at,
-            amount: -1,
+            amount: -amount,
         });
     }
-    if let Some((row, post)) = after.and_then(|r| Some((r, r.counted_in(counter)?))) {
-        if let Some(pos) = out[start..]
+    if let Some((row, (post, amount))) = after.and_then(|r| Some((r, r.contribution(counter)?))) {
+        let same = out[start..]
             .iter()
-            .position(|d| d.post == *post && d.created_at == row.created_at)
-        {
-            out.remove(start + pos); // -1 and +1 on the same post and bucket cancel out
-        } else {
-            out.push(Delta {
+            .position(|d| d.post == *post && d.created_at == row.created_at);
+        // One delta where the difference is exact; two (each exact) where it would overflow.
+        match same.and_then(|pos| Some((pos, amount.checked_add(out[start + pos].amount)?))) {
+            Some((pos, net)) if net.is_zero() => {
+                out.remove(start + pos);
+            }
+            Some((pos, net)) => out[start + pos].amount = net,
+            None => out.push(Delta {
                 counter,
                 post: post.clone(),
                 created_at: row.created_at,
-                amount: 1,
-            });
+                amount,
+            }),
         }
     }
 }
@@ -449,7 +468,7 @@ fn best_effort(event: &ChangeEvent, after: After, schema: &Schema) -> Classifica
                     counter: CounterIx::DEFAULT,
                     post: post.clone(),
                     created_at: None,
-                    amount: -1,
+                    amount: Num::Int(-1),
                 });
                 c.dirty.push(default_key(post));
             }
@@ -478,7 +497,7 @@ fn best_effort(event: &ChangeEvent, after: After, schema: &Schema) -> Classifica
                         counter: CounterIx::DEFAULT,
                         post,
                         created_at,
-                        amount: 1,
+                        amount: Num::ONE,
                     });
                 }
                 c.problem = Some(Problem::Unattributable(Unattributable::MoveFromUnknownPost));
@@ -489,7 +508,7 @@ fn best_effort(event: &ChangeEvent, after: After, schema: &Schema) -> Classifica
                     counter: CounterIx::DEFAULT,
                     post,
                     created_at,
-                    amount,
+                    amount: Num::Int(amount),
                 });
             }
         }
@@ -505,6 +524,25 @@ fn best_effort(event: &ChangeEvent, after: After, schema: &Schema) -> Classifica
         }
     }
     c
+}
+
+/// A summed field of the row after the event that holds something other than a number: the
+/// row adds 0 to that sum, and the event is reported as bad input.
+fn not_a_number(after: &After, schema: &Schema) -> Option<Problem> {
+    let After::Known(Some(row)) = after else {
+        return None;
+    };
+    row.members
+        .iter()
+        .zip(&schema.counters)
+        .find_map(|(member, definition)| {
+            let kind = member.not_a_number.as_ref()?;
+            Some(Problem::Bad(Malformed::NotANumber {
+                counter: definition.name.clone(),
+                field: definition.kind.field().unwrap_or_default().to_string(),
+                kind: kind.clone(),
+            }))
+        })
 }
 
 /// The problem of a group field whose BSON type cannot be a post id.

@@ -23,6 +23,7 @@ use bson::{Bson, Document};
 
 use crate::condition::Condition;
 use crate::event::PostId;
+use crate::num::Num;
 
 /// The name of the definition built from today's settings (`group_field`,
 /// `counters_collection`): what `--counter` means when it is not given.
@@ -58,6 +59,50 @@ pub struct Definition {
     pub condition: Condition,
     /// The collection its counters live in (one document per group value).
     pub collection: String,
+    /// What a counted row adds: 1 (a count) or its field's value (a sum).
+    pub kind: Kind,
+}
+
+/// What a row that counts adds to its counter.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Kind {
+    /// 1 per row (`kind = "count"`, the default).
+    #[default]
+    Count,
+    /// The value of `field` (a dotted path), by MongoDB's numeric rules ([`Num`]): a missing
+    /// or null field adds 0, as `$sum` does; any other non-number adds 0 and is reported.
+    Sum { field: String },
+    /// The rows a sum adds up (`with_count = true` on the sum `of`): a count with the sum's
+    /// group and condition whose counter lives in the sum's counter document, under
+    /// [`ROWS_FIELD`] (`{_id, count: <sum>, rows: {count: <rows>, ...}}`), so that an average
+    /// is two exact numbers in one read. Everything else about it is a count's.
+    Rows { of: String },
+}
+
+/// The sub-document of a sum's counter document that holds its row count (`with_count`).
+pub const ROWS_FIELD: &str = "rows";
+
+/// The suffix of the name of a sum's row count (`rating_sum` → `rating_sum_rows`): its
+/// `--counter` name, metric label and dirty set.
+pub const ROWS_SUFFIX: &str = "_rows";
+
+impl Kind {
+    /// The summed field, for a sum.
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            Kind::Count | Kind::Rows { .. } => None,
+            Kind::Sum { field } => Some(field),
+        }
+    }
+
+    /// Where the counter's fields live in its document: at the top (`""`), or under
+    /// [`ROWS_FIELD`] for a sum's row count (`"rows."`).
+    pub fn field_prefix(&self) -> &'static str {
+        match self {
+            Kind::Rows { .. } => "rows.",
+            Kind::Count | Kind::Sum { .. } => "",
+        }
+    }
 }
 
 /// What one row is to one definition: the group it belongs to and whether it satisfies the
@@ -71,6 +116,13 @@ pub struct Member {
     pub group: Option<PostId>,
     /// Whether the row satisfies the definition's condition (always true without one).
     pub matches: bool,
+    /// What the row adds where it counts: 1 for a count, the field's value for a sum (0 for a
+    /// missing or non-numeric value). Kept in the ledger, so that a change of the value, a
+    /// move or a delete takes back exactly what the row added.
+    pub amount: Num,
+    /// The BSON type of a summed field that holds something other than a number (reported as
+    /// a bad event; the row adds 0). Not kept in the ledger.
+    pub not_a_number: Option<String>,
 }
 
 impl Member {
@@ -79,6 +131,28 @@ impl Member {
     pub fn counts(&self, deleted: bool) -> Option<&PostId> {
         self.group.as_ref().filter(|_| self.matches && !deleted)
     }
+
+    /// What a row of a count definition is beyond its group and verdict: 1.
+    pub fn counting(group: Option<PostId>, matches: bool) -> Member {
+        Member {
+            group,
+            matches,
+            amount: Num::ONE,
+            not_a_number: None,
+        }
+    }
+}
+
+/// What a summed field's value adds (see [`Kind::Sum`]), and the BSON type of a value that is
+/// not a number.
+pub fn amount_of(value: Option<&Bson>) -> (Num, Option<String>) {
+    match value {
+        None | Some(Bson::Null) => (Num::ZERO, None),
+        Some(v) => match Num::from_bson(v) {
+            Some(n) => (n, None),
+            None => (Num::ZERO, Some(format!("{:?}", v.element_type()))),
+        },
+    }
 }
 
 impl Definition {
@@ -86,16 +160,23 @@ impl Definition {
     /// (an event's `fullDocument` after the stream's `$project`): it must keep every field the
     /// definition reads ([`Definition::read_paths`]).
     pub fn member(&self, doc: &Document) -> Member {
+        let (amount, not_a_number) = match self.kind.field() {
+            None => (Num::ONE, None),
+            Some(field) => amount_of(get(doc, field)),
+        };
         Member {
             group: get(doc, &self.group).and_then(PostId::from_bson),
             matches: self.condition.matches(doc),
+            amount,
+            not_a_number,
         }
     }
 
-    /// The dotted paths this definition reads in a row: its group field and its condition's.
+    /// The dotted paths this definition reads in a row: its group field, its condition's and
+    /// a sum's field.
     pub fn read_paths(&self) -> Vec<&str> {
         let mut paths = vec![self.group.as_str()];
-        for path in self.condition.paths() {
+        for path in self.condition.paths().into_iter().chain(self.kind.field()) {
             if !paths.contains(&path) {
                 paths.push(path);
             }
@@ -178,7 +259,17 @@ impl Definitions {
 
 impl fmt::Display for Definition {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: per `{}`", self.name, self.group)?;
+        match &self.kind {
+            Kind::Count => write!(f, "{}: per `{}`", self.name, self.group)?,
+            Kind::Sum { field } => {
+                write!(f, "{}: sum of `{field}` per `{}`", self.name, self.group)?
+            }
+            Kind::Rows { of } => write!(
+                f,
+                "{}: the rows `{of}` adds up, per `{}`",
+                self.name, self.group
+            )?,
+        }
         if !self.condition.is_empty() {
             write!(f, " where {}", self.condition.to_filter())?;
         }
@@ -203,6 +294,7 @@ mod tests {
             group: "post_id".into(),
             condition: Condition::parse(&doc! {"approved": true}).unwrap(),
             collection: "approved_counters".into(),
+            kind: Kind::Count,
         }
     }
 
@@ -240,6 +332,7 @@ mod tests {
             group: "post_id".into(),
             condition: Condition::default(),
             collection: "comment_counters".into(),
+            kind: Kind::Count,
         };
         let all = Definitions::new(default.clone(), vec![approved()]);
         assert_eq!(all.default_definition(), &default);

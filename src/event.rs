@@ -13,6 +13,7 @@ use bson::{oid::ObjectId, Bson, DateTime, Document, Timestamp};
 use serde::{Deserialize, Serialize};
 
 use crate::definition::{CounterIx, Member};
+use crate::num::Num;
 use crate::txn::TxnKey;
 
 /// A position in the change stream: the resume token's `_data` string.
@@ -197,6 +198,18 @@ impl Row {
         match counter.0 {
             0 => self.counted_post(),
             i => self.members.get(i - 1)?.counts(self.deleted),
+        }
+    }
+
+    /// The group the row counts in for definition `counter` and what it adds there: 1 for a
+    /// count (the default is one), the summed field's value for a sum.
+    pub fn contribution(&self, counter: CounterIx) -> Option<(&PostId, Num)> {
+        match counter.0 {
+            0 => self.counted_post().map(|p| (p, Num::ONE)),
+            i => {
+                let member = self.members.get(i - 1)?;
+                member.counts(self.deleted).map(|g| (g, member.amount))
+            }
         }
     }
 
@@ -468,14 +481,8 @@ mod tests {
             created_at: None,
             deleted: false,
             members: vec![
-                Member {
-                    group: Some(PostId::Int(1)),
-                    matches: false,
-                },
-                Member {
-                    group: Some(PostId::Str("ann".into())),
-                    matches: true,
-                },
+                Member::counting(Some(PostId::Int(1)), false),
+                Member::counting(Some(PostId::Str("ann".into())), true),
             ],
         };
         let seen = |ix| approved_by_ann.clone().seen_by(CounterIx(ix));

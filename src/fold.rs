@@ -8,21 +8,23 @@
 
 use std::collections::BTreeMap;
 
+use crate::num::Num;
 use crate::time::BucketStart;
 
-/// The counter fields that reconciling reads.
+/// The counter fields that reconciling reads. Counts hold integers; a sum holds its field's
+/// units by MongoDB's numeric rules ([`Num`]): the same arithmetic folds both.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CounterState {
-    pub base_count: i64,
+    pub base_count: Num,
     /// Seconds since the epoch; rows created before it are in `base_count`.
     pub base_watermark: i64,
-    pub live_delta: i64,
-    pub buckets: BTreeMap<BucketStart, i64>,
+    pub live_delta: Num,
+    pub buckets: BTreeMap<BucketStart, Num>,
 }
 
 impl CounterState {
     /// What readers display: `base_count + live_delta`.
-    pub fn displayed(&self) -> i64 {
+    pub fn displayed(&self) -> Num {
         self.base_count + self.live_delta
     }
 }
@@ -32,18 +34,19 @@ impl CounterState {
 pub struct Fold {
     /// The watermark actually used (never below the counter's previous one).
     pub watermark: i64,
-    pub base_count: i64,
-    pub live_delta: i64,
+    pub base_count: Num,
+    pub live_delta: Num,
     /// Buckets at or above the watermark, kept.
-    pub kept: BTreeMap<BucketStart, i64>,
+    pub kept: BTreeMap<BucketStart, Num>,
     /// Buckets below the watermark, now folded into `base_count`: remove them.
     pub dropped: Vec<BucketStart>,
     /// Displayed value before the fold.
-    pub wrong: i64,
+    pub wrong: Num,
     /// Displayed value after the fold.
-    pub right: i64,
-    /// `wrong - right`: positive means the counter ran high, negative low.
-    pub drift: i64,
+    pub right: Num,
+    /// `wrong - right`: positive means the counter ran high, negative low (in the counted
+    /// field's units for a sum).
+    pub drift: Num,
 }
 
 /// Folds `count_below` (live rows with `created_at` not `>= watermark`) into `state`.
@@ -51,14 +54,14 @@ pub struct Fold {
 /// The watermark never moves backwards: rows between an older and a newer watermark were counted
 /// into the old base and their buckets are gone, so folding at a lower one would double count.
 /// The caller counts below the watermark this returns; use [`effective_watermark`] first.
-pub fn fold(state: &CounterState, watermark: i64, count_below: i64) -> Fold {
+pub fn fold(state: &CounterState, watermark: i64, count_below: Num) -> Fold {
     let watermark = effective_watermark(state, watermark);
     let (below, kept): (BTreeMap<_, _>, BTreeMap<_, _>) = state
         .buckets
         .iter()
         .map(|(k, v)| (*k, *v))
         .partition(|(bucket, _)| *bucket < watermark);
-    let live_delta: i64 = kept.values().sum();
+    let live_delta: Num = kept.values().sum();
     let wrong = state.displayed();
     let right = count_below + live_delta;
     Fold {

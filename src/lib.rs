@@ -39,6 +39,7 @@ pub mod fold;
 pub mod http;
 pub mod lease;
 pub mod local_server;
+pub mod num;
 pub mod partition;
 pub mod reconcile;
 pub mod recount;

@@ -127,7 +127,7 @@ pub fn plan_chunk(
         // One claim, counted in every definition it counts for.
         let bucket = bucket_of(row.created_at, bucket_width_secs);
         for counter in row.counters() {
-            let Some(group) = row.counted_in(counter) else {
+            let Some((group, amount)) = row.contribution(counter) else {
                 continue;
             };
             let key = CounterKey {
@@ -135,8 +135,8 @@ pub fn plan_chunk(
                 group: group.clone(),
             };
             let entry = counter_of(&mut counters, &key);
-            entry.delta += 1;
-            *entry.buckets.entry(bucket).or_default() += 1;
+            entry.delta += amount;
+            *entry.buckets.entry(bucket).or_default() += amount;
             entry.touched.insert(bucket);
         }
     }
@@ -154,7 +154,13 @@ pub fn finish_chunk(progress: &mut SnapshotProgress, chunk: &SnapshotChunk) {
     progress.cursor = chunk.last.clone().or(progress.cursor.take());
     progress.chunks_done = progress.chunks_done.max(chunk.number);
     progress.rows_scanned += chunk.rows;
-    progress.rows_counted += chunk.counters.iter().map(|c| c.delta as u64).sum::<u64>();
+    // Rows, as the default definition counts them (a sum's amounts are not rows).
+    progress.rows_counted += chunk
+        .counters
+        .iter()
+        .filter(|c| c.counter == crate::definition::CounterIx::DEFAULT)
+        .map(|c| c.delta.as_i64().max(0) as u64)
+        .sum::<u64>();
     progress.pending = None;
     progress.reading = None;
 }
@@ -390,8 +396,8 @@ mod tests {
             .map(|c| {
                 (
                     c.post.clone(),
-                    c.delta,
-                    c.buckets.iter().map(|(k, v)| (*k, *v)).collect(),
+                    c.delta.as_i64(),
+                    c.buckets.iter().map(|(k, v)| (*k, v.as_i64())).collect(),
                 )
             })
             .collect();
@@ -407,10 +413,8 @@ mod tests {
     #[test]
     fn a_claimed_row_counts_in_every_definition_it_counts_for() {
         use crate::definition::{CounterIx, Member};
-        let member = |group: &str, matches| Member {
-            group: Some(PostId::Str(group.into())),
-            matches,
-        };
+        let member =
+            |group: &str, matches| Member::counting(Some(PostId::Str(group.into())), matches);
         let mut approved_by_ann = row(7, true);
         approved_by_ann.members = vec![member("approved", true), member("ann", true)];
         let mut unapproved_by_ann = row(7, true);
@@ -426,7 +430,7 @@ mod tests {
         let counted: Vec<(CounterIx, PostId, i64)> = chunk
             .counters
             .iter()
-            .map(|c| (c.counter, c.post.clone(), c.delta))
+            .map(|c| (c.counter, c.post.clone(), c.delta.as_i64()))
             .collect();
         assert_eq!(
             counted,

@@ -14,20 +14,29 @@ use bson::{doc, Bson, DateTime, Document, Timestamp};
 use counterd::batch::{plan_batch, BatchPlan};
 use counterd::classify::{classify, Attribution, Before, Classification};
 use counterd::condition::Condition;
-use counterd::definition::{CounterIx, CounterKey, Definition};
+use counterd::definition::{amount_of, CounterIx, CounterKey, Definition, Kind};
 use counterd::event::{ChangeEvent, PostId, Row};
+use counterd::num::Num;
 use counterd::schema::Schema;
 use proptest::prelude::*;
 use proptest::sample::select;
 
-/// The default definition (posts) and three more: approved comments per post, comments per
-/// author, and well-scored comments with an accepted status per thread (a dotted group field).
+/// The default definition (posts) and four more: approved comments per post, comments per
+/// author, well-scored comments with an accepted status per thread (a dotted group field), and
+/// the sum of the scores of approved comments per author (integers, doubles and a string).
 fn schema() -> Schema {
     let definition = |name: &str, group: &str, condition: Document| Definition {
         name: name.into(),
         group: group.into(),
         condition: Condition::parse(&condition).unwrap(),
         collection: format!("{name}_counters"),
+        kind: Kind::Count,
+    };
+    let score_sum = Definition {
+        kind: Kind::Sum {
+            field: "score".into(),
+        },
+        ..definition("score_sum", "author_id", doc! {"approved": true})
     };
     Schema {
         counters: vec![
@@ -38,6 +47,7 @@ fn schema() -> Schema {
                 "thread.id",
                 doc! {"score": {"$gte": 3}, "status": {"$in": ["ok", "new"]}},
             ),
+            score_sum,
         ],
         ..Schema::default()
     }
@@ -79,9 +89,10 @@ fn query_selects(filter: &Document, doc: &Document) -> bool {
         })
 }
 
-/// What every count query says about the row `doc` (`None`: no row): 1 where a definition's
-/// query for a key selects it and the row is not soft-deleted.
-fn counts(schema: &Schema, doc: Option<&Document>) -> BTreeMap<CounterKey, i64> {
+/// What every count query says about the row `doc` (`None`: no row): 1 (a sum: its field's
+/// value, as `$sum` reads it) where a definition's query for a key selects it and the row is
+/// not soft-deleted.
+fn counts(schema: &Schema, doc: Option<&Document>) -> BTreeMap<CounterKey, Num> {
     let mut out = BTreeMap::new();
     let Some(doc) = doc else { return out };
     let deleted = schema.read_existing_row(doc).deleted;
@@ -90,17 +101,22 @@ fn counts(schema: &Schema, doc: Option<&Document>) -> BTreeMap<CounterKey, i64> 
         group: schema.group.clone(),
         condition: Condition::default(),
         collection: "comment_counters".into(),
+        kind: Kind::Count,
     };
     let definitions = std::iter::once(&default).chain(&schema.counters);
     for (i, definition) in definitions.enumerate() {
         for key in universe() {
             if !deleted && query_selects(&definition.filter(&key), doc) {
+                let amount = match definition.kind.field() {
+                    None => Num::ONE,
+                    Some(field) => amount_of(Schema::get(doc, field)).0,
+                };
                 out.insert(
                     CounterKey {
                         counter: CounterIx(i),
                         group: key,
                     },
-                    1,
+                    amount,
                 );
             }
         }
@@ -109,18 +125,32 @@ fn counts(schema: &Schema, doc: Option<&Document>) -> BTreeMap<CounterKey, i64> 
 }
 
 fn difference(
-    after: BTreeMap<CounterKey, i64>,
-    before: BTreeMap<CounterKey, i64>,
-) -> BTreeMap<CounterKey, i64> {
+    after: BTreeMap<CounterKey, Num>,
+    before: BTreeMap<CounterKey, Num>,
+) -> BTreeMap<CounterKey, Num> {
     let mut out = after;
     for (k, v) in before {
         *out.entry(k).or_default() -= v;
     }
-    out.retain(|_, v| *v != 0);
+    out.retain(|_, v| !v.is_zero());
     out
 }
 
-fn summed(c: &Classification) -> BTreeMap<CounterKey, i64> {
+/// The same counters moved by the same amounts (a sum's integer and double spellings of one
+/// value are equal: a counter that once held a double stays one, `$sum` may not).
+fn same(a: &BTreeMap<CounterKey, Num>, b: &BTreeMap<CounterKey, Num>) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|((ka, va), (kb, vb))| ka == kb && !va.differs(*vb))
+}
+
+/// Whole-row amounts, as the named cases spell them.
+fn ints(m: BTreeMap<CounterKey, Num>) -> BTreeMap<CounterKey, i64> {
+    m.into_iter().map(|(k, v)| (k, v.as_i64())).collect()
+}
+
+fn summed(c: &Classification) -> BTreeMap<CounterKey, Num> {
     let mut out = BTreeMap::new();
     for d in &c.deltas {
         *out.entry(CounterKey {
@@ -129,11 +159,11 @@ fn summed(c: &Classification) -> BTreeMap<CounterKey, i64> {
         })
         .or_default() += d.amount;
     }
-    out.retain(|_, v| *v != 0);
+    out.retain(|_, v: &mut Num| !v.is_zero());
     out
 }
 
-fn planned(plan: &BatchPlan) -> BTreeMap<CounterKey, i64> {
+fn planned(plan: &BatchPlan) -> BTreeMap<CounterKey, Num> {
     let mut out = BTreeMap::new();
     for c in &plan.counters {
         *out.entry(CounterKey {
@@ -142,7 +172,7 @@ fn planned(plan: &BatchPlan) -> BTreeMap<CounterKey, i64> {
         })
         .or_default() += c.delta;
     }
-    out.retain(|_, v| *v != 0);
+    out.retain(|_, v: &mut Num| !v.is_zero());
     out
 }
 
@@ -291,7 +321,9 @@ fn classify_change(before: &Document, after: &Document) -> BTreeMap<CounterKey, 
     let schema = schema();
     let e = change(1, Some(before), Some(after), None, false);
     let ledger = Before::Known(Some(schema.read_existing_row(before)));
-    summed(&classify(&e, ledger, Attribution::Ledger, &schema).unwrap())
+    ints(summed(
+        &classify(&e, ledger, Attribution::Ledger, &schema).unwrap(),
+    ))
 }
 
 fn key(counter: usize, group: PostId) -> CounterKey {
@@ -309,13 +341,15 @@ fn base() -> Document {
 fn approving_a_row_moves_it_into_the_conditional_counter_only() {
     let mut approved = base();
     approved.insert("approved", true);
+    // The approved count per post, and the approved scores per author (a sum: its value).
+    let ann = || PostId::Str("ann".into());
     assert_eq!(
         classify_change(&base(), &approved),
-        BTreeMap::from([(key(1, PostId::Int(1)), 1)])
+        BTreeMap::from([(key(1, PostId::Int(1)), 1), (key(4, ann()), 5)])
     );
     assert_eq!(
         classify_change(&approved, &base()),
-        BTreeMap::from([(key(1, PostId::Int(1)), -1)])
+        BTreeMap::from([(key(1, PostId::Int(1)), -1), (key(4, ann()), -5)])
     );
 }
 
@@ -363,6 +397,145 @@ fn a_soft_delete_leaves_every_counter_it_counted_in() {
     );
 }
 
+/// The sum per author of approved rows' scores, as one event moves it (key 4).
+fn sum_moves(before: Option<&Document>, after: Option<&Document>) -> BTreeMap<CounterKey, Num> {
+    let schema = schema();
+    let e = change(1, before, after, None, false);
+    let ledger = Before::Known(before.map(|d| schema.read_existing_row(d)));
+    let c = classify(&e, ledger, Attribution::Ledger, &schema).unwrap();
+    summed(&c)
+        .into_iter()
+        .filter(|(k, _)| k.counter == CounterIx(4))
+        .collect()
+}
+
+fn approved_row(author: &str, score: Bson) -> Document {
+    let mut d = base();
+    d.insert("approved", true);
+    d.insert("author_id", author);
+    d.insert("score", score);
+    d
+}
+
+#[test]
+fn a_sum_moves_by_exactly_after_minus_before_in_every_transition() {
+    let ann = || PostId::Str("ann".into());
+    let bob = || PostId::Str("bob".into());
+    let row = approved_row("ann", Bson::Int32(4));
+    // Insert and hard delete: the value in, the value out.
+    assert_eq!(
+        sum_moves(None, Some(&row)),
+        BTreeMap::from([(key(4, ann()), Num::Int(4))])
+    );
+    assert_eq!(
+        sum_moves(Some(&row), None),
+        BTreeMap::from([(key(4, ann()), Num::Int(-4))])
+    );
+    // A change of the value: the difference, exact as an integer.
+    let raised = approved_row("ann", Bson::Int64(9));
+    assert_eq!(
+        sum_moves(Some(&row), Some(&raised)),
+        BTreeMap::from([(key(4, ann()), Num::Int(5))])
+    );
+    // A double makes the delta a double.
+    let half = approved_row("ann", Bson::Double(4.5));
+    assert_eq!(
+        sum_moves(Some(&row), Some(&half)),
+        BTreeMap::from([(key(4, ann()), Num::Double(0.5))])
+    );
+    // A move between groups: out of one, into the other, each its whole value.
+    let moved = approved_row("bob", Bson::Int64(9));
+    assert_eq!(
+        sum_moves(Some(&row), Some(&moved)),
+        BTreeMap::from([(key(4, ann()), Num::Int(-4)), (key(4, bob()), Num::Int(9))])
+    );
+    // A soft delete takes the value out, an undelete puts it back.
+    let mut deleted = row.clone();
+    deleted.insert("deleted_at", DateTime::from_millis(1));
+    assert_eq!(
+        sum_moves(Some(&row), Some(&deleted)),
+        BTreeMap::from([(key(4, ann()), Num::Int(-4))])
+    );
+    assert_eq!(
+        sum_moves(Some(&deleted), Some(&row)),
+        BTreeMap::from([(key(4, ann()), Num::Int(4))])
+    );
+    // Leaving the condition is a delete for the sum.
+    let mut unapproved = row.clone();
+    unapproved.insert("approved", false);
+    assert_eq!(
+        sum_moves(Some(&row), Some(&unapproved)),
+        BTreeMap::from([(key(4, ann()), Num::Int(-4))])
+    );
+    // An edit of another field moves nothing.
+    let mut edited = row.clone();
+    edited.insert("body", "x");
+    assert!(sum_moves(Some(&row), Some(&edited)).is_empty());
+}
+
+#[test]
+fn a_value_that_is_not_a_number_adds_nothing_and_is_a_bad_event() {
+    let schema = schema();
+    let text = approved_row("ann", Bson::String("4".into()));
+    let e = change(1, None, Some(&text), None, false);
+    let c = classify(&e, Before::Known(None), Attribution::Ledger, &schema).unwrap();
+    assert!(
+        summed(&c).keys().all(|k| k.counter != CounterIx(4)),
+        "{:?}",
+        c.deltas
+    );
+    assert!(
+        matches!(&c.problem, Some(counterd::classify::Problem::Bad(counterd::classify::Malformed::NotANumber { counter, .. })) if counter == "score_sum"),
+        "{:?}",
+        c.problem
+    );
+    // It still counts where counts count (the row exists and is live).
+    assert_eq!(summed(&c).get(&key(0, PostId::Int(1))), Some(&Num::ONE));
+    // Fixed later: the value goes in, and nothing comes out of the earlier 0.
+    let fixed = approved_row("ann", Bson::Int32(4));
+    let e = change(2, Some(&text), Some(&fixed), None, false);
+    let ledger = Before::Known(Some(schema.read_existing_row(&text)));
+    let c = classify(&e, ledger, Attribution::Ledger, &schema).unwrap();
+    assert_eq!(
+        summed(&c).get(&key(4, PostId::Str("ann".into()))),
+        Some(&Num::Int(4))
+    );
+    assert_eq!(c.problem, None);
+    // A missing value adds 0 silently, as `$sum` ignores it.
+    let mut missing = fixed.clone();
+    missing.remove("score");
+    let e = change(3, None, Some(&missing), None, false);
+    let c = classify(&e, Before::Known(None), Attribution::Ledger, &schema).unwrap();
+    assert_eq!(c.problem, None);
+}
+
+#[test]
+fn a_sum_that_would_overflow_is_reported_and_never_wrapped() {
+    let schema = schema();
+    let events: Vec<ChangeEvent> = (1..=2)
+        .map(|n| {
+            let mut row = approved_row("ann", Bson::Int64(i64::MAX));
+            row.insert("_id", n as i32);
+            let mut e = change(n, None, Some(&row), None, false);
+            e.comment = Some(counterd::event::CommentId::new(Bson::Int32(n as i32)));
+            e
+        })
+        .collect();
+    let (plan, _) = plan_batch(&events, &HashMap::new(), Attribution::Ledger, &schema, 60);
+    let sum = plan
+        .counters
+        .iter()
+        .find(|c| c.counter == CounterIx(4))
+        .expect("the sum's write");
+    assert!(
+        sum.delta.is_double(),
+        "promoted, not wrapped: {:?}",
+        sum.delta
+    );
+    assert!(sum.delta.as_f64() > 1.8e19);
+    assert_eq!(plan.bad_events(), 1, "{:?}", plan.skipped);
+}
+
 #[test]
 fn a_condition_change_known_only_from_the_ledger_takes_the_looked_up_row() {
     // The ledger keeps whether the row matched, not the score it read: an update of the score
@@ -376,8 +549,12 @@ fn a_condition_change_known_only_from_the_ledger_takes_the_looked_up_row() {
     let ledger = Before::Known(Some(schema.read_existing_row(&low)));
     let c = classify(&e, ledger, Attribution::Ledger, &schema).unwrap();
     assert_eq!(
-        summed(&c),
-        BTreeMap::from([(key(1, PostId::Int(1)), 1), (key(3, PostId::Int(1)), 1)])
+        ints(summed(&c)),
+        BTreeMap::from([
+            (key(1, PostId::Int(1)), 1),
+            (key(3, PostId::Int(1)), 1),
+            (key(4, PostId::Str("ann".into())), 5),
+        ])
     );
     assert!(c.dirty.contains(&key(3, PostId::Int(1))));
 }
@@ -426,7 +603,8 @@ proptest! {
         let ledger = Before::Known(before.as_ref().map(|d| schema.read_existing_row(d)));
         let c = classify(&e, ledger, attribution, &schema).unwrap();
         let truth = difference(counts(&schema, after.as_ref()), counts(&schema, before.as_ref()));
-        prop_assert_eq!(summed(&c), truth.clone(), "groups {:?}", groups(&schema));
+        let got = summed(&c);
+        prop_assert!(same(&got, &truth), "{:?} != {:?}, groups {:?}", got, truth, groups(&schema));
         for changed in truth.keys() {
             prop_assert!(c.dirty.contains(changed), "{:?} not dirty: {:?}", changed, c.dirty);
         }
@@ -458,6 +636,7 @@ proptest! {
         let (plan, end) = plan_batch(&events, &HashMap::<String, Option<Row>>::new(), Attribution::Ledger, &schema, 60);
         prop_assert!(end.is_none());
         let truth = difference(counts(&schema, states.last().unwrap().as_ref()), BTreeMap::new());
-        prop_assert_eq!(planned(&plan), truth);
+        let got = planned(&plan);
+        prop_assert!(same(&got, &truth), "{:?} != {:?}", got, truth);
     }
 }

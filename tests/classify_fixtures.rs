@@ -15,6 +15,7 @@ use counterd::classify::{
     StreamEnded, Unattributable,
 };
 use counterd::event::{ChangeEvent, CommentId, Operation, PostId, Row, Token, UpdateSummary};
+use counterd::num::Num;
 use counterd::schema::Schema;
 
 // ---------------------------------------------------------------------------------------------
@@ -117,7 +118,7 @@ fn delta(p: &str, created_at: Option<DateTime>, amount: i64) -> Delta {
         counter: counterd::definition::CounterIx::DEFAULT,
         post: post(p),
         created_at,
-        amount,
+        amount: Num::Int(amount),
     }
 }
 fn posts(names: &[&str]) -> Vec<PostId> {
@@ -1531,8 +1532,8 @@ fn counter(p: &str, buckets: &[(Option<DateTime>, i64)]) -> CounterDelta {
     CounterDelta {
         counter: counterd::definition::CounterIx::DEFAULT,
         post: post(p),
-        delta: buckets.iter().map(|(_, a)| a).sum(),
-        buckets: map,
+        delta: Num::Int(buckets.iter().map(|(_, a)| a).sum()),
+        buckets: map.into_iter().map(|(k, v)| (k, Num::Int(v))).collect(),
         touched,
         comments: None,
     }
@@ -1568,7 +1569,7 @@ fn dirty_posts(plan: &BatchPlan) -> Vec<PostId> {
 
 fn assert_buckets_sum(counters: &[CounterDelta]) {
     for c in counters {
-        assert_eq!(c.buckets.values().sum::<i64>(), c.delta, "{c:?}");
+        assert_eq!(c.buckets.values().sum::<Num>(), c.delta, "{c:?}");
         assert!(c.buckets.values().all(|v| *v != 0), "{c:?}");
     }
 }
@@ -1654,7 +1655,7 @@ fn batch_touches_changes_that_cancel_out() {
     let touch_only = |p: &str| CounterDelta {
         counter: counterd::definition::CounterIx::DEFAULT,
         post: post(p),
-        delta: 0,
+        delta: Num::ZERO,
         buckets: BTreeMap::new(),
         touched: [bucket].into_iter().collect(),
         comments: None,
@@ -1787,7 +1788,7 @@ fn batch_lifecycle_across_batches_with_a_ledger() {
         assert_buckets_sum(&plan.counters);
         assert!(plan.skipped.is_empty());
         for c in &plan.counters {
-            *net.entry(c.post.clone()).or_default() += c.delta;
+            *net.entry(c.post.clone()).or_default() += c.delta.as_i64();
         }
         for update in plan.ledger {
             ledger.insert(update.comment.key, update.state);
@@ -1823,7 +1824,7 @@ fn an_unposted_row_with_an_expired_pre_image_is_counted_once() {
                 assert_buckets_sum(&plan.counters);
                 assert!(plan.skipped.is_empty(), "{:?}", plan.skipped);
                 for c in &plan.counters {
-                    *net.entry(c.post.clone()).or_default() += c.delta;
+                    *net.entry(c.post.clone()).or_default() += c.delta.as_i64();
                 }
                 for update in plan.ledger {
                     ledger.insert(update.comment.key, update.state);
@@ -2053,8 +2054,12 @@ fn batch_coalesces_a_hot_post_into_one_counter_delta() {
     let hot = &plan.counters[0];
     assert_eq!(hot.post, post("post-hot"));
     expected.retain(|_, v| *v != 0);
+    let expected: BTreeMap<i64, Num> = expected
+        .into_iter()
+        .map(|(k, v)| (k, Num::Int(v)))
+        .collect();
     assert_eq!(hot.buckets, expected);
-    assert_eq!(hot.delta, expected.values().sum::<i64>());
+    assert_eq!(hot.delta, expected.values().sum::<Num>());
     assert_buckets_sum(&plan.counters);
     assert_eq!(dirty_posts(&plan), posts(&["post-hot"]));
     let touched_before = (0..30).filter(|i| i % 7 == 0 || i % 11 == 0).count();
@@ -2312,7 +2317,7 @@ fn every_soft_delete_rule_on_real_and_fake_shapes() {
         let mut got: Vec<(String, i64)> = c
             .deltas
             .iter()
-            .map(|d| (d.post.to_string(), d.amount))
+            .map(|d| (d.post.to_string(), d.amount.as_i64()))
             .collect();
         got.sort();
         let want: Vec<(String, i64)> = want.iter().map(|(p, a)| (p.to_string(), *a)).collect();

@@ -246,6 +246,41 @@ fn every_definitions_group_field_needs_its_recount_index_and_its_collections_pri
     );
 }
 
+/// A sum's recount adds its field up: the index that serves it holds the field after the
+/// group and the creation time; one without it is a warning whose fix adds it.
+#[test]
+fn a_sums_recount_index_holds_its_field() {
+    let settings: Settings = toml::from_str(
+        "[[counters]]\nname = \"score\"\ngroup_field = \"post_id\"\nkind = \"sum\"\nfield = \"score\"\nwith_count = true\ncollection = \"post_scores\"\n",
+    )
+    .unwrap();
+    let expect = Expectations::from(&settings);
+    // The healthy replies index (post_id, created_at): served, but the $sum reads every row.
+    let findings = check_all(&healthy(), &expect);
+    let index: Vec<&Finding> = findings
+        .iter()
+        .filter(|f| f.check == "recount_index")
+        .collect();
+    assert_eq!(index.len(), 1, "one group field: {index:#?}");
+    assert_eq!(index[0].level, Level::Warning, "{}", index[0].line());
+    assert!(index[0].message.contains("score"), "{}", index[0].message);
+    assert_eq!(
+        index[0].fix.as_deref(),
+        Some("db.getSiblingDB(\"app\").getCollection(\"comments\").createIndex({\"post_id\": 1, \"created_at\": 1, \"score\": 1})")
+    );
+    // With the field in the index: served.
+    let replies = Replies {
+        indexes: Ok(vec![
+            bson::doc! {"v": 2, "name": "post_created_score", "key": {"post_id": 1, "created_at": 1, "score": 1}},
+        ]),
+        ..healthy()
+    };
+    let findings = check_all(&replies, &expect);
+    let f = finding(&findings, "recount_index");
+    assert_eq!(f.level, Level::Ok, "{}", f.line());
+    assert!(f.message.contains("score"), "{}", f.message);
+}
+
 #[test]
 fn pre_images_and_snapshot_reads_say_what_their_absence_costs() {
     let plain = Replies {

@@ -9,6 +9,7 @@ use counterd::classify::{classify, After, Attribution, Before, Source};
 use counterd::definition::{CounterIx, CounterKey};
 use counterd::event::{ChangeEvent, CommentId, PostId, Row};
 use counterd::fold::{effective_watermark, fold, watermark_for, CounterState};
+use counterd::num::Num;
 use counterd::schema::Schema;
 use proptest::prelude::*;
 use proptest::sample::select;
@@ -280,7 +281,7 @@ proptest! {
         add_live(&mut truth, truth_before.as_ref(), -1);
         let mut got = Tally::new();
         for d in &c.deltas {
-            *got.entry((d.post.clone(), bucket_of(d.created_at, WIDTH))).or_default() += d.amount;
+            *got.entry((d.post.clone(), bucket_of(d.created_at, WIDTH))).or_default() += d.amount.as_i64();
         }
         prop_assert_eq!(nonzero(got.clone()), nonzero(truth.clone()));
         // Per post too (the design's statement).
@@ -542,8 +543,8 @@ fn check_plan(plan: &BatchPlan) -> Result<(), TestCaseError> {
     for c in &plan.counters {
         prop_assert!(!seen.contains(&c.post), "two writes for {:?}", c.post);
         seen.push(c.post.clone());
-        prop_assert_eq!(c.buckets.values().sum::<i64>(), c.delta);
-        prop_assert!(c.buckets.values().all(|v| *v != 0));
+        prop_assert_eq!(c.buckets.values().sum::<Num>(), c.delta);
+        prop_assert!(c.buckets.values().all(|v| !v.is_zero()));
         prop_assert!(c.buckets.keys().all(|b| c.touched.contains(b)));
         prop_assert!(!c.touched.is_empty(), "a write that touches nothing");
         let mark = plan.dirty.iter().find(|d| d.post == c.post);
@@ -619,7 +620,7 @@ fn check_history(
         check_plan(&plan)?;
         for c in &plan.counters {
             for (bucket, amount) in &c.buckets {
-                *applied.entry((c.post.clone(), *bucket)).or_default() += amount;
+                *applied.entry((c.post.clone(), *bucket)).or_default() += amount.as_i64();
             }
         }
         for update in plan.ledger {
@@ -818,16 +819,28 @@ proptest! {
 // ---------------------------------------------------------------------------------------------
 // (c) The reconcile fold.
 
+/// A counter's number: a count's integer, or a sum's integer or double (halves, so that every
+/// sum the property adds up is exact in a double too and may be compared exactly).
+fn number(range: std::ops::RangeInclusive<i64>) -> impl Strategy<Value = Num> {
+    (range, any::<bool>()).prop_map(|(n, double)| {
+        if double {
+            Num::Double(n as f64 / 2.0)
+        } else {
+            Num::Int(n)
+        }
+    })
+}
+
 fn counter_state() -> impl Strategy<Value = (CounterState, bool)> {
     (
-        -100..100i64,
+        number(-100..=100),
         0..10i64,
-        proptest::collection::btree_map((0..20i64).prop_map(|b| b * WIDTH), -5..=5i64, 0..8),
-        -20..20i64,
+        proptest::collection::btree_map((0..20i64).prop_map(|b| b * WIDTH), number(-5..=5), 0..8),
+        number(-20..=20),
         any::<bool>(),
     )
         .prop_map(|(base_count, wm, buckets, noise, consistent)| {
-            let sum: i64 = buckets.values().sum();
+            let sum: Num = buckets.values().sum();
             let live_delta = if consistent { sum } else { sum + noise };
             (
                 CounterState {
@@ -848,14 +861,15 @@ proptest! {
     fn fold_arithmetic(
         (state, consistent) in counter_state(),
         proposed in (0..25i64).prop_map(|w| w * WIDTH),
-        count in 0..200i64,
+        count in number(0..=200),
     ) {
+        // Counts and sums fold by the same arithmetic; a double anywhere makes a double.
         let f = fold(&state, proposed, count);
         prop_assert_eq!(f.watermark, effective_watermark(&state, proposed));
         prop_assert!(f.watermark >= state.base_watermark, "watermark lowered");
         prop_assert!(f.watermark >= proposed);
         prop_assert_eq!(f.base_count, count);
-        prop_assert_eq!(f.live_delta, f.kept.values().sum::<i64>());
+        prop_assert_eq!(f.live_delta, f.kept.values().sum::<Num>());
         prop_assert_eq!(f.wrong, state.displayed());
         prop_assert_eq!(f.right, count + f.live_delta);
         prop_assert_eq!(f.drift, f.wrong - f.right);
@@ -867,9 +881,15 @@ proptest! {
         for (b, v) in &f.kept {
             prop_assert_eq!(state.buckets.get(b), Some(v));
         }
-        let below: i64 = state.buckets.iter().filter(|(b, _)| **b < f.watermark).map(|(_, v)| v).sum();
+        let below: Num = state.buckets.iter().filter(|(b, _)| **b < f.watermark).map(|(_, v)| v).sum();
         if consistent {
-            prop_assert_eq!(f.drift, state.base_count + below - count);
+            prop_assert!(!f.drift.differs(state.base_count + below - count));
+        }
+        // The shown value is a double exactly when a double took part.
+        let doubles = state.base_count.is_double() || state.live_delta.is_double() || count.is_double()
+            || state.buckets.values().any(|v| v.is_double());
+        if !doubles {
+            prop_assert!(!f.right.is_double() && !f.drift.is_double());
         }
         // Folding the result again with the same count finds no drift.
         let again = CounterState {
@@ -880,6 +900,7 @@ proptest! {
         };
         let g = fold(&again, proposed, count);
         prop_assert_eq!(g.drift, 0);
+        prop_assert!(g.drift.is_zero());
         prop_assert_eq!(g.watermark, f.watermark);
     }
 
@@ -1130,7 +1151,7 @@ fn never_panics(docs: &[Document], ledger_pick: &[u8]) {
         for width in [1, 60, 3600] {
             let (plan, _) = plan_batch(&events, &ledger, attribution, &Schema::default(), width);
             for c in &plan.counters {
-                assert_eq!(c.buckets.values().sum::<i64>(), c.delta);
+                assert_eq!(c.buckets.values().sum::<Num>(), c.delta);
             }
         }
     }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use counterd::event::PostId;
+use counterd::num::Num;
 use counterd::reconcile::{ReconcileSettings, Reconciler};
 use counterd::store::mongo::MongoStore;
 use counterd::store::prelude::*;
@@ -82,7 +83,10 @@ async fn injected_drift_is_corrected_with_sign_and_size() {
     let mut drift: Vec<(String, i64, i64, i64)> = report
         .corrections
         .iter()
-        .map(|c| (c.post.to_string(), c.wrong, c.right, c.drift))
+        .map(|c| {
+            let (w, r, d) = (c.wrong.as_i64(), c.right.as_i64(), c.drift.as_i64());
+            (c.post.to_string(), w, r, d)
+        })
         .collect();
     drift.sort();
     assert_eq!(
@@ -97,21 +101,24 @@ async fn injected_drift_is_corrected_with_sign_and_size() {
     assert_eq!(
         (
             s.corrected,
-            s.total_abs_drift,
-            s.max_abs_drift,
-            s.drift_high,
-            s.drift_low
+            s.total_abs_drift.as_i64(),
+            s.max_abs_drift.as_i64(),
+            s.drift_high.as_i64(),
+            s.drift_low.as_i64()
         ),
         (3, 9, 4, 7, -2)
     );
     let stored = t.store.read_counter(&post(1)).await.unwrap().unwrap();
-    assert_eq!(stored.last_drift, Some(-2));
+    assert_eq!(stored.last_drift, Some(Num::Int(-2)));
     assert!(stored.reconciled_at.is_some());
     assert!(
         stored.state.buckets.is_empty(),
         "old buckets were folded into base_count"
     );
-    assert_eq!((stored.state.base_count, stored.state.live_delta), (5, 0));
+    assert_eq!(
+        (stored.state.base_count, stored.state.live_delta),
+        (Num::Int(5), Num::ZERO)
+    );
     // The run is recorded for `status`, and the dirty set is empty.
     assert_eq!(t.store.last_run().await.unwrap().unwrap().corrected, 3);
     assert_eq!(t.store.dirty_summary().await.unwrap().size, 0);
@@ -169,7 +176,7 @@ async fn a_post_larger_than_the_recounts_share_is_recounted_by_count() {
     let mut drift: Vec<(String, i64)> = report
         .corrections
         .iter()
-        .map(|c| (c.post.to_string(), c.drift))
+        .map(|c| (c.post.to_string(), c.drift.as_i64()))
         .collect();
     drift.sort();
     assert_eq!(drift, vec![("post-0".into(), 2), ("post-1".into(), 2)]);
@@ -514,7 +521,7 @@ async fn a_post_stays_dirty_until_a_fold_covers_its_newest_change() {
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
         let run = rec.run_dirty(now_secs()).await.unwrap();
-        corrected += run.summary.drift_high;
+        corrected += run.summary.drift_high.as_i64();
     }
     worker.shutdown().await.unwrap();
     assert_eq!(
@@ -559,7 +566,12 @@ async fn the_background_sweep_finds_drift_no_event_points_at() {
             .await
             .unwrap()
             .unwrap();
-        drift.extend(report.corrections.iter().map(|c| (c.post.clone(), c.drift)));
+        drift.extend(
+            report
+                .corrections
+                .iter()
+                .map(|c| (c.post.clone(), c.drift.as_i64())),
+        );
     }
     worker.shutdown().await.unwrap();
     drift.sort();
@@ -622,7 +634,7 @@ async fn a_pass_with_time_to_spare_sweeps_a_whole_window_at_the_default_pace() {
     let drift: Vec<_> = background[0]
         .corrections
         .iter()
-        .map(|c| (c.post.clone(), c.drift))
+        .map(|c| (c.post.clone(), c.drift.as_i64()))
         .collect();
     assert_eq!(drift, vec![(post(5), 3)], "the hand edit was found");
     t.wait_exact(&posts, Duration::from_secs(1)).await;

@@ -348,7 +348,7 @@ async fn run_load(name: &str, hot: bool, secs: u64) {
                 continue;
             };
             compared += 1;
-            let off = o.mismatch().unwrap_or(0);
+            let off = o.mismatch().map_or(0, |m| m.as_i64());
             let allowed = injected_now.get(&o.post).copied().unwrap_or(0);
             if !(off == 0 || off == allowed) {
                 let raw =
@@ -495,7 +495,7 @@ async fn run_load(name: &str, hot: bool, secs: u64) {
     // Every correction is an injection, with its sign: no more, no less.
     let mut reported: BTreeMap<PostId, i64> = BTreeMap::new();
     for c in corrections.lock().unwrap().iter() {
-        *reported.entry(c.post.clone()).or_default() += c.drift;
+        *reported.entry(c.post.clone()).or_default() += c.drift.as_i64();
     }
     let injected = injected.lock().unwrap().clone();
     assert!(!injected.is_empty(), "drift was injected");

@@ -158,6 +158,9 @@ struct Variant {
     /// Every seed with one stream keeps two counter definitions beyond the default
     /// (`definitions()`), and writers approve, unapprove, change and remove authors.
     definitions: bool,
+    /// With `definitions`: two sums beside them (`sums()`), and writers change, remove and
+    /// spoil (a string) the summed values, which are integers, halves and missing.
+    sums: bool,
 }
 
 /// The counter definitions beyond the default of the seeds that keep several: comments per
@@ -171,10 +174,46 @@ fn definitions() -> Vec<counterd::definition::Definition> {
             condition: counterd::condition::Condition::parse(&condition)
                 .expect("a condition of the supported subset"),
             collection: format!("{name}_counters"),
+            kind: counterd::definition::Kind::Count,
         };
     vec![
         definition("per_author", "author_id", bson::doc! {}),
         definition("approved", "post_id", bson::doc! {"approved": true}),
+    ]
+}
+
+/// The sums of the `sums` variant: the ratings per author (integers, halves, missing values and
+/// strings, which add nothing) with their row count (`with_count`), and the scores of approved
+/// comments per post (halves).
+fn sums() -> Vec<counterd::definition::Definition> {
+    let sum = |name: &str, group: &str, field: &str, condition: bson::Document| {
+        counterd::definition::Definition {
+            name: name.into(),
+            group: group.into(),
+            condition: counterd::condition::Condition::parse(&condition)
+                .expect("a condition of the supported subset"),
+            collection: format!("{name}_counters"),
+            kind: counterd::definition::Kind::Sum {
+                field: field.into(),
+            },
+        }
+    };
+    let rows = counterd::definition::Definition {
+        name: "rating_per_author_rows".into(),
+        kind: counterd::definition::Kind::Rows {
+            of: "rating_per_author".into(),
+        },
+        ..sum("rating_per_author", "author_id", "rating", bson::doc! {})
+    };
+    vec![
+        sum("rating_per_author", "author_id", "rating", bson::doc! {}),
+        rows,
+        sum(
+            "approved_score",
+            "post_id",
+            "score",
+            bson::doc! {"approved": true},
+        ),
     ]
 }
 
@@ -191,6 +230,7 @@ impl Variant {
         hot: false,
         transactions: false,
         definitions: false,
+        sums: false,
     };
 
     fn from_env() -> Variant {
@@ -211,7 +251,8 @@ impl Variant {
             lookups: flag("SIM_LOOKUPS"),
             hot: flag("SIM_HOT"),
             transactions: flag("SIM_TRANSACTIONS"),
-            definitions: flag("SIM_DEFINITIONS"),
+            definitions: flag("SIM_DEFINITIONS") || flag("SIM_SUMS"),
+            sums: flag("SIM_SUMS"),
         }
     }
 
@@ -243,7 +284,9 @@ impl Variant {
         if self.transactions {
             prefix.push_str("SIM_TRANSACTIONS=1 ");
         }
-        if self.definitions {
+        if self.sums {
+            prefix.push_str("SIM_SUMS=1 ");
+        } else if self.definitions {
             prefix.push_str("SIM_DEFINITIONS=1 ");
         }
         prefix
@@ -310,6 +353,8 @@ struct Plan {
     /// stream, and writers approve, unapprove and change authors (one stream only: the
     /// configuration refuses definitions with partitions).
     definitions: bool,
+    /// The two sums of [`sums`] beside them (with `definitions` only).
+    sums: bool,
 }
 
 impl Plan {
@@ -354,6 +399,7 @@ impl Plan {
             budget: Budget::unlimited(),
             recount_rows: usize::MAX,
             definitions: false,
+            sums: false,
         };
         // Drawn last, so that the plans of the other fields stay what they were per seed.
         plan.snapshot = r.random_bool(0.7);
@@ -384,17 +430,26 @@ impl Plan {
         // A variant's, not a draw: every seed of the other variants runs exactly as it did
         // before definitions existed (replay commands name seeds).
         plan.definitions = plan.partitions == 1 && variant.definitions;
+        plan.sums = plan.definitions && variant.sums;
         plan
+    }
+
+    /// The counter definitions this seed keeps beyond the default.
+    fn extra(&self) -> Vec<counterd::definition::Definition> {
+        let mut extra = if self.definitions {
+            definitions()
+        } else {
+            Vec::new()
+        };
+        if self.sums {
+            extra.extend(sums());
+        }
+        extra
     }
 
     /// The counter definitions this seed keeps: the default (per post) first.
     fn definitions(&self) -> Vec<CounterIx> {
-        let extra = if self.definitions {
-            definitions().len()
-        } else {
-            0
-        };
-        (0..=extra).map(CounterIx).collect()
+        (0..=self.extra().len()).map(CounterIx).collect()
     }
 
     /// The streams: the base stream, or one per partition.
@@ -423,11 +478,7 @@ impl Plan {
             retry_max_delay: Duration::ZERO,
             budget: self.budget.clone(),
             schema: counterd::schema::Schema {
-                counters: if self.definitions {
-                    definitions()
-                } else {
-                    Vec::new()
-                },
+                counters: self.extra(),
                 ..counterd::schema::Schema::default()
             },
             snapshot: SnapshotSettings {
@@ -476,7 +527,7 @@ impl Plan {
         store: &Arc<SimStore>,
         settings: ReconcileSettings,
     ) -> Vec<Reconciler<SimStore>> {
-        let names = definitions();
+        let names = self.extra();
         self.definitions()
             .into_iter()
             .map(|ix| {
@@ -613,7 +664,7 @@ async fn accounted(
             let mut got: Vec<(PostId, i64)> = report
                 .corrections
                 .iter()
-                .map(|c| (c.post.clone(), c.drift))
+                .map(|c| (c.post.clone(), c.drift.as_i64()))
                 .collect();
             let mut want = installed;
             got.sort();
@@ -952,13 +1003,13 @@ fn check_other_definitions(s: &State, when: &str) -> Result<(), String> {
         groups.sort();
         groups.dedup();
         for group in groups {
-            let want = truth.get(group).copied().unwrap_or(0);
-            let (shown, count) = displayed.get(group).copied().unwrap_or((0, 0));
-            if shown != want || count != shown {
+            let want = truth.get(group).copied().unwrap_or_default();
+            let (shown, count) = displayed.get(group).copied().unwrap_or_default();
+            if shown.differs(want) || count.differs(shown) {
                 return Err(format!(
                     "definition #{} ({}), group {group} {when}: displays {shown} (count {count}), its truth is {want}",
                     counter.0,
-                    definitions()[counter.0 - 1].name
+                    s.memory.definitions[counter.0 - 1].name
                 ));
             }
         }
@@ -1163,8 +1214,10 @@ impl Sim {
         }
         for counter in s.memory.counter_ixs().into_iter().skip(1) {
             for (group, c) in s.memory.counters_of(counter).into_iter().flatten() {
-                let sum: i64 = c.buckets.values().sum();
-                if c.count != c.displayed() || (sum != c.live_delta && !self.seed_fold()) {
+                let sum: counterd::num::Num = c.buckets.values().sum();
+                if c.count.differs(c.displayed())
+                    || (sum.differs(c.live_delta) && !self.seed_fold())
+                {
                     return Err(format!(
                         "definition #{} counter {group}: count {}, base_count {} + live_delta {}, buckets {:?}",
                         counter.0, c.count, c.base_count, c.live_delta, c.buckets
@@ -1541,8 +1594,11 @@ fn set_up(seed: u64, variant: Variant, trace: bool) -> Sim {
         s.budget = Some(plan.budget.clone());
         s.snapshot_chunk_rows = plan.snapshot_chunk_rows;
         if plan.definitions {
-            s.memory.define_counters(definitions());
+            s.memory.define_counters(plan.extra());
             s.stat("seeds with several counter definitions");
+        }
+        if plan.sums {
+            s.stat("seeds with sums");
         }
     }
     Sim {
@@ -1897,6 +1953,39 @@ fn with_hot_posts() {
 /// moment and after the final sweep, no fold of theirs corrects drift (none is injected
 /// there), and every dirty set is empty at the end; the default definition keeps every check
 /// it always had.
+/// Sums beside counts: ratings per author (integers, halves, missing and string values) and
+/// approved scores per post (halves), with value changes, moves, soft and hard deletes,
+/// crashes and takeovers; every sum must equal its `$sum` truth at every caught-up point and
+/// after the final sweep, with no fold of theirs correcting drift.
+#[test]
+fn with_sums() {
+    let variant = Variant {
+        definitions: true,
+        sums: true,
+        ..Variant::FAITHFUL
+    };
+    let seeds = env_u64("SIM_SUMS_SEEDS").unwrap_or(150);
+    let (failures, stats, _) = run_seeds(0, seeds, variant, 3);
+    if let Some(first) = failures.first() {
+        for f in &failures {
+            eprintln!("{}", f.report());
+        }
+        panic!("{variant:?}: seed {} failed: {}", first.seed, first.message);
+    }
+    for key in [
+        "seeds with sums",
+        "change rating of",
+        "change score of",
+        "fold of another definition installed",
+        "probe checked a caught-up point while others run",
+    ] {
+        assert!(
+            stats.get(key).copied().unwrap_or(0) > 0,
+            "never happened: {key} ({stats:?})"
+        );
+    }
+}
+
 #[test]
 fn with_several_counters() {
     let several = Variant {

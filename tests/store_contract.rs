@@ -11,6 +11,7 @@ use bson::{Bson, DateTime};
 use counterd::batch::{CounterDelta, LedgerUpdate};
 use counterd::event::{CommentId, PostId, Row, Token};
 use counterd::fold::Fold;
+use counterd::num::Num;
 use counterd::recount::{LedgerAt, LOG_ENTRIES};
 use counterd::store::prelude::*;
 use counterd::store::{CounterDoc, DirtyOrder, Fence, PendingBatch, StoreError};
@@ -36,8 +37,8 @@ fn delta(p: i64, d: i64) -> CounterDelta {
     CounterDelta {
         counter: counterd::definition::CounterIx::DEFAULT,
         post: post(p),
-        delta: d,
-        buckets: BTreeMap::from([(0, d)]),
+        delta: Num::Int(d),
+        buckets: BTreeMap::from([(0, Num::Int(d))]),
         touched: BTreeSet::from([0]),
         comments: Some(vec![comment(p * 100)]),
     }
@@ -68,7 +69,7 @@ async fn shown<S: Store>(store: &S, p: i64) -> Option<i64> {
         .read_counter(&post(p))
         .await
         .unwrap()
-        .map(|c| c.shown())
+        .map(|c| c.shown().as_i64())
 }
 
 async fn ledger_state<S: Store>(store: &S, c: i64) -> Option<Option<Row>> {
@@ -222,13 +223,13 @@ async fn older_epochs_are_fenced_out<S: Store>(store: &S) {
 fn fold(base_count: i64) -> Fold {
     Fold {
         watermark: 100,
-        base_count,
-        live_delta: 0,
+        base_count: Num::Int(base_count),
+        live_delta: Num::ZERO,
         kept: BTreeMap::new(),
         dropped: vec![0],
-        wrong: 0,
-        right: base_count,
-        drift: 0,
+        wrong: Num::ZERO,
+        right: Num::Int(base_count),
+        drift: Num::ZERO,
     }
 }
 
@@ -714,6 +715,7 @@ fn schema_with_definitions() -> counterd::schema::Schema {
             group: group.into(),
             condition: counterd::condition::Condition::parse(&condition).unwrap(),
             collection: format!("{name}_counters"),
+            kind: counterd::definition::Kind::Count,
         };
     counterd::schema::Schema {
         counters: vec![
@@ -731,14 +733,8 @@ async fn ledger_keeps_every_definitions_verdict<S: Store>(store: &S) {
     let f = fence(1);
     let mut state = row(1);
     state.members = vec![
-        Member {
-            group: Some(post(1)),
-            matches: false,
-        },
-        Member {
-            group: Some(PostId::Str("ann".into())),
-            matches: true,
-        },
+        Member::counting(Some(post(1)), false),
+        Member::counting(Some(PostId::Str("ann".into())), true),
     ];
     store
         .write_ledger(&f, &[update(1, Some(state.clone()))], &token(10), 0)
@@ -811,4 +807,162 @@ async fn a_ledger_written_before_definitions_reads_with_them() {
     expected.members = vec![Default::default(), Default::default()];
     assert_eq!(ledger_state(&store, 1).await, Some(Some(expected)));
     assert_eq!(shown(&*old.store, 1).await, None);
+}
+
+/// A sum of `rating` per author with its row count (`with_count`): two definitions whose
+/// counters share one document per author.
+fn schema_with_a_sum() -> counterd::schema::Schema {
+    let settings: counterd::config::Settings = toml::from_str(
+        "[[counters]]\nname = \"rating_sum\"\ngroup_field = \"author_id\"\nkind = \"sum\"\nfield = \"rating\"\nwith_count = true\ncollection = \"rating_counters\"\n",
+    )
+    .unwrap();
+    counterd::schema::Schema {
+        counters: settings.definitions().unwrap().extra().to_vec(),
+        ..counterd::schema::Schema::default()
+    }
+}
+
+/// Rows with ratings: ann's add up to 4.5 (an integer and a half), bob's to 2; a string adds
+/// nothing but is a row; a soft-deleted row is not counted at all.
+fn rated_rows() -> Vec<bson::Document> {
+    let rows: [(&str, Bson, bool); 5] = [
+        ("ann", Bson::Int32(4), false),
+        ("ann", Bson::Double(0.5), false),
+        ("ann", Bson::Int32(9), true),
+        ("bob", Bson::Int64(2), false),
+        ("bob", Bson::String("n/a".into()), false),
+    ];
+    rows.into_iter()
+        .enumerate()
+        .map(|(i, (author, rating, deleted))| {
+            let mut row = bson::doc! {
+                "_id": i as i64 + 1,
+                "post_id": 1_i64,
+                "author_id": author,
+                "rating": rating,
+                "created_at": DateTime::from_millis(1_000),
+            };
+            if deleted {
+                row.insert("deleted_at", DateTime::from_millis(2_000));
+            }
+            row
+        })
+        .collect()
+}
+
+/// A sum and its row count: guarded increments of each (a double stays a double), `$sum` and
+/// row counts as the truth, and a fold of the row count into a document the sum created.
+async fn a_sum_and_its_row_count_share_a_document<S: Store>(store: &S) {
+    use counterd::definition::CounterIx;
+    let (sum, rows) = (
+        store.for_counter(CounterIx(1)),
+        store.for_counter(CounterIx(2)),
+    );
+    let ann = PostId::Str("ann".into());
+    let bob = PostId::Str("bob".into());
+    let write = |ix: usize, d: Num| CounterDelta {
+        counter: CounterIx(ix),
+        post: ann.clone(),
+        delta: d,
+        buckets: BTreeMap::from([(0, d)]),
+        touched: BTreeSet::from([0]),
+        comments: Some(vec![comment(1), comment(2)]),
+    };
+    let batch = [write(1, Num::Double(4.5)), write(2, Num::Int(2))];
+    let f = fence(1);
+    let outcome = store
+        .apply_counters(&f, &batch, &token(10), None)
+        .await
+        .unwrap();
+    assert_eq!(outcome.applied, 2);
+    let again = store
+        .apply_counters(&f, &batch, &token(10), None)
+        .await
+        .unwrap();
+    assert_eq!(again.already_applied, 2, "each part keeps its own guard");
+    async fn shown<S: Store>(s: &S, p: &PostId) -> Option<Num> {
+        s.read_counter(p).await.unwrap().map(|c| c.shown())
+    }
+    assert_eq!(shown(&sum, &ann).await, Some(Num::Double(4.5)));
+    assert_eq!(shown(&rows, &ann).await, Some(Num::Int(2)));
+    // The truth: `$sum` of the live rows' ratings, and the number of those rows.
+    assert_eq!(sum.count_live(&ann).await.unwrap(), Num::Double(4.5));
+    assert_eq!(rows.count_live(&ann).await.unwrap(), Num::Int(2));
+    assert_eq!(sum.count_live(&bob).await.unwrap(), Num::Int(2));
+    assert_eq!(rows.count_live(&bob).await.unwrap(), Num::Int(2));
+    assert_eq!(sum.count_live_below(&bob, 100).await.unwrap(), Num::Int(2));
+    assert_eq!(
+        sum.count_live_below(&bob, 1).await.unwrap(),
+        Num::ZERO,
+        "created at 1 s"
+    );
+    assert_eq!(
+        sum.live_ids_below(&bob, i64::MAX, 100).await.unwrap(),
+        None,
+        "a sum's recount is the server's $sum, never row ids"
+    );
+    // The sum's fold creates bob's document; the row count then folds into the same one.
+    let fold = |n: Num| Fold {
+        watermark: 100,
+        base_count: n,
+        live_delta: Num::ZERO,
+        kept: BTreeMap::new(),
+        dropped: vec![],
+        wrong: Num::ZERO,
+        right: n,
+        drift: -n,
+    };
+    let now = DateTime::from_millis(5_000);
+    assert!(sum
+        .install_fold(&bob, None, &fold(Num::Int(2)), now)
+        .await
+        .unwrap());
+    let read = rows.read_counter(&bob).await.unwrap();
+    assert!(rows
+        .install_fold(&bob, read.as_ref(), &fold(Num::Int(2)), now)
+        .await
+        .unwrap());
+    assert_eq!(shown(&sum, &bob).await, Some(Num::Int(2)));
+    assert_eq!(shown(&rows, &bob).await, Some(Num::Int(2)));
+    let c = sum.read_counter(&bob).await.unwrap().unwrap();
+    assert_eq!((c.last_drift, c.folds), (Some(Num::Int(-2)), 1));
+    // The row count's own fold does not touch the sum's.
+    let c = rows.read_counter(&bob).await.unwrap().unwrap();
+    assert_eq!(c.folds, 1);
+}
+
+#[tokio::test]
+async fn a_sum_and_its_row_count_share_a_document_on_mongo() {
+    let t = support::TestDb::with_schema("a_sum_and_its_row_count", schema_with_a_sum()).await;
+    t.comments.insert_many(rated_rows()).await.unwrap();
+    a_sum_and_its_row_count_share_a_document(&*t.store).await;
+    // One document per author: the sum in `count`, the rows in `rows.count`.
+    let ann =
+        t.db.collection::<bson::Document>("rating_counters")
+            .find_one(bson::doc! {"_id": "ann"})
+            .await
+            .unwrap()
+            .unwrap();
+    assert_eq!(ann.get("count"), Some(&Bson::Double(4.5)), "{ann}");
+    assert_eq!(
+        ann.get_document("rows").ok().and_then(|r| r.get("count")),
+        Some(&Bson::Int64(2)),
+        "{ann}"
+    );
+    let n =
+        t.db.collection::<bson::Document>("rating_counters")
+            .count_documents(bson::doc! {})
+            .await
+            .unwrap();
+    assert_eq!(n, 2, "one document per author");
+}
+
+#[tokio::test]
+async fn a_sum_and_its_row_count_share_a_document_in_memory() {
+    let store = memory();
+    store.lock().define_counters(schema_with_a_sum().counters);
+    for row in rated_rows() {
+        store.lock().insert_row(row);
+    }
+    a_sum_and_its_row_count_share_a_document(&store).await;
 }

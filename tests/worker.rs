@@ -292,8 +292,8 @@ async fn the_per_post_guard_rejects_a_duplicate_write() {
     let write = CounterDelta {
         counter: counterd::definition::CounterIx::DEFAULT,
         post: post(1),
-        delta: 1,
-        buckets: [(0, 1)].into_iter().collect(),
+        delta: counterd::num::Num::ONE,
+        buckets: [(0, counterd::num::Num::ONE)].into_iter().collect(),
         touched: [0].into_iter().collect(),
         comments: Some(Vec::new()),
     };
@@ -361,8 +361,8 @@ async fn a_predecessor_leaves_its_successors_intent_alone() {
         counters: vec![CounterDelta {
             counter: counterd::definition::CounterIx::DEFAULT,
             post: post(1),
-            delta: 1,
-            buckets: [(0, 1)].into_iter().collect(),
+            delta: counterd::num::Num::ONE,
+            buckets: [(0, counterd::num::Num::ONE)].into_iter().collect(),
             touched: [0].into_iter().collect(),
             comments: Some(vec![comment.clone()]),
         }],
@@ -417,8 +417,10 @@ async fn a_carry_left_in_flight_is_written_once_by_the_next_start() {
     let delta = |p: usize, rows: &[i32]| CounterDelta {
         counter: counterd::definition::CounterIx::DEFAULT,
         post: post(p),
-        delta: rows.len() as i64,
-        buckets: [(0, rows.len() as i64)].into_iter().collect(),
+        delta: counterd::num::Num::Int(rows.len() as i64),
+        buckets: [(0, counterd::num::Num::Int(rows.len() as i64))]
+            .into_iter()
+            .collect(),
         touched: [0].into_iter().collect(),
         comments: Some(rows.iter().map(|n| comment(*n)).collect()),
     };

@@ -142,6 +142,15 @@ fn counters_value(counters: &[crate::config::CounterSetting]) -> toml::Value {
             entry.insert("condition".into(), toml::Value::Table(condition.clone()));
         }
         entry.insert("collection".into(), c.collection.clone().into());
+        if c.kind == crate::config::CounterKind::Sum {
+            entry.insert("kind".into(), "sum".into());
+        }
+        if let Some(field) = &c.field {
+            entry.insert("field".into(), field.clone().into());
+        }
+        if c.with_count {
+            entry.insert("with_count".into(), true.into());
+        }
         toml::Value::Table(entry)
     });
     toml::Value::Array(entries.collect())
@@ -166,6 +175,16 @@ fn definitions_json(settings: &crate::config::Settings) -> anyhow::Result<serde_
                     bson::Bson::Document(d.condition.to_filter()).into_relaxed_extjson(),
                 ),
                 ("collection", d.collection.clone().into()),
+                (
+                    "kind",
+                    match &d.kind {
+                        crate::definition::Kind::Count => "count",
+                        crate::definition::Kind::Sum { .. } => "sum",
+                        crate::definition::Kind::Rows { .. } => "rows",
+                    }
+                    .into(),
+                ),
+                ("sum_of", d.kind.field().map(String::from).into()),
             ])
         }));
     }

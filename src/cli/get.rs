@@ -24,6 +24,11 @@ pub struct Args {
 
 pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     let (settings, counter) = args.counter.resolve(settings)?;
+    // A sum's numbers are in its field's units (the true value is the `$sum` of the rows).
+    let summed = settings
+        .definitions()?
+        .get(counter)
+        .and_then(|d| d.kind.field().map(String::from));
     // The definition's view: its counters, dirty set and count queries.
     let store = std::sync::Arc::new(connect(&settings).await?.for_counter(counter));
     let post = resolve_post(store.as_ref(), &args.post).await?;
@@ -49,7 +54,8 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         "post": post.to_string(),
         "displayed": observation.displayed,
         "true_count": observation.truth,
-        "difference": observation.mismatch().unwrap_or(0),
+        "difference": observation.mismatch().unwrap_or_default(),
+        "sum_of": summed,
         "in_flight": observation.truth.is_none() && !snapshotting,
         "snapshot_running": snapshotting,
         "dirty": dirty,
@@ -73,22 +79,31 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         return Ok(code);
     }
     outln!("post            {post}");
+    if let Some(field) = &summed {
+        outln!("sum of          `{field}` (every number below is in its units; the true sum is the rows' $sum)");
+    }
     outln!(
         "displayed       {}   (count; base {} + live {})",
         counter.shown(),
         state.base_count,
         state.live_delta
     );
+    // A sum's truth is the `$sum` of its rows' field, not a number of rows.
+    let truth_label = if summed.is_some() {
+        "true sum  "
+    } else {
+        "true count"
+    };
     match (observation.truth, observation.mismatch()) {
         (None, _) if snapshotting => outln!(
-            "true count      not compared: the initial snapshot is still counting the rows that existed before the stream's start (see `counterd status`)"
+            "{truth_label}      not compared: the initial snapshot is still counting the rows that existed before the stream's start (see `counterd status`)"
         ),
         (None, _) => outln!(
-            "true count      in flight: a change to this post is not applied yet; ask again in a moment"
+            "{truth_label}      in flight: a change to this post is not applied yet; ask again in a moment"
         ),
-        (Some(truth), None) => outln!("true count      {truth}"),
+        (Some(truth), None) => outln!("{truth_label}      {truth}"),
         (Some(truth), Some(difference)) => outln!(
-            "true count      {truth}   (differs by {difference:+}: drift the reconciler will correct{})",
+            "{truth_label}      {truth}   (differs by {difference:+}: drift the reconciler will correct{})",
             if dirty { "; the post is dirty" } else { " when it next recounts this post" }
         ),
     }

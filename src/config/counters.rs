@@ -13,7 +13,22 @@ use serde::{Deserialize, Serialize};
 use super::validate::collection_name_problem;
 use super::{ConfigError, Settings};
 use crate::condition::Condition;
-use crate::definition::{Definition, Definitions, DEFAULT_COUNTER};
+use crate::definition::{Definition, Definitions, Kind, DEFAULT_COUNTER, ROWS_SUFFIX};
+
+/// `kind` of a `[[counters]]` entry.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CounterKind {
+    /// One per counted row.
+    #[default]
+    Count,
+    /// The sum of `field` over the counted rows.
+    Sum,
+}
+
+fn is_default<T: Default + PartialEq>(value: &T) -> bool {
+    *value == T::default()
+}
 
 /// One `[[counters]]` entry.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -31,6 +46,18 @@ pub struct CounterSetting {
     pub condition: Option<toml::Table>,
     /// The collection its counters live in (not shared with another counter).
     pub collection: String,
+    /// `count` (the default: one per row) or `sum` (the value of `field` per row).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub kind: CounterKind,
+    /// The summed field of a `sum` (a dotted path): integers stay exact 64-bit integers, any
+    /// double makes the sum a double; a missing field adds 0, a non-number adds 0 and is
+    /// reported as a bad event.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+    /// A `sum` also keeps the number of rows it adds up in the same counter document
+    /// (`rows.count` beside the sum's `count`): an average is two exact numbers in one read.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub with_count: bool,
 }
 
 impl Settings {
@@ -42,6 +69,7 @@ impl Settings {
             group: self.group_field.clone(),
             condition: Condition::default(),
             collection: self.counters_collection.clone(),
+            kind: Kind::Count,
         };
         let mut more: Vec<Definition> = Vec::new();
         if self.partitions > 1 && !self.counters.is_empty() {
@@ -103,6 +131,20 @@ impl Settings {
                         .map_err(|e| bad("condition", shown.clone(), e.to_string()))?
                 }
             };
+            let kind =
+                entry_kind(entry).map_err(|(field, value, message)| bad(field, value, message))?;
+            if entry.with_count
+                && self.counters.iter().any(|e| {
+                    e.name == format!("{}{ROWS_SUFFIX}", entry.name)
+                        || e.name == format!("{}{ROWS_SUFFIX}", self.counter_name)
+                })
+            {
+                return Err(bad(
+                    "name",
+                    entry.name.clone(),
+                    format!("with_count names the sum's row count `{}{ROWS_SUFFIX}`, which another counter uses", entry.name),
+                ));
+            }
             if let Some(problem) = collection_name_problem(&entry.collection) {
                 return Err(bad("collection", entry.collection.clone(), problem.into()));
             }
@@ -118,14 +160,57 @@ impl Settings {
                     "already used: by comments_collection, counters_collection, another counter, or counterd's own collections (collection_prefix)".into(),
                 ));
             }
+            let rows = entry.with_count.then(|| Definition {
+                name: format!("{}{ROWS_SUFFIX}", entry.name),
+                group: entry.group_field.clone(),
+                condition: condition.clone(),
+                collection: entry.collection.clone(),
+                kind: Kind::Rows {
+                    of: entry.name.clone(),
+                },
+            });
             more.push(Definition {
                 name: entry.name.clone(),
                 group: entry.group_field.clone(),
                 condition,
                 collection: entry.collection.clone(),
+                kind,
             });
+            // The row count right after its sum: its counters share the sum's documents.
+            more.extend(rows);
         }
         Ok(Definitions::new(default, more))
+    }
+}
+
+/// The [`Kind`] an entry asks for; `Err((setting, value, message))` when `kind`, `field` and
+/// `with_count` do not fit together.
+fn entry_kind(entry: &CounterSetting) -> Result<Kind, (&'static str, String, String)> {
+    match (entry.kind, &entry.field) {
+        (CounterKind::Count, None) if entry.with_count => Err((
+            "with_count",
+            "true".into(),
+            "with_count needs kind = \"sum\" (a count already is the number of rows)".into(),
+        )),
+        (CounterKind::Count, None) => Ok(Kind::Count),
+        (CounterKind::Count, Some(field)) => Err((
+            "field",
+            field.clone(),
+            "a field is summed only with kind = \"sum\"".into(),
+        )),
+        (CounterKind::Sum, None) => Err((
+            "field",
+            String::new(),
+            "kind = \"sum\" needs the field to add up (field = \"rating\")".into(),
+        )),
+        (CounterKind::Sum, Some(field)) if bad_path(field) => Err((
+            "field",
+            field.clone(),
+            "expected a field name or a dotted path: not empty, no empty part, no part starting with `$`".into(),
+        )),
+        (CounterKind::Sum, Some(field)) => Ok(Kind::Sum {
+            field: field.clone(),
+        }),
     }
 }
 
@@ -306,6 +391,54 @@ mod tests {
         for (text, setting) in cases {
             assert_eq!(invalid_name(with(&text)), setting, "{text}");
         }
+    }
+
+    #[test]
+    fn a_sum_names_its_field_and_a_count_does_not() {
+        let all = with(
+            r#"
+            [[counters]]
+            name = "rating_sum"
+            group_field = "product_id"
+            kind = "sum"
+            field = "review.rating"
+            with_count = true
+            collection = "product_ratings"
+            "#,
+        )
+        .unwrap();
+        let (ix, sum) = all.by_name("rating_sum").unwrap();
+        assert_eq!(sum.kind.field(), Some("review.rating"));
+        assert!(sum.read_paths().contains(&"review.rating"));
+        // with_count: the sum's row count, right after it, in the same collection.
+        let (rows_ix, rows) = all.by_name("rating_sum_rows").unwrap();
+        assert_eq!(rows_ix.0, ix.0 + 1);
+        assert_eq!(rows.collection, "product_ratings");
+        assert_eq!(
+            (rows.group.as_str(), rows.kind.field()),
+            ("product_id", None)
+        );
+        assert_eq!(rows.kind.field_prefix(), "rows.");
+        let entry = |kind: &str, field: &str, with_count: &str| {
+            format!("[[counters]]\nname = \"s\"\ngroup_field = \"post_id\"\ncollection = \"s_counters\"\n{kind}\n{field}\n{with_count}\n")
+        };
+        let cases = [
+            (entry("kind = \"sum\"", "", ""), "counters[0].field"),
+            (
+                entry("kind = \"sum\"", "field = \"a..b\"", ""),
+                "counters[0].field",
+            ),
+            (entry("", "field = \"rating\"", ""), "counters[0].field"),
+            (entry("", "", "with_count = true"), "counters[0].with_count"),
+        ];
+        for (text, setting) in cases {
+            assert_eq!(invalid_name(with(&text)), setting, "{text}");
+        }
+        let unknown = entry("kind = \"average\"", "field = \"rating\"", "");
+        assert!(
+            toml::from_str::<Settings>(&unknown).is_err(),
+            "an unknown kind is refused"
+        );
     }
 
     #[test]

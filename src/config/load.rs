@@ -30,13 +30,35 @@ pub struct Loaded {
 /// benchmark knobs.
 const NOT_SETTINGS: [&str; 4] = ["config", "testdb_dir", "kill_iterations", "test_threads"];
 
-/// Whether `name` (after `COUNTERD_`, lower case) is what Kubernetes injects for a Service
-/// named `counterd`: `COUNTERD_SERVICE_HOST`, `COUNTERD_SERVICE_PORT[_<name>]`,
-/// `COUNTERD_PORT` and `COUNTERD_PORT_<port>_<proto>[_PROTO|_PORT|_ADDR]`.
-pub fn is_service_link(name: &str) -> bool {
-    if matches!(name, "port" | "service_host" | "service_port") || name.starts_with("service_port_")
-    {
+/// Whether `name` (after `COUNTERD_`, lower case) with `value` is what Kubernetes injects for a
+/// Service named `counterd` or `counterd-<x>` (service links are on by default, and the
+/// sidecar leaves them to the application): `[<X>_]SERVICE_HOST`, `[<X>_]SERVICE_PORT[_<name>]`,
+/// `[<X>_]PORT=tcp://…` and `[<X>_]PORT_<port>_<proto>[_PROTO|_PORT|_ADDR]`. Refusing them would
+/// stop counterd at start (exit 2) in a namespace that merely has such a Service.
+pub fn is_service_link(name: &str, value: &str) -> bool {
+    let mut rest = name;
+    loop {
+        if is_link_suffix(rest, value) {
+            return true;
+        }
+        match rest.split_once('_') {
+            Some((_, tail)) => rest = tail,
+            None => return false,
+        }
+    }
+}
+
+/// One service-link variable without its Service's name (see [`is_service_link`]). A bare
+/// `PORT` counts only with a `tcp://`-style value, so a setting misspelt as `…_PORT` still
+/// fails as unknown.
+fn is_link_suffix(name: &str, value: &str) -> bool {
+    if matches!(name, "service_host" | "service_port") || name.starts_with("service_port_") {
         return true;
+    }
+    if name == "port" {
+        return ["tcp://", "udp://", "sctp://"]
+            .iter()
+            .any(|scheme| value.starts_with(scheme));
     }
     let Some(rest) = name.strip_prefix("port_") else {
         return false;
@@ -124,7 +146,7 @@ impl Settings {
                 {
                     continue;
                 }
-                if is_service_link(&name) {
+                if is_service_link(&name, &raw) {
                     ignored_env.push(key);
                     continue;
                 }
@@ -346,6 +368,11 @@ mod tests {
             ("COUNTERD_SERVICE_HOST", "10.0.0.1"),
             ("COUNTERD_SERVICE_PORT", "9187"),
             ("COUNTERD_SERVICE_PORT_HTTP", "9187"),
+            // A Service named `counterd-metrics` in the same namespace.
+            ("COUNTERD_METRICS_PORT", "tcp://10.0.0.2:9187"),
+            ("COUNTERD_METRICS_PORT_9187_TCP_ADDR", "10.0.0.2"),
+            ("COUNTERD_METRICS_SERVICE_HOST", "10.0.0.2"),
+            ("COUNTERD_METRICS_SERVICE_PORT_HTTP", "9187"),
         ];
         let env = links.iter().map(|(k, v)| (k.to_string(), v.to_string()));
         let loaded = Settings::load_traced(None, env, &[]).unwrap();
@@ -355,6 +382,8 @@ mod tests {
             "COUNTERD_PORTS",
             "COUNTERD_PORT_X_TCP",
             "COUNTERD_PORT_80_TCP_HOST",
+            "COUNTERD_HTTP_PORT",
+            "COUNTERD_METRICS_PORT_X_TCP",
         ] {
             let env = vec![(near_miss.to_string(), "1".to_string())];
             let e = Settings::load(None, env, &[]).unwrap_err().to_string();

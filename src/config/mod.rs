@@ -9,7 +9,7 @@ pub mod redact;
 mod sources;
 pub(crate) mod validate;
 
-pub use counters::CounterSetting;
+pub use counters::{CounterKind, CounterSetting};
 pub use load::{is_service_link, Loaded, Override};
 pub use redact::{redact_text, redact_uri};
 pub use sources::SourceSetting;
@@ -170,7 +170,9 @@ pub struct Settings {
     pub owner_id: String,
     /// More counters over the same rows and stream, beside the default one (`group_field` into
     /// `counters_collection`, named `default`): `[[counters]]` entries with a `name`, a
-    /// `group_field`, an optional `condition` and a `collection`.
+    /// `group_field`, an optional `condition` and a `collection`; `kind = "sum"` with a `field`
+    /// adds up that field instead of counting rows (`with_count = true` keeps the row count
+    /// beside it, in the same documents).
     pub counters: Vec<CounterSetting>,
     /// Counters over other collections than `comments_collection` (likes per post): `[[sources]]`
     /// entries with a `name`, a `collection`, a `group_field` and a `counters_collection`, each

@@ -153,7 +153,9 @@ impl Settings {
                         message: "two counters share this name (a source's first counter is named after the source)".into(),
                     });
                 }
-                if seen.iter().any(|(_, c)| *c == d.collection)
+                // A sum's row count (`with_count`) lives in its sum's documents, by design.
+                let shared = matches!(d.kind, crate::definition::Kind::Rows { .. });
+                if (!shared && seen.iter().any(|(_, c)| *c == d.collection))
                     || all.iter().any(|s| s.comments_collection == d.collection)
                 {
                     return Err(ConfigError::Invalid {

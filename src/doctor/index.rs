@@ -3,6 +3,8 @@
 //! <soft delete>}`). Without an index led by the group field, each of up to
 //! `reconcile_counts_per_second` recounts scans the whole collection on the primary. Every
 //! counter definition recounts by its own group field, so each distinct group field is checked.
+//! A sum's recount also adds up its field (`$sum`): the index should hold it after the group
+//! and the creation time, so that the server adds it up from the index.
 
 use bson::{Bson, Document};
 
@@ -10,17 +12,19 @@ use super::{db_expr, js_string, Expectations, Finding};
 
 /// The `createIndex` command that serves the default definition's recounts.
 pub fn create_index_command(expect: &Expectations) -> String {
-    create_index_command_for(expect, &expect.schema.group)
+    create_index_command_for(expect, &expect.schema.group, &[])
 }
 
-/// The `createIndex` command that serves recounts grouped by `group`.
-fn create_index_command_for(expect: &Expectations, group: &str) -> String {
+/// The `createIndex` command that serves recounts grouped by `group`, and the sums of `sums`.
+fn create_index_command_for(expect: &Expectations, group: &str, sums: &[&str]) -> String {
+    let mut keys = vec![js_string(group), js_string(&expect.schema.created)];
+    keys.extend(sums.iter().map(|f| js_string(f)));
+    let keys: Vec<String> = keys.into_iter().map(|k| format!("{k}: 1")).collect();
     format!(
-        "{}.getCollection({}).createIndex({{{}: 1, {}: 1}})",
+        "{}.getCollection({}).createIndex({{{}}})",
         db_expr(&expect.database),
         js_string(&expect.comments),
-        js_string(group),
-        js_string(&expect.schema.created)
+        keys.join(", ")
     )
 }
 
@@ -37,15 +41,18 @@ pub fn check(
     collection: &Result<Option<Document>, String>,
     expect: &Expectations,
 ) -> Vec<Finding> {
-    let mut groups = vec![expect.schema.group.as_str()];
+    // Each distinct group field, with the fields its sums add up.
+    let mut groups: Vec<(&str, Vec<&str>)> = vec![(expect.schema.group.as_str(), Vec::new())];
     for definition in &expect.schema.counters {
-        if !groups.contains(&definition.group.as_str()) {
-            groups.push(&definition.group);
+        let sum = definition.kind.field();
+        match groups.iter_mut().find(|(g, _)| *g == definition.group) {
+            Some((_, sums)) => sums.extend(sum.filter(|f| !sums.contains(f))),
+            None => groups.push((&definition.group, sum.into_iter().collect())),
         }
     }
     groups
         .into_iter()
-        .map(|group| check_group(indexes, collection, expect, group))
+        .map(|(group, sums)| check_group(indexes, collection, expect, group, &sums))
         .collect()
 }
 
@@ -54,6 +61,7 @@ fn check_group(
     collection: &Result<Option<Document>, String>,
     expect: &Expectations,
     group: &str,
+    sums: &[&str],
 ) -> Finding {
     const CHECK: &str = "recount_index";
     let created = &expect.schema.created;
@@ -66,7 +74,7 @@ fn check_group(
             ),
             format!(
                 "create it with the index recounts use: {}",
-                create_index_command_for(expect, group)
+                create_index_command_for(expect, group, sums)
             ),
         );
     }
@@ -87,10 +95,33 @@ fn check_group(
         .filter(|s| keys(s).first().is_some_and(|(f, _)| *f == group))
         .collect();
     let name = |s: &Document| s.get_str("name").unwrap_or("?").to_string();
-    if let Some(best) = led_by_group
-        .iter()
-        .find(|s| keys(s).get(1).is_some_and(|(f, _)| f == created))
-    {
+    let served = |s: &&&Document| keys(s).get(1).is_some_and(|(f, _)| f == created);
+    let holds_sums = |s: &&&Document| {
+        let keys = keys(s);
+        sums.iter().all(|f| keys.iter().any(|(k, _)| k == f))
+    };
+    if let Some(best) = led_by_group.iter().find(|s| served(s) && holds_sums(s)) {
+        return Finding::ok(
+            CHECK,
+            format!(
+                "recounts use index {} ({group}, {created}{})",
+                name(best),
+                sums.iter().map(|f| format!(", {f}")).collect::<String>()
+            ),
+        );
+    }
+    if let Some(best) = led_by_group.iter().find(served) {
+        if !sums.is_empty() {
+            return Finding::warning(
+                CHECK,
+                format!(
+                    "index {} serves the recounts by {group}, but the sums' $sum of {} reads every counted row to add it up",
+                    name(best),
+                    sums.join(", ")
+                ),
+                create_index_command_for(expect, group, sums),
+            );
+        }
         return Finding::ok(
             CHECK,
             format!("recounts use index {} ({group}, {created})", name(best)),
@@ -103,7 +134,7 @@ fn check_group(
                 "index {} is led by {group} but has no {created} after it: recounts read every row of a post to apply the watermark",
                 name(some)
             ),
-            create_index_command_for(expect, group),
+            create_index_command_for(expect, group, sums),
         );
     }
     Finding::warning(
@@ -112,6 +143,6 @@ fn check_group(
             "no index on {}.{} is led by {group}: every recount (up to reconcile_counts_per_second) scans the collection",
             expect.database, expect.comments
         ),
-        create_index_command_for(expect, group),
+        create_index_command_for(expect, group, sums),
     )
 }

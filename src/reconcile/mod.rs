@@ -96,10 +96,10 @@ impl ReconcileSettings {
 pub struct Correction {
     #[serde(serialize_with = "display")]
     pub post: PostId,
-    pub wrong: i64,
-    pub right: i64,
-    /// `wrong - right`: positive ran high, negative ran low.
-    pub drift: i64,
+    pub wrong: crate::num::Num,
+    pub right: crate::num::Num,
+    /// `wrong - right`: positive ran high, negative ran low (a sum's field units).
+    pub drift: crate::num::Num,
 }
 
 fn display<S: serde::Serializer>(post: &PostId, s: S) -> Result<S::Ok, S::Error> {

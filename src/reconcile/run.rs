@@ -137,8 +137,8 @@ impl<S: Store + ?Sized> Reconciler<S> {
             ($level:ident) => {
                 tracing::$level!(
                     %stream, %counter, kind = %summary.kind, posts = summary.posts, counts = summary.counts,
-                    corrected = summary.corrected, total_abs_drift = summary.total_abs_drift,
-                    max_abs_drift = summary.max_abs_drift, high = summary.drift_high, low = summary.drift_low,
+                    corrected = summary.corrected, total_abs_drift = %summary.total_abs_drift,
+                    max_abs_drift = %summary.max_abs_drift, high = %summary.drift_high, low = %summary.drift_low,
                     in_flight = summary.in_flight, waiting = summary.waiting,
                     dirty_backlog = backlog.size, %biggest,
                     seconds = started.elapsed().as_secs_f64(),
@@ -162,7 +162,12 @@ impl<S: Store + ?Sized> Reconciler<S> {
 /// The `n` largest corrections by |drift|, as `post:+drift` (empty when none).
 fn biggest_corrections(corrections: &[Correction], n: usize) -> String {
     let mut sorted: Vec<&Correction> = corrections.iter().collect();
-    sorted.sort_by_key(|c| std::cmp::Reverse(c.drift.abs()));
+    sorted.sort_by(|a, b| {
+        b.drift
+            .abs()
+            .partial_cmp(&a.drift.abs())
+            .unwrap_or(std::cmp::Ordering::Equal)
+    });
     sorted
         .iter()
         .take(n)
@@ -241,16 +246,19 @@ impl Run {
         self.summary.posts += 1;
         metrics::counter!(m::POSTS_RECONCILED, "stream" => self.stream.clone(), "counter" => self.counter.clone())
             .increment(1);
-        if folded.drift == 0 {
-            return;
+        if !folded.wrong.differs(folded.right) {
+            return; // none, or a sum's rounding
         }
         let sign = if folded.drift > 0 { "high" } else { "low" };
+        let abs = folded.drift.abs();
         // Labelled by counter definition, so each counter's drift is its own series.
         metrics::histogram!(m::DRIFT, "sign" => sign, "counter" => self.counter.clone())
-            .record(folded.drift.unsigned_abs() as f64);
+            .record(folded.drift.abs().as_f64());
         self.summary.corrected += 1;
-        self.summary.total_abs_drift += folded.drift.abs();
-        self.summary.max_abs_drift = self.summary.max_abs_drift.max(folded.drift.abs());
+        self.summary.total_abs_drift += abs;
+        if abs > self.summary.max_abs_drift {
+            self.summary.max_abs_drift = abs;
+        }
         if folded.drift > 0 {
             self.summary.drift_high += folded.drift;
             self.summary.corrected_high += 1;
@@ -258,7 +266,7 @@ impl Run {
             self.summary.drift_low += folded.drift;
             self.summary.corrected_low += 1;
         }
-        tracing::debug!(stream = %self.stream, counter = %self.counter, %post, wrong = folded.wrong, right = folded.right, drift = folded.drift, "counter corrected");
+        tracing::debug!(stream = %self.stream, counter = %self.counter, %post, wrong = %folded.wrong, right = %folded.right, drift = %folded.drift, "counter corrected");
         self.corrections.push(Correction {
             post: post.clone(),
             wrong: folded.wrong,

@@ -41,6 +41,7 @@ use std::time::Duration;
 use crate::clock::Clock;
 use crate::event::{CommentId, PostId};
 use crate::fold::effective_watermark;
+use crate::num::Num;
 use crate::store::{Checkpoint, CounterDoc, SnapshotProgress, Store, StoreResult};
 use crate::time::bucket_start;
 
@@ -97,12 +98,13 @@ pub struct Consistent {
     /// The counter as last read (`None`: no counter document).
     pub counter: Option<CounterDoc>,
     pub watermark: i64,
-    pub count: i64,
+    /// What the rows add up to: their number for a count, their field's sum for a sum.
+    pub count: Num,
     /// The counter's `applied_through` when first read.
     pub since: Option<String>,
     /// The counter's fold count when first read (a fold or hand edit in between voids it).
     pub folds: i64,
-    pub base_count: i64,
+    pub base_count: Num,
     /// Counted at a cluster time rather than at row level.
     pub snapshot: bool,
     /// Row level: the ids of the live rows below the watermark as read after `since` (`None`
@@ -254,10 +256,10 @@ impl<S: Store + ?Sized> Recounter<S> {
                 post: request.post.clone(),
                 since: counter.as_ref().and_then(|c| c.applied_through.clone()),
                 folds: counter.as_ref().map_or(0, |c| c.folds),
-                base_count: counter.as_ref().map_or(0, |c| c.state.base_count),
+                base_count: counter.as_ref().map_or(Num::ZERO, |c| c.state.base_count),
                 counter,
                 watermark,
-                count: 0,
+                count: Num::ZERO,
                 snapshot: false,
                 read: None,
             };
@@ -411,7 +413,7 @@ impl<S: Store + ?Sized> Recounter<S> {
         let Some(c) = now.as_ref() else {
             // No counter now: only fine if there was none at the first read either.
             if recount.since.is_none() && recount.counter.is_none() {
-                recount.count = read.len() as i64;
+                recount.count = Num::Int(read.len() as i64);
                 recount.counter = None;
                 return Ok(true);
             }
@@ -453,7 +455,7 @@ impl<S: Store + ?Sized> Recounter<S> {
         };
         match settled {
             Ok(count) => {
-                recount.count = count;
+                recount.count = Num::Int(count);
                 recount.counter = now;
                 Ok(true)
             }
@@ -507,10 +509,10 @@ mod tests {
             post: PostId::Int(1),
             since: first.as_ref().and_then(|c| c.applied_through.clone()),
             folds: first.as_ref().map_or(0, |c| c.folds),
-            base_count: first.as_ref().map_or(0, |c| c.state.base_count),
+            base_count: first.as_ref().map_or(Num::ZERO, |c| c.state.base_count),
             counter: first,
             watermark,
-            count: 3,
+            count: Num::Int(3),
             snapshot: false,
             read: None,
         }
@@ -537,7 +539,7 @@ mod tests {
         folded.folds = 1;
         assert!(!r.holds_for(Some(&folded)));
         let mut edited = counter("0a", &[]);
-        edited.state.base_count = 2;
+        edited.state.base_count = Num::Int(2);
         assert!(!r.holds_for(Some(&edited)));
         assert!(!r.holds_for(None), "the counter was deleted meanwhile");
     }
@@ -548,7 +550,7 @@ mod tests {
         let r = recount(Some(counter("0a", &[])), EVERYTHING);
         let mut folded = counter("0a", &[]);
         folded.folds = 1;
-        folded.state.base_count = 7;
+        folded.state.base_count = Num::Int(7);
         assert!(r.holds_for(Some(&folded)));
         // A row changed after the first read still voids it: the count may have seen either
         // state of that row.

@@ -2,6 +2,7 @@
 
 use super::{Pace, Recount, Recounter, Request, EVERYTHING};
 use crate::event::PostId;
+use crate::num::Num;
 use crate::store::{Store, StoreResult};
 
 /// A post's displayed value beside its true count, compared only when both reflect the same
@@ -10,25 +11,27 @@ use crate::store::{Store, StoreResult};
 pub struct Observation {
     pub post: PostId,
     /// `base_count + live_delta` (0 without a counter).
-    pub displayed: i64,
+    pub displayed: Num,
     /// The readers' `count` field (`None`: no counter, or one from before `count` existed).
-    pub count: Option<i64>,
-    /// Live rows, counted consistently with `displayed`; `None`: a change to the post was in
-    /// flight (or the worker did not catch up in time), so no comparison is possible yet.
-    pub truth: Option<i64>,
+    pub count: Option<Num>,
+    /// Live rows (a sum's `$sum` over them), counted consistently with `displayed`; `None`: a
+    /// change to the post was in flight (or the worker did not catch up in time), so no
+    /// comparison is possible yet.
+    pub truth: Option<Num>,
 }
 
 impl Observation {
     /// The readers' `count` disagrees with `base_count + live_delta` (a hand edit of one of
     /// them: counterd writes both in one single-document write).
     pub fn count_broken(&self) -> bool {
-        self.count.is_some_and(|c| c != self.displayed)
+        self.count.is_some_and(|c| c.differs(self.displayed))
     }
 
-    /// A real difference: both sides reflect the same events and disagree.
-    pub fn mismatch(&self) -> Option<i64> {
+    /// A real difference: both sides reflect the same events and disagree (a sum of doubles
+    /// beyond rounding).
+    pub fn mismatch(&self) -> Option<Num> {
         self.truth
-            .filter(|t| *t != self.displayed)
+            .filter(|t| t.differs(self.displayed))
             .map(|t| self.displayed - t)
     }
 }
@@ -51,7 +54,10 @@ impl<S: Store + ?Sized> Recounter<S> {
             out.push(match recount {
                 Recount::Consistent(c) => Observation {
                     post: post.clone(),
-                    displayed: c.counter.as_ref().map_or(0, |c| c.state.displayed()),
+                    displayed: c
+                        .counter
+                        .as_ref()
+                        .map_or(Num::ZERO, |c| c.state.displayed()),
                     count: c.counter.as_ref().and_then(|c| c.count),
                     truth: Some(c.count),
                 },
@@ -59,7 +65,7 @@ impl<S: Store + ?Sized> Recounter<S> {
                     let counter = self.store.read_counter(post).await?;
                     Observation {
                         post: post.clone(),
-                        displayed: counter.as_ref().map_or(0, |c| c.state.displayed()),
+                        displayed: counter.as_ref().map_or(Num::ZERO, |c| c.state.displayed()),
                         count: counter.and_then(|c| c.count),
                         truth: None,
                     }
@@ -76,19 +82,19 @@ mod tests {
 
     #[test]
     fn an_observation_reports_a_mismatch_only_when_compared() {
-        let o = |displayed, truth| Observation {
+        let o = |displayed: i64, truth: Option<i64>| Observation {
             post: PostId::Int(1),
-            displayed,
-            count: Some(displayed),
-            truth,
+            displayed: Num::Int(displayed),
+            count: Some(Num::Int(displayed)),
+            truth: truth.map(Num::Int),
         };
         assert_eq!(o(5, Some(5)).mismatch(), None);
-        assert_eq!(o(8, Some(5)).mismatch(), Some(3));
-        assert_eq!(o(3, Some(5)).mismatch(), Some(-2));
+        assert_eq!(o(8, Some(5)).mismatch(), Some(Num::Int(3)));
+        assert_eq!(o(3, Some(5)).mismatch(), Some(Num::Int(-2)));
         assert_eq!(o(8, None).mismatch(), None, "in flight: not compared");
         assert!(!o(5, Some(5)).count_broken());
         let broken = Observation {
-            count: Some(6),
+            count: Some(Num::Int(6)),
             ..o(5, Some(5))
         };
         assert!(broken.count_broken());

@@ -5,8 +5,9 @@ use bson::{Bson, Document};
 
 use super::write::{remove_path, set_path};
 use super::Schema;
-use crate::definition::{CounterIx, CounterKey, Definition, Member};
+use crate::definition::{amount_of, CounterIx, CounterKey, Definition, Member};
 use crate::event::{PostId, Row, UpdateSummary};
+use crate::num::Num;
 
 /// What an update did to one field, as far as its description says.
 #[derive(Clone, Debug, PartialEq)]
@@ -137,6 +138,10 @@ impl Schema {
         before.members.len() >= self.counters.len()
             && self.counters.iter().all(|definition| {
                 Self::change(update, &definition.group) != FieldChange::Unknown
+                    && definition
+                        .kind
+                        .field()
+                        .is_none_or(|f| Self::change(update, f) != FieldChange::Unknown)
                     && (Self::condition_untouched(update, definition)
                         || Self::condition_set_by(update, definition).is_some())
             })
@@ -211,7 +216,17 @@ impl Schema {
             .enumerate()
             .map(|(i, definition)| {
                 let before = before.members.get(i).cloned().unwrap_or_default();
+                let (amount, not_a_number) = match definition.kind.field() {
+                    None => (Num::ONE, None),
+                    Some(field) => match Self::change(update, field) {
+                        FieldChange::Set(value) => amount_of(value.as_ref()),
+                        // `derives` said the field is untouched or named whole.
+                        FieldChange::Unchanged | FieldChange::Unknown => (before.amount, None),
+                    },
+                };
                 Member {
+                    amount,
+                    not_a_number,
                     group: match Self::change(update, &definition.group) {
                         FieldChange::Unchanged => before.group,
                         FieldChange::Set(value) => value.as_ref().and_then(PostId::from_bson),
@@ -335,6 +350,7 @@ mod tests {
             name: name.into(),
             group: group.into(),
             condition: Condition::parse(&condition).unwrap(),
+            kind: crate::definition::Kind::Count,
             collection: format!("{name}_counters"),
         };
         Schema {
@@ -375,6 +391,7 @@ mod tests {
                     &doc! {"approved": true, "score": {"$gt": 3}},
                 )
                 .unwrap(),
+                kind: crate::definition::Kind::Count,
                 collection: "x".into(),
             }],
             ..js()

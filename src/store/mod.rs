@@ -40,6 +40,7 @@ use crate::definition::CounterIx;
 use crate::deployment::Deployment;
 use crate::event::{CommentId, PostId, Row, Token};
 use crate::fold::Fold;
+use crate::num::Num;
 use crate::recount::LedgerAt;
 
 /// A write or read for a counter definition the store does not know (its place is beyond the
@@ -373,13 +374,16 @@ pub trait DirtySet: Send + Sync {
 /// against.
 #[async_trait]
 pub trait Truth: Send + Sync {
-    /// Live rows of `post` whose `created_at` is not `>= watermark` (seconds).
-    async fn count_live_below(&self, post: &PostId, watermark: i64) -> StoreResult<i64>;
+    /// Live rows of `post` whose `created_at` is not `>= watermark` (seconds): their number,
+    /// or for a sum definition their field's `$sum`.
+    async fn count_live_below(&self, post: &PostId, watermark: i64) -> StoreResult<Num>;
 
     /// The ids of the rows [`Truth::count_live_below`] counts (the same filter): a row-level
     /// recount settles the ones that changed while it read (see [`crate::recount::window`]).
     /// `None` when there are more than `at_most` (the recount's share of the memory budget):
-    /// the read stops there rather than hold ids in proportion to a post's rows.
+    /// the read stops there rather than hold ids in proportion to a post's rows. Always `None`
+    /// for a sum definition: its recount is the server's `$sum` alone (settled as a snapshot
+    /// count is: it holds while nothing below the watermark changed meanwhile).
     async fn live_ids_below(
         &self,
         post: &PostId,
@@ -406,14 +410,14 @@ pub trait Truth: Send + Sync {
         post: &PostId,
         watermark: i64,
         at: Timestamp,
-    ) -> StoreResult<Option<i64>>;
+    ) -> StoreResult<Option<Num>>;
 
     /// Seconds of the latest `created_at` among all rows of `post`, live or not (`None`: no
     /// dated row). Used by the sweep after lost history to fold above every known row.
     async fn latest_created(&self, post: &PostId) -> StoreResult<Option<i64>>;
 
-    /// All live rows of `post` (for `get` and `verify`).
-    async fn count_live(&self, post: &PostId) -> StoreResult<i64>;
+    /// All live rows of `post` (for `get` and `verify`): their number, or a sum's `$sum`.
+    async fn count_live(&self, post: &PostId) -> StoreResult<Num>;
 
     /// Every row of `post` as it is now, live or not, with its comment id: the sweep after
     /// lost history rebuilds their ledger entries.

@@ -14,6 +14,7 @@ pub use crate::budget::cost::ReadLimit;
 use crate::deployment::Deployment;
 use crate::event::{CommentId, PostId, Token};
 use crate::fold::CounterState;
+use crate::num::Num;
 
 /// The right to write for one stream: every worker write carries this epoch in its filter, so a
 /// worker that lost its lease cannot write even once after a successor took over.
@@ -231,15 +232,15 @@ pub struct CounterDoc {
     pub folds: i64,
     /// The readers' field, `base_count + live_delta`, maintained in the same single-document
     /// writes (`None`: a counter written before it existed, until `run` fills it in).
-    pub count: Option<i64>,
-    pub last_drift: Option<i64>,
+    pub count: Option<Num>,
+    pub last_drift: Option<Num>,
     pub reconciled_at: Option<DateTime>,
 }
 
 impl CounterDoc {
     /// What readers see: the maintained `count`, or `base_count + live_delta` for a counter
     /// written before `count` existed.
-    pub fn shown(&self) -> i64 {
+    pub fn shown(&self) -> Num {
         self.count.unwrap_or_else(|| self.state.displayed())
     }
 }
@@ -318,12 +319,13 @@ pub struct RunSummary {
     pub posts: u64,
     pub counts: u64,
     pub corrected: u64,
-    pub total_abs_drift: i64,
-    pub max_abs_drift: i64,
+    /// Drift in the definition's units: rows for a count, the field's units for a sum.
+    pub total_abs_drift: Num,
+    pub max_abs_drift: Num,
     /// Sum of the drift of the posts that ran high (positive).
-    pub drift_high: i64,
+    pub drift_high: Num,
     /// Sum of the drift of the posts that ran low (negative).
-    pub drift_low: i64,
+    pub drift_low: Num,
     /// Posts corrected that ran high, and that ran low.
     pub corrected_high: u64,
     pub corrected_low: u64,
@@ -473,11 +475,11 @@ pub struct ServerAbilities {
 pub async fn displayed_and_truth<S: Store + ?Sized>(
     store: &S,
     post: &PostId,
-) -> StoreResult<(i64, i64)> {
+) -> StoreResult<(Num, Num)> {
     let displayed = store
         .read_counter(post)
         .await?
         .map(|c| c.shown())
-        .unwrap_or(0);
+        .unwrap_or_default();
     Ok((displayed, store.count_live(post).await?))
 }

@@ -104,7 +104,7 @@ impl TestDb {
 
     /// True count of live rows per post, straight from `comments`.
     pub async fn truth(&self, post: &PostId) -> i64 {
-        self.store.count_live(post).await.unwrap()
+        self.store.count_live(post).await.unwrap().as_i64()
     }
 
     /// `base_count + live_delta` of a post's counter (0 when absent).
@@ -113,7 +113,7 @@ impl TestDb {
             .read_counter(post)
             .await
             .unwrap()
-            .map(|c| c.state.displayed())
+            .map(|c| c.state.displayed().as_i64())
             .unwrap_or(0)
     }
 
@@ -124,8 +124,8 @@ impl TestDb {
             let (d, t) = counterd::store::displayed_and_truth(self.store.as_ref(), p)
                 .await
                 .unwrap();
-            if d != t {
-                out.push((p.clone(), d, t));
+            if d.differs(t) {
+                out.push((p.clone(), d.as_i64(), t.as_i64()));
             }
         }
         out

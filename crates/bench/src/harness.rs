@@ -61,8 +61,28 @@ impl Bench {
     }
 
     async fn mongo_store(&self, phase: &str) -> anyhow::Result<MongoStore> {
+        self.mongo_store_with(phase, counterd::schema::Schema::default())
+            .await
+    }
+
+    /// [`Bench::store`] keeping the counter definitions of `schema`.
+    pub async fn store_with_schema(
+        &self,
+        phase: &str,
+        schema: counterd::schema::Schema,
+    ) -> anyhow::Result<Arc<Counted>> {
+        Ok(Arc::new(CountingStore::new(
+            self.mongo_store_with(phase, schema).await?,
+        )))
+    }
+
+    async fn mongo_store_with(
+        &self,
+        phase: &str,
+        schema: counterd::schema::Schema,
+    ) -> anyhow::Result<MongoStore> {
         self.fresh_server().await?;
-        let store = connect(&self.uri(), &self.db_name(phase)).await?;
+        let store = connect(&self.uri(), &self.db_name(phase), schema).await?;
         store.ensure_indexes().await?;
         Ok(store)
     }
@@ -95,14 +115,18 @@ impl Bench {
     }
 }
 
-async fn connect(uri: &str, database: &str) -> anyhow::Result<MongoStore> {
+async fn connect(
+    uri: &str,
+    database: &str,
+    schema: counterd::schema::Schema,
+) -> anyhow::Result<MongoStore> {
     Ok(MongoStore::connect(&ConnectOptions {
         uri: uri.to_string(),
         database: database.to_string(),
         comments: "comments".into(),
         connect_timeout: Duration::from_secs(10),
         collections: Collections::default(),
-        schema: counterd::schema::Schema::default(),
+        schema,
     })
     .await?)
 }
@@ -382,7 +406,7 @@ pub async fn child_worker(args: &[String]) -> anyhow::Result<()> {
     let [uri, database, start, events] = args else {
         bail!("--child-worker needs URI DATABASE START_SECS EVENTS");
     };
-    let store = Arc::new(connect(uri, database).await?);
+    let store = Arc::new(connect(uri, database, counterd::schema::Schema::default()).await?);
     let settings = WorkerSettings {
         start_at: Some(Timestamp {
             time: start.parse()?,

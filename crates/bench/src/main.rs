@@ -11,6 +11,8 @@
 //! 6. peak memory (RSS) of a worker process on its own and of the bench process;
 //!
 //! P. ledger writes per event with the stream split into 4 partitions;
+//! D. (`--only definitions`) the cost per event of an extra definition, a count and a sum,
+//!    against the default definition alone;
 //! M. peak memory of `counterd run` at default settings against the backlog's size and the
 //!    comments' size, beside the catch-up rate (a flat line: memory is bounded by a budget);
 //! O. counterd's own oplog bytes per application event, by collection, catching up and
@@ -25,7 +27,7 @@
 //! failure: the process exits non-zero only when the benchmark itself breaks.
 //!
 //! Usage: `cargo run --release -p counterd-bench -- [--quick] [--out bench/latest.json]
-//! [--only speed|lag|partitions|rss|reconcile|memory|no-io|oplog]`.
+//! [--only speed|lag|partitions|rss|reconcile|memory|no-io|oplog|definitions]`.
 //!
 //! `--soak DURATION [--seed N]` runs the chaos soak instead (see `soak`): the real
 //! `counterd run` under load and random faults, exact at every caught-up moment.
@@ -50,7 +52,9 @@ use counterd_testdb::TestServer;
 use serde::Serialize;
 
 use crate::harness::Bench;
-use crate::phases::{costs, lag, memory, oplog, partitions, reconcile, rss, throughput};
+use crate::phases::{
+    costs, definitions, lag, memory, oplog, partitions, reconcile, rss, throughput,
+};
 use crate::plan::{Args, Plan};
 use crate::report::{describe_server, Row, ServerInfo};
 
@@ -159,6 +163,9 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     }
     if runs("partitions") {
         partitions::partitions_phase(&bench, &plan, &mut out).await?;
+    }
+    if args.only.iter().any(|p| p == "definitions") {
+        definitions::definitions_phase(&bench, &plan, &mut out).await?;
     }
     // Memory of a worker process on its own, before the reconcile phase.
     let child = if runs("rss") {

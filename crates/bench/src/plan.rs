@@ -64,8 +64,9 @@ pub struct Args {
     /// worker, bulk baseline, CPU), `lag` (phase 4 alone, at fixed rates), `partitions`, `rss`,
     /// `reconcile`, `memory`, `no-io` or `oplog` (counterd's own oplog bytes per event), the
     /// phases that need no other phase's figures. For working on one figure; a report of the whole run is
-    /// what the README quotes.
-    #[arg(long, value_parser = ["speed", "lag", "partitions", "rss", "reconcile", "memory", "no-io", "oplog"])]
+    /// what the README quotes. `definitions` (the cost of an extra count or sum per event) runs
+    /// only when asked for.
+    #[arg(long, value_parser = ["speed", "lag", "partitions", "rss", "reconcile", "memory", "no-io", "oplog", "definitions"])]
     pub only: Vec<String>,
     /// Instead of the benchmark, a chaos soak of this long (`90s`, `2m`, `30m`, `1h`): load,
     /// random faults, an exactness check at every caught-up moment (see `soak`). Writes its

@@ -92,6 +92,9 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
             group_field: settings.group_field.clone(),
             condition: Some(approved),
             collection: "approved_comment_counters".into(),
+            kind: Default::default(),
+            field: None,
+            with_count: false,
         }]
     } else {
         settings.counters.clone()
@@ -251,7 +254,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
             statuses.iter().map(|(_, s)| s.lag_secs.load(Ordering::Relaxed)).max().unwrap_or(0),
             dirty.size,
             last.as_ref().map(|r| r.corrected).unwrap_or(0),
-            last.as_ref().map(|r| r.total_abs_drift).unwrap_or(0),
+            last.as_ref().map(|r| r.total_abs_drift).unwrap_or_default(),
         );
         let shown: Vec<PostId> = (0..5).map(post).collect();
         for (ix, definition) in definitions.iter() {

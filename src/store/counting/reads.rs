@@ -1,10 +1,11 @@
 //! [`CountingStore`]'s delegation of the other concerns: truth counts, leases, run history.
 
 use super::*;
+use crate::num::Num;
 
 #[async_trait]
 impl<S: Truth> Truth for CountingStore<S> {
-    async fn count_live_below(&self, post: &PostId, watermark: i64) -> StoreResult<i64> {
+    async fn count_live_below(&self, post: &PostId, watermark: i64) -> StoreResult<Num> {
         self.count_query();
         self.timed(
             Concern::Truth,
@@ -48,7 +49,7 @@ impl<S: Truth> Truth for CountingStore<S> {
         post: &PostId,
         watermark: i64,
         at: Timestamp,
-    ) -> StoreResult<Option<i64>> {
+    ) -> StoreResult<Option<Num>> {
         let call = self.inner.count_live_below_at(post, watermark, at);
         let counted = self.timed(Concern::Truth, 0, call).await;
         // `None`: the store has no snapshot reads here and issued no count.
@@ -64,7 +65,7 @@ impl<S: Truth> Truth for CountingStore<S> {
             .await
     }
 
-    async fn count_live(&self, post: &PostId) -> StoreResult<i64> {
+    async fn count_live(&self, post: &PostId) -> StoreResult<Num> {
         self.timed(Concern::Truth, 0, self.inner.count_live(post))
             .await
     }

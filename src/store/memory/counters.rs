@@ -10,16 +10,17 @@ use crate::batch::{CounterDelta, CounterWrite};
 use crate::definition::CounterIx;
 use crate::event::PostId;
 use crate::fold::{CounterState, Fold};
+use crate::num::Num;
 use crate::recount::{Touch, LOG_ENTRIES};
 use crate::store::{ApplyOutcome, CounterDoc, Fence, StoreResult};
 
 /// A stored counter document.
 #[derive(Clone, Debug, Default)]
 pub struct CounterRec {
-    pub base_count: i64,
+    pub base_count: Num,
     pub base_watermark: i64,
-    pub live_delta: i64,
-    pub buckets: BTreeMap<i64, i64>,
+    pub live_delta: Num,
+    pub buckets: BTreeMap<i64, Num>,
     pub applied_through: Option<String>,
     pub applied_time: Option<Timestamp>,
     pub touched: BTreeMap<i64, String>,
@@ -29,24 +30,25 @@ pub struct CounterRec {
     /// The last initial-snapshot chunk added to it.
     pub snapshot_chunk: Option<u64>,
     /// The readers' field: `base_count + live_delta`, kept in the same writes.
-    pub count: i64,
+    pub count: Num,
     pub epoch: Option<i64>,
-    pub last_drift: Option<i64>,
+    pub last_drift: Option<Num>,
     pub reconciled_at: Option<DateTime>,
 }
 
 impl CounterRec {
     /// What readers see.
-    pub fn displayed(&self) -> i64 {
+    pub fn displayed(&self) -> Num {
         self.base_count + self.live_delta
     }
 
-    /// Adds one write's increments (`live_delta`, `count`, each bucket) under the writer's epoch.
-    fn add(&mut self, delta: i64, buckets: &BTreeMap<i64, i64>, fence: &Fence) {
+    /// Adds one write's increments (`live_delta`, `count`, each bucket) under the writer's
+    /// epoch, by `$inc`'s numeric rules ([`Num`]).
+    fn add(&mut self, delta: Num, buckets: &BTreeMap<i64, Num>, fence: &Fence) {
         self.live_delta += delta;
         self.count += delta;
         for (bucket, amount) in buckets {
-            *self.buckets.entry(*bucket).or_default() += amount;
+            *self.buckets.entry(*bucket).or_default() += *amount;
         }
         self.epoch = Some(fence.epoch);
     }

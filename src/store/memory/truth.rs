@@ -9,6 +9,7 @@ use bson::{Bson, DateTime, Document, Timestamp};
 use super::{seam, Memory, MemoryStore, OpKind, CREATED_FIELD, DELETED_FIELD, POST_FIELD};
 use crate::definition::{CounterIx, Definition};
 use crate::event::{CommentId, PostId, Row};
+use crate::num::Num;
 use crate::store::CommentsExtent;
 
 /// (post, created_at, live) of a row document, when it counts at all (it has a post).
@@ -56,6 +57,27 @@ impl Memory {
         let (_, created, live) = row_facts_ungrouped(row);
         let member = definition.member(row);
         Some((member.group?, created, live && member.matches))
+    }
+
+    /// What a row document adds to its counter of definition `counter` where it counts: 1, or
+    /// a sum's field value (0 for a missing or non-numeric one), as `$sum` adds them.
+    pub fn amount(&self, counter: CounterIx, row: &Document) -> Num {
+        match counter.0 {
+            0 => Num::ONE,
+            i => self
+                .definitions
+                .get(i - 1)
+                .map_or(Num::ONE, |d| d.member(row).amount),
+        }
+    }
+
+    /// Whether definition `counter` is a sum (its recount is the `$sum` alone, never row ids).
+    fn sums(&self, counter: CounterIx) -> bool {
+        counter.0 > 0
+            && self
+                .definitions
+                .get(counter.0 - 1)
+                .is_some_and(|d| d.kind.field().is_some())
     }
 
     /// The group of a row document in definition `counter`, live or not.
@@ -126,15 +148,17 @@ impl Memory {
         Some(old)
     }
 
-    pub fn count_live_below(&self, counter: CounterIx, post: &PostId, watermark: i64) -> i64 {
+    pub fn count_live_below(&self, counter: CounterIx, post: &PostId, watermark: i64) -> Num {
         let below = watermark.saturating_mul(1000);
         self.comments
             .values()
-            .filter_map(|r| self.facts(counter, r))
-            .filter(|(p, created, live)| {
-                p == post && *live && !created.is_some_and(|c| c.timestamp_millis() >= below)
+            .filter(|r| {
+                self.facts(counter, r).is_some_and(|(p, created, live)| {
+                    &p == post && live && created.is_none_or(|c| c.timestamp_millis() < below)
+                })
             })
-            .count() as i64
+            .map(|r| self.amount(counter, r))
+            .sum()
     }
 
     /// The ids of the rows `count_live_below` counts (`None`: more than `at_most`).
@@ -145,6 +169,9 @@ impl Memory {
         watermark: i64,
         at_most: usize,
     ) -> Option<Vec<CommentId>> {
+        if self.sums(counter) {
+            return None; // as the MongoDB store: a sum's recount is the `$sum` alone
+        }
         let below = watermark.saturating_mul(1000);
         let ids: Vec<CommentId> = self
             .comments
@@ -170,12 +197,15 @@ impl Memory {
             .max()
     }
 
-    pub fn count_live(&self, counter: CounterIx, post: &PostId) -> i64 {
+    pub fn count_live(&self, counter: CounterIx, post: &PostId) -> Num {
         self.comments
             .values()
-            .filter_map(|r| self.facts(counter, r))
-            .filter(|(p, _, live)| p == post && *live)
-            .count() as i64
+            .filter(|r| {
+                self.facts(counter, r)
+                    .is_some_and(|(p, _, live)| &p == post && live)
+            })
+            .map(|r| self.amount(counter, r))
+            .sum()
     }
 
     pub fn rows_of_post(&self, counter: CounterIx, post: &PostId) -> Vec<(CommentId, Row)> {
@@ -220,17 +250,17 @@ impl Memory {
         _post: &PostId,
         _watermark: i64,
         _at: Timestamp,
-    ) -> Option<i64> {
+    ) -> Option<Num> {
         None
     }
 }
 
 seam!(Truth {
-    view fn count_live_below(post: &PostId, watermark: i64) -> i64;
+    view fn count_live_below(post: &PostId, watermark: i64) -> Num;
     view fn live_ids_below(post: &PostId, watermark: i64, at_most: usize) -> Option<Vec<CommentId>>;
-    view fn count_live_below_at(post: &PostId, watermark: i64, at: Timestamp) -> Option<i64>;
+    view fn count_live_below_at(post: &PostId, watermark: i64, at: Timestamp) -> Option<Num>;
     view fn latest_created(post: &PostId) -> Option<i64>;
-    view fn count_live(post: &PostId) -> i64;
+    view fn count_live(post: &PostId) -> Num;
     view fn rows_of_post(post: &PostId) -> Vec<(CommentId, Row)>;
     ok fn comments_extent() -> CommentsExtent;
     ok fn rows_after(after: Option<&CommentId>, last: &CommentId, limit: usize) -> Vec<(CommentId, Row)>;

@@ -1,6 +1,8 @@
 //! [`Counters`] over the counters collection: guarded increments and conditional fold installs.
 
 use super::*;
+use crate::definition::ROWS_FIELD;
+use crate::num::Num;
 
 /// Type brackets of BSON sort order that post ids may have, in order.
 pub(super) fn later_types(post: &PostId) -> Vec<&'static str> {
@@ -35,28 +37,39 @@ impl Counters for MongoStore {
     ) -> StoreResult<ApplyOutcome> {
         let op = "apply counter increments";
         // Raw from the start, like the ledger's statements: one per counter of every flush.
-        let statement = |w: &&CounterWrite| {
+        let statement = |w: &&CounterWrite, p: &'static str| {
+            let f = |name: &str| format!("{p}{name}");
             let through = w.through.as_str();
-            let mut set = rawdoc! {"applied_through": through, "epoch": fence.epoch};
+            let mut set = RawDocumentBuf::new();
+            set.append(f("applied_through"), through);
+            set.append("epoch", fence.epoch);
             match w.through_time {
-                Some(t) => set.append("applied_time", t),
-                None => set.append("applied_time", RawBson::Null),
+                Some(t) => set.append(f("applied_time"), t),
+                None => set.append(f("applied_time"), RawBson::Null),
             };
             for (bucket, batch) in &w.touched {
-                set.append(format!("touched.{bucket}"), batch.as_str());
+                set.append(f(&format!("touched.{bucket}")), batch.as_str());
             }
             let mut log = RawArrayBuf::new();
             for touch in &w.log {
                 log.push(touch_to_raw(op, touch)?);
             }
+            let mut on_insert = RawDocumentBuf::new();
+            on_insert.append(f("base_count"), 0_i64);
+            on_insert.append(f("base_watermark"), 0_i64);
+            let mut push = RawDocumentBuf::new();
+            // Each batch's entry in the counter's log; the oldest fall off.
+            push.append(
+                f("recent"),
+                rawdoc! {"$each": log, "$slice": -(LOG_ENTRIES as i64)},
+            );
             Ok(rawdoc! {
-                "q": guarded_raw(op, w.post.to_bson(), "applied_through", through, fence)?,
+                "q": guarded_raw(op, w.post.to_bson(), &f("applied_through"), through, fence)?,
                 "u": {
-                    "$inc": increments(w.delta, &w.buckets),
+                    "$inc": increments(p, w.delta, &w.buckets),
                     "$set": set,
-                    "$setOnInsert": {"base_count": 0_i64, "base_watermark": 0_i64},
-                    // Each batch's entry in the counter's log; the oldest fall off.
-                    "$push": {"recent": {"$each": log, "$slice": -(LOG_ENTRIES as i64)}},
+                    "$setOnInsert": on_insert,
+                    "$push": push,
                 },
                 "upsert": true,
             })
@@ -66,12 +79,15 @@ impl Counters for MongoStore {
     }
 
     async fn read_counter(&self, post: &PostId) -> StoreResult<Option<CounterDoc>> {
+        let place = self.here("read a counter")?;
         let found = self
-            .coll(self.here("read a counter")?.counters)
+            .coll(place.counters)
             .find_one(doc! {"_id": post.to_bson()})
             .observed("read a counter")
             .await?;
-        found.map(|d| counter_from_doc(&d)).transpose()
+        found
+            .map(|d| counter_from_doc(&counter_part(d, place.prefix)))
+            .transpose()
     }
 
     async fn install_fold(
@@ -81,25 +97,35 @@ impl Counters for MongoStore {
         fold: &Fold,
         now: DateTime,
     ) -> StoreResult<bool> {
-        let counters = self.coll(self.here("install a recount")?.counters);
+        let place = self.here("install a recount")?;
+        let p = place.prefix;
+        let f = |name: &str| format!("{p}{name}");
+        let counters = self.coll(place.counters);
         let Some(expected) = expected else {
             let mut buckets = Document::new();
             for (k, v) in &fold.kept {
                 buckets.insert(k.to_string(), *v);
             }
+            let fields = doc! {
+                "base_count": fold.base_count,
+                "base_watermark": fold.watermark,
+                "live_delta": fold.live_delta,
+                "count": fold.base_count + fold.live_delta,
+                "live_by_bucket": buckets,
+                "applied_through": "",
+                "folds": 1_i64,
+                "last_drift": fold.drift,
+                "reconciled_at": now,
+            };
+            let mut new = doc! {"_id": post.to_bson()};
+            match p {
+                "" => new.extend(fields),
+                _ => {
+                    new.insert(ROWS_FIELD, fields);
+                }
+            }
             let inserted = counters
-                .insert_one(doc! {
-                    "_id": post.to_bson(),
-                    "base_count": fold.base_count,
-                    "base_watermark": fold.watermark,
-                    "live_delta": fold.live_delta,
-                    "count": fold.base_count + fold.live_delta,
-                    "live_by_bucket": buckets,
-                    "applied_through": "",
-                    "folds": 1_i64,
-                    "last_drift": fold.drift,
-                    "reconciled_at": now,
-                })
+                .insert_one(new)
                 .observed_raw("create a counter")
                 .await;
             return match inserted {
@@ -110,37 +136,38 @@ impl Counters for MongoStore {
         };
         let mut filter = doc! {"_id": post.to_bson()};
         match &expected.applied_through {
-            Some(t) => filter.insert("applied_through", t.as_str()),
-            None => filter.insert("applied_through", doc! {"$exists": false}),
+            Some(t) => filter.insert(f("applied_through"), t.as_str()),
+            None => filter.insert(f("applied_through"), doc! {"$exists": false}),
         };
         // Also pin the numbers read, so a hand edit (or another reconciler) between read and
-        // write is not overwritten with stale arithmetic.
-        filter.insert("live_delta", expected.state.live_delta);
-        filter.insert("base_count", expected.state.base_count);
+        // write is not overwritten with stale arithmetic. A zero may be a field not written
+        // yet (a sum's document whose row count was never written).
+        filter.insert(f("live_delta"), pinned(expected.state.live_delta));
+        filter.insert(f("base_count"), pinned(expected.state.base_count));
         filter.insert(
-            "folds",
+            f("folds"),
             if expected.folds == 0 {
                 not_gte(1_i64)
             } else {
                 doc! {"$eq": expected.folds}
             },
         );
-        let mut update = doc! {"$set": {
-            "base_count": fold.base_count,
-            "base_watermark": fold.watermark,
-            "live_delta": fold.live_delta,
-            "count": fold.base_count + fold.live_delta,
-            "last_drift": fold.drift,
-            "reconciled_at": now,
-        }, "$inc": {"folds": 1_i64}};
+        let mut set = Document::new();
+        set.insert(f("base_count"), fold.base_count);
+        set.insert(f("base_watermark"), fold.watermark);
+        set.insert(f("live_delta"), fold.live_delta);
+        set.insert(f("count"), fold.base_count + fold.live_delta);
+        set.insert(f("last_drift"), fold.drift);
+        set.insert(f("reconciled_at"), now);
+        let mut update = doc! {"$set": set, "$inc": {f("folds"): 1_i64}};
         let mut unset = Document::new();
         for bucket in &fold.dropped {
-            unset.insert(format!("live_by_bucket.{bucket}"), "");
+            unset.insert(f(&format!("live_by_bucket.{bucket}")), "");
         }
         // Touches below the watermark are covered by this recount; later ones are compared
         // against the `applied_through` the next recount reads.
         for bucket in expected.touched.keys().filter(|b| **b < fold.watermark) {
-            unset.insert(format!("touched.{bucket}"), "");
+            unset.insert(f(&format!("touched.{bucket}")), "");
         }
         if !unset.is_empty() {
             update.insert("$unset", unset);
@@ -232,13 +259,20 @@ impl Counters for MongoStore {
         writes: &[CounterDelta],
     ) -> StoreResult<ApplyOutcome> {
         let op = "add snapshot counts";
-        let statement = |w: &&CounterDelta| {
+        let statement = |w: &&CounterDelta, p: &'static str| {
+            let f = |name: &str| format!("{p}{name}");
+            let mut set = RawDocumentBuf::new();
+            set.append(f("snapshot_chunk"), chunk as i64);
+            set.append("epoch", fence.epoch);
+            let mut on_insert = RawDocumentBuf::new();
+            on_insert.append(f("base_count"), 0_i64);
+            on_insert.append(f("base_watermark"), 0_i64);
             Ok(rawdoc! {
-                "q": guarded_raw(op, w.post.to_bson(), "snapshot_chunk", chunk as i64, fence)?,
+                "q": guarded_raw(op, w.post.to_bson(), &f("snapshot_chunk"), chunk as i64, fence)?,
                 "u": {
-                    "$inc": increments(w.delta, &w.buckets),
-                    "$set": {"snapshot_chunk": chunk as i64, "epoch": fence.epoch},
-                    "$setOnInsert": {"base_count": 0_i64, "base_watermark": 0_i64},
+                    "$inc": increments(p, w.delta, &w.buckets),
+                    "$set": set,
+                    "$setOnInsert": on_insert,
                 },
                 "upsert": true,
             })
@@ -261,16 +295,20 @@ impl MongoStore {
     where
         T: Sync,
         S: Statement,
-        F: Fn(&&T) -> S + Sync,
+        F: Fn(&&T, &'static str) -> S + Sync,
     {
         let mut outcome = ApplyOutcome::default();
         // Every definition is looked up before anything is written: a write for an unknown one
         // refuses the whole batch.
         let groups = by_counter(writes, counter)
             .into_iter()
-            .map(|(counter, writes)| Ok((self.place(op, counter)?.counters, writes)))
+            .map(|(counter, writes)| {
+                let place = self.place(op, counter)?;
+                Ok((place.counters, place.prefix, writes))
+            })
             .collect::<StoreResult<Vec<_>>>()?;
-        for (collection, writes) in groups {
+        for (collection, prefix, writes) in groups {
+            let statement = |w: &&T| statement(w, prefix);
             let (applied, already_applied) = self
                 .update_many_statements(op, collection, &writes, &statement)
                 .await?;
@@ -296,10 +334,50 @@ pub(super) fn by_counter<T>(
 
 /// The `$inc` of one counter write: `live_delta`, each bucket, and `count`, which moves with
 /// `live_delta` in the same write so readers never see it apart from `base_count + live_delta`.
-fn increments(delta: i64, buckets: &BTreeMap<BucketStart, i64>) -> RawDocumentBuf {
-    let mut inc = rawdoc! {"live_delta": delta, "count": delta};
+/// A sum's amounts go as doubles once they are: `$inc` of a double on an integer field makes
+/// it a double, as `$sum` over the rows would.
+fn increments(prefix: &str, delta: Num, buckets: &BTreeMap<BucketStart, Num>) -> RawDocumentBuf {
+    let mut inc = RawDocumentBuf::new();
+    inc.append(format!("{prefix}live_delta"), raw_num(delta));
+    inc.append(format!("{prefix}count"), raw_num(delta));
     for (bucket, amount) in buckets {
-        inc.append(format!("live_by_bucket.{bucket}"), *amount);
+        inc.append(format!("{prefix}live_by_bucket.{bucket}"), raw_num(*amount));
     }
     inc
+}
+
+/// The filter value that pins a number read from a counter: equal to it, or (for a zero)
+/// also absent, as a field no write has set yet reads as 0.
+fn pinned(n: Num) -> Bson {
+    if n.is_zero() {
+        Bson::Document(doc! {"$in": [n.to_bson(), Bson::Null]})
+    } else {
+        n.to_bson()
+    }
+}
+
+/// The part of a counter document that holds the counter of the place with `prefix`: the
+/// whole document, or for a sum's row count its [`ROWS_FIELD`] (empty while none was
+/// written, so that a document the sum made reads as a row count of nothing yet, never as
+/// none: installing one would collide with the sum's document).
+fn counter_part(doc: Document, prefix: &str) -> Document {
+    if prefix.is_empty() {
+        return doc;
+    }
+    let mut part = match doc.get(ROWS_FIELD) {
+        Some(Bson::Document(d)) => d.clone(),
+        _ => Document::new(),
+    };
+    if let Some(id) = doc.get("_id") {
+        part.insert("_id", id.clone());
+    }
+    part
+}
+
+/// A counter's number as stored: an Int64 or a Double.
+pub(super) fn raw_num(n: Num) -> RawBson {
+    match n {
+        Num::Int(i) => RawBson::Int64(i),
+        Num::Double(d) => RawBson::Double(d),
+    }
 }

@@ -152,6 +152,11 @@ pub(super) struct Place<'a> {
     pub group: &'a str,
     /// What its rows must satisfy beyond being live (`None`: nothing).
     pub condition: Option<&'a crate::condition::Condition>,
+    /// The field a sum adds up (`None`: a count).
+    pub sum: Option<&'a str>,
+    /// Where its counter's fields live in the counter document: `""`, or `"rows."` for a
+    /// sum's row count (`with_count`), which shares the sum's documents.
+    pub prefix: &'static str,
 }
 
 impl CounterViews for MongoStore {
@@ -255,6 +260,8 @@ impl MongoStore {
                 dirty: self.names.dirty.clone(),
                 group: &self.schema.group,
                 condition: None,
+                sum: None,
+                prefix: "",
             });
         }
         let definition = self
@@ -267,6 +274,8 @@ impl MongoStore {
             dirty: self.names.dirty_of(&definition.name),
             group: &definition.group,
             condition: (!definition.condition.is_empty()).then_some(&definition.condition),
+            sum: definition.kind.field(),
+            prefix: definition.kind.field_prefix(),
         })
     }
 
@@ -299,7 +308,15 @@ impl MongoStore {
         for place in self.places() {
             commands.push(doc! {"createIndexes": &place.dirty, "indexes": [{"key": {"first_dirty_at": 1}, "name": "first_dirty_at"}]});
             if count_index {
-                commands.push(doc! {"createIndexes": place.counters, "indexes": [{"key": {"count": -1}, "name": "count_desc"}]});
+                // A sum's row count indexes its own `count` beside the sum's, by another name.
+                let (key, name) = match place.prefix {
+                    "" => ("count".to_string(), "count_desc".to_string()),
+                    p => (
+                        format!("{p}count"),
+                        format!("{}count_desc", p.replace('.', "_")),
+                    ),
+                };
+                commands.push(doc! {"createIndexes": place.counters, "indexes": [{"key": {key: -1}, "name": name}]});
             }
         }
         for command in commands {
@@ -308,7 +325,8 @@ impl MongoStore {
                 .observed("create indexes")
                 .await?;
         }
-        for place in self.places() {
+        // Row counts of sums are newer than `count`: none lacks it.
+        for place in self.places().into_iter().filter(|p| p.prefix.is_empty()) {
             self.backfill_count(place.counters).await?;
         }
         Ok(())

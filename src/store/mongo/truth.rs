@@ -1,16 +1,12 @@
 //! [`Truth`]: counts and reads of the application's `comments` collection.
 
 use super::*;
+use crate::num::Num;
 
 #[async_trait]
 impl Truth for MongoStore {
-    async fn count_live_below(&self, post: &PostId, watermark: i64) -> StoreResult<i64> {
-        let n = self
-            .comments
-            .count_documents(self.live_below(post, watermark)?)
-            .observed("count live comments")
-            .await?;
-        Ok(n as i64)
+    async fn count_live_below(&self, post: &PostId, watermark: i64) -> StoreResult<Num> {
+        self.tally(self.live_below(post, watermark)?).await
     }
 
     async fn live_ids_below(
@@ -20,6 +16,9 @@ impl Truth for MongoStore {
         at_most: usize,
     ) -> StoreResult<Option<Vec<CommentId>>> {
         // One more than allowed tells "too many" without reading the rest.
+        if self.here("read the ids of live comments")?.sum.is_some() {
+            return Ok(None); // a sum's recount is the server's `$sum` (see the trait)
+        }
         let limit = i64::try_from(at_most).unwrap_or(i64::MAX - 1) + 1;
         let mut cursor = self
             .comments
@@ -62,7 +61,7 @@ impl Truth for MongoStore {
                 .or_default()
                 .push(post.clone());
         }
-        if place.len() < wanted.len() {
+        if place.len() < wanted.len() || self.here("read the ids of live comments")?.sum.is_some() {
             // A post asked twice: no single read can say which watermark a row was read for.
             return crate::store::live_ids_below_one_by_one(self, wanted, at_most).await;
         }
@@ -104,7 +103,7 @@ impl Truth for MongoStore {
         post: &PostId,
         watermark: i64,
         at: Timestamp,
-    ) -> StoreResult<Option<i64>> {
+    ) -> StoreResult<Option<Num>> {
         if !self.snapshot_reads().await {
             return Ok(None);
         }
@@ -136,13 +135,8 @@ impl Truth for MongoStore {
             .map(|t| t.timestamp_millis().div_euclid(1000)))
     }
 
-    async fn count_live(&self, post: &PostId) -> StoreResult<i64> {
-        let n = self
-            .comments
-            .count_documents(self.live(post)?)
-            .observed("count live comments")
-            .await?;
-        Ok(n as i64)
+    async fn count_live(&self, post: &PostId) -> StoreResult<Num> {
+        self.tally(self.live(post)?).await
     }
 
     async fn rows_of_post(&self, post: &PostId) -> StoreResult<Vec<(CommentId, Row)>> {
@@ -340,27 +334,67 @@ impl MongoStore {
         &self,
         filter: Document,
         at: Timestamp,
-    ) -> Result<i64, DriverError> {
+    ) -> Result<Num, DriverError> {
         let reply = self
             .db
             .run_command(doc! {
                 "aggregate": self.comments.name(),
-                "pipeline": [{"$match": filter}, {"$count": "n"}],
+                "pipeline": [{"$match": filter}, self.tally_stage()],
                 "cursor": {},
                 "readConcern": {"level": "snapshot", "atClusterTime": at},
             })
             .await?;
-        let n = reply
+        let first = reply
             .get_document("cursor")
             .ok()
             .and_then(|c| c.get_array("firstBatch").ok())
             .and_then(|b| b.first())
             .and_then(Bson::as_document)
-            .and_then(|d| d.get("n"))
-            .and_then(|n| n.as_i64().or(n.as_i32().map(i64::from)))
-            .unwrap_or(0);
-        Ok(n)
+            .cloned();
+        Ok(tallied(first.as_ref()))
     }
+
+    /// What the rows `filter` selects add up to for the viewed definition: their number, or
+    /// a sum's `$sum` of its field (MongoDB's numeric rules: integers exact, a double makes a
+    /// double, non-numbers ignored).
+    pub(super) async fn tally(&self, filter: Document) -> StoreResult<Num> {
+        let op = "count live comments";
+        if self.here(op)?.sum.is_none() {
+            let n = self.comments.count_documents(filter).observed(op).await?;
+            return Ok(Num::Int(n as i64));
+        }
+        let op = "sum live comments";
+        let first: Option<Document> = self
+            .comments
+            .aggregate(vec![doc! {"$match": filter}, self.tally_stage()])
+            .observed(op)
+            .await?
+            .try_next()
+            .await
+            .map_err(|e| map_err(op, e))?;
+        Ok(tallied(first.as_ref()))
+    }
+
+    /// The `$group` stage that adds up the matched rows into `n`: 1 each, or a sum's field.
+    fn tally_stage(&self) -> Document {
+        let each = match self
+            .place("sum live comments", self.counter)
+            .ok()
+            .and_then(|p| p.sum)
+        {
+            Some(field) => Bson::String(format!("${field}")),
+            None => Bson::Int32(1),
+        };
+        doc! {"$group": {"_id": Bson::Null, "n": {"$sum": each}}}
+    }
+}
+
+/// The `n` of a tally's reply (no document: no rows matched, 0).
+fn tallied(reply: Option<&Document>) -> Num {
+    reply
+        .and_then(|d| d.get("n"))
+        .and_then(Num::from_bson)
+        .unwrap_or_default()
 }
 
 /// Rows per server reply of a recount's id reads: the driver decodes a reply whole, and a reply

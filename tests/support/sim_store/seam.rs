@@ -6,6 +6,8 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::time::Duration;
 
+use counterd::num::Num;
+
 use async_trait::async_trait;
 use bson::{DateTime, Timestamp};
 use counterd::batch::{CounterDelta, CounterWrite, DirtyMark, LedgerUpdate};
@@ -351,7 +353,7 @@ impl Counters for SimStore {
             // their counters: a fold there that corrects drift invented it.
             if installed && counter == CounterIx::DEFAULT {
                 s.installed(post, fold);
-            } else if installed && fold.drift != 0 {
+            } else if installed && fold.wrong.differs(fold.right) {
                 s.stat("fold of another definition corrected drift");
                 if s.drift_bounds && !s.memory.has_gaps() {
                     let e = format!(
@@ -571,7 +573,7 @@ impl DirtySet for SimStore {
 
 #[async_trait]
 impl Truth for SimStore {
-    async fn count_live_below(&self, post: &PostId, watermark: i64) -> StoreResult<i64> {
+    async fn count_live_below(&self, post: &PostId, watermark: i64) -> StoreResult<Num> {
         let counter = self.counter;
         self.single("count_live_below", false, |s| {
             Ok(s.memory.count_live_below(counter, post, watermark))
@@ -601,7 +603,7 @@ impl Truth for SimStore {
         _post: &PostId,
         _watermark: i64,
         _at: Timestamp,
-    ) -> StoreResult<Option<i64>> {
+    ) -> StoreResult<Option<Num>> {
         // Like the fake server: no snapshot reads, so every recount is a row-level one.
         Ok(None)
     }
@@ -614,7 +616,7 @@ impl Truth for SimStore {
         .await
     }
 
-    async fn count_live(&self, post: &PostId) -> StoreResult<i64> {
+    async fn count_live(&self, post: &PostId) -> StoreResult<Num> {
         let counter = self.counter;
         self.single("count_live", false, |s| {
             Ok(s.memory.count_live(counter, post))

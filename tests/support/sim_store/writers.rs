@@ -9,6 +9,7 @@ use counterd::batch::bucket_of;
 use counterd::definition::CounterIx;
 use counterd::event::PostId;
 use counterd::fold::Fold;
+use counterd::num::Num;
 use counterd::store::memory::{row_facts, OplogTxn, CREATED_FIELD, DELETED_FIELD, POST_FIELD};
 use rand::Rng;
 
@@ -108,7 +109,54 @@ impl State {
             }
             row.insert("approved", self.rng.random_bool(0.5));
         }
+        if self.sums() {
+            // Drawn only where sums are kept, so the other seeds' writes stay what they were.
+            if let Some(rating) = self.rating() {
+                row.insert("rating", rating);
+            }
+            row.insert("score", self.rng.random_range(-4..=10) as f64 / 2.0);
+        }
         row
+    }
+
+    /// Whether a counter definition of this seed is a sum.
+    fn sums(&self) -> bool {
+        self.memory
+            .definitions
+            .iter()
+            .any(|d| d.kind.field().is_some())
+    }
+
+    /// A rating as applications write them: mostly an integer, sometimes a half, missing (adds
+    /// nothing) or a string (adds nothing and is a bad event).
+    fn rating(&mut self) -> Option<Bson> {
+        match self.rng.random_range(0..20) {
+            0 => None,
+            1 => Some(Bson::String("n/a".into())),
+            2..=4 => Some(Bson::Double(self.rng.random_range(1..=10) as f64 / 2.0)),
+            _ => Some(Bson::Int32(self.rng.random_range(1..=5))),
+        }
+    }
+
+    /// A change of a summed value: a new rating (or none, or a string), a new score.
+    fn sum_change(&mut self, id: i64) -> &'static str {
+        if self.rng.random_bool(0.5) {
+            let score = self.rng.random_range(-4..=10) as f64 / 2.0;
+            self.update(id, doc! {"score": score}, &[]);
+            self.stat("change score of");
+            return "change score of";
+        }
+        match self.rating() {
+            Some(rating) => {
+                self.update(id, doc! {"rating": rating}, &[]);
+                self.stat("change rating of");
+                "change rating of"
+            }
+            None => {
+                self.update(id, doc! {}, &["rating"]);
+                "remove rating of"
+            }
+        }
     }
 
     /// A change to what only the other counter definitions read: approve, unapprove, another
@@ -234,7 +282,11 @@ impl State {
                 "hard delete"
             }
             75..=88 if !self.memory.definitions.is_empty() && self.rng.random_bool(0.7) => {
-                self.definition_change(id)
+                if self.sums() && self.rng.random_bool(0.5) {
+                    self.sum_change(id)
+                } else {
+                    self.definition_change(id)
+                }
             }
             75..=88 => {
                 let body = format!("b{}", self.rng.random_range(0..1000));
@@ -349,24 +401,25 @@ impl State {
         let counters = &self.memory.counters;
         counters
             .iter()
-            .map(|(p, c)| (p.clone(), c.displayed()))
+            .map(|(p, c)| (p.clone(), c.displayed().as_i64()))
             .collect()
     }
 
     /// The true count of every group of counter definition `counter` with a row that counts
-    /// there, from the rows themselves (its group field, its condition, the soft delete).
-    pub fn truth_of(&self, counter: CounterIx) -> BTreeMap<PostId, i64> {
-        let mut out = BTreeMap::new();
+    /// there, from the rows themselves (its group field, its condition, the soft delete): the
+    /// number of rows, or a sum's `$sum` of its field over them.
+    pub fn truth_of(&self, counter: CounterIx) -> BTreeMap<PostId, Num> {
+        let mut out: BTreeMap<PostId, Num> = BTreeMap::new();
         for row in self.memory.comments.values() {
             if let Some((group, _, true)) = self.memory.facts(counter, row) {
-                *out.entry(group).or_default() += 1;
+                *out.entry(group).or_default() += self.memory.amount(counter, row);
             }
         }
         out
     }
 
     /// What every counter of definition `counter` displays, and its `count` field.
-    pub fn displayed_of(&self, counter: CounterIx) -> BTreeMap<PostId, (i64, i64)> {
+    pub fn displayed_of(&self, counter: CounterIx) -> BTreeMap<PostId, (Num, Num)> {
         let none = BTreeMap::new();
         let counters = self.memory.counters_of(counter).unwrap_or(&none);
         counters
@@ -380,7 +433,7 @@ impl State {
         let counters = &self.memory.counters;
         counters
             .iter()
-            .map(|(p, c)| (p.clone(), c.count, c.displayed()))
+            .map(|(p, c)| (p.clone(), c.count.as_i64(), c.displayed().as_i64()))
             .collect()
     }
 
@@ -391,10 +444,10 @@ impl State {
             .iter()
             .map(|(p, c)| {
                 let state = (
-                    c.base_count,
+                    c.base_count.as_i64(),
                     c.base_watermark,
-                    c.live_delta,
-                    c.buckets.clone(),
+                    c.live_delta.as_i64(),
+                    c.buckets.iter().map(|(b, a)| (*b, a.as_i64())).collect(),
                 );
                 (p.clone(), state)
             })
@@ -412,13 +465,13 @@ impl State {
         &mut self,
         counter: counterd::definition::CounterIx,
         post: &PostId,
-        buckets: &std::collections::BTreeMap<i64, i64>,
+        buckets: &std::collections::BTreeMap<i64, Num>,
     ) {
         if counter != counterd::definition::CounterIx::DEFAULT {
             return; // the other definitions are checked against the truth directly
         }
         for (bucket, amount) in buckets {
-            *self.shadow.entry((post.clone(), *bucket)).or_default() += amount;
+            *self.shadow.entry((post.clone(), *bucket)).or_default() += amount.as_i64();
         }
     }
 
@@ -434,8 +487,8 @@ impl State {
         let Some(c) = self.memory.counters.get_mut(post) else {
             return false;
         };
-        c.base_count += k;
-        c.count += k;
+        c.base_count += Num::Int(k);
+        c.count += Num::Int(k);
         self.inject(post, k);
         self.note(format!("operator: {post} base_count {k:+}"));
         self.stat("operator edit base");
@@ -447,9 +500,9 @@ impl State {
         let Some(c) = self.memory.counters.get_mut(post) else {
             return false;
         };
-        c.live_delta += k;
-        c.count += k;
-        *c.buckets.entry(bucket).or_default() += k;
+        c.live_delta += Num::Int(k);
+        c.count += Num::Int(k);
+        *c.buckets.entry(bucket).or_default() += Num::Int(k);
         self.inject(post, k);
         *self
             .injected_buckets
@@ -480,7 +533,7 @@ impl State {
         if in_flight {
             return None;
         }
-        let displayed = self.memory.counters.remove(post)?.displayed();
+        let displayed = self.memory.counters.remove(post)?.displayed().as_i64();
         self.inject(post, -displayed);
         // Every bucket of a counter created anew lacks all that was applied to it before.
         self.injected_buckets.retain(|(p, _), _| p != post);
@@ -510,7 +563,7 @@ impl State {
                 self.stat("fold corrected drift while others run");
             }
         }
-        self.record_correction(post, fold.drift);
+        self.record_correction(post, fold.drift.as_i64());
     }
 
     /// An installed fold corrected `drift` on `post`.

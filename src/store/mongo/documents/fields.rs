@@ -43,11 +43,13 @@ pub(super) fn integer_or_zero<'de, D: Deserializer<'de>>(d: D) -> Result<i64, D:
     Ok(integer_or_none(d)?.unwrap_or(0))
 }
 
-/// An integer by the [`integer`] rule that must be there: absent, null or malformed is an error.
-pub(super) fn required_integer<'de, D: Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
-    integer(Some(&Bson::deserialize(d)?))
+/// A counter's number by the [`super::number`] rule that must be there.
+pub(super) fn required_number<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<crate::num::Num, D::Error> {
+    super::number(Some(&Bson::deserialize(d)?))
         .map_err(D::Error::custom)?
-        .ok_or_else(|| D::Error::custom("null, expected an integer"))
+        .ok_or_else(|| D::Error::custom("null, expected a number"))
 }
 
 /// A post id, stored as its BSON value; a value of no post type is an error.

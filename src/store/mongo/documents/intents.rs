@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::fields::{self, counted, document_if_any, document_or_none, lenient};
 use super::*;
 use crate::definition::CounterIx;
+use crate::num::Num;
 use crate::time::BucketStart;
 
 /// Planned counter increments for one post.
@@ -17,10 +18,10 @@ struct CounterDeltaDoc {
     counter: usize,
     #[serde(with = "fields::post")]
     post: PostId,
-    #[serde(deserialize_with = "fields::required_integer")]
-    delta: i64,
+    #[serde(deserialize_with = "fields::required_number")]
+    delta: Num,
     #[serde(with = "buckets")]
-    buckets: BTreeMap<BucketStart, i64>,
+    buckets: BTreeMap<BucketStart, Num>,
     /// `None`: a batch recorded before `touched` existed, which touched exactly its non-zero
     /// buckets.
     #[serde(default)]
@@ -72,10 +73,10 @@ mod buckets {
     use serde::de::Error as _;
     use serde::{Deserialize, Deserializer, Serializer};
 
-    use super::{integer, BTreeMap, BucketStart, Document};
+    use super::{number, BTreeMap, BucketStart, Document, Num};
 
     pub fn serialize<S: Serializer>(
-        buckets: &BTreeMap<BucketStart, i64>,
+        buckets: &BTreeMap<BucketStart, Num>,
         s: S,
     ) -> Result<S::Ok, S::Error> {
         s.collect_map(buckets.iter().map(|(k, v)| (k.to_string(), v)))
@@ -83,14 +84,14 @@ mod buckets {
 
     pub fn deserialize<'de, D: Deserializer<'de>>(
         d: D,
-    ) -> Result<BTreeMap<BucketStart, i64>, D::Error> {
+    ) -> Result<BTreeMap<BucketStart, Num>, D::Error> {
         Document::deserialize(d)?
             .iter()
             .map(|(key, value)| {
                 let start = key.parse().map_err(|_| {
                     D::Error::custom(format!("bucket key `{key}` is not a number of seconds"))
                 })?;
-                let amount = integer(Some(value))
+                let amount = number(Some(value))
                     .map_err(|e| D::Error::custom(format!("bucket `{key}` is {e}")))?
                     .ok_or_else(|| D::Error::custom(format!("bucket `{key}` is null")))?;
                 Ok((start, amount))

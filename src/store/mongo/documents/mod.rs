@@ -37,6 +37,17 @@ pub(super) fn integer(value: Option<&Bson>) -> Result<Option<i64>, String> {
     }
 }
 
+/// A counter's number (a base, a delta, a bucket's amount, a drift): an integer stays an
+/// integer, a double stays a double (a sum that turned into one); `Err` for anything else.
+pub(super) fn number(value: Option<&Bson>) -> Result<Option<crate::num::Num>, String> {
+    match value {
+        None | Some(Bson::Null) => Ok(None),
+        Some(v) => crate::num::Num::from_bson(v)
+            .map(Some)
+            .ok_or_else(|| format!("{v:?}, expected a number")),
+    }
+}
+
 /// A stored count (progress numbers, generations): [`integer`], where a missing, malformed or
 /// negative value counts as none done.
 fn count(value: Option<&Bson>) -> u64 {
@@ -76,33 +87,40 @@ pub(super) fn counter_from_doc(doc: &Document) -> StoreResult<CounterDoc> {
         integer(doc.get(field)).map_err(|e| malformed(format!("`{field}` is {e}")))
     };
     let int = |field: &str| -> StoreResult<i64> { Ok(int_or_none(field)?.unwrap_or(0)) };
+    // A counter's numbers: integers for a count, a sum's integers or doubles.
+    let num_or_none = |field: &str| -> StoreResult<Option<crate::num::Num>> {
+        number(doc.get(field)).map_err(|e| malformed(format!("`{field}` is {e}")))
+    };
+    let num = |field: &str| -> StoreResult<crate::num::Num> {
+        Ok(num_or_none(field)?.unwrap_or_default())
+    };
     let mut buckets = BTreeMap::new();
     if let Ok(map) = doc.get_document("live_by_bucket") {
         for (key, value) in map {
             let start: i64 = key
                 .parse()
                 .map_err(|_| malformed(format!("bucket key `{key}` is not a number of seconds")))?;
-            let amount = integer(Some(value))
+            let amount = number(Some(value))
                 .map_err(|e| malformed(format!("bucket `{key}` is {e}")))?
-                .unwrap_or(0);
+                .unwrap_or_default();
             buckets.insert(start, amount);
         }
     }
     Ok(CounterDoc {
         post: doc.get("_id").and_then(PostId::from_bson),
         state: CounterState {
-            base_count: int("base_count")?,
+            base_count: num("base_count")?,
             base_watermark: match doc.get("base_watermark") {
                 Some(Bson::DateTime(d)) => d.timestamp_millis().div_euclid(1000),
                 _ => int("base_watermark")?,
             },
-            live_delta: int("live_delta")?,
+            live_delta: num("live_delta")?,
             buckets,
         },
         applied_through: doc.get_str("applied_through").ok().map(String::from),
         applied_time: doc.get_timestamp("applied_time").ok(),
         folds: int("folds")?,
-        count: int_or_none("count")?,
+        count: num_or_none("count")?,
         touched: match doc.get_document("touched") {
             Ok(map) => map
                 .iter()
@@ -111,7 +129,7 @@ pub(super) fn counter_from_doc(doc: &Document) -> StoreResult<CounterDoc> {
             Err(_) => BTreeMap::new(),
         },
         recent: recent_from(doc),
-        last_drift: int_or_none("last_drift")?,
+        last_drift: num_or_none("last_drift")?,
         reconciled_at: doc.get_datetime("reconciled_at").ok().copied(),
     })
 }
@@ -314,10 +332,15 @@ pub(super) fn ledger_members_from(value: Option<&Bson>, definitions: &[Definitio
         .collect()
 }
 
+/// `{matches, group, amount}`: `amount` only where it is not 1 (a sum's value; a count's
+/// members stay as they were written before sums existed).
 fn member_to_bson(member: &Member) -> Bson {
     let mut d = doc! {"matches": member.matches};
     if let Some(group) = &member.group {
         d.insert("group", group.to_bson());
+    }
+    if member.amount != crate::num::Num::ONE {
+        d.insert("amount", member.amount.to_bson());
     }
     Bson::Document(d)
 }
@@ -328,6 +351,11 @@ fn member_from(value: Option<&Bson>) -> Member {
         Some(Bson::Document(d)) => Member {
             group: d.get("group").and_then(PostId::from_bson),
             matches: d.get_bool("matches").unwrap_or(false),
+            amount: match d.get("amount") {
+                None => crate::num::Num::ONE,
+                Some(v) => crate::num::Num::from_bson(v).unwrap_or_default(),
+            },
+            not_a_number: None,
         },
         _ => Member::default(),
     }
@@ -394,7 +422,7 @@ mod tests {
         let run = RunSummary {
             kind: "sweep".into(),
             posts: 3,
-            drift_low: -2,
+            drift_low: crate::num::Num::Int(-2),
             finished_at: Some(DateTime::from_millis(5_000)),
             ..RunSummary::default()
         };

@@ -3,6 +3,7 @@
 //! older counterd still reads, and a newer one writes nothing an older one could not read.
 
 use super::*;
+use crate::num::Num;
 use bson::oid::ObjectId;
 
 fn at(millis: i64) -> DateTime {
@@ -27,8 +28,8 @@ fn counter_delta() -> CounterDelta {
     CounterDelta {
         counter: crate::definition::CounterIx::DEFAULT,
         post: PostId::Int(7),
-        delta: 2,
-        buckets: BTreeMap::from([(3600, 2)]),
+        delta: Num::Int(2),
+        buckets: BTreeMap::from([(3600, Num::Int(2))]),
         touched: [0, 3600].into(),
         comments: Some(vec![
             CommentId::new(Bson::Int32(5)),
@@ -131,7 +132,11 @@ fn an_older_pending_batch_still_reads() {
         vec![DirtyMark::settled(PostId::Str("p2".into()))]
     );
     let counter = &read.counters[0];
-    assert_eq!(counter.buckets, BTreeMap::from([(3600, 1), (7200, 1)]));
+    assert_eq!(
+        counter.buckets,
+        BTreeMap::from([(3600, Num::ONE), (7200, Num::Double(1.0))]),
+        "a double stays a double (a sum's amounts may be doubles)"
+    );
     assert_eq!(counter.touched, [3600, 7200].into());
     assert_eq!(
         counter.comments, None,
@@ -155,12 +160,12 @@ fn a_malformed_pending_batch_is_an_error() {
     );
     let mut no_deleted = stored_pending();
     no_deleted.insert("ledger", bson::bson!([{"comment": 1_i32, "state": {}}]));
-    let mut fraction = stored_pending();
-    fraction.insert(
+    let mut not_a_number = stored_pending();
+    not_a_number.insert(
         "counters",
-        bson::bson!([{"post": 1_i64, "delta": 1_i64, "buckets": {"0": 0.5}}]),
+        bson::bson!([{"post": 1_i64, "delta": 1_i64, "buckets": {"0": "0.5"}}]),
     );
-    for bad in [no_end, bad_post, null_row_post, no_deleted, fraction] {
+    for bad in [no_end, bad_post, null_row_post, no_deleted, not_a_number] {
         assert!(pending_from_doc(&bad).is_err(), "{bad}");
         let raw = bson::RawDocumentBuf::from_document(&bad).unwrap();
         assert!(pending_from_raw(&raw).is_err(), "{bad}");

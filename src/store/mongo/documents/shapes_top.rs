@@ -3,6 +3,7 @@
 //! hand-edited variants that still read, and the malformed ones, whose errors name the field.
 
 use super::*;
+use crate::num::Num;
 
 fn at(millis: i64) -> DateTime {
     DateTime::from_millis(millis)
@@ -32,10 +33,10 @@ fn a_counter_document_reads_as_stored() {
     let counter = CounterDoc {
         post: Some(PostId::Int(7)),
         state: CounterState {
-            base_count: 10,
+            base_count: Num::Int(10),
             base_watermark: 3600,
-            live_delta: 2,
-            buckets: BTreeMap::from([(7200, 2)]),
+            live_delta: Num::Int(2),
+            buckets: BTreeMap::from([(7200, Num::Int(2))]),
         },
         applied_through: Some("82AB".into()),
         applied_time: Some(ts(10)),
@@ -54,8 +55,8 @@ fn a_counter_document_reads_as_stored() {
             },
         ],
         folds: 1,
-        count: Some(12),
-        last_drift: Some(-1),
+        count: Some(Num::Int(12)),
+        last_drift: Some(Num::Int(-1)),
         reconciled_at: Some(at(5_000)),
     };
     assert_eq!(counter_from_doc(&stored).unwrap(), counter);
@@ -65,13 +66,18 @@ fn a_counter_document_reads_as_stored() {
     assert_eq!(read.post, Some(PostId::Str("p".into())));
     assert_eq!(
         (read.state.base_count, read.state.base_watermark),
-        (4, 7_200)
+        (Num::Int(4), 7_200)
     );
-    assert_eq!(read.state.buckets, BTreeMap::from([(0, 1)]));
-    assert_eq!((read.count, read.folds, read.shown()), (None, 0, 4));
+    // A double stays a double: a sum's counter holds one once a double was added.
+    assert_eq!(read.state.buckets, BTreeMap::from([(0, Num::Double(1.0))]));
+    assert_eq!(
+        (read.count, read.folds, read.shown()),
+        (None, 0, Num::Int(4))
+    );
     for (field, bad) in [
         ("base_count", doc! {"base_count": "x"}),
-        ("count", doc! {"count": 1.5}),
+        ("count", doc! {"count": "1.5"}),
+        ("live_delta", doc! {"live_delta": true}),
         ("bucket", doc! {"live_by_bucket": {"later": 1_i64}}),
     ] {
         let err = counter_from_doc(&bad).unwrap_err().to_string();
