@@ -6,7 +6,6 @@
 //! Everything about time is computed when the endpoint is asked, from the timestamps the
 //! worker records: a worker stuck on a paused server shows a growing lag and stall at once.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -122,25 +121,19 @@ pub fn readiness(
     if let Some(body) = parked_body(statuses) {
         return (unready, body);
     }
-    if statuses
-        .iter()
-        .any(|s| !s.connected.load(Ordering::Relaxed))
-    {
+    if statuses.iter().any(|s| !s.is_connected()) {
         return (
             unready,
             "not connected to MongoDB yet, or still preparing it (start-up retries show in counterd_retries_total)\n".into(),
         );
     }
     let max_stall = bounds.max_stall.as_secs_f64();
-    let active: Vec<&&Arc<WorkerStatus>> = statuses
-        .iter()
-        .filter(|s| s.active.load(Ordering::Relaxed))
-        .collect();
+    let active: Vec<&&Arc<WorkerStatus>> = statuses.iter().filter(|s| s.is_active()).collect();
     if active.is_empty() {
         // A standby must reach MongoDB to take over when the active worker goes silent.
         let reached = statuses
             .iter()
-            .map(|s| s.reached_at_ms.load(Ordering::Relaxed))
+            .map(|s| s.reached_at_ms())
             .max()
             .unwrap_or(0);
         let silent = (now_ms - reached) as f64 / 1000.0;
@@ -155,10 +148,7 @@ pub fn readiness(
         return (StatusCode::OK, "standby\n".into());
     }
     let of = format!("{} of {} streams", active.len(), statuses.len());
-    if active
-        .iter()
-        .any(|s| !s.stream_open.load(Ordering::Relaxed))
-    {
+    if active.iter().any(|s| !s.is_stream_open()) {
         return (unready, format!("active ({of}): change stream not open\n"));
     }
     let ages: Vec<_> = active
@@ -189,7 +179,7 @@ pub fn readiness(
 fn parked_body(statuses: &[&Arc<WorkerStatus>]) -> Option<String> {
     let parked: Vec<String> = statuses
         .iter()
-        .filter_map(|s| s.parked())
+        .filter_map(|s| s.why_parked())
         .map(|p| format!("{} ({})", p.stream, p.reason.label()))
         .collect();
     (!parked.is_empty()).then(|| {
@@ -203,12 +193,23 @@ fn parked_body(statuses: &[&Arc<WorkerStatus>]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bson::DateTime;
 
+    /// A wall-clock instant for the tests (Unix ms).
+    const NOW: i64 = 1_700_000_000_000;
+
+    fn at(ms: i64) -> DateTime {
+        DateTime::from_millis(ms)
+    }
+
+    /// A connected stream's status, active (and its stream open) since `NOW` or standing by.
     fn status(active: bool) -> Arc<WorkerStatus> {
         let s = Arc::new(WorkerStatus::default());
-        s.connected.store(true, Ordering::Relaxed);
-        s.active.store(active, Ordering::Relaxed);
-        s.stream_open.store(active, Ordering::Relaxed);
+        s.connected();
+        if active {
+            s.became_active(at(NOW));
+            s.stream_opened(at(NOW));
+        }
         s
     }
 
@@ -220,18 +221,16 @@ mod tests {
     #[test]
     fn an_active_stream_without_progress_turns_unready_by_the_clock_alone() {
         let s = status(true);
-        s.active_since_ms.store(1_000, Ordering::Relaxed);
-        s.progressed();
-        let now = s.progress_at_ms.load(Ordering::Relaxed);
-        s.applied_until_secs.store(now / 1000, Ordering::Relaxed);
-        let (code, body) = readiness(&[&s], BOUNDS, now + 2_000);
+        s.progressed(at(NOW));
+        s.caught_up_to(NOW / 1000);
+        let (code, body) = readiness(&[&s], BOUNDS, NOW + 2_000);
         assert_eq!(code, StatusCode::OK, "{body}");
         assert!(
             body.starts_with("active (1 of 1 streams): lag 2s"),
             "{body}"
         );
         // Nothing written since: only time passes.
-        let (code, body) = readiness(&[&s], BOUNDS, now + 11_000);
+        let (code, body) = readiness(&[&s], BOUNDS, NOW + 11_000);
         assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
         assert!(body.contains("no progress for 11s"), "{body}");
     }
@@ -240,19 +239,17 @@ mod tests {
     fn a_parked_stream_is_unready_and_named_with_its_reason() {
         let parked = status(false);
         let healthy = status(true);
-        healthy.progressed();
-        let now = healthy.progress_at_ms.load(Ordering::Relaxed);
-        healthy
-            .applied_until_secs
-            .store(now / 1000, Ordering::Relaxed);
-        assert!(parked.park("likes", crate::status::ParkReason::SourceMissing));
-        assert!(!parked.park("likes", crate::status::ParkReason::SourceMissing));
-        let (code, body) = readiness(&[&healthy, &parked], BOUNDS, now);
+        healthy.progressed(at(NOW));
+        healthy.caught_up_to(NOW / 1000);
+        let reason = crate::status::ParkReason::SourceMissing;
+        assert!(parked.parked("likes", reason, at(NOW)));
+        assert!(!parked.parked("likes", reason, at(NOW)));
+        let (code, body) = readiness(&[&healthy, &parked], BOUNDS, NOW);
         assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
         assert!(body.starts_with("parked: likes (source_missing)"), "{body}");
         assert!(parked.resumed());
         assert_eq!(
-            readiness(&[&healthy, &parked], BOUNDS, now).0,
+            readiness(&[&healthy, &parked], BOUNDS, NOW).0,
             StatusCode::OK
         );
     }
@@ -260,11 +257,9 @@ mod tests {
     #[test]
     fn lag_over_the_bound_is_unready() {
         let s = status(true);
-        s.progressed();
-        let now = s.progress_at_ms.load(Ordering::Relaxed);
-        s.applied_until_secs
-            .store(now / 1000 - 100, Ordering::Relaxed);
-        let (code, body) = readiness(&[&s], BOUNDS, now);
+        s.progressed(at(NOW));
+        s.caught_up_to(NOW / 1000 - 100);
+        let (code, body) = readiness(&[&s], BOUNDS, NOW);
         assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
         assert!(body.contains("over 60s"), "{body}");
     }
@@ -272,15 +267,16 @@ mod tests {
     #[test]
     fn a_standby_is_ready_while_it_reaches_mongodb() {
         let s = status(false);
-        s.reached();
-        let now = s.reached_at_ms.load(Ordering::Relaxed);
-        assert_eq!(readiness(&[&s], BOUNDS, now + 1_000).0, StatusCode::OK);
-        let (code, body) = readiness(&[&s], BOUNDS, now + 30_000);
+        s.reached(at(NOW));
+        assert_eq!(readiness(&[&s], BOUNDS, NOW + 1_000).0, StatusCode::OK);
+        let (code, body) = readiness(&[&s], BOUNDS, NOW + 30_000);
         assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
         assert!(body.starts_with("standby: cannot reach MongoDB"), "{body}");
-        let fresh = status(true);
-        fresh.connected.store(false, Ordering::Relaxed);
-        assert!(readiness(&[&fresh], BOUNDS, now)
+        // Active, but start-up has not reached MongoDB yet.
+        let fresh = Arc::new(WorkerStatus::default());
+        fresh.became_active(at(NOW));
+        fresh.stream_opened(at(NOW));
+        assert!(readiness(&[&fresh], BOUNDS, NOW)
             .1
             .contains("not connected"));
     }

@@ -4,14 +4,14 @@
 //! every worker write carries in its filter, so a paused former holder cannot write even once.
 
 use std::future::Future;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bson::DateTime;
 use rand::Rng;
+use tokio::sync::OwnedSemaphorePermit;
 
-use crate::shutdown::{sleep_or_shutdown, Shutdown};
+use crate::clock::{Clock, SystemClock};
+use crate::shutdown::{sleep_or_shutdown, Shutdown, ShutdownTrigger};
 use crate::status::WorkerStatus;
 use crate::store::{Fence, Store, StoreError};
 use crate::telemetry as m;
@@ -107,158 +107,223 @@ where
     Fut: Future<Output = Result<(), E>> + Send + 'static,
     E: ActiveError,
 {
+    let lease = Lease {
+        store: store.as_ref(),
+        settings: &settings,
+        status: status.as_ref(),
+        shutdown: &shutdown,
+        clock: &SystemClock,
+    };
     loop {
-        // --- standby: look for an expired (or our own) lease, with jitter against flapping.
-        let (epoch, _slot) = loop {
-            if shutdown.requested() {
-                return Ok(());
-            }
-            if let Ok(slot) = settings.slots.clone().try_acquire_owned() {
-                let now = DateTime::now();
-                match store
-                    .acquire_lease(&settings.stream, &settings.owner, settings.ttl, now)
-                    .await
-                {
-                    Ok(Some(epoch)) => break (epoch, slot),
-                    Ok(None) => {
-                        // Another worker holds the stream: this one is a healthy standby.
-                        status.reached();
-                        status.resumed();
-                    }
-                    Err(e) if e.is_transient() => {
-                        // Retried at the next look (every `renew`, jittered), at start-up as
-                        // later.
-                        metrics::counter!(m::RETRIES, "op" => "lease").increment(1);
-                        tracing::warn!(stream = %settings.stream, error = %e, "cannot reach the lease; staying on standby")
-                    }
-                    Err(source) => {
-                        return Err(LeaseError::Acquire {
-                            stream: settings.stream.clone(),
-                            source,
-                        }
-                        .into())
-                    }
-                }
-            }
-            let jitter = rand::rng().random_range(0.5..1.0);
-            if sleep_or_shutdown(
-                &crate::clock::SystemClock,
-                settings.renew.mul_f64(jitter),
-                &shutdown,
-            )
-            .await
-            {
-                return Ok(());
-            }
+        let Some((epoch, _slot)) = lease.stand_by().await? else {
+            return Ok(());
         };
-        let fence = Fence {
-            stream: settings.stream.clone(),
-            epoch,
-        };
-        match store.adopt_checkpoint(&fence).await {
-            Ok(()) => {}
-            Err(StoreError::Fenced { .. }) => continue,
-            Err(e) if e.is_transient() => {
-                metrics::counter!(m::RETRIES, "op" => "lease").increment(1);
-                tracing::warn!(stream = %settings.stream, error = %e, "cannot fence the checkpoint at the new epoch; trying again");
-                continue;
-            }
-            Err(source) => {
-                return Err(LeaseError::TakeOver {
-                    stream: settings.stream.clone(),
-                    source,
-                }
-                .into())
-            }
+        if !lease.take_over(epoch).await? {
+            continue;
         }
-        tracing::info!(stream = %settings.stream, owner = %settings.owner, epoch, "lease acquired: active");
-        let label = settings.stream.clone();
-        let now_ms = m::unix_now_ms();
-        status.active_since_ms.store(now_ms, Ordering::Relaxed);
-        status.progress_at_ms.store(0, Ordering::Relaxed);
-        status.applied_until_secs.store(0, Ordering::Relaxed);
-        status.checkpoint_secs.store(0, Ordering::Relaxed);
-        status.reached();
-        status.active.store(true, Ordering::Relaxed);
-        metrics::gauge!(m::WORKER_ACTIVE, "stream" => label.clone()).set(1.0);
-        // A parked stream trying again takes back the lease it released: not a takeover (its
-        // retries would read as a flapping lease).
-        if status.parked().is_none() {
-            metrics::counter!(m::LEASE_TAKEOVERS, "stream" => label.clone()).increment(1);
-        }
-        metrics::gauge!(m::LEASE_RENEWED_TIMESTAMP, "stream" => label.clone())
-            .set(now_ms as f64 / 1000.0);
-
-        // --- active: run the work, renew the lease, step down when it is lost.
+        lease.became_active(epoch);
         let (stop, stop_rx) = Shutdown::new();
-        let mut work = tokio::spawn(active(epoch, stop_rx));
-        let mut last_renewed = tokio::time::Instant::now();
-        let outcome = loop {
-            tokio::select! {
-                result = &mut work => break Some(result),
-                _ = tokio::time::sleep(settings.renew) => {}
-                _ = shutdown.wait() => {}
-            }
-            if shutdown.requested() {
-                break None;
-            }
-            match store
-                .renew_lease(
-                    &settings.stream,
-                    &settings.owner,
-                    epoch,
-                    settings.ttl,
-                    DateTime::now(),
-                )
-                .await
-            {
-                Ok(true) => {
-                    last_renewed = tokio::time::Instant::now();
-                    status.reached();
-                    metrics::gauge!(m::LEASE_RENEWED_TIMESTAMP, "stream" => label.clone())
-                        .set(m::unix_now());
-                }
-                Ok(false) => {
-                    tracing::warn!(stream = %settings.stream, epoch, "lease lost to another worker: stepping down");
-                    break None;
-                }
-                Err(e) => {
-                    tracing::warn!(stream = %settings.stream, error = %e, "cannot renew the lease");
-                    if last_renewed.elapsed() >= settings.ttl {
-                        tracing::warn!(stream = %settings.stream, "lease expired while unreachable: stepping down");
-                        break None;
-                    }
-                }
-            }
-        };
-        stop.request();
-        let result = match outcome {
-            Some(result) => result,
-            None => work.await,
-        }
-        .unwrap_or_else(|join| Err(LeaseError::from_join(&settings.stream, join).into()));
-        status.active.store(false, Ordering::Relaxed);
-        status.stream_open.store(false, Ordering::Relaxed);
-        metrics::gauge!(m::WORKER_ACTIVE, "stream" => label).set(0.0);
-        // Released on shutdown, and when the work failed for good (the process stops, or the
-        // stream parks: see `daemon::park`): a standby, or an operator's `replay`, need not
-        // wait for it to lapse.
-        let fenced = result.as_ref().is_err_and(E::is_fenced);
-        if shutdown.requested() || (result.is_err() && !fenced) {
-            let _ = store
-                .release_lease(&settings.stream, &settings.owner, epoch)
-                .await;
-            tracing::info!(stream = %settings.stream, "lease released");
-        }
+        let work = tokio::spawn(active(epoch, stop_rx));
+        let result = lease.run_active(epoch, work, stop).await;
+        lease.step_down(epoch, &result).await;
         match result {
             Ok(()) => {}
-            Err(_) if fenced => {
+            Err(e) if e.is_fenced() => {
                 tracing::warn!(stream = %settings.stream, epoch, "fenced out by a newer epoch: standing by");
             }
             Err(e) => return Err(e),
         }
         if shutdown.requested() {
             return Ok(());
+        }
+    }
+}
+
+/// One stream's lease as [`hold`] works it: the store, the knobs, the stream's status, the
+/// process's shutdown and the clock the lease times are read from.
+struct Lease<'a, S: ?Sized> {
+    store: &'a S,
+    settings: &'a LeaseSettings,
+    status: &'a WorkerStatus,
+    shutdown: &'a Shutdown,
+    clock: &'a dyn Clock,
+}
+
+/// The active work, as spawned: its own failure, or it could not be joined.
+type Work<E> = tokio::task::JoinHandle<Result<(), E>>;
+
+impl<S: Store + ?Sized> Lease<'_, S> {
+    // --- standby
+
+    /// Looks for an expired (or our own) lease while a slot is free, every `renew` with jitter
+    /// against flapping, until it is ours: its epoch and the slot it holds. `None` on shutdown.
+    async fn stand_by(&self) -> Result<Option<(i64, OwnedSemaphorePermit)>, LeaseError> {
+        loop {
+            if self.shutdown.requested() {
+                return Ok(None);
+            }
+            if let Ok(slot) = self.settings.slots.clone().try_acquire_owned() {
+                if let Some(epoch) = self.look().await? {
+                    return Ok(Some((epoch, slot)));
+                }
+            }
+            let jitter = rand::rng().random_range(0.5..1.0);
+            let pause = self.settings.renew.mul_f64(jitter);
+            if sleep_or_shutdown(self.clock, pause, self.shutdown).await {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// One try at the lease: its epoch when won; `None` when another worker holds it (a
+    /// healthy standby) or it cannot be reached this time (retried at the next look).
+    async fn look(&self) -> Result<Option<i64>, LeaseError> {
+        let s = self.settings;
+        let now = self.clock.now();
+        match self
+            .store
+            .acquire_lease(&s.stream, &s.owner, s.ttl, now)
+            .await
+        {
+            Ok(Some(epoch)) => Ok(Some(epoch)),
+            Ok(None) => {
+                self.status.saw_holder(self.clock.now());
+                Ok(None)
+            }
+            Err(e) if e.is_transient() => {
+                metrics::counter!(m::RETRIES, "op" => "lease").increment(1);
+                tracing::warn!(stream = %s.stream, error = %e, "cannot reach the lease; staying on standby");
+                Ok(None)
+            }
+            Err(source) => Err(LeaseError::Acquire {
+                stream: s.stream.clone(),
+                source,
+            }),
+        }
+    }
+
+    /// Fences the stream's checkpoint at the won `epoch`. False when that should be tried
+    /// again from standby (a newer epoch already, or the store unreachable for now).
+    async fn take_over(&self, epoch: i64) -> Result<bool, LeaseError> {
+        let stream = &self.settings.stream;
+        let fence = Fence {
+            stream: stream.clone(),
+            epoch,
+        };
+        match self.store.adopt_checkpoint(&fence).await {
+            Ok(()) => Ok(true),
+            Err(StoreError::Fenced { .. }) => Ok(false),
+            Err(e) if e.is_transient() => {
+                metrics::counter!(m::RETRIES, "op" => "lease").increment(1);
+                tracing::warn!(stream = %stream, error = %e, "cannot fence the checkpoint at the new epoch; trying again");
+                Ok(false)
+            }
+            Err(source) => Err(LeaseError::TakeOver {
+                stream: stream.clone(),
+                source,
+            }),
+        }
+    }
+
+    /// Says so, in the log, the status and the metrics.
+    fn became_active(&self, epoch: i64) {
+        let s = self.settings;
+        tracing::info!(stream = %s.stream, owner = %s.owner, epoch, "lease acquired: active");
+        let now = self.clock.now();
+        self.status.became_active(now);
+        metrics::gauge!(m::WORKER_ACTIVE, "stream" => s.stream.clone()).set(1.0);
+        // A parked stream trying again takes back the lease it released: not a takeover (its
+        // retries would read as a flapping lease).
+        if self.status.why_parked().is_none() {
+            metrics::counter!(m::LEASE_TAKEOVERS, "stream" => s.stream.clone()).increment(1);
+        }
+        metrics::gauge!(m::LEASE_RENEWED_TIMESTAMP, "stream" => s.stream.clone())
+            .set(now.timestamp_millis() as f64 / 1000.0);
+    }
+
+    // --- active
+
+    /// Renews the lease while `work` runs; once the lease is lost or shutdown is asked,
+    /// stops the work and waits for it. The work's result.
+    async fn run_active<E: ActiveError>(
+        &self,
+        epoch: i64,
+        mut work: Work<E>,
+        stop: ShutdownTrigger,
+    ) -> Result<(), E> {
+        let ended = self.renew_while(epoch, &mut work).await;
+        stop.request();
+        let joined = match ended {
+            Some(joined) => joined,
+            None => work.await,
+        };
+        joined.unwrap_or_else(|join| Err(LeaseError::from_join(&self.settings.stream, join).into()))
+    }
+
+    /// Renews every `renew` until the work ends (its join result), or `None` once the lease
+    /// is lost, lapsed while unreachable, or shutdown is asked.
+    async fn renew_while<E: Send + 'static>(
+        &self,
+        epoch: i64,
+        work: &mut Work<E>,
+    ) -> Option<Result<Result<(), E>, tokio::task::JoinError>> {
+        let mut last_renewed = tokio::time::Instant::now();
+        loop {
+            tokio::select! {
+                joined = &mut *work => return Some(joined),
+                _ = tokio::time::sleep(self.settings.renew) => {}
+                _ = self.shutdown.wait() => {}
+            }
+            if self.shutdown.requested() || !self.renew(epoch, &mut last_renewed).await {
+                return None;
+            }
+        }
+    }
+
+    /// One renewal: whether the lease is still ours (a failed renewal keeps it until `ttl`
+    /// has passed since the last one that worked).
+    async fn renew(&self, epoch: i64, last_renewed: &mut tokio::time::Instant) -> bool {
+        let s = self.settings;
+        let now = self.clock.now();
+        match self
+            .store
+            .renew_lease(&s.stream, &s.owner, epoch, s.ttl, now)
+            .await
+        {
+            Ok(true) => {
+                *last_renewed = tokio::time::Instant::now();
+                let renewed = self.clock.now();
+                self.status.lease_renewed(renewed);
+                metrics::gauge!(m::LEASE_RENEWED_TIMESTAMP, "stream" => s.stream.clone())
+                    .set(renewed.timestamp_millis() as f64 / 1000.0);
+                true
+            }
+            Ok(false) => {
+                tracing::warn!(stream = %s.stream, epoch, "lease lost to another worker: stepping down");
+                false
+            }
+            Err(e) => {
+                tracing::warn!(stream = %s.stream, error = %e, "cannot renew the lease");
+                let lapsed = last_renewed.elapsed() >= s.ttl;
+                if lapsed {
+                    tracing::warn!(stream = %s.stream, "lease expired while unreachable: stepping down");
+                }
+                !lapsed
+            }
+        }
+    }
+
+    /// Back to standby after the work ended with `result`. The lease is released on shutdown,
+    /// and when the work failed for good (the process stops, or the stream parks: see
+    /// `daemon::park`): a standby, or an operator's `replay`, need not wait for it to lapse.
+    async fn step_down<E: ActiveError>(&self, epoch: i64, result: &Result<(), E>) {
+        let s = self.settings;
+        self.status.became_standby();
+        metrics::gauge!(m::WORKER_ACTIVE, "stream" => s.stream.clone()).set(0.0);
+        let failed = result.as_ref().is_err_and(|e| !e.is_fenced());
+        if self.shutdown.requested() || failed {
+            let _ = self.store.release_lease(&s.stream, &s.owner, epoch).await;
+            tracing::info!(stream = %s.stream, "lease released");
         }
     }
 }

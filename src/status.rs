@@ -1,37 +1,49 @@
-//! The live state of one stream in this process, written by the worker and the lease loop and
-//! read by `/readyz`, `/metrics` and the demo. Times are recorded, ages computed when asked.
+//! The live state of one stream in this process, written by the worker, the lease loop and the
+//! daemon's supervisor and read by `/readyz`, `/metrics`, `counterd demo` and the benchmark.
+//!
+//! Writers say what happened (`became_active`, `batch_applied`, `parked`, ...) rather than
+//! storing fields, so the rules live here: what "became active" resets, which times a batch
+//! moves. Times come from the caller's [`crate::clock::Clock`] (passed as `now`), so the
+//! simulation's clock drives them too; ages are computed when asked. This module exports no
+//! metric itself: telemetry reads it, and the daemon hands in how a park is exported
+//! ([`WorkerStatus::exporting`]), so the arrow runs one way.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Mutex;
 
-use crate::telemetry as m;
+use bson::DateTime;
+
+/// Exports that `stream` is (`true`) or is no longer (`false`) parked for `reason`.
+pub type ParkExport = fn(stream: &str, reason: ParkReason, parked: bool);
 
 /// Live state shared with `/readyz` and `status`.
 #[derive(Debug, Default)]
 pub struct WorkerStatus {
     /// The process has reached MongoDB (until then `/readyz` is unready, even on standby).
-    pub connected: AtomicBool,
-    pub stream_open: AtomicBool,
-    pub active: AtomicBool,
+    connected: AtomicBool,
+    stream_open: AtomicBool,
+    active: AtomicBool,
     /// Seconds of lag behind the newest event (0 when caught up), as of the last batch.
-    pub lag_secs: AtomicI64,
-    pub events_applied: AtomicI64,
+    lag_secs: AtomicI64,
+    events_applied: AtomicI64,
     /// Wall-clock time (Unix ms) this process became active on the stream (0: never).
-    pub active_since_ms: AtomicI64,
+    active_since_ms: AtomicI64,
     /// Cluster time (Unix seconds) before which every event is known applied: the later of the
     /// newest applied event and the last position the stream was found drained at (0: unknown).
     /// The stream lag is computed from it when `/metrics` or `/readyz` is asked.
-    pub applied_until_secs: AtomicI64,
+    applied_until_secs: AtomicI64,
     /// Cluster time (Unix seconds) of the checkpointed position (0: unknown).
-    pub checkpoint_secs: AtomicI64,
+    checkpoint_secs: AtomicI64,
     /// Wall-clock time (Unix ms) of the last read the server answered or batch applied.
-    pub progress_at_ms: AtomicI64,
+    progress_at_ms: AtomicI64,
     /// Wall-clock time (Unix ms) this process last reached MongoDB for this stream (a read,
     /// or a lease look on standby): a standby that cannot reach it cannot take over.
-    pub reached_at_ms: AtomicI64,
+    reached_at_ms: AtomicI64,
     /// Why the stream is parked (`None`: it is not): set by the supervisor in `daemon`,
     /// cleared once the stream works again (see [`WorkerStatus::resumed`]).
     parked: Mutex<Option<Parked>>,
+    /// How a park is exported (the daemon's `counterd_parked` gauge; none in tests).
+    export_park: Option<ParkExport>,
 }
 
 /// Why a stream is parked: a condition no retry mends (see `crate::daemon`).
@@ -83,28 +95,123 @@ pub struct Parked {
 }
 
 impl WorkerStatus {
-    /// The worker or the lease loop heard from the server just now.
-    pub fn reached(&self) {
-        self.reached_at_ms
-            .store(m::unix_now_ms(), Ordering::Relaxed);
+    /// A status whose parks are exported by `export` (the daemon passes the telemetry's).
+    pub fn exporting(export: ParkExport) -> Self {
+        WorkerStatus {
+            export_park: Some(export),
+            ..WorkerStatus::default()
+        }
     }
 
-    /// Parks the stream for `reason` and exports it. True when it was not parked for that
-    /// reason before (the caller then says so, once).
-    pub fn park(&self, stream: &str, reason: ParkReason) -> bool {
+    // --- events
+
+    /// The process reached MongoDB and prepared it (start-up done).
+    pub fn connected(&self) {
+        self.connected.store(true, Ordering::Relaxed);
+    }
+
+    /// The lease was won at `now`: active, with nothing known yet about this run's progress
+    /// (ages count from `now` until the worker reports).
+    pub fn became_active(&self, now: DateTime) {
+        let now_ms = now.timestamp_millis();
+        self.active_since_ms.store(now_ms, Ordering::Relaxed);
+        self.progress_at_ms.store(0, Ordering::Relaxed);
+        self.applied_until_secs.store(0, Ordering::Relaxed);
+        self.checkpoint_secs.store(0, Ordering::Relaxed);
+        self.reached_at_ms.store(now_ms, Ordering::Relaxed);
+        self.active.store(true, Ordering::Relaxed);
+    }
+
+    /// The active work ended (lease lost, fenced, failed or shut down): standing by, the
+    /// stream no longer open here.
+    pub fn became_standby(&self) {
+        self.active.store(false, Ordering::Relaxed);
+        self.stream_open.store(false, Ordering::Relaxed);
+    }
+
+    /// On standby, the lease was looked at and another worker holds it: a healthy standby,
+    /// so no longer parked.
+    pub fn saw_holder(&self, now: DateTime) {
+        self.reached(now);
+        self.resumed();
+    }
+
+    /// The lease was renewed at `now`.
+    pub fn lease_renewed(&self, now: DateTime) {
+        self.reached(now);
+    }
+
+    /// The change stream opened at `now`: working again (no longer parked).
+    pub fn stream_opened(&self, now: DateTime) {
+        self.stream_open.store(true, Ordering::Relaxed);
+        self.resumed();
+        self.progressed(now);
+    }
+
+    /// The change stream closed (an error to retry, or the session ended).
+    pub fn stream_closed(&self) {
+        self.stream_open.store(false, Ordering::Relaxed);
+    }
+
+    /// A read the server answered at `now` (a batch applied counts too, see
+    /// [`WorkerStatus::batch_applied`]).
+    pub fn progressed(&self, now: DateTime) {
+        let now_ms = now.timestamp_millis();
+        self.progress_at_ms.store(now_ms, Ordering::Relaxed);
+        self.reached_at_ms.store(now_ms, Ordering::Relaxed);
+    }
+
+    /// A read found nothing pending: no lag.
+    pub fn drained(&self) {
+        self.lag_secs.store(0, Ordering::Relaxed);
+    }
+
+    /// Every event before cluster time `secs` is known applied (a resume position, a drained
+    /// stream): the lag is measured from the latest such time.
+    pub fn caught_up_to(&self, secs: i64) {
+        self.applied_until_secs.fetch_max(secs, Ordering::Relaxed);
+    }
+
+    /// A batch of `events` was applied at `now`, its newest event at cluster time `newest`
+    /// (seconds; `None`: the batch held no timed event).
+    pub fn batch_applied(&self, events: usize, newest: Option<i64>, now: DateTime) {
+        self.events_applied
+            .fetch_add(events as i64, Ordering::Relaxed);
+        let now_secs = crate::time::secs(now);
+        let lag = newest.map(|t| (now_secs - t).max(0)).unwrap_or(0);
+        self.lag_secs.store(lag, Ordering::Relaxed);
+        self.progressed(now);
+        if let Some(t) = newest {
+            self.caught_up_to(t);
+        }
+    }
+
+    /// The checkpoint moved to cluster time `secs`.
+    pub fn checkpointed(&self, secs: i64) {
+        self.checkpoint_secs.store(secs, Ordering::Relaxed);
+    }
+
+    /// The worker or the lease loop heard from the server at `now`.
+    pub fn reached(&self, now: DateTime) {
+        self.reached_at_ms
+            .store(now.timestamp_millis(), Ordering::Relaxed);
+    }
+
+    /// The stream parked for `reason` at `now`, and the park is exported. True when it was
+    /// not parked for that reason before (the caller then says so, once).
+    pub fn parked(&self, stream: &str, reason: ParkReason, now: DateTime) -> bool {
         let mut parked = self.parked.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(before) = parked.as_ref() {
             if before.reason == reason {
                 return false;
             }
-            metrics::gauge!(m::PARKED, "stream" => before.stream.clone(), "reason" => before.reason.label()).set(0.0);
+            self.export(&before.stream, before.reason, false);
         }
-        metrics::gauge!(m::PARKED, "stream" => stream.to_string(), "reason" => reason.label())
-            .set(1.0);
+        self.export(stream, reason, true);
         *parked = Some(Parked {
             stream: stream.to_string(),
             reason,
-            since_ms: m::unix_now_ms(),
+            since_ms: now.timestamp_millis(),
         });
         true
     }
@@ -116,23 +223,74 @@ impl WorkerStatus {
         let Some(before) = parked.take() else {
             return false;
         };
-        metrics::gauge!(m::PARKED, "stream" => before.stream.clone(), "reason" => before.reason.label()).set(0.0);
+        self.export(&before.stream, before.reason, false);
         tracing::info!(stream = %before.stream, reason = before.reason.label(), "parked stream resumed");
         true
     }
 
+    fn export(&self, stream: &str, reason: ParkReason, parked: bool) {
+        if let Some(export) = self.export_park {
+            export(stream, reason, parked);
+        }
+    }
+
+    // --- readings
+
+    /// Whether the process has reached MongoDB (start-up done).
+    pub fn is_connected(&self) -> bool {
+        self.connected.load(Ordering::Relaxed)
+    }
+
+    /// Whether this process holds the stream's lease and runs its worker.
+    pub fn is_active(&self) -> bool {
+        self.active.load(Ordering::Relaxed)
+    }
+
+    /// Whether the change stream is open here.
+    pub fn is_stream_open(&self) -> bool {
+        self.stream_open.load(Ordering::Relaxed)
+    }
+
+    /// Seconds of lag behind the newest event as of the last batch (0 when caught up).
+    pub fn lag_secs(&self) -> i64 {
+        self.lag_secs.load(Ordering::Relaxed)
+    }
+
+    /// Events applied by this process since it started.
+    pub fn events_applied(&self) -> i64 {
+        self.events_applied.load(Ordering::Relaxed)
+    }
+
+    /// Unix ms this process last became active (0: never).
+    pub fn active_since_ms(&self) -> i64 {
+        self.active_since_ms.load(Ordering::Relaxed)
+    }
+
+    /// Cluster seconds before which every event is known applied (0: unknown).
+    pub fn applied_until_secs(&self) -> i64 {
+        self.applied_until_secs.load(Ordering::Relaxed)
+    }
+
+    /// Cluster seconds of the checkpointed position (0: unknown).
+    pub fn checkpoint_secs(&self) -> i64 {
+        self.checkpoint_secs.load(Ordering::Relaxed)
+    }
+
+    /// Unix ms of the last answered read or applied batch (0: none yet in this run).
+    pub fn progress_at_ms(&self) -> i64 {
+        self.progress_at_ms.load(Ordering::Relaxed)
+    }
+
+    /// Unix ms this process last reached MongoDB for this stream (0: never).
+    pub fn reached_at_ms(&self) -> i64 {
+        self.reached_at_ms.load(Ordering::Relaxed)
+    }
+
     /// Why the stream is parked, if it is.
-    pub fn parked(&self) -> Option<Parked> {
+    pub fn why_parked(&self) -> Option<Parked> {
         self.parked
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
-    }
-
-    /// The stream made progress just now (a read answered, a batch applied).
-    pub fn progressed(&self) {
-        let now = m::unix_now_ms();
-        self.progress_at_ms.store(now, Ordering::Relaxed);
-        self.reached_at_ms.store(now, Ordering::Relaxed);
     }
 }

@@ -131,20 +131,14 @@ async fn restart_and_deliberate_replay_never_count_twice() {
         .unwrap()
         .token
         .is_some());
-    let mut seen = worker
-        .status
-        .events_applied
-        .load(std::sync::atomic::Ordering::Relaxed);
+    let mut seen = worker.status.events_applied();
     worker.shutdown().await.unwrap();
 
     // Writes while stopped, then a restart: resumes after the checkpoint.
     writer(&t, 1, 80, posts.len(), 2).await;
     let worker = t.spawn_worker(t.worker_settings()).await;
     t.wait_exact(&posts, Duration::from_secs(30)).await;
-    seen += worker
-        .status
-        .events_applied
-        .load(std::sync::atomic::Ordering::Relaxed);
+    seen += worker.status.events_applied();
     worker.shutdown().await.unwrap();
 
     // Move the checkpoint back to the very first position on purpose and replay everything.
@@ -585,11 +579,7 @@ async fn a_successor_resumes_where_a_worker_without_checkpoint_started() {
     // The first worker opens the stream (pinning "now") and stops before any event arrives.
     let first = t.spawn_worker(t.worker_settings()).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while !first
-        .status
-        .stream_open
-        .load(std::sync::atomic::Ordering::Relaxed)
-    {
+    while !first.status.is_stream_open() {
         assert!(
             std::time::Instant::now() < deadline,
             "the first worker never opened its stream"
@@ -636,10 +626,7 @@ async fn malformed_rows_are_skipped_and_the_stream_goes_on() {
     // The bad rows are skipped (and counted as bad events); the good one after them counts.
     t.wait_exact(&[post(1)], Duration::from_secs(20)).await;
     assert_eq!(t.displayed(&post(1)).await, 1);
-    assert!(worker
-        .status
-        .stream_open
-        .load(std::sync::atomic::Ordering::Relaxed));
+    assert!(worker.status.is_stream_open());
     worker.shutdown().await.unwrap();
 }
 

@@ -3,13 +3,12 @@
 //! `daemon::park`); any other fatal error, or any under `on_fatal = "exit"`, stops them all.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use tokio::sync::Semaphore;
 
 use super::{connect_patiently, park, patiently, step, DaemonError};
-use crate::clock::SystemClock;
+use crate::clock::{Clock, SystemClock};
 use crate::config::{OnFatal, Settings};
 use crate::lease::{default_owner, hold, LeaseError, LeaseSettings};
 use crate::reconcile::{run_loop, ReconcileSettings, Reconciler};
@@ -27,7 +26,10 @@ pub fn statuses_for(settings: &Settings) -> Result<Vec<(String, Arc<WorkerStatus
     let mut all = Vec::new();
     for source in settings.sources()? {
         for (name, _) in crate::partition::stream_names(&source.stream_name, source.partitions) {
-            all.push((name, Arc::new(WorkerStatus::default())));
+            all.push((
+                name,
+                Arc::new(WorkerStatus::exporting(crate::telemetry::export_parked)),
+            ));
         }
     }
     Ok(all)
@@ -137,7 +139,7 @@ async fn run_streams(
     // Our own stop: the outside shutdown, or a fatal error in any stream.
     let (stop_all, stop, _linked) = shutdown.linked();
     for status in &statuses {
-        status.connected.store(true, Ordering::Relaxed);
+        status.connected();
     }
     // Pre-images are asked for only where the server keeps them and the attribution uses them.
     let pre_images = abilities.pre_images && settings.attribution.uses_pre_images();
@@ -225,7 +227,7 @@ async fn prepare_or_park(
                 .collect();
         let mut newly = false;
         for (name, status) in names.iter().zip(statuses) {
-            newly |= status.park(name, reason);
+            newly |= status.parked(name, reason, SystemClock.now());
         }
         if newly {
             let streams = names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>();
@@ -301,7 +303,7 @@ impl StreamJob {
             else {
                 return Err(error);
             };
-            if self.status.park(&self.stream, reason) {
+            if self.status.parked(&self.stream, reason, SystemClock.now()) {
                 let advice = park::advice(
                     reason,
                     &error,

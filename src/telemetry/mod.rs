@@ -20,7 +20,7 @@ mod scrape;
 
 pub use logging::{init_logging, init_logging_to_file};
 pub use process::ProcessStats;
-pub use register::{describe, install_recorder, register_stream};
+pub use register::{describe, export_parked, install_recorder, register_stream};
 pub use scrape::{
     dirty_view, record_dirty, render_scrape_time, stream_ages, unix_now, unix_now_ms, DirtyView,
     StreamAges,

@@ -205,3 +205,10 @@ pub fn register_stream(stream: &str) {
         metrics::gauge!(PARKED, "stream" => stream.clone(), "reason" => reason.label()).set(0.0);
     }
 }
+
+/// Exports a stream entering (`parked`) or leaving a park for `reason` as `counterd_parked`:
+/// the [`crate::status::ParkExport`] the daemon hands its streams' statuses.
+pub fn export_parked(stream: &str, reason: crate::status::ParkReason, parked: bool) {
+    let value = if parked { 1.0 } else { 0.0 };
+    metrics::gauge!(PARKED, "stream" => stream.to_string(), "reason" => reason.label()).set(value);
+}

@@ -2,7 +2,6 @@
 //! the dirty backlog's age, build information and the `process_*` metrics.
 
 use std::fmt::Write as _;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::*;
@@ -67,19 +66,19 @@ pub struct StreamAges {
 /// Before anything is known (the stream not opened yet) ages count from when this process
 /// became active: a lower bound of the true age, never an invented "caught up".
 pub fn stream_ages(status: &WorkerStatus, now_ms: i64) -> Option<StreamAges> {
-    if !status.active.load(Ordering::Relaxed) {
+    if !status.is_active() {
         return None;
     }
-    let since = status.active_since_ms.load(Ordering::Relaxed);
+    let since = status.active_since_ms();
     let age_of_secs = |secs: i64| -> f64 {
         let from_ms = if secs > 0 { secs * 1000 } else { since };
         ((now_ms - from_ms) as f64 / 1000.0).max(0.0)
     };
-    let progress = status.progress_at_ms.load(Ordering::Relaxed);
+    let progress = status.progress_at_ms();
     let progress = if progress > 0 { progress } else { since };
     Some(StreamAges {
-        lag: age_of_secs(status.applied_until_secs.load(Ordering::Relaxed)).floor(),
-        checkpoint_age: age_of_secs(status.checkpoint_secs.load(Ordering::Relaxed)).floor(),
+        lag: age_of_secs(status.applied_until_secs()).floor(),
+        checkpoint_age: age_of_secs(status.checkpoint_secs()).floor(),
         stall: ((now_ms - progress) as f64 / 1000.0).max(0.0),
     })
 }
@@ -111,8 +110,8 @@ pub fn render_scrape_time(out: &mut String, streams: &[(String, Arc<WorkerStatus
     }
     let progress: Vec<(&str, i64)> = streams
         .iter()
-        .filter(|(_, s)| s.active.load(Ordering::Relaxed))
-        .map(|(name, s)| (name.as_str(), s.progress_at_ms.load(Ordering::Relaxed)))
+        .filter(|(_, s)| s.is_active())
+        .map(|(name, s)| (name.as_str(), s.progress_at_ms()))
         .filter(|(_, ms)| *ms > 0)
         .collect();
     if !progress.is_empty() {
@@ -256,13 +255,12 @@ mod tests {
     fn ages_are_computed_at_scrape_time() {
         let s = WorkerStatus::default();
         assert_eq!(stream_ages(&s, 10_000), None, "standby: no ages");
-        s.active.store(true, Ordering::Relaxed);
-        s.active_since_ms.store(4_000, Ordering::Relaxed);
+        s.became_active(bson::DateTime::from_millis(4_000));
         let a = stream_ages(&s, 10_000).unwrap();
         assert_eq!((a.lag, a.checkpoint_age, a.stall), (6.0, 6.0, 6.0));
-        s.applied_until_secs.store(8, Ordering::Relaxed);
-        s.checkpoint_secs.store(7, Ordering::Relaxed);
-        s.progress_at_ms.store(9_500, Ordering::Relaxed);
+        s.caught_up_to(8);
+        s.checkpointed(7);
+        s.progressed(bson::DateTime::from_millis(9_500));
         let a = stream_ages(&s, 10_000).unwrap();
         assert_eq!((a.lag, a.checkpoint_age, a.stall), (2.0, 3.0, 0.5));
         // Nothing moves: the ages grow with the clock alone.

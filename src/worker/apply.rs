@@ -2,7 +2,6 @@
 //! counters, ledger and dirty marks, then move the checkpoint.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::Ordering;
 
 use super::{SessionError, Worker};
 use crate::batch::{plan_batch_covering, CounterWrite, Coverage, LedgerUpdate};
@@ -236,17 +235,12 @@ impl<S: Store + ?Sized> Worker<S> {
             for report in &skipped {
                 report.log(&fence.stream);
             }
-            self.status
-                .events_applied
-                .fetch_add(plan.events as i64, Ordering::Relaxed);
-            let now = crate::time::secs(self.clock.now());
-            let lag = end_time.map(|t| (now - t.time as i64).max(0)).unwrap_or(0);
-            self.status.lag_secs.store(lag, Ordering::Relaxed);
-            self.status.progressed();
+            self.status.batch_applied(
+                plan.events,
+                end_time.map(|t| t.time as i64),
+                self.clock.now(),
+            );
             if let Some(t) = end_time {
-                self.status
-                    .applied_until_secs
-                    .fetch_max(t.time as i64, Ordering::Relaxed);
                 metrics::gauge!(m::LAST_EVENT_TIMESTAMP, "stream" => stream).set(t.time as f64);
             }
             if let Some(t) = crate::recount::applied_before(checkpoint) {

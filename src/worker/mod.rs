@@ -25,7 +25,6 @@
 //! recovery of a batch in flight. `session`: one open stream, read and batched. `apply`: one
 //! batch classified, coalesced and written.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -145,7 +144,7 @@ impl<S: Store + ?Sized> Worker<S> {
 
     /// Exports the checkpointed position's time (cluster seconds) for the scrape-time age.
     fn report_checkpoint(&self, stream: &str, secs: i64) {
-        self.status.checkpoint_secs.store(secs, Ordering::Relaxed);
+        self.status.checkpointed(secs);
         metrics::gauge!(m::CHECKPOINT_TIMESTAMP, "stream" => stream.to_string()).set(secs as f64);
     }
 
@@ -177,7 +176,7 @@ impl<S: Store + ?Sized> Worker<S> {
                 Ok(()) => return Ok(()),
                 Err(SessionError::Ended(end)) => return Err(end.into()),
                 Err(SessionError::Store(e)) if e.is_transient() => {
-                    self.status.stream_open.store(false, Ordering::Relaxed);
+                    self.status.stream_closed();
                     let delay = backoff.next().unwrap_or(self.settings.retry_max_delay);
                     metrics::counter!(m::RETRIES, "op" => "worker").increment(1);
                     tracing::warn!(stream = %fence.stream, error = %e, retry_in = %humantime::format_duration(delay), "transient error; reopening the stream from the checkpoint");
@@ -186,7 +185,7 @@ impl<S: Store + ?Sized> Worker<S> {
                     }
                 }
                 Err(SessionError::Store(error)) if error.is_history_lost() => {
-                    self.status.stream_open.store(false, Ordering::Relaxed);
+                    self.status.stream_closed();
                     metrics::counter!(m::HISTORY_LOST, "stream" => fence.stream.clone())
                         .increment(1);
                     match self.settings.on_history_lost {
@@ -200,7 +199,7 @@ impl<S: Store + ?Sized> Worker<S> {
                     }
                 }
                 Err(SessionError::Store(e)) => {
-                    self.status.stream_open.store(false, Ordering::Relaxed);
+                    self.status.stream_closed();
                     return Err(WorkerError::Store(e));
                 }
             }

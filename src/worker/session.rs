@@ -8,7 +8,6 @@
 //! is given back once it is written; the open stream holds a server reply's reserve.
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
 
 use bson::{DateTime, Timestamp};
 
@@ -152,9 +151,7 @@ impl<S: Store + ?Sized> Worker<S> {
                 max_await: self.settings.max_await,
             })
             .await?;
-        self.status.stream_open.store(true, Ordering::Relaxed);
-        self.status.resumed();
-        self.status.progressed();
+        self.status.stream_opened(self.clock.now());
         // The position a restart would resume from, known from the start (not only after the
         // first checkpoint written by this process).
         let resumes_from = crate::recount::applied_before(&checkpoint)
@@ -162,9 +159,7 @@ impl<S: Store + ?Sized> Worker<S> {
             .or(configured_start);
         if let Some(t) = resumes_from {
             self.report_checkpoint(&fence.stream, t.time as i64);
-            self.status
-                .applied_until_secs
-                .fetch_max(t.time as i64, Ordering::Relaxed);
+            self.status.caught_up_to(t.time as i64);
         }
         let or_none = |t: &Option<Token>| {
             t.as_ref()
@@ -337,7 +332,7 @@ impl<S: Store + ?Sized> Worker<S> {
             let (got, post_batch) = (read.got, read.post_batch_token.clone());
             self.take_in(checkpoint, pending, read, grant)?;
             if pending.events.is_empty() {
-                self.status.lag_secs.store(0, Ordering::Relaxed);
+                self.status.drained();
                 let idle_before = std::mem::replace(&mut pending.idle, true);
                 let drained_at = before_read.filter(|_| idle_before && got == 0);
                 self.checkpoint_idle(fence, checkpoint, post_batch, drained_at, pending)
@@ -461,7 +456,7 @@ impl<S: Store + ?Sized> Worker<S> {
             costs,
             ..
         } = read;
-        self.status.progressed();
+        self.status.progressed(self.clock.now());
         pending.held.merge(grant);
         pending.costs.extend(costs);
         pending.behind = got >= asked;
@@ -514,9 +509,7 @@ impl<S: Store + ?Sized> Worker<S> {
         // stream and its row-level recount sees the worker pass the position it waits for.
         if let Some(at) = drained_at {
             // Every event before `at` is applied: the lag is measured from here.
-            self.status
-                .applied_until_secs
-                .fetch_max(at.time as i64, Ordering::Relaxed);
+            self.status.caught_up_to(at.time as i64);
             pending.idle_reads += 1;
             if pending.applied_since_drained || pending.idle_reads >= IDLE_READS_PER_DRAINED_RECORD
             {

@@ -223,7 +223,7 @@ impl TestDb {
         let handle =
             tokio::spawn(async move { worker.run(0, rx).await.map_err(|e| e.to_string()) });
         let deadline = Instant::now() + Duration::from_secs(20);
-        while !status.stream_open.load(Ordering::Relaxed) && !handle.is_finished() {
+        while !status.is_stream_open() && !handle.is_finished() {
             assert!(
                 Instant::now() < deadline,
                 "the worker neither opened its stream nor stopped within 20 s"
@@ -247,11 +247,11 @@ impl TestDb {
     /// Waits until the worker has applied `n` events in all.
     pub async fn wait_applied(&self, worker: &RunningWorker, n: i64, within: Duration) {
         let deadline = Instant::now() + within;
-        while worker.status.events_applied.load(Ordering::Relaxed) < n {
+        while worker.status.events_applied() < n {
             assert!(
                 Instant::now() < deadline,
                 "worker applied {} of {n} events within {within:?}",
-                worker.status.events_applied.load(Ordering::Relaxed)
+                worker.status.events_applied()
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }

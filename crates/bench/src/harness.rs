@@ -1,7 +1,6 @@
 //! The bench's harness: one database per phase on the test server, reached through a counting
 //! store; a worker running in this process; and the measured replay of a backlog through it.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -244,7 +243,7 @@ impl Running {
     }
 
     pub fn applied(&self) -> i64 {
-        self.status.events_applied.load(Ordering::Relaxed)
+        self.status.events_applied()
     }
 
     /// Waits until the worker's stream is open (its start pinned, any initial snapshot done
@@ -252,7 +251,7 @@ impl Running {
     pub async fn wait_open(&mut self, within: Duration) -> anyhow::Result<()> {
         self.wait_until(
             within,
-            |s| s.stream_open.load(Ordering::Relaxed),
+            |s| s.is_stream_open(),
             |_| "its stream to open".into(),
         )
         .await
@@ -262,13 +261,8 @@ impl Running {
     pub async fn wait_applied(&mut self, n: i64, within: Duration) -> anyhow::Result<()> {
         self.wait_until(
             within,
-            |s| s.events_applied.load(Ordering::Relaxed) >= n,
-            |s| {
-                format!(
-                    "{n} events ({} applied)",
-                    s.events_applied.load(Ordering::Relaxed)
-                )
-            },
+            |s| s.events_applied() >= n,
+            |s| format!("{n} events ({} applied)", s.events_applied()),
         )
         .await
     }

@@ -9,7 +9,6 @@
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -166,10 +165,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         statuses.clone(),
         shutdown.clone(),
     ));
-    while !statuses
-        .iter()
-        .all(|(_, s)| s.stream_open.load(Ordering::Relaxed))
-    {
+    while !statuses.iter().all(|(_, s)| s.is_stream_open()) {
         if counterd.is_finished() || shutdown.requested() {
             anyhow::bail!("counterd stopped before its stream opened");
         }
@@ -236,10 +232,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         if stop || args.duration.is_some_and(|d| started.elapsed() >= d) {
             break;
         }
-        let events: i64 = statuses
-            .iter()
-            .map(|(_, s)| s.events_applied.load(Ordering::Relaxed))
-            .sum();
+        let events: i64 = statuses.iter().map(|(_, s)| s.events_applied()).sum();
         let rate = events - last_events;
         last_events = events;
         let dirty = store.dirty_summary().await?;
@@ -251,7 +244,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
             "counterd demo  t={:>4}s  events/s {:>5}  lag {}s  dirty {:>4}  last reconcile: {} corrected, |drift| {}",
             started.elapsed().as_secs(),
             rate,
-            statuses.iter().map(|(_, s)| s.lag_secs.load(Ordering::Relaxed)).max().unwrap_or(0),
+            statuses.iter().map(|(_, s)| s.lag_secs()).max().unwrap_or(0),
             dirty.size,
             last.as_ref().map(|r| r.corrected).unwrap_or(0),
             last.as_ref().map(|r| r.total_abs_drift).unwrap_or_default(),

@@ -3,7 +3,6 @@
 //! polled until it shows the comment.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -117,7 +116,7 @@ async fn measure(bench: &Bench, phase: &str, plan: &Plan, offered: u32) -> anyho
     let counters = db.collection::<Document>(&Collections::default().counters);
     let mut worker = Running::spawn(store.clone(), worker_settings(plan, just_before_now()));
     let open_by = Instant::now() + Duration::from_secs(30);
-    while !worker.status.stream_open.load(Ordering::Relaxed) {
+    while !worker.status.is_stream_open() {
         if worker.handle.is_finished() || Instant::now() > open_by {
             let _ = worker.stop.send(true);
             let result = (&mut worker.handle).await?;
