@@ -16,10 +16,18 @@ pub struct Args {
     /// Print JSON instead of TOML.
     #[arg(long)]
     pub json: bool,
+    /// List every collection counterd writes for these settings (counters, dirty sets,
+    /// ledgers, checkpoints, carried batches, leases, runs, sweeps, of every source), with a
+    /// mongosh line that drops them all (for an uninstall).
+    #[arg(long, conflicts_with = "check")]
+    pub collections: bool,
 }
 
 pub async fn run(loaded: Loaded, args: Args) -> anyhow::Result<ExitCode> {
     // Invalid settings never get here: loading failed with exit code 2 and named the setting.
+    if args.collections {
+        return print_collections(&loaded.settings, args.json);
+    }
     let redacted = loaded.settings.redacted();
     let mut table = match toml::Value::try_from(&redacted)? {
         toml::Value::Table(t) => t,
@@ -181,4 +189,42 @@ fn definitions_json(settings: &crate::config::Settings) -> anyhow::Result<serde_
         }));
     }
     Ok(serde_json::Value::Array(list))
+}
+
+/// `--collections`: one line per collection (name, source, what it holds), then the mongosh
+/// line that drops them all.
+fn print_collections(settings: &crate::config::Settings, json: bool) -> anyhow::Result<ExitCode> {
+    let owned = crate::cli::collections::owned(settings)?;
+    if json {
+        let list = owned
+            .iter()
+            .map(|o| {
+                object(vec![
+                    ("name", o.name.clone().into()),
+                    ("source", o.source.clone().into()),
+                    ("holds", o.holds.clone().into()),
+                ])
+            })
+            .collect();
+        print_json(&object(vec![
+            ("database", settings.database.clone().into()),
+            ("collections", serde_json::Value::Array(list)),
+        ]))?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let width = owned.iter().map(|o| o.name.len()).max().unwrap_or(0);
+    outln!(
+        "# {} collections counterd writes in database `{}` (source, what it holds):",
+        owned.len(),
+        settings.database
+    );
+    for o in &owned {
+        outln!("{:width$}  {:10} {}", o.name, o.source, o.holds);
+    }
+    outln!("# to drop them all (uninstall), in mongosh:");
+    outln!(
+        "# {}",
+        crate::cli::collections::drop_command(&settings.database, &owned)
+    );
+    Ok(ExitCode::SUCCESS)
 }

@@ -47,7 +47,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         summary.size,
         summary
             .oldest
-            .map(|t| format!(", oldest {}s ago", age_secs(t)))
+            .map(|t| format!(", oldest {} ago", age_text(age_secs(t))))
             .unwrap_or_default(),
         if marking.is_empty() {
             String::new()
@@ -63,8 +63,8 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
             "{:<32} {:>8} {:>12} {:>12}",
             "post",
             "version",
-            "first (s)",
-            "last (s)"
+            "dirty for",
+            "last marked"
         );
     }
     for e in entries {
@@ -72,9 +72,37 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
             "{:<32} {:>8} {:>12} {:>12}",
             e.post.to_string(),
             e.version,
-            age_secs(e.first_dirty_at),
-            age_secs(e.last_dirty_at)
+            age_text(age_secs(e.first_dirty_at)),
+            format!("{} ago", age_text(age_secs(e.last_dirty_at)))
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// An age for people: `45s`, `12m 5s`, `3h 2m`, `2d 4h`.
+pub fn age_text(secs: i64) -> String {
+    let (d, h, m, s) = (
+        secs / 86_400,
+        secs % 86_400 / 3600,
+        secs % 3600 / 60,
+        secs % 60,
+    );
+    match (d, h, m) {
+        (0, 0, 0) => format!("{s}s"),
+        (0, 0, _) => format!("{m}m {s}s"),
+        (0, _, _) => format!("{h}h {m}m"),
+        _ => format!("{d}d {h}h"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn ages_read_at_a_glance() {
+        use super::age_text;
+        assert_eq!(age_text(0), "0s");
+        assert_eq!(age_text(725), "12m 5s");
+        assert_eq!(age_text(3 * 3600 + 150), "3h 2m");
+        assert_eq!(age_text(2 * 86_400 + 4 * 3600 + 9), "2d 4h");
+    }
 }

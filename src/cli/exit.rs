@@ -1,4 +1,4 @@
-//! Exit codes, and the one place that maps a failure to its code (documented in README.md):
+//! Exit codes, and the one place that maps a failure to its code (documented in docs/commands.md, "Exit codes"):
 //!
 //! | code | meaning |
 //! | --- | --- |

@@ -2,6 +2,7 @@
 
 use std::process::ExitCode;
 
+use crate::cli::exit::UsageError;
 use crate::cli::{connect, observe, print_json, rfc3339};
 use crate::config::Settings;
 use crate::event::PostId;
@@ -10,7 +11,9 @@ use crate::store::prelude::*;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The post (int:5, str:abc, oid:<hex>, or plain: a number is an int, 24 hex digits an oid).
+    /// The post: int:5, str:abc, oid:<hex>, or plain (a number is an int, 24 hex digits an
+    /// oid, unless only the string of those characters has rows or a counter; refused when both
+    /// have).
     pub post: String,
     /// Print JSON instead of text.
     #[arg(long)]
@@ -28,7 +31,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         .and_then(|d| d.kind.field().map(String::from));
     // The definition's view: its counters, dirty set and count queries.
     let store = std::sync::Arc::new(connect(&settings).await?.for_counter(counter));
-    let post = PostId::parse(&args.post);
+    let post = resolve_post(store.as_ref(), &args.post).await?;
     let observation = observe(&settings, &store, std::slice::from_ref(&post))
         .await?
         .pop()
@@ -148,5 +151,81 @@ fn exit_code(differs: bool, waits_for_snapshot: bool) -> ExitCode {
         (true, _) => exit_code(CHECK_FAILED),
         (false, true) => exit_code(NOT_YET),
         (false, false) => ExitCode::SUCCESS,
+    }
+}
+
+/// The readings of a post id as typed: `int:`, `str:` and `oid:` name one type; a plain id
+/// that reads as a number (or as 24 hex digits) may also be the string of those characters.
+pub fn readings(text: &str) -> Vec<PostId> {
+    if ["int:", "str:", "oid:"].iter().any(|p| text.starts_with(p)) {
+        return vec![PostId::parse(text)];
+    }
+    let first = PostId::parse(text);
+    let string = PostId::Str(text.to_string());
+    if first == string {
+        vec![first]
+    } else {
+        vec![first, string]
+    }
+}
+
+/// How a reading is written with its type prefix, for the refusal's suggestion.
+fn typed(post: &PostId) -> String {
+    match post {
+        PostId::Int(i) => format!("int:{i}"),
+        PostId::Str(s) => format!("str:{s}"),
+        PostId::Oid(o) => format!("oid:{o}"),
+    }
+}
+
+/// The post a typed id names. A plain id with two readings (`123`: the integer or the string)
+/// is the one that has rows or a counter; when both have, it is refused (exit 2) naming both,
+/// because the answer for the wrong one looks like a correct zero.
+async fn resolve_post(
+    store: &crate::store::mongo::MongoStore,
+    text: &str,
+) -> anyhow::Result<PostId> {
+    let readings = readings(text);
+    if readings.len() == 1 {
+        return Ok(readings[0].clone());
+    }
+    let mut found = Vec::new();
+    for post in &readings {
+        if store.read_counter(post).await?.is_some() || store.count_live(post).await? > 0 {
+            found.push(post.clone());
+        }
+    }
+    match found.as_slice() {
+        [one] => Ok(one.clone()),
+        [] => Ok(readings[0].clone()),
+        several => Err(UsageError(format!(
+            "`{text}` names {} posts here: {}; say which one",
+            several.len(),
+            several
+                .iter()
+                .map(|p| format!("`counterd get {}`", typed(p)))
+                .collect::<Vec<_>>()
+                .join(" or ")
+        ))
+        .into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plain_id_has_every_reading_its_characters_allow() {
+        assert_eq!(
+            readings("123"),
+            [PostId::Int(123), PostId::Str("123".into())]
+        );
+        assert_eq!(readings("abc"), [PostId::Str("abc".into())]);
+        assert_eq!(readings("str:123"), [PostId::Str("123".into())]);
+        assert_eq!(readings("int:123"), [PostId::Int(123)]);
+        let hex = "65f1c0f2a1b2c3d4e5f60718";
+        assert_eq!(readings(hex).len(), 2);
+        assert_eq!(typed(&readings(hex)[0]), format!("oid:{hex}"));
     }
 }

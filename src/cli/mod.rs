@@ -1,5 +1,6 @@
 //! The command line: one file per subcommand, each with its own arguments and output.
 
+mod collections;
 mod config;
 mod counter;
 mod demo;
@@ -185,7 +186,23 @@ pub async fn main(cli: Cli) -> ExitCode {
         },
     };
     crate::config::redact::remember_secrets(&settings.mongodb_uri);
-    crate::telemetry::init_logging(settings.log_format == "json", &settings.log_level);
+    let json_logs = settings.log_format == "json";
+    match &cli.command {
+        // The demo's live view owns the screen: its log lines go to a file it names.
+        Command::Demo(args) => {
+            let path = args.log_path();
+            if let Err(e) =
+                crate::telemetry::init_logging_to_file(json_logs, &settings.log_level, &path)
+            {
+                eprintln!(
+                    "counterd: cannot write the demo's log to {}: {e}",
+                    path.display()
+                );
+                return ExitCode::from(EXIT_CONFIG);
+            }
+        }
+        _ => crate::telemetry::init_logging(json_logs, &settings.log_level),
+    }
     for variable in &loaded.ignored_env {
         tracing::debug!(%variable, "ignoring a Kubernetes service-link variable (not a setting)");
     }

@@ -14,8 +14,9 @@ use crate::store::prelude::*;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// One run over the dirty posts (the default when nothing else is asked).
-    #[arg(long)]
+    /// One run over the dirty posts (the default when nothing else is asked). `--once`,
+    /// `--post` and `--sweep` are alternatives: two of them together are refused (exit 2).
+    #[arg(long, conflicts_with_all = ["sweep", "post"])]
     pub once: bool,
     /// Recount just this post (int:5, str:abc, oid:<hex>, or plain).
     #[arg(long, value_name = "ID", conflicts_with = "sweep")]

@@ -142,6 +142,11 @@ async fn stream_status(
     let now = bson::DateTime::now();
     let role = match &lease {
         Some(l) if l.expires_at > now => format!("active: {} (epoch {})", l.owner, l.epoch),
+        // A lease given back (a stopped or parked worker, a replay) expires at the epoch's
+        // start: its age would read as 56 years.
+        Some(l) if l.expires_at.timestamp_millis() == 0 => {
+            format!("no active worker (lease released by {})", l.owner)
+        }
         Some(l) => format!(
             "no active worker (lease of {} expired {}s ago)",
             l.owner,

@@ -216,7 +216,7 @@ impl From<&Settings> for Expectations {
             own_collections: own,
             uses_pre_images: settings.attribution.uses_pre_images(),
             // Quiet-window recounts take positions from this clock when the server reports none
-            // (README "Guarantees and limits"); a second is well inside a settle_time.
+            // (docs/guarantees.md); a second is well inside a settle_time.
             max_clock_skew_ms: 1000,
         }
     }

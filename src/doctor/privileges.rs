@@ -3,7 +3,7 @@
 //! Least privilege rather than `readWrite` on the application's database: counterd reads the
 //! application's `comments` (find, change stream) and writes only its own collections. The list
 //! is derived from the settings (collection names, partitions' ledgers), so the role printed by
-//! [`create_role_command`] (and shown in README.md, which a test compares) and the check below
+//! [`create_role_command`] (and shown in README.md's production checklist, which a test compares) and the check below
 //! cannot disagree with what counterd does.
 
 use bson::{Bson, Document};
@@ -186,7 +186,7 @@ pub fn check(connection_status: &Reply, expect: &Expectations) -> Finding {
         CHECK,
         format!("{} lacks {}", users.join(", "), described.join("; ")),
         format!(
-            "{}.grantPrivilegesToRole(\"counterd\", [{}]) (with the role of README \"Prerequisites\"; {} names its database)",
+            "{}.grantPrivilegesToRole(\"counterd\", [{}]) (with the role of README.md's production checklist, step 1; {} names its database)",
             db_expr("admin"),
             privileges_js(&expect.database, &missing, "").replace('\n', " "),
             js_string(&expect.database)

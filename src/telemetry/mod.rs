@@ -18,7 +18,7 @@ mod process;
 mod register;
 mod scrape;
 
-pub use logging::init_logging;
+pub use logging::{init_logging, init_logging_to_file};
 pub use process::ProcessStats;
 pub use register::{describe, export_parked, install_recorder, register_stream};
 pub use scrape::{

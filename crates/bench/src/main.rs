@@ -17,7 +17,9 @@
 //! D. (`--only definitions`) the cost per event of an extra definition, a count and a sum,
 //!    against the default definition alone;
 //! M. peak memory of `counterd run` at default settings against the backlog's size and the
-//!    comments' size, beside the catch-up rate (a flat line: memory is bounded by a budget).
+//!    comments' size, beside the catch-up rate (a flat line: memory is bounded by a budget);
+//! O. counterd's own oplog bytes per application event, by collection, catching up and
+//!    keeping up, read from the server's `local.oplog.rs`.
 //!
 //! Every store call goes through `counterd::store::counting::CountingStore`, which counts calls
 //! and write statements per concern. Throughput phases replay a pre-written backlog (the stream
@@ -28,7 +30,7 @@
 //! failure: the process exits non-zero only when the benchmark itself breaks.
 //!
 //! Usage: `cargo run --release -p counterd-bench -- [--quick] [--out bench/latest.json]
-//! [--only speed|lag|partitions|rss|reconcile|memory|mixed|no-io|definitions]`.
+//! [--only speed|lag|partitions|rss|reconcile|memory|mixed|no-io|oplog|definitions]`.
 //!
 //! `--soak DURATION [--seed N]` runs the chaos soak instead (see `soak`): the real
 //! `counterd run` under load and random faults, exact at every caught-up moment.
@@ -54,7 +56,7 @@ use serde::Serialize;
 
 use crate::harness::Bench;
 use crate::phases::{
-    costs, definitions, lag, memory, mixed, partitions, reconcile, rss, throughput,
+    costs, definitions, lag, memory, mixed, oplog, partitions, reconcile, rss, throughput,
 };
 use crate::plan::{Args, Plan};
 use crate::report::{describe_server, Row, ServerInfo};
@@ -179,6 +181,9 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     }
     if runs("reconcile") {
         reconcile::reconcile_phase(&bench, &plan, &mut out).await?;
+    }
+    if runs("oplog") {
+        oplog::oplog_phase(&bench, &plan, &mut out).await?;
     }
     // Five catch-ups of the real binary: in full runs and when asked for, not in the quick
     // smoke check (debug builds, where its figures would mean nothing).

@@ -47,6 +47,19 @@ pub struct Args {
     /// Knock a random counter off by hand this often (0s: never).
     #[arg(long, value_parser = humantime::parse_duration, default_value = "3s")]
     pub drift_every: Duration,
+    /// Where counterd's log lines go while the demo runs (the live view owns the screen);
+    /// default: counterd-demo-<pid>.log in the temporary directory.
+    #[arg(long, value_name = "FILE")]
+    pub log_file: Option<std::path::PathBuf>,
+}
+
+impl Args {
+    /// The file the demo's log lines go to.
+    pub fn log_path(&self) -> std::path::PathBuf {
+        self.log_file.clone().unwrap_or_else(|| {
+            std::env::temp_dir().join(format!("counterd-demo-{}.log", std::process::id()))
+        })
+    }
 }
 
 fn post(i: usize) -> PostId {
@@ -66,8 +79,10 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
             server.uri
         );
     }
+    // The log went to this file from the start (see `cli::main`): say where, before the view.
+    outln!("counterd's log: {}", args.log_path().display());
     // A second counter over the same rows when none is configured: approved comments per
-    // post, kept from the same stream (see `[[counters]]` in the README).
+    // post, kept from the same stream (see `[[counters]]` in docs/counters.md).
     let counters = if settings.counters.is_empty() && settings.partitions <= 1 {
         let mut approved = toml::Table::new();
         approved.insert("approved".into(), toml::Value::Boolean(true));
@@ -129,7 +144,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     for chunk in seed.chunks(1000) {
         comments.insert_many(chunk.to_vec()).await?;
     }
-    // The recount index of the README's prerequisites, created as an operator would (counterd
+    // The recount index of the README's production checklist, created as an operator would (counterd
     // indexes only its own collections, and `run` warns at start without this one).
     let mut key = bson::Document::new();
     key.insert(&schema.group, 1);
@@ -291,6 +306,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     counterd.abort();
     let injected = injected.lock().unwrap().clone();
     let reported = reported_drift(&db, &settings.collections().runs, tally_from).await?;
+    outln!("counterd's log is in {}", args.log_path().display());
     outln!("drift injected by hand:   {injected}");
     outln!("drift the reconciler reported: {reported}");
     let matched = injected == reported;

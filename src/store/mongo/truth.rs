@@ -288,7 +288,7 @@ impl MongoStore {
         match self.probe_snapshot_reads().await {
             Some(works) => {
                 let _ = self.snapshot_reads.set(works);
-                tracing::info!(
+                tracing::debug!(
                     snapshot_reads = works,
                     "detected whether the server offers snapshot reads at a cluster time"
                 );

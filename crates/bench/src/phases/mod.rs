@@ -5,6 +5,7 @@ pub mod definitions;
 pub mod lag;
 pub mod memory;
 pub mod mixed;
+pub mod oplog;
 pub mod partitions;
 pub mod reconcile;
 pub mod rss;
