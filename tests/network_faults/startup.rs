@@ -71,9 +71,10 @@ async fn a_lost_reply_while_taking_the_lease_is_retried() {
 async fn a_lost_reply_while_opening_the_first_stream_is_retried() {
     starts_through(
         "lost_first_open",
-        // The worker's stream asks for `updateLookup`; the start-up preflight's probe (which
-        // opens a plain change stream first) does not, so it does not take the lost replies.
-        Target::command("aggregate").containing("updateLookup"),
+        // The worker's stream ends with the schema's `$project` (which names
+        // `fullDocumentBeforeChange`); the start-up preflight's probe opens a plain change
+        // stream, so it does not take the lost replies.
+        Target::command("aggregate").containing("fullDocumentBeforeChange"),
         2,
         "worker",
     )
