@@ -487,6 +487,23 @@ fn the_demo_logs_to_the_file_it_names() {
         out.contains(&format!("counterd's log: {}", log.display())),
         "the demo names its log file: {out}"
     );
+    // Issue 42: the average rating beside the counts, two numbers of one document, converged.
+    assert!(
+        out.contains("average `rating` = sum / `rating_rows`"),
+        "the demo shows the average rating: {out}"
+    );
+    let averages = out
+        .lines()
+        .filter(|l| l.trim_start().starts_with("post-") && l.contains(" / ") && l.contains(" = "))
+        .count();
+    assert!(
+        averages > 0,
+        "an average per post (sum / rows = avg): {out}"
+    );
+    assert!(
+        out.contains("definitions (default, approved, rating, rating_rows) equal the truth"),
+        "every definition converged, the sum and its rows included: {out}"
+    );
     for text in [&out, &err] {
         assert!(
             !text.contains(" INFO ") && !text.contains(" WARN "),
