@@ -303,9 +303,21 @@ async fn a_live_scrape_passes_promtool_check_metrics() {
         "counterd_build_info{",
         "process_cpu_seconds_total",
         "counterd_mongodb_operation_duration_seconds_bucket{",
+        "counterd_definition_info{",
     ] {
         assert!(scrape.contains(family), "{family} in the scrape:\n{scrape}");
     }
+    // What each counter's numbers are, for the dashboard's sums: the default is a count.
+    let info = scrape
+        .lines()
+        .find(|l| l.starts_with("counterd_definition_info{"))
+        .unwrap();
+    assert!(
+        info.contains("counter=\"default\"")
+            && info.contains("kind=\"count\"")
+            && info.ends_with(" 1"),
+        "{info}"
+    );
 }
 
 fn which_promtool() -> Result<std::path::PathBuf, ()> {

@@ -78,6 +78,11 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<(), DaemonErr
     for (name, _) in &statuses {
         crate::telemetry::register_stream(name);
     }
+    for source in settings.sources()? {
+        for (_, definition) in source.definitions()?.iter() {
+            crate::telemetry::register_definition(definition);
+        }
+    }
     let http = tokio::spawn(crate::http::serve(
         listener,
         metrics,

@@ -20,7 +20,9 @@ mod scrape;
 
 pub use logging::{init_logging, init_logging_to_file};
 pub use process::ProcessStats;
-pub use register::{describe, export_parked, install_recorder, register_stream};
+pub use register::{
+    describe, export_parked, install_recorder, register_definition, register_stream,
+};
 pub use scrape::{
     dirty_view, record_dirty, render_scrape_time, stream_ages, unix_now, unix_now_ms, DirtyView,
     StreamAges,
@@ -89,9 +91,15 @@ pub const BUILD_INFO: &str = "counterd_build_info";
 // --- the memory budget (one per process; see `crate::budget`) -----------------------------
 pub const MEMORY_BUDGET: &str = "counterd_memory_budget_bytes";
 pub const MEMORY_IN_USE: &str = "counterd_memory_in_use_bytes";
+// --- the configuration (label: counter) ----------------------------------------------------
+/// 1 per counter definition of the configuration, labelled with what its numbers are: `kind`
+/// (`count`, `sum`, or `rows`: a sum's row count), `field` (a sum's summed field, else empty)
+/// and `collection`. Dashboards and alerts join on `counter` to tell a sum's drift (in its
+/// field's units) from a count's (in rows).
+pub const DEFINITION_INFO: &str = "counterd_definition_info";
 
 /// Every counterd metric name, for documentation, the deploy checks and the scrape test.
-pub const ALL: [&str; 51] = [
+pub const ALL: [&str; 52] = [
     EVENTS_APPLIED,
     UPDATE_ROWS_READ,
     BAD_EVENTS,
@@ -136,6 +144,7 @@ pub const ALL: [&str; 51] = [
     BUILD_INFO,
     MEMORY_BUDGET,
     MEMORY_IN_USE,
+    DEFINITION_INFO,
     PROCESS_CPU,
     PROCESS_RSS,
     PROCESS_OPEN_FDS,
@@ -190,7 +199,11 @@ pub const SIZE_BUCKETS: [f64; 8] = [1.0, 10.0, 50.0, 100.0, 500.0, 1000.0, 5000.
 pub const FOLD_WAIT_BUCKETS: [f64; 11] = [
     5.0, 15.0, 30.0, 60.0, 120.0, 180.0, 300.0, 600.0, 1200.0, 3600.0, 14400.0,
 ];
-pub const DRIFT_BUCKETS: [f64; 7] = [1.0, 2.0, 5.0, 10.0, 50.0, 100.0, 1000.0];
+/// |drift| per corrected counter: rows for a count; a sum's are in its field's units, hence the
+/// fraction below and the large values above a count's usual range.
+pub const DRIFT_BUCKETS: [f64; 10] = [
+    0.5, 1.0, 2.0, 5.0, 10.0, 50.0, 100.0, 1000.0, 10000.0, 100000.0,
+];
 
 #[cfg(test)]
 mod tests {

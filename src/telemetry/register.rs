@@ -38,6 +38,10 @@ pub fn describe() {
         "Bytes of the memory budget held now (events in flight, read ahead, snapshot chunks, recounts, server replies); reading waits when it reaches the budget."
     );
     describe_gauge!(
+        DEFINITION_INFO,
+        "Always 1, per counter definition: kind (count, sum, rows: a sum's row count), field (a sum's summed field) and collection. Join on counter to read a sum's drift in its field's units."
+    );
+    describe_gauge!(
         LAST_EVENT_TIMESTAMP,
         Unit::Seconds,
         "Cluster time (Unix seconds) of the newest event the worker applied."
@@ -89,7 +93,7 @@ pub fn describe() {
     describe_counter!(POSTS_RECONCILED, "Posts recounted and folded.");
     describe_histogram!(
         DRIFT,
-        "Drift corrected per post, in comments, by sign (high: the counter ran above the true count, low: below)."
+        "Drift corrected per post (group), by sign (high: the counter ran above the truth, low: below) and counter: in rows for a count, in the summed field's units for a sum (see counterd_definition_info)."
     );
     describe_histogram!(
         DIRTY_TO_FOLD,
@@ -219,6 +223,25 @@ pub fn register_stream(stream: &str) {
     for reason in crate::status::ParkReason::ALL {
         metrics::gauge!(PARKED, "stream" => stream.clone(), "reason" => reason.label()).set(0.0);
     }
+}
+
+/// Exports what a counter definition's numbers are (`counterd_definition_info`, always 1), so
+/// that a dashboard or an alert tells a sum, in its field's units, from a count.
+pub fn register_definition(definition: &crate::definition::Definition) {
+    use crate::definition::Kind;
+    let kind = match definition.kind {
+        Kind::Count => "count",
+        Kind::Sum { .. } => "sum",
+        Kind::Rows { .. } => "rows",
+    };
+    metrics::gauge!(
+        DEFINITION_INFO,
+        "counter" => definition.name.clone(),
+        "kind" => kind,
+        "field" => definition.kind.field().unwrap_or_default().to_string(),
+        "collection" => definition.collection.clone(),
+    )
+    .set(1.0);
 }
 
 /// Exports a stream entering (`parked`) or leaving a park for `reason` as `counterd_parked`:
