@@ -87,6 +87,15 @@ struct CounterStatus {
     source: String,
     group_field: String,
     collection: String,
+    /// What it keeps: `count`, `sum` (of [`CounterStatus::sum_of`], in that field's units) or
+    /// `rows` (a sum's row count, kept under `rows.` of the sum's documents).
+    kind: &'static str,
+    /// A sum's summed field.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sum_of: Option<String>,
+    /// A row count's sum (whose documents hold it under `rows.`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rows_of: Option<String>,
     /// Whether `counterd run` keeps it (every configured definition: one stream and one
     /// ledger serve them all).
     kept: bool,
@@ -222,6 +231,12 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
                 source: source.stream_name.clone(),
                 group_field: d.group.clone(),
                 collection: d.collection.clone(),
+                kind: kind_name(&d.kind),
+                sum_of: d.kind.field().map(String::from),
+                rows_of: match &d.kind {
+                    crate::definition::Kind::Rows { of } => Some(of.clone()),
+                    _ => None,
+                },
                 kept: true,
                 dirty_backlog: backlog.size,
             });
@@ -277,8 +292,13 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     );
     for c in &status.counters {
         outln!(
-            "counter           {}: per `{}`, in `{}`, {} dirty{}",
+            "counter           {}: {}per `{}`, in `{}`, {} dirty{}",
             c.name,
+            match (&c.sum_of, &c.rows_of) {
+                (Some(field), _) => format!("sum of `{field}` "),
+                (_, Some(sum)) => format!("the rows `{sum}` adds up (rows.count), "),
+                _ => String::new(),
+            },
             c.group_field,
             c.collection,
             c.dirty_backlog,
@@ -366,10 +386,26 @@ fn in_flight_note(marks: usize) -> String {
     }
 }
 
-/// One reconcile run on one line.
+/// A definition's kind as `status --json` shows it (`config --json` says the same).
+fn kind_name(kind: &crate::definition::Kind) -> &'static str {
+    use crate::definition::Kind;
+    match kind {
+        Kind::Count => "count",
+        Kind::Sum { .. } => "sum",
+        Kind::Rows { .. } => "rows",
+    }
+}
+
+/// One reconcile run on one line; a run of another definition than the default names it (a
+/// sum's drift is in its field's units).
 fn describe_run(run: &RunSummary) -> String {
+    let counter = if run.counter.is_empty() || run.counter == crate::definition::DEFAULT_COUNTER {
+        String::new()
+    } else {
+        format!(", counter {}", run.counter)
+    };
     format!(
-        "{} ({}): {} posts, {} corrected, total |drift| {} (max {}, high +{}, low {}), {} in flight (retried later){}",
+        "{} ({}{counter}): {} posts, {} corrected, total |drift| {} (max {}, high +{}, low {}), {} in flight (retried later){}",
         run.finished_at.map(rfc3339).unwrap_or_else(|| "?".into()),
         run.kind,
         run.posts,
