@@ -405,3 +405,47 @@ async fn sums_and_their_row_counts_stay_exact_under_kill_9_and_drift_is_correcte
     }
     assert_eq!(daemon.terminate(), Some(0), "counterd run stopped cleanly");
 }
+
+/// `status` says what a sum adds up and which counter holds its rows; `--json` carries the
+/// kind (the sum's drift is in its field's units, the rows' in rows).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_says_what_a_sum_adds_up() {
+    let t = TestDb::with_schema("sum_status", schema()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("counterd.toml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let config = config.to_string_lossy().into_owned();
+    let o = cli(&t, &config, &["status"]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    for line in [
+        "counter           default: per `post_id`, in `comment_counters`, 0 dirty\n",
+        "counter           rating: sum of `rating` per `author_id`, in `author_ratings`, 0 dirty\n",
+        "counter           rating_rows: the rows `rating` adds up (rows.count), per `author_id`, in `author_ratings`, 0 dirty\n",
+    ] {
+        assert!(text.contains(line), "{line} in:\n{text}");
+    }
+    let o = cli(&t, &config, &["status", "--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let kinds: Vec<(&str, &str, Option<&str>)> = json["counters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let name = c["name"].as_str().unwrap();
+            (name, c["kind"].as_str().unwrap(), c["sum_of"].as_str())
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("default", "count", None),
+            ("rating", "sum", Some("rating")),
+            ("rating_rows", "rows", None)
+        ]
+    );
+}
