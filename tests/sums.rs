@@ -9,6 +9,8 @@
 
 #[path = "support/daemon.rs"]
 mod daemon;
+#[path = "support/docs.rs"]
+mod docs;
 mod support;
 
 use std::collections::BTreeMap;
@@ -448,4 +450,53 @@ async fn status_says_what_a_sum_adds_up() {
             ("rating_rows", "rows", None)
         ]
     );
+}
+
+/// docs/counters.md's transcript of an average (`sums-get`): `get` of a sum in its field's
+/// units and of its row count, for an author with three ratings, after a recount.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sums_transcript_prints_what_the_page_shows() {
+    let t = TestDb::with_schema("sums_docs", schema()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("counterd.toml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let config = config.to_string_lossy().into_owned();
+    // The recount indexes doctor asks for: the default's, and the sum's with its field.
+    for (key, name) in [
+        (doc! {"post_id": 1, "created_at": 1}, "recount"),
+        (
+            doc! {"author_id": 1, "created_at": 1, "rating": 1},
+            "recount_by_author",
+        ),
+    ] {
+        t.db.run_command(doc! {
+            "createIndexes": "comments",
+            "indexes": [{"key": key, "name": name}],
+        })
+        .await
+        .unwrap();
+    }
+    support::next_second().await;
+    let mut env = quick(&config);
+    env.extend([
+        ("COUNTERD_INITIAL_SNAPSHOT", "never"),
+        ("COUNTERD_RECONCILE_INTERVAL", "1h"),
+    ]);
+    let daemon = Daemon::start(&t.uri, &t.name, "docs", &env);
+    assert!(daemon.wait_role("active", Duration::from_secs(30)).await);
+    // Settled rows (an hour old): the recount below folds them at once.
+    let hour_ago = DateTime::from_millis((support::now_secs() - 3600) * 1000);
+    for (id, rating) in [(1, 5), (2, 4), (3, 3)] {
+        let row = doc! {"_id": id, "post_id": 1, "author_id": "ada", "rating": rating, "created_at": hour_ago};
+        t.comments.insert_one(row).await.unwrap();
+    }
+    caught_up(&t, Duration::from_secs(60)).await;
+    let mut session = docs::Session::new(&t.uri, &t.name);
+    session.set("COUNTERD_CONFIG", &config);
+    for counter in ["rating", "rating_rows"] {
+        let said = session.run(&format!("counterd reconcile --counter {counter}"));
+        assert!(said.contains("counter "), "{said}");
+    }
+    session.check_block("sums-get");
+    assert_eq!(daemon.terminate(), Some(0), "counterd run stopped cleanly");
 }

@@ -520,6 +520,7 @@ pub const SEQUENCE_BLOCKS: &[&str] = &[
     "parked-status",
     "parked-replay",
     "parked-resumed",
+    "sums-get",
 ];
 
 /// Checks of the helpers above (called from a test of each binary that uses them).
