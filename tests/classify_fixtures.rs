@@ -9,14 +9,15 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 
 use bson::{doc, oid::ObjectId, Bson, DateTime, Document, Timestamp};
-use counterd::batch::{bucket_of, plan_batch, BatchPlan, CounterDelta, LedgerUpdate};
-use counterd::classify::{
+use counterd::core::batch::{bucket_of, plan_batch, BatchPlan, CounterDelta, LedgerUpdate};
+use counterd::core::classify::{
     classify, After, Attribution, Before, Classification, Delta, Malformed, Problem, Source,
     StreamEnded, Unattributable,
 };
-use counterd::event::{ChangeEvent, CommentId, Operation, PostId, Row, Token, UpdateSummary};
-use counterd::num::Num;
-use counterd::schema::Schema;
+use counterd::core::event::{ChangeEvent, CommentId, Operation, Row, Token, UpdateSummary};
+use counterd::core::key::PostId;
+use counterd::core::num::Num;
+use counterd::core::schema::Schema;
 
 // ---------------------------------------------------------------------------------------------
 // Fixture loading
@@ -115,7 +116,7 @@ fn unposted(created_at: Option<DateTime>, deleted: bool) -> Row {
 }
 fn delta(p: &str, created_at: Option<DateTime>, amount: i64) -> Delta {
     Delta {
-        counter: counterd::definition::CounterIx::DEFAULT,
+        counter: counterd::core::key::CounterIx::DEFAULT,
         post: post(p),
         created_at,
         amount: Num::Int(amount),
@@ -142,8 +143,8 @@ fn outcome(
         deltas,
         dirty: posts(dirty)
             .into_iter()
-            .map(|group| counterd::definition::CounterKey {
-                counter: counterd::definition::CounterIx::DEFAULT,
+            .map(|group| counterd::core::key::CounterKey {
+                counter: counterd::core::key::CounterIx::DEFAULT,
                 group,
             })
             .collect(),
@@ -1530,7 +1531,7 @@ fn counter(p: &str, buckets: &[(Option<DateTime>, i64)]) -> CounterDelta {
     let touched = map.keys().copied().collect();
     map.retain(|_, v| *v != 0);
     CounterDelta {
-        counter: counterd::definition::CounterIx::DEFAULT,
+        counter: counterd::core::key::CounterIx::DEFAULT,
         post: post(p),
         delta: Num::Int(buckets.iter().map(|(_, a)| a).sum()),
         buckets: map.into_iter().map(|(k, v)| (k, Num::Int(v))).collect(),
@@ -1546,7 +1547,7 @@ fn net(counters: &[CounterDelta]) -> Vec<CounterDelta> {
         .iter()
         .filter(|c| c.delta != 0 || !c.buckets.is_empty())
         .map(|c| CounterDelta {
-            counter: counterd::definition::CounterIx::DEFAULT,
+            counter: counterd::core::key::CounterIx::DEFAULT,
             // Touches beyond the changed buckets (bucket 0 for hidden states) are checked by
             // `batch_touches_changes_that_cancel_out` and `batch_touches_every_bucket_*`.
             touched: c
@@ -1653,7 +1654,7 @@ fn batch_touches_changes_that_cancel_out() {
     );
     let bucket = bucket_of(c1(), WIDTH);
     let touch_only = |p: &str| CounterDelta {
-        counter: counterd::definition::CounterIx::DEFAULT,
+        counter: counterd::core::key::CounterIx::DEFAULT,
         post: post(p),
         delta: Num::ZERO,
         buckets: BTreeMap::new(),
@@ -1668,7 +1669,7 @@ fn batch_touches_changes_that_cancel_out() {
         .counters
         .iter()
         .map(|c| CounterDelta {
-            counter: counterd::definition::CounterIx::DEFAULT,
+            counter: counterd::core::key::CounterIx::DEFAULT,
             comments: None,
             ..c.clone()
         })
@@ -1688,7 +1689,7 @@ fn batch_touches_changes_that_cancel_out() {
 #[test]
 fn batch_names_the_rows_it_changed_per_post() {
     // One row's whole life in a batch: both posts it passed through name it once (the counter's
-    // log entry a row-level recount settles against, see `counterd::recount::window`).
+    // log entry a row-level recount settles against, see `counterd::core::window`).
     let events = lifecycle_prompt();
     let row = events[0].comment.clone().unwrap();
     let (plan, _) = plan_batch(
@@ -2201,7 +2202,7 @@ fn js_schema() -> Schema {
         counters: Vec::new(),
         group: "postId".into(),
         created: "createdAt".into(),
-        soft_delete: counterd::schema::SoftDelete::True {
+        soft_delete: counterd::core::schema::SoftDelete::True {
             field: "deleted".into(),
         },
     }
@@ -2210,7 +2211,7 @@ fn js_schema() -> Schema {
 fn status_schema() -> Schema {
     Schema {
         counters: Vec::new(),
-        soft_delete: counterd::schema::SoftDelete::OneOf {
+        soft_delete: counterd::core::schema::SoftDelete::OneOf {
             field: "status".into(),
             values: vec![Bson::String("removed".into()), Bson::String("spam".into())],
         },

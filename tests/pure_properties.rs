@@ -4,13 +4,14 @@
 use std::collections::{BTreeMap, HashMap};
 
 use bson::{doc, oid::ObjectId, Bson, DateTime, Document, Timestamp};
-use counterd::batch::{bucket_of, plan_batch, BatchPlan};
-use counterd::classify::{classify, After, Attribution, Before, Source};
-use counterd::definition::{CounterIx, CounterKey};
-use counterd::event::{ChangeEvent, CommentId, PostId, Row};
-use counterd::fold::{effective_watermark, fold, watermark_for, CounterState};
-use counterd::num::Num;
-use counterd::schema::Schema;
+use counterd::core::batch::{bucket_of, plan_batch, BatchPlan};
+use counterd::core::classify::{classify, After, Attribution, Before, Source};
+use counterd::core::event::{ChangeEvent, CommentId, Row};
+use counterd::core::fold::{effective_watermark, fold, watermark_for, CounterState};
+use counterd::core::key::PostId;
+use counterd::core::key::{CounterIx, CounterKey};
+use counterd::core::num::Num;
+use counterd::core::schema::Schema;
 use proptest::prelude::*;
 use proptest::sample::select;
 
@@ -707,7 +708,7 @@ fn renamed_schema() -> Schema {
         counters: Vec::new(),
         group: "meta.postId".into(),
         created: "createdAt".into(),
-        soft_delete: counterd::schema::SoftDelete::Present {
+        soft_delete: counterd::core::schema::SoftDelete::Present {
             field: "deletedAt".into(),
         },
     }
@@ -726,7 +727,7 @@ fn rename_path(key: &str) -> String {
 fn rename_row(doc: &Document) -> Document {
     let mut out = Document::new();
     for (k, v) in doc {
-        counterd::schema::set_path(&mut out, &rename_path(k), v.clone());
+        counterd::core::schema::set_path(&mut out, &rename_path(k), v.clone());
     }
     out
 }
@@ -758,7 +759,7 @@ fn rename_event(event: &Document) -> Document {
                 ("$set" | "$unset", Bson::Document(d)) => {
                     renamed.insert(k.clone(), rename_keys(d));
                 }
-                _ => counterd::schema::set_path(&mut renamed, &rename_path(k), v.clone()),
+                _ => counterd::core::schema::set_path(&mut renamed, &rename_path(k), v.clone()),
             }
         }
         e.insert("documentKey", renamed);
@@ -1199,7 +1200,7 @@ fn default_key(post: &PostId) -> CounterKey {
 }
 
 /// The counter a delta changes.
-fn key_of(d: &counterd::classify::Delta) -> CounterKey {
+fn key_of(d: &counterd::core::classify::Delta) -> CounterKey {
     CounterKey {
         counter: d.counter,
         group: d.post.clone(),

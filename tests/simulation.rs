@@ -103,16 +103,19 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bson::Timestamp;
-use counterd::batch::{bucket_of, DirtyMark};
-use counterd::budget::{cost, Budget};
-use counterd::classify::Attribution;
+use counterd::budget::Budget;
+use counterd::config::InitialSnapshot;
 use counterd::config::OnHistoryLost;
-use counterd::definition::CounterIx;
-use counterd::event::{PostId, Token};
-use counterd::partition::{stream_names, Partition};
+use counterd::core::batch::{bucket_of, DirtyMark};
+use counterd::core::classify::Attribution;
+use counterd::core::cost;
+use counterd::core::event::Token;
+use counterd::core::key::CounterIx;
+use counterd::core::key::PostId;
+use counterd::core::partition::{stream_names, Partition};
 use counterd::reconcile::{run_requested_sweeps, ReconcileSettings, Reconciler, RunReport};
 use counterd::recount::CatchUp;
-use counterd::snapshot::{InitialSnapshot, SnapshotSettings};
+use counterd::snapshot::SnapshotSettings;
 use counterd::store::prelude::*;
 use counterd::store::{Fence, Position, StoreError, StoreResult};
 use counterd::worker::{Worker, WorkerError, WorkerSettings, WorkerStatus};
@@ -166,16 +169,17 @@ struct Variant {
 /// The counter definitions beyond the default of the seeds that keep several: comments per
 /// author (`author_id`, which writers change and remove) and approved comments per post
 /// (`approved: true`, which writers set and clear), each with its own counters and dirty set.
-fn definitions() -> Vec<counterd::definition::Definition> {
-    let definition =
-        |name: &str, group: &str, condition: bson::Document| counterd::definition::Definition {
+fn definitions() -> Vec<counterd::core::definition::Definition> {
+    let definition = |name: &str, group: &str, condition: bson::Document| {
+        counterd::core::definition::Definition {
             name: name.into(),
             group: group.into(),
-            condition: counterd::condition::Condition::parse(&condition)
+            condition: counterd::core::condition::Condition::parse(&condition)
                 .expect("a condition of the supported subset"),
             collection: format!("{name}_counters"),
-            kind: counterd::definition::Kind::Count,
-        };
+            kind: counterd::core::definition::Kind::Count,
+        }
+    };
     vec![
         definition("per_author", "author_id", bson::doc! {}),
         definition("approved", "post_id", bson::doc! {"approved": true}),
@@ -185,22 +189,22 @@ fn definitions() -> Vec<counterd::definition::Definition> {
 /// The sums of the `sums` variant: the ratings per author (integers, halves, missing values and
 /// strings, which add nothing) with their row count (`with_count`), and the scores of approved
 /// comments per post (halves).
-fn sums() -> Vec<counterd::definition::Definition> {
+fn sums() -> Vec<counterd::core::definition::Definition> {
     let sum = |name: &str, group: &str, field: &str, condition: bson::Document| {
-        counterd::definition::Definition {
+        counterd::core::definition::Definition {
             name: name.into(),
             group: group.into(),
-            condition: counterd::condition::Condition::parse(&condition)
+            condition: counterd::core::condition::Condition::parse(&condition)
                 .expect("a condition of the supported subset"),
             collection: format!("{name}_counters"),
-            kind: counterd::definition::Kind::Sum {
+            kind: counterd::core::definition::Kind::Sum {
                 field: field.into(),
             },
         }
     };
-    let rows = counterd::definition::Definition {
+    let rows = counterd::core::definition::Definition {
         name: "rating_per_author_rows".into(),
-        kind: counterd::definition::Kind::Rows {
+        kind: counterd::core::definition::Kind::Rows {
             of: "rating_per_author".into(),
         },
         ..sum("rating_per_author", "author_id", "rating", bson::doc! {})
@@ -435,7 +439,7 @@ impl Plan {
     }
 
     /// The counter definitions this seed keeps beyond the default.
-    fn extra(&self) -> Vec<counterd::definition::Definition> {
+    fn extra(&self) -> Vec<counterd::core::definition::Definition> {
         let mut extra = if self.definitions {
             definitions()
         } else {
@@ -477,9 +481,9 @@ impl Plan {
             retry_min_delay: Duration::ZERO,
             retry_max_delay: Duration::ZERO,
             budget: self.budget.clone(),
-            schema: counterd::schema::Schema {
+            schema: counterd::core::schema::Schema {
                 counters: self.extra(),
-                ..counterd::schema::Schema::default()
+                ..counterd::core::schema::Schema::default()
             },
             snapshot: SnapshotSettings {
                 initial: if self.snapshot {
@@ -532,7 +536,7 @@ impl Plan {
             .into_iter()
             .map(|ix| {
                 let name = match ix {
-                    CounterIx::DEFAULT => counterd::definition::DEFAULT_COUNTER,
+                    CounterIx::DEFAULT => counterd::core::definition::DEFAULT_COUNTER,
                     CounterIx(n) => &names[n - 1].name,
                 };
                 let settings = settings.clone().for_counter(ix, name);
@@ -1214,7 +1218,7 @@ impl Sim {
         }
         for counter in s.memory.counter_ixs().into_iter().skip(1) {
             for (group, c) in s.memory.counters_of(counter).into_iter().flatten() {
-                let sum: counterd::num::Num = c.buckets.values().sum();
+                let sum: counterd::core::num::Num = c.buckets.values().sum();
                 if c.count.differs(c.displayed())
                     || (sum.differs(c.live_delta) && !self.seed_fold())
                 {

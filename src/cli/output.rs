@@ -18,7 +18,7 @@ pub fn write_line(args: std::fmt::Arguments<'_>) {
     if STDOUT_CLOSED.load(Ordering::Relaxed) {
         return;
     }
-    let text = crate::config::redact::redact_text_uris(&args.to_string());
+    let text = crate::redact::redact_text_uris(&args.to_string());
     let mut out = std::io::stdout().lock();
     if out
         .write_all(text.as_bytes())
@@ -35,7 +35,7 @@ pub fn write_raw(text: &str) {
     if STDOUT_CLOSED.load(Ordering::Relaxed) {
         return;
     }
-    let text = crate::config::redact::redact_text_uris(text);
+    let text = crate::redact::redact_text_uris(text);
     let mut out = std::io::stdout().lock();
     if out
         .write_all(text.as_bytes())

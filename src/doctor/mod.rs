@@ -24,7 +24,7 @@ pub mod tls;
 use bson::Document;
 
 use crate::config::Settings;
-use crate::schema::Schema;
+use crate::core::schema::Schema;
 
 pub use index::create_index_command;
 pub use privileges::{create_role_command, required_privileges, Privilege};
@@ -191,7 +191,7 @@ impl From<&Settings> for Expectations {
             names.sweeps.clone(),
         ];
         for (stream, _) in
-            crate::partition::stream_names(&settings.stream_name, settings.partitions)
+            crate::core::partition::stream_names(&settings.stream_name, settings.partitions)
         {
             let ledger = names.ledger_of(&stream);
             if !own.contains(&ledger) {

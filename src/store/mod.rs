@@ -35,13 +35,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bson::{DateTime, Document, Timestamp};
 
-use crate::batch::{CounterDelta, CounterWrite, DirtyMark, LedgerUpdate};
-use crate::definition::CounterIx;
-use crate::deployment::Deployment;
-use crate::event::{CommentId, PostId, Row, Token};
-use crate::fold::Fold;
-use crate::num::Num;
-use crate::recount::LedgerAt;
+use crate::core::batch::{CounterDelta, CounterWrite, DirtyMark, LedgerUpdate, PendingBatch};
+use crate::core::deployment::Deployment;
+use crate::core::event::{CommentId, Row, Token};
+use crate::core::fold::Fold;
+use crate::core::key::CounterIx;
+use crate::core::key::PostId;
+use crate::core::num::Num;
+use crate::core::window::LedgerAt;
 
 /// A write or read for a counter definition the store does not know (its place is beyond the
 /// schema's definitions): refused rather than written into another definition's collection,
@@ -57,7 +58,7 @@ pub fn unknown_counter(op: &'static str, counter: CounterIx) -> StoreError {
 }
 
 /// One store, seen per counter definition. Every definition keeps its own counters collection
-/// ([`crate::definition::Definition::collection`]) and its own dirty set, and counts its own
+/// ([`crate::core::definition::Definition::collection`]) and its own dirty set, and counts its own
 /// rows (its group field and condition): a *view* is the store as one definition sees it, so
 /// the reconciler, `get`, `verify` and `dirty` run unchanged over any definition. The worker's
 /// batch writes ([`Counters::apply_counters`], [`Counters::apply_snapshot_counters`],
@@ -143,7 +144,7 @@ pub trait ChangeStreams: Send + Sync {
 
     /// The rows of `comments` as they are now, read with the schema's row projection, by
     /// comment key (a comment that is gone is absent): what `updateLookup` would have sent with
-    /// their update events, read in one batched read (see [`crate::lookup`]).
+    /// their update events, read in one batched read (see [`crate::core::lookup`]).
     async fn look_up(&self, comments: &[CommentId]) -> StoreResult<HashMap<String, Document>>;
 }
 
@@ -155,7 +156,7 @@ pub trait Checkpoints: Send + Sync {
 
     /// Records a batch's intent: raises `high_water` to its end and stores its plan as pending.
     /// `carried`: the batch's own counters and dirty marks when it may be carried (not written
-    /// with it; see [`crate::carry`]), then not in `batch`: stored first, under the carry's id
+    /// with it; see [`crate::core::carry`]), then not in `batch`: stored first, under the carry's id
     /// (`batch.carry`), where [`Checkpoints::load_carried`] finds them.
     async fn record_intent(
         &self,
@@ -235,7 +236,7 @@ pub trait Counters: Send + Sync {
     /// (a) Counter writes, each guarded by `applied_through < w.through`. Each statement adds
     /// the increments, sets `applied_through` (and its cluster time), records each touched
     /// bucket's batch and appends the write's log entries (the newest
-    /// [`crate::recount::LOG_ENTRIES`] are kept).
+    /// [`crate::core::window::LOG_ENTRIES`] are kept).
     async fn write_counters(
         &self,
         fence: &Fence,
@@ -304,7 +305,7 @@ pub trait Ledger: Send + Sync {
 
     /// [`Ledger::read_ledger`] with the token of the batch that wrote each entry (`None`:
     /// written by the snapshot or a rebuild): a row-level recount needs the entry as of the
-    /// counter's position, not a later one (see [`crate::recount::window`]).
+    /// counter's position, not a later one (see [`crate::core::window`]).
     async fn read_ledger_at(
         &self,
         stream: &str,
@@ -384,7 +385,7 @@ pub trait Truth: Send + Sync {
     async fn count_live_below(&self, post: &PostId, watermark: i64) -> StoreResult<Num>;
 
     /// The ids of the rows [`Truth::count_live_below`] counts (the same filter): a row-level
-    /// recount settles the ones that changed while it read (see [`crate::recount::window`]).
+    /// recount settles the ones that changed while it read (see [`crate::core::window`]).
     /// `None` when there are more than `at_most` (the recount's share of the memory budget):
     /// the read stops there rather than hold ids in proportion to a post's rows. Always `None`
     /// for a sum definition: its recount is the server's `$sum` alone (settled as a snapshot

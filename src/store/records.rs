@@ -9,12 +9,13 @@ use bson::{DateTime, Document, Timestamp};
 use serde::{Deserialize, Serialize};
 
 use super::{Store, StoreResult};
-use crate::batch::{BucketStart, CounterDelta, DirtyMark, LedgerUpdate};
-pub use crate::budget::cost::ReadLimit;
-use crate::deployment::Deployment;
-use crate::event::{CommentId, PostId, Token};
-use crate::fold::CounterState;
-use crate::num::Num;
+use crate::core::batch::{BucketStart, CounterDelta, LedgerUpdate, PendingBatch};
+pub use crate::core::cost::ReadLimit;
+use crate::core::deployment::Deployment;
+use crate::core::event::{CommentId, Token};
+use crate::core::fold::CounterState;
+use crate::core::key::PostId;
+use crate::core::num::Num;
 
 /// The right to write for one stream: every worker write carries this epoch in its filter, so a
 /// worker that lost its lease cannot write even once after a successor took over.
@@ -56,7 +57,7 @@ pub struct Checkpoint {
     /// Fencing epoch of the worker that owns the stream.
     pub epoch: i64,
     /// The deployment the position belongs to (`None`: not recorded yet); resuming on another
-    /// one is lost history (see [`crate::deployment`]).
+    /// one is lost history (see [`crate::core::deployment`]).
     pub deployment: Option<Deployment>,
     pub updated_at: Option<DateTime>,
     /// Gaps recorded after history loss.
@@ -79,7 +80,7 @@ impl Checkpoint {
     /// The ledger holds every row the counters count: the initial snapshot has claimed (or is
     /// claiming, chunk by chunk) the rows that existed before the stream's start, and no
     /// history was lost since. A comment without an entry is then known not to count, and the
-    /// ledger's state wins over a pre-image (see [`crate::classify::Before::Complete`]).
+    /// ledger's state wins over a pre-image (see [`crate::core::classify::Before::Complete`]).
     pub fn ledger_complete(&self) -> bool {
         self.gaps.is_empty()
             && self
@@ -192,23 +193,6 @@ pub struct CommentsExtent {
     pub estimated_rows: u64,
 }
 
-/// The writes of one batch, recorded as its intent before any of them is issued. Replaying the
-/// stored plan (not re-reading and re-classifying the events) makes recovery exact even though
-/// `updateLookup` would now show later row states.
-#[derive(Clone, Debug, PartialEq, Default)]
-pub struct PendingBatch {
-    /// The batch's last event: the guard token of every write and the next checkpoint.
-    pub end: Token,
-    pub end_time: Option<Timestamp>,
-    pub counters: Vec<CounterDelta>,
-    pub ledger: Vec<LedgerUpdate>,
-    pub dirty: Vec<DirtyMark>,
-    /// The carry the batch belongs to (see [`crate::carry`]): the end of its first batch, under
-    /// which the carry's batches store their counters and marks, this one's too if it may be
-    /// carried (its intent then holds neither). `None`: nothing is carried, nothing stored.
-    pub carry: Option<Token>,
-}
-
 /// A counter document as readers and the reconciler see it.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct CounterDoc {
@@ -225,9 +209,9 @@ pub struct CounterDoc {
     /// counter was first read may have seen an event in flight: it is not installed.
     pub touched: BTreeMap<BucketStart, String>,
     /// The rows each of the last batches changed for this post, oldest first (at most
-    /// [`crate::recount::LOG_ENTRIES`]): a row-level recount takes the stream's version of
-    /// exactly these rows (see [`crate::recount::window`]).
-    pub recent: Vec<crate::recount::Touch>,
+    /// [`crate::core::window::LOG_ENTRIES`]): a row-level recount takes the stream's version of
+    /// exactly these rows (see [`crate::core::window`]).
+    pub recent: Vec<crate::core::window::Touch>,
     /// Folds installed so far: a recount made against one fold is void after another.
     pub folds: i64,
     /// The readers' field, `base_count + live_delta`, maintained in the same single-document
@@ -433,7 +417,7 @@ pub struct StreamOptions {
 pub struct RawBatch {
     pub events: Vec<Document>,
     /// What each event is charged against the memory budget
-    /// ([`crate::budget::cost::event_cost`] of its encoded size), in the order of `events`.
+    /// ([`crate::core::cost::event_cost`] of its encoded size), in the order of `events`.
     pub costs: Vec<usize>,
     /// The post-batch resume token, where the server sends one (checkpoint it on idle streams).
     pub post_batch_token: Option<Token>,

@@ -241,7 +241,7 @@ impl<S> CountingStore<S> {
 
 /// A view counts into the same tallies as the store it was made from.
 impl<S: CounterViews> CounterViews for CountingStore<S> {
-    fn for_counter(&self, counter: crate::definition::CounterIx) -> Self {
+    fn for_counter(&self, counter: crate::core::key::CounterIx) -> Self {
         CountingStore {
             inner: self.inner.for_counter(counter),
             tallies: self.tallies.clone(),
@@ -249,7 +249,7 @@ impl<S: CounterViews> CounterViews for CountingStore<S> {
         }
     }
 
-    fn viewed_counter(&self) -> crate::definition::CounterIx {
+    fn viewed_counter(&self) -> crate::core::key::CounterIx {
         self.inner.viewed_counter()
     }
 }
