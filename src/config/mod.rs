@@ -4,6 +4,7 @@
 //! flags of `counterd`).
 
 mod counters;
+mod expectations;
 mod load;
 mod sources;
 pub(crate) mod validate;

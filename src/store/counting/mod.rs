@@ -19,13 +19,17 @@ pub use recording::Write;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bson::{DateTime, Document, Timestamp};
 use serde::Serialize;
 
 use super::*;
+use crate::core::batch::{CounterDelta, CounterWrite, DirtyMark, LedgerUpdate};
+use crate::core::event::{CommentId, Row, Token};
+use crate::core::fold::Fold;
+use crate::core::key::PostId;
 
 /// The concerns of the store, one per trait (the change stream's reads count as [`Stream`]).
 ///
