@@ -131,13 +131,16 @@ fn extended(key: &str, inner: &Value) -> Option<Value> {
 }
 
 /// Problems with a `--json` document that scripts would trip over: extended-JSON wrappers,
-/// Rust debug text, and time fields that are not RFC 3339 (for tests; empty when clean).
+/// Rust debug text, and time fields that are not RFC 3339 (for tests, so behind `test-utils`;
+/// empty when clean).
+#[cfg(any(test, feature = "test-utils"))]
 pub fn json_problems(value: &Value) -> Vec<String> {
     let mut problems = Vec::new();
     walk(value, "", &mut problems);
     problems
 }
 
+#[cfg(any(test, feature = "test-utils"))]
 fn is_time_key(key: &str) -> bool {
     key.ends_with("_at")
         || key.ends_with("_time")
@@ -146,6 +149,7 @@ fn is_time_key(key: &str) -> bool {
         || key == "from_time"
 }
 
+#[cfg(any(test, feature = "test-utils"))]
 fn walk(value: &Value, path: &str, problems: &mut Vec<String>) {
     match value {
         Value::Object(map) => {
