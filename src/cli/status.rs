@@ -12,9 +12,10 @@ use anyhow::Context;
 use serde::Serialize;
 
 use crate::cli::{age_secs, connect, print_json, rfc3339};
-use crate::config::{redact_uri, Settings};
+use crate::config::Settings;
+use crate::core::partition::stream_names;
 use crate::outln;
-use crate::partition::stream_names;
+use crate::redact::redact_uri;
 use crate::store::mongo::MongoStore;
 use crate::store::prelude::*;
 use crate::store::{
@@ -234,7 +235,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
                 kind: kind_name(&d.kind),
                 sum_of: d.kind.field().map(String::from),
                 rows_of: match &d.kind {
-                    crate::definition::Kind::Rows { of } => Some(of.clone()),
+                    crate::core::definition::Kind::Rows { of } => Some(of.clone()),
                     _ => None,
                 },
                 kept: true,
@@ -387,8 +388,8 @@ fn in_flight_note(marks: usize) -> String {
 }
 
 /// A definition's kind as `status --json` shows it (`config --json` says the same).
-fn kind_name(kind: &crate::definition::Kind) -> &'static str {
-    use crate::definition::Kind;
+fn kind_name(kind: &crate::core::definition::Kind) -> &'static str {
+    use crate::core::definition::Kind;
     match kind {
         Kind::Count => "count",
         Kind::Sum { .. } => "sum",
@@ -399,11 +400,12 @@ fn kind_name(kind: &crate::definition::Kind) -> &'static str {
 /// One reconcile run on one line; a run of another definition than the default names it (a
 /// sum's drift is in its field's units).
 fn describe_run(run: &RunSummary) -> String {
-    let counter = if run.counter.is_empty() || run.counter == crate::definition::DEFAULT_COUNTER {
-        String::new()
-    } else {
-        format!(", counter {}", run.counter)
-    };
+    let counter =
+        if run.counter.is_empty() || run.counter == crate::core::definition::DEFAULT_COUNTER {
+            String::new()
+        } else {
+            format!(", counter {}", run.counter)
+        };
     format!(
         "{} ({}{counter}): {} posts, {} corrected, total |drift| {} (max {}, high +{}, low {}), {} in flight (retried later){}",
         run.finished_at.map(rfc3339).unwrap_or_else(|| "?".into()),

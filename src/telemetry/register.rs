@@ -227,8 +227,8 @@ pub fn register_stream(stream: &str) {
 
 /// Exports what a counter definition's numbers are (`counterd_definition_info`, always 1), so
 /// that a dashboard or an alert tells a sum, in its field's units, from a count.
-pub fn register_definition(definition: &crate::definition::Definition) {
-    use crate::definition::Kind;
+pub fn register_definition(definition: &crate::core::definition::Definition) {
+    use crate::core::definition::Kind;
     let kind = match definition.kind {
         Kind::Count => "count",
         Kind::Sum { .. } => "sum",

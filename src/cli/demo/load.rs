@@ -12,7 +12,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::post;
-use crate::num::Num;
+use crate::core::num::Num;
 use crate::shutdown::Shutdown;
 
 /// Drift by sign: how many counters, and the sum of |drift| in their units (comments for a
@@ -80,7 +80,7 @@ pub(super) async fn reported_drift(
 /// What the load generator writes and where it knocks counters off.
 pub(super) struct Load {
     pub comments: Collection<Document>,
-    pub schema: crate::schema::Schema,
+    pub schema: crate::core::schema::Schema,
     /// Counter collections it edits by hand now and then (the default's, the rating sum's).
     pub drift_targets: Vec<Collection<Document>>,
     pub posts: usize,
@@ -91,7 +91,7 @@ pub(super) struct Load {
 
 /// A comment row of the demo: in the configured schema, approved or not, rated 1 to 5.
 pub(super) fn comment(
-    schema: &crate::schema::Schema,
+    schema: &crate::core::schema::Schema,
     id: String,
     post_ix: usize,
     created: DateTime,

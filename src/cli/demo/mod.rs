@@ -24,15 +24,15 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::task::JoinHandle;
 
+use crate::config::InitialSnapshot;
 use crate::config::{CounterKind, CounterSetting, Settings};
+use crate::core::definition::{Definitions, Kind};
+use crate::core::key::PostId;
 use crate::daemon::{run_sources, shutdown_on_signals, statuses_for, DaemonError};
-use crate::definition::{Definitions, Kind};
-use crate::event::PostId;
 use crate::local_server::{LocalServer, ServerKind};
 use crate::outln;
 use crate::reconcile::{ReconcileSettings, Reconciler};
 use crate::shutdown::Shutdown;
-use crate::snapshot::InitialSnapshot;
 use crate::status::WorkerStatus;
 use crate::store::displayed_and_truth;
 use crate::store::mongo::MongoStore;

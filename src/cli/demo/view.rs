@@ -6,9 +6,10 @@
 use std::sync::Arc;
 
 use crate::config::Settings;
-use crate::definition::{CounterIx, Definition, Definitions, Kind};
-use crate::event::PostId;
-use crate::num::Num;
+use crate::core::definition::{Definition, Definitions, Kind};
+use crate::core::key::CounterIx;
+use crate::core::key::PostId;
+use crate::core::num::Num;
 use crate::outln;
 use crate::recount::Observation;
 use crate::store::mongo::MongoStore;
