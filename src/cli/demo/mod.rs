@@ -197,10 +197,25 @@ fn demo_settings(settings: Settings, uri: &str) -> Settings {
 /// The configured `[[counters]]`, or when there are none, two over the same rows (see
 /// docs/counters.md): approved comments per post, and the sum of ratings per post with its
 /// number of rows, so that each post's average rating is one document's `count / rows.count`.
+/// Settings that cannot take them (a counterd that refuses definitions beside partitions)
+/// keep the default alone.
 fn demo_counters(settings: &Settings) -> Vec<CounterSetting> {
-    if !settings.counters.is_empty() || settings.partitions > 1 {
+    if !settings.counters.is_empty() {
         return settings.counters.clone();
     }
+    let added = Settings {
+        counters: added_counters(settings),
+        ..settings.clone()
+    };
+    if added.definitions().is_ok() {
+        added.counters
+    } else {
+        Vec::new()
+    }
+}
+
+/// The demo's own definitions beside the default: approved comments and the rating sum.
+fn added_counters(settings: &Settings) -> Vec<CounterSetting> {
     let mut approved = toml::Table::new();
     approved.insert("approved".into(), toml::Value::Boolean(true));
     vec![
@@ -475,4 +490,33 @@ fn summary(
         outln!("NOT converged within 60 s");
     }
     ExitCode::FAILURE
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_demo_adds_an_average_rating_beside_the_counts_unless_counters_are_configured() {
+        let settings = Settings::default();
+        let added = demo_counters(&settings);
+        let names: Vec<&str> = added.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["approved", "rating"]);
+        assert!(added[1].with_count && added[1].field.as_deref() == Some("rating"));
+        let definitions = Settings {
+            counters: added.clone(),
+            ..Settings::default()
+        }
+        .definitions()
+        .unwrap();
+        assert_eq!(
+            definitions.names(),
+            ["default", "approved", "rating", "rating_rows"]
+        );
+        let configured = Settings {
+            counters: vec![added[0].clone()],
+            ..Settings::default()
+        };
+        assert_eq!(demo_counters(&configured), vec![added[0].clone()]);
+    }
 }
