@@ -187,6 +187,26 @@ impl TestDb {
         }
     }
 
+    /// Waits until the worker of stream `comments` has applied every write acknowledged before
+    /// this call: see [`caught_up_on`].
+    pub async fn wait_caught_up(&self, within: Duration) {
+        caught_up_on(&self.store, "comments", within).await
+    }
+
+    /// A one-shot `counterd` command against this test's database, with the settings file
+    /// `config` (`COUNTERD_CONFIG`).
+    pub fn counterd_with(&self, config: &str, args: &[&str]) -> std::process::Output {
+        std::process::Command::new(env!("CARGO_BIN_EXE_counterd"))
+            .args(args)
+            .env("COUNTERD_CONFIG", config)
+            .env("COUNTERD_MONGODB_URI", &self.uri)
+            .env("COUNTERD_DATABASE", &self.name)
+            .env("COUNTERD_CONNECT_TIMEOUT", "5s")
+            .env("COUNTERD_LOG_LEVEL", "warn")
+            .output()
+            .unwrap()
+    }
+
     pub fn worker_settings(&self) -> WorkerSettings {
         WorkerSettings {
             schema: self.schema.clone(),
@@ -269,6 +289,60 @@ impl RunningWorker {
         let _ = self.stop.send(true);
         self.handle.await.expect("worker task")
     }
+}
+
+/// Waits until the worker of `stream` (of the source `store` reads) has applied every write
+/// acknowledged before this call: the stream was found drained at a position after them and no
+/// batch is in flight. ([`TestDb::wait_drained`] waits for the last event the worker read
+/// instead, for tests that stop it next.)
+pub async fn caught_up_on(store: &MongoStore, stream: &str, within: Duration) {
+    let after = store.read_position().await.unwrap().upper;
+    let deadline = Instant::now() + within;
+    loop {
+        let c = store.load_checkpoint(stream).await.unwrap();
+        if c.is_some_and(|c| c.pending.is_none() && c.caught_up_at.is_some_and(|at| at >= after)) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the worker of {stream} did not catch up within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Writes the settings `text` (`[[counters]]`, `[[sources]]`, ...) to `counterd.toml` in `dir`;
+/// its path, for `COUNTERD_CONFIG`.
+pub fn settings_file(dir: &tempfile::TempDir, text: &str) -> String {
+    let path = dir.path().join("counterd.toml");
+    std::fs::write(&path, text).unwrap();
+    path.to_string_lossy().into_owned()
+}
+
+/// The counter definitions of the settings `text`, as the schema of a test's own store (whose
+/// views then count their truth).
+pub fn schema_of(text: &str) -> counterd::schema::Schema {
+    let settings: counterd::config::Settings = toml::from_str(text).unwrap();
+    counterd::schema::Schema {
+        counters: settings.definitions().unwrap().extra().to_vec(),
+        ..counterd::schema::Schema::default()
+    }
+}
+
+/// The environment of a `counterd run` whose folds follow within seconds (one-second buckets, a
+/// settle time of a second, a reconcile pass every 500 ms) and whose background sweep is off
+/// (only dirty groups are folded); with the settings file `config`, if any.
+pub fn quick_folds(config: Option<&str>) -> Vec<(&str, &str)> {
+    let mut env = vec![
+        ("COUNTERD_BUCKET_WIDTH", "1s"),
+        ("COUNTERD_SETTLE_TIME", "1s"),
+        ("COUNTERD_RECONCILE_INTERVAL", "500ms"),
+        ("COUNTERD_BACKGROUND_SWEEP_PASS", "0s"),
+    ];
+    if let Some(path) = config {
+        env.push(("COUNTERD_CONFIG", path));
+    }
+    env
 }
 
 /// Prints why a test is skipped (so a skip is never silent).
