@@ -20,26 +20,13 @@ mod support;
 mod transcripts;
 
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use counterd::event::PostId;
 use counterd::store::prelude::*;
 use mongodb::bson::{doc, Document};
-use support::{now_secs, TestDb};
+use support::{eventually, now_secs, rfc3339, TestDb};
 use transcripts::{dirty_posts, post, recount_index, settled, sidecar, OWNER};
-
-/// Waits until `check` holds, or panics naming `what`.
-async fn until<F, Fut>(what: &str, within: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + within;
-    while !check().await {
-        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 /// The time of the oplog's first entry (what `rs.printReplicationInfo()` calls "oplog first
 /// event time"), when the server keeps `local.oplog.rs`.
@@ -54,12 +41,6 @@ async fn oplog_first_entry(t: &TestDb) -> Option<i64> {
         .await
         .ok()??;
     first.get_timestamp("ts").ok().map(|ts| i64::from(ts.time))
-}
-
-fn rfc3339(secs: i64) -> String {
-    chrono::DateTime::from_timestamp(secs, 0)
-        .unwrap()
-        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -85,7 +66,7 @@ async fn replay_after_an_outage() {
             .await;
     }
     settled(&t, &posts).await;
-    until("the first recounts", Duration::from_secs(60), || async {
+    eventually("the first recounts", Duration::from_secs(60), || async {
         dirty_posts(&t).await == 0
     })
     .await;
@@ -109,7 +90,7 @@ async fn replay_after_an_outage() {
             .await;
     }
     settled(&t, &posts).await;
-    until("the second recounts", Duration::from_secs(60), || async {
+    eventually("the second recounts", Duration::from_secs(60), || async {
         dirty_posts(&t).await == 0
     })
     .await;
@@ -148,7 +129,7 @@ async fn replay_after_an_outage() {
     // 5. The sidecar's worker steps down, takes the stream again from the moved checkpoint and
     // marks what it re-reads dirty; its reconciler recounts.
     t.wait_exact(&posts, Duration::from_secs(60)).await;
-    until(
+    eventually(
         "the replayed posts recounted",
         Duration::from_secs(60),
         || async { dirty_posts(&t).await == 0 },
@@ -231,7 +212,7 @@ async fn adopt_an_existing_database_and_cut_over() {
     )
     .await;
     // The initial snapshot counts the 30 rows, in chunks between the worker's batches.
-    until("the initial snapshot", Duration::from_secs(60), || async {
+    eventually("the initial snapshot", Duration::from_secs(60), || async {
         t.store
             .load_checkpoint("comments")
             .await
@@ -292,7 +273,7 @@ async fn a_parked_stream_and_its_recovery() {
     let mut fail = env.to_vec();
     fail.push(("COUNTERD_ON_HISTORY_LOST", "fail"));
     let d = daemon::Daemon::start(&t.uri, &t.name, OWNER, &fail);
-    until("the stream parks", Duration::from_secs(60), || async {
+    eventually("the stream parks", Duration::from_secs(60), || async {
         matches!(d.get("/readyz").await, Some((503, body)) if body.starts_with("parked: comments (history_lost)"))
     })
     .await;
@@ -307,7 +288,7 @@ async fn a_parked_stream_and_its_recovery() {
         .vars
         .push(("2026-12-06T07:30:00Z".into(), rfc3339(from)));
     session.check_block("parked-replay");
-    until("the stream resumes", Duration::from_secs(60), || async {
+    eventually("the stream resumes", Duration::from_secs(60), || async {
         matches!(d.get("/readyz").await, Some((200, _)))
     })
     .await;

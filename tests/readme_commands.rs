@@ -567,9 +567,7 @@ async fn reference_transcripts_print_what_the_pages_show() {
     settled(&t, &posts).await;
     let mut session = docs::Session::new(&t.uri, &t.name);
     // The dry run's time: a minute before this test's database was made (every event of it).
-    let minute_ago = chrono::DateTime::from_timestamp(support::now_secs() - 60, 0)
-        .unwrap()
-        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let minute_ago = support::rfc3339(support::now_secs() - 60);
     session
         .vars
         .push(("2026-12-06T06:00:00Z".into(), minute_ago));
