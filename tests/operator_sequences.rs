@@ -25,8 +25,8 @@ use std::time::Duration;
 use counterd::event::PostId;
 use counterd::store::prelude::*;
 use mongodb::bson::{doc, Document};
-use support::{eventually, now_secs, rfc3339, TestDb};
-use transcripts::{dirty_posts, post, recount_index, settled, sidecar, OWNER};
+use support::{eventually, now_secs, post, rfc3339, TestDb};
+use transcripts::{dirty_posts, recount_index, settled, sidecar, OWNER};
 
 /// The time of the oplog's first entry (what `rs.printReplicationInfo()` calls "oplog first
 /// event time"), when the server keeps `local.oplog.rs`.
@@ -298,12 +298,9 @@ async fn a_parked_stream_and_its_recovery() {
 }
 
 fn counterd(t: &TestDb, args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_counterd"))
+    t.counterd()
         .args(args)
-        .env("COUNTERD_MONGODB_URI", &t.uri)
-        .env("COUNTERD_DATABASE", &t.name)
         .env("COUNTERD_CONNECT_TIMEOUT", "5s")
-        .env_remove("COUNTERD_CONFIG")
         .output()
         .expect("run counterd")
 }

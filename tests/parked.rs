@@ -21,7 +21,7 @@ use counterd::store::mongo::MongoStore;
 use counterd_testdb::{FaultProxy, Target};
 use daemon::Daemon;
 use mongodb::bson::{doc, DateTime, Document};
-use support::{eventually, now_secs, rfc3339, TestDb};
+use support::{eventually, now_secs, post, rfc3339, TestDb};
 
 /// How long an effect may take on a loaded two-core machine.
 const WITHIN: Duration = Duration::from_secs(40);
@@ -36,10 +36,6 @@ counters_collection = "like_counters"
 "#;
 
 const POSTS: usize = 3;
-
-fn post(i: usize) -> PostId {
-    PostId::Str(format!("post-{i}"))
-}
 
 fn posts() -> Vec<PostId> {
     (0..POSTS).map(post).collect()

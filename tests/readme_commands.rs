@@ -41,7 +41,8 @@ use clap::{CommandFactory, Parser as _};
 use counterd::config::Settings;
 use counterd::doctor::{create_index_command, create_role_command, Expectations};
 use docs::{pages, parse, read, root, slug, words};
-use transcripts::{dirty_posts, post, recount_index, settled, sidecar};
+use support::post;
+use transcripts::{dirty_posts, recount_index, settled, sidecar};
 
 /// The lines of a shell block, continuations joined, comments and blank lines dropped.
 fn shell_lines(text: &str) -> Vec<String> {

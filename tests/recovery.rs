@@ -8,7 +8,7 @@ mod support;
 mod daemon;
 
 use std::collections::HashMap;
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 use counterd::classify::Attribution;
@@ -21,21 +21,14 @@ use counterd_testdb::{ServerKind, TestServer};
 use daemon::Daemon;
 use futures::TryStreamExt;
 use mongodb::bson::{doc, DateTime, Document};
-use support::{eventually, now_secs, output_text, rfc3339, TestDb};
-
-fn post(i: usize) -> PostId {
-    PostId::Str(format!("post-{i}"))
-}
+use support::{eventually, now_secs, output_text, post, rfc3339, TestDb};
 
 fn counterd(uri: &str, database: &str, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_counterd"))
+    support::counterd_at(uri, database)
         .args(args)
-        .env("COUNTERD_MONGODB_URI", uri)
-        .env("COUNTERD_DATABASE", database)
         .env("COUNTERD_CONNECT_TIMEOUT", "5s")
         .env("COUNTERD_SETTLE_TIME", "2s")
         .env("COUNTERD_LOG_LEVEL", "warn")
-        .env_remove("COUNTERD_CONFIG")
         .output()
         .expect("run counterd")
 }

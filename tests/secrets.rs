@@ -72,12 +72,9 @@ fn assert_no_secret(said: &str, secrets: &[&str], visible: &str, what: &str) {
 }
 
 fn counterd(uri: &str, database: &str, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_counterd"))
+    support::counterd_at(uri, database)
         .args(args)
-        .env("COUNTERD_MONGODB_URI", uri)
-        .env("COUNTERD_DATABASE", database)
         .env("COUNTERD_CONNECT_TIMEOUT", "3s")
-        .env_remove("COUNTERD_CONFIG")
         .output()
         .expect("run counterd")
 }

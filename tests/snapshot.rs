@@ -275,13 +275,10 @@ async fn folds_wait_for_the_snapshot_and_never_count_a_row_twice() {
 }
 
 fn counterd(t: &TestDb, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_counterd"))
+    t.counterd()
         .args(args)
-        .env("COUNTERD_MONGODB_URI", &t.uri)
-        .env("COUNTERD_DATABASE", &t.name)
         .env("COUNTERD_SNAPSHOT_ROWS_PER_SECOND", "0")
         .env("COUNTERD_OPERATION_TIMEOUT", "30s")
-        .env_remove("COUNTERD_CONFIG")
         .output()
         .expect("run counterd")
 }

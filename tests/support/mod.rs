@@ -193,14 +193,17 @@ impl TestDb {
         caught_up_on(&self.store, "comments", within).await
     }
 
+    /// `counterd` against this test's database: see [`counterd_at`].
+    pub fn counterd(&self) -> std::process::Command {
+        counterd_at(&self.uri, &self.name)
+    }
+
     /// A one-shot `counterd` command against this test's database, with the settings file
     /// `config` (`COUNTERD_CONFIG`).
     pub fn counterd_with(&self, config: &str, args: &[&str]) -> std::process::Output {
-        std::process::Command::new(env!("CARGO_BIN_EXE_counterd"))
+        self.counterd()
             .args(args)
             .env("COUNTERD_CONFIG", config)
-            .env("COUNTERD_MONGODB_URI", &self.uri)
-            .env("COUNTERD_DATABASE", &self.name)
             .env("COUNTERD_CONNECT_TIMEOUT", "5s")
             .env("COUNTERD_LOG_LEVEL", "warn")
             .output()
@@ -345,6 +348,18 @@ pub fn quick_folds(config: Option<&str>) -> Vec<(&str, &str)> {
     env
 }
 
+/// The binary under test, against `database` on `uri`, without a settings file from the
+/// caller's environment: the start of every one-shot command a test runs (it adds its
+/// arguments and settings).
+pub fn counterd_at(uri: &str, database: &str) -> std::process::Command {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_counterd"));
+    command
+        .env("COUNTERD_MONGODB_URI", uri)
+        .env("COUNTERD_DATABASE", database)
+        .env_remove("COUNTERD_CONFIG");
+    command
+}
+
 /// Polls `check` every 100 ms until it holds, or panics naming `what` once `within` has passed.
 pub async fn eventually<F, Fut>(what: &str, within: Duration, mut check: F)
 where
@@ -372,6 +387,11 @@ pub fn rfc3339(secs: i64) -> String {
     chrono::DateTime::from_timestamp(secs, 0)
         .unwrap()
         .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+/// The tests' posts: `post-0`, `post-1`, ... (string ids, as the pages show them).
+pub fn post(i: usize) -> PostId {
+    PostId::Str(format!("post-{i}"))
 }
 
 /// Prints why a test is skipped (so a skip is never silent).

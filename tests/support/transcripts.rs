@@ -1,7 +1,7 @@
 //! The deployment the pages' transcripts show, shared by the tests that run them against the
 //! real binary (`tests/readme_commands.rs` for the reference pages, `tests/operator_sequences.rs`
-//! for the worked sequences): the sidecar's owner id, the posts, the recount index as the
-//! production checklist creates it, and the dirty set the transcripts print.
+//! for the worked sequences): the sidecar's owner id, the recount index as the production
+//! checklist creates it, and the dirty set the transcripts print.
 //!
 //! Needs `mod support;` and `mod daemon;` (`support/daemon.rs`) beside it in the test binary.
 #![allow(dead_code)]
@@ -16,11 +16,6 @@ use crate::support::TestDb;
 
 /// The owner id the pages show for the sidecar's counterd.
 pub const OWNER: &str = "app-7c9d8b6f5-x2kqp";
-
-/// The pages' posts: `post-1`, `post-2`, ...
-pub fn post(i: usize) -> PostId {
-    PostId::Str(format!("post-{i}"))
-}
 
 /// `counterd run` as the pages' sidecar (owner [`OWNER`], with `env`), once it is active.
 pub async fn sidecar(t: &TestDb, env: &[(&str, &str)]) -> Daemon {
