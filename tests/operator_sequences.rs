@@ -22,7 +22,7 @@ mod transcripts;
 use std::process::Command;
 use std::time::Duration;
 
-use counterd::event::PostId;
+use counterd::core::key::PostId;
 use counterd::store::prelude::*;
 use mongodb::bson::{doc, Document};
 use support::{eventually, now_secs, post, rfc3339, TestDb};

@@ -17,8 +17,8 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use bson::{doc, Bson, DateTime, Document};
-use counterd::definition::CounterIx;
-use counterd::event::PostId;
+use counterd::core::key::CounterIx;
+use counterd::core::key::PostId;
 use counterd::store::prelude::*;
 use daemon::Daemon;
 use rand::rngs::StdRng;

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use bson::{doc, Bson, DateTime, Document};
-use counterd::num::Num;
+use counterd::core::num::Num;
 use daemon::Daemon;
 use futures::TryStreamExt;
 use rand::rngs::StdRng;

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use counterd::event::PostId;
+use counterd::core::key::PostId;
 use mongodb::bson::{doc, Document};
 
 use crate::daemon::Daemon;
