@@ -337,12 +337,10 @@ async fn sums_and_their_row_counts_stay_exact_under_kill_9_and_drift_is_correcte
 /// kind (the sum's drift is in its field's units, the rows' in rows).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_says_what_a_sum_adds_up() {
-    let t = TestDb::with_schema("sum_status", schema()).await;
+    let t = TestDb::with_schema("sum_status", schema_of(CONFIG)).await;
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("counterd.toml");
-    std::fs::write(&config, CONFIG).unwrap();
-    let config = config.to_string_lossy().into_owned();
-    let o = cli(&t, &config, &["status"]);
+    let config = settings_file(&dir, CONFIG);
+    let o = t.counterd_with(&config, &["status"]);
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(
         o.status.success(),
@@ -356,7 +354,7 @@ async fn status_says_what_a_sum_adds_up() {
     ] {
         assert!(text.contains(line), "{line} in:\n{text}");
     }
-    let o = cli(&t, &config, &["status", "--json"]);
+    let o = t.counterd_with(&config, &["status", "--json"]);
     let json: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let kinds: Vec<(&str, &str, Option<&str>)> = json["counters"]
         .as_array()
@@ -381,11 +379,9 @@ async fn status_says_what_a_sum_adds_up() {
 /// units and of its row count, for an author with three ratings, after a recount.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sums_transcript_prints_what_the_page_shows() {
-    let t = TestDb::with_schema("sums_docs", schema()).await;
+    let t = TestDb::with_schema("sums_docs", schema_of(CONFIG)).await;
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("counterd.toml");
-    std::fs::write(&config, CONFIG).unwrap();
-    let config = config.to_string_lossy().into_owned();
+    let config = settings_file(&dir, CONFIG);
     // The recount indexes doctor asks for: the default's, and the sum's with its field.
     for (key, name) in [
         (doc! {"post_id": 1, "created_at": 1}, "recount"),
@@ -402,7 +398,7 @@ async fn the_sums_transcript_prints_what_the_page_shows() {
         .unwrap();
     }
     support::next_second().await;
-    let mut env = quick(&config);
+    let mut env = quick_folds(Some(&config));
     env.extend([
         ("COUNTERD_INITIAL_SNAPSHOT", "never"),
         ("COUNTERD_RECONCILE_INTERVAL", "1h"),
@@ -415,7 +411,7 @@ async fn the_sums_transcript_prints_what_the_page_shows() {
         let row = doc! {"_id": id, "post_id": 1, "author_id": "ada", "rating": rating, "created_at": hour_ago};
         t.comments.insert_one(row).await.unwrap();
     }
-    caught_up(&t, Duration::from_secs(60)).await;
+    t.wait_caught_up(Duration::from_secs(60)).await;
     let mut session = docs::Session::new(&t.uri, &t.name);
     session.set("COUNTERD_CONFIG", &config);
     for counter in ["rating", "rating_rows"] {
