@@ -16,9 +16,9 @@ mod schemas;
 use std::collections::BTreeMap;
 
 use bson::{doc, Bson, DateTime, Document, Timestamp};
-use counterd::core::batch::bucket_of;
 use counterd::core::event::Row;
 use counterd::core::key::PostId;
+use counterd::core::time::bucket_of;
 use proptest::prelude::*;
 use update_description::diff;
 
