@@ -156,16 +156,7 @@ impl<S: Store + ?Sized> Worker<S> {
             stream: self.settings.stream.clone(),
             epoch,
         };
-        // A malformed checkpoint is a startup error, never silently replaced. A transient error
-        // is not: the session loads the checkpoint again, and retries like any other step.
-        match self.store.load_checkpoint(&fence.stream).await {
-            Err(e) if e.is_transient() => {
-                metrics::counter!(m::RETRIES, "op" => "worker").increment(1);
-                tracing::warn!(stream = %fence.stream, error = %e, "cannot read the checkpoint yet; the session reads it again");
-            }
-            Err(e) => return Err(WorkerError::Startup(e)),
-            Ok(_) => {}
-        }
+        self.check_checkpoint(&fence).await?;
         let mut backoff = self.backoff();
         loop {
             if shutdown.requested() {
@@ -185,24 +176,42 @@ impl<S: Store + ?Sized> Worker<S> {
                     }
                 }
                 Err(SessionError::Store(error)) if error.is_history_lost() => {
-                    self.status.stream_closed();
-                    metrics::counter!(m::HISTORY_LOST, "stream" => fence.stream.clone())
-                        .increment(1);
-                    match self.settings.on_history_lost {
-                        OnHistoryLost::Fail => {
-                            // Said once, by whoever handles the error: the supervisor parks
-                            // the stream (its ERROR line says what to do) or `run` stops.
-                            tracing::warn!(stream = %fence.stream, %error, "history lost; on_history_lost = fail");
-                            return Err(WorkerError::HistoryLost { source: error });
-                        }
-                        OnHistoryLost::Resweep => self.resweep(&fence, error).await?,
-                    }
+                    self.history_lost(&fence, error).await?;
                 }
                 Err(SessionError::Store(e)) => {
                     self.status.stream_closed();
                     return Err(WorkerError::Store(e));
                 }
             }
+        }
+    }
+
+    /// A malformed checkpoint is a startup error, never silently replaced. A transient error
+    /// is not: the session loads the checkpoint again, and retries like any other step.
+    async fn check_checkpoint(&self, fence: &Fence) -> Result<(), WorkerError> {
+        match self.store.load_checkpoint(&fence.stream).await {
+            Err(e) if e.is_transient() => {
+                metrics::counter!(m::RETRIES, "op" => "worker").increment(1);
+                tracing::warn!(stream = %fence.stream, error = %e, "cannot read the checkpoint yet; the session reads it again");
+            }
+            Err(e) => return Err(WorkerError::Startup(e)),
+            Ok(_) => {}
+        }
+        Ok(())
+    }
+
+    /// History lost: stop (`fail`), or record the gap and start again from now (`resweep`).
+    async fn history_lost(&self, fence: &Fence, error: StoreError) -> Result<(), WorkerError> {
+        self.status.stream_closed();
+        metrics::counter!(m::HISTORY_LOST, "stream" => fence.stream.clone()).increment(1);
+        match self.settings.on_history_lost {
+            OnHistoryLost::Fail => {
+                // Said once, by whoever handles the error: the supervisor parks
+                // the stream (its ERROR line says what to do) or `run` stops.
+                tracing::warn!(stream = %fence.stream, %error, "history lost; on_history_lost = fail");
+                Err(WorkerError::HistoryLost { source: error })
+            }
+            OnHistoryLost::Resweep => self.resweep(fence, error).await,
         }
     }
 
