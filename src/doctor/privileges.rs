@@ -182,6 +182,12 @@ pub fn check(connection_status: &Reply, expect: &Expectations) -> Finding {
             format!("{} holds every privilege counterd needs", users.join(", ")),
         );
     }
+    lacking(&users, &missing, expect)
+}
+
+/// The finding for `users` lacking the `missing` privileges, with the grant that adds them.
+fn lacking(users: &[String], missing: &[Privilege], expect: &Expectations) -> Finding {
+    const CHECK: &str = "privileges";
     let described: Vec<String> = missing
         .iter()
         .map(|p| {
@@ -199,7 +205,7 @@ pub fn check(connection_status: &Reply, expect: &Expectations) -> Finding {
         format!(
             "{}.grantPrivilegesToRole(\"counterd\", [{}]) (with the role of README.md's production checklist, step 1; {} names its database)",
             db_expr("admin"),
-            privileges_js(&expect.database, &missing, "").replace('\n', " "),
+            privileges_js(&expect.database, missing, "").replace('\n', " "),
             js_string(&expect.database)
         ),
     )
