@@ -355,24 +355,8 @@ impl StreamJob {
             else {
                 return Err(error);
             };
-            if self.status.parked(&self.stream, reason, SystemClock.now()) {
-                let advice = park::advice(
-                    reason,
-                    &error,
-                    &self.settings,
-                    &format!("`{}`", self.stream),
-                );
-                tracing::error!(stream = %self.stream, reason = reason.label(), "{advice}");
+            if self.park(&store, reason, &error).await {
                 backoff = park::recheck_backoff(&self.settings);
-            } else {
-                tracing::info!(stream = %self.stream, reason = reason.label(), error = %error, "still parked");
-            }
-            // For `counterd status`: the lease (released) says why nobody holds it.
-            if let Err(e) = store
-                .note_parked(&self.stream, &self.lease.owner, reason.label())
-                .await
-            {
-                tracing::debug!(stream = %self.stream, error = %e, "cannot note the parked stream on its lease");
             }
             let wait = park::Wait {
                 reason,
@@ -386,6 +370,31 @@ impl StreamJob {
                 None => return Ok(()),
             }
         }
+    }
+
+    /// Parks the stream for `reason` (said once, with advice, when it enters the park) and
+    /// notes it on the released lease. Returns whether the stream entered the park now.
+    async fn park(
+        &self,
+        store: &MongoStore,
+        reason: crate::status::ParkReason,
+        error: &DaemonError,
+    ) -> bool {
+        let entered = self.status.parked(&self.stream, reason, SystemClock.now());
+        if entered {
+            let advice = park::advice(reason, error, &self.settings, &format!("`{}`", self.stream));
+            tracing::error!(stream = %self.stream, reason = reason.label(), "{advice}");
+        } else {
+            tracing::info!(stream = %self.stream, reason = reason.label(), error = %error, "still parked");
+        }
+        // For `counterd status`: the lease (released) says why nobody holds it.
+        if let Err(e) = store
+            .note_parked(&self.stream, &self.lease.owner, reason.label())
+            .await
+        {
+            tracing::debug!(stream = %self.stream, error = %e, "cannot note the parked stream on its lease");
+        }
+        entered
     }
 
     /// The active work under the lease at `epoch`: the source collection checked (parking
