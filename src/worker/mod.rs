@@ -24,6 +24,18 @@
 //! Here: the worker's settings, its run loop (leases' fence, retries, history-lost policy) and
 //! recovery of a batch in flight. `session`: one open stream, read and batched. `apply`: one
 //! batch classified, coalesced and written.
+//!
+//! The pipeline, each stage a function that reads top to bottom:
+//! - a session: `resume` (what a previous run left: its batch in flight re-applied, the
+//!   deployment checked, the initial snapshot begun), `open`, then turns of `snapshot_chunk`
+//!   (where one is due) and `step`;
+//! - a step: what is carried is flushed unless it may stay carried; `read` within the memory
+//!   budget; then the batch is applied, while behind beside the next read
+//!   (`apply_reading_ahead`);
+//! - `apply`: `plan` (the ledger view, rows looked up, `plan_batch_covering`, this partition's
+//!   share) → `write_planned` ((0) `record_intent`, then (b) with (a) and (c) carried, or
+//!   `write_batch`: (a), (b), (c) side by side, then (d)) or, below the high water,
+//!   `mark_replayed` → `report_batch`.
 
 use std::sync::Arc;
 use std::time::Duration;
