@@ -25,7 +25,9 @@ use crate::worker::{Worker, WorkerSettings};
 pub fn statuses_for(settings: &Settings) -> Result<Vec<(String, Arc<WorkerStatus>)>, DaemonError> {
     let mut all = Vec::new();
     for source in settings.sources()? {
-        for (name, _) in crate::partition::stream_names(&source.stream_name, source.partitions) {
+        for (name, _) in
+            crate::core::partition::stream_names(&source.stream_name, source.partitions)
+        {
             all.push((
                 name,
                 Arc::new(WorkerStatus::exporting(crate::telemetry::export_parked)),
@@ -61,7 +63,7 @@ pub async fn run_sources(
     };
     // Set aside for the reconcilers' row-level reads (see `ReconcileSettings::recount_rows`)
     // for as long as the streams run: events in flight never use it.
-    let _recounts = shared.budget.take_free(crate::budget::cost::recount_share(
+    let _recounts = shared.budget.take_free(crate::core::cost::recount_share(
         shared.budget.total(),
         shared.streams,
     ));
@@ -121,7 +123,7 @@ async fn run_streams(
     let mut streams = tokio::task::JoinSet::new();
     let mut names = HashMap::new();
     let partitions =
-        crate::partition::stream_names(&jobs.source.stream_name, jobs.source.partitions);
+        crate::core::partition::stream_names(&jobs.source.stream_name, jobs.source.partitions);
     for ((stream, partition), status) in partitions.into_iter().zip(statuses) {
         let job = jobs.job(stream.clone(), partition, status);
         let task = streams.spawn(job.supervise(store.clone(), stop.clone()));
@@ -144,7 +146,7 @@ async fn run_streams(
 /// Says where the source is connected, and logs the doctor's checks.
 async fn log_connected(settings: &Settings, store: &MongoStore, abilities: &ServerAbilities) {
     let tls = crate::doctor::tls::TlsPlan::of(&settings.mongodb_uri).unwrap_or_default();
-    tracing::info!(mongodb = %crate::config::redact_uri(&settings.mongodb_uri), version = %abilities.version,
+    tracing::info!(mongodb = %crate::redact::redact_uri(&settings.mongodb_uri), version = %abilities.version,
         tls = %crate::doctor::tls::summary(&tls), pre_images = abilities.pre_images, source = %settings.comments_collection, partitions = settings.partitions, "connected");
     // The doctor's checks, logged: a missing recount index or a misspelled field is a warning
     // at start, never silent (none of them stops the process: `counterd doctor` exits on them).
@@ -170,7 +172,7 @@ struct Jobs {
     slots: Arc<Semaphore>,
     pre_images: bool,
     shared: Shared,
-    definitions: Arc<crate::definition::Definitions>,
+    definitions: Arc<crate::core::definition::Definitions>,
 }
 
 impl Jobs {
@@ -205,7 +207,7 @@ impl Jobs {
     fn job(
         &self,
         stream: String,
-        partition: Option<crate::partition::Partition>,
+        partition: Option<crate::core::partition::Partition>,
         status: Arc<WorkerStatus>,
     ) -> StreamJob {
         let Jobs {
@@ -237,7 +239,7 @@ impl Jobs {
                 stream: stream.clone(),
                 partition,
                 // The process's budget, of every source, split over its streams.
-                recount_rows: crate::budget::cost::recount_rows(budget.total(), shared.streams),
+                recount_rows: crate::core::cost::recount_rows(budget.total(), shared.streams),
                 ..ReconcileSettings::from(settings)
             },
             stream: stream.clone(),
@@ -273,7 +275,7 @@ async fn prepare_or_park(
             return Err(error);
         };
         let names: Vec<String> =
-            crate::partition::stream_names(&settings.stream_name, settings.partitions)
+            crate::core::partition::stream_names(&settings.stream_name, settings.partitions)
                 .into_iter()
                 .map(|(name, _)| name)
                 .collect();
@@ -326,7 +328,7 @@ struct StreamJob {
     lease: LeaseSettings,
     worker: WorkerSettings,
     reconcile: ReconcileSettings,
-    definitions: Arc<crate::definition::Definitions>,
+    definitions: Arc<crate::core::definition::Definitions>,
     status: Arc<WorkerStatus>,
 }
 

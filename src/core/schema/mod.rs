@@ -15,8 +15,9 @@
 use bson::{Bson, Document};
 use serde::{Deserialize, Serialize};
 
-use crate::definition::Definition;
-use crate::event::{PostId, Row, RowRead};
+use crate::core::definition::Definition;
+use crate::core::event::{Row, RowRead};
+use crate::core::key::PostId;
 
 mod projection;
 mod update;
@@ -78,16 +79,7 @@ pub struct Schema {
 impl Schema {
     /// The value at a dotted `path` of `doc` (`None`: absent, or a step is not a document).
     pub fn get<'a>(doc: &'a Document, path: &str) -> Option<&'a Bson> {
-        let mut current = doc;
-        let mut parts = path.split('.').peekable();
-        while let Some(part) = parts.next() {
-            let value = current.get(part)?;
-            if parts.peek().is_none() {
-                return Some(value);
-            }
-            current = value.as_document()?;
-        }
-        None
+        crate::core::key::value_at(doc, path)
     }
 
     /// Reads the counting-relevant fields of a comment document: a row with a usable post id,

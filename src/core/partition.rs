@@ -13,7 +13,7 @@
 //! here" (an entry without a row), the one it joins records the row
 //! ([`Partition::own_writes`]).
 //!
-//! This needs a *complete* ledger (the initial snapshot's, see [`crate::batch::Coverage`]),
+//! This needs a *complete* ledger (the initial snapshot's, see [`crate::core::batch::Coverage`]),
 //! where a comment without an entry is known not to count. Without one (`initial_snapshot =
 //! "never"`, or after lost history) a comment without an entry is *unknown*, and a partition
 //! cannot tell another partition's comment from one it never saw: each partition then keeps an
@@ -28,8 +28,9 @@
 
 use std::collections::HashMap;
 
-use crate::batch::LedgerUpdate;
-use crate::event::{PostId, Row};
+use crate::core::batch::LedgerUpdate;
+use crate::core::event::Row;
+use crate::core::key::PostId;
 
 /// One partition of `count`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -170,7 +171,7 @@ mod tests {
 
     fn update(key: &str, state: Option<Row>) -> LedgerUpdate {
         LedgerUpdate {
-            comment: crate::event::CommentId::new(bson::Bson::String(key.into())),
+            comment: crate::core::event::CommentId::new(bson::Bson::String(key.into())),
             state,
         }
     }
