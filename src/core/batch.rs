@@ -16,8 +16,7 @@ use crate::core::event::{ChangeEvent, CommentId, Operation, Row, Token};
 use crate::core::key::PostId;
 use crate::core::key::{CounterIx, CounterKey};
 use crate::core::num::Num;
-
-pub use crate::core::time::{bucket_of, BucketStart};
+use crate::core::time::{bucket_of, BucketStart};
 
 /// One coalesced counter write: `$inc` of `delta` on `live_delta` and of each bucket's amount.
 #[derive(Clone, Debug, PartialEq)]

@@ -5,12 +5,14 @@ use std::collections::BTreeMap;
 use async_trait::async_trait;
 use bson::{DateTime, Timestamp};
 
-use super::{Fence, StoreResult};
-use crate::core::batch::{BucketStart, CounterDelta, CounterWrite};
+use super::error::StoreResult;
+use super::leases::Fence;
+use crate::core::batch::{CounterDelta, CounterWrite};
 use crate::core::event::Token;
 use crate::core::fold::{CounterState, Fold};
 use crate::core::key::PostId;
 use crate::core::num::Num;
+use crate::core::time::BucketStart;
 
 /// The per-post counter documents: guarded increments and the reconciler's conditional
 /// installs.

@@ -50,11 +50,12 @@ use self::documents::*;
 use self::errors::*;
 use self::observe::Observe;
 pub use self::stream::position_from_reply;
-use crate::core::batch::{BucketStart, CounterDelta, CounterWrite, DirtyMark, LedgerUpdate};
+use crate::core::batch::{CounterDelta, CounterWrite, DirtyMark, LedgerUpdate};
 use crate::core::event::{CommentId, Row, Token};
 use crate::core::key::CounterIx;
 use crate::core::key::PostId;
 use crate::core::schema::{Schema, SoftDelete};
+use crate::core::time::BucketStart;
 
 /// Field names of counterd's own ledger and pending-batch documents (not the application's:
 /// those come from the [`Schema`]).
