@@ -11,10 +11,13 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use bson::DateTime;
 
-use crate::classify::{classify, After, Attribution, Before, Problem, Source, StreamEnded};
+use crate::classify::{
+    classify, After, Attribution, Before, Classification, Problem, Source, StreamEnded,
+};
 use crate::definition::{CounterIx, CounterKey};
 use crate::event::{ChangeEvent, CommentId, Operation, PostId, Row, Token};
 use crate::num::Num;
+use crate::partition::Partition;
 
 pub use crate::time::{bucket_of, BucketStart};
 
@@ -172,12 +175,16 @@ pub fn plan_batch(
         attribution,
         schema,
         bucket_width_secs,
+        None,
     )
 }
 
 /// Plans a batch. `ledger` maps comment keys to their ledger state before the batch (absent:
 /// no entry), and `coverage` says what an absent entry means. Events after a stream-ending
 /// event are not planned; the end is returned beside the plan of what came before it.
+///
+/// With `partition`, only that partition's part of each change is planned (see
+/// [`own_part`]); its ledger (`ledger`) is its own view of it ([`Partition::own_view`]).
 pub fn plan_batch_covering(
     events: &[ChangeEvent],
     ledger: &HashMap<String, Option<Row>>,
@@ -185,6 +192,7 @@ pub fn plan_batch_covering(
     attribution: Attribution,
     schema: &crate::schema::Schema,
     bucket_width_secs: i64,
+    partition: Option<Partition>,
 ) -> (BatchPlan, Option<StreamEnded>) {
     let mut plan = BatchPlan::default();
     let mut known: HashMap<String, Option<Row>> = HashMap::new();
@@ -203,7 +211,10 @@ pub fn plan_batch_covering(
             _ => Before::Unknown,
         };
         let classified = match classify(event, before.clone(), attribution, schema) {
-            Ok(c) => c,
+            Ok(c) => match partition {
+                Some(p) => own_part(p, c, event, before.clone(), (attribution, schema)),
+                None => c,
+            },
             Err(end) => {
                 named.attach(&mut counters);
                 return (
@@ -335,6 +346,64 @@ pub fn plan_batch_covering(
         finish(plan, counters, (dirty_order, dirty), ledger_order, &known),
         None,
     )
+}
+
+/// What `partition` applies of one classified event, for every definition (see
+/// [`crate::partition`]):
+/// - a change whose before-state is known: [`Partition::own_transition`], the before-row's
+///   contributions taken back where that row is the partition's, the after-row's added where
+///   that one is, whatever the counters' keys;
+/// - a best-effort guess (no known before-state): the guess is the partition's where the row
+///   the event shows is (its after-row, else the post its document names; neither: partition
+///   0's).
+///
+/// Marks: a counter grouped by the partitions' field (the post) is marked by its owner, as
+/// before; one grouped by another field by each partition that the event's rows belong to.
+fn own_part(
+    partition: Partition,
+    mut classified: Classification,
+    event: &ChangeEvent,
+    ledger: Before,
+    (attribution, schema): (Attribution, &crate::schema::Schema),
+) -> Classification {
+    let before = crate::classify::known_before(event, ledger, attribution, schema);
+    let after = match (&classified.after, &before) {
+        (After::Known(row), _) => Some(row.clone()),
+        (After::Unchanged, Some(before)) => Some(before.clone()),
+        (After::Unchanged, None) => None,
+    };
+    let event_is_mine = match (&before, &after) {
+        (Some(b), Some(a)) => partition.owns_row(b.as_ref()) || partition.owns_row(a.as_ref()),
+        (_, Some(Some(row))) => partition.applies_row(row),
+        _ => {
+            let post = [event.full_document.as_ref(), Some(&event.document_key)]
+                .into_iter()
+                .flatten()
+                .find_map(|d| schema.post_in(d));
+            match post {
+                Some(post) => partition.owns(&post),
+                None => partition.index == 0,
+            }
+        }
+    };
+    let mine = |key: &CounterKey| match schema.shared(key.counter) {
+        true => event_is_mine,
+        false => partition.owns(&key.group),
+    };
+    classified.deltas = match (before, after) {
+        (Some(b), Some(a)) => partition.own_transition(b.as_ref(), a.as_ref()),
+        _ => std::mem::take(&mut classified.deltas)
+            .into_iter()
+            .filter(|d| {
+                mine(&CounterKey {
+                    counter: d.counter,
+                    group: d.post.clone(),
+                })
+            })
+            .collect(),
+    };
+    classified.dirty.retain(|key| mine(key));
+    classified
 }
 
 /// The rows the batch's events named per post, in stream order without repeats (`None`: an

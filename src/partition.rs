@@ -2,8 +2,12 @@
 //! partition keeps of the comment ledger.
 //!
 //! Each partition has its own stream name (and so its own checkpoint, lease, ledger and dirty
-//! entries); its worker reads every change event and keeps only the deltas and dirty marks of
-//! the posts it owns.
+//! entries); its worker reads every change event and applies, for every counter definition, the
+//! part of each change that belongs to the rows it owns ([`Partition::own_transition`]): the
+//! before-state taken back where that row is in one of its posts, the after-state added where
+//! that one is. A definition grouped by the post keeps the counters of its posts; one grouped
+//! by another field (per author) has counters that several partitions write, each guarded by
+//! its own position in the counter document (its writer slot, see `crate::store::Fence`).
 //!
 //! **The ledger is divided too**: a partition keeps entries only for the comments in its own
 //! posts, so N partitions write about one ledger entry per event in total, not N. A partition
@@ -44,17 +48,15 @@ impl Partition {
         self.count <= 1 || post.stable_hash() % self.count as u64 == self.index as u64
     }
 
-    /// Whether `state` is a row in one of this partition's posts (a row without a post is in
-    /// none).
+    /// Whether `state` is a row this partition follows ([`Partition::applies_row`]): one in
+    /// its posts, or (partition 0) a row without a post.
     pub fn owns_row(&self, state: Option<&Row>) -> bool {
-        state
-            .and_then(|row| row.post.as_ref())
-            .is_some_and(|post| self.owns(post))
+        state.is_some_and(|row| self.applies_row(row))
     }
 
     /// This partition's view of the ledger entries it read: a row in another partition's post
-    /// (an entry written before the ledger was divided, or a row without a post) becomes "not
-    /// here", exactly like the entry this partition writes when a comment leaves it.
+    /// (an entry written before the ledger was divided; a row without a post outside
+    /// partition 0) becomes "not here", exactly like the entry this partition writes when a comment leaves it.
     pub fn own_view(&self, ledger: &mut HashMap<String, Option<Row>>) {
         for state in ledger.values_mut() {
             if !self.owns_row(state.as_ref()) {
@@ -89,10 +91,10 @@ impl Partition {
             .collect()
     }
 
-    /// Whether a row's contributions are this partition's to apply once definitions are
-    /// grouped by other fields than the partitions' (issue 42, part B; not wired in yet): a
-    /// row in one of its posts, and (partition 0) a row without a post, which counts in other
-    /// definitions though in no post.
+    /// Whether a row's contributions (and its ledger entry) are this partition's: a row in one
+    /// of its posts, and (partition 0) a row without a post, which counts in definitions
+    /// grouped by other fields though in no post. Every state of a row is exactly one
+    /// partition's.
     pub fn applies_row(&self, row: &Row) -> bool {
         match &row.post {
             Some(post) => self.owns(post),
@@ -108,7 +110,8 @@ impl Partition {
     /// between two partitions' posts is the old contribution taken back by one and the new
     /// added by the other, as their ledger writes already are. Counters of a definition not
     /// grouped by the partitions' field are then written by several partitions, each under a
-    /// guard of its own (not built yet: see the notes of issue 42).
+    /// guard of its own (its *writer slot*, see [`Partition::of_stream`] and
+    /// `crate::store::Fence::writer`).
     pub fn own_transition(
         &self,
         before: Option<&Row>,
@@ -122,6 +125,39 @@ impl Partition {
     /// The stream name of this partition: `<base>/p<index>of<count>`.
     pub fn stream_name(&self, base: &str) -> String {
         format!("{base}/p{}of{}", self.index, self.count)
+    }
+}
+
+impl Partition {
+    /// The partition a stream name names (`<base>/p<index>of<count>`, count > 1), if any: the
+    /// stream's name is its identity in every store record (checkpoint, lease, ledger), so the
+    /// store and the reconciler read a writer's partition from it.
+    pub fn of_stream(stream: &str) -> Option<Partition> {
+        let (_, tail) = stream.rsplit_once("/p")?;
+        let (index, count) = tail.split_once("of")?;
+        let p = Partition {
+            index: index.parse().ok()?,
+            count: count.parse().ok()?,
+        };
+        (p.count > 1
+            && p.index < p.count
+            && p.stream_name(&stream[..stream.len() - tail.len() - 2]) == stream)
+            .then_some(p)
+    }
+
+    /// The names of every partition of `stream` (itself alone when it is not a partition's):
+    /// the streams whose workers write a counter grouped by another field than the partitions'.
+    pub fn siblings(stream: &str) -> Vec<String> {
+        match Partition::of_stream(stream) {
+            Some(p) => {
+                let base = &stream[..stream.len() - p.stream_name("").len()];
+                stream_names(base, p.count)
+                    .into_iter()
+                    .map(|(n, _)| n)
+                    .collect()
+            }
+            None => vec![stream.to_string()],
+        }
     }
 }
 
@@ -289,8 +325,9 @@ mod tests {
             "another partition's row is not here"
         );
         assert_eq!(
-            ledger["no-post"], None,
-            "a row without a post is in no partition"
+            ledger["no-post"],
+            Some(row(None, false)),
+            "a row without a post is partition 0's"
         );
         assert_eq!(ledger["gone"], None);
         assert_eq!(
@@ -372,6 +409,30 @@ mod tests {
             writes(Some(row(a.clone(), false)), Some(row(b, false))),
             2,
             "move between partitions"
+        );
+    }
+
+    #[test]
+    fn a_stream_name_says_its_partition_and_its_siblings() {
+        let p = Partition { index: 2, count: 4 };
+        assert_eq!(Partition::of_stream("likes/p2of4"), Some(p));
+        assert_eq!(Partition::of_stream("a/b/p0of2").map(|p| p.index), Some(0));
+        for plain in [
+            "comments",
+            "comments/p1of1",
+            "comments/p3of2",
+            "comments/pxof2",
+            "p1of2",
+        ] {
+            assert_eq!(Partition::of_stream(plain), None, "{plain}");
+        }
+        assert_eq!(
+            Partition::siblings("likes/p1of2"),
+            vec!["likes/p0of2".to_string(), "likes/p1of2".to_string()]
+        );
+        assert_eq!(
+            Partition::siblings("comments"),
+            vec!["comments".to_string()]
         );
     }
 

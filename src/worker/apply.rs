@@ -151,15 +151,15 @@ impl<S: Store + ?Sized> Worker<S> {
             self.settings.attribution,
             &self.settings.schema,
             self.settings.bucket_width_secs,
+            self.settings.partition,
         );
         if !self.settings.attribution.uses_ledger() {
             plan.ledger.clear();
         }
         if let Some(partition) = self.settings.partition {
-            // Every partition classifies every event against its own ledger, and keeps its posts
-            // and the ledger entries of its comments (see `crate::partition`).
-            plan.counters.retain(|c| partition.owns(&c.post));
-            plan.dirty.retain(|d| partition.owns(&d.post));
+            // Every partition classifies every event against its own ledger and plans only its
+            // part of each change (`plan_batch_covering`); it keeps the ledger entries of its
+            // comments (see `crate::partition`).
             if divided.is_some() {
                 plan.ledger = partition.own_writes(plan.ledger, &ledger);
             }

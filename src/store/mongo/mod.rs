@@ -170,6 +170,10 @@ impl CounterViews for MongoStore {
     fn viewed_counter(&self) -> CounterIx {
         self.counter
     }
+
+    fn viewed_shared(&self) -> bool {
+        self.schema.shared(self.counter)
+    }
 }
 
 impl MongoStore {
