@@ -163,7 +163,10 @@ impl Writer {
         let (what, update) = match self.rng.random_range(0..6) {
             0 => {
                 let a = self.rng.random_range(0..AUTHORS);
-                ("author change", doc! {"$set": {"author_id": format!("a{a}")}})
+                (
+                    "author change",
+                    doc! {"$set": {"author_id": format!("a{a}")}},
+                )
             }
             1 | 2 => {
                 self.moves += 1;
