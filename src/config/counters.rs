@@ -454,6 +454,13 @@ mod tests {
         let text = "partitions = 2\n[[counters]]\nname = \"a\"\ngroup_field = \"author\"\ncollection = \"a_counters\"\n";
         let all = with(text).unwrap();
         assert_eq!(all.extra()[0].group, "author");
+        // A source inherits `partitions`: its own counters are accepted beside them too.
+        let text = "partitions = 2\n[[sources]]\nname = \"likes\"\ncollection = \"likes\"\ngroup_field = \"post_id\"\ncounters_collection = \"like_counters\"\n[[sources.counters]]\nname = \"likes_by_user\"\ngroup_field = \"user_id\"\ncollection = \"user_likes\"\n";
+        let settings: Settings = toml::from_str(text).expect("parses");
+        let sources = settings.sources().unwrap();
+        assert_eq!(sources[1].partitions, 2);
+        let likes = sources[1].definitions().unwrap();
+        assert_eq!(likes.extra()[0].group, "user_id");
     }
 
     #[test]
