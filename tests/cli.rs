@@ -5,7 +5,7 @@ mod support;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use counterd::event::PostId;
+use counterd::core::key::PostId;
 use counterd::store::prelude::*;
 use mongodb::bson::doc;
 use support::{now_secs, TestDb};
@@ -246,7 +246,10 @@ async fn replay_dry_run_refusal_and_move() {
         .unwrap()
         .events
         .remove(0);
-    let older = counterd::event::ChangeEvent::parse(&first).unwrap().token.0;
+    let older = counterd::core::event::ChangeEvent::parse(&first)
+        .unwrap()
+        .token
+        .0;
     assert!(older < before.token.clone().unwrap().0);
     let forced = counterd(&t, &["replay", "--from-token", &older, "--force"]);
     assert!(
@@ -314,7 +317,7 @@ async fn bad_config_file_and_env_exit_2_with_a_clear_error() {
 /// worker waiting for room that never frees: `run` refuses it at start, naming the setting.
 #[test]
 fn a_memory_budget_too_small_for_one_event_is_refused_at_start_with_exit_2() {
-    let least = counterd::budget::cost::min_budget(1);
+    let least = counterd::core::cost::min_budget(1);
     for (budget, partitions) in [(100_000, 1), (least - 1, 1), (least, 4)] {
         let o = Command::new(env!("CARGO_BIN_EXE_counterd"))
             .arg("run")
@@ -849,12 +852,12 @@ async fn a_dirty_mark_still_in_flight_is_reported_not_hidden() {
             .unwrap()
             .epoch,
     };
-    let batch = counterd::store::PendingBatch {
-        end: counterd::event::Token("ffffffffffffffff".into()),
+    let batch = counterd::core::batch::PendingBatch {
+        end: counterd::core::event::Token("ffffffffffffffff".into()),
         end_time: None,
         counters: vec![],
         ledger: vec![],
-        dirty: vec![counterd::batch::DirtyMark::settled(post(7))],
+        dirty: vec![counterd::core::batch::DirtyMark::settled(post(7))],
         carry: None,
     };
     t.store.record_intent(&fence, &batch, None).await.unwrap();

@@ -9,7 +9,7 @@ mod daemon;
 use std::sync::Arc;
 use std::time::Duration;
 
-use counterd::event::PostId;
+use counterd::core::key::PostId;
 use counterd::store::prelude::*;
 use counterd_testdb::{ServerKind, TestServer};
 use daemon::Daemon;

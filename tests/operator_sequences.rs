@@ -20,7 +20,7 @@ mod support;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use counterd::event::PostId;
+use counterd::core::key::PostId;
 use counterd::store::prelude::*;
 use mongodb::bson::{doc, Document};
 use support::{now_secs, TestDb};

@@ -16,7 +16,7 @@ mod daemon;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use counterd::event::PostId;
+use counterd::core::key::PostId;
 use counterd::store::mongo::MongoStore;
 use counterd_testdb::{FaultProxy, Target};
 use daemon::Daemon;

@@ -17,9 +17,10 @@ mod support;
 use std::time::{Duration, Instant};
 
 use bson::{doc, Document};
-use counterd::definition::{CounterIx, Definition};
-use counterd::event::PostId;
-use counterd::partition::stream_names;
+use counterd::core::definition::Definition;
+use counterd::core::key::CounterIx;
+use counterd::core::key::PostId;
+use counterd::core::partition::stream_names;
 use counterd::store::prelude::*;
 use daemon::Daemon;
 use rand::rngs::StdRng;
@@ -30,16 +31,16 @@ const POSTS: i64 = 16;
 const AUTHORS: i64 = 5;
 
 /// The per-author definition, for the test's own store (its views count the truth).
-fn schema() -> counterd::schema::Schema {
-    counterd::schema::Schema {
+fn schema() -> counterd::core::schema::Schema {
+    counterd::core::schema::Schema {
         counters: vec![Definition {
             name: "per_author".into(),
             group: "author_id".into(),
-            condition: counterd::condition::Condition::default(),
+            condition: counterd::core::condition::Condition::default(),
             collection: "author_counters".into(),
-            kind: counterd::definition::Kind::Count,
+            kind: counterd::core::definition::Kind::Count,
         }],
-        ..counterd::schema::Schema::default()
+        ..counterd::core::schema::Schema::default()
     }
 }
 

@@ -541,7 +541,7 @@ const OWNER: &str = "app-7c9d8b6f5-x2kqp";
 /// and recounted them; the reference transcripts run beside it.
 #[tokio::test(flavor = "multi_thread")]
 async fn reference_transcripts_print_what_the_pages_show() {
-    use counterd::event::PostId;
+    use counterd::core::key::PostId;
     let t = support::TestDb::new("docsref").await;
     let posts: Vec<PostId> = (1..=3).map(|i| PostId::Str(format!("post-{i}"))).collect();
     // Rows from an hour ago: settled, so a recount folds them at once.

@@ -11,12 +11,14 @@ use std::collections::HashMap;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use counterd::classify::Attribution;
-use counterd::event::{ChangeEvent, PostId};
-use counterd::schema::Schema;
+use counterd::core::batch::PendingBatch;
+use counterd::core::classify::Attribution;
+use counterd::core::event::ChangeEvent;
+use counterd::core::key::PostId;
+use counterd::core::schema::Schema;
 use counterd::store::mongo::{ConnectOptions, MongoStore};
 use counterd::store::prelude::*;
-use counterd::store::{Fence, PendingBatch, StreamOptions, StreamStart};
+use counterd::store::{Fence, StreamOptions, StreamStart};
 use counterd_testdb::{ServerKind, TestServer};
 use daemon::Daemon;
 use futures::TryStreamExt;
@@ -261,7 +263,7 @@ async fn replay_after_a_stop_with_a_batch_in_flight_resolves_it_first() {
             break e;
         }
     };
-    let (plan, _) = counterd::batch::plan_batch(
+    let (plan, _) = counterd::core::batch::plan_batch(
         std::slice::from_ref(&event),
         &HashMap::new(),
         Attribution::Auto,

@@ -17,8 +17,9 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use bson::{doc, Bson, DateTime, Document};
-use counterd::definition::{CounterIx, Definition};
-use counterd::event::PostId;
+use counterd::core::definition::Definition;
+use counterd::core::key::CounterIx;
+use counterd::core::key::PostId;
 use counterd::store::prelude::*;
 use daemon::Daemon;
 use rand::rngs::StdRng;
@@ -42,15 +43,15 @@ const POSTS: i64 = 12;
 const AUTHORS: i64 = 5;
 
 /// The definitions of [`DEFINITIONS`], for the test's own store (its views count the truth).
-fn schema() -> counterd::schema::Schema {
+fn schema() -> counterd::core::schema::Schema {
     let definition = |name: &str, group: &str, condition: Document, collection: &str| Definition {
         name: name.into(),
         group: group.into(),
-        condition: counterd::condition::Condition::parse(&condition).unwrap(),
+        condition: counterd::core::condition::Condition::parse(&condition).unwrap(),
         collection: collection.into(),
-        kind: counterd::definition::Kind::Count,
+        kind: counterd::core::definition::Kind::Count,
     };
-    counterd::schema::Schema {
+    counterd::core::schema::Schema {
         counters: vec![
             definition("per_author", "author_id", doc! {}, "author_counters"),
             definition(
@@ -60,7 +61,7 @@ fn schema() -> counterd::schema::Schema {
                 "approved_counters",
             ),
         ],
-        ..counterd::schema::Schema::default()
+        ..counterd::core::schema::Schema::default()
     }
 }
 

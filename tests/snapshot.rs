@@ -12,8 +12,9 @@ use std::process::{Command, Output};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use counterd::event::PostId;
-use counterd::snapshot::{InitialSnapshot, SnapshotSettings};
+use counterd::config::InitialSnapshot;
+use counterd::core::key::PostId;
+use counterd::snapshot::SnapshotSettings;
 use counterd::store::prelude::*;
 use counterd::store::{SnapshotProgress, SnapshotState};
 use counterd::worker::WorkerSettings;

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use bson::{doc, Bson, DateTime, Document};
-use counterd::num::Num;
+use counterd::core::num::Num;
 use counterd::store::prelude::*;
 use daemon::Daemon;
 use futures::TryStreamExt;
@@ -48,11 +48,11 @@ fn quick(config: &str) -> Vec<(&str, &str)> {
 }
 
 /// The definitions, for the test's own store (its `caught_up` reads the checkpoint only).
-fn schema() -> counterd::schema::Schema {
+fn schema() -> counterd::core::schema::Schema {
     let settings: counterd::config::Settings = toml::from_str(CONFIG).unwrap();
-    counterd::schema::Schema {
+    counterd::core::schema::Schema {
         counters: settings.definitions().unwrap().extra().to_vec(),
-        ..counterd::schema::Schema::default()
+        ..counterd::core::schema::Schema::default()
     }
 }
 

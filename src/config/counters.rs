@@ -12,8 +12,8 @@ use serde::{Deserialize, Serialize};
 
 use super::validate::collection_name_problem;
 use super::{ConfigError, Settings};
-use crate::condition::Condition;
-use crate::definition::{Definition, Definitions, Kind, DEFAULT_COUNTER, ROWS_SUFFIX};
+use crate::core::condition::Condition;
+use crate::core::definition::{Definition, Definitions, Kind, DEFAULT_COUNTER, ROWS_SUFFIX};
 
 /// `kind` of a `[[counters]]` entry.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -154,7 +154,7 @@ impl Settings {
                     });
                 }
                 // A sum's row count (`with_count`) lives in its sum's documents, by design.
-                let shared = matches!(d.kind, crate::definition::Kind::Rows { .. });
+                let shared = matches!(d.kind, crate::core::definition::Kind::Rows { .. });
                 if (!shared && seen.iter().any(|(_, c)| *c == d.collection))
                     || all.iter().any(|s| s.comments_collection == d.collection)
                 {
@@ -191,7 +191,7 @@ impl Settings {
     pub fn source_of_counter(
         &self,
         name: &str,
-    ) -> Result<Option<(Settings, crate::definition::CounterIx)>, ConfigError> {
+    ) -> Result<Option<(Settings, crate::core::key::CounterIx)>, ConfigError> {
         for source in self.sources()? {
             if let Some((ix, _)) = source.definitions()?.by_name(name) {
                 return Ok(Some((source, ix)));

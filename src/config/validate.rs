@@ -2,12 +2,8 @@
 
 use std::time::Duration;
 
-use super::{redact_uri, ConfigError, Settings, SoftDeleteRule};
-
-/// What a connection string looks like, said without writing one (a URI-shaped example would
-/// itself be redacted in the message).
-pub const URI_SHAPE: &str = "expected mongodb:// or mongodb+srv:// then [user:password@]host[:port][,host…][/database][?options], with / @ : ? # % in the user or password percent-encoded";
-use crate::snapshot::InitialSnapshot;
+use super::{ConfigError, InitialSnapshot, Settings, SoftDeleteRule};
+use crate::redact::{redact_uri, URI_SHAPE};
 
 impl Settings {
     /// Range checks that types alone cannot express, for these settings and every source
@@ -78,7 +74,7 @@ impl Settings {
                 "the initial snapshot keeps its counts honest through the comment ledger: use attribution = \"auto\" or \"ledger\", or set initial_snapshot = \"never\"",
             ));
         }
-        let least = crate::budget::cost::min_budget(self.streams_per_process());
+        let least = crate::core::cost::min_budget(self.streams_per_process());
         if self.memory_budget != 0 && self.memory_budget < least as u64 {
             return Err(bad(
                 "memory_budget",
@@ -240,8 +236,8 @@ pub(super) fn collection_name_problem(name: &str) -> Option<&'static str> {
 /// split may be quoted in pieces (a fragment of the password read as a host or a port), and
 /// then only the likely cause is said.
 fn safe_reason(reason: &str, uri: &str) -> String {
-    let reason = super::redact::redact_text_for(&reason.replace(uri, "<uri>"), uri);
-    if super::redact::shows_part_of_secret(&reason, uri) {
+    let reason = crate::redact::redact_text_for(&reason.replace(uri, "<uri>"), uri);
+    if crate::redact::shows_part_of_secret(&reason, uri) {
         "it does not split into user:password@hosts (a character of the password that must be percent-encoded, such as / @ : ? # % or a space, is written as it is)".into()
     } else {
         reason

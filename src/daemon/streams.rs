@@ -25,7 +25,9 @@ use crate::worker::{Worker, WorkerSettings};
 pub fn statuses_for(settings: &Settings) -> Result<Vec<(String, Arc<WorkerStatus>)>, DaemonError> {
     let mut all = Vec::new();
     for source in settings.sources()? {
-        for (name, _) in crate::partition::stream_names(&source.stream_name, source.partitions) {
+        for (name, _) in
+            crate::core::partition::stream_names(&source.stream_name, source.partitions)
+        {
             all.push((
                 name,
                 Arc::new(WorkerStatus::exporting(crate::telemetry::export_parked)),
@@ -61,7 +63,7 @@ pub async fn run_sources(
     };
     // Set aside for the reconcilers' row-level reads (see `ReconcileSettings::recount_rows`)
     // for as long as the streams run: events in flight never use it.
-    let _recounts = shared.budget.take_free(crate::budget::cost::recount_share(
+    let _recounts = shared.budget.take_free(crate::core::cost::recount_share(
         shared.budget.total(),
         shared.streams,
     ));
@@ -111,7 +113,7 @@ async fn run_streams(
         return Ok(());
     };
     let tls = crate::doctor::tls::TlsPlan::of(&settings.mongodb_uri).unwrap_or_default();
-    tracing::info!(mongodb = %crate::config::redact_uri(&settings.mongodb_uri), version = %abilities.version,
+    tracing::info!(mongodb = %crate::redact::redact_uri(&settings.mongodb_uri), version = %abilities.version,
         tls = %crate::doctor::tls::summary(&tls), pre_images = abilities.pre_images, source = %settings.comments_collection, partitions = settings.partitions, "connected");
     // The doctor's checks, logged: a missing recount index or a misspelled field is a warning
     // at start, never silent (none of them stops the process: `counterd doctor` exits on them).
@@ -148,7 +150,8 @@ async fn run_streams(
     let budget = shared.budget;
     // Checked when the settings were loaded; a mistake here is one in the file.
     let definitions = Arc::new(settings.definitions()?);
-    let partitions = crate::partition::stream_names(&settings.stream_name, settings.partitions);
+    let partitions =
+        crate::core::partition::stream_names(&settings.stream_name, settings.partitions);
     let source = Arc::new(settings);
     for ((stream, partition), status) in partitions.into_iter().zip(statuses) {
         let settings = source.as_ref();
@@ -171,7 +174,7 @@ async fn run_streams(
                 stream: stream.clone(),
                 partition,
                 // The process's budget, of every source, split over its streams.
-                recount_rows: crate::budget::cost::recount_rows(budget.total(), shared.streams),
+                recount_rows: crate::core::cost::recount_rows(budget.total(), shared.streams),
                 ..ReconcileSettings::from(settings)
             },
             stream: stream.clone(),
@@ -221,7 +224,7 @@ async fn prepare_or_park(
             return Err(error);
         };
         let names: Vec<String> =
-            crate::partition::stream_names(&settings.stream_name, settings.partitions)
+            crate::core::partition::stream_names(&settings.stream_name, settings.partitions)
                 .into_iter()
                 .map(|(name, _)| name)
                 .collect();
@@ -274,7 +277,7 @@ struct StreamJob {
     lease: LeaseSettings,
     worker: WorkerSettings,
     reconcile: ReconcileSettings,
-    definitions: Arc<crate::definition::Definitions>,
+    definitions: Arc<crate::core::definition::Definitions>,
     status: Arc<WorkerStatus>,
 }
 

@@ -7,8 +7,8 @@ use std::collections::BTreeSet;
 use bson::{Bson, Document};
 
 use super::{Expectations, Finding};
-use crate::event::RowRead;
-use crate::schema::{Schema, SoftDelete};
+use crate::core::event::RowRead;
+use crate::core::schema::{Schema, SoftDelete};
 
 /// One finding per configured field: the group field, the creation field, the soft-delete
 /// field (if the rule reads one).

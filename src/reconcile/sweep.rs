@@ -3,8 +3,8 @@
 
 use super::run::Run;
 use super::{Outcome, Reconciler, RunReport};
-use crate::definition::CounterIx;
-use crate::event::PostId;
+use crate::core::key::CounterIx;
+use crate::core::key::PostId;
 use crate::shutdown::Shutdown;
 use crate::store::{Store, StoreResult};
 use crate::telemetry as m;
@@ -153,7 +153,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
         let gap_end = checkpoint
             .gaps
             .iter()
-            .map(|g| crate::time::secs(g.to))
+            .map(|g| crate::core::time::secs(g.to))
             .max();
         let watermark = self.watermark(now_secs).await?;
         if gap_end.is_some_and(|end| watermark <= end) {
@@ -270,7 +270,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
     /// far fill it, they are rebuilt (read, wait, write) before the next post is read. One
     /// post with more rows than the share is still read whole.
     async fn rebuild_ledger(&self, posts: &[PostId], generation: u64) -> StoreResult<bool> {
-        let at_most = crate::budget::cost::rows_for_ids(self.settings.recount_rows);
+        let at_most = crate::core::cost::rows_for_ids(self.settings.recount_rows);
         let mut rows = Vec::new();
         for post in posts {
             rows.extend(self.store.rows_of_post(post).await?);
@@ -292,7 +292,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
     /// once every event before the read is applied.
     async fn rebuild_rows(
         &self,
-        rows: Vec<(crate::event::CommentId, crate::event::Row)>,
+        rows: Vec<(crate::core::event::CommentId, crate::core::event::Row)>,
         generation: u64,
     ) -> StoreResult<bool> {
         let read_at = self.store.read_position().await?.upper;
@@ -391,7 +391,7 @@ pub async fn adopt_new_definitions<S: Store + ?Sized>(
             // Events applied before this process took the stream did not count for the new
             // definition, and a fold trusts the stream for rows above its watermark: the sweep
             // waits until the watermark passes `since`, so every such row is recounted.
-            if reconciler.watermark(now_secs).await? <= crate::time::secs(since) {
+            if reconciler.watermark(now_secs).await? <= crate::core::time::secs(since) {
                 continue;
             }
             tracing::info!(stream = %stream, counter = %reconciler.settings.counter_name,

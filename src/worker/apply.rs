@@ -4,11 +4,13 @@
 use std::collections::{HashMap, HashSet};
 
 use super::{SessionError, Worker};
-use crate::batch::{plan_batch_covering, CounterWrite, Coverage, LedgerUpdate};
-use crate::budget::{cost, Budget, Grant};
-use crate::carry::Carry;
-use crate::event::{ChangeEvent, CommentId, Row};
-use crate::store::{ApplyOutcome, Checkpoint, Fence, PendingBatch, Store, StoreError, StoreResult};
+use crate::budget::{Budget, Grant};
+use crate::core::batch::PendingBatch;
+use crate::core::batch::{plan_batch_covering, CounterWrite, Coverage, LedgerUpdate};
+use crate::core::carry::Carry;
+use crate::core::cost;
+use crate::core::event::{ChangeEvent, CommentId, Row};
+use crate::store::{ApplyOutcome, Checkpoint, Fence, Store, StoreError, StoreResult};
 use crate::telemetry as m;
 
 /// Ledger entries read ahead for the next batch while the current one was written, with the
@@ -79,7 +81,7 @@ impl<S: Store + ?Sized> Worker<S> {
     }
 
     /// Reads the rows of the batch's updates whose after-state cannot be derived, in one
-    /// batched read, and sets each as its events' `fullDocument` (see [`crate::lookup`]).
+    /// batched read, and sets each as its events' `fullDocument` (see [`crate::core::lookup`]).
     /// Returns what the rows are charged against the memory budget while the batch is planned
     /// (like the ledger entries read for it, a row's projection per updated comment).
     async fn look_up_rows(
@@ -88,7 +90,7 @@ impl<S: Store + ?Sized> Worker<S> {
         events: &mut [ChangeEvent],
         ledger: &HashMap<String, Option<Row>>,
     ) -> StoreResult<Grant> {
-        let wanted = crate::lookup::rows_to_read(
+        let wanted = crate::core::lookup::rows_to_read(
             events,
             ledger,
             self.settings.attribution,
@@ -99,7 +101,7 @@ impl<S: Store + ?Sized> Worker<S> {
         }
         let grant = self.settings.budget.overdraw(wanted.len() * cost::ROW_COST);
         let rows = self.store.look_up(&wanted).await?;
-        crate::lookup::attach(events, &wanted, &rows);
+        crate::core::lookup::attach(events, &wanted, &rows);
         metrics::counter!(m::UPDATE_ROWS_READ, "stream" => stream.to_string())
             .increment(wanted.len() as u64);
         Ok(grant)
@@ -111,7 +113,7 @@ impl<S: Store + ?Sized> Worker<S> {
     ///
     /// With `may_carry` (the worker is behind and more events are read), the batch's counter
     /// increments join the counters carried across batches instead of being written now, if
-    /// `carrying` has room for them (see [`crate::carry`]); otherwise everything carried is
+    /// `carrying` has room for them (see [`crate::core::carry`]); otherwise everything carried is
     /// written with this batch and the checkpoint moves.
     pub(super) async fn apply(
         &self,
@@ -130,7 +132,7 @@ impl<S: Store + ?Sized> Worker<S> {
         };
         let complete = checkpoint.ledger_complete();
         // The ledger is divided between partitions only where it is complete: elsewhere a
-        // comment without an entry is unknown, not "not here" (see `crate::partition`).
+        // comment without an entry is unknown, not "not here" (see `crate::core::partition`).
         let divided = self.settings.partition.filter(|_| complete);
         if let Some(partition) = divided {
             partition.own_view(&mut ledger);
@@ -159,7 +161,7 @@ impl<S: Store + ?Sized> Worker<S> {
         if let Some(partition) = self.settings.partition {
             // Every partition classifies every event against its own ledger and plans only its
             // part of each change (`plan_batch_covering`); it keeps the ledger entries of its
-            // comments (see `crate::partition`).
+            // comments (see `crate::core::partition`).
             if divided.is_some() {
                 plan.ledger = partition.own_writes(plan.ledger, &ledger);
             }
@@ -210,7 +212,7 @@ impl<S: Store + ?Sized> Worker<S> {
                 // Only well behind: a worker keeping up with live writes writes every batch, so
                 // that counters follow the stream within about a batch's latency.
                 let behind = batch.end_time.is_some_and(|t| {
-                    crate::time::secs(self.clock.now()) - t.time as i64 >= CARRY_BEHIND_SECS
+                    crate::core::time::secs(self.clock.now()) - t.time as i64 >= CARRY_BEHIND_SECS
                 });
                 let may_carry = may_carry && behind;
                 // (0) The intent names the carry the batch joins. A batch that may be carried
@@ -411,7 +413,7 @@ impl<S: Store + ?Sized> Worker<S> {
         let mut carry = Carry::default();
         if let Some(id) = &batch.carry {
             // A few stored batches at a time, merged as they come.
-            let mut after: Option<crate::event::Token> = None;
+            let mut after: Option<crate::core::event::Token> = None;
             loop {
                 let page = self
                     .store
@@ -514,17 +516,17 @@ impl Carrying {
 /// An event that was not counted, with its comment and post where the event names them (taken
 /// before the events are dropped, logged after the batch's writes).
 struct SkippedReport {
-    token: crate::event::Token,
+    token: crate::core::event::Token,
     comment: String,
     post: String,
-    problem: crate::classify::Problem,
+    problem: crate::core::classify::Problem,
 }
 
 impl SkippedReport {
     fn of(
-        skipped: &crate::batch::Skipped,
+        skipped: &crate::core::batch::Skipped,
         events: &[ChangeEvent],
-        schema: &crate::schema::Schema,
+        schema: &crate::core::schema::Schema,
     ) -> SkippedReport {
         let event = events.iter().find(|e| e.token == skipped.token);
         let comment = event
@@ -554,8 +556,8 @@ impl SkippedReport {
 
     fn log(&self, stream: &str) {
         let kind = match &self.problem {
-            crate::classify::Problem::Bad(_) => "bad",
-            crate::classify::Problem::Unattributable(_) => "unattributable",
+            crate::core::classify::Problem::Bad(_) => "bad",
+            crate::core::classify::Problem::Unattributable(_) => "unattributable",
         };
         let SkippedReport {
             token,

@@ -9,7 +9,7 @@
 //! `write_batch`); (d) waits for all three.
 //!
 //! While the worker is behind, (a) and (c) may wait: a batch's counter increments and dirty
-//! marks are carried to the next batch (see [`crate::carry`]), stored under the carry's id just
+//! marks are carried to the next batch (see [`crate::core::carry`]), stored under the carry's id just
 //! before the batch's intent (which then holds only its ledger states); the carry's counters
 //! are written together, before (d), when the worker catches up, stops, pauses for a snapshot
 //! chunk, or the carry is old or full. (d) never passes a carried increment.
@@ -31,12 +31,13 @@ use std::time::Duration;
 use backon::{BackoffBuilder, ExponentialBuilder};
 use bson::{DateTime, Timestamp};
 
-use crate::classify::{Attribution, StreamEnded};
 use crate::clock::{Clock, SystemClock};
 use crate::config::OnHistoryLost;
+use crate::core::batch::PendingBatch;
+use crate::core::classify::{Attribution, StreamEnded};
 use crate::shutdown::{sleep_or_shutdown, Shutdown};
 pub use crate::status::WorkerStatus;
-use crate::store::{Checkpoint, Fence, Gap, PendingBatch, Store, StoreError};
+use crate::store::{Checkpoint, Fence, Gap, Store, StoreError};
 use crate::telemetry as m;
 
 /// The worker's knobs: built from the configuration by [`crate::daemon`], whose `Default` is
@@ -69,9 +70,9 @@ pub struct WorkerSettings {
     /// A step (read + write of one batch) taking longer is abandoned and retried.
     pub operation_timeout: Duration,
     /// Keep only the posts of this partition (`None`: all posts).
-    pub partition: Option<crate::partition::Partition>,
+    pub partition: Option<crate::core::partition::Partition>,
     /// The application's field names and soft-delete rule.
-    pub schema: crate::schema::Schema,
+    pub schema: crate::core::schema::Schema,
     /// The initial snapshot of rows that exist before the stream's start.
     pub snapshot: crate::snapshot::SnapshotSettings,
     /// The process's memory budget, shared by every stream's worker: events in flight, the
@@ -125,7 +126,7 @@ impl<S: Store + ?Sized> Worker<S> {
     /// The clock's now as a cluster-time-like timestamp (whole seconds).
     fn now_timestamp(&self) -> Timestamp {
         Timestamp {
-            time: crate::time::secs(self.clock.now()).clamp(0, u32::MAX as i64) as u32,
+            time: crate::core::time::secs(self.clock.now()).clamp(0, u32::MAX as i64) as u32,
             increment: 0,
         }
     }

@@ -13,9 +13,9 @@ use bson::{DateTime, Timestamp};
 
 use super::apply::{Carrying, Prefetched};
 use super::{SessionError, Worker};
-use crate::budget::cost::{self, ReadLimit};
 use crate::budget::Grant;
-use crate::event::{ChangeEvent, Token};
+use crate::core::cost::{self, ReadLimit};
+use crate::core::event::{ChangeEvent, Token};
 use crate::shutdown::{sleep_or_shutdown, Shutdown};
 use crate::store::{
     Checkpoint, EventSource, Fence, RawBatch, Store, StoreError, StreamOptions, StreamStart,
@@ -52,7 +52,7 @@ struct Pending {
     /// The ledger entries of the events read ahead, fetched while the batch before them was
     /// written (see [`Prefetched`]).
     prefetched: Option<Prefetched>,
-    /// Counters carried across batches while behind (see [`crate::carry`]).
+    /// Counters carried across batches while behind (see [`crate::core::carry`]).
     carrying: Carrying,
 }
 
@@ -284,7 +284,7 @@ impl<S: Store + ?Sized> Worker<S> {
         pending: &mut Pending,
     ) -> Result<bool, SessionError> {
         // Counters are carried only while more events are read and waiting (see
-        // `crate::carry`): otherwise what is carried is written now, before the stream is read
+        // `crate::core::carry`): otherwise what is carried is written now, before the stream is read
         // on caught up (a read that waits for events holds nothing else; `crate::budget`).
         let carry_on = pending.behind
             && !pending.events.is_empty()
@@ -605,7 +605,7 @@ fn rfc3339(at: Timestamp) -> String {
 ///
 /// Why this never ends a batch inside a transaction: the buffer holds whole reads, and every
 /// `EventSource` read ends only at a transaction's end (or where nothing more was ready, which
-/// a transaction, visible all at once, cannot straddle): see [`crate::txn`]. So the one cut
+/// a transaction, visible all at once, cannot straddle): see [`crate::core::txn`]. So the one cut
 /// made here is the high water's, itself a batch end (or a post-batch token of a drained read);
 /// one inside a transaction can only come from a version before that rule or an operator's
 /// replay to a token inside one, and cutting there keeps what the counters already hold.

@@ -4,11 +4,12 @@
 use std::collections::{BTreeMap, HashMap};
 
 use bson::{doc, oid::ObjectId, Bson, DateTime, Document, Timestamp};
-use counterd::batch::{bucket_of, plan_batch, BatchPlan, CounterDelta, LedgerUpdate};
-use counterd::classify::Attribution;
-use counterd::event::{ChangeEvent, CommentId, PostId, Row};
-use counterd::num::Num;
-use counterd::schema::Schema;
+use counterd::core::batch::{bucket_of, plan_batch, BatchPlan, CounterDelta, LedgerUpdate};
+use counterd::core::classify::Attribution;
+use counterd::core::event::{ChangeEvent, CommentId, Row};
+use counterd::core::key::PostId;
+use counterd::core::num::Num;
+use counterd::core::schema::Schema;
 
 use crate::{
     c1, dead, dt, event, fc, fixture, int_key, live, oid_key, parse, post, posts, unposted, C1,
@@ -57,7 +58,7 @@ pub fn counter(p: &str, buckets: &[(Option<DateTime>, i64)]) -> CounterDelta {
     let touched = map.keys().copied().collect();
     map.retain(|_, v| *v != 0);
     CounterDelta {
-        counter: counterd::definition::CounterIx::DEFAULT,
+        counter: counterd::core::key::CounterIx::DEFAULT,
         post: post(p),
         delta: Num::Int(buckets.iter().map(|(_, a)| a).sum()),
         buckets: map.into_iter().map(|(k, v)| (k, Num::Int(v))).collect(),
@@ -73,7 +74,7 @@ pub fn net(counters: &[CounterDelta]) -> Vec<CounterDelta> {
         .iter()
         .filter(|c| c.delta != 0 || !c.buckets.is_empty())
         .map(|c| CounterDelta {
-            counter: counterd::definition::CounterIx::DEFAULT,
+            counter: counterd::core::key::CounterIx::DEFAULT,
             // Touches beyond the changed buckets (bucket 0 for hidden states) are checked by
             // `batch_touches_changes_that_cancel_out` and `batch_touches_every_bucket_*`.
             touched: c
@@ -180,7 +181,7 @@ fn batch_touches_changes_that_cancel_out() {
     );
     let bucket = bucket_of(c1(), WIDTH);
     let touch_only = |p: &str| CounterDelta {
-        counter: counterd::definition::CounterIx::DEFAULT,
+        counter: counterd::core::key::CounterIx::DEFAULT,
         post: post(p),
         delta: Num::ZERO,
         buckets: BTreeMap::new(),
@@ -195,7 +196,7 @@ fn batch_touches_changes_that_cancel_out() {
         .counters
         .iter()
         .map(|c| CounterDelta {
-            counter: counterd::definition::CounterIx::DEFAULT,
+            counter: counterd::core::key::CounterIx::DEFAULT,
             comments: None,
             ..c.clone()
         })
@@ -215,7 +216,7 @@ fn batch_touches_changes_that_cancel_out() {
 #[test]
 fn batch_names_the_rows_it_changed_per_post() {
     // One row's whole life in a batch: both posts it passed through name it once (the counter's
-    // log entry a row-level recount settles against, see `counterd::recount::window`).
+    // log entry a row-level recount settles against, see `counterd::core::window`).
     let events = lifecycle_prompt();
     let row = events[0].comment.clone().unwrap();
     let (plan, _) = plan_batch(

@@ -1,7 +1,7 @@
 //! The fake server's shapes (`fixtures/events/fake/`): updates without descriptions, classified
 //! from their lookups, and rows that are gone.
 
-use counterd::classify::{After, Attribution, Before, Source};
+use counterd::core::classify::{After, Attribution, Before, Source};
 
 use crate::{
     dead, delta, fc, live, outcome, run, unattributable, ALL, DELETE_UNATTRIBUTABLE, LEDGER_USERS,

@@ -1,6 +1,6 @@
 //! Hard deletes: with a pre-image, from the ledger, and on a collection sharded on `post_id`.
 
-use counterd::classify::{After, Attribution, Before, Classification, Source};
+use counterd::core::classify::{After, Attribution, Before, Classification, Source};
 
 use crate::{
     c1, dead, delta, live, outcome, run, unattributable, ALL, DELETE_UNATTRIBUTABLE, LEDGER_USERS,

@@ -1,7 +1,7 @@
 //! Inserts: live, soft-deleted, and with a `post_id` of an unsupported type.
 
-use counterd::classify::{After, Before, Malformed, Source};
-use counterd::event::Row;
+use counterd::core::classify::{After, Before, Malformed, Source};
+use counterd::core::event::Row;
 
 use crate::{
     bad, c1, c2, dead, delta, event, live, oid_key, outcome, run, unsupported_post_type, ALL, C2,

@@ -12,13 +12,14 @@
 use std::path::PathBuf;
 
 use bson::{oid::ObjectId, Bson, DateTime, Document};
-use counterd::classify::{
+use counterd::core::classify::{
     classify, After, Attribution, Before, Classification, Delta, Malformed, Problem, Source,
     Unattributable,
 };
-use counterd::event::{ChangeEvent, CommentId, PostId, Row};
-use counterd::num::Num;
-use counterd::schema::Schema;
+use counterd::core::event::{ChangeEvent, CommentId, Row};
+use counterd::core::key::PostId;
+use counterd::core::num::Num;
+use counterd::core::schema::Schema;
 
 mod batches;
 mod fake_server;
@@ -127,7 +128,7 @@ fn unposted(created_at: Option<DateTime>, deleted: bool) -> Row {
 }
 fn delta(p: &str, created_at: Option<DateTime>, amount: i64) -> Delta {
     Delta {
-        counter: counterd::definition::CounterIx::DEFAULT,
+        counter: counterd::core::key::CounterIx::DEFAULT,
         post: post(p),
         created_at,
         amount: Num::Int(amount),
@@ -154,8 +155,8 @@ fn outcome(
         deltas,
         dirty: posts(dirty)
             .into_iter()
-            .map(|group| counterd::definition::CounterKey {
-                counter: counterd::definition::CounterIx::DEFAULT,
+            .map(|group| counterd::core::key::CounterKey {
+                counter: counterd::core::key::CounterIx::DEFAULT,
                 group,
             })
             .collect(),

@@ -1,6 +1,6 @@
 //! Replaces: in place and onto another post.
 
-use counterd::classify::{After, Attribution, Before, Source};
+use counterd::core::classify::{After, Attribution, Before, Source};
 
 use crate::{c1, dead, delta, live, outcome, run, LEDGER_USERS};
 

@@ -2,9 +2,9 @@
 //! (fixtures/events/schema/).
 
 use bson::Bson;
-use counterd::classify::{classify, Attribution, Before};
-use counterd::event::Row;
-use counterd::schema::Schema;
+use counterd::core::classify::{classify, Attribution, Before};
+use counterd::core::event::Row;
+use counterd::core::schema::Schema;
 
 use crate::{c1, event, post};
 
@@ -13,7 +13,7 @@ pub fn js_schema() -> Schema {
         counters: Vec::new(),
         group: "postId".into(),
         created: "createdAt".into(),
-        soft_delete: counterd::schema::SoftDelete::True {
+        soft_delete: counterd::core::schema::SoftDelete::True {
             field: "deleted".into(),
         },
     }
@@ -22,7 +22,7 @@ pub fn js_schema() -> Schema {
 pub fn status_schema() -> Schema {
     Schema {
         counters: Vec::new(),
-        soft_delete: counterd::schema::SoftDelete::OneOf {
+        soft_delete: counterd::core::schema::SoftDelete::OneOf {
             field: "status".into(),
             values: vec![Bson::String("removed".into()), Bson::String("spam".into())],
         },

@@ -2,7 +2,7 @@
 //! shape and token order, and the parser reads both servers' shapes.
 
 use bson::{doc, Timestamp};
-use counterd::event::{ChangeEvent, Operation, Token, UpdateSummary};
+use counterd::core::event::{ChangeEvent, Operation, Token, UpdateSummary};
 
 use crate::{dt, event, fixture, fixtures_dir, int_key, oid_key, C1};
 

@@ -1,7 +1,9 @@
 //! Unknown operations (reported) and stream-ending ones (`drop`, `rename`, `invalidate`...).
 
-use counterd::classify::{classify, After, Attribution, Before, Malformed, Source, StreamEnded};
-use counterd::schema::Schema;
+use counterd::core::classify::{
+    classify, After, Attribution, Before, Malformed, Source, StreamEnded,
+};
+use counterd::core::schema::Schema;
 
 use crate::{bad, c1, event, live, outcome, run, ALL};
 

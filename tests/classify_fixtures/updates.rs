@@ -1,7 +1,7 @@
 //! Updates: soft delete, undelete, restamp, moves, `post_id` removed, with and without update
 //! descriptions, lookups and pre-images.
 
-use counterd::classify::{After, Attribution, Before, Classification, Source};
+use counterd::core::classify::{After, Attribution, Before, Classification, Source};
 
 use crate::{
     c1, dead, delta, live, outcome, run, unattributable, unposted, ALL, LEDGER_USERS,

@@ -30,7 +30,7 @@ mod startup;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use counterd::event::PostId;
+use counterd::core::key::PostId;
 use counterd_testdb::{FaultProxy, Target};
 use daemon::Daemon;
 use support::{now_secs, TestDb};

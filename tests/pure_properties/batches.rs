@@ -3,11 +3,12 @@
 use std::collections::HashMap;
 
 use bson::{doc, Bson, DateTime, Document};
-use counterd::batch::{plan_batch, BatchPlan};
-use counterd::classify::Attribution;
-use counterd::event::{ChangeEvent, CommentId, PostId, Row};
-use counterd::num::Num;
-use counterd::schema::Schema;
+use counterd::core::batch::{plan_batch, BatchPlan};
+use counterd::core::classify::Attribution;
+use counterd::core::event::{ChangeEvent, CommentId, Row};
+use counterd::core::key::PostId;
+use counterd::core::num::Num;
+use counterd::core::schema::Schema;
 use proptest::prelude::*;
 use proptest::sample::select;
 

@@ -3,11 +3,12 @@
 use std::collections::BTreeMap;
 
 use bson::{doc, oid::ObjectId, Bson};
-use counterd::batch::bucket_of;
-use counterd::classify::{classify, After, Attribution, Before, Source};
-use counterd::definition::{CounterIx, CounterKey};
-use counterd::event::{ChangeEvent, PostId};
-use counterd::schema::Schema;
+use counterd::core::batch::bucket_of;
+use counterd::core::classify::{classify, After, Attribution, Before, Source};
+use counterd::core::event::ChangeEvent;
+use counterd::core::key::PostId;
+use counterd::core::key::{CounterIx, CounterKey};
+use counterd::core::schema::Schema;
 use proptest::prelude::*;
 use proptest::sample::select;
 
@@ -187,7 +188,7 @@ pub fn default_key(post: &PostId) -> CounterKey {
 }
 
 /// The counter a delta changes.
-pub fn key_of(d: &counterd::classify::Delta) -> CounterKey {
+pub fn key_of(d: &counterd::core::classify::Delta) -> CounterKey {
     CounterKey {
         counter: d.counter,
         group: d.post.clone(),

@@ -1,7 +1,7 @@
 //! The reconcile fold.
 
-use counterd::fold::{effective_watermark, fold, watermark_for, CounterState};
-use counterd::num::Num;
+use counterd::core::fold::{effective_watermark, fold, watermark_for, CounterState};
+use counterd::core::num::Num;
 use proptest::prelude::*;
 
 use crate::WIDTH;

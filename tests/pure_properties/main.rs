@@ -7,8 +7,9 @@
 use std::collections::BTreeMap;
 
 use bson::{doc, Bson, DateTime, Document, Timestamp};
-use counterd::batch::bucket_of;
-use counterd::event::{PostId, Row};
+use counterd::core::batch::bucket_of;
+use counterd::core::event::Row;
+use counterd::core::key::PostId;
 use proptest::prelude::*;
 
 mod batches;

@@ -3,11 +3,12 @@
 use std::collections::HashMap;
 
 use bson::{doc, oid::ObjectId, Bson, DateTime, Document, Timestamp};
-use counterd::batch::plan_batch;
-use counterd::classify::{classify, Attribution, Before};
-use counterd::event::{ChangeEvent, CommentId, PostId, Row};
-use counterd::num::Num;
-use counterd::schema::Schema;
+use counterd::core::batch::plan_batch;
+use counterd::core::classify::{classify, Attribution, Before};
+use counterd::core::event::{ChangeEvent, CommentId, Row};
+use counterd::core::key::PostId;
+use counterd::core::num::Num;
+use counterd::core::schema::Schema;
 use proptest::prelude::*;
 use proptest::sample::select;
 

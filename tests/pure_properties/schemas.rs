@@ -4,10 +4,10 @@
 use std::collections::HashMap;
 
 use bson::{Bson, Document};
-use counterd::batch::plan_batch;
-use counterd::classify::Attribution;
-use counterd::event::{ChangeEvent, CommentId, Row};
-use counterd::schema::Schema;
+use counterd::core::batch::plan_batch;
+use counterd::core::classify::Attribution;
+use counterd::core::event::{ChangeEvent, CommentId, Row};
+use counterd::core::schema::Schema;
 use proptest::prelude::*;
 use proptest::sample::select;
 
@@ -21,7 +21,7 @@ pub fn renamed_schema() -> Schema {
         counters: Vec::new(),
         group: "meta.postId".into(),
         created: "createdAt".into(),
-        soft_delete: counterd::schema::SoftDelete::Present {
+        soft_delete: counterd::core::schema::SoftDelete::Present {
             field: "deletedAt".into(),
         },
     }
@@ -40,7 +40,7 @@ pub fn rename_path(key: &str) -> String {
 pub fn rename_row(doc: &Document) -> Document {
     let mut out = Document::new();
     for (k, v) in doc {
-        counterd::schema::set_path(&mut out, &rename_path(k), v.clone());
+        counterd::core::schema::set_path(&mut out, &rename_path(k), v.clone());
     }
     out
 }
@@ -72,7 +72,7 @@ pub fn rename_event(event: &Document) -> Document {
                 ("$set" | "$unset", Bson::Document(d)) => {
                     renamed.insert(k.clone(), rename_keys(d));
                 }
-                _ => counterd::schema::set_path(&mut renamed, &rename_path(k), v.clone()),
+                _ => counterd::core::schema::set_path(&mut renamed, &rename_path(k), v.clone()),
             }
         }
         e.insert("documentKey", renamed);

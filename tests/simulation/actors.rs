@@ -10,8 +10,8 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::task::Poll;
 
-use counterd::batch::bucket_of;
-use counterd::event::PostId;
+use counterd::core::batch::bucket_of;
+use counterd::core::key::PostId;
 use counterd::reconcile::{run_requested_sweeps, ReconcileSettings, Reconciler, RunReport};
 use counterd::store::prelude::*;
 use counterd::store::{Fence, StoreError, StoreResult};

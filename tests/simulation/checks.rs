@@ -2,7 +2,7 @@
 //! boundaries, after the final reconcile and after the final sweep.
 
 use bson::Timestamp;
-use counterd::event::PostId;
+use counterd::core::key::PostId;
 
 use crate::seed::Sim;
 use crate::sim_store::{Broken, State};
@@ -109,7 +109,7 @@ impl Sim {
         }
         for counter in s.memory.counter_ixs().into_iter().skip(1) {
             for (group, c) in s.memory.counters_of(counter).into_iter().flatten() {
-                let sum: counterd::num::Num = c.buckets.values().sum();
+                let sum: counterd::core::num::Num = c.buckets.values().sum();
                 if c.count.differs(c.displayed())
                     || (sum.differs(c.live_delta) && !self.seed_fold())
                 {

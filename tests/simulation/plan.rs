@@ -6,13 +6,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bson::Timestamp;
-use counterd::budget::{cost, Budget};
-use counterd::classify::Attribution;
+use counterd::budget::Budget;
+use counterd::config::InitialSnapshot;
 use counterd::config::OnHistoryLost;
-use counterd::definition::CounterIx;
-use counterd::partition::{stream_names, Partition};
+use counterd::core::classify::Attribution;
+use counterd::core::cost;
+use counterd::core::key::CounterIx;
+use counterd::core::partition::{stream_names, Partition};
 use counterd::reconcile::{ReconcileSettings, Reconciler};
-use counterd::snapshot::{InitialSnapshot, SnapshotSettings};
+use counterd::snapshot::SnapshotSettings;
 use counterd::worker::WorkerSettings;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -54,16 +56,17 @@ pub struct Variant {
 /// The counter definitions beyond the default of the seeds that keep several: comments per
 /// author (`author_id`, which writers change and remove) and approved comments per post
 /// (`approved: true`, which writers set and clear), each with its own counters and dirty set.
-pub fn definitions() -> Vec<counterd::definition::Definition> {
-    let definition =
-        |name: &str, group: &str, condition: bson::Document| counterd::definition::Definition {
+pub fn definitions() -> Vec<counterd::core::definition::Definition> {
+    let definition = |name: &str, group: &str, condition: bson::Document| {
+        counterd::core::definition::Definition {
             name: name.into(),
             group: group.into(),
-            condition: counterd::condition::Condition::parse(&condition)
+            condition: counterd::core::condition::Condition::parse(&condition)
                 .expect("a condition of the supported subset"),
             collection: format!("{name}_counters"),
-            kind: counterd::definition::Kind::Count,
-        };
+            kind: counterd::core::definition::Kind::Count,
+        }
+    };
     vec![
         definition("per_author", "author_id", bson::doc! {}),
         definition("approved", "post_id", bson::doc! {"approved": true}),
@@ -73,22 +76,22 @@ pub fn definitions() -> Vec<counterd::definition::Definition> {
 /// The sums of the `sums` variant: the ratings per author (integers, halves, missing values and
 /// strings, which add nothing) with their row count (`with_count`), and the scores of approved
 /// comments per post (halves).
-pub fn sums() -> Vec<counterd::definition::Definition> {
+pub fn sums() -> Vec<counterd::core::definition::Definition> {
     let sum = |name: &str, group: &str, field: &str, condition: bson::Document| {
-        counterd::definition::Definition {
+        counterd::core::definition::Definition {
             name: name.into(),
             group: group.into(),
-            condition: counterd::condition::Condition::parse(&condition)
+            condition: counterd::core::condition::Condition::parse(&condition)
                 .expect("a condition of the supported subset"),
             collection: format!("{name}_counters"),
-            kind: counterd::definition::Kind::Sum {
+            kind: counterd::core::definition::Kind::Sum {
                 field: field.into(),
             },
         }
     };
-    let rows = counterd::definition::Definition {
+    let rows = counterd::core::definition::Definition {
         name: "rating_per_author_rows".into(),
-        kind: counterd::definition::Kind::Rows {
+        kind: counterd::core::definition::Kind::Rows {
             of: "rating_per_author".into(),
         },
         ..sum("rating_per_author", "author_id", "rating", bson::doc! {})
@@ -331,7 +334,7 @@ impl Plan {
     }
 
     /// The counter definitions this seed keeps beyond the default.
-    pub fn extra(&self) -> Vec<counterd::definition::Definition> {
+    pub fn extra(&self) -> Vec<counterd::core::definition::Definition> {
         let mut extra = if self.definitions {
             definitions()
         } else {
@@ -373,9 +376,9 @@ impl Plan {
             retry_min_delay: Duration::ZERO,
             retry_max_delay: Duration::ZERO,
             budget: self.budget.clone(),
-            schema: counterd::schema::Schema {
+            schema: counterd::core::schema::Schema {
                 counters: self.extra(),
-                ..counterd::schema::Schema::default()
+                ..counterd::core::schema::Schema::default()
             },
             snapshot: SnapshotSettings {
                 initial: if self.snapshot {
@@ -428,7 +431,7 @@ impl Plan {
             .into_iter()
             .map(|ix| {
                 let name = match ix {
-                    CounterIx::DEFAULT => counterd::definition::DEFAULT_COUNTER,
+                    CounterIx::DEFAULT => counterd::core::definition::DEFAULT_COUNTER,
                     CounterIx(n) => &names[n - 1].name,
                 };
                 let settings = settings.clone().for_counter(ix, name);

@@ -7,7 +7,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use counterd::budget::Budget;
-use counterd::event::Token;
+use counterd::core::event::Token;
 use counterd::reconcile::Reconciler;
 use counterd::store::prelude::*;
 use counterd::store::Position;

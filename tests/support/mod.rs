@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use counterd::event::PostId;
+use counterd::core::key::PostId;
 use counterd::store::counting::CountingStore;
 use counterd::store::mongo::{ConnectOptions, MongoStore};
 use counterd::store::prelude::*;
@@ -35,16 +35,16 @@ pub struct TestDb {
     pub comments: Collection<Document>,
     pub abilities: ServerAbilities,
     /// The application schema this test's rows use.
-    pub schema: counterd::schema::Schema,
+    pub schema: counterd::core::schema::Schema,
 }
 
 impl TestDb {
     pub async fn new(test: &str) -> TestDb {
-        Self::with_schema(test, counterd::schema::Schema::default()).await
+        Self::with_schema(test, counterd::core::schema::Schema::default()).await
     }
 
     /// A test database whose comments use `schema`'s field names and soft-delete rule.
-    pub async fn with_schema(test: &str, schema: counterd::schema::Schema) -> TestDb {
+    pub async fn with_schema(test: &str, schema: counterd::core::schema::Schema) -> TestDb {
         Self::on_server(server(), test, schema).await
     }
 
@@ -53,7 +53,7 @@ impl TestDb {
     pub async fn on_server(
         server: &TestServer,
         test: &str,
-        schema: counterd::schema::Schema,
+        schema: counterd::core::schema::Schema,
     ) -> TestDb {
         let name = format!(
             "t{}_{}_{}",

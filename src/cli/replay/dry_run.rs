@@ -9,7 +9,7 @@ use bson::DateTime;
 
 use crate::cli::print_json;
 use crate::config::Settings;
-use crate::event::ChangeEvent;
+use crate::core::event::ChangeEvent;
 use crate::outln;
 use crate::store::mongo::MongoStore;
 use crate::store::prelude::*;

@@ -50,10 +50,12 @@ use self::documents::*;
 use self::errors::*;
 use self::observe::Observe;
 pub use self::stream::position_from_reply;
-use crate::batch::{BucketStart, CounterDelta, CounterWrite, DirtyMark, LedgerUpdate};
-use crate::definition::CounterIx;
-use crate::event::{CommentId, PostId, Row, Token};
-use crate::schema::{Schema, SoftDelete};
+use crate::core::batch::{CounterDelta, CounterWrite, DirtyMark, LedgerUpdate};
+use crate::core::event::{CommentId, Row, Token};
+use crate::core::key::CounterIx;
+use crate::core::key::PostId;
+use crate::core::schema::{Schema, SoftDelete};
+use crate::core::time::BucketStart;
 
 /// Field names of counterd's own ledger and pending-batch documents (not the application's:
 /// those come from the [`Schema`]).
@@ -61,8 +63,8 @@ const LEDGER_POST: &str = "post_id";
 const LEDGER_CREATED: &str = "created_at";
 /// A ledger entry's verdicts per counter definition beyond the default.
 const LEDGER_MEMBERS: &str = "members";
-use crate::fold::{CounterState, Fold};
-use crate::recount::{Touch, LOG_ENTRIES};
+use crate::core::fold::{CounterState, Fold};
+use crate::core::window::{Touch, LOG_ENTRIES};
 
 /// The names of counterd's own collections: a prefix (default `counterd_`) for its bookkeeping,
 /// and the counters collection that readers query (default `comment_counters`).
@@ -72,7 +74,7 @@ pub struct Collections {
     pub ledger: String,
     pub dirty: String,
     pub checkpoints: String,
-    /// Batches whose counters a worker carries (see [`crate::carry`]), one document each,
+    /// Batches whose counters a worker carries (see [`crate::core::carry`]), one document each,
     /// until the carry is written.
     pub carried: String,
     pub leases: String,
@@ -97,7 +99,7 @@ impl Collections {
     /// The dirty set of the counter definition `name`: the default keeps `<prefix>dirty` (so
     /// an existing database works unchanged), every other `<prefix>dirty_<name>`.
     pub fn dirty_of(&self, name: &str) -> String {
-        if name == crate::definition::DEFAULT_COUNTER {
+        if name == crate::core::definition::DEFAULT_COUNTER {
             self.dirty.clone()
         } else {
             format!("{}_{name}", self.dirty)
@@ -151,7 +153,7 @@ pub(super) struct Place<'a> {
     /// The field that groups its rows.
     pub group: &'a str,
     /// What its rows must satisfy beyond being live (`None`: nothing).
-    pub condition: Option<&'a crate::condition::Condition>,
+    pub condition: Option<&'a crate::core::condition::Condition>,
     /// The field a sum adds up (`None`: a count).
     pub sum: Option<&'a str>,
     /// Where its counter's fields live in the counter document: `""`, or `"rows."` for a
@@ -180,7 +182,7 @@ impl MongoStore {
     /// Connects and checks that the server answers, with an error that names the host, what
     /// failed and what to check.
     pub async fn connect(options: &ConnectOptions) -> StoreResult<MongoStore> {
-        crate::config::redact::remember_secrets(&options.uri);
+        crate::redact::remember_secrets(&options.uri);
         let mut client_options =
             ClientOptions::parse(&options.uri)
                 .await
@@ -189,8 +191,8 @@ impl MongoStore {
                     transient: false,
                     detail: format!(
                         "{} (check `mongodb_uri`: {})",
-                        crate::config::redact::redact_text_for(&short(&e), &options.uri),
-                        crate::config::validate::URI_SHAPE
+                        crate::redact::redact_text_for(&short(&e), &options.uri),
+                        crate::redact::URI_SHAPE
                     ),
                     source: Box::new(e),
                 })?;

@@ -6,10 +6,10 @@
 //! longer than writing one: catching up a backlog, one step in three waited about 150 ms for a
 //! reply while its batch was written in 50 (bench/RESULTS.md, 2026-12-05, afternoon). The pump
 //! is a task that owns the stream and moves each reply's events, still raw, into a queue bounded
-//! in bytes (`crate::budget::cost::STREAM_QUEUE`), so that the driver asks for the next reply
+//! in bytes (`crate::core::cost::STREAM_QUEUE`), so that the driver asks for the next reply
 //! while the worker still takes the events of the last one (Debezium keeps the same queue
 //! between its reader and its processing). The queue and the reply the driver holds are what an
-//! open stream sets aside of the memory budget (`crate::budget::cost::REPLY_RESERVE`).
+//! open stream sets aside of the memory budget (`crate::core::cost::REPLY_RESERVE`).
 //!
 //! An empty reply ("dry") pauses the pump until a read asks again: an idle stream is not polled
 //! in the background (the fake server ignores `maxAwaitTimeMS`). And an empty answer is one the
@@ -27,7 +27,7 @@ use mongodb::error::Error as DriverError;
 use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
-use crate::budget::cost::{QUEUED_EVENT, STREAM_QUEUE};
+use crate::core::cost::{QUEUED_EVENT, STREAM_QUEUE};
 
 /// What the pump hands over, in the stream's order.
 pub(super) enum Pumped {

@@ -3,7 +3,7 @@
 
 use super::pump::{Pump, Pumped};
 use super::*;
-use crate::txn::{self, TxnKey};
+use crate::core::txn::{self, TxnKey};
 use mongodb::bson::RawDocumentBuf;
 
 pub(super) fn token_to_resume(token: &Token) -> StoreResult<ResumeToken> {
@@ -32,7 +32,7 @@ pub(super) fn resume_to_token(token: &ResumeToken) -> Option<Token> {
 /// memory budget, is known without encoding it again. An event that does not fit a read's
 /// limit is kept (`carried`) and returned first by the next read, unless it continues the
 /// transaction of the event before it: a read ends only at a transaction's end, taking a
-/// transaction larger than its limit whole (see `crate::txn`).
+/// transaction larger than its limit whole (see `crate::core::txn`).
 pub(super) struct MongoEvents {
     store: MongoStore,
     options: StreamOptions,
@@ -71,7 +71,7 @@ fn positioned(options: &StreamOptions) -> bool {
 
 /// A raw event decoded, with its charge against the memory budget.
 fn decode(raw: RawDocumentBuf) -> StoreResult<(Document, usize)> {
-    let cost = crate::budget::cost::event_cost(raw.as_bytes().len());
+    let cost = crate::core::cost::event_cost(raw.as_bytes().len());
     let doc = raw.to_document().map_err(|e| StoreError::Malformed {
         what: "change event",
         id: "(undecodable)".into(),
@@ -111,7 +111,7 @@ impl EventSource for MongoEvents {
             let within =
                 events.len() < limit.events && (events.is_empty() || started.elapsed() < max_wait);
             // Beyond its limit a read still looks at the next event while the last one taken
-            // belongs to a transaction: it ends only at the transaction's end (`crate::txn`).
+            // belongs to a transaction: it ends only at the transaction's end (`crate::core::txn`).
             let looks_further = txn::must_look_further(last_txn.as_ref());
             if !within && !looks_further {
                 break;
@@ -257,7 +257,7 @@ impl MongoStore {
     /// `updateLookup` (a pre-image's after-state is derived from the description, and where it
     /// expired the lookup is the row to take); without, update events come without the row,
     /// and the worker reads the rows it cannot derive in one batched read per batch
-    /// ([`crate::lookup`]) instead of the server looking up every updated row.
+    /// ([`crate::core::lookup`]) instead of the server looking up every updated row.
     pub(super) async fn watch(
         &self,
         options: &StreamOptions,
@@ -270,7 +270,7 @@ impl MongoStore {
             // A reply is decoded whole by the driver: MongoDB caps one at 16 MB, the fake
             // server does not (it answered a 100 000-event backlog in one reply). The budget
             // sets this many projected events aside (`REPLY_RESERVE`).
-            .batch_size(crate::budget::cost::EVENTS_PER_REPLY)
+            .batch_size(crate::core::cost::EVENTS_PER_REPLY)
             .selection_criteria(SelectionCriteria::ReadPreference(ReadPreference::Primary));
         if options.pre_images {
             watch = watch
@@ -315,7 +315,7 @@ pub fn position_from_reply(reply: &Document, local_now: DateTime) -> ServerNow {
         .get_datetime("localTime")
         .copied()
         .unwrap_or(local_now);
-    let secs = crate::time::secs(now).clamp(0, u32::MAX as i64 - 1) as u32;
+    let secs = crate::core::time::secs(now).clamp(0, u32::MAX as i64 - 1) as u32;
     ServerNow {
         lower: Timestamp {
             time: secs,

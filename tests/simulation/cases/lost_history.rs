@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use counterd::definition::CounterIx;
-use counterd::event::PostId;
+use counterd::core::key::CounterIx;
+use counterd::core::key::PostId;
 use counterd::reconcile::{ReconcileSettings, Reconciler};
 use counterd::store::prelude::*;
 use counterd::store::Fence;

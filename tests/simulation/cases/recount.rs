@@ -5,10 +5,10 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use counterd::batch::DirtyMark;
 use counterd::budget::Budget;
-use counterd::definition::CounterIx;
-use counterd::event::PostId;
+use counterd::core::batch::DirtyMark;
+use counterd::core::key::CounterIx;
+use counterd::core::key::PostId;
 use counterd::reconcile::{ReconcileSettings, RunReport};
 use counterd::store::prelude::*;
 use counterd::store::Fence;

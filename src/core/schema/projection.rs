@@ -19,7 +19,7 @@
 //! `$objectToArray`/`$filter`/`$arrayToObject`, `$in`, `$indexOfBytes` (never `$substrBytes`,
 //! which fails on a cut inside a UTF-8 character), `$cond` and `$ifNull`. On an event without
 //! `updateDescription` (an insert; every update of the fake server) they yield null, which the
-//! event parser reads as no description (see `crate::event`).
+//! event parser reads as no description (see `crate::core::event`).
 
 use bson::{doc, Bson, Document};
 
@@ -27,9 +27,9 @@ use super::Schema;
 
 /// The change-event fields counterd reads besides the documents: the resume token, the
 /// operation, its cluster time and the document key (on a sharded cluster it holds the shard
-/// key too; the fake server puts its update spec there, see `crate::event`), and the
+/// key too; the fake server puts its update spec there, see `crate::core::event`), and the
 /// transaction an event belongs to (`lsid`, `txnNumber`: a batch never ends inside one, see
-/// `crate::txn`).
+/// `crate::core::txn`).
 const EVENT_FIELDS: [&str; 6] = [
     "_id",
     "operationType",

@@ -14,6 +14,10 @@
 
 use std::sync::{Mutex, OnceLock};
 
+/// What a connection string looks like, said without writing one (a URI-shaped example would
+/// itself be redacted in the message).
+pub const URI_SHAPE: &str = "expected mongodb:// or mongodb+srv:// then [user:password@]host[:port][,host…][/database][?options], with / @ : ? # % in the user or password percent-encoded";
+
 /// What replaces a secret value.
 pub const REDACTED: &str = "***";
 

@@ -4,7 +4,7 @@
 use bson::{Bson, DateTime, Document};
 
 use super::{Schema, SoftDelete};
-use crate::event::PostId;
+use crate::core::key::PostId;
 
 impl Schema {
     /// Builds a comment document with this schema's fields (the demo and tests write rows).
@@ -87,7 +87,7 @@ pub fn set_path(doc: &mut Document, path: &str, value: Bson) {
 mod tests {
     use super::super::tests::js;
     use super::*;
-    use crate::event::{Row, RowRead};
+    use crate::core::event::{Row, RowRead};
 
     #[test]
     fn row_documents_round_trip() {

@@ -22,10 +22,10 @@
 //! batch in flight.
 //!
 //! The merged write of a counter is the one its batches' own writes, one after the other,
-//! would have left ([`crate::batch::CounterWrite`]): the guard is the end of the *last* batch
+//! would have left ([`crate::core::batch::CounterWrite`]): the guard is the end of the *last* batch
 //! that touched the counter, each bucket records the last batch that changed it, and each batch
 //! keeps its own entry in the counter's log, so a row-level recount (see
-//! [`crate::recount::window`]) finds each changed row's ledger entry written by the batch its
+//! [`crate::core::window`]) finds each changed row's ledger entry written by the batch its
 //! entry names.
 //!
 //! What is carried costs memory and staleness (a counter shown to readers lags the carry), so
@@ -38,14 +38,15 @@ use std::collections::BTreeMap;
 use bson::{Bson, RawArrayBuf, RawBson, RawDocument, Timestamp};
 use smallvec::SmallVec;
 
-use crate::batch::{BucketStart, CounterDelta, CounterWrite, DirtyMark};
-use crate::budget::cost;
-use crate::definition::CounterIx;
-use crate::event::{CommentId, PostId, Token};
-use crate::num::Num;
-use crate::recount::window::LOG_COMMENTS;
-use crate::recount::{Touch, LOG_ENTRIES};
-use crate::store::PendingBatch;
+use crate::core::batch::PendingBatch;
+use crate::core::batch::{BucketStart, CounterDelta, CounterWrite, DirtyMark};
+use crate::core::cost;
+use crate::core::event::{CommentId, Token};
+use crate::core::key::CounterIx;
+use crate::core::key::PostId;
+use crate::core::num::Num;
+use crate::core::window::LOG_COMMENTS;
+use crate::core::window::{Touch, LOG_ENTRIES};
 
 /// The counters of the batches applied since the checkpoint, not written yet.
 #[derive(Debug, Default)]

@@ -5,16 +5,16 @@
 //! optional `fullDocument` and `fullDocumentBeforeChange`) and the one the fake test server
 //! (mongo-java-server) emits (update events carry the update spec in `documentKey`, no
 //! `updateDescription`, replaces reported as updates). An event of a multi-document
-//! transaction also carries `lsid` and `txnNumber` (real servers only; see [`crate::txn`]).
+//! transaction also carries `lsid` and `txnNumber` (real servers only; see [`crate::core::txn`]).
 
 use std::fmt;
 
-use bson::{oid::ObjectId, Bson, DateTime, Document, Timestamp};
+use bson::{Bson, DateTime, Document, Timestamp};
 use serde::{Deserialize, Serialize};
 
-use crate::definition::{CounterIx, Member};
-use crate::num::Num;
-use crate::txn::TxnKey;
+use crate::core::key::{CounterIx, Member, PostId};
+use crate::core::num::Num;
+use crate::core::txn::TxnKey;
 
 /// A position in the change stream: the resume token's `_data` string.
 ///
@@ -47,98 +47,6 @@ impl Token {
 impl fmt::Display for Token {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
-    }
-}
-
-/// A post's identity. Applications use strings, integers or ObjectIds; anything else in
-/// `post_id` is bad input.
-///
-/// Integers follow MongoDB's equality: `8` (int32), `NumberLong(8)` and `8.0` (a double) are one
-/// post to MongoDB's queries and unique indexes, and Node.js drivers store every integer beyond
-/// 2^31 as a double, so an integral double is the integer it equals. A fractional double (or
-/// one beyond i64) matches no integer and is bad input, as arrays and documents are.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub enum PostId {
-    Int(i64),
-    Str(String),
-    Oid(ObjectId),
-}
-
-/// The integer a double equals exactly, if any (MongoDB compares numbers by value).
-fn integral(d: f64) -> Option<i64> {
-    // 2^63 is exactly representable; every double strictly inside (-2^63, 2^63) with no
-    // fraction converts to i64 without loss. -2^63 itself is i64::MIN.
-    const LIMIT: f64 = 9_223_372_036_854_775_808.0;
-    (d.is_finite() && d.fract() == 0.0 && (-LIMIT..LIMIT).contains(&d)).then_some(d as i64)
-}
-
-impl PostId {
-    /// Reads a post id from a BSON value; `None` for a type that cannot be a post id.
-    pub fn from_bson(value: &Bson) -> Option<PostId> {
-        match value {
-            Bson::Int32(i) => Some(PostId::Int(*i as i64)),
-            Bson::Int64(i) => Some(PostId::Int(*i)),
-            Bson::Double(d) => integral(*d).map(PostId::Int),
-            Bson::String(s) => Some(PostId::Str(s.clone())),
-            Bson::ObjectId(o) => Some(PostId::Oid(*o)),
-            _ => None,
-        }
-    }
-
-    pub fn to_bson(&self) -> Bson {
-        match self {
-            PostId::Int(i) => Bson::Int64(*i),
-            PostId::Str(s) => Bson::String(s.clone()),
-            PostId::Oid(o) => Bson::ObjectId(*o),
-        }
-    }
-
-    /// Parses an operator's spelling: `int:5`, `str:abc`, `oid:<24 hex>`, or unprefixed, where an
-    /// integer is an `Int`, 24 hex digits an `Oid`, and anything else a `Str`.
-    pub fn parse(text: &str) -> PostId {
-        if let Some(rest) = text.strip_prefix("str:") {
-            return PostId::Str(rest.to_string());
-        }
-        if let Some(rest) = text.strip_prefix("int:") {
-            if let Ok(i) = rest.parse() {
-                return PostId::Int(i);
-            }
-        }
-        if let Some(rest) = text.strip_prefix("oid:") {
-            if let Ok(o) = ObjectId::parse_str(rest) {
-                return PostId::Oid(o);
-            }
-        }
-        if let Ok(i) = text.parse() {
-            return PostId::Int(i);
-        }
-        if text.len() == 24 {
-            if let Ok(o) = ObjectId::parse_str(text) {
-                return PostId::Oid(o);
-            }
-        }
-        PostId::Str(text.to_string())
-    }
-
-    /// A stable 64-bit hash, the same on every machine and release, used to split posts across
-    /// partitions.
-    pub fn stable_hash(&self) -> u64 {
-        let bytes: Vec<u8> = match self {
-            PostId::Int(i) => [b"i".as_slice(), &i.to_be_bytes()].concat(),
-            PostId::Str(s) => [b"s".as_slice(), s.as_bytes()].concat(),
-            PostId::Oid(o) => [b"o".as_slice(), &o.bytes()].concat(),
-        };
-        xxhash_rust::xxh3::xxh3_64(&bytes)
-    }
-}
-
-impl fmt::Display for PostId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            PostId::Int(i) => write!(f, "{i}"),
-            PostId::Str(s) => f.write_str(s),
-            PostId::Oid(o) => write!(f, "{o}"),
-        }
     }
 }
 
@@ -180,10 +88,10 @@ pub struct Row {
     pub post: Option<PostId>,
     /// `None` when the row has no creation date: filed under the oldest bucket.
     pub created_at: Option<DateTime>,
-    /// Soft-deleted, by the schema's rule ([`crate::schema::SoftDelete`]).
+    /// Soft-deleted, by the schema's rule ([`crate::core::schema::SoftDelete`]).
     pub deleted: bool,
     /// What the row is to each counter definition beyond the default, in order
-    /// (`members[i]` is definition `i + 1`'s, see [`crate::definition`]): its group key and
+    /// (`members[i]` is definition `i + 1`'s, see [`crate::core::definition`]): its group key and
     /// whether it satisfies the condition. `post` above is the default definition's group. Kept in
     /// the ledger with the rest of the row, so the next event's before-state needs no document.
     /// Shorter than the definitions (an entry written before a definition existed): the row
@@ -310,7 +218,7 @@ pub struct ChangeEvent {
     pub pre_image: Option<Document>,
     /// The multi-document transaction the event belongs to (`lsid` + `txnNumber`), `None`
     /// outside one. A batch never ends between two events of one transaction (see
-    /// [`crate::txn`]).
+    /// [`crate::core::txn`]).
     pub txn: Option<TxnKey>,
 }
 
@@ -400,7 +308,7 @@ impl ChangeEvent {
 /// `documentKey` (`{_id, $set: {...}, $unset: {...}}`).
 ///
 /// A description counts only when its `updatedFields` is a document: the stream's `$project`
-/// (see `crate::schema::Schema::stream_projection`) turns a missing description into
+/// (see `crate::core::schema::Schema::stream_projection`) turns a missing description into
 /// `{updatedFields: null, removedFields: null}`, which says nothing.
 fn update_summary(doc: &Document, document_key: &Document) -> Option<UpdateSummary> {
     let description = doc

@@ -4,7 +4,7 @@
 //! A row counts when it exists and has no `deleted_at`; every delta is `live_after - live_before`
 //! per post, so a move is `-1` on the old post and `+1` on the new one.
 //!
-//! Every counter definition ([`crate::definition`]) is classified from the same two states: a
+//! Every counter definition ([`crate::core::definition`]) is classified from the same two states: a
 //! row carries its group key and condition verdict per definition ([`Row::members`]), so one
 //! event becomes deltas for each definition it touches (a row becoming approved enters the
 //! approved counter; a move between posts changes the per-post counter and not the per-author
@@ -15,10 +15,11 @@
 use bson::{DateTime, Document};
 use serde::{Deserialize, Serialize};
 
-use crate::definition::{CounterIx, CounterKey};
-use crate::event::{ChangeEvent, Operation, PostId, Row, RowRead, Token, UpdateSummary};
-use crate::num::Num;
-use crate::schema::Schema;
+use crate::core::event::{ChangeEvent, Operation, Row, RowRead, Token, UpdateSummary};
+use crate::core::key::PostId;
+use crate::core::key::{CounterIx, CounterKey};
+use crate::core::num::Num;
+use crate::core::schema::Schema;
 
 /// Where the worker takes a row's before-state from (the `attribution` setting).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -239,7 +240,7 @@ pub fn classify(
 
 /// The before-state [`classify`] takes for `event` given `ledger`, where one is known (`None`:
 /// unknown, the best-effort rules apply; `Some(None)`: the row did not exist or does not
-/// count). Partitions split a change by it (see [`crate::partition::Partition::own_transition`]).
+/// count). Partitions split a change by it (see [`crate::core::partition::Partition::own_transition`]).
 pub fn known_before(
     event: &ChangeEvent,
     ledger: Before,

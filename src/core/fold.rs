@@ -8,8 +8,8 @@
 
 use std::collections::BTreeMap;
 
-use crate::num::Num;
-use crate::time::BucketStart;
+use crate::core::num::Num;
+use crate::core::time::BucketStart;
 
 /// The counter fields that reconciling reads. Counts hold integers; a sum holds its field's
 /// units by MongoDB's numeric rules ([`Num`]): the same arithmetic folds both.
@@ -91,5 +91,5 @@ pub fn watermark_for(
     width_secs: i64,
 ) -> i64 {
     let horizon = applied_until.map_or(now, |t| t.min(now)) - settle_secs;
-    crate::time::bucket_start(horizon, width_secs)
+    crate::core::time::bucket_start(horizon, width_secs)
 }

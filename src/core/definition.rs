@@ -4,7 +4,7 @@
 //! approved ones. Each used to need its own counterd, with its own change stream, ledger and
 //! snapshot reading the same events. A *definition* makes a counter data instead: a name, the
 //! field that groups rows (a dotted path), an optional condition on the row (the subset of
-//! MongoDB's query language in [`crate::condition`], evaluated identically by the classifier and
+//! MongoDB's query language in [`crate::core::condition`], evaluated identically by the classifier and
 //! by the count queries), and the collection its counters live in. One stream and one ledger
 //! serve every definition of a source collection; the code does not grow per definition.
 //!
@@ -21,32 +21,13 @@ use std::fmt;
 
 use bson::{Bson, Document};
 
-use crate::condition::Condition;
-use crate::event::PostId;
-use crate::num::Num;
+use crate::core::condition::Condition;
+use crate::core::key::{value_at, CounterIx, Member, PostId};
+use crate::core::num::Num;
 
 /// The name of the definition built from today's settings (`group_field`,
 /// `counters_collection`): what `--counter` means when it is not given.
 pub const DEFAULT_COUNTER: &str = "default";
-
-/// Which definition, by its place in [`Definitions`] (0: the default). Small and `Copy`, so a
-/// delta, a dirty mark or a ledger entry names its counter without carrying the definition.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct CounterIx(pub usize);
-
-impl CounterIx {
-    /// The default definition's place.
-    pub const DEFAULT: CounterIx = CounterIx(0);
-}
-
-/// One counter: a group value of one definition (`per_author` / `"ada"`). What a counter
-/// document is keyed by once there are several definitions; the group value alone is the
-/// counter document's `_id` inside the definition's collection.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct CounterKey {
-    pub counter: CounterIx,
-    pub group: PostId,
-}
 
 /// A counter definition (see the module doc).
 #[derive(Clone, Debug, PartialEq)]
@@ -105,44 +86,6 @@ impl Kind {
     }
 }
 
-/// What one row is to one definition: the group it belongs to and whether it satisfies the
-/// condition. Whether it *counts* also takes the row's soft-delete state, which every definition
-/// shares ([`Member::counts`]). This pair is what a ledger entry keeps per definition, so the
-/// next event's before-state needs no document.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Member {
-    /// The row's key in the definition's group field (`None`: absent or not a usable key; the
-    /// row counts nowhere for this definition).
-    pub group: Option<PostId>,
-    /// Whether the row satisfies the definition's condition (always true without one).
-    pub matches: bool,
-    /// What the row adds where it counts: 1 for a count, the field's value for a sum (0 for a
-    /// missing or non-numeric value). Kept in the ledger, so that a change of the value, a
-    /// move or a delete takes back exactly what the row added.
-    pub amount: Num,
-    /// The BSON type of a summed field that holds something other than a number (reported as
-    /// a bad event; the row adds 0). Not kept in the ledger.
-    pub not_a_number: Option<String>,
-}
-
-impl Member {
-    /// The group the row counts in, if it counts: it exists (the caller holds it), is not
-    /// soft-deleted, has a group and satisfies the condition.
-    pub fn counts(&self, deleted: bool) -> Option<&PostId> {
-        self.group.as_ref().filter(|_| self.matches && !deleted)
-    }
-
-    /// What a row of a count definition is beyond its group and verdict: 1.
-    pub fn counting(group: Option<PostId>, matches: bool) -> Member {
-        Member {
-            group,
-            matches,
-            amount: Num::ONE,
-            not_a_number: None,
-        }
-    }
-}
-
 /// What a summed field's value adds (see [`Kind::Sum`]), and the BSON type of a value that is
 /// not a number.
 pub fn amount_of(value: Option<&Bson>) -> (Num, Option<String>) {
@@ -162,10 +105,10 @@ impl Definition {
     pub fn member(&self, doc: &Document) -> Member {
         let (amount, not_a_number) = match self.kind.field() {
             None => (Num::ONE, None),
-            Some(field) => amount_of(get(doc, field)),
+            Some(field) => amount_of(value_at(doc, field)),
         };
         Member {
-            group: get(doc, &self.group).and_then(PostId::from_bson),
+            group: value_at(doc, &self.group).and_then(PostId::from_bson),
             matches: self.condition.matches(doc),
             amount,
             not_a_number,
@@ -275,12 +218,6 @@ impl fmt::Display for Definition {
         }
         write!(f, ", in `{}`", self.collection)
     }
-}
-
-/// The value at a dotted `path` of `doc`, through documents only (as the schema reads a group
-/// field: a group field inside an array has no single key).
-fn get<'a>(doc: &'a Document, path: &str) -> Option<&'a Bson> {
-    crate::schema::Schema::get(doc, path)
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@
 //! here" (an entry without a row), the one it joins records the row
 //! ([`Partition::own_writes`]).
 //!
-//! This needs a *complete* ledger (the initial snapshot's, see [`crate::batch::Coverage`]),
+//! This needs a *complete* ledger (the initial snapshot's, see [`crate::core::batch::Coverage`]),
 //! where a comment without an entry is known not to count. Without one (`initial_snapshot =
 //! "never"`, or after lost history) a comment without an entry is *unknown*, and a partition
 //! cannot tell another partition's comment from one it never saw: each partition then keeps an
@@ -32,8 +32,9 @@
 
 use std::collections::HashMap;
 
-use crate::batch::LedgerUpdate;
-use crate::event::{PostId, Row};
+use crate::core::batch::LedgerUpdate;
+use crate::core::event::Row;
+use crate::core::key::PostId;
 
 /// One partition of `count`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -106,7 +107,7 @@ impl Partition {
     /// definition: the before-state's contributions taken back where that row is this
     /// partition's ([`Partition::applies_row`]), the after-state's added where that one is.
     /// Each state of a row belongs to exactly one partition, so the partitions' parts add up
-    /// to the whole [`crate::classify::transition`], whatever the definitions group by: a move
+    /// to the whole [`crate::core::classify::transition`], whatever the definitions group by: a move
     /// between two partitions' posts is the old contribution taken back by one and the new
     /// added by the other, as their ledger writes already are. Counters of a definition not
     /// grouped by the partitions' field are then written by several partitions, each under a
@@ -116,10 +117,10 @@ impl Partition {
         &self,
         before: Option<&Row>,
         after: Option<&Row>,
-    ) -> Vec<crate::classify::Delta> {
+    ) -> Vec<crate::core::classify::Delta> {
         let before = before.filter(|r| self.applies_row(r));
         let after = after.filter(|r| self.applies_row(r));
-        crate::classify::transition(before, after)
+        crate::core::classify::transition(before, after)
     }
 
     /// The stream name of this partition: `<base>/p<index>of<count>`.
@@ -180,8 +181,8 @@ pub fn stream_names(base: &str, partitions: u32) -> Vec<(String, Option<Partitio
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::definition::{CounterIx, Member};
-    use crate::num::Num;
+    use crate::core::key::{CounterIx, Member};
+    use crate::core::num::Num;
     use proptest::prelude::*;
     use std::collections::BTreeMap;
 
@@ -214,7 +215,7 @@ mod tests {
 
     /// Deltas added up per (definition, group, creation time), zeros dropped.
     fn net(
-        deltas: &[crate::classify::Delta],
+        deltas: &[crate::core::classify::Delta],
     ) -> BTreeMap<(CounterIx, PostId, Option<bson::DateTime>), Num> {
         let mut out: BTreeMap<_, Num> = BTreeMap::new();
         for d in deltas {
@@ -235,7 +236,7 @@ mod tests {
             after in proptest::option::of(any_row()),
             count in 2u32..=4,
         ) {
-            let whole = net(&crate::classify::transition(before.as_ref(), after.as_ref()));
+            let whole = net(&crate::core::classify::transition(before.as_ref(), after.as_ref()));
             let mut parts = Vec::new();
             for index in 0..count {
                 parts.extend(Partition { index, count }.own_transition(before.as_ref(), after.as_ref()));
@@ -303,7 +304,7 @@ mod tests {
 
     fn update(key: &str, state: Option<Row>) -> LedgerUpdate {
         LedgerUpdate {
-            comment: crate::event::CommentId::new(bson::Bson::String(key.into())),
+            comment: crate::core::event::CommentId::new(bson::Bson::String(key.into())),
             state,
         }
     }

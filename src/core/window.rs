@@ -36,7 +36,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::event::{CommentId, PostId, Row};
+use crate::core::event::{CommentId, Row};
+use crate::core::key::PostId;
 
 /// Entries the counter's log keeps (the newest; older ones are dropped). A recount refuses
 /// when the log no longer reaches back to its first read, so this bounds the batches that may
@@ -140,7 +141,7 @@ pub fn counts_below(row: &Row, post: &PostId, watermark: i64) -> bool {
     row.counted_post() == Some(post)
         && row
             .created_at
-            .is_none_or(|t| crate::time::secs(t) < watermark)
+            .is_none_or(|t| crate::core::time::secs(t) < watermark)
 }
 
 /// The number of `post`'s live rows below `watermark` as of the counter's position `until`:

@@ -80,7 +80,7 @@ pub fn min_budget(streams: usize) -> usize {
 }
 
 /// A recounted row's id as a row-level recount holds it from its read until it settles (the
-/// id's key text and value; see [`crate::recount::window`]).
+/// id's key text and value; see [`crate::core::window`]).
 pub const ROW_ID_COST: usize = 128;
 
 /// Whole rows (an id and what counting reads of it: [`ROW_COST`]) that fit where `ids` row ids
@@ -130,7 +130,7 @@ pub fn read_share(budget: usize) -> usize {
     for_events(budget) / 4
 }
 
-/// What the counters carried across batches may hold (see `crate::carry`): half of what the
+/// What the counters carried across batches may hold (see `crate::core::carry`): half of what the
 /// budget leaves to events. Carried counters cover more events per write the more of them are
 /// held, while a batch's own size matters little to that once its counters are carried.
 pub fn carry_share(budget: usize) -> usize {
@@ -138,7 +138,7 @@ pub fn carry_share(budget: usize) -> usize {
 }
 
 /// One counter carried across batches, merged: its key, increments, buckets and dirty mark
-/// (see `crate::carry`). Measured with a counting allocator: 20 000 carried counters of one
+/// (see `crate::core::carry`). Measured with a counting allocator: 20 000 carried counters of one
 /// entry each held 368 B per counter in all (this, the entry and its id), charged 357.
 pub const CARRIED_COUNTER: usize = 288;
 

@@ -9,17 +9,18 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use bson::DateTime;
+use bson::{DateTime, Timestamp};
 
-use crate::classify::{
+use crate::core::classify::{
     classify, After, Attribution, Before, Classification, Problem, Source, StreamEnded,
 };
-use crate::definition::{CounterIx, CounterKey};
-use crate::event::{ChangeEvent, CommentId, Operation, PostId, Row, Token};
-use crate::num::Num;
-use crate::partition::Partition;
+use crate::core::event::{ChangeEvent, CommentId, Operation, Row, Token};
+use crate::core::key::PostId;
+use crate::core::key::{CounterIx, CounterKey};
+use crate::core::num::Num;
+use crate::core::partition::Partition;
 
-pub use crate::time::{bucket_of, BucketStart};
+pub use crate::core::time::{bucket_of, BucketStart};
 
 /// One coalesced counter write: `$inc` of `delta` on `live_delta` and of each bucket's amount.
 #[derive(Clone, Debug, PartialEq)]
@@ -40,13 +41,13 @@ pub struct CounterDelta {
     /// The rows whose events in the batch named this post (before or after the event), in
     /// stream order without repeats: the counter's log entry for the batch, from which a
     /// row-level recount learns which rows changed while it read (see
-    /// [`crate::recount::window`]). `None`: an event named the post without a row id, so the
+    /// [`crate::core::window`]). `None`: an event named the post without a row id, so the
     /// batch's changes cannot be listed.
     pub comments: Option<Vec<CommentId>>,
 }
 
 /// What the store writes for one counter: the increments of one or more batches that changed
-/// its group, as one guarded statement (see [`crate::carry`]).
+/// its group, as one guarded statement (see [`crate::core::carry`]).
 ///
 /// The statement leaves the counter as the batches' own writes, one after the other, would
 /// have: `applied_through` (the guard) is the last batch's end, each bucket records the last
@@ -64,8 +65,8 @@ pub struct CounterWrite {
     pub through_time: Option<bson::Timestamp>,
     /// Every bucket a batch changed, with the end of the last batch that changed it.
     pub touched: BTreeMap<BucketStart, Token>,
-    /// One entry per batch, oldest first (the newest [`crate::recount::LOG_ENTRIES`]).
-    pub log: Vec<crate::recount::Touch>,
+    /// One entry per batch, oldest first (the newest [`crate::core::window::LOG_ENTRIES`]).
+    pub log: Vec<crate::core::window::Touch>,
 }
 
 impl CounterWrite {
@@ -79,7 +80,7 @@ impl CounterWrite {
             through: end.clone(),
             through_time: end_time,
             touched: d.touched.iter().map(|b| (*b, end.clone())).collect(),
-            log: vec![crate::recount::Touch::new(
+            log: vec![crate::core::window::Touch::new(
                 end.as_str(),
                 d.comments.as_deref(),
             )],
@@ -165,7 +166,7 @@ pub fn plan_batch(
     events: &[ChangeEvent],
     ledger: &HashMap<String, Option<Row>>,
     attribution: Attribution,
-    schema: &crate::schema::Schema,
+    schema: &crate::core::schema::Schema,
     bucket_width_secs: i64,
 ) -> (BatchPlan, Option<StreamEnded>) {
     plan_batch_covering(
@@ -190,7 +191,7 @@ pub fn plan_batch_covering(
     ledger: &HashMap<String, Option<Row>>,
     coverage: Coverage,
     attribution: Attribution,
-    schema: &crate::schema::Schema,
+    schema: &crate::core::schema::Schema,
     bucket_width_secs: i64,
     partition: Option<Partition>,
 ) -> (BatchPlan, Option<StreamEnded>) {
@@ -248,7 +249,7 @@ pub fn plan_batch_covering(
                 // Never wrapped: the sum goes on as a double, and the event is reported.
                 plan.skipped.push(Skipped {
                     token: event.token.clone(),
-                    problem: Problem::Bad(crate::classify::Malformed::Overflow {
+                    problem: Problem::Bad(crate::core::classify::Malformed::Overflow {
                         counter: counter_name(schema, delta.counter),
                     }),
                 });
@@ -349,7 +350,7 @@ pub fn plan_batch_covering(
 }
 
 /// What `partition` applies of one classified event, for every definition (see
-/// [`crate::partition`]):
+/// [`crate::core::partition`]):
 /// - a change whose before-state is known: [`Partition::own_transition`], the before-row's
 ///   contributions taken back where that row is the partition's, the after-row's added where
 ///   that one is, whatever the counters' keys;
@@ -364,9 +365,9 @@ fn own_part(
     mut classified: Classification,
     event: &ChangeEvent,
     ledger: Before,
-    (attribution, schema): (Attribution, &crate::schema::Schema),
+    (attribution, schema): (Attribution, &crate::core::schema::Schema),
 ) -> Classification {
-    let before = crate::classify::known_before(event, ledger, attribution, schema);
+    let before = crate::core::classify::known_before(event, ledger, attribution, schema);
     let after = match (&classified.after, &before) {
         (After::Known(row), _) => Some(row.clone()),
         (After::Unchanged, Some(before)) => Some(before.clone()),
@@ -493,9 +494,9 @@ fn finish(
 }
 
 /// The name of definition `counter` (for a report).
-fn counter_name(schema: &crate::schema::Schema, counter: CounterIx) -> String {
+fn counter_name(schema: &crate::core::schema::Schema, counter: CounterIx) -> String {
     match counter.0 {
-        0 => crate::definition::DEFAULT_COUNTER.to_string(),
+        0 => crate::core::definition::DEFAULT_COUNTER.to_string(),
         i => schema
             .counters
             .get(i - 1)
@@ -510,4 +511,21 @@ fn source_name(source: Source) -> &'static str {
         Source::Insert => "insert",
         Source::BestEffort => "best_effort",
     }
+}
+
+/// The writes of one batch, recorded as its intent before any of them is issued. Replaying the
+/// stored plan (not re-reading and re-classifying the events) makes recovery exact even though
+/// `updateLookup` would now show later row states.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct PendingBatch {
+    /// The batch's last event: the guard token of every write and the next checkpoint.
+    pub end: Token,
+    pub end_time: Option<Timestamp>,
+    pub counters: Vec<CounterDelta>,
+    pub ledger: Vec<LedgerUpdate>,
+    pub dirty: Vec<DirtyMark>,
+    /// The carry the batch belongs to (see [`crate::core::carry`]): the end of its first batch, under
+    /// which the carry's batches store their counters and marks, this one's too if it may be
+    /// carried (its intent then holds neither). `None`: nothing is carried, nothing stored.
+    pub carry: Option<Token>,
 }

@@ -10,22 +10,22 @@
 //! updateLookup`): a point read on the primary per update event, whether counterd used it or
 //! not, at the moment the primary is busiest recovering. Now the stream asks for it only where
 //! pre-images are read (an event-time pre-image is never mixed with a later row: see
-//! [`crate::classify`]), and the worker reads the rows it cannot derive in one batched read per
+//! [`crate::core::classify`]), and the worker reads the rows it cannot derive in one batched read per
 //! batch ([`rows_to_read`], then [`attach`] them to the events as their `fullDocument`).
 //!
 //! Exactness is unchanged: a row read after the batch was read is the same kind of
 //! later-than-the-event state that a lookup is (a lookup too runs when the server sends the
 //! event, not when the change happened), so the ledger's rules for it stay as they are: the
 //! transitions telescope through the ledger, and a batch with such a state touches every bucket
-//! of the posts it names (see `crate::batch`).
+//! of the posts it names (see `crate::core::batch`).
 
 use std::collections::{HashMap, HashSet};
 
 use bson::Document;
 
-use crate::classify::Attribution;
-use crate::event::{ChangeEvent, CommentId, Operation, Row};
-use crate::schema::Schema;
+use crate::core::classify::Attribution;
+use crate::core::event::{ChangeEvent, CommentId, Operation, Row};
+use crate::core::schema::Schema;
 
 /// Whether an event carries a looked-up row (a document with `_id`; the fake server's update
 /// events without a lookup carry a fragment of the update instead).
@@ -37,8 +37,8 @@ fn looked_up(event: &ChangeEvent) -> bool {
 }
 
 /// The comments whose rows the batch must read: those of the update events whose after-state
-/// [`crate::classify`] cannot derive and whose event carries no looked-up row. Walks the batch
-/// as the planner does ([`crate::batch::plan_batch_covering`]): an event's before-state is the
+/// [`crate::core::classify`] cannot derive and whose event carries no looked-up row. Walks the batch
+/// as the planner does ([`crate::core::batch::plan_batch_covering`]): an event's before-state is the
 /// after-state of the comment's previous event in the batch, else its ledger entry. Errs on the
 /// side of reading: a row read that turns out not to be needed costs a little, one that is
 /// missing would leave the update uncounted. A comment without a ledger entry is no row to

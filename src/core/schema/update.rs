@@ -5,9 +5,11 @@ use bson::{Bson, Document};
 
 use super::write::{remove_path, set_path};
 use super::Schema;
-use crate::definition::{amount_of, CounterIx, CounterKey, Definition, Member};
-use crate::event::{PostId, Row, UpdateSummary};
-use crate::num::Num;
+use crate::core::definition::{amount_of, Definition};
+use crate::core::event::{Row, UpdateSummary};
+use crate::core::key::PostId;
+use crate::core::key::{CounterIx, CounterKey, Member};
+use crate::core::num::Num;
 
 /// What an update did to one field, as far as its description says.
 #[derive(Clone, Debug, PartialEq)]
@@ -344,13 +346,13 @@ mod tests {
     }
 
     fn with_definitions() -> Schema {
-        use crate::condition::Condition;
-        use crate::definition::Definition;
+        use crate::core::condition::Condition;
+        use crate::core::definition::Definition;
         let definition = |name: &str, group: &str, condition: Document| Definition {
             name: name.into(),
             group: group.into(),
             condition: Condition::parse(&condition).unwrap(),
-            kind: crate::definition::Kind::Count,
+            kind: crate::core::definition::Kind::Count,
             collection: format!("{name}_counters"),
         };
         Schema {
@@ -387,11 +389,11 @@ mod tests {
             counters: vec![Definition {
                 name: "approved_recent".into(),
                 group: "postId".into(),
-                condition: crate::condition::Condition::parse(
+                condition: crate::core::condition::Condition::parse(
                     &doc! {"approved": true, "score": {"$gt": 3}},
                 )
                 .unwrap(),
-                kind: crate::definition::Kind::Count,
+                kind: crate::core::definition::Kind::Count,
                 collection: "x".into(),
             }],
             ..js()

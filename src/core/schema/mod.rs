@@ -15,8 +15,9 @@
 use bson::{Bson, Document};
 use serde::{Deserialize, Serialize};
 
-use crate::definition::Definition;
-use crate::event::{PostId, Row, RowRead};
+use crate::core::definition::Definition;
+use crate::core::event::{Row, RowRead};
+use crate::core::key::PostId;
 
 mod projection;
 mod update;
@@ -78,8 +79,8 @@ pub struct Schema {
 impl Schema {
     /// Whether definition `counter` groups rows by another field than the post, the field
     /// partitions divide by: its counters are then written by several partitions, each under
-    /// its own guard (see [`crate::partition`]).
-    pub fn shared(&self, counter: crate::definition::CounterIx) -> bool {
+    /// its own guard (see [`crate::core::partition`]).
+    pub fn shared(&self, counter: crate::core::key::CounterIx) -> bool {
         counter
             .0
             .checked_sub(1)
@@ -89,16 +90,7 @@ impl Schema {
 
     /// The value at a dotted `path` of `doc` (`None`: absent, or a step is not a document).
     pub fn get<'a>(doc: &'a Document, path: &str) -> Option<&'a Bson> {
-        let mut current = doc;
-        let mut parts = path.split('.').peekable();
-        while let Some(part) = parts.next() {
-            let value = current.get(part)?;
-            if parts.peek().is_none() {
-                return Some(value);
-            }
-            current = value.as_document()?;
-        }
-        None
+        crate::core::key::value_at(doc, path)
     }
 
     /// Reads the counting-relevant fields of a comment document: a row with a usable post id,
