@@ -35,10 +35,11 @@ use std::time::Duration;
 use bson::DateTime;
 
 use crate::config::InitialSnapshot;
-use crate::core::batch::{bucket_of, counter_of, CounterDelta, LedgerUpdate};
+use crate::core::batch::{counter_of, CounterDelta, LedgerUpdate};
 use crate::core::event::{CommentId, Row};
 use crate::core::key::CounterKey;
 use crate::core::partition::Partition;
+use crate::core::time::bucket_of;
 use crate::store::{
     Checkpoint, CommentsExtent, Fence, SnapshotChunk, SnapshotProgress, SnapshotState, Store,
     StoreResult,

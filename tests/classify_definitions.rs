@@ -8,6 +8,9 @@
 //! classifier agrees with the count query built from the same condition" is checked on every
 //! generated row, beside "every delta is `counts_after - counts_before`" per definition.
 
+#[path = "support/update_description.rs"]
+mod update_description;
+
 use std::collections::{BTreeMap, HashMap};
 
 use bson::{doc, Bson, DateTime, Document, Timestamp};
@@ -22,6 +25,7 @@ use counterd::core::num::Num;
 use counterd::core::schema::Schema;
 use proptest::prelude::*;
 use proptest::sample::select;
+use update_description::diff;
 
 /// The default definition (posts) and four more: approved comments per post, comments per
 /// author, well-scored comments with an accepted status per thread (a dotted group field), and
@@ -266,22 +270,6 @@ fn event(n: usize, op: &str) -> Document {
         "ns": {"db": "app", "coll": "comments"},
         "documentKey": {"_id": 1},
     }
-}
-
-/// `updatedFields` and `removedFields` that turn `before` into `after` (top-level fields).
-fn diff(before: &Document, after: &Document) -> (Document, Vec<String>) {
-    let mut set = Document::new();
-    for (k, v) in after {
-        if k != "_id" && before.get(k) != Some(v) {
-            set.insert(k.clone(), v.clone());
-        }
-    }
-    let removed = before
-        .keys()
-        .filter(|k| !after.contains_key(k.as_str()))
-        .cloned()
-        .collect();
-    (set, removed)
 }
 
 /// The event of `before` → `after` (`None`: no row), its update looked up as `lookup`.

@@ -5,19 +5,15 @@ mod support;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use counterd::core::key::PostId;
 use counterd::store::prelude::*;
 use mongodb::bson::doc;
-use support::{now_secs, TestDb};
+use support::{now_secs, post, TestDb};
 
 fn counterd(t: &TestDb, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_counterd"))
+    t.counterd()
         .args(args)
-        .env("COUNTERD_MONGODB_URI", &t.uri)
-        .env("COUNTERD_DATABASE", &t.name)
         .env("COUNTERD_CONNECT_TIMEOUT", "5s")
         .env("COUNTERD_SETTLE_TIME", "5s")
-        .env_remove("COUNTERD_CONFIG")
         .output()
         .expect("run counterd")
 }
@@ -34,10 +30,6 @@ fn json(o: &Output) -> serde_json::Value {
         String::from_utf8_lossy(&o.stderr)
     );
     serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", stdout(o)))
-}
-
-fn post(i: usize) -> PostId {
-    PostId::Str(format!("post-{i}"))
 }
 
 /// Three posts with settled rows applied by a worker; returns the test database.

@@ -12,11 +12,7 @@ use counterd::core::key::PostId;
 use counterd::store::prelude::*;
 use daemon::Daemon;
 use mongodb::bson::doc;
-use support::{now_secs, TestDb};
-
-fn post(i: usize) -> PostId {
-    PostId::Str(format!("post-{i}"))
-}
+use support::{now_secs, post, TestDb};
 
 /// Roles of the daemons as their /readyz says: (active, standby).
 async fn roles(daemons: &[&Daemon]) -> (usize, usize) {

@@ -17,11 +17,7 @@ use counterd::store::prelude::*;
 use counterd::store::{DirtyOrder, Fence};
 use counterd::worker::WorkerSettings;
 use mongodb::bson::{doc, DateTime};
-use support::{now_secs, TestDb};
-
-fn post(i: usize) -> PostId {
-    PostId::Str(format!("post-{i}"))
-}
+use support::{now_secs, post, TestDb};
 
 fn reconciler(t: &TestDb) -> Reconciler<MongoStore> {
     reconciler_on(t.store.clone())

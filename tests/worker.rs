@@ -15,11 +15,7 @@ use counterd::store::{DirtyOrder, Fence};
 use mongodb::bson::{doc, DateTime};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use support::{now_secs, TestDb};
-
-fn post(i: usize) -> PostId {
-    PostId::Str(format!("post-{i}"))
-}
+use support::{now_secs, post, TestDb};
 
 /// One writer's random operations on its own comments (ids `w<writer>-<n>`).
 async fn writer(t: &TestDb, writer: usize, ops: usize, posts: usize, seed: u64) {

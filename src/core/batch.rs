@@ -19,8 +19,7 @@ use crate::core::key::PostId;
 use crate::core::key::{CounterIx, CounterKey};
 use crate::core::num::Num;
 use crate::core::partition::Partition;
-
-pub use crate::core::time::{bucket_of, BucketStart};
+use crate::core::time::{bucket_of, BucketStart};
 
 /// One coalesced counter write: `$inc` of `delta` on `live_delta` and of each bucket's amount.
 #[derive(Clone, Debug, PartialEq)]

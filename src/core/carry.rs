@@ -39,12 +39,13 @@ use bson::{Bson, RawArrayBuf, RawBson, RawDocument, Timestamp};
 use smallvec::SmallVec;
 
 use crate::core::batch::PendingBatch;
-use crate::core::batch::{BucketStart, CounterDelta, CounterWrite, DirtyMark};
+use crate::core::batch::{CounterDelta, CounterWrite, DirtyMark};
 use crate::core::cost;
 use crate::core::event::{CommentId, Token};
 use crate::core::key::CounterIx;
 use crate::core::key::PostId;
 use crate::core::num::Num;
+use crate::core::time::BucketStart;
 use crate::core::window::LOG_COMMENTS;
 use crate::core::window::{Touch, LOG_ENTRIES};
 

@@ -5,7 +5,8 @@ use async_trait::async_trait;
 use bson::{DateTime, Timestamp};
 use serde::Serialize;
 
-use super::{Fence, StoreResult};
+use super::error::StoreResult;
+use super::leases::Fence;
 use crate::core::batch::{CounterDelta, LedgerUpdate, PendingBatch};
 use crate::core::deployment::Deployment;
 use crate::core::event::{CommentId, Token};

@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 use async_trait::async_trait;
 use bson::{DateTime, Timestamp};
 
-use super::{Fence, StoreResult};
+use super::error::StoreResult;
+use super::leases::Fence;
 use crate::core::batch::{CounterDelta, CounterWrite};
 use crate::core::event::Token;
 use crate::core::fold::{CounterState, Fold};

@@ -4,9 +4,11 @@ use async_trait::async_trait;
 use bson::DateTime;
 use serde::Serialize;
 
-use super::{Fence, StoreResult};
-use crate::core::batch::{BucketStart, DirtyMark};
+use super::error::StoreResult;
+use super::leases::Fence;
+use crate::core::batch::DirtyMark;
 use crate::core::key::PostId;
+use crate::core::time::BucketStart;
 
 /// Posts waiting for a recount.
 #[async_trait]

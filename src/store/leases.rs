@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use bson::DateTime;
 use serde::Serialize;
 
-use super::StoreResult;
+use super::error::StoreResult;
 
 /// Who may write for a stream.
 #[async_trait]

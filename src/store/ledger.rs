@@ -4,7 +4,8 @@ use std::collections::HashMap;
 
 use async_trait::async_trait;
 
-use super::{Fence, StoreResult};
+use super::error::StoreResult;
+use super::leases::Fence;
 use crate::core::batch::LedgerUpdate;
 use crate::core::event::{CommentId, Row, Token};
 use crate::core::window::LedgerAt;

@@ -4,7 +4,7 @@ use async_trait::async_trait;
 use bson::DateTime;
 use serde::{Deserialize, Serialize};
 
-use super::StoreResult;
+use super::error::StoreResult;
 use crate::core::key::PostId;
 use crate::core::num::Num;
 

@@ -7,8 +7,8 @@ use async_trait::async_trait;
 use bson::{Document, Timestamp};
 use serde::Serialize;
 
-use super::StoreResult;
-pub use crate::core::cost::ReadLimit;
+use super::error::StoreResult;
+use crate::core::cost::ReadLimit;
 use crate::core::event::{CommentId, Token};
 
 /// The change stream and where the server stands.

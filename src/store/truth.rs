@@ -3,7 +3,8 @@
 use async_trait::async_trait;
 use bson::Timestamp;
 
-use super::{Store, StoreResult};
+use super::counters::Counters;
+use super::error::StoreResult;
 use crate::core::event::{CommentId, Row};
 use crate::core::key::PostId;
 use crate::core::num::Num;
@@ -103,7 +104,7 @@ pub struct CommentsExtent {
 
 /// A post's displayed value (`base_count + live_delta`, 0 without a counter) beside its true
 /// count of live rows: what `get`, `verify` and the demo compare.
-pub async fn displayed_and_truth<S: Store + ?Sized>(
+pub async fn displayed_and_truth<S: Counters + Truth + ?Sized>(
     store: &S,
     post: &PostId,
 ) -> StoreResult<(Num, Num)> {

@@ -4,12 +4,13 @@
 use std::collections::{BTreeMap, HashMap};
 
 use bson::{doc, oid::ObjectId, Bson, DateTime, Document, Timestamp};
-use counterd::core::batch::{bucket_of, plan_batch, BatchPlan, CounterDelta, LedgerUpdate};
+use counterd::core::batch::{plan_batch, BatchPlan, CounterDelta, LedgerUpdate};
 use counterd::core::classify::Attribution;
 use counterd::core::event::{ChangeEvent, CommentId, Row};
 use counterd::core::key::PostId;
 use counterd::core::num::Num;
 use counterd::core::schema::Schema;
+use counterd::core::time::bucket_of;
 
 use crate::{
     c1, dead, dt, event, fc, fixture, int_key, live, oid_key, parse, post, posts, unposted, C1,

@@ -9,6 +9,16 @@
 //! (`inserts`, `updates`, `replaces`, `hard_deletes`, `unknown_and_ending`), `fake_server`,
 //! `batches` and `schemas`; the loaders and the data the fixtures describe are here.
 
+mod batches;
+mod fake_server;
+mod hard_deletes;
+mod inserts;
+mod replaces;
+mod schemas;
+mod shapes;
+mod unknown_and_ending;
+mod updates;
+
 use std::path::PathBuf;
 
 use bson::{oid::ObjectId, Bson, DateTime, Document};
@@ -20,16 +30,6 @@ use counterd::core::event::{ChangeEvent, CommentId, Row};
 use counterd::core::key::PostId;
 use counterd::core::num::Num;
 use counterd::core::schema::Schema;
-
-mod batches;
-mod fake_server;
-mod hard_deletes;
-mod inserts;
-mod replaces;
-mod schemas;
-mod shapes;
-mod unknown_and_ending;
-mod updates;
 
 // ---------------------------------------------------------------------------------------------
 // Fixture loading

@@ -3,12 +3,12 @@
 use std::collections::BTreeMap;
 
 use bson::{doc, oid::ObjectId, Bson};
-use counterd::core::batch::bucket_of;
 use counterd::core::classify::{classify, After, Attribution, Before, Source};
 use counterd::core::event::ChangeEvent;
 use counterd::core::key::PostId;
 use counterd::core::key::{CounterIx, CounterKey};
 use counterd::core::schema::Schema;
+use counterd::core::time::bucket_of;
 use proptest::prelude::*;
 use proptest::sample::select;
 

@@ -4,19 +4,23 @@
 //! By subject: `classification`, `batches`, `schemas`, `fold`, `no_panic`; the rows, their
 //! documents and their events, shared by all, are here.
 
-use std::collections::BTreeMap;
-
-use bson::{doc, Bson, DateTime, Document, Timestamp};
-use counterd::core::batch::bucket_of;
-use counterd::core::event::Row;
-use counterd::core::key::PostId;
-use proptest::prelude::*;
+#[path = "../support/update_description.rs"]
+mod update_description;
 
 mod batches;
 mod classification;
 mod fold;
 mod no_panic;
 mod schemas;
+
+use std::collections::BTreeMap;
+
+use bson::{doc, Bson, DateTime, Document, Timestamp};
+use counterd::core::event::Row;
+use counterd::core::key::PostId;
+use counterd::core::time::bucket_of;
+use proptest::prelude::*;
+use update_description::diff;
 
 const WIDTH: i64 = 60;
 /// 2026-01-02T10:00:00Z in milliseconds.
@@ -119,22 +123,6 @@ fn comment_strategy() -> impl Strategy<Value = Comment> {
             deleted,
             body,
         })
-}
-
-/// `updatedFields` and `removedFields` that turn `before` into `after`.
-fn diff(before: &Document, after: &Document) -> (Document, Vec<String>) {
-    let mut set = Document::new();
-    for (k, v) in after {
-        if k != "_id" && before.get(k) != Some(v) {
-            set.insert(k.clone(), v.clone());
-        }
-    }
-    let removed = before
-        .keys()
-        .filter(|k| !after.contains_key(k.as_str()))
-        .cloned()
-        .collect();
-    (set, removed)
 }
 
 /// The fake server's update spec for that change (`$set`/`$unset`), never empty.

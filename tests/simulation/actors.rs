@@ -10,8 +10,8 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::task::Poll;
 
-use counterd::core::batch::bucket_of;
 use counterd::core::key::PostId;
+use counterd::core::time::bucket_of;
 use counterd::reconcile::{run_requested_sweeps, ReconcileSettings, Reconciler, RunReport};
 use counterd::store::prelude::*;
 use counterd::store::{Fence, StoreError, StoreResult};

@@ -27,6 +27,7 @@ use serde::Serialize;
 
 use super::*;
 use crate::core::batch::{CounterDelta, CounterWrite, DirtyMark, LedgerUpdate};
+use crate::core::cost::ReadLimit;
 use crate::core::event::{CommentId, Row, Token};
 use crate::core::fold::Fold;
 use crate::core::key::PostId;

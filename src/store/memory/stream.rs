@@ -9,11 +9,12 @@ use bson::spec::BinarySubtype;
 use bson::{doc, Binary, Bson, DateTime, Document, Timestamp};
 
 use super::{Memory, MemoryStore};
+use crate::core::cost::ReadLimit;
 use crate::core::event::{CommentId, Token};
 use crate::core::txn::TxnKey;
 use crate::store::{
-    ChangeStreams, EventSource, RawBatch, ReadLimit, ServerNow, StoreError, StoreResult,
-    StreamOptions, StreamStart,
+    ChangeStreams, EventSource, RawBatch, ServerNow, StoreError, StoreResult, StreamOptions,
+    StreamStart,
 };
 
 /// One change in the oplog.

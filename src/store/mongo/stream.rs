@@ -3,6 +3,7 @@
 
 use super::pump::{Pump, Pumped};
 use super::*;
+use crate::core::cost::ReadLimit;
 use crate::core::txn::{self, TxnKey};
 use mongodb::bson::RawDocumentBuf;
 

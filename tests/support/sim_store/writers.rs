@@ -5,11 +5,11 @@
 use std::collections::BTreeMap;
 
 use bson::{doc, Bson, DateTime, Document};
-use counterd::core::batch::bucket_of;
 use counterd::core::fold::Fold;
 use counterd::core::key::CounterIx;
 use counterd::core::key::PostId;
 use counterd::core::num::Num;
+use counterd::core::time::bucket_of;
 use counterd::store::memory::{row_facts, OplogTxn, CREATED_FIELD, DELETED_FIELD, POST_FIELD};
 use rand::Rng;
 
