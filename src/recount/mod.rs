@@ -300,20 +300,7 @@ impl<S: Store + ?Sized> Recounter<S> {
         // The posts counted at row level, read after every counter of the group was.
         let mut pending: Vec<(usize, Consistent)> = Vec::new();
         for (i, request) in requests.iter().enumerate() {
-            let counter = self.store.read_counter(&request.post).await?;
-            let watermark = self.watermark_for(request, counter.as_ref()).await?;
-            let first = Consistent {
-                post: request.post.clone(),
-                since: counter.as_ref().and_then(|c| c.applied_through.clone()),
-                since_writers: counter.as_ref().map(since_writers).unwrap_or_default(),
-                folds: counter.as_ref().map_or(0, |c| c.folds),
-                base_count: counter.as_ref().map_or(Num::ZERO, |c| c.state.base_count),
-                counter,
-                watermark,
-                count: Num::ZERO,
-                snapshot: false,
-                read: None,
-            };
+            let first = self.first_read(request).await?;
             let at = first
                 .counter
                 .as_ref()
@@ -326,7 +313,7 @@ impl<S: Store + ?Sized> Recounter<S> {
             if let Some(at) = at {
                 if let Some(count) = self
                     .store
-                    .count_live_below_at(&request.post, watermark, at)
+                    .count_live_below_at(&request.post, first.watermark, at)
                     .await?
                 {
                     out[i] = Some(Recount::Consistent(Box::new(Consistent {
@@ -361,31 +348,59 @@ impl<S: Store + ?Sized> Recounter<S> {
                 });
             }
         }
-        // A snapshot that began (or took a chunk) since the first look claimed rows into these
-        // counters with no entry in their logs and no touch: no count taken across that is
-        // the count of any position of the stream.
-        if out
+        let mut out: Vec<Recount> = out
+            .into_iter()
+            .map(|r| r.expect("every post recounted"))
+            .collect();
+        self.void_if_snapshot_moved(&mut out, &snapshot_first)
+            .await?;
+        Ok(out)
+    }
+
+    /// Reads a request's counter and the watermark it is counted below: the recount's start.
+    async fn first_read(&self, request: &Request) -> StoreResult<Consistent> {
+        let counter = self.store.read_counter(&request.post).await?;
+        let watermark = self.watermark_for(request, counter.as_ref()).await?;
+        Ok(Consistent {
+            post: request.post.clone(),
+            since: counter.as_ref().and_then(|c| c.applied_through.clone()),
+            since_writers: counter.as_ref().map(since_writers).unwrap_or_default(),
+            folds: counter.as_ref().map_or(0, |c| c.folds),
+            base_count: counter.as_ref().map_or(Num::ZERO, |c| c.state.base_count),
+            counter,
+            watermark,
+            count: Num::ZERO,
+            snapshot: false,
+            read: None,
+        })
+    }
+
+    /// A snapshot that began (or took a chunk) in any writer's stream since the first look
+    /// (`first`) claimed rows into these counters with no entry in their logs and no touch: no
+    /// count taken across that is the count of any position of the stream, so every
+    /// consistent recount of `out` becomes [`Recount::SnapshotRunning`].
+    async fn void_if_snapshot_moved(
+        &self,
+        out: &mut [Recount],
+        first: &[Option<SnapshotProgress>],
+    ) -> StoreResult<()> {
+        if !out.iter().any(|r| matches!(r, Recount::Consistent(_))) {
+            return Ok(());
+        }
+        let now = snapshots(&self.writer_checkpoints().await?);
+        let moved = first
             .iter()
-            .any(|r| matches!(r, Some(Recount::Consistent(_))))
-        {
-            let now = snapshots(&self.writer_checkpoints().await?);
-            let moved = snapshot_first
-                .iter()
-                .zip(&now)
-                .any(|(first, now)| snapshot_moved(first.as_ref(), now.as_ref()));
-            if moved {
-                tracing::debug!(stream = %self.stream, "the initial snapshot claimed rows during the recount; the posts stay dirty");
-                for r in out.iter_mut() {
-                    if matches!(r, Some(Recount::Consistent(_))) {
-                        *r = Some(Recount::SnapshotRunning);
-                    }
+            .zip(&now)
+            .any(|(first, now)| snapshot_moved(first.as_ref(), now.as_ref()));
+        if moved {
+            tracing::debug!(stream = %self.stream, "the initial snapshot claimed rows during the recount; the posts stay dirty");
+            for r in out.iter_mut() {
+                if matches!(r, Recount::Consistent(_)) {
+                    *r = Recount::SnapshotRunning;
                 }
             }
         }
-        Ok(out
-            .into_iter()
-            .map(|r| r.expect("every post recounted"))
-            .collect())
+        Ok(())
     }
 
     /// The streams whose workers write the viewed definition's counters: every partition's
