@@ -5,6 +5,16 @@ use std::time::Duration;
 use super::{ConfigError, InitialSnapshot, Settings, SoftDeleteRule};
 use crate::redact::{redact_uri, URI_SHAPE};
 
+/// A setting's value is out of range: `message` says what is allowed.
+fn bad(name: &str, value: String, message: &str) -> ConfigError {
+    ConfigError::Invalid {
+        name: name.into(),
+        origin: "settings".into(),
+        value,
+        message: message.into(),
+    }
+}
+
 impl Settings {
     /// Range checks that types alone cannot express, for these settings and every source
     /// derived from them (`[[sources]]`).
@@ -13,14 +23,17 @@ impl Settings {
         self.sources().map(drop)
     }
 
-    /// [`Settings::validate`] for these settings alone.
+    /// [`Settings::validate`] for these settings alone: names, sizes, the reconciler's and
+    /// the process's settings, in this order (the first problem is the one reported).
     pub(super) fn validate_own(&self) -> Result<(), ConfigError> {
-        let bad = |name: &str, value: String, message: &str| ConfigError::Invalid {
-            name: name.into(),
-            origin: "settings".into(),
-            value,
-            message: message.into(),
-        };
+        self.check_names()?;
+        self.check_sizes()?;
+        self.check_reconcile()?;
+        self.check_process()
+    }
+
+    /// Collection names, field names, definitions and the soft-delete rule.
+    fn check_names(&self) -> Result<(), ConfigError> {
         for (name, value) in [
             ("comments_collection", &self.comments_collection),
             ("counters_collection", &self.counters_collection),
@@ -60,6 +73,11 @@ impl Settings {
                 "must differ from comments_collection",
             ));
         }
+        Ok(())
+    }
+
+    /// Snapshot chunks, the memory budget, batches and buckets.
+    fn check_sizes(&self) -> Result<(), ConfigError> {
         if !(1..=10_000).contains(&self.snapshot_chunk_rows) {
             return Err(bad(
                 "snapshot_chunk_rows",
@@ -106,6 +124,11 @@ impl Settings {
                 "allowed: whole seconds, at least 1s",
             ));
         }
+        Ok(())
+    }
+
+    /// The reconciler's pace and sweep.
+    fn check_reconcile(&self) -> Result<(), ConfigError> {
         if !(0.0..=1.0).contains(&self.reconcile_jitter) {
             return Err(bad(
                 "reconcile_jitter",
@@ -130,6 +153,11 @@ impl Settings {
         if self.sweep_window == 0 {
             return Err(bad("sweep_window", "0".into(), "allowed: at least 1"));
         }
+        Ok(())
+    }
+
+    /// Logs, leases, partitions, the HTTP address, the start, the URI and readiness.
+    fn check_process(&self) -> Result<(), ConfigError> {
         if !matches!(self.log_format.as_str(), "text" | "json") {
             return Err(bad(
                 "log_format",

@@ -168,97 +168,96 @@ pub fn plan_batch(
     schema: &crate::core::schema::Schema,
     bucket_width_secs: i64,
 ) -> (BatchPlan, Option<StreamEnded>) {
-    plan_batch_covering(
+    plan_batch_covering(PlanInput {
         events,
         ledger,
-        Coverage::Partial,
+        coverage: Coverage::Partial,
         attribution,
         schema,
         bucket_width_secs,
-        None,
-    )
+        partition: None,
+    })
 }
 
-/// Plans a batch. `ledger` maps comment keys to their ledger state before the batch (absent:
-/// no entry), and `coverage` says what an absent entry means. Events after a stream-ending
-/// event are not planned; the end is returned beside the plan of what came before it.
-///
-/// With `partition`, only that partition's part of each change is planned (see
-/// [`own_part`]); its ledger (`ledger`) is its own view of it ([`Partition::own_view`]).
-pub fn plan_batch_covering(
-    events: &[ChangeEvent],
-    ledger: &HashMap<String, Option<Row>>,
-    coverage: Coverage,
-    attribution: Attribution,
-    schema: &crate::core::schema::Schema,
-    bucket_width_secs: i64,
-    partition: Option<Partition>,
-) -> (BatchPlan, Option<StreamEnded>) {
-    let mut plan = BatchPlan::default();
-    let mut known: HashMap<String, Option<Row>> = HashMap::new();
-    let mut ledger_order: Vec<CommentId> = Vec::new();
-    let mut counters: BTreeMap<CounterKey, CounterDelta> = BTreeMap::new();
-    let mut dirty: BTreeMap<CounterKey, BucketStart> = BTreeMap::new();
-    let mut dirty_order: Vec<CounterKey> = Vec::new();
-    let mut named = Named::default();
+/// What a batch is planned from.
+#[derive(Clone, Copy)]
+pub struct PlanInput<'a> {
+    pub events: &'a [ChangeEvent],
+    /// Comment keys to their ledger state before the batch (absent: no entry).
+    pub ledger: &'a HashMap<String, Option<Row>>,
+    /// What an absent ledger entry means.
+    pub coverage: Coverage,
+    pub attribution: Attribution,
+    pub schema: &'a crate::core::schema::Schema,
+    pub bucket_width_secs: i64,
+    /// Plan only this partition's part of each change (see [`own_part`]); `ledger` is then
+    /// the partition's own view of it ([`Partition::own_view`]).
+    pub partition: Option<Partition>,
+}
 
-    for event in events {
-        let key = event.comment.as_ref().map(|c| c.key.clone());
-        let entry = key.as_ref().map(|k| known.get(k).or_else(|| ledger.get(k)));
-        let before = match (entry, coverage) {
-            (Some(row), Coverage::Complete) => Before::Complete(row.cloned().flatten()),
-            (Some(Some(row)), Coverage::Partial) => Before::Known(row.clone()),
-            _ => Before::Unknown,
+/// Plans a batch. `input.ledger` maps comment keys to their ledger state before the batch
+/// (absent: no entry), and `input.coverage` says what an absent entry means. Events after a
+/// stream-ending event are not planned; the end is returned beside the plan of what came
+/// before it.
+pub fn plan_batch_covering(input: PlanInput<'_>) -> (BatchPlan, Option<StreamEnded>) {
+    let mut planner = Planner::new(input);
+    for event in input.events {
+        if let Err(end) = planner.add(event) {
+            return (planner.finish(), Some(end));
+        }
+    }
+    (planner.finish(), None)
+}
+
+/// The plan of a batch as its events are added one by one, in stream order.
+struct Planner<'a> {
+    input: PlanInput<'a>,
+    plan: BatchPlan,
+    /// Each comment's state after the batch's events so far (the next event's before-state).
+    known: HashMap<String, Option<Row>>,
+    ledger_order: Vec<CommentId>,
+    counters: BTreeMap<CounterKey, CounterDelta>,
+    dirty: BTreeMap<CounterKey, BucketStart>,
+    dirty_order: Vec<CounterKey>,
+    named: Named,
+}
+
+impl<'a> Planner<'a> {
+    fn new(input: PlanInput<'a>) -> Self {
+        Planner {
+            input,
+            plan: BatchPlan::default(),
+            known: HashMap::new(),
+            ledger_order: Vec::new(),
+            counters: BTreeMap::new(),
+            dirty: BTreeMap::new(),
+            dirty_order: Vec::new(),
+            named: Named::default(),
+        }
+    }
+
+    /// Classifies one event against what is known before it and adds it to the plan; a
+    /// stream-ending event adds nothing.
+    fn add(&mut self, event: &ChangeEvent) -> Result<(), StreamEnded> {
+        let PlanInput {
+            attribution,
+            schema,
+            partition,
+            ..
+        } = self.input;
+        let before = self.before(event);
+        let classified = classify(event, before.clone(), attribution, schema)?;
+        let classified = match partition {
+            Some(p) => own_part(p, classified, event, before.clone(), (attribution, schema)),
+            None => classified,
         };
-        let classified = match classify(event, before.clone(), attribution, schema) {
-            Ok(c) => match partition {
-                Some(p) => own_part(p, c, event, before.clone(), (attribution, schema)),
-                None => c,
-            },
-            Err(end) => {
-                named.attach(&mut counters);
-                return (
-                    finish(plan, counters, (dirty_order, dirty), ledger_order, &known),
-                    Some(end),
-                );
-            }
-        };
-        plan.events += 1;
-        *plan
+        self.plan.events += 1;
+        *self
+            .plan
             .by_source
             .entry(source_name(classified.source))
             .or_default() += 1;
-        // A post named by the event without a delta (an unattributable change) is taken as
-        // changed at the event's own time: only a recount above it covers the change.
-        let event_bucket = event.cluster_time.map_or(0, |t| {
-            bucket_of(
-                Some(DateTime::from_millis(t.time as i64 * 1000)),
-                bucket_width_secs,
-            )
-        });
-        let mut newest: BTreeMap<CounterKey, BucketStart> = BTreeMap::new();
-        for delta in &classified.deltas {
-            let bucket = bucket_of(delta.created_at, bucket_width_secs);
-            let key = CounterKey {
-                counter: delta.counter,
-                group: delta.post.clone(),
-            };
-            let entry = counter_of(&mut counters, &key);
-            if entry.delta.checked_add(delta.amount).is_none() {
-                // Never wrapped: the sum goes on as a double, and the event is reported.
-                plan.skipped.push(Skipped {
-                    token: event.token.clone(),
-                    problem: Problem::Bad(crate::core::classify::Malformed::Overflow {
-                        counter: counter_name(schema, delta.counter),
-                    }),
-                });
-            }
-            entry.delta += delta.amount;
-            *entry.buckets.entry(bucket).or_default() += delta.amount;
-            entry.touched.insert(bucket);
-            let n = newest.entry(key).or_insert(bucket);
-            *n = (*n).max(bucket);
-        }
+        let newest = self.add_deltas(event, &classified);
         // Without a delta, the rows known before and after say which bucket the post's change
         // (a body edit, say) belongs to.
         let rows = [
@@ -271,33 +270,85 @@ pub fn plan_batch_covering(
                 After::Unchanged => None,
             },
         ];
-        // An update whose after-state was not derived from a complete description (the
-        // `updateLookup` document, possibly later than the event, or nothing at all) may hide
-        // intermediate states in any bucket: a restamp into a settled bucket, a soft delete and
-        // undelete. A recount may have seen them, so the batch touches every bucket of the posts
-        // it names (bucket 0 is below every watermark).
-        // A delete known only from the ledger may follow such an update that named no row at
-        // all (the fake server's update of a row gone before its lookup).
-        let hidden_states = match &event.operation {
-            // Derived at event time only from a complete description applied to a known row
-            // (the pre-image's or the ledger's); a partition that knows the row only as "not
-            // here" takes the looked-up one.
-            Operation::Update { summary } => {
-                let derived = summary.as_ref().is_some_and(|s| s.complete)
-                    && (classified.source == Source::PreImage
-                        || rows[0].is_some_and(|row| {
-                            summary.as_ref().is_some_and(|s| schema.derives(s, row))
-                        }));
-                !derived || classified.source == Source::BestEffort
-            }
-            Operation::Delete => classified.source != Source::PreImage,
-            _ => false,
-        };
-        if hidden_states {
+        if hidden_states(event, &classified, rows[0], schema) {
             for post in &classified.dirty {
-                counter_of(&mut counters, post).touched.insert(0);
+                counter_of(&mut self.counters, post).touched.insert(0);
             }
         }
+        self.name_rows(event, &classified);
+        self.mark_dirty(event, &classified.dirty, rows, &newest);
+        if let (After::Known(state), Some(comment)) = (classified.after, event.comment.as_ref()) {
+            if self.known.insert(comment.key.clone(), state).is_none() {
+                self.ledger_order.push(comment.clone());
+            }
+        }
+        if let Some(problem) = classified.problem {
+            self.plan.skipped.push(Skipped {
+                token: event.token.clone(),
+                problem,
+            });
+        }
+        Ok(())
+    }
+
+    /// The event's before-state: its comment's state after the batch's earlier events, else
+    /// its ledger entry, read as `coverage` says.
+    fn before(&self, event: &ChangeEvent) -> Before {
+        let key = event.comment.as_ref().map(|c| c.key.clone());
+        let entry = key
+            .as_ref()
+            .map(|k| self.known.get(k).or_else(|| self.input.ledger.get(k)));
+        match (entry, self.input.coverage) {
+            (Some(row), Coverage::Complete) => Before::Complete(row.cloned().flatten()),
+            (Some(Some(row)), Coverage::Partial) => Before::Known(row.clone()),
+            _ => Before::Unknown,
+        }
+    }
+
+    /// Adds the event's deltas to their counters' writes. Returns the newest bucket each
+    /// counter's deltas changed.
+    fn add_deltas(
+        &mut self,
+        event: &ChangeEvent,
+        classified: &crate::core::classify::Classification,
+    ) -> BTreeMap<CounterKey, BucketStart> {
+        let PlanInput {
+            schema,
+            bucket_width_secs,
+            ..
+        } = self.input;
+        let mut newest: BTreeMap<CounterKey, BucketStart> = BTreeMap::new();
+        for delta in &classified.deltas {
+            let bucket = bucket_of(delta.created_at, bucket_width_secs);
+            let key = CounterKey {
+                counter: delta.counter,
+                group: delta.post.clone(),
+            };
+            let entry = counter_of(&mut self.counters, &key);
+            if entry.delta.checked_add(delta.amount).is_none() {
+                // Never wrapped: the sum goes on as a double, and the event is reported.
+                self.plan.skipped.push(Skipped {
+                    token: event.token.clone(),
+                    problem: Problem::Bad(crate::core::classify::Malformed::Overflow {
+                        counter: counter_name(schema, delta.counter),
+                    }),
+                });
+            }
+            entry.delta += delta.amount;
+            *entry.buckets.entry(bucket).or_default() += delta.amount;
+            entry.touched.insert(bucket);
+            let n = newest.entry(key).or_insert(bucket);
+            *n = (*n).max(bucket);
+        }
+        newest
+    }
+
+    /// Notes the event's row under every counter it named (see [`Named`]).
+    fn name_rows(
+        &mut self,
+        event: &ChangeEvent,
+        classified: &crate::core::classify::Classification,
+    ) {
         let keys_named = classified
             .deltas
             .iter()
@@ -307,9 +358,29 @@ pub fn plan_batch_covering(
             })
             .chain(classified.dirty.iter().cloned());
         for key in keys_named {
-            named.add(&key, event.comment.as_ref());
+            self.named.add(&key, event.comment.as_ref());
         }
-        for key in &classified.dirty {
+    }
+
+    /// Marks the counters the event named dirty, each with the newest bucket the change may
+    /// belong to: its deltas' (`newest`), else its known rows', else the event's own time.
+    fn mark_dirty(
+        &mut self,
+        event: &ChangeEvent,
+        named_dirty: &[CounterKey],
+        rows: [Option<&Row>; 2],
+        newest: &BTreeMap<CounterKey, BucketStart>,
+    ) {
+        let bucket_width_secs = self.input.bucket_width_secs;
+        // A post named by the event without a delta (an unattributable change) is taken as
+        // changed at the event's own time: only a recount above it covers the change.
+        let event_bucket = event.cluster_time.map_or(0, |t| {
+            bucket_of(
+                Some(DateTime::from_millis(t.time as i64 * 1000)),
+                bucket_width_secs,
+            )
+        });
+        for key in named_dirty {
             let known_rows = rows
                 .iter()
                 .flatten()
@@ -321,31 +392,59 @@ pub fn plan_batch_covering(
                 .copied()
                 .or(known_rows)
                 .unwrap_or(event_bucket);
-            match dirty.get_mut(key) {
+            match self.dirty.get_mut(key) {
                 Some(b) => *b = (*b).max(bucket),
                 None => {
-                    dirty.insert(key.clone(), bucket);
-                    dirty_order.push(key.clone());
+                    self.dirty.insert(key.clone(), bucket);
+                    self.dirty_order.push(key.clone());
                 }
             }
         }
-        if let (After::Known(state), Some(comment)) = (classified.after, event.comment.as_ref()) {
-            if known.insert(comment.key.clone(), state).is_none() {
-                ledger_order.push(comment.clone());
-            }
-        }
-        if let Some(problem) = classified.problem {
-            plan.skipped.push(Skipped {
-                token: event.token.clone(),
-                problem,
-            });
-        }
     }
-    named.attach(&mut counters);
-    (
-        finish(plan, counters, (dirty_order, dirty), ledger_order, &known),
-        None,
-    )
+
+    /// The plan of the events added so far.
+    fn finish(mut self) -> BatchPlan {
+        self.named.attach(&mut self.counters);
+        finish(
+            self.plan,
+            self.counters,
+            (self.dirty_order, self.dirty),
+            self.ledger_order,
+            &self.known,
+        )
+    }
+}
+
+/// Whether the event may hide intermediate states of its rows.
+///
+/// An update whose after-state was not derived from a complete description (the
+/// `updateLookup` document, possibly later than the event, or nothing at all) may hide
+/// intermediate states in any bucket: a restamp into a settled bucket, a soft delete and
+/// undelete. A recount may have seen them, so the batch touches every bucket of the posts
+/// it names (bucket 0 is below every watermark).
+/// A delete known only from the ledger may follow such an update that named no row at
+/// all (the fake server's update of a row gone before its lookup).
+fn hidden_states(
+    event: &ChangeEvent,
+    classified: &crate::core::classify::Classification,
+    before: Option<&Row>,
+    schema: &crate::core::schema::Schema,
+) -> bool {
+    match &event.operation {
+        // Derived at event time only from a complete description applied to a known row
+        // (the pre-image's or the ledger's); a partition that knows the row only as "not
+        // here" takes the looked-up one.
+        Operation::Update { summary } => {
+            let derived = summary.as_ref().is_some_and(|s| s.complete)
+                && (classified.source == Source::PreImage
+                    || before.is_some_and(|row| {
+                        summary.as_ref().is_some_and(|s| schema.derives(s, row))
+                    }));
+            !derived || classified.source == Source::BestEffort
+        }
+        Operation::Delete => classified.source != Source::PreImage,
+        _ => false,
+    }
 }
 
 /// What `partition` applies of one classified event, for every definition (see

@@ -144,7 +144,14 @@ pub fn counts_below(row: &Row, post: &PostId, watermark: i64) -> bool {
             .is_none_or(|t| crate::core::time::secs(t) < watermark)
 }
 
-/// The number of `post`'s live rows below `watermark` as of the counter's position `until`:
+/// What a recount counts: `post`'s live rows below `watermark` (seconds).
+#[derive(Clone, Copy, Debug)]
+pub struct CountScope<'a> {
+    pub post: &'a PostId,
+    pub watermark: i64,
+}
+
+/// The number of `scope`'s rows as of the counter's position `until`:
 /// the rows `read` (ids of live rows below the watermark, read after `since`) that did not
 /// change in the window, plus the changed rows whose ledger state counts. `ledger` holds the
 /// entries of the changed rows.
@@ -152,8 +159,7 @@ pub fn count_as_of(
     read: &[CommentId],
     changed: &BTreeMap<String, (CommentId, String)>,
     ledger: &HashMap<String, LedgerAt>,
-    post: &PostId,
-    watermark: i64,
+    CountScope { post, watermark }: CountScope<'_>,
     until: &str,
 ) -> Result<i64, Unsettled> {
     let unchanged = read
@@ -186,6 +192,14 @@ mod tests {
     use bson::{Bson, DateTime};
 
     use super::*;
+
+    fn scope(watermark: i64) -> CountScope<'static> {
+        static POST: PostId = P;
+        CountScope {
+            post: &POST,
+            watermark,
+        }
+    }
 
     fn id(n: i32) -> CommentId {
         CommentId::new(Bson::Int32(n))
@@ -301,10 +315,16 @@ mod tests {
             (id(3).key, at(Some(row(1, 10, false)), "0c")),
             (id(4).key, at(Some(row(1, 10, false)), "0a")),
         ]);
-        assert_eq!(count_as_of(&read, &changed, &ledger, &P, 60, "0c"), Ok(3));
+        assert_eq!(
+            count_as_of(&read, &changed, &ledger, scope(60), "0c"),
+            Ok(3)
+        );
         // The same with the read taken before row 2's delete and row 4's undelete: the same.
         let read = [id(1), id(3)];
-        assert_eq!(count_as_of(&read, &changed, &ledger, &P, 60, "0c"), Ok(3));
+        assert_eq!(
+            count_as_of(&read, &changed, &ledger, scope(60), "0c"),
+            Ok(3)
+        );
     }
 
     #[test]
@@ -316,11 +336,11 @@ mod tests {
             (id(3).key, at(Some(row(1, 90, false)), "0a")), // restamped above W
         ]);
         assert_eq!(
-            count_as_of(&[id(1), id(2), id(3)], &changed, &ledger, &P, 60, "0a"),
+            count_as_of(&[id(1), id(2), id(3)], &changed, &ledger, scope(60), "0a"),
             Ok(0)
         );
         // Above every watermark it counts.
-        assert_eq!(count_as_of(&[], &changed, &ledger, &P, 120, "0a"), Ok(1));
+        assert_eq!(count_as_of(&[], &changed, &ledger, scope(120), "0a"), Ok(1));
     }
 
     #[test]
@@ -328,7 +348,7 @@ mod tests {
         let changed = changed_since(&[touch("0a", &[1])], Some("05"), Some("0a")).unwrap();
         let with = |entry: LedgerAt| HashMap::from([(id(1).key, entry)]);
         let count = |ledger: &HashMap<String, LedgerAt>| {
-            count_as_of(&[id(1)], &changed, ledger, &P, 60, "0a")
+            count_as_of(&[id(1)], &changed, ledger, scope(60), "0a")
         };
         assert_eq!(count(&HashMap::new()), Err(Unsettled::Unknown));
         let rebuilt = LedgerAt {

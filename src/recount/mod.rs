@@ -562,8 +562,10 @@ impl<S: Store + ?Sized> Recounter<S> {
                     read,
                     &changed,
                     &ledger,
-                    &recount.post,
-                    recount.watermark,
+                    window::CountScope {
+                        post: &recount.post,
+                        watermark: recount.watermark,
+                    },
                     until.unwrap_or_default(),
                 )
             }

@@ -130,16 +130,14 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         "dry_run": args.dry_run,
     });
     if args.dry_run {
-        return dry_run(
-            &settings,
-            &store,
-            &stream,
-            &checkpoint,
-            &position,
-            report,
-            &args,
-        )
-        .await;
+        let planned = dry_run::Move {
+            settings: &settings,
+            store: &store,
+            stream: &stream,
+            checkpoint: &checkpoint,
+            position: &position,
+        };
+        return dry_run(planned, report, &args).await;
     }
 
     // Take every stream's lease first (refusing, waiting or fencing), then move each.

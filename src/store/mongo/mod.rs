@@ -178,6 +178,31 @@ impl CounterViews for MongoStore {
     }
 }
 
+/// Checks that the server at `hosts` answers within `connect_timeout`: an error says whether
+/// it could not be reached (transient) or refused counterd.
+async fn ping(db: &Database, hosts: &str, connect_timeout: Duration) -> StoreResult<()> {
+    // `isMaster` rather than `hello`: some compatible servers only answer the former.
+    db.run_command(doc! {"isMaster": 1}).await.map_err(|e| {
+        let transient = unreachable_for_now(&e);
+        let detail = if transient {
+            format!(
+                "cannot reach MongoDB at {hosts} within {}: {}",
+                humantime::format_duration(connect_timeout),
+                short(&e)
+            )
+        } else {
+            format!("MongoDB at {hosts} refused counterd: {}", short(&e))
+        };
+        StoreError::Driver {
+            op: "connect",
+            transient,
+            detail,
+            source: Box::new(e),
+        }
+    })?;
+    Ok(())
+}
+
 impl MongoStore {
     /// Connects and checks that the server answers, with an error that names the host, what
     /// failed and what to check.
@@ -214,25 +239,7 @@ impl MongoStore {
             source: Box::new(e),
         })?;
         let db = client.database(&options.database);
-        // `isMaster` rather than `hello`: some compatible servers only answer the former.
-        db.run_command(doc! {"isMaster": 1}).await.map_err(|e| {
-            let transient = unreachable_for_now(&e);
-            let detail = if transient {
-                format!(
-                    "cannot reach MongoDB at {hosts} within {}: {}",
-                    humantime::format_duration(options.connect_timeout),
-                    short(&e)
-                )
-            } else {
-                format!("MongoDB at {hosts} refused counterd: {}", short(&e))
-            };
-            StoreError::Driver {
-                op: "connect",
-                transient,
-                detail,
-                source: Box::new(e),
-            }
-        })?;
+        ping(&db, &hosts, options.connect_timeout).await?;
         let comments = db.collection(&options.comments);
         Ok(MongoStore {
             snapshot_reads: Arc::default(),

@@ -73,14 +73,13 @@ impl Pump {
         let (sender, queue) = mpsc::unbounded_channel();
         let reads = Arc::new(AtomicU64::new(read));
         let demand = Arc::new(Notify::new());
-        let task = tokio::spawn(run(
-            stream,
-            sender,
-            Arc::new(Semaphore::new(STREAM_QUEUE)),
-            reads.clone(),
-            demand.clone(),
-            positioned,
-        ));
+        let producer = Producer {
+            queue: sender,
+            room: Arc::new(Semaphore::new(STREAM_QUEUE)),
+            reads: reads.clone(),
+            demand: demand.clone(),
+        };
+        let task = tokio::spawn(run(stream, producer, positioned));
         Pump {
             queue,
             reads,
@@ -121,16 +120,23 @@ impl Drop for Pump {
     }
 }
 
-/// The pump's task: takes events from the stream as long as the queue has room, stops at an
-/// empty reply until asked again (or for good, see [`Dry::ended`]) and at an error.
-async fn run(
-    mut stream: ChangeStream<RawDocumentBuf>,
+/// The pump task's end: the queue, its room, and the consumer's read numbers and requests.
+struct Producer {
     queue: mpsc::UnboundedSender<Pumped>,
     room: Arc<Semaphore>,
     reads: Arc<AtomicU64>,
     demand: Arc<Notify>,
-    mut positioned: bool,
-) {
+}
+
+/// The pump's task: takes events from the stream as long as the queue has room, stops at an
+/// empty reply until asked again (or for good, see [`Dry::ended`]) and at an error.
+async fn run(mut stream: ChangeStream<RawDocumentBuf>, producer: Producer, mut positioned: bool) {
+    let Producer {
+        queue,
+        room,
+        reads,
+        demand,
+    } = producer;
     loop {
         // Taken before the request: a reply asked for now answers this read and later ones.
         let asked_by = reads.load(Ordering::SeqCst);
