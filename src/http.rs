@@ -127,27 +127,48 @@ pub fn readiness(
             "not connected to MongoDB yet, or still preparing it (start-up retries show in counterd_retries_total)\n".into(),
         );
     }
-    let max_stall = bounds.max_stall.as_secs_f64();
     let active: Vec<&&Arc<WorkerStatus>> = statuses.iter().filter(|s| s.is_active()).collect();
     if active.is_empty() {
-        // A standby must reach MongoDB to take over when the active worker goes silent.
-        let reached = statuses
-            .iter()
-            .map(|s| s.reached_at_ms())
-            .max()
-            .unwrap_or(0);
-        let silent = (now_ms - reached) as f64 / 1000.0;
-        if reached > 0 && silent > max_stall {
-            return (
-                unready,
-                format!(
-                    "standby: cannot reach MongoDB for {silent:.0}s (over ready_max_stall {max_stall:.0}s)\n"
-                ),
-            );
-        }
-        return (StatusCode::OK, "standby\n".into());
+        return standby_readiness(statuses, bounds, now_ms);
     }
-    let of = format!("{} of {} streams", active.len(), statuses.len());
+    active_readiness(&active, statuses.len(), bounds, now_ms)
+}
+
+/// `/readyz` while no stream is active here: a standby must reach MongoDB to take over when
+/// the active worker goes silent.
+fn standby_readiness(
+    statuses: &[&Arc<WorkerStatus>],
+    bounds: ReadyBounds,
+    now_ms: i64,
+) -> (StatusCode, String) {
+    let max_stall = bounds.max_stall.as_secs_f64();
+    let reached = statuses
+        .iter()
+        .map(|s| s.reached_at_ms())
+        .max()
+        .unwrap_or(0);
+    let silent = (now_ms - reached) as f64 / 1000.0;
+    if reached > 0 && silent > max_stall {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "standby: cannot reach MongoDB for {silent:.0}s (over ready_max_stall {max_stall:.0}s)\n"
+            ),
+        );
+    }
+    (StatusCode::OK, "standby\n".into())
+}
+
+/// `/readyz` for the `active` streams (of `streams`): open, progressing, and within the lag.
+fn active_readiness(
+    active: &[&&Arc<WorkerStatus>],
+    streams: usize,
+    bounds: ReadyBounds,
+    now_ms: i64,
+) -> (StatusCode, String) {
+    let unready = StatusCode::SERVICE_UNAVAILABLE;
+    let max_stall = bounds.max_stall.as_secs_f64();
+    let of = format!("{} of {} streams", active.len(), streams);
     if active.iter().any(|s| !s.is_stream_open()) {
         return (unready, format!("active ({of}): change stream not open\n"));
     }

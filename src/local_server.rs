@@ -73,7 +73,7 @@ impl LocalServer {
                 let uri = std::env::var("COUNTERD_TEST_MONGODB_URI").unwrap_or_default();
                 eprintln!(
                     "test database: COUNTERD_TEST_MONGODB_URI ({})",
-                    crate::config::redact_uri(&uri)
+                    crate::redact::redact_uri(&uri)
                 );
                 Ok(LocalServer {
                     uri,

@@ -34,28 +34,17 @@ use std::time::Duration;
 
 use bson::DateTime;
 
-use crate::batch::{bucket_of, counter_of, CounterDelta, LedgerUpdate};
-use crate::definition::CounterKey;
-use crate::event::{CommentId, Row};
-use crate::partition::Partition;
+use crate::config::InitialSnapshot;
+use crate::core::batch::{counter_of, CounterDelta, LedgerUpdate};
+use crate::core::event::{CommentId, Row};
+use crate::core::key::CounterKey;
+use crate::core::partition::Partition;
+use crate::core::time::bucket_of;
 use crate::store::{
     Checkpoint, CommentsExtent, Fence, SnapshotChunk, SnapshotProgress, SnapshotState, Store,
     StoreResult,
 };
 use crate::telemetry as m;
-
-/// Whether a stream without a checkpoint first counts the rows that already exist (the
-/// `initial_snapshot` setting).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum InitialSnapshot {
-    /// Snapshot when the stream has never applied anything.
-    #[default]
-    Auto,
-    /// Count only what the stream sees change (existing rows are counted by a `reconcile
-    /// --sweep` only).
-    Never,
-}
 
 /// The snapshot's knobs (from the configuration, see [`crate::daemon`]).
 #[derive(Clone, Debug)]
@@ -118,7 +107,7 @@ pub fn plan_chunk(
             continue; // the stream saw this row: its entry is newer than the read
         }
         if partition.is_some_and(|p| !p.owns_row(Some(row))) {
-            continue; // another partition's row (see `crate::partition`)
+            continue; // another partition's row (see `crate::core::partition`)
         }
         claims.push(LedgerUpdate {
             comment: comment.clone(),
@@ -158,7 +147,7 @@ pub fn finish_chunk(progress: &mut SnapshotProgress, chunk: &SnapshotChunk) {
     progress.rows_counted += chunk
         .counters
         .iter()
-        .filter(|c| c.counter == crate::definition::CounterIx::DEFAULT)
+        .filter(|c| c.counter == crate::core::key::CounterIx::DEFAULT)
         .map(|c| c.delta.as_i64().max(0) as u64)
         .sum::<u64>();
     progress.pending = None;
@@ -358,7 +347,7 @@ pub fn report(stream: &str, progress: &SnapshotProgress, rows_per_second: u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::PostId;
+    use crate::core::key::PostId;
     use bson::Bson;
 
     fn row(post: i64, live: bool) -> Row {
@@ -412,7 +401,7 @@ mod tests {
 
     #[test]
     fn a_claimed_row_counts_in_every_definition_it_counts_for() {
-        use crate::definition::{CounterIx, Member};
+        use crate::core::key::{CounterIx, Member};
         let member =
             |group: &str, matches| Member::counting(Some(PostId::Str(group.into())), matches);
         let mut approved_by_ann = row(7, true);

@@ -177,7 +177,7 @@ impl WorkerStatus {
     pub fn batch_applied(&self, events: usize, newest: Option<i64>, now: DateTime) {
         self.events_applied
             .fetch_add(events as i64, Ordering::Relaxed);
-        let now_secs = crate::time::secs(now);
+        let now_secs = crate::core::time::secs(now);
         let lag = newest.map(|t| (now_secs - t).max(0)).unwrap_or(0);
         self.lag_secs.store(lag, Ordering::Relaxed);
         self.progressed(now);

@@ -8,18 +8,24 @@
 //! classifier agrees with the count query built from the same condition" is checked on every
 //! generated row, beside "every delta is `counts_after - counts_before`" per definition.
 
+#[path = "support/update_description.rs"]
+mod update_description;
+
 use std::collections::{BTreeMap, HashMap};
 
 use bson::{doc, Bson, DateTime, Document, Timestamp};
-use counterd::batch::{plan_batch, BatchPlan};
-use counterd::classify::{classify, Attribution, Before, Classification};
-use counterd::condition::Condition;
-use counterd::definition::{amount_of, CounterIx, CounterKey, Definition, Kind};
-use counterd::event::{ChangeEvent, PostId, Row};
-use counterd::num::Num;
-use counterd::schema::Schema;
+use counterd::core::batch::{plan_batch, BatchPlan};
+use counterd::core::classify::{classify, Attribution, Before, Classification};
+use counterd::core::condition::Condition;
+use counterd::core::definition::{amount_of, Definition, Kind};
+use counterd::core::event::{ChangeEvent, Row};
+use counterd::core::key::PostId;
+use counterd::core::key::{CounterIx, CounterKey};
+use counterd::core::num::Num;
+use counterd::core::schema::Schema;
 use proptest::prelude::*;
 use proptest::sample::select;
+use update_description::diff;
 
 /// The default definition (posts) and four more: approved comments per post, comments per
 /// author, well-scored comments with an accepted status per thread (a dotted group field), and
@@ -266,22 +272,6 @@ fn event(n: usize, op: &str) -> Document {
     }
 }
 
-/// `updatedFields` and `removedFields` that turn `before` into `after` (top-level fields).
-fn diff(before: &Document, after: &Document) -> (Document, Vec<String>) {
-    let mut set = Document::new();
-    for (k, v) in after {
-        if k != "_id" && before.get(k) != Some(v) {
-            set.insert(k.clone(), v.clone());
-        }
-    }
-    let removed = before
-        .keys()
-        .filter(|k| !after.contains_key(k.as_str()))
-        .cloned()
-        .collect();
-    (set, removed)
-}
-
 /// The event of `before` → `after` (`None`: no row), its update looked up as `lookup`.
 fn change(
     n: usize,
@@ -485,7 +475,7 @@ fn a_value_that_is_not_a_number_adds_nothing_and_is_a_bad_event() {
         c.deltas
     );
     assert!(
-        matches!(&c.problem, Some(counterd::classify::Problem::Bad(counterd::classify::Malformed::NotANumber { counter, .. })) if counter == "score_sum"),
+        matches!(&c.problem, Some(counterd::core::classify::Problem::Bad(counterd::core::classify::Malformed::NotANumber { counter, .. })) if counter == "score_sum"),
         "{:?}",
         c.problem
     );
@@ -517,7 +507,7 @@ fn a_sum_that_would_overflow_is_reported_and_never_wrapped() {
             let mut row = approved_row("ann", Bson::Int64(i64::MAX));
             row.insert("_id", n as i32);
             let mut e = change(n, None, Some(&row), None, false);
-            e.comment = Some(counterd::event::CommentId::new(Bson::Int32(n as i32)));
+            e.comment = Some(counterd::core::event::CommentId::new(Bson::Int32(n as i32)));
             e
         })
         .collect();

@@ -1,18 +1,19 @@
 //! Update events without `updateLookup` (`fixtures/events/no_lookup/`: MongoDB 6/7's shapes
 //! without `fullDocument`, and the fake test server's, whose update names its row beside its
 //! update spec in `documentKey` and carries a fragment of the update as `fullDocument`), the
-//! rows a batch reads for them ([`counterd::lookup`]) and what they classify to: the same as
+//! rows a batch reads for them ([`counterd::core::lookup`]) and what they classify to: the same as
 //! with the lookup wherever the lookup showed the row the batched read shows.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 
 use bson::{doc, Bson, DateTime, Document};
-use counterd::batch::plan_batch;
-use counterd::classify::{classify, Attribution, Before, Classification};
-use counterd::event::{ChangeEvent, CommentId, Operation, PostId, Row};
-use counterd::lookup::{attach, rows_to_read};
-use counterd::schema::Schema;
+use counterd::core::batch::plan_batch;
+use counterd::core::classify::{classify, Attribution, Before, Classification};
+use counterd::core::event::{ChangeEvent, CommentId, Operation, Row};
+use counterd::core::key::PostId;
+use counterd::core::lookup::{attach, rows_to_read};
+use counterd::core::schema::Schema;
 
 fn load(path: &str) -> Document {
     let path =

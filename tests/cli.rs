@@ -5,19 +5,15 @@ mod support;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use counterd::event::PostId;
 use counterd::store::prelude::*;
 use mongodb::bson::doc;
-use support::{now_secs, TestDb};
+use support::{now_secs, post, TestDb};
 
 fn counterd(t: &TestDb, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_counterd"))
+    t.counterd()
         .args(args)
-        .env("COUNTERD_MONGODB_URI", &t.uri)
-        .env("COUNTERD_DATABASE", &t.name)
         .env("COUNTERD_CONNECT_TIMEOUT", "5s")
         .env("COUNTERD_SETTLE_TIME", "5s")
-        .env_remove("COUNTERD_CONFIG")
         .output()
         .expect("run counterd")
 }
@@ -34,10 +30,6 @@ fn json(o: &Output) -> serde_json::Value {
         String::from_utf8_lossy(&o.stderr)
     );
     serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", stdout(o)))
-}
-
-fn post(i: usize) -> PostId {
-    PostId::Str(format!("post-{i}"))
 }
 
 /// Three posts with settled rows applied by a worker; returns the test database.
@@ -246,7 +238,10 @@ async fn replay_dry_run_refusal_and_move() {
         .unwrap()
         .events
         .remove(0);
-    let older = counterd::event::ChangeEvent::parse(&first).unwrap().token.0;
+    let older = counterd::core::event::ChangeEvent::parse(&first)
+        .unwrap()
+        .token
+        .0;
     assert!(older < before.token.clone().unwrap().0);
     let forced = counterd(&t, &["replay", "--from-token", &older, "--force"]);
     assert!(
@@ -314,7 +309,7 @@ async fn bad_config_file_and_env_exit_2_with_a_clear_error() {
 /// worker waiting for room that never frees: `run` refuses it at start, naming the setting.
 #[test]
 fn a_memory_budget_too_small_for_one_event_is_refused_at_start_with_exit_2() {
-    let least = counterd::budget::cost::min_budget(1);
+    let least = counterd::core::cost::min_budget(1);
     for (budget, partitions) in [(100_000, 1), (least - 1, 1), (least, 4)] {
         let o = Command::new(env!("CARGO_BIN_EXE_counterd"))
             .arg("run")
@@ -849,12 +844,12 @@ async fn a_dirty_mark_still_in_flight_is_reported_not_hidden() {
             .unwrap()
             .epoch,
     };
-    let batch = counterd::store::PendingBatch {
-        end: counterd::event::Token("ffffffffffffffff".into()),
+    let batch = counterd::core::batch::PendingBatch {
+        end: counterd::core::event::Token("ffffffffffffffff".into()),
         end_time: None,
         counters: vec![],
         ledger: vec![],
-        dirty: vec![counterd::batch::DirtyMark::settled(post(7))],
+        dirty: vec![counterd::core::batch::DirtyMark::settled(post(7))],
         carry: None,
     };
     t.store.record_intent(&fence, &batch, None).await.unwrap();

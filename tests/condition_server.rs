@@ -1,4 +1,4 @@
-//! The condition language of counter definitions (`counterd::condition`) against the test
+//! The condition language of counter definitions (`counterd::core::condition`) against the test
 //! server's own answers: thousands of random rows and conditions, and for each condition the
 //! rows the server's query returns must be exactly the rows counterd's evaluation accepts. A
 //! disagreement would make a conditional counter drift forever (the worker moves it one way,
@@ -9,7 +9,7 @@ mod support;
 
 use std::collections::BTreeSet;
 
-use counterd::condition::Condition;
+use counterd::core::condition::Condition;
 use futures::TryStreamExt;
 use mongodb::bson::{doc, oid::ObjectId, Bson, DateTime, Document};
 use rand::rngs::StdRng;

@@ -9,18 +9,14 @@ mod daemon;
 use std::sync::Arc;
 use std::time::Duration;
 
-use counterd::event::PostId;
+use counterd::core::key::PostId;
 use counterd::store::prelude::*;
 use counterd_testdb::{ServerKind, TestServer};
 use daemon::Daemon;
 use mongodb::bson::{doc, DateTime};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use support::{now_secs, TestDb};
-
-fn post(i: usize) -> PostId {
-    PostId::Str(format!("post-{i}"))
-}
+use support::{now_secs, post, TestDb};
 
 /// Random inserts, soft deletes, undeletes and deletes until `stop`.
 async fn write_until(

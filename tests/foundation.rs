@@ -5,7 +5,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use counterd::event::{ChangeEvent, Operation};
+use counterd::core::event::{ChangeEvent, Operation};
 use counterd::store::mongo::{ConnectOptions, MongoStore};
 use counterd::store::prelude::*;
 use counterd::store::{StreamOptions, StreamStart};

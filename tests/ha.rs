@@ -8,15 +8,11 @@ mod daemon;
 
 use std::time::{Duration, Instant};
 
-use counterd::event::PostId;
+use counterd::core::key::PostId;
 use counterd::store::prelude::*;
 use daemon::Daemon;
 use mongodb::bson::doc;
-use support::{now_secs, TestDb};
-
-fn post(i: usize) -> PostId {
-    PostId::Str(format!("post-{i}"))
-}
+use support::{now_secs, post, TestDb};
 
 /// Roles of the daemons as their /readyz says: (active, standby).
 async fn roles(daemons: &[&Daemon]) -> (usize, usize) {
@@ -225,7 +221,7 @@ async fn four_partitions_shared_by_two_processes_stay_exact() {
         )
         .await
         .unwrap();
-    let part = counterd::partition::Partition { index: 1, count: 4 };
+    let part = counterd::core::partition::Partition { index: 1, count: 4 };
     assert!(!dirty.is_empty() && dirty.iter().all(|d| part.owns(&d.post)));
     // The ledger is divided (the initial snapshot made it complete): a partition's entries
     // show rows of its own posts only, and the four together hold at most one entry per
@@ -234,7 +230,7 @@ async fn four_partitions_shared_by_two_processes_stay_exact() {
     // (a worker behind on a loaded machine reads them together) needs none and gets none.
     let mut entries = 0;
     for index in 0..4 {
-        let part = counterd::partition::Partition { index, count: 4 };
+        let part = counterd::core::partition::Partition { index, count: 4 };
         let ledger = t
             .db
             .collection::<mongodb::bson::Document>(&format!("counterd_comment_state_p{index}of4"));
@@ -256,7 +252,7 @@ async fn four_partitions_shared_by_two_processes_stay_exact() {
 
 #[tokio::test]
 async fn dirty_marks_carry_the_fencing_epoch() {
-    use counterd::batch::DirtyMark;
+    use counterd::core::batch::DirtyMark;
     use counterd::store::Fence;
     let t = TestDb::new("dirtyfence").await;
     let fence = |stream: &str, epoch| Fence {

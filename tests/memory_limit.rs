@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use bson::{doc, DateTime, Document};
-use counterd::event::PostId;
+use counterd::core::key::PostId;
 use daemon::Daemon;
 use support::TestDb;
 
@@ -218,7 +218,7 @@ async fn counterd_run_catches_up_a_backlog_under_the_manifests_memory_limit() {
     // The budget came from the cgroup's limit: (96 MiB - 40 MiB) / 2.
     assert_eq!(
         budget,
-        Some(counterd::budget::cost::budget_for_limit(Some(LIMIT), 1) as f64),
+        Some(counterd::core::cost::budget_for_limit(Some(LIMIT), 1) as f64),
         "memory_budget = 0 derives the budget from the container's limit"
     );
     let posts: Vec<PostId> = (0..POSTS).map(PostId::Int).collect();

@@ -16,51 +16,17 @@ mod daemon;
 #[path = "support/docs.rs"]
 mod docs;
 mod support;
+#[path = "support/transcripts.rs"]
+mod transcripts;
 
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use counterd::event::PostId;
+use counterd::core::key::PostId;
 use counterd::store::prelude::*;
 use mongodb::bson::{doc, Document};
-use support::{now_secs, TestDb};
-
-/// The owner id the pages show for the sidecar's counterd.
-const OWNER: &str = "app-7c9d8b6f5-x2kqp";
-
-fn post(i: usize) -> PostId {
-    PostId::Str(format!("post-{i}"))
-}
-
-/// Waits until `check` holds, or panics naming `what`.
-async fn until<F, Fut>(what: &str, within: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + within;
-    while !check().await {
-        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-async fn dirty_posts(t: &TestDb) -> u64 {
-    t.db.collection::<Document>("counterd_dirty")
-        .count_documents(doc! {})
-        .await
-        .unwrap()
-}
-
-/// The recount index, as the production checklist creates it.
-async fn recount_index(t: &TestDb) {
-    t.db.run_command(doc! {
-        "createIndexes": "comments",
-        "indexes": [{"key": {"post_id": 1, "created_at": 1}, "name": "recount"}],
-    })
-    .await
-    .unwrap();
-}
+use support::{eventually, now_secs, post, rfc3339, TestDb};
+use transcripts::{dirty_posts, recount_index, settled, sidecar, OWNER};
 
 /// The time of the oplog's first entry (what `rs.printReplicationInfo()` calls "oplog first
 /// event time"), when the server keeps `local.oplog.rs`.
@@ -77,12 +43,6 @@ async fn oplog_first_entry(t: &TestDb) -> Option<i64> {
     first.get_timestamp("ts").ok().map(|ts| i64::from(ts.time))
 }
 
-fn rfc3339(secs: i64) -> String {
-    chrono::DateTime::from_timestamp(secs, 0)
-        .unwrap()
-        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn replay_after_an_outage() {
     let t = TestDb::new("seqreplay").await;
@@ -91,25 +51,22 @@ async fn replay_after_an_outage() {
     // The sidecar: counterd run beside the app, recounting dirty posts every second. Its
     // background sweep (which would find the restored counters by itself within a pass, a day
     // by default, and here could fix one before `verify` looks) is off.
-    let sidecar = daemon::Daemon::start(
-        &t.uri,
-        &t.name,
-        OWNER,
+    let sidecar = sidecar(
+        &t,
         &[
             ("COUNTERD_INITIAL_SNAPSHOT", "never"),
             ("COUNTERD_BACKGROUND_SWEEP_PASS", "0s"),
         ],
-    );
-    assert!(sidecar.wait_role("active", Duration::from_secs(30)).await);
+    )
+    .await;
     let hour_ago = now_secs() - 3600;
     let posts = [post(1), post(2), post(3)];
     for i in 0..6 {
         t.insert_comment(format!("a{i}"), &posts[i % 3], hour_ago)
             .await;
     }
-    t.wait_exact(&posts, Duration::from_secs(30)).await;
-    t.wait_drained(Duration::from_secs(30)).await;
-    until("the first recounts", Duration::from_secs(60), || async {
+    settled(&t, &posts).await;
+    eventually("the first recounts", Duration::from_secs(60), || async {
         dirty_posts(&t).await == 0
     })
     .await;
@@ -132,9 +89,8 @@ async fn replay_after_an_outage() {
         t.insert_comment(format!("b{i}"), &posts[i % 2], hour_ago)
             .await;
     }
-    t.wait_exact(&posts, Duration::from_secs(30)).await;
-    t.wait_drained(Duration::from_secs(30)).await;
-    until("the second recounts", Duration::from_secs(60), || async {
+    settled(&t, &posts).await;
+    eventually("the second recounts", Duration::from_secs(60), || async {
         dirty_posts(&t).await == 0
     })
     .await;
@@ -173,7 +129,7 @@ async fn replay_after_an_outage() {
     // 5. The sidecar's worker steps down, takes the stream again from the moved checkpoint and
     // marks what it re-reads dirty; its reconciler recounts.
     t.wait_exact(&posts, Duration::from_secs(60)).await;
-    until(
+    eventually(
         "the replayed posts recounted",
         Duration::from_secs(60),
         || async { dirty_posts(&t).await == 0 },
@@ -194,23 +150,20 @@ async fn inspect_the_backlog() {
     recount_index(&t).await;
     support::next_second().await;
     // No recount by itself for an hour: the backlog stays as the worker leaves it.
-    let d = daemon::Daemon::start(
-        &t.uri,
-        &t.name,
-        OWNER,
+    let _d = sidecar(
+        &t,
         &[
             ("COUNTERD_INITIAL_SNAPSHOT", "never"),
             ("COUNTERD_RECONCILE_INTERVAL", "1h"),
         ],
-    );
-    assert!(d.wait_role("active", Duration::from_secs(30)).await);
+    )
+    .await;
     let hour_ago = now_secs() - 3600;
     let posts = [post(1), post(2), post(3)];
     // One comment per batch: post-2 is touched three times, post-1 twice, post-3 once.
     for (n, p) in [1, 2, 2, 3, 2, 1].into_iter().enumerate() {
         t.insert_comment(format!("c{n}"), &post(p), hour_ago).await;
-        t.wait_exact(&posts, Duration::from_secs(30)).await;
-        t.wait_drained(Duration::from_secs(30)).await;
+        settled(&t, &posts).await;
     }
     assert_eq!(dirty_posts(&t).await, 3);
     let mut session = docs::Session::new(&t.uri, &t.name);
@@ -250,18 +203,16 @@ async fn adopt_an_existing_database_and_cut_over() {
     let mut session = docs::Session::new(&t.uri, &t.name);
     session.check_block("adopt-doctor");
     support::next_second().await;
-    let d = daemon::Daemon::start(
-        &t.uri,
-        &t.name,
-        OWNER,
+    let _d = sidecar(
+        &t,
         &[
             ("COUNTERD_RECONCILE_INTERVAL", "1h"),
             ("COUNTERD_SNAPSHOT_CHUNK_ROWS", "10"),
         ],
-    );
-    assert!(d.wait_role("active", Duration::from_secs(30)).await);
+    )
+    .await;
     // The initial snapshot counts the 30 rows, in chunks between the worker's batches.
-    until("the initial snapshot", Duration::from_secs(60), || async {
+    eventually("the initial snapshot", Duration::from_secs(60), || async {
         t.store
             .load_checkpoint("comments")
             .await
@@ -271,9 +222,8 @@ async fn adopt_an_existing_database_and_cut_over() {
     .await;
     // The application goes on writing: one new comment, counted by the stream.
     t.insert_comment("new1", &post(0), hour_ago).await;
-    let all: Vec<PostId> = (0..4).map(|p| PostId::Str(format!("post-{p}"))).collect();
-    t.wait_exact(&all, Duration::from_secs(30)).await;
-    t.wait_drained(Duration::from_secs(30)).await;
+    let all: Vec<PostId> = (0..4).map(post).collect();
+    settled(&t, &all).await;
     session.check_block("adopt-snapshot-done");
     session.check_block("adopt-verify");
     session.check_block("adopt-compare");
@@ -302,16 +252,14 @@ async fn a_parked_stream_and_its_recovery() {
         ("COUNTERD_INITIAL_SNAPSHOT", "never"),
         ("COUNTERD_RECONCILE_INTERVAL", "1h"),
     ];
-    let d = daemon::Daemon::start(&t.uri, &t.name, OWNER, &env);
-    assert!(d.wait_role("active", Duration::from_secs(30)).await);
+    let d = sidecar(&t, &env).await;
     let hour_ago = now_secs() - 3600;
     let posts = [post(1), post(2)];
     for i in 0..4 {
         t.insert_comment(format!("a{i}"), &posts[i % 2], hour_ago)
             .await;
     }
-    t.wait_exact(&posts, Duration::from_secs(30)).await;
-    t.wait_drained(Duration::from_secs(30)).await;
+    settled(&t, &posts).await;
     assert_eq!(d.terminate(), Some(0));
     // The checkpoint now belongs to another deployment: its position means nothing here.
     let checkpoints = t.db.collection::<Document>("counterd_checkpoints");
@@ -325,7 +273,7 @@ async fn a_parked_stream_and_its_recovery() {
     let mut fail = env.to_vec();
     fail.push(("COUNTERD_ON_HISTORY_LOST", "fail"));
     let d = daemon::Daemon::start(&t.uri, &t.name, OWNER, &fail);
-    until("the stream parks", Duration::from_secs(60), || async {
+    eventually("the stream parks", Duration::from_secs(60), || async {
         matches!(d.get("/readyz").await, Some((503, body)) if body.starts_with("parked: comments (history_lost)"))
     })
     .await;
@@ -340,7 +288,7 @@ async fn a_parked_stream_and_its_recovery() {
         .vars
         .push(("2026-12-06T07:30:00Z".into(), rfc3339(from)));
     session.check_block("parked-replay");
-    until("the stream resumes", Duration::from_secs(60), || async {
+    eventually("the stream resumes", Duration::from_secs(60), || async {
         matches!(d.get("/readyz").await, Some((200, _)))
     })
     .await;
@@ -350,12 +298,9 @@ async fn a_parked_stream_and_its_recovery() {
 }
 
 fn counterd(t: &TestDb, args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_counterd"))
+    t.counterd()
         .args(args)
-        .env("COUNTERD_MONGODB_URI", &t.uri)
-        .env("COUNTERD_DATABASE", &t.name)
         .env("COUNTERD_CONNECT_TIMEOUT", "5s")
-        .env_remove("COUNTERD_CONFIG")
         .output()
         .expect("run counterd")
 }

@@ -16,12 +16,12 @@ mod daemon;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use counterd::event::PostId;
+use counterd::core::key::PostId;
 use counterd::store::mongo::MongoStore;
 use counterd_testdb::{FaultProxy, Target};
 use daemon::Daemon;
 use mongodb::bson::{doc, DateTime, Document};
-use support::{now_secs, TestDb};
+use support::{eventually, now_secs, post, rfc3339, TestDb};
 
 /// How long an effect may take on a loaded two-core machine.
 const WITHIN: Duration = Duration::from_secs(40);
@@ -37,18 +37,8 @@ counters_collection = "like_counters"
 
 const POSTS: usize = 3;
 
-fn post(i: usize) -> PostId {
-    PostId::Str(format!("post-{i}"))
-}
-
 fn posts() -> Vec<PostId> {
     (0..POSTS).map(post).collect()
-}
-
-fn rfc3339(secs: i64) -> String {
-    chrono::DateTime::from_timestamp(secs, 0)
-        .unwrap()
-        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
 /// A test's database, a configuration file (with the likes source or without) and the
@@ -166,7 +156,7 @@ impl Setup {
             }
             true
         };
-        eventually("the likes counters are exact", exact).await;
+        eventually("the likes counters are exact", WITHIN, exact).await;
     }
 }
 
@@ -178,19 +168,6 @@ async fn like(t: &TestDb, id: &str, post: usize) {
     let row = doc! {"_id": id, "post_id": format!("post-{post}"),
     "created_at": DateTime::from_millis((now_secs() - 3600) * 1000)};
     likes_coll(t).insert_one(row).await.unwrap();
-}
-
-/// Polls `check` every 100 ms until it holds, or panics with `what`.
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + WITHIN;
-    while !check().await {
-        assert!(Instant::now() < deadline, "{what} within {WITHIN:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// The value of `counterd_parked{stream, reason}` on the daemon's `/metrics`.
@@ -234,10 +211,14 @@ async fn wait_parked(d: &mut Daemon, stream: &str, reason: &str) {
 
 /// Waits until no stream is parked: `/readyz` 200 and `counterd_parked` 0 for `stream`.
 async fn wait_resumed(d: &Daemon, stream: &str, reason: &str) {
-    eventually(&format!("`{stream}` resumed from {reason}"), || async {
-        matches!(d.get("/readyz").await, Some((200, _)))
-            && parked_gauge(d, stream, reason).await == Some(0.0)
-    })
+    eventually(
+        &format!("`{stream}` resumed from {reason}"),
+        WITHIN,
+        || async {
+            matches!(d.get("/readyz").await, Some((200, _)))
+                && parked_gauge(d, stream, reason).await == Some(0.0)
+        },
+    )
     .await;
 }
 
@@ -283,6 +264,7 @@ async fn a_dropped_comments_collection_parks_its_stream_until_replay() {
     let said = || std::fs::read_to_string(&log).unwrap();
     eventually(
         "the moved checkpoint is seen and the stream opened again",
+        WITHIN,
         || async { said().contains("parked stream resumed") },
     )
     .await;
@@ -372,10 +354,14 @@ async fn history_lost_under_fail_parks_the_stream_until_replay() {
     let mut d = s.daemon("park_history1", &[("COUNTERD_ON_HISTORY_LOST", "fail")]);
     wait_parked(&mut d, "comments", "history_lost").await;
     // `counterd status` (which reads the database, not the process) says so too.
-    eventually("`counterd status` shows the parked stream", || async {
-        let o = s.counterd(&["status"]);
-        String::from_utf8_lossy(&o.stdout).contains("PARKED          history_lost since")
-    })
+    eventually(
+        "`counterd status` shows the parked stream",
+        WITHIN,
+        || async {
+            let o = s.counterd(&["status"]);
+            String::from_utf8_lossy(&o.stdout).contains("PARKED          history_lost since")
+        },
+    )
     .await;
     // The other source keeps counting.
     s.like(4).await;
@@ -457,7 +443,7 @@ async fn a_refused_privilege_parks_the_stream_until_it_is_granted() {
     s.comment(3).await;
     // Re-checked with backoff: each retry takes back the lease it released, which is not a
     // takeover (the lease would read as flapping).
-    eventually("retried a few times", || async {
+    eventually("retried a few times", WITHIN, || async {
         proxy.stats().refused >= 3
     })
     .await;

@@ -30,16 +30,19 @@ mod daemon;
 #[path = "support/docs.rs"]
 mod docs;
 mod support;
+#[path = "support/transcripts.rs"]
+mod transcripts;
 
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
 
 use clap::{CommandFactory, Parser as _};
 use counterd::config::Settings;
 use counterd::doctor::{create_index_command, create_role_command, Expectations};
 use docs::{pages, parse, read, root, slug, words};
+use support::post;
+use transcripts::{dirty_posts, recount_index, settled, sidecar};
 
 /// The lines of a shell block, continuations joined, comments and blank lines dropped.
 fn shell_lines(text: &str) -> Vec<String> {
@@ -534,41 +537,27 @@ const REFERENCE_BLOCKS: &[&str] = &[
     "reconcile-conflict",
 ];
 
-/// The owner id the pages show for the running process.
-const OWNER: &str = "app-7c9d8b6f5-x2kqp";
-
 /// A healthy deployment on the test server: `counterd run` has applied comments on a few posts
 /// and recounted them; the reference transcripts run beside it.
 #[tokio::test(flavor = "multi_thread")]
 async fn reference_transcripts_print_what_the_pages_show() {
-    use counterd::event::PostId;
+    use counterd::core::key::PostId;
     let t = support::TestDb::new("docsref").await;
-    let posts: Vec<PostId> = (1..=3).map(|i| PostId::Str(format!("post-{i}"))).collect();
+    let posts: Vec<PostId> = (1..=3).map(post).collect();
     // Rows from an hour ago: settled, so a recount folds them at once.
     let hour_ago = support::now_secs() - 3600;
-    // The recount index, as the checklist creates it.
-    t.db.run_command(mongodb::bson::doc! {
-        "createIndexes": "comments",
-        "indexes": [{"key": {"post_id": 1, "created_at": 1}, "name": "recount"}],
-    })
-    .await
-    .unwrap();
+    recount_index(&t).await;
     // Reconcile runs by hand only (below), so that a backlog stays for `dirty` to show; the
     // stream starts after the test database's own set-up writes.
     support::next_second().await;
-    let d = daemon::Daemon::start(
-        &t.uri,
-        &t.name,
-        OWNER,
+    let _d = sidecar(
+        &t,
         &[
             ("COUNTERD_INITIAL_SNAPSHOT", "never"),
             ("COUNTERD_RECONCILE_INTERVAL", "1h"),
         ],
-    );
-    assert!(
-        d.wait_role("active", Duration::from_secs(30)).await,
-        "the daemon became active"
-    );
+    )
+    .await;
     let mut n = 0;
     for (i, p) in posts.iter().enumerate() {
         for _ in 0..(i + 2) {
@@ -576,13 +565,10 @@ async fn reference_transcripts_print_what_the_pages_show() {
             n += 1;
         }
     }
-    t.wait_exact(&posts, Duration::from_secs(30)).await;
-    t.wait_drained(Duration::from_secs(30)).await;
+    settled(&t, &posts).await;
     let mut session = docs::Session::new(&t.uri, &t.name);
     // The dry run's time: a minute before this test's database was made (every event of it).
-    let minute_ago = chrono::DateTime::from_timestamp(support::now_secs() - 60, 0)
-        .unwrap()
-        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let minute_ago = support::rfc3339(support::now_secs() - 60);
     session
         .vars
         .push(("2026-12-06T06:00:00Z".into(), minute_ago));
@@ -606,8 +592,7 @@ async fn reference_transcripts_print_what_the_pages_show() {
     // One more comment: a healthy backlog of one post waiting for its recount.
     t.insert_comment("later", &posts[0], support::now_secs())
         .await;
-    t.wait_exact(&posts, Duration::from_secs(30)).await;
-    t.wait_drained(Duration::from_secs(30)).await;
+    settled(&t, &posts).await;
     assert_eq!(dirty_posts(&t).await, 1);
     session.check_block("commands-dirty");
     // An id with two readings: the integer 123 and the string "123" both have comments.
@@ -615,13 +600,6 @@ async fn reference_transcripts_print_what_the_pages_show() {
     t.insert_comment("s123", &PostId::Str("123".into()), hour_ago)
         .await;
     session.check_block("get-ambiguous");
-}
-
-async fn dirty_posts(t: &support::TestDb) -> u64 {
-    t.db.collection::<mongodb::bson::Document>("counterd_dirty")
-        .count_documents(mongodb::bson::doc! {})
-        .await
-        .unwrap()
 }
 
 /// Metrics the shared spec names before they reach `telemetry::ALL` on this branch.

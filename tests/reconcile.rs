@@ -9,19 +9,15 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use counterd::event::PostId;
-use counterd::num::Num;
+use counterd::core::key::PostId;
+use counterd::core::num::Num;
 use counterd::reconcile::{ReconcileSettings, Reconciler};
 use counterd::store::mongo::MongoStore;
 use counterd::store::prelude::*;
 use counterd::store::{DirtyOrder, Fence};
 use counterd::worker::WorkerSettings;
 use mongodb::bson::{doc, DateTime};
-use support::{now_secs, TestDb};
-
-fn post(i: usize) -> PostId {
-    PostId::Str(format!("post-{i}"))
-}
+use support::{now_secs, post, TestDb};
 
 fn reconciler(t: &TestDb) -> Reconciler<MongoStore> {
     reconciler_on(t.store.clone())
@@ -213,7 +209,7 @@ async fn a_group_read_finds_each_posts_rows_as_a_read_per_post_does() {
         (PostId::Int(9), 50),
         (PostId::Int(404), 1000),
     ];
-    let ids = |read: Vec<counterd::event::CommentId>| {
+    let ids = |read: Vec<counterd::core::event::CommentId>| {
         let mut keys: Vec<Bson> = read.into_iter().map(|c| c.value).collect();
         keys.sort_by_key(|b| b.as_i32());
         keys
@@ -276,7 +272,7 @@ async fn only_dirty_posts_are_counted() {
     support::next_second().await;
     let settings = WorkerSettings {
         snapshot: counterd::snapshot::SnapshotSettings {
-            initial: counterd::snapshot::InitialSnapshot::Never,
+            initial: counterd::config::InitialSnapshot::Never,
             ..Default::default()
         },
         ..t.worker_settings()
@@ -454,11 +450,11 @@ async fn a_change_in_flight_is_never_folded_in() {
 }
 
 /// Dirty marks for changes to settled rows of these posts.
-fn marks(posts: &[PostId]) -> Vec<counterd::batch::DirtyMark> {
+fn marks(posts: &[PostId]) -> Vec<counterd::core::batch::DirtyMark> {
     posts
         .iter()
         .cloned()
-        .map(counterd::batch::DirtyMark::settled)
+        .map(counterd::core::batch::DirtyMark::settled)
         .collect()
 }
 

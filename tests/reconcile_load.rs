@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use counterd::clock::SystemClock;
-use counterd::event::PostId;
+use counterd::core::key::PostId;
 use counterd::reconcile::{self, schedule, Correction, ReconcileSettings, Reconciler};
 use counterd::recount::{CatchUp, Recounter};
 use mongodb::bson::{doc, DateTime, Document};

@@ -8,50 +8,31 @@ mod support;
 mod daemon;
 
 use std::collections::HashMap;
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
-use counterd::classify::Attribution;
-use counterd::event::{ChangeEvent, PostId};
-use counterd::schema::Schema;
+use counterd::core::batch::PendingBatch;
+use counterd::core::classify::Attribution;
+use counterd::core::event::ChangeEvent;
+use counterd::core::key::PostId;
+use counterd::core::schema::Schema;
 use counterd::store::mongo::{ConnectOptions, MongoStore};
 use counterd::store::prelude::*;
-use counterd::store::{Fence, PendingBatch, StreamOptions, StreamStart};
+use counterd::store::{Fence, StreamOptions, StreamStart};
 use counterd_testdb::{ServerKind, TestServer};
 use daemon::Daemon;
 use futures::TryStreamExt;
 use mongodb::bson::{doc, DateTime, Document};
-use support::{now_secs, TestDb};
-
-fn post(i: usize) -> PostId {
-    PostId::Str(format!("post-{i}"))
-}
+use support::{eventually, now_secs, output_text, post, rfc3339, TestDb};
 
 fn counterd(uri: &str, database: &str, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_counterd"))
+    support::counterd_at(uri, database)
         .args(args)
-        .env("COUNTERD_MONGODB_URI", uri)
-        .env("COUNTERD_DATABASE", database)
         .env("COUNTERD_CONNECT_TIMEOUT", "5s")
         .env("COUNTERD_SETTLE_TIME", "2s")
         .env("COUNTERD_LOG_LEVEL", "warn")
-        .env_remove("COUNTERD_CONFIG")
         .output()
         .expect("run counterd")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-fn rfc3339(secs: i64) -> String {
-    chrono::DateTime::from_timestamp(secs, 0)
-        .unwrap()
-        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
 /// The daemon's exit code, once it exits within `within` (None: still running).
@@ -64,19 +45,6 @@ async fn exit_within(d: &mut Daemon, within: Duration) -> Option<i32> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     None
-}
-
-/// Polls `check` every 100 ms until it holds, or panics with `what`.
-async fn eventually<F, Fut>(what: &str, within: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + within;
-    while !check().await {
-        assert!(Instant::now() < deadline, "{what} within {within:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// Posts with a dirty entry.
@@ -145,17 +113,21 @@ async fn replay_force_fences_the_running_worker_and_takes_effect() {
 
     // Without --force: refused, saying who holds the stream and what to do.
     let refused = counterd(&t.uri, &t.name, &["replay", "--from-time", &from]);
-    assert_eq!(refused.status.code(), Some(1), "{}", text(&refused));
+    assert_eq!(refused.status.code(), Some(1), "{}", output_text(&refused));
     for said in ["holds stream `comments`", "expires in", "--force", "--wait"] {
-        assert!(text(&refused).contains(said), "{said}: {}", text(&refused));
+        assert!(
+            output_text(&refused).contains(said),
+            "{said}: {}",
+            output_text(&refused)
+        );
     }
     // --wait against a running worker: it renews its lease, so still refused.
     let waited = counterd(&t.uri, &t.name, &["replay", "--from-time", &from, "--wait"]);
-    assert_eq!(waited.status.code(), Some(1), "{}", text(&waited));
+    assert_eq!(waited.status.code(), Some(1), "{}", output_text(&waited));
     assert!(
-        text(&waited).contains("renewed its lease"),
+        output_text(&waited).contains("renewed its lease"),
         "{}",
-        text(&waited)
+        output_text(&waited)
     );
 
     // --force: the worker is fenced out, steps down, and resumes from the moved position.
@@ -165,11 +137,11 @@ async fn replay_force_fences_the_running_worker_and_takes_effect() {
         &t.name,
         &["replay", "--from-time", &from, "--force"],
     );
-    assert!(forced.status.success(), "{}", text(&forced));
+    assert!(forced.status.success(), "{}", output_text(&forced));
     assert!(
-        text(&forced).contains("fenced out worker replayforce"),
+        output_text(&forced).contains("fenced out worker replayforce"),
         "{}",
-        text(&forced)
+        output_text(&forced)
     );
     // The re-read events mark their posts dirty: the move took effect.
     eventually(
@@ -202,19 +174,19 @@ async fn replay_waits_for_a_killed_workers_lease() {
     d.kill9();
     let from = rfc3339(before);
     let refused = counterd(&t.uri, &t.name, &["replay", "--from-time", &from]);
-    assert_eq!(refused.status.code(), Some(1), "{}", text(&refused));
+    assert_eq!(refused.status.code(), Some(1), "{}", output_text(&refused));
     assert!(
-        text(&refused).contains("expires in") && text(&refused).contains("--wait"),
+        output_text(&refused).contains("expires in") && output_text(&refused).contains("--wait"),
         "{}",
-        text(&refused)
+        output_text(&refused)
     );
     let started = Instant::now();
     let waited = counterd(&t.uri, &t.name, &["replay", "--from-time", &from, "--wait"]);
-    assert!(waited.status.success(), "{}", text(&waited));
+    assert!(waited.status.success(), "{}", output_text(&waited));
     assert!(
-        text(&waited).contains("waiting") && text(&waited).contains("moved comments"),
+        output_text(&waited).contains("waiting") && output_text(&waited).contains("moved comments"),
         "{}",
-        text(&waited)
+        output_text(&waited)
     );
     assert!(started.elapsed() < Duration::from_secs(10));
     let c = t.store.load_checkpoint("comments").await.unwrap().unwrap();
@@ -261,7 +233,7 @@ async fn replay_after_a_stop_with_a_batch_in_flight_resolves_it_first() {
             break e;
         }
     };
-    let (plan, _) = counterd::batch::plan_batch(
+    let (plan, _) = counterd::core::batch::plan_batch(
         std::slice::from_ref(&event),
         &HashMap::new(),
         Attribution::Auto,
@@ -285,11 +257,11 @@ async fn replay_after_a_stop_with_a_batch_in_flight_resolves_it_first() {
 
     let from = rfc3339(before);
     let replay = counterd(&t.uri, &t.name, &["replay", "--from-time", &from]);
-    assert!(replay.status.success(), "{}", text(&replay));
+    assert!(replay.status.success(), "{}", output_text(&replay));
     assert!(
-        text(&replay).contains("re-applied the batch left in flight"),
+        output_text(&replay).contains("re-applied the batch left in flight"),
         "{}",
-        text(&replay)
+        output_text(&replay)
     );
     let c = t.store.load_checkpoint("comments").await.unwrap().unwrap();
     assert!(c.pending.is_none(), "resolved: {c:?}");
@@ -558,13 +530,13 @@ async fn a_dropped_collection_stops_run_and_the_advice_recovers() {
             d = replay_until_ready(&t, &now, &mut rounds).await;
         }
         let sweep = counterd(&t.uri, &t.name, &["reconcile", "--sweep"]);
-        assert!(sweep.status.success(), "{}", text(&sweep));
+        assert!(sweep.status.success(), "{}", output_text(&sweep));
         if t.mismatches(&posts).await.is_empty() || sweeping.elapsed() > Duration::from_secs(90) {
             break;
         }
         eprintln!(
             "sweep attempt {attempt} left posts in flight: {}",
-            text(&sweep)
+            output_text(&sweep)
         );
     }
     t.wait_exact(&posts, Duration::from_secs(20)).await;
@@ -574,7 +546,7 @@ async fn a_dropped_collection_stops_run_and_the_advice_recovers() {
         "its rows went away with the drop"
     );
     let verify = counterd(&t.uri, &t.name, &["verify"]);
-    assert!(verify.status.success(), "{}", text(&verify));
+    assert!(verify.status.success(), "{}", output_text(&verify));
     assert!(
         d.run.child.try_wait().unwrap().is_none(),
         "run keeps running"
@@ -606,7 +578,7 @@ async fn replay_until_ready(t: &TestDb, from: &str, rounds: &mut u32) -> LoggedR
     let mut from = from.to_string();
     loop {
         let replay = counterd(&t.uri, &t.name, &["replay", "--from-time", &from]);
-        assert!(replay.status.success(), "{}", text(&replay));
+        assert!(replay.status.success(), "{}", output_text(&replay));
         let log = tempfile::NamedTempFile::new().unwrap();
         let run = Daemon::start_logged(&t.uri, &t.name, "dropped-back", &[EXIT], Some(log.path()));
         let mut d = LoggedRun { run, log };

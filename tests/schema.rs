@@ -8,9 +8,9 @@ mod support;
 
 use std::time::Duration;
 
-use counterd::event::PostId;
+use counterd::core::key::PostId;
+use counterd::core::schema::{Schema, SoftDelete};
 use counterd::reconcile::{ReconcileSettings, Reconciler};
-use counterd::schema::{Schema, SoftDelete};
 use counterd::store::prelude::*;
 use mongodb::bson::{doc, Bson, DateTime, Document};
 use support::{now_secs, TestDb};

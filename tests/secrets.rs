@@ -12,7 +12,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
-use support::TestDb;
+use support::{output_text, TestDb};
 
 /// A password with every character that breaks naive redaction.
 const PASSWORD: &str = "s3cr/et@pa:ss%25?#+=zz";
@@ -71,21 +71,10 @@ fn assert_no_secret(said: &str, secrets: &[&str], visible: &str, what: &str) {
     }
 }
 
-fn both(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 fn counterd(uri: &str, database: &str, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_counterd"))
+    support::counterd_at(uri, database)
         .args(args)
-        .env("COUNTERD_MONGODB_URI", uri)
-        .env("COUNTERD_DATABASE", database)
         .env("COUNTERD_CONNECT_TIMEOUT", "3s")
-        .env_remove("COUNTERD_CONFIG")
         .output()
         .expect("run counterd")
 }
@@ -134,7 +123,7 @@ async fn no_command_prints_any_part_of_a_password() {
     for (uri, secrets) in uris(&t.uri) {
         for args in COMMANDS {
             let o = counterd(&uri, &t.name, args);
-            let said = both(&o);
+            let said = output_text(&o);
             assert_no_secret(&said, &secrets, &t.uri, &format!("counterd {args:?}"));
             // Whatever happened, it is said in words, not as the driver's debug text.
             for debug in ["labels: {", "Kind(", "ServerSelection {", "Topology: {"] {
@@ -157,10 +146,10 @@ fn doctor_json_reports_a_failed_connection_as_a_finding() {
         .env_remove("COUNTERD_CONFIG")
         .output()
         .unwrap();
-    assert_eq!(o.status.code(), Some(3), "{}", both(&o));
-    assert_no_secret(&both(&o), &[PASSWORD], "127.0.0.1", "doctor --json");
+    assert_eq!(o.status.code(), Some(3), "{}", output_text(&o));
+    assert_no_secret(&output_text(&o), &[PASSWORD], "127.0.0.1", "doctor --json");
     let report: serde_json::Value = serde_json::from_slice(&o.stdout)
-        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", both(&o)));
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", output_text(&o)));
     assert_eq!(report["connected"], false);
     let server = report["findings"]
         .as_array()
@@ -262,7 +251,7 @@ proptest! {
         let written = if encode { encoded(&password) } else { password.clone() };
         let uri = with_credentials(&support::server().uri, &written);
         for args in COMMANDS {
-            let said = both(&counterd(&uri, "secretsprop", args));
+            let said = output_text(&counterd(&uri, "secretsprop", args));
             for part in distinctive_parts(&password, visible) {
                 prop_assert!(!said.contains(&part), "counterd {:?} with {:?} shows `{}`:\n{}", args, uri, part, said);
             }
@@ -326,7 +315,7 @@ fn baseline() -> &'static str {
         let mut said = server.clone();
         for uri in [server.clone(), with_credentials(server, "zz/zz")] {
             for args in COMMANDS {
-                said.push_str(&both(&counterd(&uri, "secretsprop", args)));
+                said.push_str(&output_text(&counterd(&uri, "secretsprop", args)));
             }
         }
         said

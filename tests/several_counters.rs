@@ -17,13 +17,13 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use bson::{doc, Bson, DateTime, Document};
-use counterd::definition::{CounterIx, Definition};
-use counterd::event::PostId;
+use counterd::core::key::CounterIx;
+use counterd::core::key::PostId;
 use counterd::store::prelude::*;
 use daemon::Daemon;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use support::TestDb;
+use support::{quick_folds, schema_of, settings_file, TestDb};
 
 const DEFINITIONS: &str = r#"
 [[counters]]
@@ -40,51 +40,6 @@ collection = "approved_counters"
 
 const POSTS: i64 = 12;
 const AUTHORS: i64 = 5;
-
-/// The definitions of [`DEFINITIONS`], for the test's own store (its views count the truth).
-fn schema() -> counterd::schema::Schema {
-    let definition = |name: &str, group: &str, condition: Document, collection: &str| Definition {
-        name: name.into(),
-        group: group.into(),
-        condition: counterd::condition::Condition::parse(&condition).unwrap(),
-        collection: collection.into(),
-        kind: counterd::definition::Kind::Count,
-    };
-    counterd::schema::Schema {
-        counters: vec![
-            definition("per_author", "author_id", doc! {}, "author_counters"),
-            definition(
-                "approved",
-                "post_id",
-                doc! {"approved": true},
-                "approved_counters",
-            ),
-        ],
-        ..counterd::schema::Schema::default()
-    }
-}
-
-/// A configuration file with the definitions, for `counterd run` (`COUNTERD_CONFIG`).
-fn config_file(dir: &tempfile::TempDir) -> String {
-    let path = dir.path().join("counterd.toml");
-    std::fs::write(&path, DEFINITIONS).unwrap();
-    path.to_string_lossy().into_owned()
-}
-
-/// Short intervals, so that folds follow within seconds (one-second buckets, a settle time of
-/// a second), and the background sweep off: only dirty groups are folded.
-fn quick(config: Option<&str>) -> Vec<(&str, &str)> {
-    let mut env = vec![
-        ("COUNTERD_BUCKET_WIDTH", "1s"),
-        ("COUNTERD_SETTLE_TIME", "1s"),
-        ("COUNTERD_RECONCILE_INTERVAL", "500ms"),
-        ("COUNTERD_BACKGROUND_SWEEP_PASS", "0s"),
-    ];
-    if let Some(path) = config {
-        env.push(("COUNTERD_CONFIG", path));
-    }
-    env
-}
 
 fn author(n: i64) -> PostId {
     PostId::Str(format!("a{n}"))
@@ -120,29 +75,6 @@ async fn mismatches_in(
         }
     }
     wrong
-}
-
-/// Waits until the worker has applied every write acknowledged before this call: the stream
-/// was found drained at a position after them and no batch is in flight.
-async fn caught_up(t: &TestDb, within: Duration) {
-    caught_up_on(&t.store, "comments", within).await
-}
-
-/// [`caught_up`] for the stream `stream` of the source `store` reads.
-async fn caught_up_on(store: &counterd::store::mongo::MongoStore, stream: &str, within: Duration) {
-    let after = store.read_position().await.unwrap().upper;
-    let deadline = Instant::now() + within;
-    loop {
-        let c = store.load_checkpoint(stream).await.unwrap();
-        if c.is_some_and(|c| c.pending.is_none() && c.caught_up_at.is_some_and(|at| at >= after)) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the worker of {stream} did not catch up within {within:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// The application: random changes to `comments` that move rows between every definition's
@@ -236,32 +168,19 @@ async fn inject(t: &TestDb, collection: &str, group: &PostId, k: i64) {
     assert_eq!(hit.matched_count, 1, "no counter {group} in {collection}");
 }
 
-/// The `counterd_drift_comments` samples of `/metrics` for `counter`.
-async fn drift_reported(daemon: &Daemon, counter: &str) -> u64 {
-    let Some((200, text)) = daemon.get("/metrics").await else {
-        return 0;
-    };
-    let label = format!("counter=\"{counter}\"");
-    text.lines()
-        .filter(|l| l.starts_with("counterd_drift_comments_count") && l.contains(&label))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .map(|n| n as u64)
-        .sum()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_definitions_stay_exact_and_their_drift_is_corrected_per_counter() {
-    let t = TestDb::with_schema("three_definitions", schema()).await;
+    let t = TestDb::with_schema("three_definitions", schema_of(DEFINITIONS)).await;
     let dir = tempfile::tempdir().unwrap();
-    let config = config_file(&dir);
-    let daemon = Daemon::start(&t.uri, &t.name, "one", &quick(Some(&config)));
+    let config = settings_file(&dir, DEFINITIONS);
+    let daemon = Daemon::start(&t.uri, &t.name, "one", &quick_folds(Some(&config)));
     let mut writer = Writer::new(26);
     let mut seen = BTreeSet::new();
 
     // Writes continue between caught-up moments; at each, every counter is exact.
     for round in 0..6 {
         seen.extend(writer.burst(&t, 60).await);
-        caught_up(&t, Duration::from_secs(30)).await;
+        t.wait_caught_up(Duration::from_secs(30)).await;
         let wrong = mismatches(&t).await;
         assert!(
             wrong.is_empty(),
@@ -295,11 +214,11 @@ async fn three_definitions_stay_exact_and_their_drift_is_corrected_per_counter()
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         writer.burst(&t, 20).await;
-        caught_up(&t, Duration::from_secs(30)).await;
+        t.wait_caught_up(Duration::from_secs(30)).await;
         let wrong = mismatches(&t).await;
         let mut reported = Vec::new();
         for (_, name, _, _) in &hit {
-            reported.push(drift_reported(&daemon, name).await);
+            reported.push(daemon.drift_reported(name).await.0);
         }
         if wrong.is_empty() && reported.iter().all(|n| *n > 0) {
             break;
@@ -311,7 +230,7 @@ async fn three_definitions_stay_exact_and_their_drift_is_corrected_per_counter()
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     // The commands read a definition's counters with `--counter` (writers paused, caught up).
-    caught_up(&t, Duration::from_secs(30)).await;
+    t.wait_caught_up(Duration::from_secs(30)).await;
     for (counter, ix, group) in [
         ("per_author", 1, author(2)),
         ("approved", 2, PostId::Int(5)),
@@ -322,11 +241,7 @@ async fn three_definitions_stay_exact_and_their_drift_is_corrected_per_counter()
         // make one look find a change still in flight (it says so): look again.
         let looking = Instant::now() + Duration::from_secs(60);
         let got = loop {
-            let o = cli(
-                &t,
-                &config,
-                &["get", &shown, "--counter", counter, "--json"],
-            );
+            let o = t.counterd_with(&config, &["get", &shown, "--counter", counter, "--json"]);
             assert!(o.status.success(), "get --counter {counter}: {o:?}");
             let got: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
             if got["in_flight"] != true {
@@ -351,11 +266,7 @@ async fn three_definitions_stay_exact_and_their_drift_is_corrected_per_counter()
         let mut attempts = 0;
         let o = loop {
             attempts += 1;
-            let o = cli(
-                &t,
-                &config,
-                &["verify", "--counter", counter, "--sample", "50"],
-            );
+            let o = t.counterd_with(&config, &["verify", "--counter", counter, "--sample", "50"]);
             if o.status.code() != Some(3) || attempts == 3 {
                 break o;
             }
@@ -395,12 +306,12 @@ async fn three_definitions_stay_exact_and_their_drift_is_corrected_per_counter()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_single_definition_database_keeps_working_when_counters_are_added() {
-    let t = TestDb::with_schema("upgrade_to_definitions", schema()).await;
+    let t = TestDb::with_schema("upgrade_to_definitions", schema_of(DEFINITIONS)).await;
     // Before: today's configuration, one definition.
-    let before = Daemon::start(&t.uri, &t.name, "old", &quick(None));
+    let before = Daemon::start(&t.uri, &t.name, "old", &quick_folds(None));
     let mut writer = Writer::new(7);
     writer.burst(&t, 80).await;
-    caught_up(&t, Duration::from_secs(30)).await;
+    t.wait_caught_up(Duration::from_secs(30)).await;
     let posts: Vec<PostId> = (0..POSTS).map(PostId::Int).collect();
     t.wait_exact(&posts, Duration::from_secs(30)).await;
     let old_counters = ids(&t, "comment_counters", doc! {}).await;
@@ -408,8 +319,8 @@ async fn a_single_definition_database_keeps_working_when_counters_are_added() {
 
     // After: the same database with `[[counters]]` added.
     let dir = tempfile::tempdir().unwrap();
-    let config = config_file(&dir);
-    let after = Daemon::start(&t.uri, &t.name, "new", &quick(Some(&config)));
+    let config = settings_file(&dir, DEFINITIONS);
+    let after = Daemon::start(&t.uri, &t.name, "new", &quick_folds(Some(&config)));
     // Every group of every definition changes once more, so each is dirty and recounted.
     for p in 0..POSTS {
         let mut row = writer.row(2_000_000 + p);
@@ -419,7 +330,7 @@ async fn a_single_definition_database_keeps_working_when_counters_are_added() {
         t.comments.insert_one(row).await.unwrap();
     }
     writer.burst(&t, 40).await;
-    caught_up(&t, Duration::from_secs(30)).await;
+    t.wait_caught_up(Duration::from_secs(30)).await;
     // The default definition's counters were exact at the upgrade and stay exact at once.
     let wrong: Vec<_> = mismatches(&t)
         .await
@@ -433,7 +344,7 @@ async fn a_single_definition_database_keeps_working_when_counters_are_added() {
     // The new definitions' counters start from the recounts of their dirty groups.
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        caught_up(&t, Duration::from_secs(30)).await;
+        t.wait_caught_up(Duration::from_secs(30)).await;
         let wrong = mismatches(&t).await;
         if wrong.is_empty() {
             break;
@@ -467,11 +378,11 @@ async fn a_single_definition_database_keeps_working_when_counters_are_added() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn definitions_added_later_are_adopted_without_a_new_write() {
-    let t = TestDb::with_schema("adopt_definitions", schema()).await;
+    let t = TestDb::with_schema("adopt_definitions", schema_of(DEFINITIONS)).await;
     // Before: one definition, rows in every group.
-    let before = Daemon::start(&t.uri, &t.name, "old", &quick(None));
+    let before = Daemon::start(&t.uri, &t.name, "old", &quick_folds(None));
     Writer::new(13).burst(&t, 80).await;
-    caught_up(&t, Duration::from_secs(30)).await;
+    t.wait_caught_up(Duration::from_secs(30)).await;
     assert_eq!(before.terminate(), Some(0));
     let default_only = mismatches(&t).await;
     assert!(
@@ -481,10 +392,10 @@ async fn definitions_added_later_are_adopted_without_a_new_write() {
 
     // After: the definitions added, and no write at all: each new definition is swept once.
     let dir = tempfile::tempdir().unwrap();
-    let config = config_file(&dir);
+    let config = settings_file(&dir, DEFINITIONS);
     // A settle time longer than the restart: the newest rows are above the first watermarks,
     // where a fold trusts the stream, which counted them before the definitions existed.
-    let mut env = quick(Some(&config));
+    let mut env = quick_folds(Some(&config));
     env.push(("COUNTERD_SETTLE_TIME", "5s"));
     let after = Daemon::start(&t.uri, &t.name, "new", &env);
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -517,12 +428,12 @@ async fn definitions_added_later_are_adopted_without_a_new_write() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sweep_by_hand_covers_every_definition_before_it_clears_the_request() {
-    let t = TestDb::with_schema("sweep_every_definition", schema()).await;
+    let t = TestDb::with_schema("sweep_every_definition", schema_of(DEFINITIONS)).await;
     let dir = tempfile::tempdir().unwrap();
-    let config = config_file(&dir);
-    let daemon = Daemon::start(&t.uri, &t.name, "sweeper", &quick(Some(&config)));
+    let config = settings_file(&dir, DEFINITIONS);
+    let daemon = Daemon::start(&t.uri, &t.name, "sweeper", &quick_folds(Some(&config)));
     Writer::new(11).burst(&t, 60).await;
-    caught_up(&t, Duration::from_secs(30)).await;
+    t.wait_caught_up(Duration::from_secs(30)).await;
     assert_eq!(daemon.terminate(), Some(0));
     // Drift in one counter of every definition, and a sweep requested (as after lost history).
     for collection in ["comment_counters", "author_counters", "approved_counters"] {
@@ -539,8 +450,7 @@ async fn a_sweep_by_hand_covers_every_definition_before_it_clears_the_request() 
         |wrong: &[(usize, PostId, i64, i64)], ix: usize| wrong.iter().filter(|w| w.0 == ix).count();
 
     // One definition by hand: its drift is corrected; the request stays for the others.
-    let o = cli(
-        &t,
+    let o = t.counterd_with(
         &config,
         &["reconcile", "--sweep", "--counter", "per_author", "--json"],
     );
@@ -558,7 +468,7 @@ async fn a_sweep_by_hand_covers_every_definition_before_it_clears_the_request() 
     );
 
     // Without --counter: every definition, one report each; then the request is cleared.
-    let o = cli(&t, &config, &["reconcile", "--sweep", "--json"]);
+    let o = t.counterd_with(&config, &["reconcile", "--sweep", "--json"]);
     assert!(o.status.success(), "{o:?}");
     let reports: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let counters: Vec<&str> = reports
@@ -655,11 +565,9 @@ async fn like_step(t: &TestDb, rng: &mut StdRng, liked: &mut Vec<i64>, next: &mu
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_source_collection_is_counted_beside_the_comments() {
-    let t = TestDb::with_schema("second_source", schema()).await;
+    let t = TestDb::with_schema("second_source", schema_of(DEFINITIONS)).await;
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("counterd.toml");
-    std::fs::write(&path, format!("{DEFINITIONS}{LIKES}")).unwrap();
-    let config = path.to_string_lossy().into_owned();
+    let config = settings_file(&dir, &format!("{DEFINITIONS}{LIKES}"));
     let likes = likes_store(&t).await;
     // Likes that exist before counterd first runs: the initial snapshot counts them.
     let mut rng = StdRng::seed_from_u64(41);
@@ -667,7 +575,7 @@ async fn a_second_source_collection_is_counted_beside_the_comments() {
     for _ in 0..30 {
         like_step(&t, &mut rng, &mut liked, &mut next).await;
     }
-    let daemon = Daemon::start(&t.uri, &t.name, "sources", &quick(Some(&config)));
+    let daemon = Daemon::start(&t.uri, &t.name, "sources", &quick_folds(Some(&config)));
     let mut writer = Writer::new(5);
 
     // Comments and likes change together; at each caught-up moment of both streams every
@@ -679,8 +587,8 @@ async fn a_second_source_collection_is_counted_beside_the_comments() {
         for _ in 0..20 {
             like_step(&t, &mut rng, &mut liked, &mut next).await;
         }
-        caught_up(&t, Duration::from_secs(30)).await;
-        caught_up_on(&likes, "likes", Duration::from_secs(30)).await;
+        t.wait_caught_up(Duration::from_secs(30)).await;
+        support::caught_up_on(&likes, "likes", Duration::from_secs(30)).await;
         let wrong = (mismatches(&t).await, likes_mismatches(&likes).await);
         // The snapshot of the likes that predate the stream settles in its first seconds;
         // from then on, every caught-up moment is exact.
@@ -714,7 +622,7 @@ async fn a_second_source_collection_is_counted_beside_the_comments() {
         .insert_one(like)
         .await
         .unwrap();
-    caught_up_on(&likes, "likes", Duration::from_secs(30)).await;
+    support::caught_up_on(&likes, "likes", Duration::from_secs(30)).await;
     inject(&t, "like_counters", &PostId::Int(2), 5).await;
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -727,9 +635,9 @@ async fn a_second_source_collection_is_counted_beside_the_comments() {
             .await
             .unwrap();
         next += 1;
-        caught_up_on(&likes, "likes", Duration::from_secs(30)).await;
+        support::caught_up_on(&likes, "likes", Duration::from_secs(30)).await;
         let wrong = likes_mismatches(&likes).await;
-        let reported = drift_reported(&daemon, "likes").await;
+        let reported = daemon.drift_reported("likes").await.0;
         if wrong.is_empty() && reported > 0 {
             break;
         }
@@ -741,11 +649,11 @@ async fn a_second_source_collection_is_counted_beside_the_comments() {
     }
 
     // The commands find a source's counters by name; `--source` picks the source's stream.
-    caught_up_on(&likes, "likes", Duration::from_secs(30)).await;
+    support::caught_up_on(&likes, "likes", Duration::from_secs(30)).await;
     for (counter, group) in [("likes", "2"), ("likes_by_user", "str:u1")] {
         let looking = Instant::now() + Duration::from_secs(60);
         let got = loop {
-            let o = cli(&t, &config, &["get", group, "--counter", counter, "--json"]);
+            let o = t.counterd_with(&config, &["get", group, "--counter", counter, "--json"]);
             assert!(o.status.success(), "get --counter {counter}: {o:?}");
             let got: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
             if got["in_flight"] != true {
@@ -765,13 +673,13 @@ async fn a_second_source_collection_is_counted_beside_the_comments() {
             "{counter} {group}: {got}"
         );
     }
-    let status = cli(&t, &config, &["status", "--source", "likes", "--json"]);
+    let status = t.counterd_with(&config, &["status", "--source", "likes", "--json"]);
     assert!(status.status.success(), "status --source likes: {status:?}");
     let text = String::from_utf8_lossy(&status.stdout);
     assert!(text.contains("\"likes\""), "the likes stream: {text}");
     // Without `--source`, every source `run` keeps: the comments' streams and counters, then
     // the likes'.
-    let all = cli(&t, &config, &["status", "--json"]);
+    let all = t.counterd_with(&config, &["status", "--json"]);
     assert!(all.status.success(), "status: {all:?}");
     let all: serde_json::Value = serde_json::from_slice(&all.stdout).unwrap();
     let names = |key: &str, field: &str| -> Vec<(String, String)> {
@@ -800,12 +708,12 @@ async fn a_second_source_collection_is_counted_beside_the_comments() {
         counters.contains(&("likes".into(), "likes_by_user".into())),
         "the likes source's counters: {all}"
     );
-    let text = String::from_utf8_lossy(&cli(&t, &config, &["status"]).stdout).to_string();
+    let text = String::from_utf8_lossy(&t.counterd_with(&config, &["status"]).stdout).to_string();
     assert!(
         text.contains("stream            likes (source likes)"),
         "{text}"
     );
-    let unknown = cli(&t, &config, &["get", "2", "--counter", "shares"]);
+    let unknown = t.counterd_with(&config, &["get", "2", "--counter", "shares"]);
     assert_eq!(unknown.status.code(), Some(2));
     let said = String::from_utf8_lossy(&unknown.stderr);
     assert!(
@@ -825,19 +733,6 @@ async fn a_second_source_collection_is_counted_beside_the_comments() {
     )
     .await;
     assert_eq!(daemon.terminate(), Some(0), "counterd run stopped cleanly");
-}
-
-/// A one-shot `counterd` command against the test database with the definitions' file.
-fn cli(t: &TestDb, config: &str, args: &[&str]) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_counterd"))
-        .args(args)
-        .env("COUNTERD_CONFIG", config)
-        .env("COUNTERD_MONGODB_URI", &t.uri)
-        .env("COUNTERD_DATABASE", &t.name)
-        .env("COUNTERD_CONNECT_TIMEOUT", "5s")
-        .env("COUNTERD_LOG_LEVEL", "warn")
-        .output()
-        .unwrap()
 }
 
 /// Asserts that every collection of `expected` exists.

@@ -12,8 +12,9 @@ use std::process::{Command, Output};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use counterd::event::PostId;
-use counterd::snapshot::{InitialSnapshot, SnapshotSettings};
+use counterd::config::InitialSnapshot;
+use counterd::core::key::PostId;
+use counterd::snapshot::SnapshotSettings;
 use counterd::store::prelude::*;
 use counterd::store::{SnapshotProgress, SnapshotState};
 use counterd::worker::WorkerSettings;
@@ -21,7 +22,7 @@ use daemon::Daemon;
 use mongodb::bson::{doc, DateTime};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use support::{now_secs, TestDb};
+use support::{now_secs, output_text, TestDb};
 
 const ROWS: i64 = 10_000;
 const POSTS: i64 = 1_000;
@@ -275,23 +276,12 @@ async fn folds_wait_for_the_snapshot_and_never_count_a_row_twice() {
 }
 
 fn counterd(t: &TestDb, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_counterd"))
+    t.counterd()
         .args(args)
-        .env("COUNTERD_MONGODB_URI", &t.uri)
-        .env("COUNTERD_DATABASE", &t.name)
         .env("COUNTERD_SNAPSHOT_ROWS_PER_SECOND", "0")
         .env("COUNTERD_OPERATION_TIMEOUT", "30s")
-        .env_remove("COUNTERD_CONFIG")
         .output()
         .expect("run counterd")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -306,17 +296,21 @@ async fn counterd_snapshot_takes_it_by_hand_and_refuses_a_stream_that_already_co
     support::next_second().await;
     let all: Vec<PostId> = (0..30).map(post).collect();
     let o = counterd(&t, &["snapshot"]);
-    assert!(o.status.success(), "{}", text(&o));
-    assert!(text(&o).contains("snapshot taken"), "{}", text(&o));
+    assert!(o.status.success(), "{}", output_text(&o));
+    assert!(
+        output_text(&o).contains("snapshot taken"),
+        "{}",
+        output_text(&o)
+    );
     let done = progress(&t).await.unwrap();
     assert_eq!((done.state, done.rows_counted), (SnapshotState::Done, 300));
     t.wait_exact(&all, Duration::from_secs(1)).await;
     // Again: nothing to do.
     let o = counterd(&t, &["snapshot"]);
     assert!(
-        o.status.success() && text(&o).contains("already done"),
+        o.status.success() && output_text(&o).contains("already done"),
         "{}",
-        text(&o)
+        output_text(&o)
     );
     // `run` (with initial_snapshot = never) continues from the snapshot's pinned start, and a
     // hard delete of a snapshotted comment is attributed through the ledger it built.
@@ -359,8 +353,12 @@ async fn counterd_snapshot_takes_it_by_hand_and_refuses_a_stream_that_already_co
     other.wait_drained(Duration::from_secs(20)).await;
     worker.shutdown().await.unwrap();
     let o = counterd(&other, &["snapshot"]);
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
-    assert!(text(&o).contains("reconcile --sweep"), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(1), "{}", output_text(&o));
+    assert!(
+        output_text(&o).contains("reconcile --sweep"),
+        "{}",
+        output_text(&o)
+    );
 }
 
 /// Until the initial snapshot is done no counter can be compared with the truth: `verify`
@@ -397,12 +395,16 @@ async fn verify_and_get_say_not_yet_while_the_snapshot_runs() {
     let _ = slow.kill();
     let _ = slow.wait();
     assert!(still_running, "the snapshot ended before the checks");
-    assert_eq!(verify.status.code(), Some(5), "{}", text(&verify));
+    assert_eq!(verify.status.code(), Some(5), "{}", output_text(&verify));
     assert!(
-        text(&verify).contains("initial snapshot is still counting"),
+        output_text(&verify).contains("initial snapshot is still counting"),
         "{}",
-        text(&verify)
+        output_text(&verify)
     );
-    assert_eq!(get.status.code(), Some(5), "{}", text(&get));
-    assert!(text(&get).contains("not compared"), "{}", text(&get));
+    assert_eq!(get.status.code(), Some(5), "{}", output_text(&get));
+    assert!(
+        output_text(&get).contains("not compared"),
+        "{}",
+        output_text(&get)
+    );
 }

@@ -8,13 +8,15 @@ mod support;
 use std::collections::{BTreeMap, BTreeSet};
 
 use bson::{Bson, DateTime};
-use counterd::batch::{CounterDelta, LedgerUpdate};
-use counterd::event::{CommentId, PostId, Row, Token};
-use counterd::fold::Fold;
-use counterd::num::Num;
-use counterd::recount::{LedgerAt, LOG_ENTRIES};
+use counterd::core::batch::PendingBatch;
+use counterd::core::batch::{CounterDelta, LedgerUpdate};
+use counterd::core::event::{CommentId, Row, Token};
+use counterd::core::fold::Fold;
+use counterd::core::key::PostId;
+use counterd::core::num::Num;
+use counterd::core::window::{LedgerAt, LOG_ENTRIES};
 use counterd::store::prelude::*;
-use counterd::store::{CounterDoc, DirtyOrder, Fence, PendingBatch, StoreError};
+use counterd::store::{CounterDoc, DirtyOrder, Fence, StoreError};
 
 const STREAM: &str = "comments";
 
@@ -35,7 +37,7 @@ fn post(n: i64) -> PostId {
 
 fn delta(p: i64, d: i64) -> CounterDelta {
     CounterDelta {
-        counter: counterd::definition::CounterIx::DEFAULT,
+        counter: counterd::core::key::CounterIx::DEFAULT,
         post: post(p),
         delta: Num::Int(d),
         buckets: BTreeMap::from([(0, Num::Int(d))]),
@@ -273,7 +275,7 @@ async fn installs_are_conditional<S: Store>(store: &S) {
 async fn counters_log_the_rows_each_batch_changed<S: Store>(store: &S) {
     let f = fence(1);
     let unlisted = CounterDelta {
-        counter: counterd::definition::CounterIx::DEFAULT,
+        counter: counterd::core::key::CounterIx::DEFAULT,
         comments: None,
         ..delta(1, 1)
     };
@@ -369,7 +371,7 @@ async fn ledger_reads_carry_the_batch_that_wrote_them<S: Store>(store: &S) {
 /// definition the store does not know refuses the whole batch before anything is written
 /// (it would otherwise land on another definition's counter of the same key).
 async fn writes_go_to_their_definitions<S: Store>(store: &S) {
-    use counterd::definition::CounterIx;
+    use counterd::core::key::CounterIx;
     let f = fence(1);
     let of = |d: &CounterDelta, ix: usize| CounterDelta {
         counter: CounterIx(ix),
@@ -390,7 +392,7 @@ async fn writes_go_to_their_definitions<S: Store>(store: &S) {
         .await
         .unwrap();
     assert_eq!(again.already_applied, 3);
-    let mut mark = counterd::batch::DirtyMark::settled(post(7));
+    let mut mark = counterd::core::batch::DirtyMark::settled(post(7));
     mark.counter = CounterIx(2);
     store
         .mark_dirty(&f, &[mark], DateTime::from_millis(0))
@@ -423,7 +425,7 @@ async fn writes_go_to_their_definitions<S: Store>(store: &S) {
         matches!(refused, Err(StoreError::Fatal { .. })),
         "{refused:?}"
     );
-    let mut mark = counterd::batch::DirtyMark::settled(post(1));
+    let mut mark = counterd::core::batch::DirtyMark::settled(post(1));
     mark.counter = CounterIx(3);
     let refused = store
         .mark_dirty(&f, &[mark], DateTime::from_millis(0))
@@ -468,7 +470,7 @@ fn definition_rows() -> Vec<bson::Document> {
 
 /// A view's truth is its definition's: its group field, its condition, the shared soft delete.
 async fn a_view_counts_its_definitions_rows<S: Store>(store: &S) {
-    use counterd::definition::CounterIx;
+    use counterd::core::key::CounterIx;
     let (approved, by_author) = (
         store.for_counter(CounterIx(1)),
         store.for_counter(CounterIx(2)),
@@ -549,7 +551,7 @@ fn memory() -> counterd::store::memory::MemoryStore {
 /// whatever its version (a mark since the listing must not leave the age of a post that keeps
 /// changing where it was), never moves it back, and creates nothing.
 async fn dirty_entries_clear_at_their_version_and_requeue_at_any<S: Store>(store: &S) {
-    use counterd::batch::DirtyMark;
+    use counterd::core::batch::DirtyMark;
     let at = DateTime::from_millis;
     let mark = |n| vec![DirtyMark::settled(post(n))];
     store
@@ -597,7 +599,7 @@ async fn dirty_entries_clear_at_their_version_and_requeue_at_any<S: Store>(store
     );
 }
 
-/// A batch's counters stored under its carry's id (see `counterd::carry`) are fenced like every
+/// A batch's counters stored under its carry's id (see `counterd::core::carry`) are fenced like every
 /// worker write: a predecessor that has not noticed its successor cannot overwrite the
 /// successor's copy of the same batch with its own plan, while the successor may overwrite a
 /// predecessor's. What is read back is the newest epoch's copy, through the pending batch only.
@@ -708,28 +710,29 @@ contract!(
 );
 
 /// Two definitions beyond the default (`approved` per post, `per_author`).
-fn schema_with_definitions() -> counterd::schema::Schema {
-    let definition =
-        |name: &str, group: &str, condition: bson::Document| counterd::definition::Definition {
+fn schema_with_definitions() -> counterd::core::schema::Schema {
+    let definition = |name: &str, group: &str, condition: bson::Document| {
+        counterd::core::definition::Definition {
             name: name.into(),
             group: group.into(),
-            condition: counterd::condition::Condition::parse(&condition).unwrap(),
+            condition: counterd::core::condition::Condition::parse(&condition).unwrap(),
             collection: format!("{name}_counters"),
-            kind: counterd::definition::Kind::Count,
-        };
-    counterd::schema::Schema {
+            kind: counterd::core::definition::Kind::Count,
+        }
+    };
+    counterd::core::schema::Schema {
         counters: vec![
             definition("approved", "post_id", bson::doc! {"approved": true}),
             definition("per_author", "author_id", bson::doc! {}),
         ],
-        ..counterd::schema::Schema::default()
+        ..counterd::core::schema::Schema::default()
     }
 }
 
 /// A ledger entry keeps the row's verdict for every definition (the next event's before-state
 /// needs no document), and "gone" clears them.
 async fn ledger_keeps_every_definitions_verdict<S: Store>(store: &S) {
-    use counterd::definition::Member;
+    use counterd::core::key::Member;
     let f = fence(1);
     let mut state = row(1);
     state.members = vec![
@@ -816,12 +819,12 @@ const LOOKUP_ROWS: [i64; 3] = [1, 2, 3];
 /// An update event names its row but carries no row of it (no `updateLookup`: at most the fake
 /// server's fragment of the update, without `_id`) unless pre-images are asked for, and
 /// `look_up` reads the rows as they are now, in one read, a row that is gone absent: the
-/// batched read that replaces the server's lookups (`counterd::lookup`).
+/// batched read that replaces the server's lookups (`counterd::core::lookup`).
 async fn updates_come_without_the_row_and_are_looked_up<S: Store>(
     store: &S,
     start: bson::Timestamp,
 ) {
-    use counterd::event::{ChangeEvent, Operation};
+    use counterd::core::event::{ChangeEvent, Operation};
     use counterd::store::{StreamOptions, StreamStart};
     let mut source = store
         .open_stream(StreamOptions {
@@ -925,14 +928,14 @@ async fn updates_come_without_the_row_and_are_looked_up_in_memory() {
 
 /// A sum of `rating` per author with its row count (`with_count`): two definitions whose
 /// counters share one document per author.
-fn schema_with_a_sum() -> counterd::schema::Schema {
+fn schema_with_a_sum() -> counterd::core::schema::Schema {
     let settings: counterd::config::Settings = toml::from_str(
         "[[counters]]\nname = \"rating_sum\"\ngroup_field = \"author_id\"\nkind = \"sum\"\nfield = \"rating\"\nwith_count = true\ncollection = \"rating_counters\"\n",
     )
     .unwrap();
-    counterd::schema::Schema {
+    counterd::core::schema::Schema {
         counters: settings.definitions().unwrap().extra().to_vec(),
-        ..counterd::schema::Schema::default()
+        ..counterd::core::schema::Schema::default()
     }
 }
 
@@ -967,7 +970,7 @@ fn rated_rows() -> Vec<bson::Document> {
 /// A sum and its row count: guarded increments of each (a double stays a double), `$sum` and
 /// row counts as the truth, and a fold of the row count into a document the sum created.
 async fn a_sum_and_its_row_count_share_a_document<S: Store>(store: &S) {
-    use counterd::definition::CounterIx;
+    use counterd::core::key::CounterIx;
     let (sum, rows) = (
         store.for_counter(CounterIx(1)),
         store.for_counter(CounterIx(2)),

@@ -15,13 +15,12 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use bson::{doc, Bson, DateTime, Document};
-use counterd::num::Num;
-use counterd::store::prelude::*;
+use counterd::core::num::Num;
 use daemon::Daemon;
 use futures::TryStreamExt;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use support::TestDb;
+use support::{quick_folds, schema_of, settings_file, TestDb};
 
 const CONFIG: &str = r#"
 [[counters]]
@@ -35,26 +34,6 @@ collection = "author_ratings"
 
 const AUTHORS: i64 = 6;
 const POSTS: i64 = 8;
-
-/// Short intervals, so that folds follow within seconds, and the background sweep off.
-fn quick(config: &str) -> Vec<(&str, &str)> {
-    vec![
-        ("COUNTERD_BUCKET_WIDTH", "1s"),
-        ("COUNTERD_SETTLE_TIME", "1s"),
-        ("COUNTERD_RECONCILE_INTERVAL", "500ms"),
-        ("COUNTERD_BACKGROUND_SWEEP_PASS", "0s"),
-        ("COUNTERD_CONFIG", config),
-    ]
-}
-
-/// The definitions, for the test's own store (its `caught_up` reads the checkpoint only).
-fn schema() -> counterd::schema::Schema {
-    let settings: counterd::config::Settings = toml::from_str(CONFIG).unwrap();
-    counterd::schema::Schema {
-        counters: settings.definitions().unwrap().extra().to_vec(),
-        ..counterd::schema::Schema::default()
-    }
-}
 
 /// What every author's live rows add up to, by the server's own `$group`: (sum, rows).
 async fn truth(t: &TestDb) -> BTreeMap<String, (Num, i64)> {
@@ -120,23 +99,6 @@ async fn mismatches(t: &TestDb) -> Vec<(String, (Num, i64), (Num, i64))> {
             (got.0.differs(want.0) || got.1 != want.1).then(|| (a.clone(), got, want))
         })
         .collect()
-}
-
-/// Waits until the worker has applied every write acknowledged before this call.
-async fn caught_up(t: &TestDb, within: Duration) {
-    let after = t.store.read_position().await.unwrap().upper;
-    let deadline = Instant::now() + within;
-    loop {
-        let c = t.store.load_checkpoint("comments").await.unwrap();
-        if c.is_some_and(|c| c.pending.is_none() && c.caught_up_at.is_some_and(|at| at >= after)) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the worker did not catch up within {within:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// The application: rated comments, their ratings changed, moved between authors, deleted.
@@ -216,37 +178,6 @@ impl Writer {
     }
 }
 
-/// The histogram `counterd_drift_comments` of `/metrics` for `counter`: (samples, sum).
-async fn drift_reported(daemon: &Daemon, counter: &str) -> (u64, f64) {
-    let Some((200, text)) = daemon.get("/metrics").await else {
-        return (0, 0.0);
-    };
-    let label = format!("counter=\"{counter}\"");
-    let total = |name: &str| -> f64 {
-        text.lines()
-            .filter(|l| l.starts_with(name) && l.contains(&label))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
-    };
-    (
-        total("counterd_drift_comments_count") as u64,
-        total("counterd_drift_comments_sum"),
-    )
-}
-
-/// A one-shot `counterd` command against the test database with the configuration.
-fn cli(t: &TestDb, config: &str, args: &[&str]) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_counterd"))
-        .args(args)
-        .env("COUNTERD_CONFIG", config)
-        .env("COUNTERD_MONGODB_URI", &t.uri)
-        .env("COUNTERD_DATABASE", &t.name)
-        .env("COUNTERD_CONNECT_TIMEOUT", "5s")
-        .env("COUNTERD_LOG_LEVEL", "warn")
-        .output()
-        .unwrap()
-}
-
 /// The document of `author` in the sums' collection.
 async fn counter_doc(t: &TestDb, author: &str) -> Document {
     t.db.collection::<Document>("author_ratings")
@@ -258,18 +189,16 @@ async fn counter_doc(t: &TestDb, author: &str) -> Document {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sums_and_their_row_counts_stay_exact_under_kill_9_and_drift_is_corrected() {
-    let t = TestDb::with_schema("sums", schema()).await;
+    let t = TestDb::with_schema("sums", schema_of(CONFIG)).await;
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("counterd.toml");
-    std::fs::write(&config, CONFIG).unwrap();
-    let config = config.to_string_lossy().into_owned();
+    let config = settings_file(&dir, CONFIG);
     let mut writer = Writer {
         rng: StdRng::seed_from_u64(42),
         next_id: 0,
         ids: Vec::new(),
     };
     let mut did = Vec::new();
-    let mut daemon = Daemon::start(&t.uri, &t.name, "one", &quick(&config));
+    let mut daemon = Daemon::start(&t.uri, &t.name, "one", &quick_folds(Some(&config)));
     for round in 0..6 {
         did.extend(writer.burst(&t, 50).await);
         if round % 2 == 1 {
@@ -277,9 +206,9 @@ async fn sums_and_their_row_counts_stay_exact_under_kill_9_and_drift_is_correcte
             // (the same owner takes its lease back at once).
             daemon.kill9();
             did.extend(writer.burst(&t, 20).await);
-            daemon = Daemon::start(&t.uri, &t.name, "one", &quick(&config));
+            daemon = Daemon::start(&t.uri, &t.name, "one", &quick_folds(Some(&config)));
         }
-        caught_up(&t, Duration::from_secs(60)).await;
+        t.wait_caught_up(Duration::from_secs(60)).await;
         let wrong = mismatches(&t).await;
         assert!(
             wrong.is_empty(),
@@ -326,7 +255,7 @@ async fn sums_and_their_row_counts_stay_exact_under_kill_9_and_drift_is_correcte
     }
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
-        caught_up(&t, Duration::from_secs(60)).await;
+        t.wait_caught_up(Duration::from_secs(60)).await;
         let wrong = mismatches(&t).await;
         let sum_drift = counter_doc(&t, "a2").await.get("last_drift").cloned();
         let rows_drift = counter_doc(&t, "a3")
@@ -335,8 +264,8 @@ async fn sums_and_their_row_counts_stay_exact_under_kill_9_and_drift_is_correcte
             .ok()
             .and_then(|r| r.get("last_drift").cloned());
         let reported = (
-            drift_reported(&daemon, "rating").await,
-            drift_reported(&daemon, "rating_rows").await,
+            daemon.drift_reported("rating").await,
+            daemon.drift_reported("rating_rows").await,
         );
         if wrong.is_empty()
             && sum_drift == Some(Bson::Double(2.5))
@@ -358,11 +287,11 @@ async fn sums_and_their_row_counts_stay_exact_under_kill_9_and_drift_is_correcte
     }
 
     // `get` and `verify` read a sum in its field's units.
-    caught_up(&t, Duration::from_secs(60)).await;
+    t.wait_caught_up(Duration::from_secs(60)).await;
     let want = truth(&t).await["a2"].0;
     let looking = Instant::now() + Duration::from_secs(60);
     let got = loop {
-        let o = cli(&t, &config, &["get", "a2", "--counter", "rating", "--json"]);
+        let o = t.counterd_with(&config, &["get", "a2", "--counter", "rating", "--json"]);
         assert!(o.status.success(), "get: {o:?}");
         let got: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
         if got["in_flight"] != true {
@@ -377,7 +306,7 @@ async fn sums_and_their_row_counts_stay_exact_under_kill_9_and_drift_is_correcte
     let displayed = got["displayed"].as_f64().unwrap();
     assert!((displayed - want.as_f64()).abs() < 1e-9, "{got} vs {want}");
     assert_eq!(got["difference"].as_f64(), Some(0.0), "{got}");
-    let text = cli(&t, &config, &["get", "a2", "--counter", "rating"]);
+    let text = t.counterd_with(&config, &["get", "a2", "--counter", "rating"]);
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(
         text.contains("sum of          `rating`") && text.contains("true sum"),
@@ -387,11 +316,7 @@ async fn sums_and_their_row_counts_stay_exact_under_kill_9_and_drift_is_correcte
         let mut attempts = 0;
         let o = loop {
             attempts += 1;
-            let o = cli(
-                &t,
-                &config,
-                &["verify", "--counter", counter, "--sample", "20"],
-            );
+            let o = t.counterd_with(&config, &["verify", "--counter", counter, "--sample", "20"]);
             if o.status.code() != Some(3) || attempts == 3 {
                 break o;
             }

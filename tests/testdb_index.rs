@@ -10,7 +10,7 @@ mod support;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use counterd::schema::Schema;
+use counterd::core::schema::Schema;
 use counterd_testdb::{preferred_kind, ServerKind, TestServer};
 use mongodb::bson::{doc, oid::ObjectId, Bson, Document, RawDocumentBuf};
 use mongodb::Database;

@@ -1,6 +1,6 @@
 //! Multi-document transactions: their real shape (`fixtures/events/txn_*.json`, three events of
 //! one MongoDB 6/7 transaction), and the rule that a read of the change stream, and so a batch,
-//! never ends between two of their events (`counterd::txn`), held by the in-process store's
+//! never ends between two of their events (`counterd::core::txn`), held by the in-process store's
 //! reader (the MongoDB store's reader applies the same pure rule; the fake test server has no
 //! transactions, see `integration_transactions_need_a_real_server`).
 
@@ -9,11 +9,11 @@ use std::path::PathBuf;
 mod support;
 
 use bson::{doc, Bson, Document, Timestamp};
-use counterd::budget::cost::ReadLimit;
-use counterd::event::{ChangeEvent, Operation};
+use counterd::core::cost::ReadLimit;
+use counterd::core::event::{ChangeEvent, Operation};
+use counterd::core::txn::{inner_boundaries, may_end_between, TxnKey};
 use counterd::store::memory::{Cursor, Memory, OplogTxn};
 use counterd::store::{StreamOptions, StreamStart};
-use counterd::txn::{inner_boundaries, may_end_between, TxnKey};
 
 fn fixture(name: &str) -> Document {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -103,7 +103,7 @@ fn no_batch_may_end_inside_the_real_transaction() {
 
 #[test]
 fn the_stream_projection_keeps_the_transaction() {
-    let stage = counterd::schema::Schema::default().stream_projection();
+    let stage = counterd::core::schema::Schema::default().stream_projection();
     let spec = stage.get_document("$project").unwrap();
     assert_eq!(spec.get("lsid"), Some(&Bson::Int32(1)));
     assert_eq!(spec.get("txnNumber"), Some(&Bson::Int32(1)));
@@ -223,7 +223,7 @@ fn a_read_by_bytes_takes_a_transaction_larger_than_its_limit_whole() {
 /// Against the test database: a transaction of three inserts, read one event at a time, comes
 /// back in one read. The fake test server (mongo-java-server) has no multi-document
 /// transactions: there the test is skipped with its reason (the shapes are covered by the
-/// fixtures above, the rule by the in-process reader and `counterd::txn`'s unit tests).
+/// fixtures above, the rule by the in-process reader and `counterd::core::txn`'s unit tests).
 #[tokio::test]
 async fn a_real_transaction_is_read_whole() {
     use counterd::store::prelude::*;

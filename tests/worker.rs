@@ -5,19 +5,17 @@ mod support;
 
 use std::time::Duration;
 
-use counterd::batch::{CounterDelta, LedgerUpdate};
-use counterd::event::{CommentId, PostId, Row, Token};
+use counterd::core::batch::PendingBatch;
+use counterd::core::batch::{CounterDelta, LedgerUpdate};
+use counterd::core::event::{CommentId, Row, Token};
+use counterd::core::key::PostId;
 use counterd::store::counting::Concern;
 use counterd::store::prelude::*;
-use counterd::store::{DirtyOrder, Fence, PendingBatch};
+use counterd::store::{DirtyOrder, Fence};
 use mongodb::bson::{doc, DateTime};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use support::{now_secs, TestDb};
-
-fn post(i: usize) -> PostId {
-    PostId::Str(format!("post-{i}"))
-}
+use support::{now_secs, post, TestDb};
 
 /// One writer's random operations on its own comments (ids `w<writer>-<n>`).
 async fn writer(t: &TestDb, writer: usize, ops: usize, posts: usize, seed: u64) {
@@ -284,10 +282,10 @@ async fn the_per_post_guard_rejects_a_duplicate_write() {
         epoch: 0,
     };
     let write = CounterDelta {
-        counter: counterd::definition::CounterIx::DEFAULT,
+        counter: counterd::core::key::CounterIx::DEFAULT,
         post: post(1),
-        delta: counterd::num::Num::ONE,
-        buckets: [(0, counterd::num::Num::ONE)].into_iter().collect(),
+        delta: counterd::core::num::Num::ONE,
+        buckets: [(0, counterd::core::num::Num::ONE)].into_iter().collect(),
         touched: [0].into_iter().collect(),
         comments: Some(Vec::new()),
     };
@@ -353,14 +351,14 @@ async fn a_predecessor_leaves_its_successors_intent_alone() {
     let own = PendingBatch {
         end: end.clone(),
         counters: vec![CounterDelta {
-            counter: counterd::definition::CounterIx::DEFAULT,
+            counter: counterd::core::key::CounterIx::DEFAULT,
             post: post(1),
-            delta: counterd::num::Num::ONE,
-            buckets: [(0, counterd::num::Num::ONE)].into_iter().collect(),
+            delta: counterd::core::num::Num::ONE,
+            buckets: [(0, counterd::core::num::Num::ONE)].into_iter().collect(),
             touched: [0].into_iter().collect(),
             comments: Some(vec![comment.clone()]),
         }],
-        dirty: vec![counterd::batch::DirtyMark::settled(post(1))],
+        dirty: vec![counterd::core::batch::DirtyMark::settled(post(1))],
         ..PendingBatch::default()
     };
     let intent = PendingBatch {
@@ -396,7 +394,7 @@ async fn a_predecessor_leaves_its_successors_intent_alone() {
     assert_eq!(t.displayed(&post(1)).await, 1);
 }
 
-/// A worker that stopped while it carried counters across batches (see `counterd::carry`):
+/// A worker that stopped while it carried counters across batches (see `counterd::core::carry`):
 /// both batches' counters and dirty marks stored under the carry's id, their intents recorded,
 /// the first batch's ledger states written, nothing else. The next start writes both batches' counters once, each
 /// guarded by the last batch that touched it, with one log entry per batch.
@@ -409,10 +407,10 @@ async fn a_carry_left_in_flight_is_written_once_by_the_next_start() {
     };
     let comment = |n: i32| CommentId::new(mongodb::bson::Bson::Int32(n));
     let delta = |p: usize, rows: &[i32]| CounterDelta {
-        counter: counterd::definition::CounterIx::DEFAULT,
+        counter: counterd::core::key::CounterIx::DEFAULT,
         post: post(p),
-        delta: counterd::num::Num::Int(rows.len() as i64),
-        buckets: [(0, counterd::num::Num::Int(rows.len() as i64))]
+        delta: counterd::core::num::Num::Int(rows.len() as i64),
+        buckets: [(0, counterd::core::num::Num::Int(rows.len() as i64))]
             .into_iter()
             .collect(),
         touched: [0].into_iter().collect(),
@@ -437,7 +435,7 @@ async fn a_carry_left_in_flight_is_written_once_by_the_next_start() {
             .collect(),
         dirty: rows
             .iter()
-            .map(|(_, p)| counterd::batch::DirtyMark::settled(post(*p)))
+            .map(|(_, p)| counterd::core::batch::DirtyMark::settled(post(*p)))
             .collect(),
         carry: None,
     };

@@ -21,7 +21,6 @@
 //! now, possibly nothing, and is cut to it.
 
 pub mod cgroup;
-pub mod cost;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

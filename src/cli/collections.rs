@@ -46,7 +46,7 @@ pub fn owned(settings: &Settings) -> Result<Vec<Owned>, ConfigError> {
             );
         }
         for (partition_stream, _) in
-            crate::partition::stream_names(&source.stream_name, source.partitions)
+            crate::core::partition::stream_names(&source.stream_name, source.partitions)
         {
             add(
                 names.ledger_of(&partition_stream),

@@ -178,9 +178,9 @@ fn definitions_json(settings: &crate::config::Settings) -> anyhow::Result<serde_
                 (
                     "kind",
                     match &d.kind {
-                        crate::definition::Kind::Count => "count",
-                        crate::definition::Kind::Sum { .. } => "sum",
-                        crate::definition::Kind::Rows { .. } => "rows",
+                        crate::core::definition::Kind::Count => "count",
+                        crate::core::definition::Kind::Sum { .. } => "sum",
+                        crate::core::definition::Kind::Rows { .. } => "rows",
                     }
                     .into(),
                 ),

@@ -4,7 +4,8 @@
 
 use crate::cli::exit::UsageError;
 use crate::config::Settings;
-use crate::definition::{CounterIx, DEFAULT_COUNTER};
+use crate::core::definition::DEFAULT_COUNTER;
+use crate::core::key::CounterIx;
 
 /// The `--counter` flag.
 #[derive(Debug, Clone, clap::Args)]

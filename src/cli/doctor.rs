@@ -36,7 +36,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     let report = gather(&settings, args.sample).await;
     print(&settings, &report, args.json)?;
     if let Some(error) = &report.error {
-        eprintln!("counterd: {}", crate::config::redact_text(error));
+        eprintln!("counterd: {}", crate::redact::redact_text(error));
     }
     let code = match report.failed {
         Some(code) => code,
@@ -91,7 +91,7 @@ fn print(settings: &Settings, report: &Report, json: bool) -> anyhow::Result<()>
     let findings = &report.findings;
     let count = |level| findings.iter().filter(|f| f.level == level).count();
     let (problems, warnings) = (count(Level::Problem), count(Level::Warning));
-    let mongodb = crate::config::redact_uri(&settings.mongodb_uri);
+    let mongodb = crate::redact::redact_uri(&settings.mongodb_uri);
     if json {
         return print_json(&serde_json::json!({
             "mongodb": mongodb,

@@ -13,8 +13,8 @@
 
 use std::process::ExitCode;
 
-use crate::classify::StreamEnded;
 use crate::config::ConfigError;
+use crate::core::classify::StreamEnded;
 use crate::daemon::DaemonError;
 use crate::lease::LeaseError;
 use crate::store::StoreError;
@@ -147,7 +147,7 @@ fn join_causes(error: &anyhow::Error, driver_text: bool) -> String {
         }
         text.push_str(&said);
     }
-    crate::config::redact_text(&text)
+    crate::redact::redact_text(&text)
 }
 
 /// The exit code as a process exit code.
@@ -158,7 +158,7 @@ pub fn exit_code(code: u8) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::Token;
+    use crate::core::event::Token;
 
     fn code(e: impl Into<anyhow::Error>) -> u8 {
         code_for(&e.into())

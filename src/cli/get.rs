@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use crate::cli::exit::UsageError;
 use crate::cli::{connect, observe, print_json, rfc3339};
 use crate::config::Settings;
-use crate::event::PostId;
+use crate::core::key::PostId;
 use crate::outln;
 use crate::store::prelude::*;
 

@@ -22,7 +22,8 @@ use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 
-use crate::config::{redact_text, ConfigError, Loaded, Override, Settings};
+use crate::config::{ConfigError, Loaded, Override, Settings};
+use crate::redact::redact_text;
 use crate::store::mongo::MongoStore;
 
 pub use output::{print_json, rfc3339};
@@ -106,7 +107,7 @@ impl Cli {
         });
         let env = std::env::var("COUNTERD_MONGODB_URI").ok();
         for uri in self.mongodb_uri.iter().cloned().chain(set).chain(env) {
-            crate::config::redact::remember_secrets(&uri);
+            crate::redact::remember_secrets(&uri);
         }
     }
 
@@ -185,7 +186,7 @@ pub async fn main(cli: Cli) -> ExitCode {
             }
         },
     };
-    crate::config::redact::remember_secrets(&settings.mongodb_uri);
+    crate::redact::remember_secrets(&settings.mongodb_uri);
     let json_logs = settings.log_format == "json";
     match &cli.command {
         // The demo's live view owns the screen: its log lines go to a file it names.
@@ -242,7 +243,9 @@ pub async fn connect(settings: &Settings) -> anyhow::Result<Arc<MongoStore>> {
 /// Whether the initial snapshot of any of the configured streams is still running (counts are
 /// not comparable until it is done).
 pub async fn snapshot_running(settings: &Settings, store: &MongoStore) -> anyhow::Result<bool> {
-    for (stream, _) in crate::partition::stream_names(&settings.stream_name, settings.partitions) {
+    for (stream, _) in
+        crate::core::partition::stream_names(&settings.stream_name, settings.partitions)
+    {
         if crate::store::Checkpoints::load_checkpoint(store, &stream)
             .await?
             .is_some_and(|c| c.snapshot_running())
@@ -280,9 +283,11 @@ pub async fn still_ours(
 pub async fn marks_in_flight(
     settings: &Settings,
     store: &MongoStore,
-) -> crate::store::StoreResult<std::collections::BTreeSet<crate::event::PostId>> {
+) -> crate::store::StoreResult<std::collections::BTreeSet<crate::core::key::PostId>> {
     let mut posts = std::collections::BTreeSet::new();
-    for (stream, _) in crate::partition::stream_names(&settings.stream_name, settings.partitions) {
+    for (stream, _) in
+        crate::core::partition::stream_names(&settings.stream_name, settings.partitions)
+    {
         if let Some(pending) = crate::store::Checkpoints::load_checkpoint(store, &stream)
             .await?
             .and_then(|c| c.pending)
@@ -306,11 +311,11 @@ pub async fn marks_in_flight(
 pub async fn observe(
     settings: &Settings,
     store: &Arc<MongoStore>,
-    posts: &[crate::event::PostId],
+    posts: &[crate::core::key::PostId],
 ) -> anyhow::Result<Vec<crate::recount::Observation>> {
     let mut out = Vec::with_capacity(posts.len());
     for (stream, partition) in
-        crate::partition::stream_names(&settings.stream_name, settings.partitions)
+        crate::core::partition::stream_names(&settings.stream_name, settings.partitions)
     {
         let owned: Vec<_> = posts
             .iter()

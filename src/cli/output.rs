@@ -18,7 +18,7 @@ pub fn write_line(args: std::fmt::Arguments<'_>) {
     if STDOUT_CLOSED.load(Ordering::Relaxed) {
         return;
     }
-    let text = crate::config::redact::redact_text_uris(&args.to_string());
+    let text = crate::redact::redact_text_uris(&args.to_string());
     let mut out = std::io::stdout().lock();
     if out
         .write_all(text.as_bytes())
@@ -35,7 +35,7 @@ pub fn write_raw(text: &str) {
     if STDOUT_CLOSED.load(Ordering::Relaxed) {
         return;
     }
-    let text = crate::config::redact::redact_text_uris(text);
+    let text = crate::redact::redact_text_uris(text);
     let mut out = std::io::stdout().lock();
     if out
         .write_all(text.as_bytes())
@@ -131,13 +131,16 @@ fn extended(key: &str, inner: &Value) -> Option<Value> {
 }
 
 /// Problems with a `--json` document that scripts would trip over: extended-JSON wrappers,
-/// Rust debug text, and time fields that are not RFC 3339 (for tests; empty when clean).
+/// Rust debug text, and time fields that are not RFC 3339 (for tests, so behind `test-utils`;
+/// empty when clean).
+#[cfg(any(test, feature = "test-utils"))]
 pub fn json_problems(value: &Value) -> Vec<String> {
     let mut problems = Vec::new();
     walk(value, "", &mut problems);
     problems
 }
 
+#[cfg(any(test, feature = "test-utils"))]
 fn is_time_key(key: &str) -> bool {
     key.ends_with("_at")
         || key.ends_with("_time")
@@ -146,6 +149,7 @@ fn is_time_key(key: &str) -> bool {
         || key == "from_time"
 }
 
+#[cfg(any(test, feature = "test-utils"))]
 fn walk(value: &Value, path: &str, problems: &mut Vec<String>) {
     match value {
         Value::Object(map) => {

@@ -4,12 +4,12 @@ use std::process::ExitCode;
 
 use crate::cli::exit::NotYet;
 use crate::cli::{connect, print_json};
+use crate::config::InitialSnapshot;
 use crate::config::Settings;
-use crate::event::PostId;
+use crate::core::key::PostId;
+use crate::core::partition::stream_names;
 use crate::outln;
-use crate::partition::stream_names;
 use crate::reconcile::{ReconcileSettings, Reconciler, RunReport};
-use crate::snapshot::InitialSnapshot;
 use crate::store::prelude::*;
 
 #[derive(Debug, clap::Args)]
@@ -121,7 +121,7 @@ fn print_report(report: &RunReport, verbose: bool, json: bool) -> anyhow::Result
         return print_json(report);
     }
     let s = &report.summary;
-    if !s.counter.is_empty() && s.counter != crate::definition::DEFAULT_COUNTER {
+    if !s.counter.is_empty() && s.counter != crate::core::definition::DEFAULT_COUNTER {
         outln!("counter {}:", s.counter);
     }
     outln!(

@@ -19,9 +19,10 @@ use bson::DateTime;
 use crate::cli::exit::CheckFailed;
 use crate::cli::{connect, print_json};
 use crate::clock::{Clock, SystemClock};
+use crate::config::InitialSnapshot;
 use crate::config::Settings;
 use crate::outln;
-use crate::snapshot::{InitialSnapshot, SnapshotSettings, Snapshotter, Step};
+use crate::snapshot::{SnapshotSettings, Snapshotter, Step};
 use crate::store::mongo::MongoStore;
 use crate::store::prelude::*;
 use crate::store::{Checkpoint, Fence, SnapshotProgress, SnapshotState};
@@ -46,7 +47,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     let owner = format!("counterd-snapshot@{}", crate::lease::default_owner());
     let mut outcomes = Vec::new();
     for (stream, partition) in
-        crate::partition::stream_names(&settings.stream_name, settings.partitions)
+        crate::core::partition::stream_names(&settings.stream_name, settings.partitions)
     {
         let result = snapshot_stream(&store, &settings, &owner, &stream, partition).await;
         let snapshot = store
@@ -81,7 +82,7 @@ async fn snapshot_stream(
     settings: &Settings,
     owner: &str,
     stream: &str,
-    partition: Option<crate::partition::Partition>,
+    partition: Option<crate::core::partition::Partition>,
 ) -> anyhow::Result<&'static str> {
     let checkpoint = store.load_checkpoint(stream).await?.unwrap_or_default();
     if let Some(p) = &checkpoint.snapshot {
@@ -123,7 +124,7 @@ async fn take(
     settings: &Settings,
     fence: &Fence,
     owner: &str,
-    partition: Option<crate::partition::Partition>,
+    partition: Option<crate::core::partition::Partition>,
 ) -> anyhow::Result<&'static str> {
     store.adopt_checkpoint(fence).await?;
     let mut checkpoint = store

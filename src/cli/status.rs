@@ -12,9 +12,10 @@ use anyhow::Context;
 use serde::Serialize;
 
 use crate::cli::{age_secs, connect, print_json, rfc3339};
-use crate::config::{redact_uri, Settings};
+use crate::config::Settings;
+use crate::core::partition::stream_names;
 use crate::outln;
-use crate::partition::stream_names;
+use crate::redact::redact_uri;
 use crate::store::mongo::MongoStore;
 use crate::store::prelude::*;
 use crate::store::{

@@ -12,8 +12,8 @@ use serde::{Deserialize, Serialize};
 
 use super::validate::collection_name_problem;
 use super::{ConfigError, Settings};
-use crate::condition::Condition;
-use crate::definition::{Definition, Definitions, Kind, DEFAULT_COUNTER, ROWS_SUFFIX};
+use crate::core::condition::Condition;
+use crate::core::definition::{Definition, Definitions, Kind, DEFAULT_COUNTER, ROWS_SUFFIX};
 
 /// `kind` of a `[[counters]]` entry.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -87,100 +87,152 @@ impl Settings {
             });
         }
         for (i, entry) in self.counters.iter().enumerate() {
-            let bad = |field: &str, value: String, message: String| ConfigError::Invalid {
-                name: format!("counters[{i}].{field}"),
-                origin: "settings".into(),
-                value,
-                message,
-            };
-            if !valid_name(&entry.name) {
-                return Err(bad(
-                    "name",
-                    entry.name.clone(),
-                    "expected letters, digits, `_` or `-` (it is a metric label and a flag value)"
-                        .into(),
-                ));
-            }
-            if entry.name == self.counter_name
-                || entry.name == DEFAULT_COUNTER
-                || more.iter().any(|d| d.name == entry.name)
-            {
-                return Err(bad(
-                    "name",
-                    entry.name.clone(),
-                    format!(
-                        "another counter is already named `{}` (`{DEFAULT_COUNTER}` is the one of group_field and counters_collection)",
-                        entry.name
-                    ),
-                ));
-            }
-            if bad_path(&entry.group_field) {
-                return Err(bad(
-                    "group_field",
-                    entry.group_field.clone(),
-                    "expected a field name or a dotted path: not empty, no empty part, no part starting with `$`".into(),
-                ));
-            }
-            let condition = match &entry.condition {
-                None => Condition::default(),
-                Some(table) => {
-                    let shown = toml::Value::Table(table.clone()).to_string();
-                    let filter = to_document(table)
-                        .map_err(|message| bad("condition", shown.clone(), message))?;
-                    Condition::parse(&filter)
-                        .map_err(|e| bad("condition", shown.clone(), e.to_string()))?
-                }
-            };
-            let kind =
-                entry_kind(entry).map_err(|(field, value, message)| bad(field, value, message))?;
-            if entry.with_count
-                && self.counters.iter().any(|e| {
-                    e.name == format!("{}{ROWS_SUFFIX}", entry.name)
-                        || e.name == format!("{}{ROWS_SUFFIX}", self.counter_name)
-                })
-            {
-                return Err(bad(
-                    "name",
-                    entry.name.clone(),
-                    format!("with_count names the sum's row count `{}{ROWS_SUFFIX}`, which another counter uses", entry.name),
-                ));
-            }
-            if let Some(problem) = collection_name_problem(&entry.collection) {
-                return Err(bad("collection", entry.collection.clone(), problem.into()));
-            }
-            let taken = entry.collection == self.comments_collection
-                || entry.collection == self.counters_collection
-                || more.iter().any(|d| d.collection == entry.collection)
-                || (!self.collection_prefix.is_empty()
-                    && entry.collection.starts_with(&self.collection_prefix));
-            if taken {
-                return Err(bad(
-                    "collection",
-                    entry.collection.clone(),
-                    "already used: by comments_collection, counters_collection, another counter, or counterd's own collections (collection_prefix)".into(),
-                ));
-            }
-            let rows = entry.with_count.then(|| Definition {
-                name: format!("{}{ROWS_SUFFIX}", entry.name),
-                group: entry.group_field.clone(),
-                condition: condition.clone(),
-                collection: entry.collection.clone(),
-                kind: Kind::Rows {
-                    of: entry.name.clone(),
-                },
-            });
-            more.push(Definition {
-                name: entry.name.clone(),
-                group: entry.group_field.clone(),
-                condition,
-                collection: entry.collection.clone(),
-                kind,
-            });
+            let (definition, rows) = self.definition_of(i, entry, &more)?;
+            more.push(definition);
             // The row count right after its sum: its counters share the sum's documents.
             more.extend(rows);
         }
         Ok(Definitions::new(default, more))
     }
+
+    /// The definition of `[[counters]]` entry `i` (after the definitions `more` before it),
+    /// and its sum's row count where it asks for one (`with_count`). `Err` names the entry's
+    /// setting that is wrong.
+    fn definition_of(
+        &self,
+        i: usize,
+        entry: &CounterSetting,
+        more: &[Definition],
+    ) -> Result<(Definition, Option<Definition>), ConfigError> {
+        let bad =
+            |field: &str, value: String, message: String| entry_error(i, field, value, message);
+        self.check_entry_name(i, entry, more)?;
+        if bad_path(&entry.group_field) {
+            return Err(bad(
+                "group_field",
+                entry.group_field.clone(),
+                "expected a field name or a dotted path: not empty, no empty part, no part starting with `$`".into(),
+            ));
+        }
+        let condition = condition_of(i, entry)?;
+        let kind =
+            entry_kind(entry).map_err(|(field, value, message)| bad(field, value, message))?;
+        if entry.with_count
+            && self.counters.iter().any(|e| {
+                e.name == format!("{}{ROWS_SUFFIX}", entry.name)
+                    || e.name == format!("{}{ROWS_SUFFIX}", self.counter_name)
+            })
+        {
+            return Err(bad(
+                "name",
+                entry.name.clone(),
+                format!("with_count names the sum's row count `{}{ROWS_SUFFIX}`, which another counter uses", entry.name),
+            ));
+        }
+        self.check_entry_collection(i, entry, more)?;
+        let rows = entry.with_count.then(|| Definition {
+            name: format!("{}{ROWS_SUFFIX}", entry.name),
+            group: entry.group_field.clone(),
+            condition: condition.clone(),
+            collection: entry.collection.clone(),
+            kind: Kind::Rows {
+                of: entry.name.clone(),
+            },
+        });
+        let definition = Definition {
+            name: entry.name.clone(),
+            group: entry.group_field.clone(),
+            condition,
+            collection: entry.collection.clone(),
+            kind,
+        };
+        Ok((definition, rows))
+    }
+
+    /// Entry `i`'s name: well formed, and no other counter's (`more`: the entries before it).
+    fn check_entry_name(
+        &self,
+        i: usize,
+        entry: &CounterSetting,
+        more: &[Definition],
+    ) -> Result<(), ConfigError> {
+        let bad =
+            |field: &str, value: String, message: String| entry_error(i, field, value, message);
+        if !valid_name(&entry.name) {
+            return Err(bad(
+                "name",
+                entry.name.clone(),
+                "expected letters, digits, `_` or `-` (it is a metric label and a flag value)"
+                    .into(),
+            ));
+        }
+        if entry.name == self.counter_name
+            || entry.name == DEFAULT_COUNTER
+            || more.iter().any(|d| d.name == entry.name)
+        {
+            return Err(bad(
+                "name",
+                entry.name.clone(),
+                format!(
+                    "another counter is already named `{}` (`{DEFAULT_COUNTER}` is the one of group_field and counters_collection)",
+                    entry.name
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Entry `i`'s collection: a valid name, used by nothing else (`more`: the entries before
+    /// it).
+    fn check_entry_collection(
+        &self,
+        i: usize,
+        entry: &CounterSetting,
+        more: &[Definition],
+    ) -> Result<(), ConfigError> {
+        let bad =
+            |field: &str, value: String, message: String| entry_error(i, field, value, message);
+        if let Some(problem) = collection_name_problem(&entry.collection) {
+            return Err(bad("collection", entry.collection.clone(), problem.into()));
+        }
+        let taken = entry.collection == self.comments_collection
+            || entry.collection == self.counters_collection
+            || more.iter().any(|d| d.collection == entry.collection)
+            || (!self.collection_prefix.is_empty()
+                && entry.collection.starts_with(&self.collection_prefix));
+        if taken {
+            return Err(bad(
+                "collection",
+                entry.collection.clone(),
+                "already used: by comments_collection, counters_collection, another counter, or counterd's own collections (collection_prefix)".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A problem with `[[counters]]` entry `i`'s setting `field`.
+fn entry_error(i: usize, field: &str, value: String, message: String) -> ConfigError {
+    ConfigError::Invalid {
+        name: format!("counters[{i}].{field}"),
+        origin: "settings".into(),
+        value,
+        message,
+    }
+}
+
+/// Entry `i`'s condition (none: every row counts).
+fn condition_of(i: usize, entry: &CounterSetting) -> Result<Condition, ConfigError> {
+    let bad = |field: &str, value: String, message: String| entry_error(i, field, value, message);
+    Ok(match &entry.condition {
+        None => Condition::default(),
+        Some(table) => {
+            let shown = toml::Value::Table(table.clone()).to_string();
+            let filter =
+                to_document(table).map_err(|message| bad("condition", shown.clone(), message))?;
+            Condition::parse(&filter).map_err(|e| bad("condition", shown.clone(), e.to_string()))?
+        }
+    })
 }
 
 /// The [`Kind`] an entry asks for; `Err((setting, value, message))` when `kind`, `field` and

@@ -92,97 +92,28 @@ impl Settings {
     }
 
     /// [`Settings::load`], keeping where each value came from (`counterd config`).
+    ///
+    /// Layers, each over the one before: the defaults, the file, `COUNTERD_*` environment
+    /// variables, flags; then the URI file, and the checks, whose errors name where the
+    /// offending value came from.
     pub fn load_traced(
         file: Option<&Path>,
         env: impl IntoIterator<Item = (String, String)>,
         overrides: &[Override],
     ) -> Result<Loaded, ConfigError> {
-        let mut table = match toml::Value::try_from(Settings::default()) {
-            Ok(toml::Value::Table(t)) => t,
-            _ => unreachable!("settings serialize to a table"),
-        };
-        let mut origins: BTreeMap<String, String> = table
-            .keys()
-            .map(|k| (k.clone(), "default".to_string()))
-            .collect();
-        let mut ignored_env = Vec::new();
+        let mut layers = Layers::defaults();
         if let Some(path) = file {
-            let origin = format!("file {}", path.display());
-            let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
-                path: path.display().to_string(),
-                message: e.to_string(),
-            })?;
-            let parsed: toml::Table =
-                text.parse()
-                    .map_err(|e: toml::de::Error| ConfigError::Parse {
-                        path: path.display().to_string(),
-                        message: e.to_string(),
-                    })?;
-            for (name, value) in parsed {
-                if !table.contains_key(&name) {
-                    return Err(ConfigError::Unknown { name, origin });
-                }
-                let shown = match &value {
-                    toml::Value::String(s) => s.clone(),
-                    other => other.to_string(),
-                };
-                check_one(&name, &value, &shown, &origin)?;
-                origins.insert(name.clone(), origin.clone());
-                table.insert(name, value);
-            }
+            layers.file(path)?;
         }
-        let mut env: Vec<(String, String)> = env
-            .into_iter()
-            .filter(|(k, _)| k.starts_with("COUNTERD_") && !k.starts_with("COUNTERD_TEST"))
-            .collect();
-        env.sort();
-        for (key, raw) in env {
-            let name = key["COUNTERD_".len()..].to_ascii_lowercase();
-            let origin = format!("environment variable {key}");
-            if !table.contains_key(&name) {
-                if NOT_SETTINGS.contains(&name.as_str())
-                    || name.starts_with("test_")
-                    || name.starts_with("bench_")
-                {
-                    continue;
-                }
-                if is_service_link(&name, &raw) {
-                    ignored_env.push(key);
-                    continue;
-                }
-                return Err(ConfigError::Unknown { name, origin });
-            }
-            let value = typed_like(&table[&name], &raw, &name, &origin)?;
-            origins.insert(name.clone(), origin);
-            table.insert(name, value);
-        }
-        for o in overrides {
-            let Some(existing) = table.get(&o.name) else {
-                return Err(ConfigError::Unknown {
-                    name: o.name.clone(),
-                    origin: o.origin.clone(),
-                });
-            };
-            let value = typed_like(existing, &o.value, &o.name, &o.origin)?;
-            origins.insert(o.name.clone(), o.origin.clone());
-            table.insert(o.name.clone(), value);
-        }
+        layers.env(env)?;
+        layers.overrides(overrides)?;
+        let Layers {
+            mut table,
+            mut origins,
+            ignored_env,
+        } = layers;
         read_uri_file(&mut table, &mut origins)?;
-        let counters = table.get("counters").cloned();
-        let sources = table.get("sources").cloned();
-        let mut settings: Settings =
-            toml::Value::Table(table)
-                .try_into()
-                .map_err(|e: toml::de::Error| ConfigError::Parse {
-                    path: "merged settings".into(),
-                    message: e.to_string(),
-                })?;
-        if let Some(counters) = counters {
-            settings.counters = reread("counters", counters)?;
-        }
-        if let Some(sources) = sources {
-            settings.sources = reread("sources", sources)?;
-        }
+        let settings = settings_of(table)?;
         settings.validate().map_err(|e| match e {
             // Name where the offending value came from, not just "settings".
             ConfigError::Invalid {
@@ -208,6 +139,134 @@ impl Settings {
             ignored_env,
         })
     }
+}
+
+/// The settings as a table, layer over layer, with where each value came from.
+struct Layers {
+    table: toml::Table,
+    origins: BTreeMap<String, String>,
+    /// Environment variables left alone (container service links, see [`is_service_link`]).
+    ignored_env: Vec<String>,
+}
+
+impl Layers {
+    fn defaults() -> Layers {
+        let table = match toml::Value::try_from(Settings::default()) {
+            Ok(toml::Value::Table(t)) => t,
+            _ => unreachable!("settings serialize to a table"),
+        };
+        let origins: BTreeMap<String, String> = table
+            .keys()
+            .map(|k| (k.clone(), "default".to_string()))
+            .collect();
+        Layers {
+            table,
+            origins,
+            ignored_env: Vec::new(),
+        }
+    }
+
+    /// The settings file's values.
+    fn file(&mut self, path: &Path) -> Result<(), ConfigError> {
+        let Layers { table, origins, .. } = self;
+        let origin = format!("file {}", path.display());
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        let parsed: toml::Table =
+            text.parse()
+                .map_err(|e: toml::de::Error| ConfigError::Parse {
+                    path: path.display().to_string(),
+                    message: e.to_string(),
+                })?;
+        for (name, value) in parsed {
+            if !table.contains_key(&name) {
+                return Err(ConfigError::Unknown { name, origin });
+            }
+            let shown = match &value {
+                toml::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            check_one(&name, &value, &shown, &origin)?;
+            origins.insert(name.clone(), origin.clone());
+            table.insert(name, value);
+        }
+        Ok(())
+    }
+
+    /// `COUNTERD_*` environment variables, in name order.
+    fn env(&mut self, env: impl IntoIterator<Item = (String, String)>) -> Result<(), ConfigError> {
+        let Layers {
+            table,
+            origins,
+            ignored_env,
+        } = self;
+        let mut env: Vec<(String, String)> = env
+            .into_iter()
+            .filter(|(k, _)| k.starts_with("COUNTERD_") && !k.starts_with("COUNTERD_TEST"))
+            .collect();
+        env.sort();
+        for (key, raw) in env {
+            let name = key["COUNTERD_".len()..].to_ascii_lowercase();
+            let origin = format!("environment variable {key}");
+            if !table.contains_key(&name) {
+                if NOT_SETTINGS.contains(&name.as_str())
+                    || name.starts_with("test_")
+                    || name.starts_with("bench_")
+                {
+                    continue;
+                }
+                if is_service_link(&name, &raw) {
+                    ignored_env.push(key);
+                    continue;
+                }
+                return Err(ConfigError::Unknown { name, origin });
+            }
+            let value = typed_like(&table[&name], &raw, &name, &origin)?;
+            origins.insert(name.clone(), origin);
+            table.insert(name, value);
+        }
+        Ok(())
+    }
+
+    /// Flags (`--set name=value` and the named ones).
+    fn overrides(&mut self, overrides: &[Override]) -> Result<(), ConfigError> {
+        let Layers { table, origins, .. } = self;
+        for o in overrides {
+            let Some(existing) = table.get(&o.name) else {
+                return Err(ConfigError::Unknown {
+                    name: o.name.clone(),
+                    origin: o.origin.clone(),
+                });
+            };
+            let value = typed_like(existing, &o.value, &o.name, &o.origin)?;
+            origins.insert(o.name.clone(), o.origin.clone());
+            table.insert(o.name.clone(), value);
+        }
+        Ok(())
+    }
+}
+
+/// The merged table as settings (`[[counters]]` and `[[sources]]` read again, see
+/// [`reread`]).
+fn settings_of(table: toml::Table) -> Result<Settings, ConfigError> {
+    let counters = table.get("counters").cloned();
+    let sources = table.get("sources").cloned();
+    let mut settings: Settings =
+        toml::Value::Table(table)
+            .try_into()
+            .map_err(|e: toml::de::Error| ConfigError::Parse {
+                path: "merged settings".into(),
+                message: e.to_string(),
+            })?;
+    if let Some(counters) = counters {
+        settings.counters = reread("counters", counters)?;
+    }
+    if let Some(sources) = sources {
+        settings.sources = reread("sources", sources)?;
+    }
+    Ok(settings)
 }
 
 /// `mongodb_uri_file` given: the URI is read from that file into `mongodb_uri` (whose origin

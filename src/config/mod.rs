@@ -4,22 +4,23 @@
 //! flags of `counterd`).
 
 mod counters;
+mod expectations;
 mod load;
-pub mod redact;
 mod sources;
 pub(crate) mod validate;
 
+/// The settings' own spelling of the one URI redaction (it lives in [`crate::redact`], below the
+/// store, which redacts its errors with it).
+pub use crate::redact::redact_uri;
 pub use counters::{CounterKind, CounterSetting};
 pub use load::{is_service_link, Loaded, Override};
-pub use redact::{redact_text, redact_uri};
 pub use sources::SourceSetting;
 
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::classify::Attribution;
-use crate::snapshot::InitialSnapshot;
+use crate::core::classify::Attribution;
 
 /// All of counterd's settings.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -240,7 +241,7 @@ impl Default for Settings {
             owner_id: String::new(),
             counters: Vec::new(),
             sources: Vec::new(),
-            counter_name: crate::definition::DEFAULT_COUNTER.into(),
+            counter_name: crate::core::definition::DEFAULT_COUNTER.into(),
         }
     }
 }
@@ -279,10 +280,10 @@ impl Settings {
     /// definitions beyond the default (`[[counters]]`), so that every row read records what it
     /// is to each. Definitions that do not check out are left out here; loading the settings
     /// and `counterd run` refuse them first (see [`Settings::definitions`]).
-    pub fn schema(&self) -> crate::schema::Schema {
-        use crate::schema::SoftDelete;
+    pub fn schema(&self) -> crate::core::schema::Schema {
+        use crate::core::schema::SoftDelete;
         let field = self.soft_delete_field.clone();
-        crate::schema::Schema {
+        crate::core::schema::Schema {
             counters: self
                 .definitions()
                 .map(|d| d.extra().to_vec())
@@ -314,7 +315,7 @@ impl Settings {
     /// memory limit.
     pub fn memory_budget_bytes(&self) -> usize {
         match self.memory_budget {
-            0 => crate::budget::cost::budget_for_limit(
+            0 => crate::core::cost::budget_for_limit(
                 crate::budget::cgroup::memory_limit(),
                 self.streams_per_process(),
             ),
@@ -429,7 +430,7 @@ pub enum OnFatal {
     Exit,
 }
 
-/// The soft-delete rules (see [`crate::schema::SoftDelete`]).
+/// The soft-delete rules (see [`crate::core::schema::SoftDelete`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SoftDeleteRule {
@@ -454,4 +455,17 @@ impl SoftDeleteValue {
             SoftDeleteValue::Str(s) => bson::Bson::String(s.clone()),
         }
     }
+}
+
+/// Whether a stream without a checkpoint first counts the rows that already exist (the
+/// `initial_snapshot` setting).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum InitialSnapshot {
+    /// Snapshot when the stream has never applied anything.
+    #[default]
+    Auto,
+    /// Count only what the stream sees change (existing rows are counted by a `reconcile
+    /// --sweep` only).
+    Never,
 }

@@ -60,115 +60,42 @@ impl Settings {
             ..self.clone()
         }];
         for (i, entry) in self.sources.iter().enumerate() {
-            let bad = |field: &str, value: &str, message: &str| ConfigError::Invalid {
-                name: format!("sources[{i}].{field}"),
-                origin: "settings".into(),
-                value: value.into(),
-                message: message.into(),
-            };
-            if !super::counters::valid_name(&entry.name) {
-                return Err(bad(
-                    "name",
-                    &entry.name,
-                    "expected letters, digits, `_` or `-` (it names a counter, a stream and collections)",
-                ));
-            }
-            for (field, value) in [
-                ("collection", &entry.collection),
-                ("counters_collection", &entry.counters_collection),
-            ] {
-                if let Some(problem) = collection_name_problem(value) {
-                    return Err(bad(field, value, problem));
-                }
-            }
-            if all
-                .iter()
-                .any(|s| s.comments_collection == entry.collection)
-            {
-                return Err(bad(
-                    "collection",
-                    &entry.collection,
-                    "already counted: by comments_collection or another source (one source per collection; add counters to it instead)",
-                ));
-            }
-            if all.iter().any(|s| s.stream_name == entry.name) {
-                return Err(bad(
-                    "name",
-                    &entry.name,
-                    "already the name of another source's stream (stream_name or another source)",
-                ));
-            }
-            let source = Settings {
-                comments_collection: entry.collection.clone(),
-                counters_collection: entry.counters_collection.clone(),
-                group_field: entry.group_field.clone(),
-                created_field: entry
-                    .created_field
-                    .clone()
-                    .unwrap_or_else(|| self.created_field.clone()),
-                soft_delete: entry.soft_delete.unwrap_or(self.soft_delete),
-                soft_delete_field: entry
-                    .soft_delete_field
-                    .clone()
-                    .unwrap_or_else(|| self.soft_delete_field.clone()),
-                soft_delete_values: entry
-                    .soft_delete_values
-                    .clone()
-                    .unwrap_or_else(|| self.soft_delete_values.clone()),
-                collection_prefix: format!("{}{}_", self.collection_prefix, entry.name),
-                stream_name: entry.name.clone(),
-                counter_name: entry.name.clone(),
-                counters: entry.counters.clone(),
-                sources: Vec::new(),
-                ..self.clone()
-            };
+            check_entry(i, entry, &all)?;
+            let source = self.source_of(entry);
             // The source's own checks, named as its entry's.
-            let renamed = |e: ConfigError| match e {
-                ConfigError::Invalid {
-                    name,
-                    origin,
-                    value,
-                    message,
-                } => ConfigError::Invalid {
-                    name: format!("sources[{i}].{name}"),
-                    origin,
-                    value,
-                    message,
-                },
-                other => other,
-            };
-            source.validate_own().map_err(renamed)?;
+            source.validate_own().map_err(|e| renamed(i, e))?;
             all.push(source);
         }
-        // Counter names and collections are one namespace across sources: `--counter NAME`
-        // finds one definition, and no two counters write one collection.
-        let mut seen: Vec<(String, String)> = Vec::new();
-        for source in &all {
-            for (_, d) in source.definitions()?.iter() {
-                if seen.iter().any(|(name, _)| *name == d.name) {
-                    return Err(ConfigError::Invalid {
-                        name: "sources".into(),
-                        origin: "settings".into(),
-                        value: d.name.clone(),
-                        message: "two counters share this name (a source's first counter is named after the source)".into(),
-                    });
-                }
-                // A sum's row count (`with_count`) lives in its sum's documents, by design.
-                let shared = matches!(d.kind, crate::definition::Kind::Rows { .. });
-                if (!shared && seen.iter().any(|(_, c)| *c == d.collection))
-                    || all.iter().any(|s| s.comments_collection == d.collection)
-                {
-                    return Err(ConfigError::Invalid {
-                        name: "sources".into(),
-                        origin: "settings".into(),
-                        value: d.collection.clone(),
-                        message: "this collection is used twice: by two counters, or as a counter collection and a source".into(),
-                    });
-                }
-                seen.push((d.name.clone(), d.collection.clone()));
-            }
-        }
+        check_namespace(&all)?;
         Ok(all)
+    }
+
+    /// The settings of source `entry`: its own where it has them, these otherwise.
+    fn source_of(&self, entry: &SourceSetting) -> Settings {
+        Settings {
+            comments_collection: entry.collection.clone(),
+            counters_collection: entry.counters_collection.clone(),
+            group_field: entry.group_field.clone(),
+            created_field: entry
+                .created_field
+                .clone()
+                .unwrap_or_else(|| self.created_field.clone()),
+            soft_delete: entry.soft_delete.unwrap_or(self.soft_delete),
+            soft_delete_field: entry
+                .soft_delete_field
+                .clone()
+                .unwrap_or_else(|| self.soft_delete_field.clone()),
+            soft_delete_values: entry
+                .soft_delete_values
+                .clone()
+                .unwrap_or_else(|| self.soft_delete_values.clone()),
+            collection_prefix: format!("{}{}_", self.collection_prefix, entry.name),
+            stream_name: entry.name.clone(),
+            counter_name: entry.name.clone(),
+            counters: entry.counters.clone(),
+            sources: Vec::new(),
+            ..self.clone()
+        }
     }
 
     /// The source named `name` (its stream name: `stream_name` for the comments), as settings
@@ -191,7 +118,7 @@ impl Settings {
     pub fn source_of_counter(
         &self,
         name: &str,
-    ) -> Result<Option<(Settings, crate::definition::CounterIx)>, ConfigError> {
+    ) -> Result<Option<(Settings, crate::core::key::CounterIx)>, ConfigError> {
         for source in self.sources()? {
             if let Some((ix, _)) = source.definitions()?.by_name(name) {
                 return Ok(Some((source, ix)));
@@ -208,6 +135,100 @@ impl Settings {
         }
         Ok(names)
     }
+}
+
+/// The checks of `[[sources]]` entry `i` that its own settings cannot make: its name and
+/// collections, and that no source before it (`all`) uses them.
+fn check_entry(i: usize, entry: &SourceSetting, all: &[Settings]) -> Result<(), ConfigError> {
+    let bad = |field: &str, value: &str, message: &str| ConfigError::Invalid {
+        name: format!("sources[{i}].{field}"),
+        origin: "settings".into(),
+        value: value.into(),
+        message: message.into(),
+    };
+    if !super::counters::valid_name(&entry.name) {
+        return Err(bad(
+            "name",
+            &entry.name,
+            "expected letters, digits, `_` or `-` (it names a counter, a stream and collections)",
+        ));
+    }
+    for (field, value) in [
+        ("collection", &entry.collection),
+        ("counters_collection", &entry.counters_collection),
+    ] {
+        if let Some(problem) = collection_name_problem(value) {
+            return Err(bad(field, value, problem));
+        }
+    }
+    if all
+        .iter()
+        .any(|s| s.comments_collection == entry.collection)
+    {
+        return Err(bad(
+                "collection",
+                &entry.collection,
+                "already counted: by comments_collection or another source (one source per collection; add counters to it instead)",
+            ));
+    }
+    if all.iter().any(|s| s.stream_name == entry.name) {
+        return Err(bad(
+            "name",
+            &entry.name,
+            "already the name of another source's stream (stream_name or another source)",
+        ));
+    }
+    Ok(())
+}
+
+/// A source's own error, named as its entry's setting (`sources[i].name`).
+fn renamed(i: usize, e: ConfigError) -> ConfigError {
+    match e {
+        ConfigError::Invalid {
+            name,
+            origin,
+            value,
+            message,
+        } => ConfigError::Invalid {
+            name: format!("sources[{i}].{name}"),
+            origin,
+            value,
+            message,
+        },
+        other => other,
+    }
+}
+
+/// Counter names and collections are one namespace across sources: `--counter NAME`
+/// finds one definition, and no two counters write one collection.
+fn check_namespace(all: &[Settings]) -> Result<(), ConfigError> {
+    let mut seen: Vec<(String, String)> = Vec::new();
+    for source in all {
+        for (_, d) in source.definitions()?.iter() {
+            if seen.iter().any(|(name, _)| *name == d.name) {
+                return Err(ConfigError::Invalid {
+                    name: "sources".into(),
+                    origin: "settings".into(),
+                    value: d.name.clone(),
+                    message: "two counters share this name (a source's first counter is named after the source)".into(),
+                });
+            }
+            // A sum's row count (`with_count`) lives in its sum's documents, by design.
+            let shared = matches!(d.kind, crate::core::definition::Kind::Rows { .. });
+            if (!shared && seen.iter().any(|(_, c)| *c == d.collection))
+                || all.iter().any(|s| s.comments_collection == d.collection)
+            {
+                return Err(ConfigError::Invalid {
+                    name: "sources".into(),
+                    origin: "settings".into(),
+                    value: d.collection.clone(),
+                    message: "this collection is used twice: by two counters, or as a counter collection and a source".into(),
+                });
+            }
+            seen.push((d.name.clone(), d.collection.clone()));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -2,12 +2,18 @@
 
 use std::time::Duration;
 
-use super::{redact_uri, ConfigError, Settings, SoftDeleteRule};
+use super::{ConfigError, InitialSnapshot, Settings, SoftDeleteRule};
+use crate::redact::{redact_uri, URI_SHAPE};
 
-/// What a connection string looks like, said without writing one (a URI-shaped example would
-/// itself be redacted in the message).
-pub const URI_SHAPE: &str = "expected mongodb:// or mongodb+srv:// then [user:password@]host[:port][,host…][/database][?options], with / @ : ? # % in the user or password percent-encoded";
-use crate::snapshot::InitialSnapshot;
+/// A setting's value is out of range: `message` says what is allowed.
+fn bad(name: &str, value: String, message: &str) -> ConfigError {
+    ConfigError::Invalid {
+        name: name.into(),
+        origin: "settings".into(),
+        value,
+        message: message.into(),
+    }
+}
 
 impl Settings {
     /// Range checks that types alone cannot express, for these settings and every source
@@ -17,14 +23,17 @@ impl Settings {
         self.sources().map(drop)
     }
 
-    /// [`Settings::validate`] for these settings alone.
+    /// [`Settings::validate`] for these settings alone: names, sizes, the reconciler's and
+    /// the process's settings, in this order (the first problem is the one reported).
     pub(super) fn validate_own(&self) -> Result<(), ConfigError> {
-        let bad = |name: &str, value: String, message: &str| ConfigError::Invalid {
-            name: name.into(),
-            origin: "settings".into(),
-            value,
-            message: message.into(),
-        };
+        self.check_names()?;
+        self.check_sizes()?;
+        self.check_reconcile()?;
+        self.check_process()
+    }
+
+    /// Collection names, field names, definitions and the soft-delete rule.
+    fn check_names(&self) -> Result<(), ConfigError> {
         for (name, value) in [
             ("comments_collection", &self.comments_collection),
             ("counters_collection", &self.counters_collection),
@@ -64,6 +73,11 @@ impl Settings {
                 "must differ from comments_collection",
             ));
         }
+        Ok(())
+    }
+
+    /// Snapshot chunks, the memory budget, batches and buckets.
+    fn check_sizes(&self) -> Result<(), ConfigError> {
         if !(1..=10_000).contains(&self.snapshot_chunk_rows) {
             return Err(bad(
                 "snapshot_chunk_rows",
@@ -78,7 +92,7 @@ impl Settings {
                 "the initial snapshot keeps its counts honest through the comment ledger: use attribution = \"auto\" or \"ledger\", or set initial_snapshot = \"never\"",
             ));
         }
-        let least = crate::budget::cost::min_budget(self.streams_per_process());
+        let least = crate::core::cost::min_budget(self.streams_per_process());
         if self.memory_budget != 0 && self.memory_budget < least as u64 {
             return Err(bad(
                 "memory_budget",
@@ -110,6 +124,11 @@ impl Settings {
                 "allowed: whole seconds, at least 1s",
             ));
         }
+        Ok(())
+    }
+
+    /// The reconciler's pace and sweep.
+    fn check_reconcile(&self) -> Result<(), ConfigError> {
         if !(0.0..=1.0).contains(&self.reconcile_jitter) {
             return Err(bad(
                 "reconcile_jitter",
@@ -134,6 +153,11 @@ impl Settings {
         if self.sweep_window == 0 {
             return Err(bad("sweep_window", "0".into(), "allowed: at least 1"));
         }
+        Ok(())
+    }
+
+    /// Logs, leases, partitions, the HTTP address, the start, the URI and readiness.
+    fn check_process(&self) -> Result<(), ConfigError> {
         if !matches!(self.log_format.as_str(), "text" | "json") {
             return Err(bad(
                 "log_format",
@@ -240,8 +264,8 @@ pub(super) fn collection_name_problem(name: &str) -> Option<&'static str> {
 /// split may be quoted in pieces (a fragment of the password read as a host or a port), and
 /// then only the likely cause is said.
 fn safe_reason(reason: &str, uri: &str) -> String {
-    let reason = super::redact::redact_text_for(&reason.replace(uri, "<uri>"), uri);
-    if super::redact::shows_part_of_secret(&reason, uri) {
+    let reason = crate::redact::redact_text_for(&reason.replace(uri, "<uri>"), uri);
+    if crate::redact::shows_part_of_secret(&reason, uri) {
         "it does not split into user:password@hosts (a character of the password that must be percent-encoded, such as / @ : ? # % or a space, is written as it is)".into()
     } else {
         reason

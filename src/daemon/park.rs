@@ -31,8 +31,9 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 
 use super::DaemonError;
 use crate::clock::SystemClock;
-use crate::config::{redact_uri, Settings};
+use crate::config::Settings;
 use crate::lease::LeaseError;
+use crate::redact::redact_uri;
 use crate::shutdown::{sleep_or_shutdown, Shutdown};
 use crate::status::ParkReason;
 use crate::store::mongo::MongoStore;
@@ -73,7 +74,7 @@ pub(super) fn advice(
     streams: &str,
 ) -> String {
     let source = match settings.counter_name.as_str() {
-        crate::definition::DEFAULT_COUNTER => String::new(),
+        crate::core::definition::DEFAULT_COUNTER => String::new(),
         _ => format!(" --source {}", settings.stream_name),
     };
     let collection = &settings.comments_collection;
@@ -89,7 +90,7 @@ pub(super) fn advice(
             format!(
                 "stream {streams} parked (stream_ended): its change stream ended (event `{}`{at}): `{collection}` was dropped or renamed, or the stream invalidated; nothing after it is counted and nothing is guessed. To recover: restore or recreate `{collection}`, run `counterd{source} replay --from-time {}` ({resume}), then `counterd{source} reconcile --sweep` once to recount every post",
                 end.operation,
-                crate::classify::replay_from(&end.at)
+                crate::core::classify::replay_from(&end.at)
             )
         }
         (ParkReason::HistoryLost, DaemonError::Worker(WorkerError::HistoryLost { source: lost })) => format!(
@@ -250,8 +251,8 @@ pub(super) fn current_uri(settings: &Settings) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::classify::StreamEnded;
-    use crate::event::Token;
+    use crate::core::classify::StreamEnded;
+    use crate::core::event::Token;
 
     /// A database error that is not a refusal (a server error only the driver builds).
     fn other() -> StoreError {

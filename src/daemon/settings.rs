@@ -9,10 +9,10 @@
 use std::time::Duration;
 
 use crate::config::Settings;
+use crate::core::schema::Schema;
 use crate::http::ReadyBounds;
 use crate::reconcile::ReconcileSettings;
 use crate::recount::CatchUp;
-use crate::schema::Schema;
 use crate::snapshot::SnapshotSettings;
 use crate::store::mongo::{Collections, ConnectOptions};
 use crate::worker::WorkerSettings;
@@ -64,7 +64,7 @@ impl From<&Settings> for ReconcileSettings {
     fn from(settings: &Settings) -> Self {
         ReconcileSettings {
             stream: settings.stream_name.clone(),
-            counter: crate::definition::CounterIx::DEFAULT,
+            counter: crate::core::key::CounterIx::DEFAULT,
             counter_name: settings.counter_name.clone(),
             bucket_width_secs: settings.bucket_width_secs(),
             settle_secs: settings.settle_time.as_secs() as i64,
@@ -75,7 +75,7 @@ impl From<&Settings> for ReconcileSettings {
             partition: None,
             group_size: RECOUNT_GROUP_SIZE,
             catch_up: settings.into(),
-            recount_rows: crate::budget::cost::recount_rows(
+            recount_rows: crate::core::cost::recount_rows(
                 settings.memory_budget_bytes(),
                 settings.streams_per_process(),
             ),

@@ -25,7 +25,9 @@ use crate::worker::{Worker, WorkerSettings};
 pub fn statuses_for(settings: &Settings) -> Result<Vec<(String, Arc<WorkerStatus>)>, DaemonError> {
     let mut all = Vec::new();
     for source in settings.sources()? {
-        for (name, _) in crate::partition::stream_names(&source.stream_name, source.partitions) {
+        for (name, _) in
+            crate::core::partition::stream_names(&source.stream_name, source.partitions)
+        {
             all.push((
                 name,
                 Arc::new(WorkerStatus::exporting(crate::telemetry::export_parked)),
@@ -61,7 +63,7 @@ pub async fn run_sources(
     };
     // Set aside for the reconcilers' row-level reads (see `ReconcileSettings::recount_rows`)
     // for as long as the streams run: events in flight never use it.
-    let _recounts = shared.budget.take_free(crate::budget::cost::recount_share(
+    let _recounts = shared.budget.take_free(crate::core::cost::recount_share(
         shared.budget.total(),
         shared.streams,
     ));
@@ -110,8 +112,41 @@ async fn run_streams(
     else {
         return Ok(());
     };
+    log_connected(&settings, &store, &abilities).await;
+    let store = Arc::new(store);
+    // Our own stop: the outside shutdown, or a fatal error in any stream.
+    let (stop_all, stop, _linked) = shutdown.linked();
+    for status in &statuses {
+        status.connected();
+    }
+    let jobs = Jobs::of(settings, &abilities, shared)?;
+    let mut streams = tokio::task::JoinSet::new();
+    let mut names = HashMap::new();
+    let partitions =
+        crate::core::partition::stream_names(&jobs.source.stream_name, jobs.source.partitions);
+    for ((stream, partition), status) in partitions.into_iter().zip(statuses) {
+        let job = jobs.job(stream.clone(), partition, status);
+        let task = streams.spawn(job.supervise(store.clone(), stop.clone()));
+        names.insert(task.id(), stream);
+    }
+    let mut first_error = None;
+    while let Some(joined) = streams.join_next_with_id().await {
+        let result = joined.map(|(_, result)| result).unwrap_or_else(|join| {
+            let stream = names.get(&join.id()).map_or("?", String::as_str);
+            Err(LeaseError::from_join(stream, join).into())
+        });
+        if let Err(e) = result {
+            stop_all.request();
+            first_error.get_or_insert(e);
+        }
+    }
+    first_error.map_or(Ok(()), Err)
+}
+
+/// Says where the source is connected, and logs the doctor's checks.
+async fn log_connected(settings: &Settings, store: &MongoStore, abilities: &ServerAbilities) {
     let tls = crate::doctor::tls::TlsPlan::of(&settings.mongodb_uri).unwrap_or_default();
-    tracing::info!(mongodb = %crate::config::redact_uri(&settings.mongodb_uri), version = %abilities.version,
+    tracing::info!(mongodb = %crate::redact::redact_uri(&settings.mongodb_uri), version = %abilities.version,
         tls = %crate::doctor::tls::summary(&tls), pre_images = abilities.pre_images, source = %settings.comments_collection, partitions = settings.partitions, "connected");
     // The doctor's checks, logged: a missing recount index or a misspelled field is a warning
     // at start, never silent (none of them stops the process: `counterd doctor` exits on them).
@@ -121,38 +156,71 @@ async fn run_streams(
     match tokio::time::timeout(bound, store.preflight(100)).await {
         Ok(replies) => crate::doctor::log(&crate::doctor::check_all(
             &replies,
-            &crate::doctor::Expectations::from(&settings),
+            &crate::doctor::Expectations::from(settings),
         )),
         Err(_) => tracing::warn!(
             "preflight: the server did not answer the checks within {bound:?}; starting anyway (run `counterd doctor` to see them)"
         ),
     }
-    let store = Arc::new(store);
-    let owner = match settings.owner_id.as_str() {
-        "" => default_owner(),
-        id => id.to_string(),
-    };
-    let slots = Arc::new(Semaphore::new(match settings.max_partitions_per_process {
-        0 => Semaphore::MAX_PERMITS,
-        n => n as usize,
-    }));
-    // Our own stop: the outside shutdown, or a fatal error in any stream.
-    let (stop_all, stop, _linked) = shutdown.linked();
-    for status in &statuses {
-        status.connected();
+}
+
+/// What every stream of one source is run with.
+struct Jobs {
+    source: Arc<Settings>,
+    owner: String,
+    /// The process's lease slots (`max_partitions_per_process`).
+    slots: Arc<Semaphore>,
+    pre_images: bool,
+    shared: Shared,
+    definitions: Arc<crate::core::definition::Definitions>,
+}
+
+impl Jobs {
+    fn of(
+        settings: Settings,
+        abilities: &ServerAbilities,
+        shared: Shared,
+    ) -> Result<Jobs, DaemonError> {
+        let owner = match settings.owner_id.as_str() {
+            "" => default_owner(),
+            id => id.to_string(),
+        };
+        let slots = Arc::new(Semaphore::new(match settings.max_partitions_per_process {
+            0 => Semaphore::MAX_PERMITS,
+            n => n as usize,
+        }));
+        // Pre-images are asked for only where the server keeps them and the attribution uses them.
+        let pre_images = abilities.pre_images && settings.attribution.uses_pre_images();
+        // Checked when the settings were loaded; a mistake here is one in the file.
+        let definitions = Arc::new(settings.definitions()?);
+        Ok(Jobs {
+            source: Arc::new(settings),
+            owner,
+            slots,
+            pre_images,
+            shared,
+            definitions,
+        })
     }
-    // Pre-images are asked for only where the server keeps them and the attribution uses them.
-    let pre_images = abilities.pre_images && settings.attribution.uses_pre_images();
-    let mut streams = tokio::task::JoinSet::new();
-    let mut names = HashMap::new();
-    let budget = shared.budget;
-    // Checked when the settings were loaded; a mistake here is one in the file.
-    let definitions = Arc::new(settings.definitions()?);
-    let partitions = crate::partition::stream_names(&settings.stream_name, settings.partitions);
-    let source = Arc::new(settings);
-    for ((stream, partition), status) in partitions.into_iter().zip(statuses) {
+
+    /// The job of `stream` (of `partition`), reporting to `status`.
+    fn job(
+        &self,
+        stream: String,
+        partition: Option<crate::core::partition::Partition>,
+        status: Arc<WorkerStatus>,
+    ) -> StreamJob {
+        let Jobs {
+            source,
+            owner,
+            slots,
+            pre_images,
+            shared,
+            definitions,
+        } = self;
+        let (pre_images, budget) = (*pre_images, &shared.budget);
         let settings = source.as_ref();
-        let job = StreamJob {
+        StreamJob {
             lease: LeaseSettings {
                 stream: stream.clone(),
                 owner: owner.clone(),
@@ -171,29 +239,15 @@ async fn run_streams(
                 stream: stream.clone(),
                 partition,
                 // The process's budget, of every source, split over its streams.
-                recount_rows: crate::budget::cost::recount_rows(budget.total(), shared.streams),
+                recount_rows: crate::core::cost::recount_rows(budget.total(), shared.streams),
                 ..ReconcileSettings::from(settings)
             },
             stream: stream.clone(),
             settings: source.clone(),
             definitions: definitions.clone(),
             status,
-        };
-        let task = streams.spawn(job.supervise(store.clone(), stop.clone()));
-        names.insert(task.id(), stream);
-    }
-    let mut first_error = None;
-    while let Some(joined) = streams.join_next_with_id().await {
-        let result = joined.map(|(_, result)| result).unwrap_or_else(|join| {
-            let stream = names.get(&join.id()).map_or("?", String::as_str);
-            Err(LeaseError::from_join(stream, join).into())
-        });
-        if let Err(e) = result {
-            stop_all.request();
-            first_error.get_or_insert(e);
         }
     }
-    first_error.map_or(Ok(()), Err)
 }
 
 /// A prepared database: the settings it was reached with (the URI as last read), the store
@@ -221,7 +275,7 @@ async fn prepare_or_park(
             return Err(error);
         };
         let names: Vec<String> =
-            crate::partition::stream_names(&settings.stream_name, settings.partitions)
+            crate::core::partition::stream_names(&settings.stream_name, settings.partitions)
                 .into_iter()
                 .map(|(name, _)| name)
                 .collect();
@@ -274,7 +328,7 @@ struct StreamJob {
     lease: LeaseSettings,
     worker: WorkerSettings,
     reconcile: ReconcileSettings,
-    definitions: Arc<crate::definition::Definitions>,
+    definitions: Arc<crate::core::definition::Definitions>,
     status: Arc<WorkerStatus>,
 }
 
@@ -303,24 +357,8 @@ impl StreamJob {
             else {
                 return Err(error);
             };
-            if self.status.parked(&self.stream, reason, SystemClock.now()) {
-                let advice = park::advice(
-                    reason,
-                    &error,
-                    &self.settings,
-                    &format!("`{}`", self.stream),
-                );
-                tracing::error!(stream = %self.stream, reason = reason.label(), "{advice}");
+            if self.park(&store, reason, &error).await {
                 backoff = park::recheck_backoff(&self.settings);
-            } else {
-                tracing::info!(stream = %self.stream, reason = reason.label(), error = %error, "still parked");
-            }
-            // For `counterd status`: the lease (released) says why nobody holds it.
-            if let Err(e) = store
-                .note_parked(&self.stream, &self.lease.owner, reason.label())
-                .await
-            {
-                tracing::debug!(stream = %self.stream, error = %e, "cannot note the parked stream on its lease");
             }
             let wait = park::Wait {
                 reason,
@@ -334,6 +372,31 @@ impl StreamJob {
                 None => return Ok(()),
             }
         }
+    }
+
+    /// Parks the stream for `reason` (said once, with advice, when it enters the park) and
+    /// notes it on the released lease. Returns whether the stream entered the park now.
+    async fn park(
+        &self,
+        store: &MongoStore,
+        reason: crate::status::ParkReason,
+        error: &DaemonError,
+    ) -> bool {
+        let entered = self.status.parked(&self.stream, reason, SystemClock.now());
+        if entered {
+            let advice = park::advice(reason, error, &self.settings, &format!("`{}`", self.stream));
+            tracing::error!(stream = %self.stream, reason = reason.label(), "{advice}");
+        } else {
+            tracing::info!(stream = %self.stream, reason = reason.label(), error = %error, "still parked");
+        }
+        // For `counterd status`: the lease (released) says why nobody holds it.
+        if let Err(e) = store
+            .note_parked(&self.stream, &self.lease.owner, reason.label())
+            .await
+        {
+            tracing::debug!(stream = %self.stream, error = %e, "cannot note the parked stream on its lease");
+        }
+        entered
     }
 
     /// The active work under the lease at `epoch`: the source collection checked (parking

@@ -56,6 +56,11 @@ pub fn check(
         .collect()
 }
 
+/// The check's name in its findings.
+const CHECK: &str = "recount_index";
+
+/// The index recounts by `group` (adding up `sums`) use, if the collection and its index list
+/// could be read.
 fn check_group(
     indexes: &Result<Vec<Document>, String>,
     collection: &Result<Option<Document>, String>,
@@ -63,8 +68,6 @@ fn check_group(
     group: &str,
     sums: &[&str],
 ) -> Finding {
-    const CHECK: &str = "recount_index";
-    let created = &expect.schema.created;
     if matches!(collection, Ok(None)) {
         return Finding::warning(
             CHECK,
@@ -87,6 +90,13 @@ fn check_group(
             )
         }
     };
+    judge_indexes(specs, expect, group, sums)
+}
+
+/// The best of `specs` for recounts by `group` adding up `sums`: led by the group, then the
+/// creation field, holding the summed fields.
+fn judge_indexes(specs: &[Document], expect: &Expectations, group: &str, sums: &[&str]) -> Finding {
+    let created = &expect.schema.created;
     // A partial index serves only the rows its filter keeps: not usable for every recount.
     let usable = specs
         .iter()
@@ -127,7 +137,15 @@ fn check_group(
             format!("recounts use index {} ({group}, {created})", name(best)),
         );
     }
-    if let Some(some) = led_by_group.first() {
+    unserved(led_by_group.first().copied(), expect, group, sums)
+}
+
+/// No index serves the recounts: `some` is led by the group (without the creation field
+/// after it), if any.
+fn unserved(some: Option<&Document>, expect: &Expectations, group: &str, sums: &[&str]) -> Finding {
+    let created = &expect.schema.created;
+    let name = |s: &Document| s.get_str("name").unwrap_or("?").to_string();
+    if let Some(some) = some {
         return Finding::warning(
             CHECK,
             format!(

@@ -23,8 +23,7 @@ pub mod tls;
 
 use bson::Document;
 
-use crate::config::Settings;
-use crate::schema::Schema;
+use crate::core::schema::Schema;
 
 pub use index::create_index_command;
 pub use privileges::{create_role_command, required_privileges, Privilege};
@@ -176,50 +175,6 @@ pub struct Expectations {
     pub uses_pre_images: bool,
     /// How far apart this process's clock and the server's may be before it matters.
     pub max_clock_skew_ms: i64,
-}
-
-impl From<&Settings> for Expectations {
-    fn from(settings: &Settings) -> Self {
-        let names = settings.collections();
-        let mut own = vec![
-            names.counters.clone(),
-            names.dirty.clone(),
-            names.checkpoints.clone(),
-            names.carried.clone(),
-            names.leases.clone(),
-            names.runs.clone(),
-            names.sweeps.clone(),
-        ];
-        for (stream, _) in
-            crate::partition::stream_names(&settings.stream_name, settings.partitions)
-        {
-            let ledger = names.ledger_of(&stream);
-            if !own.contains(&ledger) {
-                own.push(ledger);
-            }
-        }
-        // Every definition's counters and dirty set beside the default's.
-        for definition in settings.schema().counters {
-            for collection in [
-                definition.collection.clone(),
-                names.dirty_of(&definition.name),
-            ] {
-                if !own.contains(&collection) {
-                    own.push(collection);
-                }
-            }
-        }
-        Expectations {
-            database: settings.database.clone(),
-            comments: settings.comments_collection.clone(),
-            schema: settings.schema(),
-            own_collections: own,
-            uses_pre_images: settings.attribution.uses_pre_images(),
-            // Quiet-window recounts take positions from this clock when the server reports none
-            // (docs/guarantees.md); a second is well inside a settle_time.
-            max_clock_skew_ms: 1000,
-        }
-    }
 }
 
 /// Every check, in the order of the report.

@@ -89,21 +89,9 @@ fn covers(resource: &Document, database: &str, collection: &str) -> bool {
     db_ok && coll_ok
 }
 
-/// The user's privileges against [`required_privileges`].
-pub fn check(connection_status: &Reply, expect: &Expectations) -> Finding {
-    const CHECK: &str = "privileges";
-    let status = match connection_status {
-        Ok(s) => s,
-        Err(e) => {
-            return Finding::skipped(
-                CHECK,
-                format!("the server does not answer connectionStatus ({e})"),
-            )
-        }
-    };
-    let auth = status.get_document("authInfo").cloned().unwrap_or_default();
-    let users: Vec<String> = auth
-        .get_array("authenticatedUsers")
+/// `user@db` of every authenticated user in `authInfo`.
+fn authenticated_users(auth: &Document) -> Vec<String> {
+    auth.get_array("authenticatedUsers")
         .map(|a| {
             a.iter()
                 .filter_map(Bson::as_document)
@@ -116,22 +104,12 @@ pub fn check(connection_status: &Reply, expect: &Expectations) -> Finding {
                 })
                 .collect()
         })
-        .unwrap_or_default();
-    if users.is_empty() {
-        return Finding::skipped(
-            CHECK,
-            "no authenticated user (access control is off, or the URI has no credentials): every action is allowed",
-        );
-    }
-    let Ok(granted) = auth.get_array("authenticatedUserPrivileges") else {
-        return Finding::skipped(
-            CHECK,
-            format!(
-                "authenticated as {}, but the server lists no privileges",
-                users.join(", ")
-            ),
-        );
-    };
+        .unwrap_or_default()
+}
+
+/// What [`required_privileges`] asks that the `granted` privileges (`authenticatedUserPrivileges`)
+/// do not cover.
+fn missing_privileges(granted: &[Bson], expect: &Expectations) -> Vec<Privilege> {
     let granted: Vec<(&Document, Vec<&str>)> = granted
         .iter()
         .filter_map(Bson::as_document)
@@ -165,12 +143,51 @@ pub fn check(connection_status: &Reply, expect: &Expectations) -> Finding {
             });
         }
     }
+    missing
+}
+
+/// The user's privileges against [`required_privileges`].
+pub fn check(connection_status: &Reply, expect: &Expectations) -> Finding {
+    const CHECK: &str = "privileges";
+    let status = match connection_status {
+        Ok(s) => s,
+        Err(e) => {
+            return Finding::skipped(
+                CHECK,
+                format!("the server does not answer connectionStatus ({e})"),
+            )
+        }
+    };
+    let auth = status.get_document("authInfo").cloned().unwrap_or_default();
+    let users = authenticated_users(&auth);
+    if users.is_empty() {
+        return Finding::skipped(
+            CHECK,
+            "no authenticated user (access control is off, or the URI has no credentials): every action is allowed",
+        );
+    }
+    let Ok(granted) = auth.get_array("authenticatedUserPrivileges") else {
+        return Finding::skipped(
+            CHECK,
+            format!(
+                "authenticated as {}, but the server lists no privileges",
+                users.join(", ")
+            ),
+        );
+    };
+    let missing = missing_privileges(granted, expect);
     if missing.is_empty() {
         return Finding::ok(
             CHECK,
             format!("{} holds every privilege counterd needs", users.join(", ")),
         );
     }
+    lacking(&users, &missing, expect)
+}
+
+/// The finding for `users` lacking the `missing` privileges, with the grant that adds them.
+fn lacking(users: &[String], missing: &[Privilege], expect: &Expectations) -> Finding {
+    const CHECK: &str = "privileges";
     let described: Vec<String> = missing
         .iter()
         .map(|p| {
@@ -188,7 +205,7 @@ pub fn check(connection_status: &Reply, expect: &Expectations) -> Finding {
         format!(
             "{}.grantPrivilegesToRole(\"counterd\", [{}]) (with the role of README.md's production checklist, step 1; {} names its database)",
             db_expr("admin"),
-            privileges_js(&expect.database, &missing, "").replace('\n', " "),
+            privileges_js(&expect.database, missing, "").replace('\n', " "),
             js_string(&expect.database)
         ),
     )

@@ -7,13 +7,15 @@ use std::collections::BTreeSet;
 use bson::{Bson, Document};
 
 use super::{Expectations, Finding};
-use crate::event::RowRead;
-use crate::schema::{Schema, SoftDelete};
+use crate::core::event::RowRead;
+use crate::core::schema::{Schema, SoftDelete};
+
+/// The findings' check name.
+const CHECK: &str = "fields";
 
 /// One finding per configured field: the group field, the creation field, the soft-delete
 /// field (if the rule reads one).
 pub fn check(sample: &Result<Vec<Document>, String>, expect: &Expectations) -> Vec<Finding> {
-    const CHECK: &str = "fields";
     let rows = match sample {
         Ok(rows) => rows,
         Err(e) => {
@@ -30,9 +32,14 @@ pub fn check(sample: &Result<Vec<Document>, String>, expect: &Expectations) -> V
         )];
     }
     let schema = &expect.schema;
-    let n = rows.len();
-    let mut out = Vec::new();
+    let mut out = vec![group_field(rows, schema), created_field(rows, schema)];
+    out.extend(soft_delete_field(rows, schema));
+    out
+}
 
+/// The group field: present, and of a type counterd counts, in every sampled row.
+fn group_field(rows: &[Document], schema: &Schema) -> Finding {
+    let n = rows.len();
     let (mut absent, mut bad_types) = (0, BTreeSet::new());
     let mut bad = 0;
     for row in rows {
@@ -46,7 +53,7 @@ pub fn check(sample: &Result<Vec<Document>, String>, expect: &Expectations) -> V
         }
     }
     let group = &schema.group;
-    out.push(if absent == n {
+    if absent == n {
         Finding::problem(
             CHECK,
             format!("none of {n} sampled rows has {group:?} (fields seen: {}): nothing would be counted", seen_fields(rows)),
@@ -62,15 +69,22 @@ pub fn check(sample: &Result<Vec<Document>, String>, expect: &Expectations) -> V
             "post ids must be an integer, a string or an ObjectId; fix the writer or the rows",
         )
     } else {
-        Finding::ok(CHECK, format!("{group}: an integer, string or ObjectId in all {n} sampled rows"))
-    });
+        Finding::ok(
+            CHECK,
+            format!("{group}: an integer, string or ObjectId in all {n} sampled rows"),
+        )
+    }
+}
 
+/// The creation field: a date in every sampled row.
+fn created_field(rows: &[Document], schema: &Schema) -> Finding {
+    let n = rows.len();
     let created = &schema.created;
     let dated = rows
         .iter()
         .filter(|r| matches!(Schema::get(r, created), Some(Bson::DateTime(_))))
         .count();
-    out.push(if dated == 0 {
+    if dated == 0 {
         Finding::problem(
             CHECK,
             format!("none of {n} sampled rows has a date at {created:?}: every row falls in bucket 0, so every recount waits on the whole post"),
@@ -84,26 +98,34 @@ pub fn check(sample: &Result<Vec<Document>, String>, expect: &Expectations) -> V
         )
     } else {
         Finding::ok(CHECK, format!("{created}: a date in all {n} sampled rows"))
-    });
-
-    if let SoftDelete::True { field } = &schema.soft_delete {
-        let not_bool = rows
-            .iter()
-            .filter(|r| {
-                Schema::get(r, field).is_some_and(|v| !matches!(v, Bson::Boolean(_) | Bson::Null))
-            })
-            .count();
-        out.push(if not_bool > 0 {
-            Finding::warning(
-                CHECK,
-                format!("{field}: {not_bool} of {n} sampled rows hold a non-boolean there; soft_delete = \"true\" counts a row deleted only when it is the boolean true"),
-                "use soft_delete = \"present\" or \"one_of\", or store booleans",
-            )
-        } else {
-            Finding::ok(CHECK, format!("{field}: a boolean or absent in all {n} sampled rows"))
-        });
     }
-    out
+}
+
+/// The soft-delete field, where the rule reads a boolean: a boolean or absent in every
+/// sampled row.
+fn soft_delete_field(rows: &[Document], schema: &Schema) -> Option<Finding> {
+    let n = rows.len();
+    let SoftDelete::True { field } = &schema.soft_delete else {
+        return None;
+    };
+    let not_bool = rows
+        .iter()
+        .filter(|r| {
+            Schema::get(r, field).is_some_and(|v| !matches!(v, Bson::Boolean(_) | Bson::Null))
+        })
+        .count();
+    Some(if not_bool > 0 {
+        Finding::warning(
+            CHECK,
+            format!("{field}: {not_bool} of {n} sampled rows hold a non-boolean there; soft_delete = \"true\" counts a row deleted only when it is the boolean true"),
+            "use soft_delete = \"present\" or \"one_of\", or store booleans",
+        )
+    } else {
+        Finding::ok(
+            CHECK,
+            format!("{field}: a boolean or absent in all {n} sampled rows"),
+        )
+    })
 }
 
 /// The top-level fields of the sampled rows, for a misspelled field's message.

@@ -27,9 +27,9 @@ pub use sweep::{adopt_new_definitions, run_requested_sweeps, sweep_all};
 use run::Run;
 
 use crate::clock::{Clock, SystemClock};
-use crate::definition::CounterIx;
-use crate::event::PostId;
-use crate::fold::watermark_for;
+use crate::core::fold::watermark_for;
+use crate::core::key::CounterIx;
+use crate::core::key::PostId;
 use crate::recount::{CatchUp, Recounter};
 use crate::shutdown::{sleep_or_shutdown, Shutdown};
 use crate::store::{DirtyOrder, RunSummary, Store, StoreError, StoreResult};
@@ -55,7 +55,7 @@ pub struct ReconcileSettings {
     pub fold_retries: u32,
     pub sweep_window: usize,
     /// Recount only the posts of this partition (`None`: all posts).
-    pub partition: Option<crate::partition::Partition>,
+    pub partition: Option<crate::core::partition::Partition>,
     /// Posts read before one shared wait for the worker (row-level recounts).
     pub group_size: usize,
     /// How long a row-level recount waits for the worker, and how often it looks.
@@ -96,10 +96,10 @@ impl ReconcileSettings {
 pub struct Correction {
     #[serde(serialize_with = "display")]
     pub post: PostId,
-    pub wrong: crate::num::Num,
-    pub right: crate::num::Num,
+    pub wrong: crate::core::num::Num,
+    pub right: crate::core::num::Num,
     /// `wrong - right`: positive ran high, negative ran low (a sum's field units).
-    pub drift: crate::num::Num,
+    pub drift: crate::core::num::Num,
 }
 
 fn display<S: serde::Serializer>(post: &PostId, s: S) -> Result<S::Ok, S::Error> {
@@ -350,7 +350,7 @@ pub async fn run_loop<S: Store + ?Sized>(
             return Ok(());
         }
         let started = clock.now();
-        let now = crate::time::secs(started);
+        let now = crate::core::time::secs(started);
         match run_pass(&reconcilers, now, since, Some(shutdown.clone())).await {
             Ok(_) => {}
             Err(e) if e.is_transient() => {

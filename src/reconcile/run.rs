@@ -4,8 +4,8 @@
 use bson::DateTime;
 
 use super::{Correction, Outcome, ReconcileSettings, Reconciler, RunReport};
-use crate::event::PostId;
-use crate::fold::{fold, Fold};
+use crate::core::fold::{fold, Fold};
+use crate::core::key::PostId;
 use crate::recount::{Consistent, Pace, Recount, Request};
 use crate::store::{DirtyEntry, RunSummary, Store, StoreResult};
 use crate::telemetry as m;
@@ -180,7 +180,7 @@ fn biggest_corrections(corrections: &[Correction], n: usize) -> String {
 }
 
 /// A fold that would write exactly what is there already.
-fn is_noop(state: &crate::fold::CounterState, folded: &Fold) -> bool {
+fn is_noop(state: &crate::core::fold::CounterState, folded: &Fold) -> bool {
     folded.drift == 0
         && folded.watermark == state.base_watermark
         && folded.dropped.is_empty()
@@ -212,7 +212,7 @@ impl Run {
             summary: RunSummary {
                 // Stored only for definitions beyond the default: a default run's record is
                 // the same as before definitions existed.
-                counter: if settings.counter == crate::definition::CounterIx::DEFAULT {
+                counter: if settings.counter == crate::core::key::CounterIx::DEFAULT {
                     String::new()
                 } else {
                     counter.clone()

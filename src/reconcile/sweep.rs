@@ -3,11 +3,20 @@
 
 use super::run::Run;
 use super::{Outcome, Reconciler, RunReport};
-use crate::definition::CounterIx;
-use crate::event::PostId;
+use crate::core::key::CounterIx;
+use crate::core::key::PostId;
 use crate::shutdown::Shutdown;
 use crate::store::{Store, StoreResult};
 use crate::telemetry as m;
+
+/// How one sweep pass treats the posts it passes over.
+struct SweepPass {
+    watermark: i64,
+    /// A full recount of each post (after lost history).
+    full: bool,
+    /// The ledger generation rebuilt (see [`Reconciler::rebuild_generation`]).
+    rebuild: Option<u64>,
+}
 
 impl<S: Store + ?Sized> Reconciler<S> {
     /// Recounts every post, window by window over `post_id`, paced; `progress` hears the
@@ -57,15 +66,10 @@ impl<S: Store + ?Sized> Reconciler<S> {
             "sweep"
         };
         let mut run = Run::new(&self.settings, kind, watermark);
-        // Every sweep also rebuilds the ledger entries of the rows it passes over: after a gap
-        // they are stale, and a stream that never had them (started on existing rows without
-        // a snapshot) needs them to attribute a later delete or move of an old comment. Not
-        // while the initial snapshot runs: an entry written then would hide its row from it.
-        let checkpoint = self.store.load_checkpoint(&self.settings.stream).await?;
-        let rebuild = match (&checkpoint, after_gap) {
-            (Some(c), _) if c.snapshot_running() => None,
-            (_, Some(generation)) => Some(generation),
-            (c, None) => Some(c.as_ref().map_or(0, |c| c.ledger_generation())),
+        let pass = SweepPass {
+            watermark,
+            full: after_gap.is_some(),
+            rebuild: self.rebuild_generation(after_gap).await?,
         };
         let mut after: Option<PostId> = None;
         let mut complete = true;
@@ -81,39 +85,77 @@ impl<S: Store + ?Sized> Reconciler<S> {
                 let Some(last) = window.last().cloned() else {
                     break;
                 };
-                let owned: Vec<PostId> = window
-                    .iter()
-                    .filter(|p| self.settings.partition.is_none_or(|part| part.owns(p)))
-                    .cloned()
-                    .collect();
+                let owned = self.owned(&window);
                 for group in owned.chunks(self.settings.group_size.max(1)) {
-                    if let Some(generation) = rebuild {
-                        complete &= self.rebuild_ledger(group, generation).await?;
-                    }
-                    let outcomes = self
-                        .reconcile_posts(group, watermark, after_gap.is_some(), &mut run)
-                        .await?;
-                    complete &= outcomes.iter().all(|o| *o != Outcome::NotNow);
+                    complete &= self.sweep_group(group, &pass, &mut run).await?;
                 }
                 metrics::counter!(m::SWEEP_POSTS, "stream" => self.settings.stream.clone(), "counter" => self.settings.counter_name.clone())
                     .increment(window.len() as u64);
                 progress(run.summary.posts);
                 after = Some(last);
             }
-            if complete || after_gap.is_none() {
-                return Ok(true);
-            }
-            tracing::warn!(
-                stream = %self.settings.stream,
-                counter = %self.settings.counter_name,
-                in_flight = run.summary.in_flight,
-                "the sweep after lost history could not recount every post consistently; it runs again"
-            );
-            Ok(false)
+            Ok(self.passed(complete, pass.full, &run))
         }
         .await;
         let done = matches!(passed, Ok(true));
         Ok((self.conclude(run, passed.map(|_| ())).await?, done))
+    }
+
+    /// The posts of `window` this reconciler's partition owns.
+    fn owned(&self, window: &[PostId]) -> Vec<PostId> {
+        window
+            .iter()
+            .filter(|p| self.settings.partition.is_none_or(|part| part.owns(p)))
+            .cloned()
+            .collect()
+    }
+
+    /// Whether a pass that went over every post did what was asked: a full pass (after lost
+    /// history) only if every post was recounted (`complete`); it says so when not.
+    fn passed(&self, complete: bool, full: bool, run: &Run) -> bool {
+        if complete || !full {
+            return true;
+        }
+        tracing::warn!(
+            stream = %self.settings.stream,
+            counter = %self.settings.counter_name,
+            in_flight = run.summary.in_flight,
+            "the sweep after lost history could not recount every post consistently; it runs again"
+        );
+        false
+    }
+
+    /// The ledger generation a sweep rebuilds the entries of the rows it passes over in (`None`:
+    /// none rebuilt). Every sweep rebuilds them: after a gap they are stale, and a stream that
+    /// never had them (started on existing rows without a snapshot) needs them to attribute a
+    /// later delete or move of an old comment. Not while the initial snapshot runs: an entry
+    /// written then would hide its row from it.
+    async fn rebuild_generation(&self, after_gap: Option<u64>) -> StoreResult<Option<u64>> {
+        let checkpoint = self.store.load_checkpoint(&self.settings.stream).await?;
+        Ok(match (&checkpoint, after_gap) {
+            (Some(c), _) if c.snapshot_running() => None,
+            (_, Some(generation)) => Some(generation),
+            (c, None) => Some(c.as_ref().map_or(0, |c| c.ledger_generation())),
+        })
+    }
+
+    /// Rebuilds the ledger entries of one group of posts (where the pass does) and reconciles
+    /// them. Returns false when some of it could not be done now.
+    async fn sweep_group(
+        &self,
+        group: &[PostId],
+        pass: &SweepPass,
+        run: &mut Run,
+    ) -> StoreResult<bool> {
+        let mut complete = true;
+        if let Some(generation) = pass.rebuild {
+            complete &= self.rebuild_ledger(group, generation).await?;
+        }
+        let outcomes = self
+            .reconcile_posts(group, pass.watermark, pass.full, run)
+            .await?;
+        complete &= outcomes.iter().all(|o| *o != Outcome::NotNow);
+        Ok(complete)
     }
 
     /// Runs the full sweep that a lost history requested, once the watermark has passed the end
@@ -153,7 +195,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
         let gap_end = checkpoint
             .gaps
             .iter()
-            .map(|g| crate::time::secs(g.to))
+            .map(|g| crate::core::time::secs(g.to))
             .max();
         let watermark = self.watermark(now_secs).await?;
         if gap_end.is_some_and(|end| watermark <= end) {
@@ -270,7 +312,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
     /// far fill it, they are rebuilt (read, wait, write) before the next post is read. One
     /// post with more rows than the share is still read whole.
     async fn rebuild_ledger(&self, posts: &[PostId], generation: u64) -> StoreResult<bool> {
-        let at_most = crate::budget::cost::rows_for_ids(self.settings.recount_rows);
+        let at_most = crate::core::cost::rows_for_ids(self.settings.recount_rows);
         let mut rows = Vec::new();
         for post in posts {
             rows.extend(self.store.rows_of_post(post).await?);
@@ -292,7 +334,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
     /// once every event before the read is applied.
     async fn rebuild_rows(
         &self,
-        rows: Vec<(crate::event::CommentId, crate::event::Row)>,
+        rows: Vec<(crate::core::event::CommentId, crate::core::event::Row)>,
         generation: u64,
     ) -> StoreResult<bool> {
         let read_at = self.store.read_position().await?.upper;
@@ -391,7 +433,7 @@ pub async fn adopt_new_definitions<S: Store + ?Sized>(
             // Events applied before this process took the stream did not count for the new
             // definition, and a fold trusts the stream for rows above its watermark: the sweep
             // waits until the watermark passes `since`, so every such row is recounted.
-            if reconciler.watermark(now_secs).await? <= crate::time::secs(since) {
+            if reconciler.watermark(now_secs).await? <= crate::core::time::secs(since) {
                 continue;
             }
             tracing::info!(stream = %stream, counter = %reconciler.settings.counter_name,

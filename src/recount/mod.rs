@@ -11,7 +11,7 @@
 //!    time `T`, the later of the stream's checkpoint and the counter's own last applied event,
 //!    which is exactly the set of events the counter reflects. (Exact because both come from
 //!    batch ends, and a batch ends only at a transaction's end: a snapshot at a transaction's
-//!    time sees all of it, and so has the counter. See [`crate::txn`].)
+//!    time sees all of it, and so has the counter. See [`crate::core::txn`].)
 //! 2. **Row level, the log wins** (every other server, and a `T` older than the snapshot
 //!    window): read the counter (`since`), read the *ids* of the post's live rows below the
 //!    watermark, wait until the worker has applied everything the read could have seen, and
@@ -39,19 +39,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::Clock;
-use crate::event::{CommentId, PostId};
-use crate::fold::effective_watermark;
-use crate::num::Num;
+use crate::core::event::CommentId;
+use crate::core::fold::effective_watermark;
+use crate::core::key::PostId;
+use crate::core::num::Num;
+use crate::core::time::bucket_start;
+use crate::core::window;
 use crate::store::{Checkpoint, CounterDoc, SnapshotProgress, Store, StoreResult};
-use crate::time::bucket_start;
 
 mod observe;
 mod wait;
-pub mod window;
 
 pub use observe::Observation;
 pub use wait::applied_before;
-pub use window::{LedgerAt, Touch, Unsettled, LOG_ENTRIES};
 
 /// How long to wait for the worker, and how often to look.
 #[derive(Clone, Debug)]
@@ -200,7 +200,7 @@ pub struct Recounter<S: Store + ?Sized> {
     bucket_width_secs: i64,
     catch_up: CatchUp,
     /// Row ids one group's row-level reads may hold at once (the stream's share of the memory
-    /// budget, [`crate::budget::cost::recount_rows`]).
+    /// budget, [`crate::core::cost::recount_rows`]).
     max_rows: usize,
 }
 
@@ -218,7 +218,7 @@ impl<S: Store + ?Sized> Recounter<S> {
             stream,
             bucket_width_secs,
             catch_up,
-            max_rows: crate::budget::cost::recount_rows(crate::budget::cost::DEFAULT_BUDGET, 1),
+            max_rows: crate::core::cost::recount_rows(crate::core::cost::DEFAULT_BUDGET, 1),
         }
     }
 
@@ -447,8 +447,10 @@ impl<S: Store + ?Sized> Recounter<S> {
                     read,
                     &changed,
                     &ledger,
-                    &recount.post,
-                    recount.watermark,
+                    window::CountScope {
+                        post: &recount.post,
+                        watermark: recount.watermark,
+                    },
                     until.unwrap_or_default(),
                 )
             }
@@ -564,7 +566,7 @@ mod tests {
     /// counter had it, and the fold reported +1 of drift that nobody injected.
     #[test]
     fn a_snapshot_that_began_or_moved_during_a_recount_voids_it() {
-        use crate::event::CommentId;
+        use crate::core::event::CommentId;
         use crate::snapshot::{begin, finish_chunk, plan_chunk};
         use crate::store::CommentsExtent;
         let now = bson::DateTime::from_millis(0);

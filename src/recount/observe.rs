@@ -1,8 +1,8 @@
 //! A post's displayed value beside its true count, compared consistently with the stream.
 
 use super::{Pace, Recount, Recounter, Request, EVERYTHING};
-use crate::event::PostId;
-use crate::num::Num;
+use crate::core::key::PostId;
+use crate::core::num::Num;
 use crate::store::{Store, StoreResult};
 
 /// A post's displayed value beside its true count, compared only when both reflect the same

@@ -119,7 +119,7 @@ impl<S: Store + ?Sized> Recounter<S> {
 /// Transactions: every event of one transaction has the same cluster time, so "before" must
 /// stay strict: a checkpoint inside a transaction at `T` would not have applied all of `T`.
 /// Checkpoints never are inside one (a batch ends only at a transaction's end, see
-/// [`crate::txn`]); the strict rule keeps this safe even for a checkpoint an operator's
+/// [`crate::core::txn`]); the strict rule keeps this safe even for a checkpoint an operator's
 /// `replay` put there.
 pub fn applied_before(checkpoint: &Checkpoint) -> Option<Timestamp> {
     checkpoint.token_time.max(checkpoint.caught_up_at)

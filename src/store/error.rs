@@ -73,7 +73,7 @@ impl StoreError {
             text.push_str(&cause.to_string());
             source = cause.source();
         }
-        crate::config::redact_text(&text)
+        crate::redact::redact_text(&text)
     }
 
     pub fn is_transient(&self) -> bool {

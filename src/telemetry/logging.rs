@@ -77,7 +77,7 @@ impl std::io::Write for RedactedLine {
 impl Drop for RedactedLine {
     fn drop(&mut self) {
         use std::io::Write;
-        let line = crate::config::redact_text(&String::from_utf8_lossy(&self.0));
+        let line = crate::redact::redact_text(&String::from_utf8_lossy(&self.0));
         let _ = match &self.1 {
             Sink::Stderr => std::io::stderr().lock().write_all(line.as_bytes()),
             Sink::File(file) => (&**file).write_all(line.as_bytes()),

@@ -29,7 +29,7 @@ pub use scrape::{
 // --- the worker (label: stream) -------------------------------------------------------------
 pub const EVENTS_APPLIED: &str = "counterd_events_applied_total";
 /// Rows of updated comments the worker read itself, in one batched read per batch, because it
-/// could not derive their state from the ledger and the update (see `crate::lookup`).
+/// could not derive their state from the ledger and the update (see `crate::core::lookup`).
 pub const UPDATE_ROWS_READ: &str = "counterd_update_rows_read_total";
 pub const BAD_EVENTS: &str = "counterd_bad_events_total";
 pub const UNATTRIBUTABLE_EVENTS: &str = "counterd_unattributable_events_total";

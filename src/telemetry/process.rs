@@ -29,52 +29,63 @@ impl ProcessStats {
                 .unwrap_or(f64::NAN)
         };
         let cpu_seconds = (field(14) + field(15)) / TICKS;
-        let boot_time = std::fs::read_to_string("/proc/stat")
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find_map(|l| l.strip_prefix("btime ")?.trim().parse::<f64>().ok())
-            })
-            .unwrap_or(f64::NAN);
-        let start_time_seconds = boot_time + field(22) / TICKS;
+        let start_time_seconds = boot_time() + field(22) / TICKS;
         let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-        let status_kb = |key: &str| -> f64 {
-            status
-                .lines()
-                .find_map(|l| {
-                    let v = l.strip_prefix(key)?.trim_start_matches(':').trim();
-                    v.split_whitespace().next()?.parse::<f64>().ok()
-                })
-                .unwrap_or(f64::NAN)
-        };
+        let status_kb = |key: &str| status_value(&status, key);
         let resident_bytes = status_kb("VmRSS") * 1024.0;
         let virtual_bytes = status_kb("VmSize") * 1024.0;
         let threads = status_kb("Threads");
         let open_fds = std::fs::read_dir("/proc/self/fd")
             .map(|d| d.count() as f64)
             .unwrap_or(f64::NAN);
-        let max_fds = std::fs::read_to_string("/proc/self/limits")
-            .ok()
-            .and_then(|s| {
-                s.lines().find_map(|l| {
-                    l.strip_prefix("Max open files")?
-                        .split_whitespace()
-                        .next()?
-                        .parse::<f64>()
-                        .ok()
-                })
-            })
-            .unwrap_or(f64::NAN);
         Some(ProcessStats {
             cpu_seconds,
             resident_bytes,
             virtual_bytes,
             open_fds,
-            max_fds,
+            max_fds: max_open_files(),
             start_time_seconds,
             threads,
         })
     }
+}
+
+/// The system's boot time (Unix seconds), from /proc/stat's `btime`.
+fn boot_time() -> f64 {
+    std::fs::read_to_string("/proc/stat")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("btime ")?.trim().parse::<f64>().ok())
+        })
+        .unwrap_or(f64::NAN)
+}
+
+/// The number after `key:` in /proc/self/status (`status`), e.g. kB for `VmRSS`.
+fn status_value(status: &str, key: &str) -> f64 {
+    status
+        .lines()
+        .find_map(|l| {
+            let v = l.strip_prefix(key)?.trim_start_matches(':').trim();
+            v.split_whitespace().next()?.parse::<f64>().ok()
+        })
+        .unwrap_or(f64::NAN)
+}
+
+/// The soft limit of open files, from /proc/self/limits.
+fn max_open_files() -> f64 {
+    std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("Max open files")?
+                    .split_whitespace()
+                    .next()?
+                    .parse::<f64>()
+                    .ok()
+            })
+        })
+        .unwrap_or(f64::NAN)
 }
 
 #[cfg(test)]

@@ -7,6 +7,15 @@ use super::*;
 
 /// Registers descriptions with the installed recorder (call once after installing it).
 pub fn describe() {
+    describe_worker();
+    describe_position_and_lease();
+    describe_reconciler();
+    describe_recounts();
+    describe_snapshot_and_database();
+}
+
+/// The worker: events, batches, the memory budget.
+fn describe_worker() {
     describe_counter!(
         EVENTS_APPLIED,
         "Change events classified and applied by the worker, per stream."
@@ -42,6 +51,10 @@ pub fn describe() {
         Unit::Seconds,
         "Cluster time (Unix seconds) of the newest event the worker applied."
     );
+}
+
+/// The stream's position and who holds it: checkpoint, lost history, parking, leases.
+fn describe_position_and_lease() {
     describe_gauge!(
         CHECKPOINT_TIMESTAMP,
         Unit::Seconds,
@@ -68,6 +81,10 @@ pub fn describe() {
         LEASE_TAKEOVERS,
         "Times this process acquired the stream's lease (each raises the fencing epoch)."
     );
+}
+
+/// The reconciler: runs, drift, the time from dirty to fold.
+fn describe_reconciler() {
     describe_counter!(
         RECONCILE_RUNS,
         "Reconcile runs finished, by kind (dirty, background, sweep, gap_sweep, post)."
@@ -96,6 +113,10 @@ pub fn describe() {
         Unit::Seconds,
         "Seconds from a post's dirty mark (or the last fold that covered it, for a post that stays dirty) to the next fold that covered its settled changes, per stream."
     );
+}
+
+/// Recounts, sweeps and the dirty set.
+fn describe_recounts() {
     describe_counter!(
         RECOUNTS_IN_FLIGHT,
         "Recounts not installed because a row changed while counted could not be settled against the stream (or the worker did not catch up in time); the post stays dirty and is retried."
@@ -125,6 +146,10 @@ pub fn describe() {
         DIRTY_POSTS,
         "Groups waiting for a recount, per counter definition, as of this process's last reconcile run."
     );
+}
+
+/// The initial snapshot and the database calls.
+fn describe_snapshot_and_database() {
     describe_counter!(
         SNAPSHOT_ROWS,
         "Rows of `comments` read by the initial snapshot (each chunk once; a chunk finished after a restart is not read again)."

@@ -90,6 +90,20 @@ type AgeFamily = (&'static str, &'static str, fn(&StreamAges) -> f64);
 /// process works on), the dirty backlog's age, build information and process metrics.
 pub fn render_scrape_time(out: &mut String, streams: &[(String, Arc<WorkerStatus>)]) {
     let now_ms = unix_now_ms();
+    render_stream_ages(out, streams, now_ms);
+    render_progress(out, streams);
+    render_dirty_age(out, now_ms);
+    family(out, BUILD_INFO, "counterd's version; always 1.", "gauge");
+    let _ = writeln!(
+        out,
+        "{BUILD_INFO}{{version=\"{}\"}} 1",
+        env!("CARGO_PKG_VERSION")
+    );
+    render_process(out);
+}
+
+/// The per-stream ages: lag, checkpoint age, stall.
+fn render_stream_ages(out: &mut String, streams: &[(String, Arc<WorkerStatus>)], now_ms: i64) {
     let ages: Vec<(&str, StreamAges)> = streams
         .iter()
         .filter_map(|(name, s)| stream_ages(s, now_ms).map(|a| (name.as_str(), a)))
@@ -108,6 +122,10 @@ pub fn render_scrape_time(out: &mut String, streams: &[(String, Arc<WorkerStatus
             let _ = writeln!(out, "{name}{{stream=\"{}\"}} {}", escape(stream), value(a));
         }
     }
+}
+
+/// When each active stream's worker last progressed.
+fn render_progress(out: &mut String, streams: &[(String, Arc<WorkerStatus>)]) {
     let progress: Vec<(&str, i64)> = streams
         .iter()
         .filter(|(_, s)| s.is_active())
@@ -125,6 +143,10 @@ pub fn render_scrape_time(out: &mut String, streams: &[(String, Arc<WorkerStatus
             );
         }
     }
+}
+
+/// The age of each counter's oldest dirty entry.
+fn render_dirty_age(out: &mut String, now_ms: i64) {
     let dirty = dirty_view().oldest();
     if !dirty.is_empty() {
         family(
@@ -146,13 +168,6 @@ pub fn render_scrape_time(out: &mut String, streams: &[(String, Arc<WorkerStatus
             escape(&counter)
         );
     }
-    family(out, BUILD_INFO, "counterd's version; always 1.", "gauge");
-    let _ = writeln!(
-        out,
-        "{BUILD_INFO}{{version=\"{}\"}} 1",
-        env!("CARGO_PKG_VERSION")
-    );
-    render_process(out);
 }
 
 fn family(out: &mut String, name: &str, help: &str, kind: &str) {
@@ -172,7 +187,18 @@ fn render_process(out: &mut String) {
     let Some(p) = ProcessStats::read() else {
         return;
     };
-    let lines: [(&str, &str, &str, f64); 7] = [
+    for (name, help, kind, value) in process_families(&p) {
+        if value.is_nan() {
+            continue;
+        }
+        family(out, name, help, kind);
+        let _ = writeln!(out, "{name} {value}");
+    }
+}
+
+/// The `process_*` families: name, help, kind and value (NaN: not known here).
+fn process_families(p: &ProcessStats) -> [(&'static str, &'static str, &'static str, f64); 7] {
+    [
         (
             PROCESS_CPU,
             "Total user and system CPU time spent in seconds.",
@@ -215,14 +241,7 @@ fn render_process(out: &mut String) {
             "gauge",
             p.threads,
         ),
-    ];
-    for (name, help, kind, value) in lines {
-        if value.is_nan() {
-            continue;
-        }
-        family(out, name, help, kind);
-        let _ = writeln!(out, "{name} {value}");
-    }
+    ]
 }
 
 #[cfg(test)]

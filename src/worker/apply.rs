@@ -4,11 +4,17 @@
 use std::collections::{HashMap, HashSet};
 
 use super::{SessionError, Worker};
-use crate::batch::{plan_batch_covering, CounterWrite, Coverage, LedgerUpdate};
-use crate::budget::{cost, Budget, Grant};
-use crate::carry::Carry;
-use crate::event::{ChangeEvent, CommentId, Row};
-use crate::store::{ApplyOutcome, Checkpoint, Fence, PendingBatch, Store, StoreError, StoreResult};
+use crate::budget::{Budget, Grant};
+use crate::core::batch::PendingBatch;
+use crate::core::batch::{
+    plan_batch_covering, BatchPlan, CounterDelta, CounterWrite, Coverage, DirtyMark, LedgerUpdate,
+    PlanInput,
+};
+use crate::core::carry::Carry;
+use crate::core::classify::StreamEnded;
+use crate::core::cost;
+use crate::core::event::{ChangeEvent, CommentId, Row, Token};
+use crate::store::{ApplyOutcome, Checkpoint, Fence, Store, StoreError, StoreResult};
 use crate::telemetry as m;
 
 /// Ledger entries read ahead for the next batch while the current one was written, with the
@@ -79,7 +85,7 @@ impl<S: Store + ?Sized> Worker<S> {
     }
 
     /// Reads the rows of the batch's updates whose after-state cannot be derived, in one
-    /// batched read, and sets each as its events' `fullDocument` (see [`crate::lookup`]).
+    /// batched read, and sets each as its events' `fullDocument` (see [`crate::core::lookup`]).
     /// Returns what the rows are charged against the memory budget while the batch is planned
     /// (like the ledger entries read for it, a row's projection per updated comment).
     async fn look_up_rows(
@@ -88,7 +94,7 @@ impl<S: Store + ?Sized> Worker<S> {
         events: &mut [ChangeEvent],
         ledger: &HashMap<String, Option<Row>>,
     ) -> StoreResult<Grant> {
-        let wanted = crate::lookup::rows_to_read(
+        let wanted = crate::core::lookup::rows_to_read(
             events,
             ledger,
             self.settings.attribution,
@@ -99,7 +105,7 @@ impl<S: Store + ?Sized> Worker<S> {
         }
         let grant = self.settings.budget.overdraw(wanted.len() * cost::ROW_COST);
         let rows = self.store.look_up(&wanted).await?;
-        crate::lookup::attach(events, &wanted, &rows);
+        crate::core::lookup::attach(events, &wanted, &rows);
         metrics::counter!(m::UPDATE_ROWS_READ, "stream" => stream.to_string())
             .increment(wanted.len() as u64);
         Ok(grant)
@@ -111,77 +117,28 @@ impl<S: Store + ?Sized> Worker<S> {
     ///
     /// With `may_carry` (the worker is behind and more events are read), the batch's counter
     /// increments join the counters carried across batches instead of being written now, if
-    /// `carrying` has room for them (see [`crate::carry`]); otherwise everything carried is
+    /// `carrying` has room for them (see [`crate::core::carry`]); otherwise everything carried is
     /// written with this batch and the checkpoint moves.
+    ///
+    /// The stages: [`Worker::plan`]; then [`Worker::write_planned`] in the crash-safe order
+    /// (or [`Worker::mark_replayed`] below the high water); then [`Worker::report_batch`].
     pub(super) async fn apply(
         &self,
         fence: &Fence,
         checkpoint: &mut Checkpoint,
-        events: Vec<ChangeEvent>,
-        prefetched: Option<Prefetched>,
+        batch: Batch,
         carrying: &mut Carrying,
         may_carry: bool,
     ) -> Result<Vec<LedgerUpdate>, SessionError> {
-        let mut ledger = if self.settings.attribution.uses_ledger() {
-            self.batch_ledger(&fence.stream, checkpoint, &events, prefetched)
-                .await?
-        } else {
-            Default::default()
-        };
-        let complete = checkpoint.ledger_complete();
-        // The ledger is divided between partitions only where it is complete: elsewhere a
-        // comment without an entry is unknown, not "not here" (see `crate::partition`).
-        let divided = self.settings.partition.filter(|_| complete);
-        if let Some(partition) = divided {
-            partition.own_view(&mut ledger);
-        }
-        let coverage = if complete {
-            Coverage::Complete
-        } else {
-            Coverage::Partial
-        };
-        let mut events = events;
-        let rows_grant = self
-            .look_up_rows(&fence.stream, &mut events, &ledger)
-            .await?;
-        let (mut plan, ended) = plan_batch_covering(
-            &events,
-            &ledger,
-            coverage,
-            self.settings.attribution,
-            &self.settings.schema,
-            self.settings.bucket_width_secs,
-        );
-        if !self.settings.attribution.uses_ledger() {
-            plan.ledger.clear();
-        }
-        if let Some(partition) = self.settings.partition {
-            // Every partition classifies every event against its own ledger, and keeps its posts
-            // and the ledger entries of its comments (see `crate::partition`).
-            plan.counters.retain(|c| partition.owns(&c.post));
-            plan.dirty.retain(|d| partition.owns(&d.post));
-            if divided.is_some() {
-                plan.ledger = partition.own_writes(plan.ledger, &ledger);
-            }
-            if partition.index != 0 {
-                plan.skipped.clear(); // reported once, by partition 0
-            }
-        }
-        let (bad, unattributable) = (plan.bad_events(), plan.unattributable_events());
-        let skipped: Vec<SkippedReport> = plan
-            .skipped
-            .iter()
-            .map(|s| SkippedReport::of(s, &events, &self.settings.schema))
-            .collect();
-        // The batch's guard token: its last event before any stream end.
-        let last = plan
-            .events
-            .checked_sub(1)
-            .map(|i| (events[i].token.clone(), events[i].cluster_time));
-        drop((events, ledger, rows_grant));
+        let Planned {
+            plan,
+            ended,
+            last,
+            report,
+        } = self.plan(fence, checkpoint, batch).await?;
         let mut written = Vec::new();
         if let Some((end, end_time)) = last {
-            let mut batch = PendingBatch {
+            let batch = PendingBatch {
                 end,
                 end_time,
                 counters: plan.counters,
@@ -195,92 +152,239 @@ impl<S: Store + ?Sized> Worker<S> {
                 .is_some_and(|h| batch.end <= *h);
             let started = std::time::Instant::now();
             if seen {
-                // Already applied before (an operator replay): recount, never count again.
-                // (Carried counters are of later events: written first, should any be.)
-                self.flush(fence, checkpoint, carrying).await?;
-                self.store
-                    .mark_dirty(fence, &batch.dirty, self.clock.now())
+                self.mark_replayed(fence, checkpoint, batch, carrying)
                     .await?;
-                self.store
-                    .save_checkpoint(fence, &batch.end, batch.end_time)
-                    .await?;
-                checkpoint.token = Some(batch.end.clone());
-                checkpoint.token_time = batch.end_time;
             } else {
-                // Only well behind: a worker keeping up with live writes writes every batch, so
-                // that counters follow the stream within about a batch's latency.
-                let behind = batch.end_time.is_some_and(|t| {
-                    crate::time::secs(self.clock.now()) - t.time as i64 >= CARRY_BEHIND_SECS
-                });
-                let may_carry = may_carry && behind;
-                // (0) The intent names the carry the batch joins. A batch that may be carried
-                // stores its counters and marks under the carry's id instead of in its intent:
-                // written once, where a restart finds them with the carry's other batches.
-                batch.carry = carrying.carry.id().cloned();
-                carrying.settled = false;
-                let (counters, dirty) = if may_carry {
-                    batch.carry.get_or_insert_with(|| batch.end.clone());
-                    let own = PendingBatch {
-                        end: batch.end.clone(),
-                        end_time: batch.end_time,
-                        counters: std::mem::take(&mut batch.counters),
-                        dirty: std::mem::take(&mut batch.dirty),
-                        ..PendingBatch::default()
-                    };
-                    self.store.record_intent(fence, &batch, Some(&own)).await?;
-                    (own.counters, own.dirty)
-                } else {
-                    self.store.record_intent(fence, &batch, None).await?;
-                    (
-                        std::mem::take(&mut batch.counters),
-                        std::mem::take(&mut batch.dirty),
-                    )
-                };
-                checkpoint.high_water = Some(batch.end.clone());
-                carrying
-                    .carry
-                    .push(batch.end.clone(), batch.end_time, counters, dirty);
-                if may_carry {
-                    carrying.carry.stored_under_id();
-                }
-                if may_carry && carrying.has_room(&self.settings.budget, self.clock.now()) {
-                    self.write_ledger_states(fence, checkpoint, &batch).await?;
-                    carrying.settled = true;
-                } else {
-                    self.write_batch(fence, checkpoint, Some(&batch), &mut carrying.carry)
-                        .await?;
-                    carrying.closed();
-                }
+                written = self
+                    .write_planned(fence, checkpoint, batch, carrying, may_carry)
+                    .await?;
                 metrics::counter!(m::UNATTRIBUTABLE_EVENTS, "stream" => fence.stream.clone())
-                    .increment(unattributable as u64);
-                written = batch.ledger;
+                    .increment(report.unattributable as u64);
             }
-            let stream = fence.stream.clone();
-            metrics::histogram!(m::BATCH_APPLY_DURATION, "stream" => stream.clone())
-                .record(started.elapsed().as_secs_f64());
-            metrics::histogram!(m::BATCH_SIZE, "stream" => stream.clone())
-                .record(plan.events as f64);
-            metrics::counter!(m::EVENTS_APPLIED, "stream" => stream.clone())
-                .increment(plan.events as u64);
-            metrics::counter!(m::BAD_EVENTS, "stream" => stream.clone()).increment(bad as u64);
-            for report in &skipped {
-                report.log(&fence.stream);
-            }
-            self.status.batch_applied(
-                plan.events,
-                end_time.map(|t| t.time as i64),
-                self.clock.now(),
-            );
-            if let Some(t) = end_time {
-                metrics::gauge!(m::LAST_EVENT_TIMESTAMP, "stream" => stream).set(t.time as f64);
-            }
-            if let Some(t) = crate::recount::applied_before(checkpoint) {
-                self.report_checkpoint(&fence.stream, t.time as i64);
-            }
+            self.report_batch(fence, checkpoint, &report, end_time, started);
         }
         match ended {
             Some(end) => Err(SessionError::Ended(end)),
             None => Ok(written),
+        }
+    }
+
+    /// Plans a batch: its ledger entries (read ahead or read now) and the rows its updates
+    /// need, classified and coalesced, kept to this partition's share. The events, their
+    /// ledger entries and rows are dropped here.
+    async fn plan(
+        &self,
+        fence: &Fence,
+        checkpoint: &Checkpoint,
+        batch: Batch,
+    ) -> Result<Planned, StoreError> {
+        let Batch { events, prefetched } = batch;
+        let (ledger, coverage, divided) = self
+            .ledger_view(&fence.stream, checkpoint, &events, prefetched)
+            .await?;
+        let mut events = events;
+        let rows_grant = self
+            .look_up_rows(&fence.stream, &mut events, &ledger)
+            .await?;
+        let (mut plan, ended) = plan_batch_covering(PlanInput {
+            events: &events,
+            ledger: &ledger,
+            coverage,
+            attribution: self.settings.attribution,
+            schema: &self.settings.schema,
+            bucket_width_secs: self.settings.bucket_width_secs,
+        });
+        self.keep_own(&mut plan, divided, &ledger);
+        let report = BatchReport::of(&plan, &events, &self.settings.schema);
+        // The batch's guard token: its last event before any stream end.
+        let last = plan
+            .events
+            .checked_sub(1)
+            .map(|i| (events[i].token.clone(), events[i].cluster_time));
+        drop((events, ledger, rows_grant));
+        Ok(Planned {
+            plan,
+            ended,
+            last,
+            report,
+        })
+    }
+
+    /// The ledger entries of a batch's comments as this worker sees them (`Default`: none
+    /// without the ledger), what an absent entry means, and whether the ledger is divided
+    /// between partitions.
+    async fn ledger_view(
+        &self,
+        stream: &str,
+        checkpoint: &Checkpoint,
+        events: &[ChangeEvent],
+        prefetched: Option<Prefetched>,
+    ) -> StoreResult<(HashMap<String, Option<Row>>, Coverage, bool)> {
+        let mut ledger = if self.settings.attribution.uses_ledger() {
+            self.batch_ledger(stream, checkpoint, events, prefetched)
+                .await?
+        } else {
+            Default::default()
+        };
+        let complete = checkpoint.ledger_complete();
+        // The ledger is divided between partitions only where it is complete: elsewhere a
+        // comment without an entry is unknown, not "not here" (see `crate::core::partition`).
+        let divided = self.settings.partition.filter(|_| complete);
+        if let Some(partition) = divided {
+            partition.own_view(&mut ledger);
+        }
+        let coverage = if complete {
+            Coverage::Complete
+        } else {
+            Coverage::Partial
+        };
+        Ok((ledger, coverage, divided.is_some()))
+    }
+
+    /// Keeps what this worker writes of a plan: no ledger states without the ledger, and with
+    /// partitions this partition's posts and comments.
+    fn keep_own(&self, plan: &mut BatchPlan, divided: bool, ledger: &HashMap<String, Option<Row>>) {
+        if !self.settings.attribution.uses_ledger() {
+            plan.ledger.clear();
+        }
+        if let Some(partition) = self.settings.partition {
+            // Every partition classifies every event against its own ledger, and keeps its posts
+            // and the ledger entries of its comments (see `crate::core::partition`).
+            plan.counters.retain(|c| partition.owns(&c.post));
+            plan.dirty.retain(|d| partition.owns(&d.post));
+            if divided {
+                plan.ledger = partition.own_writes(std::mem::take(&mut plan.ledger), ledger);
+            }
+            if partition.index != 0 {
+                plan.skipped.clear(); // reported once, by partition 0
+            }
+        }
+    }
+
+    /// A batch at or below the high water, already applied before (an operator replay):
+    /// recount, never count again. (Carried counters are of later events: written first,
+    /// should any be.)
+    async fn mark_replayed(
+        &self,
+        fence: &Fence,
+        checkpoint: &mut Checkpoint,
+        batch: PendingBatch,
+        carrying: &mut Carrying,
+    ) -> Result<(), StoreError> {
+        self.flush(fence, checkpoint, carrying).await?;
+        self.store
+            .mark_dirty(fence, &batch.dirty, self.clock.now())
+            .await?;
+        self.store
+            .save_checkpoint(fence, &batch.end, batch.end_time)
+            .await?;
+        checkpoint.token = Some(batch.end.clone());
+        checkpoint.token_time = batch.end_time;
+        Ok(())
+    }
+
+    /// Writes a new batch in the crash-safe order: (0) its intent, then its (b) ledger states
+    /// with its (a) counters and (c) dirty marks carried, or with everything carried written
+    /// beside them and (d) the checkpoint moved (see [`Worker::write_batch`]). Returns the
+    /// ledger states written.
+    async fn write_planned(
+        &self,
+        fence: &Fence,
+        checkpoint: &mut Checkpoint,
+        mut batch: PendingBatch,
+        carrying: &mut Carrying,
+        may_carry: bool,
+    ) -> Result<Vec<LedgerUpdate>, StoreError> {
+        // Only well behind: a worker keeping up with live writes writes every batch, so
+        // that counters follow the stream within about a batch's latency.
+        let behind = batch.end_time.is_some_and(|t| {
+            crate::core::time::secs(self.clock.now()) - t.time as i64 >= CARRY_BEHIND_SECS
+        });
+        let may_carry = may_carry && behind;
+        let (counters, dirty) = self
+            .record_intent(fence, &mut batch, carrying, may_carry)
+            .await?;
+        checkpoint.high_water = Some(batch.end.clone());
+        carrying
+            .carry
+            .push(batch.end.clone(), batch.end_time, counters, dirty);
+        if may_carry {
+            carrying.carry.stored_under_id();
+        }
+        if may_carry && carrying.has_room(&self.settings.budget, self.clock.now()) {
+            self.write_ledger_states(fence, checkpoint, &batch).await?;
+            carrying.settled = true;
+        } else {
+            self.write_batch(fence, checkpoint, Some(&batch), &mut carrying.carry)
+                .await?;
+            carrying.closed();
+        }
+        Ok(batch.ledger)
+    }
+
+    /// (0) Records the batch's intent, which names the carry the batch joins. A batch that may
+    /// be carried stores its counters and marks under the carry's id instead of in its intent:
+    /// written once, where a restart finds them with the carry's other batches. Returns the
+    /// batch's counters and marks, taken out of it.
+    async fn record_intent(
+        &self,
+        fence: &Fence,
+        batch: &mut PendingBatch,
+        carrying: &mut Carrying,
+        may_carry: bool,
+    ) -> Result<(Vec<CounterDelta>, Vec<DirtyMark>), StoreError> {
+        batch.carry = carrying.carry.id().cloned();
+        carrying.settled = false;
+        if may_carry {
+            batch.carry.get_or_insert_with(|| batch.end.clone());
+            let own = PendingBatch {
+                end: batch.end.clone(),
+                end_time: batch.end_time,
+                counters: std::mem::take(&mut batch.counters),
+                dirty: std::mem::take(&mut batch.dirty),
+                ..PendingBatch::default()
+            };
+            self.store.record_intent(fence, batch, Some(&own)).await?;
+            Ok((own.counters, own.dirty))
+        } else {
+            self.store.record_intent(fence, batch, None).await?;
+            Ok((
+                std::mem::take(&mut batch.counters),
+                std::mem::take(&mut batch.dirty),
+            ))
+        }
+    }
+
+    /// Reports an applied batch: metrics, the events it did not count, the worker's status
+    /// and the checkpointed position.
+    fn report_batch(
+        &self,
+        fence: &Fence,
+        checkpoint: &Checkpoint,
+        report: &BatchReport,
+        end_time: Option<bson::Timestamp>,
+        started: std::time::Instant,
+    ) {
+        let stream = fence.stream.clone();
+        metrics::histogram!(m::BATCH_APPLY_DURATION, "stream" => stream.clone())
+            .record(started.elapsed().as_secs_f64());
+        metrics::histogram!(m::BATCH_SIZE, "stream" => stream.clone()).record(report.events as f64);
+        metrics::counter!(m::EVENTS_APPLIED, "stream" => stream.clone())
+            .increment(report.events as u64);
+        metrics::counter!(m::BAD_EVENTS, "stream" => stream.clone()).increment(report.bad as u64);
+        for skipped in &report.skipped {
+            skipped.log(&fence.stream);
+        }
+        self.status.batch_applied(
+            report.events,
+            end_time.map(|t| t.time as i64),
+            self.clock.now(),
+        );
+        if let Some(t) = end_time {
+            metrics::gauge!(m::LAST_EVENT_TIMESTAMP, "stream" => stream).set(t.time as f64);
+        }
+        if let Some(t) = crate::recount::applied_before(checkpoint) {
+            self.report_checkpoint(&fence.stream, t.time as i64);
         }
     }
 
@@ -308,34 +412,14 @@ impl<S: Store + ?Sized> Worker<S> {
         let (batches, posts) = (carry.batches(), carry.counters());
         let stored = carry.id().filter(|_| carry.is_stored()).cloned();
         let marks = carry.take_dirty();
-        let mut writes = carry.take_writes();
-        let counters = async {
-            // In slices: only one slice's writes and statements are held at once.
-            let mut outcome = ApplyOutcome::default();
-            loop {
-                let slice: Vec<CounterWrite> = writes.by_ref().take(FLUSH_SLICE).collect();
-                if slice.is_empty() {
-                    return Ok::<_, StoreError>(outcome);
-                }
-                let wrote = self.store.write_counters(fence, &slice).await?; // (a)
-                outcome.applied += wrote.applied;
-                outcome.already_applied += wrote.already_applied;
-            }
-        };
+        let counters = self.write_counters(fence, carry.take_writes()); // (a)
         let ledger = async {
             match batch {
                 Some(batch) => self.write_ledger_states(fence, checkpoint, batch).await,
                 None => Ok(()),
             }
         };
-        let dirty = async {
-            for slice in marks.chunks(FLUSH_SLICE) {
-                self.store
-                    .mark_dirty(fence, slice, self.clock.now())
-                    .await?; // (c)
-            }
-            Ok(())
-        };
+        let dirty = self.mark_dirty(fence, &marks); // (c)
         let (outcome, (), ()) = futures::try_join!(counters, ledger, dirty)?;
         if let Some(carry) = stored {
             // Written: the stored copies go, before the checkpoint moves past them.
@@ -345,6 +429,46 @@ impl<S: Store + ?Sized> Worker<S> {
         checkpoint.token = Some(end.clone());
         checkpoint.token_time = end_time;
         checkpoint.pending = None;
+        self.report_written(fence, &end, (batches, posts), outcome);
+        Ok(())
+    }
+
+    /// (a) Writes counters in slices: only one slice's writes and statements are held at once.
+    async fn write_counters(
+        &self,
+        fence: &Fence,
+        mut writes: impl Iterator<Item = CounterWrite>,
+    ) -> Result<ApplyOutcome, StoreError> {
+        let mut outcome = ApplyOutcome::default();
+        loop {
+            let slice: Vec<CounterWrite> = writes.by_ref().take(FLUSH_SLICE).collect();
+            if slice.is_empty() {
+                return Ok::<_, StoreError>(outcome);
+            }
+            let wrote = self.store.write_counters(fence, &slice).await?; // (a)
+            outcome.applied += wrote.applied;
+            outcome.already_applied += wrote.already_applied;
+        }
+    }
+
+    /// (c) Marks counters dirty, in slices.
+    async fn mark_dirty(&self, fence: &Fence, marks: &[DirtyMark]) -> Result<(), StoreError> {
+        for slice in marks.chunks(FLUSH_SLICE) {
+            self.store
+                .mark_dirty(fence, slice, self.clock.now())
+                .await?; // (c)
+        }
+        Ok(())
+    }
+
+    /// Reports a carry written up to `end`: `batches` batches, `posts` counter writes.
+    fn report_written(
+        &self,
+        fence: &Fence,
+        end: &Token,
+        (batches, posts): (usize, usize),
+        outcome: ApplyOutcome,
+    ) {
         let stream = fence.stream.clone();
         metrics::counter!(m::BATCHES, "stream" => stream.clone()).increment(batches as u64);
         metrics::counter!(m::INCREMENTS, "stream" => stream.clone(), "result" => "applied")
@@ -352,7 +476,6 @@ impl<S: Store + ?Sized> Worker<S> {
         metrics::counter!(m::INCREMENTS, "stream" => stream, "result" => "already_applied")
             .increment(outcome.already_applied);
         tracing::debug!(stream = %fence.stream, %end, batches, writes = posts, already = outcome.already_applied, "batch applied");
-        Ok(())
     }
 
     /// Writes a batch's (b) ledger states; its counters and dirty marks are carried (or
@@ -411,7 +534,7 @@ impl<S: Store + ?Sized> Worker<S> {
         let mut carry = Carry::default();
         if let Some(id) = &batch.carry {
             // A few stored batches at a time, merged as they come.
-            let mut after: Option<crate::event::Token> = None;
+            let mut after: Option<crate::core::event::Token> = None;
             loop {
                 let page = self
                     .store
@@ -511,20 +634,62 @@ impl Carrying {
     }
 }
 
+/// A batch as the session hands it over: its events, and the ledger entries read ahead for
+/// them (see [`Prefetched`]).
+pub(super) struct Batch {
+    pub(super) events: Vec<ChangeEvent>,
+    pub(super) prefetched: Option<Prefetched>,
+}
+
+/// A batch planned, its events dropped.
+struct Planned {
+    plan: BatchPlan,
+    /// A stream-ending event, after the planned ones.
+    ended: Option<StreamEnded>,
+    /// The batch's guard token and its time: its last event before any stream end (`None`:
+    /// nothing planned).
+    last: Option<(Token, Option<bson::Timestamp>)>,
+    report: BatchReport,
+}
+
+/// What is reported of a batch once it is written.
+struct BatchReport {
+    /// Events classified.
+    events: usize,
+    bad: usize,
+    unattributable: usize,
+    skipped: Vec<SkippedReport>,
+}
+
+impl BatchReport {
+    fn of(plan: &BatchPlan, events: &[ChangeEvent], schema: &crate::core::schema::Schema) -> Self {
+        BatchReport {
+            events: plan.events,
+            bad: plan.bad_events(),
+            unattributable: plan.unattributable_events(),
+            skipped: plan
+                .skipped
+                .iter()
+                .map(|s| SkippedReport::of(s, events, schema))
+                .collect(),
+        }
+    }
+}
+
 /// An event that was not counted, with its comment and post where the event names them (taken
 /// before the events are dropped, logged after the batch's writes).
 struct SkippedReport {
-    token: crate::event::Token,
+    token: crate::core::event::Token,
     comment: String,
     post: String,
-    problem: crate::classify::Problem,
+    problem: crate::core::classify::Problem,
 }
 
 impl SkippedReport {
     fn of(
-        skipped: &crate::batch::Skipped,
+        skipped: &crate::core::batch::Skipped,
         events: &[ChangeEvent],
-        schema: &crate::schema::Schema,
+        schema: &crate::core::schema::Schema,
     ) -> SkippedReport {
         let event = events.iter().find(|e| e.token == skipped.token);
         let comment = event
@@ -554,8 +719,8 @@ impl SkippedReport {
 
     fn log(&self, stream: &str) {
         let kind = match &self.problem {
-            crate::classify::Problem::Bad(_) => "bad",
-            crate::classify::Problem::Unattributable(_) => "unattributable",
+            crate::core::classify::Problem::Bad(_) => "bad",
+            crate::core::classify::Problem::Unattributable(_) => "unattributable",
         };
         let SkippedReport {
             token,

@@ -9,7 +9,7 @@
 //! `write_batch`); (d) waits for all three.
 //!
 //! While the worker is behind, (a) and (c) may wait: a batch's counter increments and dirty
-//! marks are carried to the next batch (see [`crate::carry`]), stored under the carry's id just
+//! marks are carried to the next batch (see [`crate::core::carry`]), stored under the carry's id just
 //! before the batch's intent (which then holds only its ledger states); the carry's counters
 //! are written together, before (d), when the worker catches up, stops, pauses for a snapshot
 //! chunk, or the carry is old or full. (d) never passes a carried increment.
@@ -24,6 +24,18 @@
 //! Here: the worker's settings, its run loop (leases' fence, retries, history-lost policy) and
 //! recovery of a batch in flight. `session`: one open stream, read and batched. `apply`: one
 //! batch classified, coalesced and written.
+//!
+//! The pipeline, each stage a function that reads top to bottom:
+//! - a session: `resume` (what a previous run left: its batch in flight re-applied, the
+//!   deployment checked, the initial snapshot begun), `open`, then turns of `snapshot_chunk`
+//!   (where one is due) and `step`;
+//! - a step: what is carried is flushed unless it may stay carried; `read` within the memory
+//!   budget; then the batch is applied, while behind beside the next read
+//!   (`apply_reading_ahead`);
+//! - `apply`: `plan` (the ledger view, rows looked up, `plan_batch_covering`, this partition's
+//!   share) → `write_planned` ((0) `record_intent`, then (b) with (a) and (c) carried, or
+//!   `write_batch`: (a), (b), (c) side by side, then (d)) or, below the high water,
+//!   `mark_replayed` → `report_batch`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,12 +43,13 @@ use std::time::Duration;
 use backon::{BackoffBuilder, ExponentialBuilder};
 use bson::{DateTime, Timestamp};
 
-use crate::classify::{Attribution, StreamEnded};
 use crate::clock::{Clock, SystemClock};
 use crate::config::OnHistoryLost;
+use crate::core::batch::PendingBatch;
+use crate::core::classify::{Attribution, StreamEnded};
 use crate::shutdown::{sleep_or_shutdown, Shutdown};
 pub use crate::status::WorkerStatus;
-use crate::store::{Checkpoint, Fence, Gap, PendingBatch, Store, StoreError};
+use crate::store::{Checkpoint, Fence, Gap, Store, StoreError};
 use crate::telemetry as m;
 
 /// The worker's knobs: built from the configuration by [`crate::daemon`], whose `Default` is
@@ -69,9 +82,9 @@ pub struct WorkerSettings {
     /// A step (read + write of one batch) taking longer is abandoned and retried.
     pub operation_timeout: Duration,
     /// Keep only the posts of this partition (`None`: all posts).
-    pub partition: Option<crate::partition::Partition>,
+    pub partition: Option<crate::core::partition::Partition>,
     /// The application's field names and soft-delete rule.
-    pub schema: crate::schema::Schema,
+    pub schema: crate::core::schema::Schema,
     /// The initial snapshot of rows that exist before the stream's start.
     pub snapshot: crate::snapshot::SnapshotSettings,
     /// The process's memory budget, shared by every stream's worker: events in flight, the
@@ -125,7 +138,7 @@ impl<S: Store + ?Sized> Worker<S> {
     /// The clock's now as a cluster-time-like timestamp (whole seconds).
     fn now_timestamp(&self) -> Timestamp {
         Timestamp {
-            time: crate::time::secs(self.clock.now()).clamp(0, u32::MAX as i64) as u32,
+            time: crate::core::time::secs(self.clock.now()).clamp(0, u32::MAX as i64) as u32,
             increment: 0,
         }
     }
@@ -156,16 +169,7 @@ impl<S: Store + ?Sized> Worker<S> {
             stream: self.settings.stream.clone(),
             epoch,
         };
-        // A malformed checkpoint is a startup error, never silently replaced. A transient error
-        // is not: the session loads the checkpoint again, and retries like any other step.
-        match self.store.load_checkpoint(&fence.stream).await {
-            Err(e) if e.is_transient() => {
-                metrics::counter!(m::RETRIES, "op" => "worker").increment(1);
-                tracing::warn!(stream = %fence.stream, error = %e, "cannot read the checkpoint yet; the session reads it again");
-            }
-            Err(e) => return Err(WorkerError::Startup(e)),
-            Ok(_) => {}
-        }
+        self.check_checkpoint(&fence).await?;
         let mut backoff = self.backoff();
         loop {
             if shutdown.requested() {
@@ -185,24 +189,42 @@ impl<S: Store + ?Sized> Worker<S> {
                     }
                 }
                 Err(SessionError::Store(error)) if error.is_history_lost() => {
-                    self.status.stream_closed();
-                    metrics::counter!(m::HISTORY_LOST, "stream" => fence.stream.clone())
-                        .increment(1);
-                    match self.settings.on_history_lost {
-                        OnHistoryLost::Fail => {
-                            // Said once, by whoever handles the error: the supervisor parks
-                            // the stream (its ERROR line says what to do) or `run` stops.
-                            tracing::warn!(stream = %fence.stream, %error, "history lost; on_history_lost = fail");
-                            return Err(WorkerError::HistoryLost { source: error });
-                        }
-                        OnHistoryLost::Resweep => self.resweep(&fence, error).await?,
-                    }
+                    self.history_lost(&fence, error).await?;
                 }
                 Err(SessionError::Store(e)) => {
                     self.status.stream_closed();
                     return Err(WorkerError::Store(e));
                 }
             }
+        }
+    }
+
+    /// A malformed checkpoint is a startup error, never silently replaced. A transient error
+    /// is not: the session loads the checkpoint again, and retries like any other step.
+    async fn check_checkpoint(&self, fence: &Fence) -> Result<(), WorkerError> {
+        match self.store.load_checkpoint(&fence.stream).await {
+            Err(e) if e.is_transient() => {
+                metrics::counter!(m::RETRIES, "op" => "worker").increment(1);
+                tracing::warn!(stream = %fence.stream, error = %e, "cannot read the checkpoint yet; the session reads it again");
+            }
+            Err(e) => return Err(WorkerError::Startup(e)),
+            Ok(_) => {}
+        }
+        Ok(())
+    }
+
+    /// History lost: stop (`fail`), or record the gap and start again from now (`resweep`).
+    async fn history_lost(&self, fence: &Fence, error: StoreError) -> Result<(), WorkerError> {
+        self.status.stream_closed();
+        metrics::counter!(m::HISTORY_LOST, "stream" => fence.stream.clone()).increment(1);
+        match self.settings.on_history_lost {
+            OnHistoryLost::Fail => {
+                // Said once, by whoever handles the error: the supervisor parks
+                // the stream (its ERROR line says what to do) or `run` stops.
+                tracing::warn!(stream = %fence.stream, %error, "history lost; on_history_lost = fail");
+                Err(WorkerError::HistoryLost { source: error })
+            }
+            OnHistoryLost::Resweep => self.resweep(fence, error).await,
         }
     }
 

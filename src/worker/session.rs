@@ -11,11 +11,11 @@ use std::collections::VecDeque;
 
 use bson::{DateTime, Timestamp};
 
-use super::apply::{Carrying, Prefetched};
+use super::apply::{Batch, Carrying, Prefetched};
 use super::{SessionError, Worker};
-use crate::budget::cost::{self, ReadLimit};
 use crate::budget::Grant;
-use crate::event::{ChangeEvent, Token};
+use crate::core::cost::{self, ReadLimit};
+use crate::core::event::{ChangeEvent, Token};
 use crate::shutdown::{sleep_or_shutdown, Shutdown};
 use crate::store::{
     Checkpoint, EventSource, Fence, RawBatch, Store, StoreError, StreamOptions, StreamStart,
@@ -52,8 +52,10 @@ struct Pending {
     /// The ledger entries of the events read ahead, fetched while the batch before them was
     /// written (see [`Prefetched`]).
     prefetched: Option<Prefetched>,
-    /// Counters carried across batches while behind (see [`crate::carry`]).
+    /// Counters carried across batches while behind (see [`crate::core::carry`]).
     carrying: Carrying,
+    /// When the next chunk of a running initial snapshot is due.
+    next_chunk_at: DateTime,
 }
 
 /// How long a stop waits for the carried counters to be written.
@@ -78,14 +80,108 @@ pub fn next_batch_limit(current: usize, asked: usize, got: usize, min: usize, ma
     next.clamp(min, max)
 }
 
+impl Pending {
+    /// Nothing read yet, at `checkpoint`'s position; a snapshot chunk is due `now`.
+    fn new(settings: &super::WorkerSettings, checkpoint: &Checkpoint, now: DateTime) -> Pending {
+        Pending {
+            events: VecDeque::new(),
+            costs: VecDeque::new(),
+            held: settings.budget.none(),
+            idle: true,
+            applied_since_drained: true,
+            idle_reads: 0,
+            resumed_after: checkpoint.token.as_ref().and(checkpoint.token_time),
+            batch_limit: settings.batch_size,
+            behind: false,
+            prefetched: None,
+            carrying: Carrying::new(&settings.budget),
+            next_chunk_at: now,
+        }
+    }
+
+    /// Takes the next batch (see [`take_batch`]), with its share of the budget, held until it
+    /// is written, and the ledger entries read ahead for it.
+    fn take_batch(&mut self, high_water: Option<&Token>) -> Taken {
+        let events = take_batch(&mut self.events, high_water);
+        let batch_bytes: usize = self.costs.drain(..events.len()).sum();
+        let grant = self.held.split(batch_bytes);
+        let prefetched = self.prefetched.take();
+        Taken {
+            batch: Batch { events, prefetched },
+            grant,
+        }
+    }
+}
+
+/// A batch taken from what was read, with its share of the memory budget.
+struct Taken {
+    batch: Batch,
+    /// Held until the batch is written.
+    grant: Grant,
+}
+
+/// Whether a stage that a stop may cut short went on, with what it found, or was stopped.
+enum Flow<T> {
+    Go(T),
+    Stopped,
+}
+
 impl<S: Store + ?Sized> Worker<S> {
     /// One stream session: open from the checkpoint and apply batches until shutdown or error.
+    ///
+    /// The stages: [`Worker::resume`] (what a previous run left), [`Worker::open`], then per
+    /// turn a snapshot chunk where one is due ([`Worker::snapshot_chunk`]) and one batch read
+    /// and applied ([`Worker::step`], within the operation timeout).
     pub(super) async fn session(
         &self,
         fence: &Fence,
         shutdown: &Shutdown,
         backoff: &mut backon::ExponentialBackoff,
     ) -> Result<(), SessionError> {
+        let (mut checkpoint, configured_start) = self.resume(fence).await?;
+        let snapshotter = self.snapshotter(fence);
+        let Some(_reply) = self.reserve_reply(shutdown).await else {
+            return Ok(());
+        };
+        let mut source = self.open(fence, &checkpoint, configured_start).await?;
+        let mut pending = Pending::new(&self.settings, &checkpoint, self.clock.now());
+        loop {
+            if shutdown.requested() {
+                self.stop(fence, &mut checkpoint, &mut pending.carrying)
+                    .await;
+                return Ok(());
+            }
+            let chunk =
+                self.snapshot_chunk(fence, &snapshotter, &mut checkpoint, &mut pending, shutdown);
+            if let Flow::Stopped = chunk.await? {
+                return Ok(());
+            }
+            let step = self.timed_step(
+                fence,
+                &mut checkpoint,
+                source.as_mut(),
+                &mut pending,
+                shutdown,
+            );
+            let idle = match step.await? {
+                Flow::Go(idle) => idle,
+                Flow::Stopped => return Ok(()),
+            };
+            *backoff = self.backoff();
+            if idle
+                && sleep_or_shutdown(self.clock.as_ref(), self.settings.idle_interval, shutdown)
+                    .await
+            {
+                return Ok(());
+            }
+        }
+    }
+
+    /// What a previous run left: the checkpoint (a new one if there is none), its batch in
+    /// flight re-applied, its deployment checked, the initial snapshot begun (and a chunk left
+    /// in flight finished), and "now" pinned where nothing says where to start. Returns the
+    /// checkpoint and the configured start, if it still applies.
+    async fn resume(&self, fence: &Fence) -> Result<(Checkpoint, Option<Timestamp>), SessionError> {
         let mut checkpoint = self
             .store
             .load_checkpoint(&fence.stream)
@@ -128,21 +224,29 @@ impl<S: Store + ?Sized> Worker<S> {
             self.store.record_start(fence, now).await?;
             checkpoint.start_time = Some(now);
         }
-        let start = match (
-            &checkpoint.token,
-            checkpoint.start_time.or(configured_start),
-        ) {
-            (Some(token), _) => StreamStart::After(token.clone()),
-            (None, Some(at)) => StreamStart::AtTime(at),
-            (None, None) => StreamStart::Now,
-        };
-        // An open stream holds a server reply's worth of the budget (see `REPLY_RESERVE`).
-        let _reply = tokio::select! {
+        Ok((checkpoint, configured_start))
+    }
+
+    /// An open stream holds a server reply's worth of the budget (see `REPLY_RESERVE`).
+    /// `None`: stopped while waiting for it.
+    async fn reserve_reply(&self, shutdown: &Shutdown) -> Option<Grant> {
+        tokio::select! {
             biased;
-            grant = self.settings.budget.take_at_least(cost::REPLY_RESERVE, cost::REPLY_RESERVE) => grant,
-            _ = shutdown.wait() => return Ok(()),
-        };
-        let mut source = self
+            grant = self.settings.budget.take_at_least(cost::REPLY_RESERVE, cost::REPLY_RESERVE) => Some(grant),
+            _ = shutdown.wait() => None,
+        }
+    }
+
+    /// Opens the stream where `checkpoint` (or the configured start) says, and reports the
+    /// position a restart would resume from.
+    async fn open(
+        &self,
+        fence: &Fence,
+        checkpoint: &Checkpoint,
+        configured_start: Option<Timestamp>,
+    ) -> Result<Box<dyn EventSource>, SessionError> {
+        let start = stream_start(checkpoint, configured_start);
+        let source = self
             .store
             .open_stream(StreamOptions {
                 start,
@@ -154,7 +258,7 @@ impl<S: Store + ?Sized> Worker<S> {
         self.status.stream_opened(self.clock.now());
         // The position a restart would resume from, known from the start (not only after the
         // first checkpoint written by this process).
-        let resumes_from = crate::recount::applied_before(&checkpoint)
+        let resumes_from = crate::recount::applied_before(checkpoint)
             .or(checkpoint.start_time)
             .or(configured_start);
         if let Some(t) = resumes_from {
@@ -167,90 +271,89 @@ impl<S: Store + ?Sized> Worker<S> {
                 .unwrap_or_else(|| "none".into())
         };
         tracing::info!(stream = %fence.stream, token = %or_none(&checkpoint.token), high_water = %or_none(&checkpoint.high_water), "change stream open");
-        let mut pending = Pending {
-            events: VecDeque::new(),
-            costs: VecDeque::new(),
-            held: self.settings.budget.none(),
-            idle: true,
-            applied_since_drained: true,
-            idle_reads: 0,
-            resumed_after: checkpoint.token.as_ref().and(checkpoint.token_time),
-            batch_limit: self.settings.batch_size,
-            behind: false,
-            prefetched: None,
-            carrying: Carrying::new(&self.settings.budget),
-        };
-        let mut next_chunk_at = self.clock.now();
-        loop {
-            if shutdown.requested() {
-                self.stop(fence, &mut checkpoint, &mut pending.carrying)
-                    .await;
-                return Ok(());
-            }
-            if checkpoint.snapshot_running() && self.clock.now() >= next_chunk_at {
-                // One chunk between two batches, at the configured rate, of as many rows as the
-                // memory budget has room for (waiting for room only while this worker holds
-                // no events: see `crate::budget`). Carried counters are written first: the
-                // chunk's counts are added beside the stream's (see `crate::snapshot`).
-                self.flush(fence, &mut checkpoint, &mut pending.carrying)
-                    .await?;
-                let want = self.settings.snapshot.chunk_rows * cost::ROW_COST;
-                let rows = tokio::select! {
-                    biased;
-                    grant = self.settings.budget.take_for(&pending.held, cost::ROW_COST, want) => grant,
-                    _ = shutdown.wait() => return Ok(()),
-                };
-                let max_rows = rows.bytes() / cost::ROW_COST;
-                let chunk = tokio::time::timeout(self.settings.operation_timeout, async {
-                    if max_rows == 0 {
-                        return Ok(crate::snapshot::Step::Idle);
-                    }
-                    snapshotter.step_within(&mut checkpoint, max_rows).await
-                });
-                let step = tokio::select! {
-                    biased;
-                    result = chunk => result.map_err(|_| StoreError::Transient {
-                        op: "read and apply a snapshot chunk",
-                        message: format!("no answer within {:?} (operation_timeout)", self.settings.operation_timeout),
-                    })??,
-                    _ = shutdown.wait() => return Ok(()),
-                };
-                if let crate::snapshot::Step::Chunk { rows } = step {
-                    let pause = self.settings.snapshot.pause_after(rows);
-                    next_chunk_at = DateTime::from_millis(
-                        self.clock.now().timestamp_millis() + pause.as_millis() as i64,
-                    );
-                }
-            }
-            let step = tokio::time::timeout(
-                self.settings.operation_timeout,
-                self.step(fence, &mut checkpoint, source.as_mut(), &mut pending),
-            );
-            // `biased`: the branches are polled in this order, never in a random one, so a
-            // stop requested while a step runs ends it at the same point every time (the
-            // simulation replays a seed exactly).
-            let idle = tokio::select! {
-                biased;
-                result = step => result.map_err(|_| StoreError::Transient {
-                    op: "read and apply a batch",
-                    message: format!("no answer within {:?} (operation_timeout); is the server paused or unreachable?", self.settings.operation_timeout),
-                })??,
-                // Abandoning a batch mid-way is safe: the checkpoint has not moved, and a
-                // recorded intent is re-applied exactly, as planned, by the next session.
-                // What is carried is still written when the batches it holds are settled.
-                _ = shutdown.wait() => {
-                    self.stop(fence, &mut checkpoint, &mut pending.carrying).await;
-                    return Ok(());
-                }
-            };
-            *backoff = self.backoff();
-            if idle
-                && sleep_or_shutdown(self.clock.as_ref(), self.settings.idle_interval, shutdown)
-                    .await
-            {
-                return Ok(());
-            }
+        Ok(source)
+    }
+
+    /// One chunk of the initial snapshot between two batches, where one is due; the next one
+    /// is due after a pause for the rows this one read.
+    async fn snapshot_chunk(
+        &self,
+        fence: &Fence,
+        snapshotter: &crate::snapshot::Snapshotter<'_, S>,
+        checkpoint: &mut Checkpoint,
+        pending: &mut Pending,
+        shutdown: &Shutdown,
+    ) -> Result<Flow<()>, SessionError> {
+        if !checkpoint.snapshot_running() || self.clock.now() < pending.next_chunk_at {
+            return Ok(Flow::Go(()));
         }
+        // One chunk between two batches, at the configured rate, of as many rows as the
+        // memory budget has room for (waiting for room only while this worker holds
+        // no events: see `crate::budget`). Carried counters are written first: the
+        // chunk's counts are added beside the stream's (see `crate::snapshot`).
+        self.flush(fence, checkpoint, &mut pending.carrying).await?;
+        let want = self.settings.snapshot.chunk_rows * cost::ROW_COST;
+        let rows = tokio::select! {
+            biased;
+            grant = self.settings.budget.take_for(&pending.held, cost::ROW_COST, want) => grant,
+            _ = shutdown.wait() => return Ok(Flow::Stopped),
+        };
+        let max_rows = rows.bytes() / cost::ROW_COST;
+        let chunk = tokio::time::timeout(self.settings.operation_timeout, async {
+            if max_rows == 0 {
+                return Ok(crate::snapshot::Step::Idle);
+            }
+            snapshotter.step_within(checkpoint, max_rows).await
+        });
+        let step = tokio::select! {
+            biased;
+            result = chunk => result.map_err(|_| StoreError::Transient {
+                op: "read and apply a snapshot chunk",
+                message: format!("no answer within {:?} (operation_timeout)", self.settings.operation_timeout),
+            })??,
+            _ = shutdown.wait() => return Ok(Flow::Stopped),
+        };
+        if let crate::snapshot::Step::Chunk { rows } = step {
+            let pause = self.settings.snapshot.pause_after(rows);
+            pending.next_chunk_at = DateTime::from_millis(
+                self.clock.now().timestamp_millis() + pause.as_millis() as i64,
+            );
+        }
+        Ok(Flow::Go(()))
+    }
+
+    /// [`Worker::step`] within the operation timeout, or cut short by a stop. Returns whether
+    /// the stream was idle.
+    async fn timed_step(
+        &self,
+        fence: &Fence,
+        checkpoint: &mut Checkpoint,
+        source: &mut dyn EventSource,
+        pending: &mut Pending,
+        shutdown: &Shutdown,
+    ) -> Result<Flow<bool>, SessionError> {
+        let step = tokio::time::timeout(
+            self.settings.operation_timeout,
+            self.step(fence, checkpoint, source, pending),
+        );
+        // `biased`: the branches are polled in this order, never in a random one, so a
+        // stop requested while a step runs ends it at the same point every time (the
+        // simulation replays a seed exactly).
+        let idle = tokio::select! {
+            biased;
+            result = step => result.map_err(|_| StoreError::Transient {
+                op: "read and apply a batch",
+                message: format!("no answer within {:?} (operation_timeout); is the server paused or unreachable?", self.settings.operation_timeout),
+            })??,
+            // Abandoning a batch mid-way is safe: the checkpoint has not moved, and a
+            // recorded intent is re-applied exactly, as planned, by the next session.
+            // What is carried is still written when the batches it holds are settled.
+            _ = shutdown.wait() => {
+                self.stop(fence, checkpoint, &mut pending.carrying).await;
+                return Ok(Flow::Stopped);
+            }
+        };
+        Ok(Flow::Go(idle))
     }
 
     /// A stop: what is carried is written first, so that a stopped worker's counters show
@@ -276,6 +379,11 @@ impl<S: Store + ?Sized> Worker<S> {
     }
 
     /// Reads and applies one batch. Returns true when the stream was idle.
+    ///
+    /// The stages: what is carried is written unless it may stay carried; the stream is read
+    /// within the budget ([`Worker::read`]) unless a batch is already waiting; then the batch
+    /// is applied (see [`Worker::apply`]), while behind with the next one read ahead
+    /// ([`Worker::apply_reading_ahead`]).
     async fn step(
         &self,
         fence: &Fence,
@@ -284,7 +392,7 @@ impl<S: Store + ?Sized> Worker<S> {
         pending: &mut Pending,
     ) -> Result<bool, SessionError> {
         // Counters are carried only while more events are read and waiting (see
-        // `crate::carry`): otherwise what is carried is written now, before the stream is read
+        // `crate::core::carry`): otherwise what is carried is written now, before the stream is read
         // on caught up (a read that waits for events holds nothing else; `crate::budget`).
         let carry_on = pending.behind
             && !pending.events.is_empty()
@@ -293,136 +401,176 @@ impl<S: Store + ?Sized> Worker<S> {
         if !carry_on {
             self.flush(fence, checkpoint, &mut pending.carrying).await?;
         }
+        if self.wants_read(pending) && self.read(fence, checkpoint, source, pending).await? {
+            return Ok(true);
+        }
+        pending.idle = false;
+        let taken = pending.take_batch(checkpoint.high_water.as_ref());
+        if pending.behind {
+            self.apply_reading_ahead(fence, checkpoint, source, pending, taken)
+                .await?;
+        } else {
+            let Taken { batch, grant } = taken;
+            self.apply(fence, checkpoint, batch, &mut pending.carrying, false)
+                .await?;
+            drop(grant);
+        }
+        pending.applied_since_drained = true;
+        Ok(false)
+    }
+
+    /// Whether the next batch needs a read: it is not full by count, nor by bytes.
+    fn wants_read(&self, pending: &Pending) -> bool {
         // Events read ahead that already fill a read's share of the budget are a whole batch:
         // a read topping them up would be cut to nothing and look like a caught-up stream
         // (which would halve the next batch and stop the read ahead and the carry).
         let full_by_bytes = !pending.events.is_empty()
             && cost::read_share(self.budget_total()).saturating_sub(pending.held.bytes())
                 < cost::MIN_READ;
-        if pending.events.len() < pending.batch_limit && !full_by_bytes {
-            // On an idle stream, note where the server stands before reading: an empty answer
-            // then proves that every event before that position is applied.
-            let before_read = if pending.events.is_empty() && pending.idle {
-                Some(self.store.read_position().await?.lower)
-            } else {
-                None
-            };
-            let asked = pending.batch_limit - pending.events.len();
-            // Holding nothing, the read waits for room in the budget; topping up a batch it
-            // takes what is free.
-            let holding = pending.held.bytes() > 0;
-            let want = cost::read_share(self.budget_total()).saturating_sub(pending.held.bytes());
-            let mut grant = self
-                .settings
-                .budget
-                .take_for(&pending.held, cost::MIN_READ, want)
-                .await;
-            let limit = ReadLimit {
-                events: if grant.bytes() == 0 { 0 } else { asked },
-                bytes: grant.bytes(),
-                at_least_one: !holding,
-            };
-            let read = if limit.events == 0 {
-                Read::none()
-            } else {
-                let raw = source.read(limit, self.settings.max_batch_wait).await?;
-                Read::parse(&fence.stream, &limit, asked, raw)
-            };
-            self.settle(&mut grant, &read);
-            let (got, post_batch) = (read.got, read.post_batch_token.clone());
-            self.take_in(checkpoint, pending, read, grant)?;
-            if pending.events.is_empty() {
-                self.status.drained();
-                let idle_before = std::mem::replace(&mut pending.idle, true);
-                let drained_at = before_read.filter(|_| idle_before && got == 0);
-                self.checkpoint_idle(fence, checkpoint, post_batch, drained_at, pending)
-                    .await?;
-                return Ok(true);
-            }
-        }
-        pending.idle = false;
-        let batch = take_batch(&mut pending.events, checkpoint.high_water.as_ref());
-        // The batch's share of the budget is held until it is written.
-        let batch_bytes: usize = pending.costs.drain(..batch.len()).sum();
-        let batch_grant = pending.held.split(batch_bytes);
-        let prefetched = pending.prefetched.take();
-        if pending.behind {
-            // Behind: the next batch is read, and its ledger entries fetched, while this one is
-            // written. (Caught up, the next read waits for new events instead, and is preceded
-            // by a position reading.) A read may return more than asked (a transaction is
-            // taken whole), so what is held may be over the limit.
-            let asked = pending.batch_limit.saturating_sub(pending.events.len());
-            // Only when the read ahead is the whole next batch, and no snapshot chunk can
-            // claim entries between the two batches.
-            let prefetch = pending.events.is_empty()
-                && self.settings.attribution.uses_ledger()
-                && !checkpoint.snapshot_running();
-            let generation = checkpoint.ledger_generation();
-            // The read ahead holds the batch being written: it takes what is free now, and is
-            // cut to it (or not made at all).
-            let mut grant = self
-                .settings
-                .budget
-                .take_free(cost::read_share(self.budget_total()));
-            let limit = ReadLimit {
-                events: if grant.bytes() == 0 { 0 } else { asked },
-                bytes: grant.bytes(),
-                at_least_one: false,
-            };
-            let read_ahead = async {
-                if limit.events == 0 {
-                    return Ok((Read::none(), None));
-                }
-                // The read runs while the batch is written, so it may take about as long: a
-                // backlog is then read in full batches (coalescing needs them) rather than cut
-                // at `max_batch_wait`, which bounds the latency of a caught-up worker's reads.
-                let raw = source
-                    .read(limit, self.settings.max_batch_wait * READ_AHEAD_WAITS)
-                    .await?;
-                let read = Read::parse(&fence.stream, &limit, asked, raw);
-                let ledger = if prefetch && !read.events.is_empty() {
-                    Some(
-                        self.prefetch_ledger(&fence.stream, generation, &read.events)
-                            .await?,
-                    )
-                } else {
-                    None
-                };
-                Ok::<_, StoreError>((read, ledger))
-            };
-            let may_carry = !checkpoint.snapshot_running();
-            let applied = self.apply(
-                fence,
-                checkpoint,
-                batch,
-                prefetched,
-                &mut pending.carrying,
-                may_carry,
-            );
-            let (applied, read) = tokio::join!(applied, read_ahead);
-            drop(batch_grant);
-            let written = applied?;
-            let (read, ledger) = read?;
-            self.settle(&mut grant, &read);
-            self.take_in(checkpoint, pending, read, grant)?;
-            pending.prefetched = ledger.map(|mut ledger| {
-                ledger.overlay(written);
-                ledger
-            });
+        pending.events.len() < pending.batch_limit && !full_by_bytes
+    }
+
+    /// Reads the stream within the memory budget, and takes what it read in. Returns true
+    /// when nothing waits to be applied (the stream was idle; its position is checkpointed).
+    async fn read(
+        &self,
+        fence: &Fence,
+        checkpoint: &mut Checkpoint,
+        source: &mut dyn EventSource,
+        pending: &mut Pending,
+    ) -> Result<bool, SessionError> {
+        // On an idle stream, note where the server stands before reading: an empty answer
+        // then proves that every event before that position is applied.
+        let before_read = if pending.events.is_empty() && pending.idle {
+            Some(self.store.read_position().await?.lower)
         } else {
-            self.apply(
-                fence,
-                checkpoint,
-                batch,
-                prefetched,
-                &mut pending.carrying,
-                false,
-            )
-            .await?;
-            drop(batch_grant);
+            None
+        };
+        let asked = pending.batch_limit - pending.events.len();
+        // Holding nothing, the read waits for room in the budget; topping up a batch it
+        // takes what is free.
+        let holding = pending.held.bytes() > 0;
+        let want = cost::read_share(self.budget_total()).saturating_sub(pending.held.bytes());
+        let mut grant = self
+            .settings
+            .budget
+            .take_for(&pending.held, cost::MIN_READ, want)
+            .await;
+        let limit = ReadLimit {
+            events: if grant.bytes() == 0 { 0 } else { asked },
+            bytes: grant.bytes(),
+            at_least_one: !holding,
+        };
+        let read = if limit.events == 0 {
+            Read::none()
+        } else {
+            let raw = source.read(limit, self.settings.max_batch_wait).await?;
+            Read::parse(&fence.stream, &limit, asked, raw)
+        };
+        self.settle(&mut grant, &read);
+        let (got, post_batch) = (read.got, read.post_batch_token.clone());
+        self.take_in(checkpoint, pending, read, grant)?;
+        if !pending.events.is_empty() {
+            return Ok(false);
         }
-        pending.applied_since_drained = true;
-        Ok(false)
+        self.status.drained();
+        let idle_before = std::mem::replace(&mut pending.idle, true);
+        let drained_at = before_read.filter(|_| idle_before && got == 0);
+        self.checkpoint_idle(fence, checkpoint, post_batch, drained_at, pending)
+            .await?;
+        Ok(true)
+    }
+
+    /// Behind: the next batch is read, and its ledger entries fetched, while this one is
+    /// written. (Caught up, the next read waits for new events instead, and is preceded by a
+    /// position reading.) A read may return more than asked (a transaction is taken whole),
+    /// so what is held may be over the limit.
+    async fn apply_reading_ahead(
+        &self,
+        fence: &Fence,
+        checkpoint: &mut Checkpoint,
+        source: &mut dyn EventSource,
+        pending: &mut Pending,
+        taken: Taken,
+    ) -> Result<(), SessionError> {
+        let Taken {
+            batch,
+            grant: batch_grant,
+        } = taken;
+        let ahead = self.read_ahead_limit(checkpoint, pending);
+        let mut grant = ahead.grant;
+        let read_ahead = self.read_ahead(fence, source, &ahead.limit, ahead.asked, ahead.prefetch);
+        let may_carry = !checkpoint.snapshot_running();
+        let applied = self.apply(fence, checkpoint, batch, &mut pending.carrying, may_carry);
+        let (applied, read) = tokio::join!(applied, read_ahead);
+        drop(batch_grant);
+        let written = applied?;
+        let (read, ledger) = read?;
+        self.settle(&mut grant, &read);
+        self.take_in(checkpoint, pending, read, grant)?;
+        pending.prefetched = ledger.map(|mut ledger| {
+            ledger.overlay(written);
+            ledger
+        });
+        Ok(())
+    }
+
+    /// Sizes the read ahead: the events the next batch still wants, within what the budget
+    /// has free now (the read ahead holds the batch being written: it is cut to what is free,
+    /// or not made at all).
+    fn read_ahead_limit(&self, checkpoint: &Checkpoint, pending: &Pending) -> ReadAhead {
+        let asked = pending.batch_limit.saturating_sub(pending.events.len());
+        // Only when the read ahead is the whole next batch, and no snapshot chunk can
+        // claim entries between the two batches.
+        let prefetch = pending.events.is_empty()
+            && self.settings.attribution.uses_ledger()
+            && !checkpoint.snapshot_running();
+        let generation = checkpoint.ledger_generation();
+        let grant = self
+            .settings
+            .budget
+            .take_free(cost::read_share(self.budget_total()));
+        let limit = ReadLimit {
+            events: if grant.bytes() == 0 { 0 } else { asked },
+            bytes: grant.bytes(),
+            at_least_one: false,
+        };
+        ReadAhead {
+            grant,
+            limit,
+            asked,
+            prefetch: prefetch.then_some(generation),
+        }
+    }
+
+    /// The read ahead itself, with the ledger entries of what it read (of generation
+    /// `prefetch`, where given).
+    async fn read_ahead(
+        &self,
+        fence: &Fence,
+        source: &mut dyn EventSource,
+        limit: &ReadLimit,
+        asked: usize,
+        prefetch: Option<u64>,
+    ) -> Result<(Read, Option<Prefetched>), StoreError> {
+        if limit.events == 0 {
+            return Ok((Read::none(), None));
+        }
+        // The read runs while the batch is written, so it may take about as long: a
+        // backlog is then read in full batches (coalescing needs them) rather than cut
+        // at `max_batch_wait`, which bounds the latency of a caught-up worker's reads.
+        let raw = source
+            .read(*limit, self.settings.max_batch_wait * READ_AHEAD_WAITS)
+            .await?;
+        let read = Read::parse(&fence.stream, limit, asked, raw);
+        let ledger = match prefetch {
+            Some(generation) if !read.events.is_empty() => Some(
+                self.prefetch_ledger(&fence.stream, generation, &read.events)
+                    .await?,
+            ),
+            _ => None,
+        };
+        Ok((read, ledger))
     }
 
     fn budget_total(&self) -> usize {
@@ -600,12 +748,34 @@ fn rfc3339(at: Timestamp) -> String {
         .unwrap_or_else(|_| at.time.to_string())
 }
 
+/// What a read ahead may read, taken from the budget before the batch is written.
+struct ReadAhead {
+    grant: Grant,
+    limit: ReadLimit,
+    asked: usize,
+    /// The ledger's generation, where the read's ledger entries are fetched with it.
+    prefetch: Option<u64>,
+}
+
+/// Where the stream opens: after the checkpoint's token, else at its pinned start (or the
+/// configured one), else now.
+fn stream_start(checkpoint: &Checkpoint, configured_start: Option<Timestamp>) -> StreamStart {
+    match (
+        &checkpoint.token,
+        checkpoint.start_time.or(configured_start),
+    ) {
+        (Some(token), _) => StreamStart::After(token.clone()),
+        (None, Some(at)) => StreamStart::AtTime(at),
+        (None, None) => StreamStart::Now,
+    }
+}
+
 /// Takes the next batch from the buffer: everything read so far, cut at the high water so that
 /// no batch holds events both at or below it and above it.
 ///
 /// Why this never ends a batch inside a transaction: the buffer holds whole reads, and every
 /// `EventSource` read ends only at a transaction's end (or where nothing more was ready, which
-/// a transaction, visible all at once, cannot straddle): see [`crate::txn`]. So the one cut
+/// a transaction, visible all at once, cannot straddle): see [`crate::core::txn`]. So the one cut
 /// made here is the high water's, itself a batch end (or a post-batch token of a drained read);
 /// one inside a transaction can only come from a version before that rule or an operator's
 /// replay to a token inside one, and cutting there keeps what the counters already hold.

@@ -30,10 +30,10 @@ mod startup;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use counterd::event::PostId;
+use counterd::core::key::PostId;
 use counterd_testdb::{FaultProxy, Target};
 use daemon::Daemon;
-use support::{now_secs, TestDb};
+use support::{now_secs, post, TestDb};
 
 /// How long a recovery may take on a loaded two-core machine: a few backoffs (at most 500 ms
 /// each in these tests), an operation timeout (3 s) and a lease TTL (2 s), with room to spare.
@@ -126,10 +126,6 @@ impl Faulty {
 }
 
 pub const POSTS: usize = 4;
-
-pub fn post(i: usize) -> PostId {
-    PostId::Str(format!("post-{i}"))
-}
 
 pub fn posts() -> Vec<PostId> {
     (0..POSTS).map(post).collect()

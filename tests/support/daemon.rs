@@ -154,6 +154,25 @@ impl Daemon {
         http_get(self.port, path).await
     }
 
+    /// The histogram `counterd_drift_comments` of `/metrics` for the counter `counter`:
+    /// (samples, sum); nothing when `/metrics` does not answer.
+    pub async fn drift_reported(&self, counter: &str) -> (u64, f64) {
+        let Some((200, text)) = self.get("/metrics").await else {
+            return (0, 0.0);
+        };
+        let label = format!("counter=\"{counter}\"");
+        let total = |name: &str| -> f64 {
+            text.lines()
+                .filter(|l| l.starts_with(name) && l.contains(&label))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum()
+        };
+        (
+            total("counterd_drift_comments_count") as u64,
+            total("counterd_drift_comments_sum"),
+        )
+    }
+
     /// Waits until `/readyz` answers with a body starting with `prefix` ("active" or "standby").
     pub async fn wait_role(&self, prefix: &str, within: Duration) -> bool {
         let deadline = Instant::now() + within;

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use counterd::event::PostId;
+use counterd::core::key::PostId;
 use counterd::store::counting::CountingStore;
 use counterd::store::mongo::{ConnectOptions, MongoStore};
 use counterd::store::prelude::*;
@@ -35,16 +35,16 @@ pub struct TestDb {
     pub comments: Collection<Document>,
     pub abilities: ServerAbilities,
     /// The application schema this test's rows use.
-    pub schema: counterd::schema::Schema,
+    pub schema: counterd::core::schema::Schema,
 }
 
 impl TestDb {
     pub async fn new(test: &str) -> TestDb {
-        Self::with_schema(test, counterd::schema::Schema::default()).await
+        Self::with_schema(test, counterd::core::schema::Schema::default()).await
     }
 
     /// A test database whose comments use `schema`'s field names and soft-delete rule.
-    pub async fn with_schema(test: &str, schema: counterd::schema::Schema) -> TestDb {
+    pub async fn with_schema(test: &str, schema: counterd::core::schema::Schema) -> TestDb {
         Self::on_server(server(), test, schema).await
     }
 
@@ -53,7 +53,7 @@ impl TestDb {
     pub async fn on_server(
         server: &TestServer,
         test: &str,
-        schema: counterd::schema::Schema,
+        schema: counterd::core::schema::Schema,
     ) -> TestDb {
         let name = format!(
             "t{}_{}_{}",
@@ -187,6 +187,29 @@ impl TestDb {
         }
     }
 
+    /// Waits until the worker of stream `comments` has applied every write acknowledged before
+    /// this call: see [`caught_up_on`].
+    pub async fn wait_caught_up(&self, within: Duration) {
+        caught_up_on(&self.store, "comments", within).await
+    }
+
+    /// `counterd` against this test's database: see [`counterd_at`].
+    pub fn counterd(&self) -> std::process::Command {
+        counterd_at(&self.uri, &self.name)
+    }
+
+    /// A one-shot `counterd` command against this test's database, with the settings file
+    /// `config` (`COUNTERD_CONFIG`).
+    pub fn counterd_with(&self, config: &str, args: &[&str]) -> std::process::Output {
+        self.counterd()
+            .args(args)
+            .env("COUNTERD_CONFIG", config)
+            .env("COUNTERD_CONNECT_TIMEOUT", "5s")
+            .env("COUNTERD_LOG_LEVEL", "warn")
+            .output()
+            .unwrap()
+    }
+
     pub fn worker_settings(&self) -> WorkerSettings {
         WorkerSettings {
             schema: self.schema.clone(),
@@ -269,6 +292,106 @@ impl RunningWorker {
         let _ = self.stop.send(true);
         self.handle.await.expect("worker task")
     }
+}
+
+/// Waits until the worker of `stream` (of the source `store` reads) has applied every write
+/// acknowledged before this call: the stream was found drained at a position after them and no
+/// batch is in flight. ([`TestDb::wait_drained`] waits for the last event the worker read
+/// instead, for tests that stop it next.)
+pub async fn caught_up_on(store: &MongoStore, stream: &str, within: Duration) {
+    let after = store.read_position().await.unwrap().upper;
+    let deadline = Instant::now() + within;
+    loop {
+        let c = store.load_checkpoint(stream).await.unwrap();
+        if c.is_some_and(|c| c.pending.is_none() && c.caught_up_at.is_some_and(|at| at >= after)) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the worker of {stream} did not catch up within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Writes the settings `text` (`[[counters]]`, `[[sources]]`, ...) to `counterd.toml` in `dir`;
+/// its path, for `COUNTERD_CONFIG`.
+pub fn settings_file(dir: &tempfile::TempDir, text: &str) -> String {
+    let path = dir.path().join("counterd.toml");
+    std::fs::write(&path, text).unwrap();
+    path.to_string_lossy().into_owned()
+}
+
+/// The counter definitions of the settings `text`, as the schema of a test's own store (whose
+/// views then count their truth).
+pub fn schema_of(text: &str) -> counterd::core::schema::Schema {
+    let settings: counterd::config::Settings = toml::from_str(text).unwrap();
+    counterd::core::schema::Schema {
+        counters: settings.definitions().unwrap().extra().to_vec(),
+        ..counterd::core::schema::Schema::default()
+    }
+}
+
+/// The environment of a `counterd run` whose folds follow within seconds (one-second buckets, a
+/// settle time of a second, a reconcile pass every 500 ms) and whose background sweep is off
+/// (only dirty groups are folded); with the settings file `config`, if any.
+pub fn quick_folds(config: Option<&str>) -> Vec<(&str, &str)> {
+    let mut env = vec![
+        ("COUNTERD_BUCKET_WIDTH", "1s"),
+        ("COUNTERD_SETTLE_TIME", "1s"),
+        ("COUNTERD_RECONCILE_INTERVAL", "500ms"),
+        ("COUNTERD_BACKGROUND_SWEEP_PASS", "0s"),
+    ];
+    if let Some(path) = config {
+        env.push(("COUNTERD_CONFIG", path));
+    }
+    env
+}
+
+/// The binary under test, against `database` on `uri`, without a settings file from the
+/// caller's environment: the start of every one-shot command a test runs (it adds its
+/// arguments and settings).
+pub fn counterd_at(uri: &str, database: &str) -> std::process::Command {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_counterd"));
+    command
+        .env("COUNTERD_MONGODB_URI", uri)
+        .env("COUNTERD_DATABASE", database)
+        .env_remove("COUNTERD_CONFIG");
+    command
+}
+
+/// Polls `check` every 100 ms until it holds, or panics naming `what` once `within` has passed.
+pub async fn eventually<F, Fut>(what: &str, within: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    while !check().await {
+        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// What a one-shot command printed: its standard output, then its standard error.
+pub fn output_text(o: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// `secs` (Unix time) as the RFC 3339 time the commands take and print, in whole seconds.
+pub fn rfc3339(secs: i64) -> String {
+    chrono::DateTime::from_timestamp(secs, 0)
+        .unwrap()
+        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+/// The tests' posts: `post-0`, `post-1`, ... (string ids, as the pages show them).
+pub fn post(i: usize) -> PostId {
+    PostId::Str(format!("post-{i}"))
 }
 
 /// Prints why a test is skipped (so a skip is never silent).

@@ -60,7 +60,7 @@ impl Bench {
     }
 
     async fn mongo_store(&self, phase: &str) -> anyhow::Result<MongoStore> {
-        self.mongo_store_with(phase, counterd::schema::Schema::default())
+        self.mongo_store_with(phase, counterd::core::schema::Schema::default())
             .await
     }
 
@@ -68,7 +68,7 @@ impl Bench {
     pub async fn store_with_schema(
         &self,
         phase: &str,
-        schema: counterd::schema::Schema,
+        schema: counterd::core::schema::Schema,
     ) -> anyhow::Result<Arc<Counted>> {
         Ok(Arc::new(CountingStore::new(
             self.mongo_store_with(phase, schema).await?,
@@ -78,7 +78,7 @@ impl Bench {
     async fn mongo_store_with(
         &self,
         phase: &str,
-        schema: counterd::schema::Schema,
+        schema: counterd::core::schema::Schema,
     ) -> anyhow::Result<MongoStore> {
         self.fresh_server().await?;
         let store = connect(&self.uri(), &self.db_name(phase), schema).await?;
@@ -117,7 +117,7 @@ impl Bench {
 async fn connect(
     uri: &str,
     database: &str,
-    schema: counterd::schema::Schema,
+    schema: counterd::core::schema::Schema,
 ) -> anyhow::Result<MongoStore> {
     Ok(MongoStore::connect(&ConnectOptions {
         uri: uri.to_string(),
@@ -211,7 +211,7 @@ pub fn worker_settings(plan: &Plan, start: Timestamp) -> WorkerSettings {
 
 fn no_snapshot() -> counterd::snapshot::SnapshotSettings {
     counterd::snapshot::SnapshotSettings {
-        initial: counterd::snapshot::InitialSnapshot::Never,
+        initial: counterd::config::InitialSnapshot::Never,
         ..Default::default()
     }
 }
@@ -406,7 +406,7 @@ pub async fn child_worker(args: &[String]) -> anyhow::Result<()> {
     let [uri, database, start, events] = args else {
         bail!("--child-worker needs URI DATABASE START_SECS EVENTS");
     };
-    let store = Arc::new(connect(uri, database, counterd::schema::Schema::default()).await?);
+    let store = Arc::new(connect(uri, database, counterd::core::schema::Schema::default()).await?);
     let settings = WorkerSettings {
         start_at: Some(Timestamp {
             time: start.parse()?,

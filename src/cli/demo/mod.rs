@@ -16,13 +16,13 @@ use bson::{doc, DateTime};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use crate::config::InitialSnapshot;
 use crate::config::Settings;
+use crate::core::key::PostId;
 use crate::daemon::{run_sources, shutdown_on_signals, statuses_for};
-use crate::event::PostId;
 use crate::outln;
 use crate::reconcile::{ReconcileSettings, Reconciler};
 use crate::shutdown::Shutdown;
-use crate::snapshot::InitialSnapshot;
 use crate::store::displayed_and_truth;
 use crate::store::prelude::*;
 use crate::store::SnapshotState;
@@ -392,7 +392,7 @@ async fn reported_drift(
 #[allow(clippy::too_many_arguments)]
 async fn load_generator(
     comments: mongodb::Collection<bson::Document>,
-    schema: crate::schema::Schema,
+    schema: crate::core::schema::Schema,
     counters: String,
     posts: usize,
     rate: u32,

@@ -9,7 +9,7 @@ use bson::DateTime;
 
 use crate::cli::print_json;
 use crate::config::Settings;
-use crate::event::ChangeEvent;
+use crate::core::event::ChangeEvent;
 use crate::outln;
 use crate::store::mongo::MongoStore;
 use crate::store::prelude::*;
@@ -18,16 +18,70 @@ use crate::store::{Checkpoint, Position, StreamOptions, StreamStart};
 use super::lease::remaining;
 use super::{describe, Args};
 
+/// The move an operator asked for: `stream`'s checkpoint to `position`.
+pub(super) struct Move<'a> {
+    pub settings: &'a Settings,
+    pub store: &'a Arc<MongoStore>,
+    pub stream: &'a str,
+    pub checkpoint: &'a Checkpoint,
+    pub position: &'a Position,
+}
+
+/// What the read ahead found: events at or below the high water (`seen`, naming `posts`) and
+/// beyond it (`new`).
+struct Tally {
+    seen: u64,
+    new: u64,
+    posts: BTreeSet<String>,
+}
+
 /// Reads ahead from the new position (bounded) to show what the worker would do; moves nothing.
 pub(super) async fn dry_run(
-    settings: &Settings,
-    store: &Arc<MongoStore>,
-    stream: &str,
-    checkpoint: &Checkpoint,
-    position: &Position,
+    planned: Move<'_>,
     mut report: serde_json::Value,
     args: &Args,
 ) -> anyhow::Result<ExitCode> {
+    let Move {
+        store,
+        stream,
+        checkpoint,
+        ..
+    } = planned;
+    let tally = read_ahead(&planned).await?;
+    let holder = store
+        .read_lease(stream)
+        .await?
+        .filter(|l| l.expires_at > DateTime::now());
+    report["events_already_applied"] = tally.seen.into();
+    report["events_not_yet_applied"] = tally.new.into();
+    report["posts_to_mark_dirty_at_least"] = tally.posts.len().into();
+    report["in_flight_batch"] = checkpoint
+        .pending
+        .as_ref()
+        .map(|p| serde_json::json!({"end": p.end.to_string(), "counters": p.counters.len()}))
+        .unwrap_or(serde_json::Value::Null);
+    report["lease_holder"] = holder
+        .as_ref()
+        .map(|l| serde_json::json!({"owner": l.owner, "epoch": l.epoch}))
+        .unwrap_or(serde_json::Value::Null);
+    if args.json {
+        print_json(&report)?;
+    } else {
+        print_text(&planned, &report, &tally, holder.as_ref());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Reads from the new position for up to 10 seconds (or a million events, or three idle
+/// reads), telling the events the worker has applied from those it has not.
+async fn read_ahead(planned: &Move<'_>) -> anyhow::Result<Tally> {
+    let Move {
+        settings,
+        store,
+        checkpoint,
+        position,
+        ..
+    } = *planned;
     let start = match position {
         Position::Token(t) => StreamStart::After(t.clone()),
         Position::Time(t) => StreamStart::AtTime(*t),
@@ -75,48 +129,42 @@ pub(super) async fn dry_run(
             }
         }
     }
-    let holder = store
-        .read_lease(stream)
-        .await?
-        .filter(|l| l.expires_at > DateTime::now());
-    report["events_already_applied"] = seen.into();
-    report["events_not_yet_applied"] = new.into();
-    report["posts_to_mark_dirty_at_least"] = posts.len().into();
-    report["in_flight_batch"] = checkpoint
-        .pending
-        .as_ref()
-        .map(|p| serde_json::json!({"end": p.end.to_string(), "counters": p.counters.len()}))
-        .unwrap_or(serde_json::Value::Null);
-    report["lease_holder"] = holder
-        .as_ref()
-        .map(|l| serde_json::json!({"owner": l.owner, "epoch": l.epoch}))
-        .unwrap_or(serde_json::Value::Null);
-    if args.json {
-        print_json(&report)?;
-    } else {
+    Ok(Tally { seen, new, posts })
+}
+
+/// The dry run's report as text.
+fn print_text(
+    planned: &Move<'_>,
+    report: &serde_json::Value,
+    Tally { seen, new, posts }: &Tally,
+    holder: Option<&crate::store::Lease>,
+) {
+    let Move {
+        checkpoint,
+        position,
+        ..
+    } = *planned;
+    outln!(
+        "dry run: would move `{}` from {} to {}",
+        report["stream"].as_str().unwrap_or(""),
+        report["from"].as_str().unwrap_or("the start"),
+        describe(position)
+    );
+    if let Some(p) = &checkpoint.pending {
         outln!(
-            "dry run: would move `{}` from {} to {}",
-            report["stream"].as_str().unwrap_or(""),
-            report["from"].as_str().unwrap_or("the start"),
-            describe(position)
+            "  a batch left in flight (through token {}, {} counter writes) would be re-applied first",
+            p.end,
+            p.counters.len()
         );
-        if let Some(p) = &checkpoint.pending {
-            outln!(
-                "  a batch left in flight (through token {}, {} counter writes) would be re-applied first",
-                p.end,
-                p.counters.len()
-            );
-        }
-        outln!("  {seen} events at or below the high water would be re-read: their posts (at least {}) are marked dirty and recounted, never counted twice", posts.len());
-        outln!("  {new} events beyond the high water would be applied");
-        if let Some(l) = &holder {
-            outln!(
-                "  worker {} holds the stream (lease expires in {}): the move needs --force (fence it out) or --wait",
-                l.owner,
-                remaining(l)
-            );
-        }
-        outln!("nothing was changed");
     }
-    Ok(ExitCode::SUCCESS)
+    outln!("  {seen} events at or below the high water would be re-read: their posts (at least {}) are marked dirty and recounted, never counted twice", posts.len());
+    outln!("  {new} events beyond the high water would be applied");
+    if let Some(l) = holder {
+        outln!(
+            "  worker {} holds the stream (lease expires in {}): the move needs --force (fence it out) or --wait",
+            l.owner,
+            remaining(l)
+        );
+    }
+    outln!("nothing was changed");
 }

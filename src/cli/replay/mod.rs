@@ -24,7 +24,7 @@ use std::process::ExitCode;
 use crate::cli::exit::UsageError;
 use crate::cli::{connect, print_json};
 use crate::config::{parse_time, Settings};
-use crate::event::Token;
+use crate::core::event::Token;
 use crate::outln;
 use crate::store::prelude::*;
 use crate::store::{Fence, Lease, Position};
@@ -112,7 +112,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     let store = connect(&settings).await?;
     // Every stream of the configuration (one, or one per partition) moves together.
     let streams: Vec<String> =
-        crate::partition::stream_names(&settings.stream_name, settings.partitions)
+        crate::core::partition::stream_names(&settings.stream_name, settings.partitions)
             .into_iter()
             .map(|(name, _)| name)
             .collect();
@@ -130,16 +130,14 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         "dry_run": args.dry_run,
     });
     if args.dry_run {
-        return dry_run(
-            &settings,
-            &store,
-            &stream,
-            &checkpoint,
-            &position,
-            report,
-            &args,
-        )
-        .await;
+        let planned = dry_run::Move {
+            settings: &settings,
+            store: &store,
+            stream: &stream,
+            checkpoint: &checkpoint,
+            position: &position,
+        };
+        return dry_run(planned, report, &args).await;
     }
 
     // Take every stream's lease first (refusing, waiting or fencing), then move each.

@@ -19,13 +19,18 @@ pub use recording::Write;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bson::{DateTime, Document, Timestamp};
 use serde::Serialize;
 
 use super::*;
+use crate::core::batch::{CounterDelta, CounterWrite, DirtyMark, LedgerUpdate};
+use crate::core::cost::ReadLimit;
+use crate::core::event::{CommentId, Row, Token};
+use crate::core::fold::Fold;
+use crate::core::key::PostId;
 
 /// The concerns of the store, one per trait (the change stream's reads count as [`Stream`]).
 ///
@@ -241,7 +246,7 @@ impl<S> CountingStore<S> {
 
 /// A view counts into the same tallies as the store it was made from.
 impl<S: CounterViews> CounterViews for CountingStore<S> {
-    fn for_counter(&self, counter: crate::definition::CounterIx) -> Self {
+    fn for_counter(&self, counter: crate::core::key::CounterIx) -> Self {
         CountingStore {
             inner: self.inner.for_counter(counter),
             tallies: self.tallies.clone(),
@@ -249,7 +254,7 @@ impl<S: CounterViews> CounterViews for CountingStore<S> {
         }
     }
 
-    fn viewed_counter(&self) -> crate::definition::CounterIx {
+    fn viewed_counter(&self) -> crate::core::key::CounterIx {
         self.inner.viewed_counter()
     }
 }

@@ -1,7 +1,7 @@
 //! [`CountingStore`]'s delegation of the other concerns: truth counts, leases, run history.
 
 use super::*;
-use crate::num::Num;
+use crate::core::num::Num;
 
 #[async_trait]
 impl<S: Truth> Truth for CountingStore<S> {

@@ -3,11 +3,10 @@
 use bson::{DateTime, Timestamp};
 
 use super::{fence_ok, max_string, seam, CarriedCopy, Memory, MemoryStore};
-use crate::deployment::Deployment;
-use crate::event::Token;
-use crate::store::{
-    Checkpoint, Fence, Gap, PendingBatch, Position, SnapshotProgress, StoreError, StoreResult,
-};
+use crate::core::batch::PendingBatch;
+use crate::core::deployment::Deployment;
+use crate::core::event::Token;
+use crate::store::{Checkpoint, Fence, Gap, Position, SnapshotProgress, StoreError, StoreResult};
 
 /// A stored checkpoint (the stream is its key).
 #[derive(Clone, Debug, Default)]

@@ -6,12 +6,12 @@ use bson::{DateTime, Timestamp};
 use rand::Rng;
 
 use super::{fence_ok, mongo_limit, not_gte, seam, Memory, MemoryStore};
-use crate::batch::{CounterDelta, CounterWrite};
-use crate::definition::CounterIx;
-use crate::event::PostId;
-use crate::fold::{CounterState, Fold};
-use crate::num::Num;
-use crate::recount::{Touch, LOG_ENTRIES};
+use crate::core::batch::{CounterDelta, CounterWrite};
+use crate::core::fold::{CounterState, Fold};
+use crate::core::key::CounterIx;
+use crate::core::key::PostId;
+use crate::core::num::Num;
+use crate::core::window::{Touch, LOG_ENTRIES};
 use crate::store::{ApplyOutcome, CounterDoc, Fence, StoreResult};
 
 /// A stored counter document.

@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 use bson::DateTime;
 
 use super::{mongo_limit, seam, Memory, MemoryStore};
-use crate::batch::DirtyMark;
-use crate::definition::CounterIx;
-use crate::event::PostId;
+use crate::core::batch::DirtyMark;
+use crate::core::key::CounterIx;
+use crate::core::key::PostId;
 use crate::store::{DirtyEntry, DirtyOrder, DirtySummary, Fence};
 
 /// A stored dirty entry.

@@ -5,10 +5,11 @@ use std::collections::HashMap;
 use bson::DateTime;
 
 use super::{fence_ok, not_gte, seam, Memory, MemoryStore};
-use crate::batch::LedgerUpdate;
-use crate::definition::Member;
-use crate::event::{CommentId, PostId, Row, Token};
-use crate::recount::LedgerAt;
+use crate::core::batch::LedgerUpdate;
+use crate::core::event::{CommentId, Row, Token};
+use crate::core::key::Member;
+use crate::core::key::PostId;
+use crate::core::window::LedgerAt;
 use crate::store::Fence;
 
 /// A stored ledger entry.

@@ -47,8 +47,9 @@ pub use self::stream::{
     drained_token, event_token, Cursor, MemoryEvents, OpKind, OpenTxn, OplogEntry, OplogTxn,
 };
 pub use self::truth::row_facts;
-use crate::definition::{CounterIx, Definition};
-use crate::event::PostId;
+use crate::core::definition::Definition;
+use crate::core::key::CounterIx;
+use crate::core::key::PostId;
 use crate::store::{RunSummary, SweepCursor};
 
 /// The application's fields: the in-process truth uses counterd's default schema.
@@ -62,7 +63,7 @@ pub const DELETED_FIELD: &str = "deleted_at";
 pub struct CarriedCopy {
     pub carry: String,
     pub epoch: i64,
-    pub batch: crate::store::PendingBatch,
+    pub batch: crate::core::batch::PendingBatch,
 }
 
 /// Everything the store holds. Fields are public: the test that owns the store may read any

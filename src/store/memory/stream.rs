@@ -9,12 +9,13 @@ use bson::spec::BinarySubtype;
 use bson::{doc, Binary, Bson, DateTime, Document, Timestamp};
 
 use super::{Memory, MemoryStore};
-use crate::event::{CommentId, Token};
+use crate::core::cost::ReadLimit;
+use crate::core::event::{CommentId, Token};
+use crate::core::txn::TxnKey;
 use crate::store::{
-    ChangeStreams, EventSource, RawBatch, ReadLimit, ServerNow, StoreError, StoreResult,
-    StreamOptions, StreamStart,
+    ChangeStreams, EventSource, RawBatch, ServerNow, StoreError, StoreResult, StreamOptions,
+    StreamStart,
 };
-use crate::txn::TxnKey;
 
 /// One change in the oplog.
 #[derive(Clone, Debug)]
@@ -205,7 +206,7 @@ impl Memory {
     /// Reads the next events (at least one must be available) within `limit`, moving the
     /// cursor past them. The result may be empty: the first event did not fit. Like the
     /// MongoDB store's, a read ends only at a transaction's end, going beyond its limit to
-    /// finish one (see [`crate::txn`]); `whole_transactions: false` is the deliberately broken
+    /// finish one (see [`crate::core::txn`]); `whole_transactions: false` is the deliberately broken
     /// reader that cuts wherever the limit falls (the simulation must catch it).
     pub fn read_events(&self, cursor: &mut Cursor, limit: ReadLimit) -> RawBatch {
         self.read_events_cut(cursor, limit, true)
@@ -224,10 +225,10 @@ impl Memory {
         let mut last_txn: Option<TxnKey> = None;
         for entry in available {
             let event = self.render(entry, cursor.pre_images);
-            let cost = crate::budget::cost::document_cost(&event);
+            let cost = crate::core::cost::document_cost(&event);
             let txn = TxnKey::of_event(&event).filter(|_| whole_transactions);
             let fits = limit.fits(events.len(), bytes, cost);
-            if !crate::txn::takes_next(fits, last_txn.as_ref(), txn.as_ref()) {
+            if !crate::core::txn::takes_next(fits, last_txn.as_ref(), txn.as_ref()) {
                 break;
             }
             bytes += cost;
@@ -336,11 +337,11 @@ impl Memory {
     }
 
     /// The rows of `comments` as they are now, by comment key (gone ones absent): the batched
-    /// read that replaces `updateLookup` (see `crate::lookup`).
+    /// read that replaces `updateLookup` (see `crate::core::lookup`).
     /// Like the MongoDB store's, a row comes with the schema's row projection: `_id` and the
     /// fields counterd reads (by their top-level field).
     pub fn look_up(&self, comments: &[CommentId]) -> HashMap<String, Document> {
-        let schema = crate::schema::Schema::default();
+        let schema = crate::core::schema::Schema::default();
         let mut fields: Vec<String> = schema
             .read_paths()
             .into_iter()

@@ -7,9 +7,11 @@ use std::ops::Bound;
 use bson::{Bson, DateTime, Document, Timestamp};
 
 use super::{seam, Memory, MemoryStore, OpKind, CREATED_FIELD, DELETED_FIELD, POST_FIELD};
-use crate::definition::{CounterIx, Definition};
-use crate::event::{CommentId, PostId, Row};
-use crate::num::Num;
+use crate::core::definition::Definition;
+use crate::core::event::{CommentId, Row};
+use crate::core::key::CounterIx;
+use crate::core::key::PostId;
+use crate::core::num::Num;
 use crate::store::CommentsExtent;
 
 /// (post, created_at, live) of a row document, when it counts at all (it has a post).

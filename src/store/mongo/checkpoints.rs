@@ -182,20 +182,6 @@ impl Checkpoints for MongoStore {
 
     async fn deployment(&self) -> StoreResult<Deployment> {
         let admin = self.db.client().database("admin");
-        // An optional reading: refused (not allowed, not supported) is "not reported", but a
-        // transient failure is retried rather than taken for a server that reports nothing.
-        async fn optional(
-            op: &'static str,
-            reply: Result<Document, DriverError>,
-        ) -> StoreResult<Option<Document>> {
-            match reply {
-                Ok(d) => Ok(Some(d)),
-                Err(e) => match map_err(op, e) {
-                    t if t.is_transient() => Err(t),
-                    _ => Ok(None),
-                },
-            }
-        }
         let is_master = admin
             .run_command(doc! {"isMaster": 1})
             .observed("isMaster")
@@ -331,5 +317,20 @@ impl MongoStore {
             Err(e) if error_code(&e) == Some(DUPLICATE_KEY) => Err(StoreError::fenced(fence)),
             Err(e) => Err(map_err(op, e)),
         }
+    }
+}
+
+/// An optional reading: refused (not allowed, not supported) is "not reported", but a
+/// transient failure is retried rather than taken for a server that reports nothing.
+async fn optional(
+    op: &'static str,
+    reply: Result<Document, DriverError>,
+) -> StoreResult<Option<Document>> {
+    match reply {
+        Ok(d) => Ok(Some(d)),
+        Err(e) => match map_err(op, e) {
+            t if t.is_transient() => Err(t),
+            _ => Ok(None),
+        },
     }
 }

@@ -1,8 +1,8 @@
 //! [`Counters`] over the counters collection: guarded increments and conditional fold installs.
 
 use super::*;
-use crate::definition::ROWS_FIELD;
-use crate::num::Num;
+use crate::core::definition::ROWS_FIELD;
+use crate::core::num::Num;
 
 /// Type brackets of BSON sort order that post ids may have, in order.
 pub(super) fn later_types(post: &PostId) -> Vec<&'static str> {

@@ -50,10 +50,12 @@ use self::documents::*;
 use self::errors::*;
 use self::observe::Observe;
 pub use self::stream::position_from_reply;
-use crate::batch::{BucketStart, CounterDelta, CounterWrite, DirtyMark, LedgerUpdate};
-use crate::definition::CounterIx;
-use crate::event::{CommentId, PostId, Row, Token};
-use crate::schema::{Schema, SoftDelete};
+use crate::core::batch::{CounterDelta, CounterWrite, DirtyMark, LedgerUpdate};
+use crate::core::event::{CommentId, Row, Token};
+use crate::core::key::CounterIx;
+use crate::core::key::PostId;
+use crate::core::schema::{Schema, SoftDelete};
+use crate::core::time::BucketStart;
 
 /// Field names of counterd's own ledger and pending-batch documents (not the application's:
 /// those come from the [`Schema`]).
@@ -61,8 +63,8 @@ const LEDGER_POST: &str = "post_id";
 const LEDGER_CREATED: &str = "created_at";
 /// A ledger entry's verdicts per counter definition beyond the default.
 const LEDGER_MEMBERS: &str = "members";
-use crate::fold::{CounterState, Fold};
-use crate::recount::{Touch, LOG_ENTRIES};
+use crate::core::fold::{CounterState, Fold};
+use crate::core::window::{Touch, LOG_ENTRIES};
 
 /// The names of counterd's own collections: a prefix (default `counterd_`) for its bookkeeping,
 /// and the counters collection that readers query (default `comment_counters`).
@@ -72,7 +74,7 @@ pub struct Collections {
     pub ledger: String,
     pub dirty: String,
     pub checkpoints: String,
-    /// Batches whose counters a worker carries (see [`crate::carry`]), one document each,
+    /// Batches whose counters a worker carries (see [`crate::core::carry`]), one document each,
     /// until the carry is written.
     pub carried: String,
     pub leases: String,
@@ -97,7 +99,7 @@ impl Collections {
     /// The dirty set of the counter definition `name`: the default keeps `<prefix>dirty` (so
     /// an existing database works unchanged), every other `<prefix>dirty_<name>`.
     pub fn dirty_of(&self, name: &str) -> String {
-        if name == crate::definition::DEFAULT_COUNTER {
+        if name == crate::core::definition::DEFAULT_COUNTER {
             self.dirty.clone()
         } else {
             format!("{}_{name}", self.dirty)
@@ -151,7 +153,7 @@ pub(super) struct Place<'a> {
     /// The field that groups its rows.
     pub group: &'a str,
     /// What its rows must satisfy beyond being live (`None`: nothing).
-    pub condition: Option<&'a crate::condition::Condition>,
+    pub condition: Option<&'a crate::core::condition::Condition>,
     /// The field a sum adds up (`None`: a count).
     pub sum: Option<&'a str>,
     /// Where its counter's fields live in the counter document: `""`, or `"rows."` for a
@@ -172,11 +174,36 @@ impl CounterViews for MongoStore {
     }
 }
 
+/// Checks that the server at `hosts` answers within `connect_timeout`: an error says whether
+/// it could not be reached (transient) or refused counterd.
+async fn ping(db: &Database, hosts: &str, connect_timeout: Duration) -> StoreResult<()> {
+    // `isMaster` rather than `hello`: some compatible servers only answer the former.
+    db.run_command(doc! {"isMaster": 1}).await.map_err(|e| {
+        let transient = unreachable_for_now(&e);
+        let detail = if transient {
+            format!(
+                "cannot reach MongoDB at {hosts} within {}: {}",
+                humantime::format_duration(connect_timeout),
+                short(&e)
+            )
+        } else {
+            format!("MongoDB at {hosts} refused counterd: {}", short(&e))
+        };
+        StoreError::Driver {
+            op: "connect",
+            transient,
+            detail,
+            source: Box::new(e),
+        }
+    })?;
+    Ok(())
+}
+
 impl MongoStore {
     /// Connects and checks that the server answers, with an error that names the host, what
     /// failed and what to check.
     pub async fn connect(options: &ConnectOptions) -> StoreResult<MongoStore> {
-        crate::config::redact::remember_secrets(&options.uri);
+        crate::redact::remember_secrets(&options.uri);
         let mut client_options =
             ClientOptions::parse(&options.uri)
                 .await
@@ -185,8 +212,8 @@ impl MongoStore {
                     transient: false,
                     detail: format!(
                         "{} (check `mongodb_uri`: {})",
-                        crate::config::redact::redact_text_for(&short(&e), &options.uri),
-                        crate::config::validate::URI_SHAPE
+                        crate::redact::redact_text_for(&short(&e), &options.uri),
+                        crate::redact::URI_SHAPE
                     ),
                     source: Box::new(e),
                 })?;
@@ -208,25 +235,7 @@ impl MongoStore {
             source: Box::new(e),
         })?;
         let db = client.database(&options.database);
-        // `isMaster` rather than `hello`: some compatible servers only answer the former.
-        db.run_command(doc! {"isMaster": 1}).await.map_err(|e| {
-            let transient = unreachable_for_now(&e);
-            let detail = if transient {
-                format!(
-                    "cannot reach MongoDB at {hosts} within {}: {}",
-                    humantime::format_duration(options.connect_timeout),
-                    short(&e)
-                )
-            } else {
-                format!("MongoDB at {hosts} refused counterd: {}", short(&e))
-            };
-            StoreError::Driver {
-                op: "connect",
-                transient,
-                detail,
-                source: Box::new(e),
-            }
-        })?;
+        ping(&db, &hosts, options.connect_timeout).await?;
         let comments = db.collection(&options.comments);
         Ok(MongoStore {
             snapshot_reads: Arc::default(),

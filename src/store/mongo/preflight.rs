@@ -34,7 +34,30 @@ impl MongoStore {
             .run_command(doc! {"connectionStatus": 1, "showPrivileges": true})
             .await
             .map_err(text);
-        let indexes = match self.comments.list_indexes().await {
+        let indexes = self.index_specs().await;
+        let collection = self.comments_entry().await;
+        let snapshot_reads = self.snapshot_reads().await;
+        let sample = self.newest_rows(sample).await;
+        Replies {
+            build_info,
+            is_master,
+            round_trip: RoundTrip {
+                sent_at_ms,
+                received_at_ms,
+            },
+            change_stream,
+            connection_status,
+            indexes,
+            collection,
+            snapshot_reads,
+            sample,
+        }
+    }
+
+    /// The comments collection's indexes, each as `{key, name, partialFilterExpression}`.
+    async fn index_specs(&self) -> Result<Vec<Document>, String> {
+        let text = |e: DriverError| reply_error(&e);
+        match self.comments.list_indexes().await {
             Ok(cursor) => cursor
                 .try_collect::<Vec<_>>()
                 .await
@@ -57,10 +80,13 @@ impl MongoStore {
                 })
                 .map_err(text),
             Err(e) => Err(text(e)),
-        };
-        let collection = self.comments_entry().await;
-        let snapshot_reads = self.snapshot_reads().await;
-        let sample = match self
+        }
+    }
+
+    /// The newest `sample` rows of the comments collection (by `_id`).
+    async fn newest_rows(&self, sample: usize) -> Result<Vec<Document>, String> {
+        let text = |e: DriverError| reply_error(&e);
+        match self
             .comments
             .find(doc! {})
             .sort(doc! {"_id": -1})
@@ -69,20 +95,6 @@ impl MongoStore {
         {
             Ok(cursor) => cursor.try_collect().await.map_err(text),
             Err(e) => Err(text(e)),
-        };
-        Replies {
-            build_info,
-            is_master,
-            round_trip: RoundTrip {
-                sent_at_ms,
-                received_at_ms,
-            },
-            change_stream,
-            connection_status,
-            indexes,
-            collection,
-            snapshot_reads,
-            sample,
         }
     }
 

@@ -6,10 +6,10 @@
 //! longer than writing one: catching up a backlog, one step in three waited about 150 ms for a
 //! reply while its batch was written in 50 (bench/RESULTS.md, 2026-12-05, afternoon). The pump
 //! is a task that owns the stream and moves each reply's events, still raw, into a queue bounded
-//! in bytes (`crate::budget::cost::STREAM_QUEUE`), so that the driver asks for the next reply
+//! in bytes (`crate::core::cost::STREAM_QUEUE`), so that the driver asks for the next reply
 //! while the worker still takes the events of the last one (Debezium keeps the same queue
 //! between its reader and its processing). The queue and the reply the driver holds are what an
-//! open stream sets aside of the memory budget (`crate::budget::cost::REPLY_RESERVE`).
+//! open stream sets aside of the memory budget (`crate::core::cost::REPLY_RESERVE`).
 //!
 //! An empty reply ("dry") pauses the pump until a read asks again: an idle stream is not polled
 //! in the background (the fake server ignores `maxAwaitTimeMS`). And an empty answer is one the
@@ -27,7 +27,7 @@ use mongodb::error::Error as DriverError;
 use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
-use crate::budget::cost::{QUEUED_EVENT, STREAM_QUEUE};
+use crate::core::cost::{QUEUED_EVENT, STREAM_QUEUE};
 
 /// What the pump hands over, in the stream's order.
 pub(super) enum Pumped {
@@ -73,14 +73,13 @@ impl Pump {
         let (sender, queue) = mpsc::unbounded_channel();
         let reads = Arc::new(AtomicU64::new(read));
         let demand = Arc::new(Notify::new());
-        let task = tokio::spawn(run(
-            stream,
-            sender,
-            Arc::new(Semaphore::new(STREAM_QUEUE)),
-            reads.clone(),
-            demand.clone(),
-            positioned,
-        ));
+        let producer = Producer {
+            queue: sender,
+            room: Arc::new(Semaphore::new(STREAM_QUEUE)),
+            reads: reads.clone(),
+            demand: demand.clone(),
+        };
+        let task = tokio::spawn(run(stream, producer, positioned));
         Pump {
             queue,
             reads,
@@ -121,16 +120,23 @@ impl Drop for Pump {
     }
 }
 
-/// The pump's task: takes events from the stream as long as the queue has room, stops at an
-/// empty reply until asked again (or for good, see [`Dry::ended`]) and at an error.
-async fn run(
-    mut stream: ChangeStream<RawDocumentBuf>,
+/// The pump task's end: the queue, its room, and the consumer's read numbers and requests.
+struct Producer {
     queue: mpsc::UnboundedSender<Pumped>,
     room: Arc<Semaphore>,
     reads: Arc<AtomicU64>,
     demand: Arc<Notify>,
-    mut positioned: bool,
-) {
+}
+
+/// The pump's task: takes events from the stream as long as the queue has room, stops at an
+/// empty reply until asked again (or for good, see [`Dry::ended`]) and at an error.
+async fn run(mut stream: ChangeStream<RawDocumentBuf>, producer: Producer, mut positioned: bool) {
+    let Producer {
+        queue,
+        room,
+        reads,
+        demand,
+    } = producer;
     loop {
         // Taken before the request: a reply asked for now answers this read and later ones.
         let asked_by = reads.load(Ordering::SeqCst);

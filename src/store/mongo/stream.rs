@@ -3,7 +3,8 @@
 
 use super::pump::{Pump, Pumped};
 use super::*;
-use crate::txn::{self, TxnKey};
+use crate::core::cost::ReadLimit;
+use crate::core::txn::{self, TxnKey};
 use mongodb::bson::RawDocumentBuf;
 
 pub(super) fn token_to_resume(token: &Token) -> StoreResult<ResumeToken> {
@@ -32,7 +33,7 @@ pub(super) fn resume_to_token(token: &ResumeToken) -> Option<Token> {
 /// memory budget, is known without encoding it again. An event that does not fit a read's
 /// limit is kept (`carried`) and returned first by the next read, unless it continues the
 /// transaction of the event before it: a read ends only at a transaction's end, taking a
-/// transaction larger than its limit whole (see `crate::txn`).
+/// transaction larger than its limit whole (see `crate::core::txn`).
 pub(super) struct MongoEvents {
     store: MongoStore,
     options: StreamOptions,
@@ -76,7 +77,7 @@ fn positioned(options: &StreamOptions) -> bool {
 /// numerous documents, and decoding them was the largest single share of its CPU per event
 /// (bench/RESULTS.md, 2026-12-06, speed targets).
 fn decode(raw: RawDocumentBuf) -> StoreResult<(Document, usize)> {
-    let cost = crate::budget::cost::event_cost(raw.as_bytes().len());
+    let cost = crate::core::cost::event_cost(raw.as_bytes().len());
     let doc = event_document(&raw).map_err(|e| StoreError::Malformed {
         what: "change event",
         id: "(undecodable)".into(),
@@ -161,7 +162,7 @@ impl EventSource for MongoEvents {
             let within =
                 events.len() < limit.events && (events.is_empty() || started.elapsed() < max_wait);
             // Beyond its limit a read still looks at the next event while the last one taken
-            // belongs to a transaction: it ends only at the transaction's end (`crate::txn`).
+            // belongs to a transaction: it ends only at the transaction's end (`crate::core::txn`).
             let looks_further = txn::must_look_further(last_txn.as_ref());
             if !within && !looks_further {
                 break;
@@ -307,7 +308,7 @@ impl MongoStore {
     /// `updateLookup` (a pre-image's after-state is derived from the description, and where it
     /// expired the lookup is the row to take); without, update events come without the row,
     /// and the worker reads the rows it cannot derive in one batched read per batch
-    /// ([`crate::lookup`]) instead of the server looking up every updated row.
+    /// ([`crate::core::lookup`]) instead of the server looking up every updated row.
     pub(super) async fn watch(
         &self,
         options: &StreamOptions,
@@ -320,7 +321,7 @@ impl MongoStore {
             // A reply is decoded whole by the driver: MongoDB caps one at 16 MB, the fake
             // server does not (it answered a 100 000-event backlog in one reply). The budget
             // sets this many projected events aside (`REPLY_RESERVE`).
-            .batch_size(crate::budget::cost::EVENTS_PER_REPLY)
+            .batch_size(crate::core::cost::EVENTS_PER_REPLY)
             .selection_criteria(SelectionCriteria::ReadPreference(ReadPreference::Primary));
         if options.pre_images {
             watch = watch
@@ -365,7 +366,7 @@ pub fn position_from_reply(reply: &Document, local_now: DateTime) -> ServerNow {
         .get_datetime("localTime")
         .copied()
         .unwrap_or(local_now);
-    let secs = crate::time::secs(now).clamp(0, u32::MAX as i64 - 1) as u32;
+    let secs = crate::core::time::secs(now).clamp(0, u32::MAX as i64 - 1) as u32;
     ServerNow {
         lower: Timestamp {
             time: secs,
@@ -404,7 +405,7 @@ mod tests {
         assert_eq!(event_document(&raw).unwrap(), expected);
         let (decoded, cost) = decode(raw.clone()).unwrap();
         assert_eq!(decoded, expected);
-        assert_eq!(cost, crate::budget::cost::event_cost(raw.as_bytes().len()));
+        assert_eq!(cost, crate::core::cost::event_cost(raw.as_bytes().len()));
         // An update's description is kept whole, as bson decodes it.
         let update = doc! {
             "_id": {"_data": "8263A2"},

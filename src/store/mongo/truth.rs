@@ -1,7 +1,7 @@
 //! [`Truth`]: counts and reads of the application's `comments` collection.
 
 use super::*;
-use crate::num::Num;
+use crate::core::num::Num;
 
 #[async_trait]
 impl Truth for MongoStore {
@@ -89,7 +89,7 @@ impl Truth for MongoStore {
             let Some(id) = doc.get("_id") else { continue };
             // The row's post as the worker reads it: the filter's `$in` matches by MongoDB's
             // equality, and the post read here is the one that equality names.
-            let post = crate::schema::Schema::get(&doc, group).and_then(PostId::from_bson);
+            let post = crate::core::schema::Schema::get(&doc, group).and_then(PostId::from_bson);
             if let Some(&i) = post.and_then(|p| place.get(&p)) {
                 reads[i].push(CommentId::new(id.clone()));
                 held += 1;
@@ -218,7 +218,7 @@ impl MongoStore {
     /// worker applies it), and the definition's condition holds (the same [`Condition`] the
     /// classifier evaluates).
     ///
-    /// [`Condition`]: crate::condition::Condition
+    /// [`Condition`]: crate::core::condition::Condition
     pub(super) fn live(&self, post: &PostId) -> StoreResult<Document> {
         let place = self.here("count live comments")?;
         let mut filter = doc! {place.group: {

@@ -4,8 +4,9 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
+use counterd::core::cost::ReadLimit;
 use counterd::store::memory::{drained_token, Cursor};
-use counterd::store::{EventSource, RawBatch, ReadLimit, StoreResult};
+use counterd::store::{EventSource, RawBatch, StoreResult};
 use rand::Rng;
 
 use super::faults::drained_answer;

@@ -44,8 +44,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bson::DateTime;
 use counterd::clock::Clock;
-use counterd::definition::CounterIx;
-use counterd::event::PostId;
+use counterd::core::key::CounterIx;
+use counterd::core::key::PostId;
 use counterd::shutdown::{Shutdown, ShutdownTrigger};
 use counterd::store::memory::Memory;
 use counterd::store::CounterViews;
@@ -270,7 +270,7 @@ impl State {
     /// Why the invariant is checked itself rather than through a wrong count: a batch cut
     /// inside a transaction miscounts only where a recount is taken *at a cluster time* (a
     /// snapshot read at the counter's position sees the whole transaction, the counter half of
-    /// it: see `counterd::txn`). This store has no snapshot reads (like the fake test server),
+    /// it: see `counterd::core::txn`). This store has no snapshot reads (like the fake test server),
     /// so every recount here is the row-level one, and that one is exact to the event whatever
     /// the batch boundaries: each row changed after the counter's first read takes the ledger
     /// state its own event wrote, each event has its own token, and the wait for the worker
@@ -278,7 +278,7 @@ impl State {
     /// time, so a half-applied transaction at time `T` never counts as applied through `T`).
     /// The broken variant `CutTransactions` therefore ends with exact counters, and is caught
     /// here.
-    pub(super) fn check_batch_end(&mut self, end: &counterd::event::Token) {
+    pub(super) fn check_batch_end(&mut self, end: &counterd::core::event::Token) {
         let after = self.memory.index_after(end.as_str());
         let Some(last) = after.checked_sub(1).map(|i| &self.memory.oplog[i]) else {
             return;

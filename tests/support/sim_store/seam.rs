@@ -6,25 +6,27 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use counterd::num::Num;
+use counterd::core::num::Num;
 
 use async_trait::async_trait;
 use bson::{DateTime, Timestamp};
-use counterd::batch::{CounterDelta, CounterWrite, DirtyMark, LedgerUpdate};
-use counterd::deployment::Deployment;
-use counterd::event::{CommentId, PostId, Row, Token};
-use counterd::fold::Fold;
-use counterd::recount::LedgerAt;
+use counterd::core::batch::PendingBatch;
+use counterd::core::batch::{CounterDelta, CounterWrite, DirtyMark, LedgerUpdate};
+use counterd::core::deployment::Deployment;
+use counterd::core::event::{CommentId, Row, Token};
+use counterd::core::fold::Fold;
+use counterd::core::key::PostId;
+use counterd::core::window::LedgerAt;
 use counterd::store::prelude::*;
 use counterd::store::{
     ApplyOutcome, Checkpoint, CommentsExtent, CounterDoc, DirtyEntry, DirtyOrder, DirtySummary,
-    EventSource, Fence, Gap, Lease, PendingBatch, Position, RunSummary, ServerNow,
-    SnapshotProgress, SnapshotState, StoreError, StoreResult, StreamOptions, SweepCursor,
+    EventSource, Fence, Gap, Lease, Position, RunSummary, ServerNow, SnapshotProgress,
+    SnapshotState, StoreError, StoreResult, StreamOptions, SweepCursor,
 };
 
 use super::events::SimEvents;
 use super::{Broken, SimStore, State};
-use counterd::definition::CounterIx;
+use counterd::core::key::CounterIx;
 
 /// How a trace line names a counter definition: nothing for the default, `#n/` for another.
 fn definition(counter: CounterIx) -> String {

@@ -5,11 +5,11 @@
 use std::collections::BTreeMap;
 
 use bson::{doc, Bson, DateTime, Document};
-use counterd::batch::bucket_of;
-use counterd::definition::CounterIx;
-use counterd::event::PostId;
-use counterd::fold::Fold;
-use counterd::num::Num;
+use counterd::core::fold::Fold;
+use counterd::core::key::CounterIx;
+use counterd::core::key::PostId;
+use counterd::core::num::Num;
+use counterd::core::time::bucket_of;
 use counterd::store::memory::{row_facts, OplogTxn, CREATED_FIELD, DELETED_FIELD, POST_FIELD};
 use rand::Rng;
 
@@ -463,11 +463,11 @@ impl State {
     /// An applied counter write, in the shadow of everything applied.
     pub(super) fn shadow_add(
         &mut self,
-        counter: counterd::definition::CounterIx,
+        counter: counterd::core::key::CounterIx,
         post: &PostId,
         buckets: &std::collections::BTreeMap<i64, Num>,
     ) {
-        if counter != counterd::definition::CounterIx::DEFAULT {
+        if counter != counterd::core::key::CounterIx::DEFAULT {
             return; // the other definitions are checked against the truth directly
         }
         for (bucket, amount) in buckets {

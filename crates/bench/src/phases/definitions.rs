@@ -8,7 +8,7 @@
 use std::time::Instant;
 
 use bson::{doc, DateTime, Document};
-use counterd::definition::{Definition, Kind};
+use counterd::core::definition::{Definition, Kind};
 use counterd::store::counting::Concern;
 use counterd::worker::WorkerSettings;
 use serde::Serialize;
@@ -111,9 +111,9 @@ async fn run(
     kept: &'static str,
     extra: Vec<Definition>,
 ) -> anyhow::Result<DefinitionRun> {
-    let schema = counterd::schema::Schema {
+    let schema = counterd::core::schema::Schema {
         counters: extra,
-        ..counterd::schema::Schema::default()
+        ..counterd::core::schema::Schema::default()
     };
     let store = bench
         .store_with_schema("definitions", schema.clone())

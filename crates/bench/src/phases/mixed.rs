@@ -247,13 +247,13 @@ async fn bare_read(
     lookup: bool,
 ) -> anyhow::Result<f64> {
     let started = Instant::now();
-    let projection = counterd::schema::Schema::default().stream_projection();
+    let projection = counterd::core::schema::Schema::default().stream_projection();
     let comments = comments(store);
     let mut watch = comments
         .watch()
         .pipeline(vec![projection])
         .start_at_operation_time(start)
-        .batch_size(counterd::budget::cost::EVENTS_PER_REPLY);
+        .batch_size(counterd::core::cost::EVENTS_PER_REPLY);
     if lookup {
         watch = watch.full_document(FullDocumentType::UpdateLookup);
     }

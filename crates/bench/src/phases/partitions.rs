@@ -1,13 +1,13 @@
 //! Phase P, ledger writes per event with the stream split into partitions. Every partition
 //! reads every event, but writes the ledger entries of its own posts' comments only (see
-//! `counterd::partition`): an insert or a soft delete is written once, by the owner of its
+//! `counterd::core::partition`): an insert or a soft delete is written once, by the owner of its
 //! post; a move between two partitions' posts twice, once by each side. The target is about
 //! one write per event whatever the number of partitions.
 
 use std::time::Instant;
 
 use bson::{doc, DateTime};
-use counterd::partition::stream_names;
+use counterd::core::partition::stream_names;
 use counterd::snapshot::SnapshotSettings;
 use counterd::store::counting::Concern;
 use counterd::worker::WorkerSettings;

@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use bson::{doc, DateTime, Document, Timestamp};
-use counterd::batch::DirtyMark;
-use counterd::event::PostId;
+use counterd::core::batch::DirtyMark;
+use counterd::core::key::PostId;
 use counterd::reconcile::{ReconcileSettings, Reconciler};
 use counterd::store::prelude::*;
 use counterd::store::Fence;

@@ -202,7 +202,7 @@ impl Soak {
             comments: "comments".into(),
             connect_timeout: Duration::from_secs(10),
             collections: Collections::default(),
-            schema: counterd::schema::Schema::default(),
+            schema: counterd::core::schema::Schema::default(),
         })
         .await?;
         let comments = store.database().collection::<bson::Document>("comments");

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::fields::{counted, integer_or_none, integer_or_zero, lenient, post_or_none};
 use super::*;
-use crate::time::BucketStart;
+use crate::core::time::BucketStart;
 
 /// A dirty entry as stored: an entry without a post id or either time is not one.
 #[derive(Deserialize)]

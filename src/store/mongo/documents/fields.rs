@@ -46,7 +46,7 @@ pub(super) fn integer_or_zero<'de, D: Deserializer<'de>>(d: D) -> Result<i64, D:
 /// A counter's number by the [`super::number`] rule that must be there.
 pub(super) fn required_number<'de, D: Deserializer<'de>>(
     d: D,
-) -> Result<crate::num::Num, D::Error> {
+) -> Result<crate::core::num::Num, D::Error> {
     super::number(Some(&Bson::deserialize(d)?))
         .map_err(D::Error::custom)?
         .ok_or_else(|| D::Error::custom("null, expected a number"))

@@ -6,9 +6,9 @@ use serde::{Deserialize, Serialize};
 
 use super::fields::{self, counted, document_if_any, document_or_none, lenient};
 use super::*;
-use crate::definition::CounterIx;
-use crate::num::Num;
-use crate::time::BucketStart;
+use crate::core::key::CounterIx;
+use crate::core::num::Num;
+use crate::core::time::BucketStart;
 
 /// Planned counter increments for one post.
 #[derive(Serialize, Deserialize)]

@@ -12,7 +12,8 @@
 use serde::Serialize;
 
 use super::*;
-use crate::definition::{Definition, Member};
+use crate::core::definition::Definition;
+use crate::core::key::Member;
 
 mod entries;
 mod fields;
@@ -39,10 +40,10 @@ pub(super) fn integer(value: Option<&Bson>) -> Result<Option<i64>, String> {
 
 /// A counter's number (a base, a delta, a bucket's amount, a drift): an integer stays an
 /// integer, a double stays a double (a sum that turned into one); `Err` for anything else.
-pub(super) fn number(value: Option<&Bson>) -> Result<Option<crate::num::Num>, String> {
+pub(super) fn number(value: Option<&Bson>) -> Result<Option<crate::core::num::Num>, String> {
     match value {
         None | Some(Bson::Null) => Ok(None),
-        Some(v) => crate::num::Num::from_bson(v)
+        Some(v) => crate::core::num::Num::from_bson(v)
             .map(Some)
             .ok_or_else(|| format!("{v:?}, expected a number")),
     }
@@ -88,10 +89,10 @@ pub(super) fn counter_from_doc(doc: &Document) -> StoreResult<CounterDoc> {
     };
     let int = |field: &str| -> StoreResult<i64> { Ok(int_or_none(field)?.unwrap_or(0)) };
     // A counter's numbers: integers for a count, a sum's integers or doubles.
-    let num_or_none = |field: &str| -> StoreResult<Option<crate::num::Num>> {
+    let num_or_none = |field: &str| -> StoreResult<Option<crate::core::num::Num>> {
         number(doc.get(field)).map_err(|e| malformed(format!("`{field}` is {e}")))
     };
-    let num = |field: &str| -> StoreResult<crate::num::Num> {
+    let num = |field: &str| -> StoreResult<crate::core::num::Num> {
         Ok(num_or_none(field)?.unwrap_or_default())
     };
     let mut buckets = BTreeMap::new();
@@ -339,7 +340,7 @@ fn member_to_bson(member: &Member) -> Bson {
     if let Some(group) = &member.group {
         d.insert("group", group.to_bson());
     }
-    if member.amount != crate::num::Num::ONE {
+    if member.amount != crate::core::num::Num::ONE {
         d.insert("amount", member.amount.to_bson());
     }
     Bson::Document(d)
@@ -352,8 +353,8 @@ fn member_from(value: Option<&Bson>) -> Member {
             group: d.get("group").and_then(PostId::from_bson),
             matches: d.get_bool("matches").unwrap_or(false),
             amount: match d.get("amount") {
-                None => crate::num::Num::ONE,
-                Some(v) => crate::num::Num::from_bson(v).unwrap_or_default(),
+                None => crate::core::num::Num::ONE,
+                Some(v) => crate::core::num::Num::from_bson(v).unwrap_or_default(),
             },
             not_a_number: None,
         },
@@ -422,7 +423,7 @@ mod tests {
         let run = RunSummary {
             kind: "sweep".into(),
             posts: 3,
-            drift_low: crate::num::Num::Int(-2),
+            drift_low: crate::core::num::Num::Int(-2),
             finished_at: Some(DateTime::from_millis(5_000)),
             ..RunSummary::default()
         };

@@ -3,7 +3,7 @@
 //! older counterd still reads, and a newer one writes nothing an older one could not read.
 
 use super::*;
-use crate::num::Num;
+use crate::core::num::Num;
 use bson::oid::ObjectId;
 
 fn at(millis: i64) -> DateTime {
@@ -26,7 +26,7 @@ fn row(post: Option<PostId>, created_at: Option<DateTime>, deleted: bool) -> Row
 
 fn counter_delta() -> CounterDelta {
     CounterDelta {
-        counter: crate::definition::CounterIx::DEFAULT,
+        counter: crate::core::key::CounterIx::DEFAULT,
         post: PostId::Int(7),
         delta: Num::Int(2),
         buckets: BTreeMap::from([(3600, Num::Int(2))]),
@@ -78,7 +78,7 @@ fn pending_batch() -> PendingBatch {
         counters: vec![counter_delta()],
         ledger: ledger_updates(),
         dirty: vec![DirtyMark {
-            counter: crate::definition::CounterIx::DEFAULT,
+            counter: crate::core::key::CounterIx::DEFAULT,
             post: PostId::Int(7),
             newest_bucket: 3600,
         }],

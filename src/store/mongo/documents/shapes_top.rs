@@ -3,7 +3,7 @@
 //! hand-edited variants that still read, and the malformed ones, whose errors name the field.
 
 use super::*;
-use crate::num::Num;
+use crate::core::num::Num;
 
 fn at(millis: i64) -> DateTime {
     DateTime::from_millis(millis)

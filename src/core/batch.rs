@@ -1,0 +1,559 @@
+//! Pure coalescing: a batch of events becomes one counter write per counter (hot posts collapse
+//! to a single `$inc`), one ledger write per comment, and one dirty mark per counter. A counter
+//! is a group key of one definition ([`CounterKey`]); with only the default definition that is
+//! one write and one mark per post, as it always was.
+//!
+//! Before-states chain through the batch: the second event of a comment sees the first event's
+//! after-state, so the transitions telescope and their sum is right even when `updateLookup`
+//! shows a row later than its event.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use bson::{DateTime, Timestamp};
+
+use crate::core::classify::{classify, After, Attribution, Before, Problem, Source, StreamEnded};
+use crate::core::event::{ChangeEvent, CommentId, Operation, Row, Token};
+use crate::core::key::PostId;
+use crate::core::key::{CounterIx, CounterKey};
+use crate::core::num::Num;
+use crate::core::time::{bucket_of, BucketStart};
+
+/// One coalesced counter write: `$inc` of `delta` on `live_delta` and of each bucket's amount.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CounterDelta {
+    /// Which definition's counter (its collection): the default for posts.
+    pub counter: CounterIx,
+    /// The counter's group key (for the default definition, the post).
+    pub post: PostId,
+    /// Whole rows for a count, the field's units for a sum ([`Num`]'s rules).
+    pub delta: Num,
+    /// Non-zero amounts per bucket; they sum to `delta`.
+    pub buckets: BTreeMap<BucketStart, Num>,
+    /// Every bucket an event of the batch changed for this post, including changes that cancel
+    /// out (a soft delete and an undelete in one batch). The counter records the batch's token
+    /// under each, so the reconciler can tell that a recount may have seen a change in flight
+    /// even when the net increment is zero.
+    pub touched: BTreeSet<BucketStart>,
+    /// The rows whose events in the batch named this post (before or after the event), in
+    /// stream order without repeats: the counter's log entry for the batch, from which a
+    /// row-level recount learns which rows changed while it read (see
+    /// [`crate::core::window`]). `None`: an event named the post without a row id, so the
+    /// batch's changes cannot be listed.
+    pub comments: Option<Vec<CommentId>>,
+}
+
+/// What the store writes for one counter: the increments of one or more batches that changed
+/// its group, as one guarded statement (see [`crate::core::carry`]).
+///
+/// The statement leaves the counter as the batches' own writes, one after the other, would
+/// have: `applied_through` (the guard) is the last batch's end, each bucket records the last
+/// batch that touched it, and each batch keeps its own entry in the counter's log.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CounterWrite {
+    pub counter: CounterIx,
+    pub post: PostId,
+    pub delta: Num,
+    /// Non-zero amounts per bucket; they sum to `delta`.
+    pub buckets: BTreeMap<BucketStart, Num>,
+    /// The end of the last batch that changed the group: the write is guarded by
+    /// `applied_through < through` and sets it.
+    pub through: Token,
+    pub through_time: Option<bson::Timestamp>,
+    /// Every bucket a batch changed, with the end of the last batch that changed it.
+    pub touched: BTreeMap<BucketStart, Token>,
+    /// One entry per batch, oldest first (the newest [`crate::core::window::LOG_ENTRIES`]).
+    pub log: Vec<crate::core::window::Touch>,
+}
+
+impl CounterWrite {
+    /// The write of one batch ending at `end`.
+    pub fn of_batch(d: &CounterDelta, end: &Token, end_time: Option<bson::Timestamp>) -> Self {
+        CounterWrite {
+            counter: d.counter,
+            post: d.post.clone(),
+            delta: d.delta,
+            buckets: d.buckets.clone(),
+            through: end.clone(),
+            through_time: end_time,
+            touched: d.touched.iter().map(|b| (*b, end.clone())).collect(),
+            log: vec![crate::core::window::Touch::new(
+                end.as_str(),
+                d.comments.as_deref(),
+            )],
+        }
+    }
+}
+
+/// A post to mark dirty, with the newest creation bucket the marking events changed: the post
+/// may leave the dirty set only once a fold's watermark is above that bucket (every change that
+/// dirtied it is then covered by a recount).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirtyMark {
+    /// Which definition's counter.
+    pub counter: CounterIx,
+    /// The counter's group key (for the default definition, the post).
+    pub post: PostId,
+    pub newest_bucket: BucketStart,
+}
+
+impl DirtyMark {
+    /// A mark for a change to rows below every watermark (bucket 0): any fold covers it.
+    pub fn settled(post: PostId) -> DirtyMark {
+        DirtyMark {
+            counter: CounterIx::DEFAULT,
+            post,
+            newest_bucket: 0,
+        }
+    }
+}
+
+/// The ledger's new state for one comment (`None`: gone).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LedgerUpdate {
+    pub comment: CommentId,
+    pub state: Option<Row>,
+}
+
+/// An event that was skipped or could not be attributed, for the log.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Skipped {
+    pub token: Token,
+    pub problem: Problem,
+}
+
+/// Everything one batch must write, in the order the worker writes it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct BatchPlan {
+    pub counters: Vec<CounterDelta>,
+    pub ledger: Vec<LedgerUpdate>,
+    pub dirty: Vec<DirtyMark>,
+    /// Events classified (stream-ending events excluded).
+    pub events: usize,
+    pub skipped: Vec<Skipped>,
+    pub by_source: HashMap<&'static str, usize>,
+}
+
+impl BatchPlan {
+    pub fn bad_events(&self) -> usize {
+        self.skipped
+            .iter()
+            .filter(|s| matches!(s.problem, Problem::Bad(_)))
+            .count()
+    }
+    pub fn unattributable_events(&self) -> usize {
+        self.skipped.len() - self.bad_events()
+    }
+}
+
+/// How much of `comments` the ledger describes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Coverage {
+    /// Only the rows the stream has seen change: a comment without an entry is unknown.
+    Partial,
+    /// Every row the counters count (the initial snapshot claimed the rows that existed before
+    /// the stream's start, see [`crate::snapshot`]): a comment without an entry does not count,
+    /// and the ledger's state is every event's before-state.
+    Complete,
+}
+
+/// Plans a batch against a ledger that covers only what the stream has seen (see
+/// [`plan_batch_covering`]).
+pub fn plan_batch(
+    events: &[ChangeEvent],
+    ledger: &HashMap<String, Option<Row>>,
+    attribution: Attribution,
+    schema: &crate::core::schema::Schema,
+    bucket_width_secs: i64,
+) -> (BatchPlan, Option<StreamEnded>) {
+    plan_batch_covering(PlanInput {
+        events,
+        ledger,
+        coverage: Coverage::Partial,
+        attribution,
+        schema,
+        bucket_width_secs,
+    })
+}
+
+/// What a batch is planned from.
+#[derive(Clone, Copy)]
+pub struct PlanInput<'a> {
+    pub events: &'a [ChangeEvent],
+    /// Comment keys to their ledger state before the batch (absent: no entry).
+    pub ledger: &'a HashMap<String, Option<Row>>,
+    /// What an absent ledger entry means.
+    pub coverage: Coverage,
+    pub attribution: Attribution,
+    pub schema: &'a crate::core::schema::Schema,
+    pub bucket_width_secs: i64,
+}
+
+/// Plans a batch. `input.ledger` maps comment keys to their ledger state before the batch
+/// (absent: no entry), and `input.coverage` says what an absent entry means. Events after a
+/// stream-ending event are not planned; the end is returned beside the plan of what came
+/// before it.
+pub fn plan_batch_covering(input: PlanInput<'_>) -> (BatchPlan, Option<StreamEnded>) {
+    let mut planner = Planner::new(input);
+    for event in input.events {
+        if let Err(end) = planner.add(event) {
+            return (planner.finish(), Some(end));
+        }
+    }
+    (planner.finish(), None)
+}
+
+/// The plan of a batch as its events are added one by one, in stream order.
+struct Planner<'a> {
+    input: PlanInput<'a>,
+    plan: BatchPlan,
+    /// Each comment's state after the batch's events so far (the next event's before-state).
+    known: HashMap<String, Option<Row>>,
+    ledger_order: Vec<CommentId>,
+    counters: BTreeMap<CounterKey, CounterDelta>,
+    dirty: BTreeMap<CounterKey, BucketStart>,
+    dirty_order: Vec<CounterKey>,
+    named: Named,
+}
+
+impl<'a> Planner<'a> {
+    fn new(input: PlanInput<'a>) -> Self {
+        Planner {
+            input,
+            plan: BatchPlan::default(),
+            known: HashMap::new(),
+            ledger_order: Vec::new(),
+            counters: BTreeMap::new(),
+            dirty: BTreeMap::new(),
+            dirty_order: Vec::new(),
+            named: Named::default(),
+        }
+    }
+
+    /// Classifies one event against what is known before it and adds it to the plan; a
+    /// stream-ending event adds nothing.
+    fn add(&mut self, event: &ChangeEvent) -> Result<(), StreamEnded> {
+        let PlanInput {
+            attribution,
+            schema,
+            ..
+        } = self.input;
+        let before = self.before(event);
+        let classified = classify(event, before.clone(), attribution, schema)?;
+        self.plan.events += 1;
+        *self
+            .plan
+            .by_source
+            .entry(source_name(classified.source))
+            .or_default() += 1;
+        let newest = self.add_deltas(event, &classified);
+        // Without a delta, the rows known before and after say which bucket the post's change
+        // (a body edit, say) belongs to.
+        let rows = [
+            match &before {
+                Before::Known(row) | Before::Complete(row) => row.as_ref(),
+                Before::Unknown => None,
+            },
+            match &classified.after {
+                After::Known(row) => row.as_ref(),
+                After::Unchanged => None,
+            },
+        ];
+        if hidden_states(event, &classified, rows[0], schema) {
+            for post in &classified.dirty {
+                counter_of(&mut self.counters, post).touched.insert(0);
+            }
+        }
+        self.name_rows(event, &classified);
+        self.mark_dirty(event, &classified.dirty, rows, &newest);
+        if let (After::Known(state), Some(comment)) = (classified.after, event.comment.as_ref()) {
+            if self.known.insert(comment.key.clone(), state).is_none() {
+                self.ledger_order.push(comment.clone());
+            }
+        }
+        if let Some(problem) = classified.problem {
+            self.plan.skipped.push(Skipped {
+                token: event.token.clone(),
+                problem,
+            });
+        }
+        Ok(())
+    }
+
+    /// The event's before-state: its comment's state after the batch's earlier events, else
+    /// its ledger entry, read as `coverage` says.
+    fn before(&self, event: &ChangeEvent) -> Before {
+        let key = event.comment.as_ref().map(|c| c.key.clone());
+        let entry = key
+            .as_ref()
+            .map(|k| self.known.get(k).or_else(|| self.input.ledger.get(k)));
+        match (entry, self.input.coverage) {
+            (Some(row), Coverage::Complete) => Before::Complete(row.cloned().flatten()),
+            (Some(Some(row)), Coverage::Partial) => Before::Known(row.clone()),
+            _ => Before::Unknown,
+        }
+    }
+
+    /// Adds the event's deltas to their counters' writes. Returns the newest bucket each
+    /// counter's deltas changed.
+    fn add_deltas(
+        &mut self,
+        event: &ChangeEvent,
+        classified: &crate::core::classify::Classification,
+    ) -> BTreeMap<CounterKey, BucketStart> {
+        let PlanInput {
+            schema,
+            bucket_width_secs,
+            ..
+        } = self.input;
+        let mut newest: BTreeMap<CounterKey, BucketStart> = BTreeMap::new();
+        for delta in &classified.deltas {
+            let bucket = bucket_of(delta.created_at, bucket_width_secs);
+            let key = CounterKey {
+                counter: delta.counter,
+                group: delta.post.clone(),
+            };
+            let entry = counter_of(&mut self.counters, &key);
+            if entry.delta.checked_add(delta.amount).is_none() {
+                // Never wrapped: the sum goes on as a double, and the event is reported.
+                self.plan.skipped.push(Skipped {
+                    token: event.token.clone(),
+                    problem: Problem::Bad(crate::core::classify::Malformed::Overflow {
+                        counter: counter_name(schema, delta.counter),
+                    }),
+                });
+            }
+            entry.delta += delta.amount;
+            *entry.buckets.entry(bucket).or_default() += delta.amount;
+            entry.touched.insert(bucket);
+            let n = newest.entry(key).or_insert(bucket);
+            *n = (*n).max(bucket);
+        }
+        newest
+    }
+
+    /// Notes the event's row under every counter it named (see [`Named`]).
+    fn name_rows(
+        &mut self,
+        event: &ChangeEvent,
+        classified: &crate::core::classify::Classification,
+    ) {
+        let keys_named = classified
+            .deltas
+            .iter()
+            .map(|d| CounterKey {
+                counter: d.counter,
+                group: d.post.clone(),
+            })
+            .chain(classified.dirty.iter().cloned());
+        for key in keys_named {
+            self.named.add(&key, event.comment.as_ref());
+        }
+    }
+
+    /// Marks the counters the event named dirty, each with the newest bucket the change may
+    /// belong to: its deltas' (`newest`), else its known rows', else the event's own time.
+    fn mark_dirty(
+        &mut self,
+        event: &ChangeEvent,
+        named_dirty: &[CounterKey],
+        rows: [Option<&Row>; 2],
+        newest: &BTreeMap<CounterKey, BucketStart>,
+    ) {
+        let bucket_width_secs = self.input.bucket_width_secs;
+        // A post named by the event without a delta (an unattributable change) is taken as
+        // changed at the event's own time: only a recount above it covers the change.
+        let event_bucket = event.cluster_time.map_or(0, |t| {
+            bucket_of(
+                Some(DateTime::from_millis(t.time as i64 * 1000)),
+                bucket_width_secs,
+            )
+        });
+        for key in named_dirty {
+            let known_rows = rows
+                .iter()
+                .flatten()
+                .filter(|r| r.group_in(key.counter) == Some(&key.group))
+                .map(|r| bucket_of(r.created_at, bucket_width_secs))
+                .max();
+            let bucket = newest
+                .get(key)
+                .copied()
+                .or(known_rows)
+                .unwrap_or(event_bucket);
+            match self.dirty.get_mut(key) {
+                Some(b) => *b = (*b).max(bucket),
+                None => {
+                    self.dirty.insert(key.clone(), bucket);
+                    self.dirty_order.push(key.clone());
+                }
+            }
+        }
+    }
+
+    /// The plan of the events added so far.
+    fn finish(mut self) -> BatchPlan {
+        self.named.attach(&mut self.counters);
+        finish(
+            self.plan,
+            self.counters,
+            (self.dirty_order, self.dirty),
+            self.ledger_order,
+            &self.known,
+        )
+    }
+}
+
+/// Whether the event may hide intermediate states of its rows.
+///
+/// An update whose after-state was not derived from a complete description (the
+/// `updateLookup` document, possibly later than the event, or nothing at all) may hide
+/// intermediate states in any bucket: a restamp into a settled bucket, a soft delete and
+/// undelete. A recount may have seen them, so the batch touches every bucket of the posts
+/// it names (bucket 0 is below every watermark).
+/// A delete known only from the ledger may follow such an update that named no row at
+/// all (the fake server's update of a row gone before its lookup).
+fn hidden_states(
+    event: &ChangeEvent,
+    classified: &crate::core::classify::Classification,
+    before: Option<&Row>,
+    schema: &crate::core::schema::Schema,
+) -> bool {
+    match &event.operation {
+        // Derived at event time only from a complete description applied to a known row
+        // (the pre-image's or the ledger's); a partition that knows the row only as "not
+        // here" takes the looked-up one.
+        Operation::Update { summary } => {
+            let derived = summary.as_ref().is_some_and(|s| s.complete)
+                && (classified.source == Source::PreImage
+                    || before.is_some_and(|row| {
+                        summary.as_ref().is_some_and(|s| schema.derives(s, row))
+                    }));
+            !derived || classified.source == Source::BestEffort
+        }
+        Operation::Delete => classified.source != Source::PreImage,
+        _ => false,
+    }
+}
+
+/// The rows the batch's events named per post, in stream order without repeats (`None`: an
+/// event named the post without a row id).
+#[derive(Default)]
+struct Named(BTreeMap<CounterKey, Option<Vec<CommentId>>>);
+
+impl Named {
+    fn add(&mut self, key: &CounterKey, comment: Option<&CommentId>) {
+        let list = self
+            .0
+            .entry(key.clone())
+            .or_insert_with(|| Some(Vec::new()));
+        match (list.as_mut(), comment) {
+            (Some(list), Some(c)) => {
+                if !list.iter().any(|known| known.key == c.key) {
+                    list.push(c.clone());
+                }
+            }
+            (Some(_), None) => *list = None,
+            (None, _) => {}
+        }
+    }
+
+    /// Gives each counter write the rows named for its post. Posts named without a write (a
+    /// change that moved no count, such as a body edit of a known row) get none: their rows
+    /// count as before for every watermark, and their ledger entries stay at or before the
+    /// counter's position.
+    fn attach(self, counters: &mut BTreeMap<CounterKey, CounterDelta>) {
+        for (key, comments) in self.0 {
+            if let Some(c) = counters.get_mut(&key) {
+                c.comments = comments;
+            }
+        }
+    }
+}
+
+/// The batch's write for the counter `key`, empty until an event adds to it.
+pub(crate) fn counter_of<'a>(
+    counters: &'a mut BTreeMap<CounterKey, CounterDelta>,
+    key: &CounterKey,
+) -> &'a mut CounterDelta {
+    counters.entry(key.clone()).or_insert_with(|| CounterDelta {
+        counter: key.counter,
+        post: key.group.clone(),
+        delta: Num::ZERO,
+        buckets: BTreeMap::new(),
+        touched: BTreeSet::new(),
+        comments: Some(Vec::new()),
+    })
+}
+
+fn finish(
+    mut plan: BatchPlan,
+    counters: BTreeMap<CounterKey, CounterDelta>,
+    (dirty_order, dirty): (Vec<CounterKey>, BTreeMap<CounterKey, BucketStart>),
+    ledger_order: Vec<CommentId>,
+    known: &HashMap<String, Option<Row>>,
+) -> BatchPlan {
+    plan.counters = counters
+        .into_values()
+        .map(|mut c| {
+            // A sum's changes that cancel out leave no bucket and no double behind (a row
+            // with 2.5 inserted and deleted in one batch leaves an integer sum an integer).
+            c.buckets.retain(|_, amount| !amount.is_zero());
+            c.delta = c.buckets.values().sum();
+            c
+        })
+        .filter(|c| !c.touched.is_empty())
+        .collect();
+    plan.dirty = dirty_order
+        .into_iter()
+        .map(|key| DirtyMark {
+            newest_bucket: dirty[&key],
+            counter: key.counter,
+            post: key.group,
+        })
+        .collect();
+    plan.ledger = ledger_order
+        .into_iter()
+        .map(|comment| LedgerUpdate {
+            state: known[&comment.key].clone(),
+            comment,
+        })
+        .collect();
+    plan
+}
+
+/// The name of definition `counter` (for a report).
+fn counter_name(schema: &crate::core::schema::Schema, counter: CounterIx) -> String {
+    match counter.0 {
+        0 => crate::core::definition::DEFAULT_COUNTER.to_string(),
+        i => schema
+            .counters
+            .get(i - 1)
+            .map_or_else(|| format!("#{i}"), |d| d.name.clone()),
+    }
+}
+
+fn source_name(source: Source) -> &'static str {
+    match source {
+        Source::PreImage => "pre_image",
+        Source::Ledger => "ledger",
+        Source::Insert => "insert",
+        Source::BestEffort => "best_effort",
+    }
+}
+
+/// The writes of one batch, recorded as its intent before any of them is issued. Replaying the
+/// stored plan (not re-reading and re-classifying the events) makes recovery exact even though
+/// `updateLookup` would now show later row states.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct PendingBatch {
+    /// The batch's last event: the guard token of every write and the next checkpoint.
+    pub end: Token,
+    pub end_time: Option<Timestamp>,
+    pub counters: Vec<CounterDelta>,
+    pub ledger: Vec<LedgerUpdate>,
+    pub dirty: Vec<DirtyMark>,
+    /// The carry the batch belongs to (see [`crate::core::carry`]): the end of its first batch, under
+    /// which the carry's batches store their counters and marks, this one's too if it may be
+    /// carried (its intent then holds neither). `None`: nothing is carried, nothing stored.
+    pub carry: Option<Token>,
+}

@@ -1,0 +1,610 @@
+//! Pure classification: one change event plus what is known of the row before it becomes signed
+//! deltas per post, posts to mark dirty, and what the comment ledger should now say.
+//!
+//! A row counts when it exists and has no `deleted_at`; every delta is `live_after - live_before`
+//! per post, so a move is `-1` on the old post and `+1` on the new one.
+//!
+//! Every counter definition ([`crate::core::definition`]) is classified from the same two states: a
+//! row carries its group key and condition verdict per definition ([`Row::members`]), so one
+//! event becomes deltas for each definition it touches (a row becoming approved enters the
+//! approved counter; a move between posts changes the per-post counter and not the per-author
+//! one; an author change moves it between authors). No definition reads the event again. "Before" comes from, best
+//! first, the pre-image, the comment ledger, or (neither known) best-effort rules whose guesses
+//! are documented drift sources that the reconciler later corrects.
+
+use bson::{DateTime, Document};
+use serde::{Deserialize, Serialize};
+
+use crate::core::event::{ChangeEvent, Operation, Row, RowRead, Token, UpdateSummary};
+use crate::core::key::PostId;
+use crate::core::key::{CounterIx, CounterKey};
+use crate::core::num::Num;
+use crate::core::schema::Schema;
+
+/// Where the worker takes a row's before-state from (the `attribution` setting).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Attribution {
+    /// Pre-images when the event has one, else the ledger.
+    #[default]
+    Auto,
+    /// Pre-images only (falls back to best effort when a pre-image expired).
+    PreImage,
+    /// The comment ledger only, even if pre-images are present.
+    Ledger,
+    /// Neither: guess from the event alone.
+    BestEffort,
+}
+
+impl Attribution {
+    pub fn uses_pre_images(self) -> bool {
+        matches!(self, Attribution::Auto | Attribution::PreImage)
+    }
+    pub fn uses_ledger(self) -> bool {
+        matches!(self, Attribution::Auto | Attribution::Ledger)
+    }
+}
+
+/// What is known of the row just before the event.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Before {
+    /// Known: `None` means the row did not exist; a row without a post exists but does not
+    /// count.
+    Known(Option<Row>),
+    /// Nothing known: best-effort rules apply.
+    Unknown,
+    /// From a complete ledger (see [`crate::snapshot`]): `None` means no entry or gone, so the
+    /// row does not count. It is the before-state of every event, ahead of a pre-image and of
+    /// an insert's "did not exist": the counters hold exactly what the ledger's states count,
+    /// and an entry the snapshot claimed may already show the row an older event creates.
+    Complete(Option<Row>),
+}
+
+/// Which source the before-state came from (reported in metrics).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Source {
+    PreImage,
+    Ledger,
+    Insert,
+    BestEffort,
+}
+
+/// A signed change to one counter, filed under the row's creation time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Delta {
+    /// Which definition's counter (the default: posts).
+    pub counter: CounterIx,
+    /// The counter's group key (for the default definition, the post).
+    pub post: PostId,
+    pub created_at: Option<DateTime>,
+    /// What the counter gains (negative: loses): whole rows for a count, the field's units
+    /// for a sum.
+    pub amount: Num,
+}
+
+/// What the ledger should record for the comment after this event.
+#[derive(Clone, Debug, PartialEq)]
+pub enum After {
+    /// The row's state is now known: `None` = gone; a row without a post exists but does not
+    /// count.
+    Known(Option<Row>),
+    /// The event told nothing reliable about the row's state; keep what the ledger had.
+    Unchanged,
+}
+
+/// Something about the event that the operator should hear of. The event's known posts are still
+/// marked dirty, so the reconciler repairs whatever was not counted.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Problem {
+    /// Malformed input: a missing or wrongly typed `post_id`, an unknown operation type.
+    #[error(transparent)]
+    Bad(Malformed),
+    /// Well-formed, but no delta could be attributed (best effort ran out of rules).
+    #[error(transparent)]
+    Unattributable(Unattributable),
+}
+
+/// How an event is malformed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Malformed {
+    #[error("unknown operation type `{0}`")]
+    UnknownOperation(String),
+    /// An inserted or replaced row without the group field.
+    #[error("document has no `{field}`")]
+    NoPost { field: String },
+    /// A group field whose BSON type (`kind`) cannot be a post id.
+    #[error("`{field}` has unsupported type {kind}")]
+    UnsupportedPostType { field: String, kind: String },
+    #[error("event has no fullDocument")]
+    NoFullDocument,
+    /// A summed field holding something other than a number (the row adds 0 to that sum).
+    #[error("summed field `{field}` of counter `{counter}` holds a {kind}, not a number")]
+    NotANumber {
+        counter: String,
+        field: String,
+        kind: String,
+    },
+    /// Adding a row's value overflowed 64-bit integers (the sum became a double instead).
+    #[error(
+        "the sum of counter `{counter}` overflowed 64-bit integers (it continues as a double)"
+    )]
+    Overflow { counter: String },
+}
+
+/// Why no delta could be attributed to a well-formed event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Unattributable {
+    #[error("hard delete without pre-image, ledger entry or shard key")]
+    DeleteOfUnknownRow,
+    #[error("update of an unknown row without a post in the event")]
+    UpdateWithoutPost,
+    #[error("post_id moved and the old post is unknown")]
+    MoveFromUnknownPost,
+    #[error("change of an unknown row without a post in the event")]
+    ChangeWithoutPost,
+}
+
+/// The outcome of classifying one event.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Classification {
+    pub deltas: Vec<Delta>,
+    /// Every counter the event named (before or after it), of every definition.
+    pub dirty: Vec<CounterKey>,
+    pub after: After,
+    pub source: Source,
+    pub problem: Option<Problem>,
+}
+
+/// The stream can no longer be followed: the collection was dropped or renamed, or the stream
+/// was invalidated. Never guessed past. The message says how to recover, with the time to
+/// replay from.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("change stream ended by a `{operation}` event at token {token}{}: the `comments` collection was dropped, renamed or the stream invalidated, and counterd stops rather than guess. To recover: restore or recreate the collection, run `counterd replay --from-time {}` (just after this event: what happened since is counted), start `counterd run` again, and run `counterd reconcile --sweep` once beside it to recount every post (the counters still include the rows that went away)", at_text(.at), replay_from(.at))]
+pub struct StreamEnded {
+    pub token: Token,
+    pub operation: String,
+    /// The event's cluster time, where the server sent one.
+    pub at: Option<bson::Timestamp>,
+}
+
+/// ` (at <time>)`, or nothing without a time.
+fn at_text(at: &Option<bson::Timestamp>) -> String {
+    at.map(|t| format!(" (at {})", seconds_rfc3339(t.time as i64)))
+        .unwrap_or_default()
+}
+
+/// The first whole second after the event, where to replay from.
+/// The time to replay from after an end at `at`: the next whole second.
+pub fn replay_from(at: &Option<bson::Timestamp>) -> String {
+    at.map(|t| seconds_rfc3339(t.time as i64 + 1))
+        .unwrap_or_else(|| "<RFC 3339 time just after the drop>".into())
+}
+
+fn seconds_rfc3339(secs: i64) -> String {
+    chrono::DateTime::from_timestamp(secs, 0)
+        .map(|d| d.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+        .unwrap_or_else(|| secs.to_string())
+}
+
+/// Classifies one event. `ledger` is the ledger's view of the row before this event
+/// (`Before::Unknown` when the ledger is off or has no entry); `attribution` says whether
+/// pre-images may be used; `schema` names the application's fields.
+///
+/// Three steps: where the before-state comes from ([`before_state`]), what the row is after
+/// the event ([`after_state`]), then the deltas between the two, exact or best effort, with the
+/// counters the event touched marked dirty.
+pub fn classify(
+    event: &ChangeEvent,
+    ledger: Before,
+    attribution: Attribution,
+    schema: &Schema,
+) -> Result<Classification, StreamEnded> {
+    if matches!(event.operation, Operation::Update { .. }) && event.comment.is_none() {
+        // Only the fake server does this: an update whose row was deleted before the lookup, so
+        // the event names no comment. The delete event that follows carries the whole change.
+        return Ok(Classification {
+            deltas: Vec::new(),
+            dirty: Vec::new(),
+            after: After::Unchanged,
+            source: Source::BestEffort,
+            problem: None,
+        });
+    }
+    let (before, source) = before_state(event, ledger, attribution, schema);
+    let (after, bad) = match after_state(event, &before, source, schema) {
+        Reading::After(after, bad) => (after, bad),
+        Reading::Ended(end) => return Err(end),
+        Reading::Refused(problem) => return Ok(problem_only(&before, source, problem)),
+    };
+    let mut classified = match before {
+        Before::Known(before_row) | Before::Complete(before_row) => {
+            exact(before_row, after, source)
+        }
+        Before::Unknown => best_effort(event, after, schema),
+    };
+    if let Some(problem) = bad.or_else(|| not_a_number(&classified.after, schema)) {
+        classified.problem = Some(problem);
+    }
+    // A post the row moved to in this update is touched even when a later `updateLookup`
+    // state hides the stop there: a recount folded in meanwhile may have counted the row there.
+    if let Operation::Update {
+        summary: Some(summary),
+    } = &event.operation
+    {
+        for key in schema.groups_set_by(summary) {
+            push_unique(&mut classified.dirty, Some(key));
+        }
+    }
+    Ok(classified)
+}
+
+/// Where the row's before-state comes from, best first: a complete ledger, an insert's "did not
+/// exist", the pre-image, the ledger, else nothing (best effort).
+fn before_state(
+    event: &ChangeEvent,
+    ledger: Before,
+    attribution: Attribution,
+    schema: &Schema,
+) -> (Before, Source) {
+    match (&event.operation, ledger) {
+        (_, Before::Complete(row)) if attribution.uses_ledger() => {
+            (Before::Known(row), Source::Ledger)
+        }
+        // An insert creates the row: it did not exist just before, whatever a ledger says.
+        (Operation::Insert, _) => (Before::Known(None), Source::Insert),
+        (_, ledger) => match (&event.pre_image, attribution.uses_pre_images()) {
+            // A pre-image shows a row that exists, counted or not.
+            (Some(pre), true) => (
+                Before::Known(Some(schema.read_existing_row(pre))),
+                Source::PreImage,
+            ),
+            _ => match ledger {
+                Before::Known(row) if attribution.uses_ledger() => {
+                    (Before::Known(row), Source::Ledger)
+                }
+                _ => (Before::Unknown, Source::BestEffort),
+            },
+        },
+    }
+}
+
+/// What the event says of the row after it.
+enum Reading {
+    /// The after-state, and a malformed group field in it (the row exists but no longer
+    /// counts, and the event is reported as bad input).
+    After(After, Option<Problem>),
+    /// The stream ended: never guessed past.
+    Ended(StreamEnded),
+    /// Nothing can be read from the event: reported, its known posts marked dirty.
+    Refused(Problem),
+}
+
+fn after_state(event: &ChangeEvent, before: &Before, source: Source, schema: &Schema) -> Reading {
+    match &event.operation {
+        Operation::End(op) => Reading::Ended(StreamEnded {
+            token: event.token.clone(),
+            operation: op.clone(),
+            at: event.cluster_time,
+        }),
+        Operation::Unknown(op) => {
+            Reading::Refused(Problem::Bad(Malformed::UnknownOperation(op.clone())))
+        }
+        Operation::Insert | Operation::Replace => match event.full_document.as_ref() {
+            Some(doc) => {
+                let (after, bad) = read_document(doc, schema);
+                Reading::After(after, bad)
+            }
+            None => Reading::Refused(Problem::Bad(Malformed::NoFullDocument)),
+        },
+        Operation::Update { summary } => {
+            let (after, bad) = after_update(event, summary.as_ref(), before, source, schema);
+            Reading::After(after, bad)
+        }
+        Operation::Delete => Reading::After(After::Known(None), None),
+    }
+}
+
+/// An inserted or replaced row (a document that shows the whole row).
+fn read_document(doc: &Document, schema: &Schema) -> (After, Option<Problem>) {
+    let existing = || After::Known(Some(schema.read_existing_row(doc)));
+    match schema.read_row(doc) {
+        RowRead::Row(row) => (After::Known(Some(row)), None),
+        RowRead::NoPost => (
+            existing(),
+            Some(Problem::Bad(Malformed::NoPost {
+                field: schema.group.clone(),
+            })),
+        ),
+        // The row exists but does not count: a malformed post id.
+        RowRead::BadPost(kind) => (existing(), Some(bad_post_type(schema, &kind))),
+    }
+}
+
+/// The row after an update.
+///
+/// With a complete update description and a known existing row before it (from the pre-image
+/// or the ledger, counted or not), the after-state is derived exactly at event time. Otherwise
+/// `updateLookup` shows the row as it is now, possibly later than the event: fine while
+/// before-states chain through the ledger (the transitions telescope), but never mixed with
+/// pre-images, which are event-time states. So a row the ledger knows without a post is
+/// described field by field too: taking a later state for it from the lookup, when the next
+/// event's before-state comes from its own pre-image, would count the change in between twice.
+/// A ledger row is not enough when the update touches a field a definition's condition reads
+/// (the ledger keeps the verdict, not the field): the lookup decides ([`Schema::derives`]).
+fn after_update(
+    event: &ChangeEvent,
+    summary: Option<&UpdateSummary>,
+    before: &Before,
+    source: Source,
+    schema: &Schema,
+) -> (After, Option<Problem>) {
+    let complete = summary.filter(|s| s.complete);
+    if let (Some(summary), Source::PreImage) = (complete, source) {
+        let pre = event.pre_image.as_ref().expect("source is the pre-image");
+        let after = Schema::apply_to_document(summary, pre);
+        return match schema.read_row(&after) {
+            RowRead::Row(row) => (After::Known(Some(row)), None),
+            RowRead::NoPost => (After::Known(Some(schema.read_existing_row(&after))), None),
+            RowRead::BadPost(kind) => (
+                After::Known(Some(schema.read_existing_row(&after))),
+                Some(bad_post_type(schema, &kind)),
+            ),
+        };
+    }
+    if let (Some(summary), Before::Known(Some(row))) = (complete, before) {
+        if schema.derives(summary, row) {
+            return match schema.apply(summary, row) {
+                Ok(after) => (After::Known(Some(after)), None),
+                Err((after, kind)) => (
+                    After::Known(Some(after)),
+                    Some(bad_post_type(schema, &kind)),
+                ),
+            };
+        }
+    }
+    // A looked-up row without `post_id` exists but no longer counts; no document at all (the
+    // row was deleted since) or the fake server's fragment (no `_id`) says nothing: the delete
+    // event that follows settles it.
+    let looked_up = event.full_document.as_ref();
+    match looked_up.and_then(|d| schema.read_looked_up_row(d)) {
+        Some(RowRead::Row(row)) => (After::Known(Some(row)), None),
+        Some(RowRead::BadPost(kind)) => (
+            After::Known(looked_up.map(|d| schema.read_existing_row(d))),
+            Some(bad_post_type(schema, &kind)),
+        ),
+        Some(RowRead::NoPost) => (
+            After::Known(looked_up.map(|d| schema.read_existing_row(d))),
+            None,
+        ),
+        None => (After::Unchanged, None),
+    }
+}
+
+/// Before-state known: the delta is exact (or zero when the after-state is unknown).
+fn exact(before: Option<Row>, after: After, source: Source) -> Classification {
+    let mut dirty = Vec::new();
+    push_groups(&mut dirty, before.as_ref());
+    let after_row = match &after {
+        After::Known(row) => row.clone(),
+        // No information: assume unchanged, so no delta; the post is still touched.
+        After::Unchanged => before.clone(),
+    };
+    push_groups(&mut dirty, after_row.as_ref());
+    Classification {
+        deltas: transition(before.as_ref(), after_row.as_ref()),
+        dirty,
+        after,
+        source,
+        problem: None,
+    }
+}
+
+/// `live_after - live_before` per counter of every definition (and creation bucket).
+pub fn transition(before: Option<&Row>, after: Option<&Row>) -> Vec<Delta> {
+    let known = |r: Option<&Row>| r.map_or(0, |r| r.members.len() + 1);
+    let mut deltas = Vec::new();
+    for counter in (0..known(before).max(known(after))).map(CounterIx) {
+        transition_in(counter, before, after, &mut deltas);
+    }
+    deltas
+}
+
+/// [`transition`] for one definition: minus what the row added where it counted, plus what it
+/// adds where it counts now (`-1`/`+1` for a count, the old and new values for a sum); on the
+/// same group and bucket the two make one delta, `after - before`, and none when it is 0.
+fn transition_in(
+    counter: CounterIx,
+    before: Option<&Row>,
+    after: Option<&Row>,
+    out: &mut Vec<Delta>,
+) {
+    let start = out.len();
+    if let Some((row, (post, amount))) = before.and_then(|r| Some((r, r.contribution(counter)?))) {
+        out.push(Delta {
+            counter,
+            post: post.clone(),
+            created_at: row.created_at,
+            amount: -amount,
+        });
+    }
+    if let Some((row, (post, amount))) = after.and_then(|r| Some((r, r.contribution(counter)?))) {
+        let same = out[start..]
+            .iter()
+            .position(|d| d.post == *post && d.created_at == row.created_at);
+        // One delta where the difference is exact; two (each exact) where it would overflow.
+        match same.and_then(|pos| Some((pos, amount.checked_add(out[start + pos].amount)?))) {
+            Some((pos, net)) if net.is_zero() => {
+                out.remove(start + pos);
+            }
+            Some((pos, net)) => out[start + pos].amount = net,
+            None => out.push(Delta {
+                counter,
+                post: post.clone(),
+                created_at: row.created_at,
+                amount,
+            }),
+        }
+    }
+}
+
+/// Before-state unknown (no pre-image, no ledger entry): the documented guesses.
+fn best_effort(event: &ChangeEvent, after: After, schema: &Schema) -> Classification {
+    let after_row = match &after {
+        After::Known(row) => row.clone(),
+        After::Unchanged => None,
+    };
+    let mut c = Classification {
+        deltas: Vec::new(),
+        dirty: Vec::new(),
+        after,
+        source: Source::BestEffort,
+        problem: None,
+    };
+    let key_post = schema.post_in(&event.document_key);
+    match &event.operation {
+        Operation::Delete => match key_post {
+            // Sharded on post_id: the key names the post. Whether the row was live is a guess.
+            Some(post) => {
+                c.deltas.push(Delta {
+                    counter: CounterIx::DEFAULT,
+                    post: post.clone(),
+                    created_at: None,
+                    amount: Num::Int(-1),
+                });
+                c.dirty.push(default_key(post));
+            }
+            None => c.problem = Some(Problem::Unattributable(Unattributable::DeleteOfUnknownRow)),
+        },
+        Operation::Update {
+            summary: Some(summary),
+        } => {
+            let post = after_row
+                .as_ref()
+                .and_then(|r| r.post.clone())
+                .or_else(|| schema.post_set_by(summary))
+                .or(key_post);
+            let Some(post) = post else {
+                c.problem = Some(Problem::Unattributable(Unattributable::UpdateWithoutPost));
+                return c;
+            };
+            let created_at = after_row.as_ref().and_then(|r| r.created_at);
+            c.dirty.push(default_key(post.clone()));
+            // Other definitions have no guesses: the groups the after-state names are dirty,
+            // and the reconciler recounts them.
+            push_groups_beyond_default(&mut c.dirty, after_row.as_ref());
+            if schema.moves(summary) {
+                if after_row.as_ref().is_some_and(Row::is_live) {
+                    c.deltas.push(Delta {
+                        counter: CounterIx::DEFAULT,
+                        post,
+                        created_at,
+                        amount: Num::ONE,
+                    });
+                }
+                c.problem = Some(Problem::Unattributable(Unattributable::MoveFromUnknownPost));
+            } else if let Some(amount) = schema.soft_delete_guess(summary) {
+                // Guess: setting the soft-delete field deletes a live row, clearing it revives
+                // a deleted one (a re-stamp would be miscounted: a documented drift source).
+                c.deltas.push(Delta {
+                    counter: CounterIx::DEFAULT,
+                    post,
+                    created_at,
+                    amount: Num::Int(amount),
+                });
+            }
+        }
+        // Replace, or update without any description: only the post is known, if that.
+        _ => {
+            push_groups_beyond_default(&mut c.dirty, after_row.as_ref());
+            match after_row.and_then(|r| r.post).or(key_post) {
+                Some(post) => c.dirty.insert(0, default_key(post)),
+                None => {
+                    c.problem = Some(Problem::Unattributable(Unattributable::ChangeWithoutPost))
+                }
+            }
+        }
+    }
+    c
+}
+
+/// A summed field of the row after the event that holds something other than a number: the
+/// row adds 0 to that sum, and the event is reported as bad input.
+fn not_a_number(after: &After, schema: &Schema) -> Option<Problem> {
+    let After::Known(Some(row)) = after else {
+        return None;
+    };
+    row.members
+        .iter()
+        .zip(&schema.counters)
+        .find_map(|(member, definition)| {
+            let kind = member.not_a_number.as_ref()?;
+            Some(Problem::Bad(Malformed::NotANumber {
+                counter: definition.name.clone(),
+                field: definition.kind.field().unwrap_or_default().to_string(),
+                kind: kind.clone(),
+            }))
+        })
+}
+
+/// The problem of a group field whose BSON type cannot be a post id.
+fn bad_post_type(schema: &Schema, kind: &str) -> Problem {
+    Problem::Bad(Malformed::UnsupportedPostType {
+        field: schema.group.clone(),
+        kind: kind.to_string(),
+    })
+}
+
+/// A classification that changes nothing but reports a problem and dirties the known post.
+fn problem_only(before: &Before, source: Source, problem: Problem) -> Classification {
+    let mut dirty = Vec::new();
+    if let Before::Known(Some(row)) = before {
+        push_groups(&mut dirty, Some(row));
+    }
+    Classification {
+        deltas: Vec::new(),
+        dirty,
+        after: After::Unchanged,
+        source,
+        problem: Some(problem),
+    }
+}
+
+fn push_unique(list: &mut Vec<CounterKey>, key: Option<CounterKey>) {
+    if let Some(key) = key {
+        if !list.contains(&key) {
+            list.push(key);
+        }
+    }
+}
+
+/// The default definition's counter of `post`.
+fn default_key(post: PostId) -> CounterKey {
+    CounterKey {
+        counter: CounterIx::DEFAULT,
+        group: post,
+    }
+}
+
+/// The row's group of every definition, counted or not: changes there may have touched them.
+fn push_groups(list: &mut Vec<CounterKey>, row: Option<&Row>) {
+    let Some(row) = row else { return };
+    for counter in row.counters() {
+        let key = row.group_in(counter).map(|group| CounterKey {
+            counter,
+            group: group.clone(),
+        });
+        push_unique(list, key);
+    }
+}
+
+/// [`push_groups`] for every definition but the default (best effort guesses for that one).
+fn push_groups_beyond_default(list: &mut Vec<CounterKey>, row: Option<&Row>) {
+    let Some(row) = row else { return };
+    for counter in row.counters().skip(1) {
+        let key = row.group_in(counter).map(|group| CounterKey {
+            counter,
+            group: group.clone(),
+        });
+        push_unique(list, key);
+    }
+}

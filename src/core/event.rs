@@ -1,0 +1,444 @@
+//! The change-event model: what one `comments` change event says, parsed leniently from the raw
+//! document so that one malformed event can be reported and skipped without breaking the stream.
+//!
+//! Two shapes are understood: the one a real MongoDB 6/7 emits (with `updateDescription`,
+//! optional `fullDocument` and `fullDocumentBeforeChange`) and the one the fake test server
+//! (mongo-java-server) emits (update events carry the update spec in `documentKey`, no
+//! `updateDescription`, replaces reported as updates). An event of a multi-document
+//! transaction also carries `lsid` and `txnNumber` (real servers only; see [`crate::core::txn`]).
+
+use std::fmt;
+
+use bson::{Bson, DateTime, Document, Timestamp};
+use serde::{Deserialize, Serialize};
+
+use crate::core::key::{CounterIx, Member, PostId};
+use crate::core::num::Num;
+use crate::core::txn::TxnKey;
+
+/// A position in the change stream: the resume token's `_data` string.
+///
+/// Tokens of one deployment sort in event order when compared as strings (MongoDB 4.0.7+), which
+/// is what makes the per-post `applied_through` guard a plain `$lt` comparison.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Token(pub String);
+
+impl Token {
+    /// The smallest position: before every real token.
+    pub fn origin() -> Token {
+        Token(String::new())
+    }
+
+    /// Reads `_data` out of a resume-token document `{_data: "<hex>"}`.
+    pub fn from_resume_document(doc: &Document) -> Option<Token> {
+        match doc.get("_data")? {
+            Bson::String(s) => Some(Token(s.clone())),
+            // Very old servers used BinData tokens; they do not sort, so they are refused.
+            _ => None,
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A comment's identity (its `_id`, of any BSON type) with a hashable key derived from it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CommentId {
+    /// Canonical extended-JSON text of the `_id`: equal ids give equal keys.
+    pub key: String,
+    pub value: Bson,
+}
+
+impl CommentId {
+    pub fn new(value: Bson) -> CommentId {
+        CommentId {
+            key: canonical_key(&value),
+            value,
+        }
+    }
+}
+
+/// The canonical extended-JSON text of an id: the common id types (ObjectId, 32- and 64-bit
+/// integers) written directly, as `into_canonical_extjson` would write them, without its JSON
+/// tree (one per event read and per row id written); every other type through it.
+fn canonical_key(value: &Bson) -> String {
+    match value {
+        Bson::ObjectId(oid) => format!("{{\"$oid\":\"{}\"}}", oid.to_hex()),
+        Bson::Int32(n) => format!("{{\"$numberInt\":\"{n}\"}}"),
+        Bson::Int64(n) => format!("{{\"$numberLong\":\"{n}\"}}"),
+        other => other.clone().into_canonical_extjson().to_string(),
+    }
+}
+
+/// What counting needs to know about one comment row that exists.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Row {
+    /// `None` when the row has no usable post id in its group field (none at all, or of a type
+    /// that cannot be a post id): the row exists but does not count. Its other fields are still known, so a
+    /// later update that gives it a post is derived exactly.
+    pub post: Option<PostId>,
+    /// `None` when the row has no creation date: filed under the oldest bucket.
+    pub created_at: Option<DateTime>,
+    /// Soft-deleted, by the schema's rule ([`crate::core::schema::SoftDelete`]).
+    pub deleted: bool,
+    /// What the row is to each counter definition beyond the default, in order
+    /// (`members[i]` is definition `i + 1`'s, see [`crate::core::definition`]): its group key and
+    /// whether it satisfies the condition. `post` above is the default definition's group. Kept in
+    /// the ledger with the rest of the row, so the next event's before-state needs no document.
+    /// Shorter than the definitions (an entry written before a definition existed): the row
+    /// counts nowhere for the missing ones.
+    pub members: Vec<Member>,
+}
+
+impl Row {
+    /// The group the row counts in for definition `counter`, if it counts there (see
+    /// [`Member::counts`]; the default definition's group is `post`, without condition).
+    pub fn counted_in(&self, counter: CounterIx) -> Option<&PostId> {
+        match counter.0 {
+            0 => self.counted_post(),
+            i => self.members.get(i - 1)?.counts(self.deleted),
+        }
+    }
+
+    /// The group the row counts in for definition `counter` and what it adds there: 1 for a
+    /// count (the default is one), the summed field's value for a sum.
+    pub fn contribution(&self, counter: CounterIx) -> Option<(&PostId, Num)> {
+        match counter.0 {
+            0 => self.counted_post().map(|p| (p, Num::ONE)),
+            i => {
+                let member = self.members.get(i - 1)?;
+                member.counts(self.deleted).map(|g| (g, member.amount))
+            }
+        }
+    }
+
+    /// The row's group key for definition `counter`, counted or not (a post to mark dirty).
+    pub fn group_in(&self, counter: CounterIx) -> Option<&PostId> {
+        match counter.0 {
+            0 => self.post.as_ref(),
+            i => self.members.get(i - 1)?.group.as_ref(),
+        }
+    }
+
+    /// The row as definition `counter` sees it, in the default definition's terms: `post` is
+    /// its group there and `deleted` says it does not count there (soft-deleted, or the
+    /// condition fails). A rule written for the default (the row-level recount's
+    /// `counts_below`) then applies to any definition unchanged.
+    pub fn seen_by(self, counter: CounterIx) -> Row {
+        if counter == CounterIx::DEFAULT {
+            return self;
+        }
+        Row {
+            post: self.group_in(counter).cloned(),
+            deleted: self.counted_in(counter).is_none(),
+            created_at: self.created_at,
+            members: Vec::new(),
+        }
+    }
+
+    /// Every definition the row says something about: the default and one per member.
+    pub fn counters(&self) -> impl Iterator<Item = CounterIx> {
+        (0..=self.members.len()).map(CounterIx)
+    }
+
+    /// The post the row counts for: a row counts when it has a post and is not soft-deleted.
+    pub fn counted_post(&self) -> Option<&PostId> {
+        self.post.as_ref().filter(|_| !self.deleted)
+    }
+
+    /// A row counts when it has a post and is not soft-deleted.
+    pub fn is_live(&self) -> bool {
+        self.counted_post().is_some()
+    }
+}
+
+/// What a document says about the row it shows.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RowRead {
+    /// A row with a usable `post_id`.
+    Row(Row),
+    /// No `post_id` field at all: either a row outside counting or (on the fake server) the
+    /// fragment `updateLookup` returns for a deleted row.
+    NoPost,
+    /// `post_id` with a type that cannot be a post id.
+    BadPost(String),
+}
+
+/// What an update changed, as far as the event says.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct UpdateSummary {
+    /// Fields set, with their new values (`updatedFields`, or `$set` in the fake's spec).
+    pub set: Document,
+    /// Fields removed (`removedFields`, or `$unset` in the fake's spec).
+    pub removed: Vec<String>,
+    /// True for a server's `updateDescription`, which is complete; false for the fake server's
+    /// update spec, which may use operators counterd does not read (`$currentDate`, `$rename`).
+    pub complete: bool,
+}
+
+/// The operation of a change event.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Operation {
+    Insert,
+    Update {
+        /// `None` when the server sent no update description (the fake, or a replace).
+        summary: Option<UpdateSummary>,
+    },
+    Replace,
+    Delete,
+    /// `drop`, `rename`, `dropDatabase`, `invalidate`: the stream can no longer be trusted.
+    End(String),
+    /// An operation type this version does not know.
+    Unknown(String),
+}
+
+/// One change event, parsed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChangeEvent {
+    pub token: Token,
+    pub cluster_time: Option<Timestamp>,
+    pub operation: Operation,
+    /// The comment's `_id` (from `documentKey`), absent for stream-ending events.
+    pub comment: Option<CommentId>,
+    /// `documentKey` as sent (on a sharded cluster it holds the shard key too).
+    pub document_key: Document,
+    /// `fullDocument`: the inserted/replacing row, or (`updateLookup`) the row as it is at lookup
+    /// time, which may be later than the event.
+    pub full_document: Option<Document>,
+    /// `fullDocumentBeforeChange`: the pre-image, when enabled and not expired.
+    pub pre_image: Option<Document>,
+    /// The multi-document transaction the event belongs to (`lsid` + `txnNumber`), `None`
+    /// outside one. A batch never ends between two events of one transaction (see
+    /// [`crate::core::txn`]).
+    pub txn: Option<TxnKey>,
+}
+
+/// Why an event document could not be parsed at all.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum EventError {
+    #[error("change event has no resume token (_id._data)")]
+    NoToken,
+    #[error("change event {token} has no operationType")]
+    NoOperation { token: Token },
+    #[error("change event {token} ({operation}) has no documentKey._id")]
+    NoDocumentKey { token: Token, operation: String },
+}
+
+impl ChangeEvent {
+    /// Parses a raw change event document (see [`ChangeEvent::from_document`], which takes it
+    /// apart instead of copying its parts).
+    pub fn parse(doc: &Document) -> Result<ChangeEvent, EventError> {
+        ChangeEvent::from_document(doc.clone())
+    }
+
+    /// Parses a raw change event document, moving its rows into the event.
+    pub fn from_document(mut doc: Document) -> Result<ChangeEvent, EventError> {
+        let token = doc
+            .get_document("_id")
+            .ok()
+            .and_then(Token::from_resume_document)
+            .ok_or(EventError::NoToken)?;
+        let op_name = doc
+            .get_str("operationType")
+            .map_err(|_| EventError::NoOperation {
+                token: token.clone(),
+            })?
+            .to_string();
+        let cluster_time = doc.get_timestamp("clusterTime").ok();
+        let txn = TxnKey::of_event(&doc);
+        let mut take = |field: &str| match doc.remove(field) {
+            Some(Bson::Document(d)) => Some(d),
+            _ => None,
+        };
+        let document_key = take("documentKey").unwrap_or_default();
+        let full_document = take("fullDocument");
+        let pre_image = take("fullDocumentBeforeChange");
+
+        let operation = match op_name.as_str() {
+            "insert" => Operation::Insert,
+            "update" => Operation::Update {
+                summary: update_summary(&doc, &document_key),
+            },
+            "replace" => Operation::Replace,
+            "delete" => Operation::Delete,
+            "drop" | "rename" | "dropDatabase" | "invalidate" => Operation::End(op_name.clone()),
+            _ => Operation::Unknown(op_name.clone()),
+        };
+        // The fake server's update events carry the update spec in `documentKey` and no `_id`;
+        // the looked-up `fullDocument` (a real row has `_id`) names the comment instead. When
+        // neither does, the row was deleted before the lookup and its delete event settles it.
+        let comment = document_key
+            .get("_id")
+            .or_else(|| full_document.as_ref().and_then(|d| d.get("_id")))
+            .cloned()
+            .map(CommentId::new);
+        let needs_key = matches!(
+            operation,
+            Operation::Insert | Operation::Replace | Operation::Delete
+        );
+        if needs_key && comment.is_none() {
+            return Err(EventError::NoDocumentKey {
+                token,
+                operation: op_name,
+            });
+        }
+        Ok(ChangeEvent {
+            token,
+            cluster_time,
+            operation,
+            comment,
+            document_key,
+            full_document,
+            pre_image,
+            txn,
+        })
+    }
+}
+
+/// Reads the update description of a real server, or the update spec the fake server puts into
+/// `documentKey` (`{_id, $set: {...}, $unset: {...}}`).
+///
+/// A description counts only when its `updatedFields` is a document: the stream's `$project`
+/// (see `crate::core::schema::Schema::stream_projection`) turns a missing description into
+/// `{updatedFields: null, removedFields: null}`, which says nothing.
+fn update_summary(doc: &Document, document_key: &Document) -> Option<UpdateSummary> {
+    let description = doc
+        .get_document("updateDescription")
+        .ok()
+        .and_then(|desc| Some((desc, desc.get_document("updatedFields").ok()?)));
+    if let Some((desc, updated)) = description {
+        let set = updated.clone();
+        let removed = desc
+            .get_array("removedFields")
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default();
+        return Some(UpdateSummary {
+            set,
+            removed,
+            complete: true,
+        });
+    }
+    let has_operators = document_key.keys().any(|k| k.starts_with('$'));
+    if !has_operators {
+        return None;
+    }
+    let set = document_key
+        .get_document("$set")
+        .cloned()
+        .unwrap_or_default();
+    let removed = document_key
+        .get_document("$unset")
+        .map(|d| d.keys().cloned().collect())
+        .unwrap_or_default();
+    Some(UpdateSummary {
+        set,
+        removed,
+        complete: false,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_fast_keys_are_the_canonical_extended_json() {
+        use bson::{oid::ObjectId, Bson};
+        let slow = |v: &Bson| v.clone().into_canonical_extjson().to_string();
+        let mut values = vec![
+            Bson::ObjectId(ObjectId::new()),
+            Bson::ObjectId(ObjectId::parse_str("000000000000000000000000").unwrap()),
+        ];
+        for n in [
+            0_i64,
+            1,
+            -1,
+            42,
+            i32::MAX as i64,
+            i32::MIN as i64,
+            i64::MAX,
+            i64::MIN,
+        ] {
+            values.push(Bson::Int64(n));
+            values.push(Bson::Int32(n as i32));
+        }
+        values.push(Bson::String("a \"quoted\" id".into()));
+        values.push(Bson::Double(2.5));
+        for v in &values {
+            assert_eq!(super::canonical_key(v), slow(v), "{v:?}");
+        }
+    }
+
+    use super::*;
+
+    #[test]
+    fn a_row_seen_by_a_definition_counts_where_it_counts_there() {
+        let approved_by_ann = Row {
+            post: Some(PostId::Int(1)),
+            created_at: None,
+            deleted: false,
+            members: vec![
+                Member::counting(Some(PostId::Int(1)), false),
+                Member::counting(Some(PostId::Str("ann".into())), true),
+            ],
+        };
+        let seen = |ix| approved_by_ann.clone().seen_by(CounterIx(ix));
+        assert_eq!(
+            seen(0),
+            approved_by_ann,
+            "the default sees the row as it is"
+        );
+        assert_eq!(seen(1).post, Some(PostId::Int(1)));
+        assert_eq!(seen(1).counted_post(), None, "the condition fails there");
+        assert_eq!(seen(2).counted_post(), Some(&PostId::Str("ann".into())));
+        assert_eq!(seen(3).counted_post(), None, "a definition it predates");
+        let mut deleted = approved_by_ann.clone();
+        deleted.deleted = true;
+        assert_eq!(deleted.seen_by(CounterIx(2)).counted_post(), None);
+    }
+
+    #[test]
+    fn integers_of_every_numeric_type_are_one_post() {
+        let eight = Some(PostId::Int(8));
+        assert_eq!(PostId::from_bson(&Bson::Int32(8)), eight);
+        assert_eq!(PostId::from_bson(&Bson::Int64(8)), eight);
+        assert_eq!(PostId::from_bson(&Bson::Double(8.0)), eight);
+        assert_eq!(PostId::from_bson(&Bson::Double(-0.0)), Some(PostId::Int(0)));
+        // Node.js stores integers beyond 2^31 as doubles.
+        let big = 3_000_000_000_i64;
+        assert_eq!(
+            PostId::from_bson(&Bson::Double(big as f64)),
+            Some(PostId::Int(big))
+        );
+        assert_eq!(
+            PostId::from_bson(&Bson::Double(-9_223_372_036_854_775_808.0)),
+            Some(PostId::Int(i64::MIN))
+        );
+    }
+
+    #[test]
+    fn doubles_that_equal_no_integer_are_not_posts() {
+        for d in [
+            1.5,
+            -0.25,
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            9_223_372_036_854_775_808.0,
+            1e300,
+        ] {
+            assert_eq!(PostId::from_bson(&Bson::Double(d)), None, "{d}");
+        }
+    }
+}

@@ -1,0 +1,268 @@
+//! Pure: the application's schema, from settings. Which field groups a comment under its post,
+//! which holds its creation time, and which rule says it is soft-deleted. Classification, the
+//! ledger, every count query, the snapshot and the demo read rows through this one definition;
+//! nothing else in the code names the application's fields.
+//!
+//! A row *counts* when it exists, its group field holds a post id (an integer, a string or an
+//! ObjectId; a double, an array, a document or a missing field does not count), and the
+//! soft-delete rule does not say it is deleted.
+
+//!
+//! Where it lives: `mod.rs` the rule and reading rows; `update.rs` what an update does to a row
+//! (classification's before → after); `write.rs` documents written with the schema (the demo
+//! and tests) and the dotted-path edits both use.
+
+use bson::{Bson, Document};
+use serde::{Deserialize, Serialize};
+
+use crate::core::definition::Definition;
+use crate::core::event::{Row, RowRead};
+use crate::core::key::PostId;
+
+mod projection;
+mod update;
+mod write;
+
+pub use update::FieldChange;
+pub use write::set_path;
+
+/// How a soft-deleted row is recognised.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SoftDelete {
+    /// Deleted when the field is present and not null (`deleted_at: <date>`).
+    Present { field: String },
+    /// Deleted when the field is the boolean `true` (`deleted: true`).
+    True { field: String },
+    /// Deleted when the field equals one of these values (`status: "removed"`).
+    OneOf { field: String, values: Vec<Bson> },
+    /// Rows are never soft-deleted (only hard deletes remove them).
+    Never,
+}
+
+impl SoftDelete {
+    /// The field the rule reads (`None` for [`SoftDelete::Never`]).
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            SoftDelete::Present { field }
+            | SoftDelete::True { field }
+            | SoftDelete::OneOf { field, .. } => Some(field),
+            SoftDelete::Never => None,
+        }
+    }
+
+    /// Whether a row whose rule field holds `value` (`None`: absent) is deleted.
+    pub fn is_deleted(&self, value: Option<&Bson>) -> bool {
+        match self {
+            SoftDelete::Present { .. } => !matches!(value, None | Some(Bson::Null)),
+            SoftDelete::True { .. } => matches!(value, Some(Bson::Boolean(true))),
+            SoftDelete::OneOf { values, .. } => value.is_some_and(|v| values.contains(v)),
+            SoftDelete::Never => false,
+        }
+    }
+}
+
+/// The application's field names and soft-delete rule.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Schema {
+    /// Dotted path of the post a comment belongs to (`post_id`, `postId`, `meta.post`).
+    pub group: String,
+    /// Dotted path of the creation time (`created_at`); a row without a date there is filed
+    /// under bucket 0, below every watermark, and still counted.
+    pub created: String,
+    pub soft_delete: SoftDelete,
+    /// The counter definitions beyond the default (which is `group` without condition): every
+    /// row read also records what the row is to each of them ([`Row::members`]).
+    pub counters: Vec<Definition>,
+}
+
+impl Schema {
+    /// The value at a dotted `path` of `doc` (`None`: absent, or a step is not a document).
+    pub fn get<'a>(doc: &'a Document, path: &str) -> Option<&'a Bson> {
+        crate::core::key::value_at(doc, path)
+    }
+
+    /// Reads the counting-relevant fields of a comment document: a row with a usable post id,
+    /// or why it has none.
+    pub fn read_row(&self, doc: &Document) -> RowRead {
+        match Self::get(doc, &self.group) {
+            None => RowRead::NoPost,
+            Some(value) => match PostId::from_bson(value) {
+                Some(_) => RowRead::Row(self.read_existing_row(doc)),
+                None => RowRead::BadPost(format!("{:?}", value.element_type())),
+            },
+        }
+    }
+
+    /// Reads a document that shows an existing row (a pre-image, a looked-up row), counted or
+    /// not: without a usable post id the row exists but does not count (`post: None`).
+    pub fn read_existing_row(&self, doc: &Document) -> Row {
+        let created_at = match Self::get(doc, &self.created) {
+            Some(Bson::DateTime(d)) => Some(*d),
+            _ => None,
+        };
+        let deleted = self
+            .soft_delete
+            .field()
+            .is_some_and(|f| self.soft_delete.is_deleted(Self::get(doc, f)));
+        Row {
+            members: self.counters.iter().map(|d| d.member(doc)).collect(),
+            post: Self::get(doc, &self.group).and_then(PostId::from_bson),
+            created_at,
+            deleted,
+        }
+    }
+
+    /// Reads a looked-up `fullDocument` of an update event. A document without `_id` is not a
+    /// row but the fragment the fake server returns when the row is already gone: no
+    /// information.
+    pub fn read_looked_up_row(&self, doc: &Document) -> Option<RowRead> {
+        doc.contains_key("_id").then(|| self.read_row(doc))
+    }
+
+    /// The post id an event document names in the group field, if any (a `documentKey` on a
+    /// collection sharded on it, a looked-up row, an update's new value).
+    pub fn post_in(&self, doc: &Document) -> Option<PostId> {
+        Self::get(doc, &self.group).and_then(PostId::from_bson)
+    }
+
+    /// Why the schema cannot be used (`None`: it can): an empty field name, a `$` in one.
+    pub fn problem(&self) -> Option<(&'static str, String)> {
+        let bad_path = |p: &str| {
+            p.is_empty()
+                || p.split('.')
+                    .any(|part| part.is_empty() || part.starts_with('$'))
+        };
+        if bad_path(&self.group) {
+            return Some(("group_field", self.group.clone()));
+        }
+        if bad_path(&self.created) {
+            return Some(("created_field", self.created.clone()));
+        }
+        if let Some(field) = self.soft_delete.field() {
+            if bad_path(field) {
+                return Some(("soft_delete_field", field.to_string()));
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::doc;
+
+    pub(super) fn js() -> Schema {
+        Schema {
+            counters: Vec::new(),
+            group: "postId".into(),
+            created: "createdAt".into(),
+            soft_delete: SoftDelete::True {
+                field: "deleted".into(),
+            },
+        }
+    }
+
+    pub(super) fn row(post: i64, deleted: bool) -> Row {
+        Row {
+            members: Vec::new(),
+            post: Some(PostId::Int(post)),
+            created_at: None,
+            deleted,
+        }
+    }
+
+    pub(super) fn unposted(deleted: bool) -> Row {
+        Row {
+            members: Vec::new(),
+            post: None,
+            created_at: None,
+            deleted,
+        }
+    }
+
+    #[test]
+    fn dotted_paths_read_nested_fields() {
+        let s = Schema {
+            counters: Vec::new(),
+            group: "meta.post".into(),
+            ..Schema::default()
+        };
+        assert_eq!(
+            s.read_row(&doc! {"_id": 1, "meta": {"post": 7}}),
+            RowRead::Row(row(7, false))
+        );
+        assert_eq!(s.read_row(&doc! {"_id": 1, "meta": 7}), RowRead::NoPost);
+        assert_eq!(s.read_row(&doc! {"_id": 1}), RowRead::NoPost);
+    }
+
+    #[test]
+    fn every_soft_delete_rule() {
+        let present = Schema::default();
+        assert!(
+            matches!(present.read_row(&doc! {"post_id": 1, "deleted_at": bson::DateTime::now()}), RowRead::Row(r) if r.deleted)
+        );
+        assert!(
+            matches!(present.read_row(&doc! {"post_id": 1, "deleted_at": null}), RowRead::Row(r) if !r.deleted)
+        );
+        let boolean = js();
+        assert!(
+            matches!(boolean.read_row(&doc! {"postId": 1, "deleted": true}), RowRead::Row(r) if r.deleted)
+        );
+        assert!(
+            matches!(boolean.read_row(&doc! {"postId": 1, "deleted": false}), RowRead::Row(r) if !r.deleted)
+        );
+        assert!(
+            matches!(boolean.read_row(&doc! {"postId": 1, "deleted": "yes"}), RowRead::Row(r) if !r.deleted)
+        );
+        let status = Schema {
+            counters: Vec::new(),
+            soft_delete: SoftDelete::OneOf {
+                field: "status".into(),
+                values: vec![Bson::String("removed".into()), Bson::String("spam".into())],
+            },
+            ..Schema::default()
+        };
+        assert!(
+            matches!(status.read_row(&doc! {"post_id": 1, "status": "spam"}), RowRead::Row(r) if r.deleted)
+        );
+        assert!(
+            matches!(status.read_row(&doc! {"post_id": 1, "status": "ok"}), RowRead::Row(r) if !r.deleted)
+        );
+        assert!(matches!(status.read_row(&doc! {"post_id": 1}), RowRead::Row(r) if !r.deleted));
+        let never = Schema {
+            counters: Vec::new(),
+            soft_delete: SoftDelete::Never,
+            ..Schema::default()
+        };
+        assert!(
+            matches!(never.read_row(&doc! {"post_id": 1, "deleted_at": 1}), RowRead::Row(r) if !r.deleted)
+        );
+    }
+
+    #[test]
+    fn bad_field_names_are_named() {
+        let bad = Schema {
+            counters: Vec::new(),
+            group: String::new(),
+            ..Schema::default()
+        };
+        assert_eq!(bad.problem().map(|p| p.0), Some("group_field"));
+        let bad = Schema {
+            counters: Vec::new(),
+            created: "$x".into(),
+            ..Schema::default()
+        };
+        assert_eq!(bad.problem().map(|p| p.0), Some("created_field"));
+        let bad = Schema {
+            counters: Vec::new(),
+            soft_delete: SoftDelete::True {
+                field: "a..b".into(),
+            },
+            ..Schema::default()
+        };
+        assert_eq!(bad.problem().map(|p| p.0), Some("soft_delete_field"));
+        assert_eq!(Schema::default().problem(), None);
+    }
+}

@@ -1,0 +1,439 @@
+//! What an update does to a row: the fields it changes, the post it moves the row to, and the
+//! row after it (classification reads an update's before → after through these).
+
+use bson::{Bson, Document};
+
+use super::write::{remove_path, set_path};
+use super::Schema;
+use crate::core::definition::{amount_of, Definition};
+use crate::core::event::{Row, UpdateSummary};
+use crate::core::key::PostId;
+use crate::core::key::{CounterIx, CounterKey, Member};
+use crate::core::num::Num;
+
+/// What an update did to one field, as far as its description says.
+#[derive(Clone, Debug, PartialEq)]
+pub enum FieldChange {
+    /// The update did not touch the field.
+    Unchanged,
+    /// The field's new value (`None`: removed).
+    Set(Option<Bson>),
+    /// A part of the field changed (a sub-path of it): its new value is not known from here.
+    Unknown,
+}
+
+impl Schema {
+    /// The post an update sets the group field to, if it does.
+    pub fn post_set_by(&self, update: &UpdateSummary) -> Option<PostId> {
+        match Self::change(update, &self.group) {
+            FieldChange::Set(Some(value)) => PostId::from_bson(&value),
+            _ => None,
+        }
+    }
+
+    /// The counters an update moves the row into, of every definition: each group field it
+    /// sets to a usable key (the default definition's is [`Schema::post_set_by`]).
+    pub fn groups_set_by(&self, update: &UpdateSummary) -> Vec<CounterKey> {
+        let default = self.post_set_by(update).map(|group| CounterKey {
+            counter: CounterIx::DEFAULT,
+            group,
+        });
+        let more = self.counters.iter().enumerate().filter_map(|(i, d)| {
+            match Self::change(update, &d.group) {
+                FieldChange::Set(Some(value)) => Some(CounterKey {
+                    counter: CounterIx(i + 1),
+                    group: PostId::from_bson(&value)?,
+                }),
+                _ => None,
+            }
+        });
+        default.into_iter().chain(more).collect()
+    }
+
+    /// Best effort without a before-state: the guessed count change of an update through the
+    /// soft-delete field alone (`-1`: deleted, `+1`: undeleted; a re-stamp is miscounted, a
+    /// documented drift source). `None`: the update did not touch it.
+    pub fn soft_delete_guess(&self, update: &UpdateSummary) -> Option<i64> {
+        match Self::change(update, self.soft_delete.field()?) {
+            FieldChange::Set(value) => Some(if self.soft_delete.is_deleted(value.as_ref()) {
+                -1
+            } else {
+                1
+            }),
+            FieldChange::Unchanged | FieldChange::Unknown => None,
+        }
+    }
+
+    /// Whether an update names the group field (moves the row, or changes part of it).
+    pub fn moves(&self, update: &UpdateSummary) -> bool {
+        Self::change(update, &self.group) != FieldChange::Unchanged
+    }
+
+    /// A document after `update`, from the document before it (dotted paths included).
+    pub fn apply_to_document(update: &UpdateSummary, before: &Document) -> Document {
+        let mut after = before.clone();
+        for (key, value) in &update.set {
+            set_path(&mut after, key, value.clone());
+        }
+        for key in &update.removed {
+            remove_path(&mut after, key);
+        }
+        after
+    }
+
+    /// What `update` did to the field at `path`.
+    pub fn change(update: &UpdateSummary, path: &str) -> FieldChange {
+        let mut change = FieldChange::Unchanged;
+        for (key, value) in &update.set {
+            if key == path {
+                change = FieldChange::Set(Some(value.clone()));
+            } else if let Some(rest) = path
+                .strip_prefix(key.as_str())
+                .and_then(|r| r.strip_prefix('.'))
+            {
+                // A parent was replaced: the field is whatever the new parent holds there.
+                let inner = value.as_document().and_then(|d| Self::get(d, rest));
+                change = FieldChange::Set(inner.cloned());
+            } else if key.strip_prefix(path).is_some_and(|r| r.starts_with('.')) {
+                return FieldChange::Unknown;
+            }
+        }
+        for key in &update.removed {
+            let covers = key == path
+                || path
+                    .strip_prefix(key.as_str())
+                    .is_some_and(|r| r.starts_with('.'));
+            if covers {
+                change = FieldChange::Set(None);
+            } else if key.strip_prefix(path).is_some_and(|r| r.starts_with('.')) {
+                return FieldChange::Unknown;
+            }
+        }
+        change
+    }
+
+    /// Whether an update may have changed whether or where a row counts (a group field, the
+    /// soft-delete field or a condition's field; the creation time only moves a row between
+    /// buckets).
+    pub fn touches_counting(&self, update: &UpdateSummary) -> bool {
+        let touched = |path: &str| Self::change(update, path) != FieldChange::Unchanged;
+        touched(&self.group)
+            || self.soft_delete.field().is_some_and(touched)
+            || self
+                .counters
+                .iter()
+                .any(|d| d.read_paths().into_iter().any(touched))
+    }
+
+    /// Whether [`Schema::apply`] can derive the row after `update` from `before` alone for every
+    /// counter definition: the update changes no part of a group field, and of each condition
+    /// either no field or every field it reads (set or removed by name, so the verdict follows
+    /// from the update alone: [`Schema::condition_set_by`]); and the row records every
+    /// definition. Otherwise the after-state must come from a document (the pre-image with the
+    /// update applied, or the `updateLookup` row): a ledger entry keeps whether the row matched
+    /// a condition, not the fields it read.
+    ///
+    /// Deriving matters beyond precision: a looked-up row may be later than its event, which is
+    /// harmless only while every later before-state also comes from the ledger. A later event
+    /// that brings its pre-image (an event-time state) would count the change in between twice.
+    pub fn derives(&self, update: &UpdateSummary, before: &Row) -> bool {
+        before.members.len() >= self.counters.len()
+            && self.counters.iter().all(|definition| {
+                Self::change(update, &definition.group) != FieldChange::Unknown
+                    && definition
+                        .kind
+                        .field()
+                        .is_none_or(|f| Self::change(update, f) != FieldChange::Unknown)
+                    && (Self::condition_untouched(update, definition)
+                        || Self::condition_set_by(update, definition).is_some())
+            })
+    }
+
+    /// Whether `update` touches no field `definition`'s condition reads.
+    fn condition_untouched(update: &UpdateSummary, definition: &Definition) -> bool {
+        definition
+            .condition
+            .paths()
+            .into_iter()
+            .all(|path| Self::change(update, path) == FieldChange::Unchanged)
+    }
+
+    /// The fields `definition`'s condition reads, as `update` leaves them, when it sets or
+    /// removes every one of them by name (`None` otherwise: a field it does not name, or names
+    /// only through a parent or a part, keeps a value the ledger does not know).
+    fn condition_set_by(update: &UpdateSummary, definition: &Definition) -> Option<Document> {
+        let mut fields = Document::new();
+        for path in definition.condition.paths() {
+            if let Some(value) = update.set.get(path) {
+                set_path(&mut fields, path, value.clone());
+            } else if !update.removed.iter().any(|r| r == path) {
+                return None;
+            }
+            if Self::change(update, path) == FieldChange::Unknown {
+                return None;
+            }
+        }
+        Some(fields)
+    }
+
+    /// The row after `update`, derived from the row before it: exact at event time, unlike an
+    /// `updateLookup` document, also for a row without a post (one that gets a post back is
+    /// then filed under its own creation time). `Err`: the group field now holds a value that
+    /// cannot be a post id (its type, beside the row, which exists but no longer counts).
+    pub fn apply(&self, update: &UpdateSummary, before: &Row) -> Result<Row, (Row, String)> {
+        let mut bad = None;
+        let post = match Self::change(update, &self.group) {
+            FieldChange::Unchanged => before.post.clone(),
+            FieldChange::Set(None) => None,
+            FieldChange::Set(Some(value)) => match PostId::from_bson(&value) {
+                Some(p) => Some(p),
+                None => {
+                    bad = Some(format!("{:?}", value.element_type()));
+                    None
+                }
+            },
+            FieldChange::Unknown => {
+                bad = Some("Document (a part of it changed)".into());
+                None
+            }
+        };
+        let created_at = match Self::change(update, &self.created) {
+            FieldChange::Unchanged => before.created_at,
+            FieldChange::Set(Some(Bson::DateTime(d))) => Some(d),
+            FieldChange::Set(_) | FieldChange::Unknown => None,
+        };
+        let deleted = match self.soft_delete.field() {
+            None => false,
+            Some(field) => match Self::change(update, field) {
+                FieldChange::Unchanged => before.deleted,
+                FieldChange::Set(value) => self.soft_delete.is_deleted(value.as_ref()),
+                FieldChange::Unknown => before.deleted,
+            },
+        };
+        // Callers check `derives` first: a condition's fields are untouched (the verdict stays)
+        // or all named by the update (the verdict is decided again from them).
+        let members = self
+            .counters
+            .iter()
+            .enumerate()
+            .map(|(i, definition)| {
+                let before = before.members.get(i).cloned().unwrap_or_default();
+                let (amount, not_a_number) = match definition.kind.field() {
+                    None => (Num::ONE, None),
+                    Some(field) => match Self::change(update, field) {
+                        FieldChange::Set(value) => amount_of(value.as_ref()),
+                        // `derives` said the field is untouched or named whole.
+                        FieldChange::Unchanged | FieldChange::Unknown => (before.amount, None),
+                    },
+                };
+                Member {
+                    amount,
+                    not_a_number,
+                    group: match Self::change(update, &definition.group) {
+                        FieldChange::Unchanged => before.group,
+                        FieldChange::Set(value) => value.as_ref().and_then(PostId::from_bson),
+                        FieldChange::Unknown => None,
+                    },
+                    matches: match Self::condition_set_by(update, definition) {
+                        Some(fields) if !Self::condition_untouched(update, definition) => {
+                            definition.condition.matches(&fields)
+                        }
+                        _ => before.matches,
+                    },
+                }
+            })
+            .collect();
+        let row = Row {
+            members,
+            post,
+            created_at,
+            deleted,
+        };
+        match bad {
+            None => Ok(row),
+            Some(kind) => Err((row, kind)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{js, row, unposted};
+    use super::*;
+    use bson::doc;
+
+    fn update(set: Document, removed: &[&str]) -> UpdateSummary {
+        UpdateSummary {
+            set,
+            removed: removed.iter().map(|s| s.to_string()).collect(),
+            complete: true,
+        }
+    }
+
+    #[test]
+    fn updates_apply_through_the_schema() {
+        let s = js();
+        let before = row(1, false);
+        assert_eq!(
+            s.apply(&update(doc! {"deleted": true}, &[]), &before),
+            Ok(row(1, true))
+        );
+        assert_eq!(
+            s.apply(&update(doc! {}, &["deleted"]), &row(1, true)),
+            Ok(row(1, false))
+        );
+        assert_eq!(
+            s.apply(&update(doc! {"postId": 2}, &[]), &before),
+            Ok(row(2, false))
+        );
+        assert_eq!(
+            s.apply(&update(doc! {}, &["postId"]), &before),
+            Ok(unposted(false))
+        );
+        assert_eq!(
+            s.soft_delete_guess(&update(doc! {"deleted": true}, &[])),
+            Some(-1)
+        );
+        assert_eq!(s.soft_delete_guess(&update(doc! {}, &["deleted"])), Some(1));
+        assert_eq!(s.soft_delete_guess(&update(doc! {"body": 1}, &[])), None);
+        assert_eq!(
+            s.post_set_by(&update(doc! {"postId": 9}, &[])),
+            Some(PostId::Int(9))
+        );
+        assert!(s
+            .apply(&update(doc! {"postId": 2.5}, &[]), &before)
+            .is_err());
+        assert_eq!(
+            s.apply(&update(doc! {"body": "x"}, &[]), &before),
+            Ok(before.clone())
+        );
+        assert!(!s.touches_counting(&update(doc! {"body": "x", "createdAt": 1}, &[])));
+        assert!(s.touches_counting(&update(doc! {"deleted": false}, &[])));
+    }
+
+    #[test]
+    fn updates_of_a_parent_or_a_child_of_a_dotted_field() {
+        let s = Schema {
+            counters: Vec::new(),
+            group: "meta.post".into(),
+            ..Schema::default()
+        };
+        let before = row(1, false);
+        assert_eq!(
+            s.apply(&update(doc! {"meta": {"post": 3}}, &[]), &before),
+            Ok(row(3, false))
+        );
+        assert_eq!(
+            s.apply(&update(doc! {"meta.post": 4}, &[]), &before),
+            Ok(row(4, false))
+        );
+        assert_eq!(
+            s.apply(&update(doc! {}, &["meta"]), &before),
+            Ok(unposted(false))
+        );
+        let after = Schema::apply_to_document(
+            &update(doc! {"meta.post": 4}, &["meta.old"]),
+            &doc! {"_id": 1, "meta": {"post": 1, "old": 2}},
+        );
+        assert_eq!(after, doc! {"_id": 1, "meta": {"post": 4}});
+        assert!(s
+            .apply(&update(doc! {"meta.post.x": 1}, &[]), &before)
+            .is_err());
+        assert_eq!(
+            s.apply(&update(doc! {"meta.other": 1}, &[]), &before),
+            Ok(before.clone())
+        );
+    }
+
+    fn with_definitions() -> Schema {
+        use crate::core::condition::Condition;
+        use crate::core::definition::Definition;
+        let definition = |name: &str, group: &str, condition: Document| Definition {
+            name: name.into(),
+            group: group.into(),
+            condition: Condition::parse(&condition).unwrap(),
+            kind: crate::core::definition::Kind::Count,
+            collection: format!("{name}_counters"),
+        };
+        Schema {
+            counters: vec![
+                definition("approved", "postId", doc! {"approved": true}),
+                definition("per_author", "author.id", doc! {}),
+            ],
+            ..js()
+        }
+    }
+
+    #[test]
+    fn an_update_of_a_condition_field_is_derived_only_when_it_names_every_field_read() {
+        let s = with_definitions();
+        let before =
+            s.read_existing_row(&doc! {"postId": 1, "approved": false, "author": {"id": "ann"}});
+        assert_eq!(before.members.len(), 2);
+        assert!(s.derives(&update(doc! {"deleted": true, "body": "x"}, &[]), &before));
+        assert!(s.derives(&update(doc! {"author": {"id": "bob"}}, &[]), &before));
+        // The condition reads `approved` alone: an update that sets or removes it decides it.
+        let approve = update(doc! {"approved": true}, &[]);
+        assert!(s.derives(&approve, &before));
+        assert!(s.apply(&approve, &before).unwrap().members[0].matches);
+        let unapprove = update(doc! {}, &["approved"]);
+        let approved = s.apply(&approve, &before).unwrap();
+        assert!(s.derives(&unapprove, &approved));
+        assert!(!s.apply(&unapprove, &approved).unwrap().members[0].matches);
+        assert!(
+            !s.derives(&update(doc! {"approved.by": "x"}, &[]), &before),
+            "a part of a condition's field changed"
+        );
+        // A condition over two fields, one of them not named: the other's value is unknown.
+        let two = Schema {
+            counters: vec![Definition {
+                name: "approved_recent".into(),
+                group: "postId".into(),
+                condition: crate::core::condition::Condition::parse(
+                    &doc! {"approved": true, "score": {"$gt": 3}},
+                )
+                .unwrap(),
+                kind: crate::core::definition::Kind::Count,
+                collection: "x".into(),
+            }],
+            ..js()
+        };
+        let before = two.read_existing_row(&doc! {"postId": 1, "approved": false, "score": 5});
+        assert!(!two.derives(&update(doc! {"approved": true}, &[]), &before));
+        let both = update(doc! {"approved": true, "score": 1}, &[]);
+        assert!(two.derives(&both, &before));
+        assert!(!two.apply(&both, &before).unwrap().members[0].matches);
+        assert!(
+            !s.derives(&update(doc! {"author.id.x": 1}, &[]), &before),
+            "a part of a group field changed"
+        );
+        let old = Row {
+            members: Vec::new(),
+            ..before.clone()
+        };
+        assert!(
+            !s.derives(&update(doc! {"body": "x"}, &[]), &old),
+            "an entry written before the definitions existed says nothing about them"
+        );
+    }
+
+    #[test]
+    fn a_derived_row_follows_its_group_fields_in_every_definition() {
+        let s = with_definitions();
+        let before =
+            s.read_existing_row(&doc! {"postId": 1, "approved": true, "author": {"id": "ann"}});
+        let after = s
+            .apply(
+                &update(doc! {"author": {"id": "bob"}, "postId": 2}, &[]),
+                &before,
+            )
+            .unwrap();
+        assert_eq!(after.post, Some(PostId::Int(2)));
+        assert_eq!(after.members[0].group, Some(PostId::Int(2)));
+        assert!(after.members[0].matches, "the condition's verdict is kept");
+        assert_eq!(after.members[1].group, Some(PostId::Str("bob".into())));
+        let keys = s.groups_set_by(&update(doc! {"author": {"id": "bob"}, "postId": 2}, &[]));
+        assert_eq!(keys.len(), 3, "{keys:?}");
+        assert!(s.touches_counting(&update(doc! {"approved": false}, &[])));
+    }
+}
