@@ -1083,3 +1083,130 @@ async fn a_sum_and_its_row_count_share_a_document_in_memory() {
     }
     a_sum_and_its_row_count_share_a_document(&store).await;
 }
+
+/// A counter several partitions write (per author, while partitions divide by post) keeps one
+/// guard per writer: partition 0 in the document's own fields, partition `n` under
+/// `writers.p<n>`, each with its own token, epoch and snapshot chunk, so a lagging partition's
+/// older token is not taken for "already applied" and one partition's lease epoch does not
+/// fence out another's. Every writer's write moves `shared_writes`, which the install pins:
+/// even a write that moved no number voids a fold read before it. A counter grouped by the
+/// post keeps today's single guard whatever partition writes it.
+async fn a_counter_several_partitions_write_guards_each_writer<S: Store>(store: &S) {
+    use counterd::core::key::CounterIx;
+    let by_author = store.for_counter(CounterIx(2));
+    let ann = PostId::Str("ann".into());
+    let of_ann = |d: i64| CounterDelta {
+        counter: CounterIx(2),
+        post: ann.clone(),
+        ..delta(1, d)
+    };
+    let p = |index: u32, epoch: i64| Fence {
+        stream: format!("{STREAM}/p{index}of2"),
+        epoch,
+    };
+    let shown_ann = || async { by_author.read_counter(&ann).await.unwrap().unwrap() };
+    let applied = |o: counterd::store::ApplyOutcome| (o.applied, o.already_applied);
+    let write = |fence: Fence, d: i64, t: u32| {
+        let batch = [of_ann(d)];
+        async move {
+            let o = store
+                .apply_counters(&fence, &batch, &token(t), None)
+                .await
+                .unwrap();
+            applied(o)
+        }
+    };
+    assert_eq!(write(p(0, 3), 1, 20).await, (1, 0));
+    // Partition 1 lags behind: its token is older than partition 0's, and its epoch lower.
+    assert_eq!(write(p(1, 1), 2, 10).await, (1, 0), "its own guard");
+    assert_eq!(shown_ann().await.shown(), 3);
+    assert_eq!(write(p(1, 1), 2, 10).await, (0, 1), "a replay");
+    assert_eq!(write(p(1, 1), 2, 9).await, (0, 1), "an older batch");
+    assert_eq!(write(p(0, 3), 1, 20).await, (0, 1), "a replay");
+    assert_eq!(
+        write(p(1, 0), 5, 11).await,
+        (0, 1),
+        "fenced by its own epoch"
+    );
+    let read = shown_ann().await;
+    assert_eq!(read.shown(), 3);
+    assert_eq!(read.applied_through.as_deref(), Some(token(20).as_str()));
+    assert_eq!(
+        read.writers.get(&1).and_then(|w| w.applied_through.clone()),
+        Some(token(10).to_string())
+    );
+    assert_eq!(read.writers[&1].touched.keys().collect::<Vec<_>>(), [&0]);
+    assert_eq!(read.shared_writes, 2);
+    assert!(read.recent.is_empty(), "no log: recounts are counts alone");
+
+    // A write that moves no number (a touch) still voids a fold read before it.
+    let touch = CounterDelta {
+        delta: Num::ZERO,
+        buckets: BTreeMap::new(),
+        ..of_ann(0)
+    };
+    store
+        .apply_counters(&p(1, 1), &[touch], &token(12), None)
+        .await
+        .unwrap();
+    let now = DateTime::from_millis(5_000);
+    assert!(!by_author
+        .install_fold(&ann, Some(&read), &fold(7), now)
+        .await
+        .unwrap());
+    let read = shown_ann().await;
+    assert!(by_author
+        .install_fold(&ann, Some(&read), &fold(7), now)
+        .await
+        .unwrap());
+    let folded = shown_ann().await;
+    assert_eq!(folded.shown(), 7);
+    assert!(
+        folded.touched.is_empty() && folded.writers[&1].touched.is_empty(),
+        "every writer's touches below the watermark are covered: {folded:?}"
+    );
+
+    // The initial snapshot's chunks: each partition's own chunk guard.
+    let snap = |fence: Fence, chunk: u64| {
+        let batch = [of_ann(1)];
+        async move {
+            let o = store
+                .apply_snapshot_counters(&fence, chunk, &batch)
+                .await
+                .unwrap();
+            applied(o)
+        }
+    };
+    assert_eq!(snap(p(0, 3), 2).await, (1, 0));
+    assert_eq!(snap(p(1, 1), 1).await, (1, 0), "its own chunk guard");
+    assert_eq!(snap(p(1, 1), 1).await, (0, 1));
+    assert_eq!(shown_ann().await.shown(), 9);
+
+    // Grouped by the post: one writer, today's guard and log.
+    store
+        .apply_counters(&p(1, 1), &[delta(5, 1)], &token(10), None)
+        .await
+        .unwrap();
+    let post_counter = store.read_counter(&post(5)).await.unwrap().unwrap();
+    assert_eq!(
+        post_counter.applied_through.as_deref(),
+        Some(token(10).as_str())
+    );
+    assert!(post_counter.writers.is_empty() && post_counter.shared_writes == 0);
+    assert_eq!(post_counter.recent.len(), 1);
+}
+
+#[tokio::test]
+async fn a_counter_several_partitions_write_guards_each_writer_on_mongo() {
+    let t = support::TestDb::with_schema(
+        "a_counter_several_partitions_write_guards_each_writer",
+        schema_with_definitions(),
+    )
+    .await;
+    a_counter_several_partitions_write_guards_each_writer(&*t.store).await;
+}
+
+#[tokio::test]
+async fn a_counter_several_partitions_write_guards_each_writer_in_memory() {
+    a_counter_several_partitions_write_guards_each_writer(&memory_with_definitions()).await;
+}

@@ -67,6 +67,13 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         "live_delta": state.live_delta,
         "buckets": state.buckets.iter().map(|(k, v)| (k.to_string(), *v)).collect::<std::collections::BTreeMap<_, _>>(),
         "applied_through": counter.applied_through,
+        // A counter several partitions write: the other partitions' positions (partition 0's
+        // is `applied_through`).
+        "applied_through_of_partitions": counter
+            .writers
+            .iter()
+            .map(|(n, w)| (format!("p{n}"), w.applied_through.clone()))
+            .collect::<std::collections::BTreeMap<_, _>>(),
         "last_drift": counter.last_drift,
         "reconciled_at": counter.reconciled_at.map(rfc3339),
     });
@@ -130,6 +137,12 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         "applied through {}",
         counter.applied_through.unwrap_or_else(|| "-".into())
     );
+    for (n, w) in &counter.writers {
+        outln!(
+            "  by p{n}        {}",
+            w.applied_through.as_deref().unwrap_or("-")
+        );
+    }
     outln!(
         "last drift      {}",
         counter

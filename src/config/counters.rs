@@ -72,20 +72,6 @@ impl Settings {
             kind: Kind::Count,
         };
         let mut more: Vec<Definition> = Vec::new();
-        if self.partitions > 1 && !self.counters.is_empty() {
-            // Partitions split the stream by the post's hash, and every counter document guards
-            // its increments with one partition's stream position: an author's counter written
-            // by two partitions would refuse one of them as "already applied".
-            return Err(ConfigError::Invalid {
-                name: "counters".into(),
-                origin: "settings".into(),
-                value: format!("{} entries", self.counters.len()),
-                message: format!(
-                    "counters beyond the default need partitions = 1 (partitions = {}): a counter grouped by another field than the post would be written by several partitions",
-                    self.partitions
-                ),
-            });
-        }
         for (i, entry) in self.counters.iter().enumerate() {
             let (definition, rows) = self.definition_of(i, entry, &more)?;
             more.push(definition);
@@ -513,10 +499,20 @@ mod tests {
             .matches(&bson::doc! {"at": "2020-01-01T00:00:00Z"}));
     }
 
+    /// A counter grouped by another field than the post is written by several partitions,
+    /// each under its own guard (see `crate::store::Writer`).
     #[test]
-    fn counters_are_refused_beside_partitions() {
+    fn counters_are_accepted_beside_partitions() {
         let text = "partitions = 2\n[[counters]]\nname = \"a\"\ngroup_field = \"author\"\ncollection = \"a_counters\"\n";
-        assert_eq!(invalid_name(with(text)), "counters");
+        let all = with(text).unwrap();
+        assert_eq!(all.extra()[0].group, "author");
+        // A source inherits `partitions`: its own counters are accepted beside them too.
+        let text = "partitions = 2\n[[sources]]\nname = \"likes\"\ncollection = \"likes\"\ngroup_field = \"post_id\"\ncounters_collection = \"like_counters\"\n[[sources.counters]]\nname = \"likes_by_user\"\ngroup_field = \"user_id\"\ncollection = \"user_likes\"\n";
+        let settings: Settings = toml::from_str(text).expect("parses");
+        let sources = settings.sources().unwrap();
+        assert_eq!(sources[1].partitions, 2);
+        let likes = sources[1].definitions().unwrap();
+        assert_eq!(likes.extra()[0].group, "user_id");
     }
 
     #[test]

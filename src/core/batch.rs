@@ -11,11 +11,14 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use bson::{DateTime, Timestamp};
 
-use crate::core::classify::{classify, After, Attribution, Before, Problem, Source, StreamEnded};
+use crate::core::classify::{
+    classify, After, Attribution, Before, Classification, Problem, Source, StreamEnded,
+};
 use crate::core::event::{ChangeEvent, CommentId, Operation, Row, Token};
 use crate::core::key::PostId;
 use crate::core::key::{CounterIx, CounterKey};
 use crate::core::num::Num;
+use crate::core::partition::Partition;
 use crate::core::time::{bucket_of, BucketStart};
 
 /// One coalesced counter write: `$inc` of `delta` on `live_delta` and of each bucket's amount.
@@ -172,6 +175,7 @@ pub fn plan_batch(
         attribution,
         schema,
         bucket_width_secs,
+        partition: None,
     })
 }
 
@@ -186,6 +190,9 @@ pub struct PlanInput<'a> {
     pub attribution: Attribution,
     pub schema: &'a crate::core::schema::Schema,
     pub bucket_width_secs: i64,
+    /// Plan only this partition's part of each change (see [`own_part`]); `ledger` is then
+    /// the partition's own view of it ([`Partition::own_view`]).
+    pub partition: Option<Partition>,
 }
 
 /// Plans a batch. `input.ledger` maps comment keys to their ledger state before the batch
@@ -235,10 +242,15 @@ impl<'a> Planner<'a> {
         let PlanInput {
             attribution,
             schema,
+            partition,
             ..
         } = self.input;
         let before = self.before(event);
         let classified = classify(event, before.clone(), attribution, schema)?;
+        let classified = match partition {
+            Some(p) => own_part(p, classified, event, before.clone(), (attribution, schema)),
+            None => classified,
+        };
         self.plan.events += 1;
         *self
             .plan
@@ -433,6 +445,64 @@ fn hidden_states(
         Operation::Delete => classified.source != Source::PreImage,
         _ => false,
     }
+}
+
+/// What `partition` applies of one classified event, for every definition (see
+/// [`crate::core::partition`]):
+/// - a change whose before-state is known: [`Partition::own_transition`], the before-row's
+///   contributions taken back where that row is the partition's, the after-row's added where
+///   that one is, whatever the counters' keys;
+/// - a best-effort guess (no known before-state): the guess is the partition's where the row
+///   the event shows is (its after-row, else the post its document names; neither: partition
+///   0's).
+///
+/// Marks: a counter grouped by the partitions' field (the post) is marked by its owner, as
+/// before; one grouped by another field by each partition that the event's rows belong to.
+fn own_part(
+    partition: Partition,
+    mut classified: Classification,
+    event: &ChangeEvent,
+    ledger: Before,
+    (attribution, schema): (Attribution, &crate::core::schema::Schema),
+) -> Classification {
+    let before = crate::core::classify::known_before(event, ledger, attribution, schema);
+    let after = match (&classified.after, &before) {
+        (After::Known(row), _) => Some(row.clone()),
+        (After::Unchanged, Some(before)) => Some(before.clone()),
+        (After::Unchanged, None) => None,
+    };
+    let event_is_mine = match (&before, &after) {
+        (Some(b), Some(a)) => partition.owns_row(b.as_ref()) || partition.owns_row(a.as_ref()),
+        (_, Some(Some(row))) => partition.applies_row(row),
+        _ => {
+            let post = [event.full_document.as_ref(), Some(&event.document_key)]
+                .into_iter()
+                .flatten()
+                .find_map(|d| schema.post_in(d));
+            match post {
+                Some(post) => partition.owns(&post),
+                None => partition.index == 0,
+            }
+        }
+    };
+    let mine = |key: &CounterKey| match schema.shared(key.counter) {
+        true => event_is_mine,
+        false => partition.owns(&key.group),
+    };
+    classified.deltas = match (before, after) {
+        (Some(b), Some(a)) => partition.own_transition(b.as_ref(), a.as_ref()),
+        _ => std::mem::take(&mut classified.deltas)
+            .into_iter()
+            .filter(|d| {
+                mine(&CounterKey {
+                    counter: d.counter,
+                    group: d.post.clone(),
+                })
+            })
+            .collect(),
+    };
+    classified.dirty.retain(|key| mine(key));
+    classified
 }
 
 /// The rows the batch's events named per post, in stream order without repeats (`None`: an

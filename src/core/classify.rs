@@ -238,6 +238,21 @@ pub fn classify(
     Ok(classified)
 }
 
+/// The before-state [`classify`] takes for `event` given `ledger`, where one is known (`None`:
+/// unknown, the best-effort rules apply; `Some(None)`: the row did not exist or does not
+/// count). Partitions split a change by it (see [`crate::core::partition::Partition::own_transition`]).
+pub fn known_before(
+    event: &ChangeEvent,
+    ledger: Before,
+    attribution: Attribution,
+    schema: &Schema,
+) -> Option<Option<Row>> {
+    match before_state(event, ledger, attribution, schema).0 {
+        Before::Known(row) | Before::Complete(row) => Some(row),
+        Before::Unknown => None,
+    }
+}
+
 /// Where the row's before-state comes from, best first: a complete ledger, an insert's "did not
 /// exist", the pre-image, the ledger, else nothing (best effort).
 fn before_state(

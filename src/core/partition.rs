@@ -2,8 +2,12 @@
 //! partition keeps of the comment ledger.
 //!
 //! Each partition has its own stream name (and so its own checkpoint, lease, ledger and dirty
-//! entries); its worker reads every change event and keeps only the deltas and dirty marks of
-//! the posts it owns.
+//! entries); its worker reads every change event and applies, for every counter definition, the
+//! part of each change that belongs to the rows it owns ([`Partition::own_transition`]): the
+//! before-state taken back where that row is in one of its posts, the after-state added where
+//! that one is. A definition grouped by the post keeps the counters of its posts; one grouped
+//! by another field (per author) has counters that several partitions write, each guarded by
+//! its own position in the counter document (its writer slot, see `crate::store::Fence`).
 //!
 //! **The ledger is divided too**: a partition keeps entries only for the comments in its own
 //! posts, so N partitions write about one ledger entry per event in total, not N. A partition
@@ -45,17 +49,15 @@ impl Partition {
         self.count <= 1 || post.stable_hash() % self.count as u64 == self.index as u64
     }
 
-    /// Whether `state` is a row in one of this partition's posts (a row without a post is in
-    /// none).
+    /// Whether `state` is a row this partition follows ([`Partition::applies_row`]): one in
+    /// its posts, or (partition 0) a row without a post.
     pub fn owns_row(&self, state: Option<&Row>) -> bool {
-        state
-            .and_then(|row| row.post.as_ref())
-            .is_some_and(|post| self.owns(post))
+        state.is_some_and(|row| self.applies_row(row))
     }
 
     /// This partition's view of the ledger entries it read: a row in another partition's post
-    /// (an entry written before the ledger was divided, or a row without a post) becomes "not
-    /// here", exactly like the entry this partition writes when a comment leaves it.
+    /// (an entry written before the ledger was divided; a row without a post outside
+    /// partition 0) becomes "not here", exactly like the entry this partition writes when a comment leaves it.
     pub fn own_view(&self, ledger: &mut HashMap<String, Option<Row>>) {
         for state in ledger.values_mut() {
             if !self.owns_row(state.as_ref()) {
@@ -90,9 +92,73 @@ impl Partition {
             .collect()
     }
 
+    /// Whether a row's contributions (and its ledger entry) are this partition's: a row in one
+    /// of its posts, and (partition 0) a row without a post, which counts in definitions
+    /// grouped by other fields though in no post. Every state of a row is exactly one
+    /// partition's.
+    pub fn applies_row(&self, row: &Row) -> bool {
+        match &row.post {
+            Some(post) => self.owns(post),
+            None => self.index == 0,
+        }
+    }
+
+    /// What this partition applies of one row's change `before` → `after`, for every
+    /// definition: the before-state's contributions taken back where that row is this
+    /// partition's ([`Partition::applies_row`]), the after-state's added where that one is.
+    /// Each state of a row belongs to exactly one partition, so the partitions' parts add up
+    /// to the whole [`crate::core::classify::transition`], whatever the definitions group by: a move
+    /// between two partitions' posts is the old contribution taken back by one and the new
+    /// added by the other, as their ledger writes already are. Counters of a definition not
+    /// grouped by the partitions' field are then written by several partitions, each under a
+    /// guard of its own (its *writer slot*, see [`Partition::of_stream`] and
+    /// `crate::store::Fence::writer`).
+    pub fn own_transition(
+        &self,
+        before: Option<&Row>,
+        after: Option<&Row>,
+    ) -> Vec<crate::core::classify::Delta> {
+        let before = before.filter(|r| self.applies_row(r));
+        let after = after.filter(|r| self.applies_row(r));
+        crate::core::classify::transition(before, after)
+    }
+
     /// The stream name of this partition: `<base>/p<index>of<count>`.
     pub fn stream_name(&self, base: &str) -> String {
         format!("{base}/p{}of{}", self.index, self.count)
+    }
+}
+
+impl Partition {
+    /// The partition a stream name names (`<base>/p<index>of<count>`, count > 1), if any: the
+    /// stream's name is its identity in every store record (checkpoint, lease, ledger), so the
+    /// store and the reconciler read a writer's partition from it.
+    pub fn of_stream(stream: &str) -> Option<Partition> {
+        let (_, tail) = stream.rsplit_once("/p")?;
+        let (index, count) = tail.split_once("of")?;
+        let p = Partition {
+            index: index.parse().ok()?,
+            count: count.parse().ok()?,
+        };
+        (p.count > 1
+            && p.index < p.count
+            && p.stream_name(&stream[..stream.len() - tail.len() - 2]) == stream)
+            .then_some(p)
+    }
+
+    /// The names of every partition of `stream` (itself alone when it is not a partition's):
+    /// the streams whose workers write a counter grouped by another field than the partitions'.
+    pub fn siblings(stream: &str) -> Vec<String> {
+        match Partition::of_stream(stream) {
+            Some(p) => {
+                let base = &stream[..stream.len() - p.stream_name("").len()];
+                stream_names(base, p.count)
+                    .into_iter()
+                    .map(|(n, _)| n)
+                    .collect()
+            }
+            None => vec![stream.to_string()],
+        }
     }
 }
 
@@ -115,6 +181,73 @@ pub fn stream_names(base: &str, partitions: u32) -> Vec<(String, Option<Partitio
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::key::{CounterIx, Member};
+    use crate::core::num::Num;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    fn any_row() -> impl Strategy<Value = Row> {
+        let post = proptest::option::weighted(0.9, (0..6i64).prop_map(PostId::Int));
+        let author =
+            proptest::option::weighted(0.9, (0..3i64).prop_map(|a| PostId::Str(format!("a{a}"))));
+        let rating = prop_oneof![
+            (0..6i64).prop_map(Num::Int),
+            (0..6i64).prop_map(|h| Num::Double(h as f64 / 2.0))
+        ];
+        (post, author, rating, any::<bool>(), any::<bool>(), 0..3i64).prop_map(
+            |(post, author, rating, deleted, approved, created)| Row {
+                post,
+                created_at: Some(bson::DateTime::from_millis(created * 60_000)),
+                deleted,
+                members: vec![
+                    // A count per author, and a sum of ratings of approved rows per author.
+                    Member::counting(author.clone(), true),
+                    Member {
+                        group: author,
+                        matches: approved,
+                        amount: rating,
+                        not_a_number: None,
+                    },
+                ],
+            },
+        )
+    }
+
+    /// Deltas added up per (definition, group, creation time), zeros dropped.
+    fn net(
+        deltas: &[crate::core::classify::Delta],
+    ) -> BTreeMap<(CounterIx, PostId, Option<bson::DateTime>), Num> {
+        let mut out: BTreeMap<_, Num> = BTreeMap::new();
+        for d in deltas {
+            *out.entry((d.counter, d.post.clone(), d.created_at))
+                .or_default() += d.amount;
+        }
+        out.retain(|_, v| !v.is_zero());
+        out
+    }
+
+    proptest! {
+        /// Whatever the rows' posts (moves between partitions included) and whatever each
+        /// definition groups by, the partitions' own parts add up to the whole transition,
+        /// for counts and sums alike.
+        #[test]
+        fn the_partitions_own_parts_add_up_to_the_whole_transition(
+            before in proptest::option::of(any_row()),
+            after in proptest::option::of(any_row()),
+            count in 2u32..=4,
+        ) {
+            let whole = net(&crate::core::classify::transition(before.as_ref(), after.as_ref()));
+            let mut parts = Vec::new();
+            for index in 0..count {
+                parts.extend(Partition { index, count }.own_transition(before.as_ref(), after.as_ref()));
+            }
+            let parts = net(&parts);
+            prop_assert_eq!(parts.keys().collect::<Vec<_>>(), whole.keys().collect::<Vec<_>>());
+            for (k, v) in &whole {
+                prop_assert!(!parts[k].differs(*v), "{:?}: {:?} != {:?}", k, parts[k], v);
+            }
+        }
+    }
 
     #[test]
     fn every_post_has_exactly_one_owner() {
@@ -193,8 +326,9 @@ mod tests {
             "another partition's row is not here"
         );
         assert_eq!(
-            ledger["no-post"], None,
-            "a row without a post is in no partition"
+            ledger["no-post"],
+            Some(row(None, false)),
+            "a row without a post is partition 0's"
         );
         assert_eq!(ledger["gone"], None);
         assert_eq!(
@@ -276,6 +410,30 @@ mod tests {
             writes(Some(row(a.clone(), false)), Some(row(b, false))),
             2,
             "move between partitions"
+        );
+    }
+
+    #[test]
+    fn a_stream_name_says_its_partition_and_its_siblings() {
+        let p = Partition { index: 2, count: 4 };
+        assert_eq!(Partition::of_stream("likes/p2of4"), Some(p));
+        assert_eq!(Partition::of_stream("a/b/p0of2").map(|p| p.index), Some(0));
+        for plain in [
+            "comments",
+            "comments/p1of1",
+            "comments/p3of2",
+            "comments/pxof2",
+            "p1of2",
+        ] {
+            assert_eq!(Partition::of_stream(plain), None, "{plain}");
+        }
+        assert_eq!(
+            Partition::siblings("likes/p1of2"),
+            vec!["likes/p0of2".to_string(), "likes/p1of2".to_string()]
+        );
+        assert_eq!(
+            Partition::siblings("comments"),
+            vec!["comments".to_string()]
         );
     }
 

@@ -175,13 +175,21 @@ impl<S: Store + ?Sized> Reconciler<S> {
     /// worker's newest applied event.
     pub async fn watermark(&self, now_secs: i64) -> StoreResult<i64> {
         // Everything before the newest applied event, or before the last time the stream was
-        // found drained, whichever is later, has been applied.
-        let applied_until = self
-            .store
-            .load_checkpoint(&self.settings.stream)
-            .await?
-            .and_then(|c| crate::recount::applied_before(&c))
-            .map(|t| t.time as i64);
+        // found drained, whichever is later, has been applied; for a counter several
+        // partitions write, by every one of them (the earliest of their positions).
+        let mut applied_until: Option<i64> = None;
+        for stream in self.recounter.writers() {
+            let Some(t) = self
+                .store
+                .load_checkpoint(&stream)
+                .await?
+                .and_then(|c| crate::recount::applied_before(&c))
+            else {
+                continue;
+            };
+            let t = t.time as i64;
+            applied_until = Some(applied_until.map_or(t, |u| u.min(t)));
+        }
         Ok(watermark_for(
             now_secs,
             applied_until,

@@ -35,6 +35,7 @@
 //! worker runs); `observe.rs` the displayed-versus-true comparison `get`, `verify` and the
 //! tests report.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -102,6 +103,9 @@ pub struct Consistent {
     pub count: Num,
     /// The counter's `applied_through` when first read.
     pub since: Option<String>,
+    /// A counter several partitions write: the other partitions' positions when first read
+    /// (see [`crate::store::Writer`]; `since` is partition 0's).
+    pub since_writers: BTreeMap<u32, String>,
     /// The counter's fold count when first read (a fold or hand edit in between voids it).
     pub folds: i64,
     pub base_count: Num,
@@ -122,7 +126,9 @@ impl Consistent {
         let Some(c) = counter else {
             return self.since.is_none() && self.counter.is_none();
         };
-        !self.voided_by_fold(c) && !touched_after(c, self.since.as_deref(), self.watermark)
+        !self.voided_by_fold(c)
+            && !touched_after(c, self.since.as_deref(), self.watermark)
+            && !writers_touched_after(c, &self.since_writers, self.watermark)
     }
 
     /// Whether `c`, a later state of the counter, was refolded or hand-edited in a way that voids
@@ -151,6 +157,24 @@ pub fn touched_after(counter: &CounterDoc, since: Option<&str>, watermark: i64) 
         .touched
         .range(..watermark)
         .any(|(_, token)| since.is_none_or(|s| token.as_str() > s))
+}
+
+/// [`touched_after`] for the other writers of a counter several partitions write, each
+/// against its own position when first read (`since`; a writer absent then: every touch
+/// counts). Positions of different partitions are not compared: a lagging partition writes
+/// older tokens after another's newer ones.
+pub fn writers_touched_after(
+    counter: &CounterDoc,
+    since: &BTreeMap<u32, String>,
+    watermark: i64,
+) -> bool {
+    counter.writers.iter().any(|(slot, position)| {
+        let since = since.get(slot).map(String::as_str);
+        position
+            .touched
+            .range(..watermark)
+            .any(|(_, token)| since.is_none_or(|s| token.as_str() > s))
+    })
 }
 
 /// Whether the stream's initial snapshot claimed rows between two looks at its progress (it
@@ -186,6 +210,23 @@ impl Pace {
             i.tick().await;
         }
     }
+}
+
+/// The other writers' positions in `counter` (see [`Consistent::since_writers`]).
+fn since_writers(counter: &CounterDoc) -> BTreeMap<u32, String> {
+    counter
+        .writers
+        .iter()
+        .filter_map(|(slot, w)| Some((*slot, w.applied_through.clone()?)))
+        .collect()
+}
+
+/// Each checkpoint's snapshot progress.
+fn snapshots(checkpoints: &[Option<Checkpoint>]) -> Vec<Option<SnapshotProgress>> {
+    checkpoints
+        .iter()
+        .map(|c| c.as_ref().and_then(|c| c.snapshot.clone()))
+        .collect()
 }
 
 /// A watermark above everything: counts every live row.
@@ -237,36 +278,34 @@ impl<S: Store + ?Sized> Recounter<S> {
         requests: &[Request],
         pace: &mut Pace,
     ) -> StoreResult<Vec<Recount>> {
-        let checkpoint = self.store.load_checkpoint(&self.stream).await?;
-        if checkpoint
-            .as_ref()
-            .is_some_and(Checkpoint::snapshot_running)
+        let checkpoints = self.writer_checkpoints().await?;
+        if checkpoints
+            .iter()
+            .flatten()
+            .any(Checkpoint::snapshot_running)
         {
             return Ok(vec![Recount::SnapshotRunning; requests.len()]);
         }
-        let snapshot_first = checkpoint.as_ref().and_then(|c| c.snapshot.clone());
-        let checkpoint_time = checkpoint.and_then(|c| c.token_time);
+        let snapshot_first = snapshots(&checkpoints);
+        let shared = self.shared();
+        // A counter several partitions write reflects each partition's events up to its own
+        // position: no one cluster time is the state it shows, so it is counted alone.
+        let checkpoint_time = checkpoints
+            .into_iter()
+            .next()
+            .flatten()
+            .and_then(|c| c.token_time)
+            .filter(|_| !shared);
         let mut out: Vec<Option<Recount>> = vec![None; requests.len()];
         // The posts counted at row level, read after every counter of the group was.
         let mut pending: Vec<(usize, Consistent)> = Vec::new();
         for (i, request) in requests.iter().enumerate() {
-            let counter = self.store.read_counter(&request.post).await?;
-            let watermark = self.watermark_for(request, counter.as_ref()).await?;
-            let first = Consistent {
-                post: request.post.clone(),
-                since: counter.as_ref().and_then(|c| c.applied_through.clone()),
-                folds: counter.as_ref().map_or(0, |c| c.folds),
-                base_count: counter.as_ref().map_or(Num::ZERO, |c| c.state.base_count),
-                counter,
-                watermark,
-                count: Num::ZERO,
-                snapshot: false,
-                read: None,
-            };
+            let first = self.first_read(request).await?;
             let at = first
                 .counter
                 .as_ref()
                 .and_then(|c| c.applied_time)
+                .filter(|_| !shared)
                 .into_iter()
                 .chain(checkpoint_time)
                 .max();
@@ -274,7 +313,7 @@ impl<S: Store + ?Sized> Recounter<S> {
             if let Some(at) = at {
                 if let Some(count) = self
                     .store
-                    .count_live_below_at(&request.post, watermark, at)
+                    .count_live_below_at(&request.post, first.watermark, at)
                     .await?
                 {
                     out[i] = Some(Recount::Consistent(Box::new(Consistent {
@@ -287,7 +326,12 @@ impl<S: Store + ?Sized> Recounter<S> {
             }
             pending.push((i, first));
         }
-        let rows = self.read_rows(pending).await?;
+        let rows = match shared {
+            false => self.read_rows(pending).await?,
+            // Rows changed in the window are in several partitions' ledgers and logs: a count
+            // alone, which holds while no partition changed a settled row after its position.
+            true => self.count_alone(pending).await?,
+        };
         if !rows.is_empty() {
             let after = self.store.read_position().await?.upper;
             let caught_up = self.wait_until_applied(after).await?;
@@ -304,30 +348,101 @@ impl<S: Store + ?Sized> Recounter<S> {
                 });
             }
         }
-        // A snapshot that began (or took a chunk) since the first look claimed rows into these
-        // counters with no entry in their logs and no touch: no count taken across that is
-        // the count of any position of the stream.
-        if out
+        let mut out: Vec<Recount> = out
+            .into_iter()
+            .map(|r| r.expect("every post recounted"))
+            .collect();
+        self.void_if_snapshot_moved(&mut out, &snapshot_first)
+            .await?;
+        Ok(out)
+    }
+
+    /// Reads a request's counter and the watermark it is counted below: the recount's start.
+    async fn first_read(&self, request: &Request) -> StoreResult<Consistent> {
+        let counter = self.store.read_counter(&request.post).await?;
+        let watermark = self.watermark_for(request, counter.as_ref()).await?;
+        Ok(Consistent {
+            post: request.post.clone(),
+            since: counter.as_ref().and_then(|c| c.applied_through.clone()),
+            since_writers: counter.as_ref().map(since_writers).unwrap_or_default(),
+            folds: counter.as_ref().map_or(0, |c| c.folds),
+            base_count: counter.as_ref().map_or(Num::ZERO, |c| c.state.base_count),
+            counter,
+            watermark,
+            count: Num::ZERO,
+            snapshot: false,
+            read: None,
+        })
+    }
+
+    /// A snapshot that began (or took a chunk) in any writer's stream since the first look
+    /// (`first`) claimed rows into these counters with no entry in their logs and no touch: no
+    /// count taken across that is the count of any position of the stream, so every
+    /// consistent recount of `out` becomes [`Recount::SnapshotRunning`].
+    async fn void_if_snapshot_moved(
+        &self,
+        out: &mut [Recount],
+        first: &[Option<SnapshotProgress>],
+    ) -> StoreResult<()> {
+        if !out.iter().any(|r| matches!(r, Recount::Consistent(_))) {
+            return Ok(());
+        }
+        let now = snapshots(&self.writer_checkpoints().await?);
+        let moved = first
             .iter()
-            .any(|r| matches!(r, Some(Recount::Consistent(_))))
-        {
-            let now = self.store.load_checkpoint(&self.stream).await?;
-            if snapshot_moved(
-                snapshot_first.as_ref(),
-                now.and_then(|c| c.snapshot).as_ref(),
-            ) {
-                tracing::debug!(stream = %self.stream, "the initial snapshot claimed rows during the recount; the posts stay dirty");
-                for r in out.iter_mut() {
-                    if matches!(r, Some(Recount::Consistent(_))) {
-                        *r = Some(Recount::SnapshotRunning);
-                    }
+            .zip(&now)
+            .any(|(first, now)| snapshot_moved(first.as_ref(), now.as_ref()));
+        if moved {
+            tracing::debug!(stream = %self.stream, "the initial snapshot claimed rows during the recount; the posts stay dirty");
+            for r in out.iter_mut() {
+                if matches!(r, Recount::Consistent(_)) {
+                    *r = Recount::SnapshotRunning;
                 }
             }
         }
-        Ok(out
-            .into_iter()
-            .map(|r| r.expect("every post recounted"))
-            .collect())
+        Ok(())
+    }
+
+    /// The streams whose workers write the viewed definition's counters: every partition's
+    /// when it groups by another field than the partitions' (see [`crate::store::Writer`]),
+    /// else this stream's alone.
+    pub fn writers(&self) -> Vec<String> {
+        match self.shared() {
+            true => crate::core::partition::Partition::siblings(&self.stream),
+            false => vec![self.stream.clone()],
+        }
+    }
+
+    /// Whether the viewed definition's counters are written by several partitions.
+    fn shared(&self) -> bool {
+        self.store.viewed_shared()
+            && crate::core::partition::Partition::of_stream(&self.stream).is_some()
+    }
+
+    /// The checkpoints of [`Recounter::writers`], in order.
+    async fn writer_checkpoints(&self) -> StoreResult<Vec<Option<Checkpoint>>> {
+        let mut out = Vec::new();
+        for stream in self.writers() {
+            out.push(self.store.load_checkpoint(&stream).await?);
+        }
+        Ok(out)
+    }
+
+    /// Counts of a group's posts by the server alone, each after its counter's first read
+    /// (settled like a snapshot count, [`Consistent::holds_for`]).
+    async fn count_alone(
+        &self,
+        pending: Vec<(usize, Consistent)>,
+    ) -> StoreResult<Vec<(usize, Consistent)>> {
+        let mut out = Vec::with_capacity(pending.len());
+        for (i, first) in pending {
+            let count = self
+                .store
+                .count_live_below(&first.post, first.watermark)
+                .await?;
+            out.push((i, Consistent { count, ..first }));
+        }
+        Ok(out)
     }
 
     /// The row-level reads of a group's posts, each after its counter's first read: one query
@@ -510,6 +625,7 @@ mod tests {
         Consistent {
             post: PostId::Int(1),
             since: first.as_ref().and_then(|c| c.applied_through.clone()),
+            since_writers: first.as_ref().map(since_writers).unwrap_or_default(),
             folds: first.as_ref().map_or(0, |c| c.folds),
             base_count: first.as_ref().map_or(Num::ZERO, |c| c.state.base_count),
             counter: first,

@@ -12,12 +12,25 @@ impl<S: Store + ?Sized> Recounter<S> {
     /// `counterd reconcile`, `get` or `verify` while `counterd run` is stopped), nothing will
     /// apply anything: the stream itself is read after the checkpoint instead, and an empty
     /// answer read after `position` proves that nothing before it is pending.
+    ///
+    /// A counter several partitions write waits for every partition's worker
+    /// ([`Recounter::writers`]).
     pub async fn wait_until_applied(&self, position: Timestamp) -> StoreResult<bool> {
+        for stream in self.writers() {
+            if !self.wait_for_stream(&stream, position).await? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// [`Recounter::wait_until_applied`] for one stream.
+    async fn wait_for_stream(&self, stream: &str, position: Timestamp) -> StoreResult<bool> {
         let polls = (self.catch_up.timeout.as_millis() / self.catch_up.poll.as_millis().max(1))
             .max(1) as u64;
         let mut last_probe: Option<DateTime> = None;
         for _ in 0..=polls {
-            let checkpoint = self.store.load_checkpoint(&self.stream).await?;
+            let checkpoint = self.store.load_checkpoint(stream).await?;
             if checkpoint.as_ref().and_then(applied_before) >= Some(position) {
                 return Ok(true);
             }
@@ -27,7 +40,8 @@ impl<S: Store + ?Sized> Recounter<S> {
             let now = self.clock.now();
             let probe_due =
                 last_probe.is_none_or(|t| now.timestamp_millis() - t.timestamp_millis() >= 1000);
-            if self.catch_up.probe_without_worker && probe_due && !self.worker_alive().await? {
+            if self.catch_up.probe_without_worker && probe_due && !self.worker_alive(stream).await?
+            {
                 last_probe = Some(now);
                 if self
                     .nothing_pending_before(checkpoint.as_ref(), position)
@@ -39,7 +53,7 @@ impl<S: Store + ?Sized> Recounter<S> {
             }
             self.clock.sleep(self.catch_up.poll).await;
         }
-        tracing::debug!(stream = %self.stream, ?position, "the worker did not catch up in time; the counted posts stay dirty");
+        tracing::debug!(%stream, ?position, "the worker did not catch up in time; the counted posts stay dirty");
         Ok(false)
     }
 
@@ -49,14 +63,26 @@ impl<S: Store + ?Sized> Recounter<S> {
     /// leaves its posts for a later run instead of counting them. False while no worker holds
     /// the lease (the wait then reads the stream itself), before the stream has a position,
     /// and while the initial snapshot runs (the recount reports that on its own).
+    ///
+    /// A counter several partitions write: any of their workers ([`Recounter::writers`]).
     pub async fn worker_behind(&self) -> StoreResult<bool> {
-        let Some(checkpoint) = self.store.load_checkpoint(&self.stream).await? else {
+        for stream in self.writers() {
+            if self.stream_behind(&stream).await? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// [`Recounter::worker_behind`] for one stream.
+    async fn stream_behind(&self, stream: &str) -> StoreResult<bool> {
+        let Some(checkpoint) = self.store.load_checkpoint(stream).await? else {
             return Ok(false);
         };
         let Some(applied) = applied_before(&checkpoint) else {
             return Ok(false);
         };
-        if checkpoint.snapshot_running() || !self.worker_alive().await? {
+        if checkpoint.snapshot_running() || !self.worker_alive(stream).await? {
             return Ok(false);
         }
         let now = self.store.read_position().await?.lower;
@@ -65,8 +91,8 @@ impl<S: Store + ?Sized> Recounter<S> {
     }
 
     /// Whether some process holds the stream's lease (and so applies its events).
-    async fn worker_alive(&self) -> StoreResult<bool> {
-        let lease = self.store.read_lease(&self.stream).await?;
+    async fn worker_alive(&self, stream: &str) -> StoreResult<bool> {
+        let lease = self.store.read_lease(stream).await?;
         Ok(lease.is_some_and(|l| l.expires_at > self.clock.now()))
     }
 

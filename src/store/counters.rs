@@ -94,6 +94,11 @@ pub struct CounterDoc {
     pub recent: Vec<crate::core::window::Touch>,
     /// Folds installed so far: a recount made against one fold is void after another.
     pub folds: i64,
+    /// The positions of partitions `n > 0` in a counter several partitions write (partition
+    /// 0's are the fields above; see [`Writer`]).
+    pub writers: BTreeMap<u32, WriterPosition>,
+    /// Writes of every partition to a counter several partitions write (see [`Writer`]).
+    pub shared_writes: i64,
     /// The readers' field, `base_count + live_delta`, maintained in the same single-document
     /// writes (`None`: a counter written before it existed, until `run` fills it in).
     pub count: Option<Num>,
@@ -130,4 +135,50 @@ impl ApplyOutcome {
         }
         outcome
     }
+}
+
+/// Where one writer keeps its guard in a counter document.
+///
+/// A counter of a definition grouped by the post is written by one stream only (the post's
+/// partition): its guard is the document's own `applied_through` (with `applied_time`,
+/// `touched`, `epoch`, `snapshot_chunk`). A counter grouped by another field (per author,
+/// while partitions divide by post) is written by several partitions, whose stream positions
+/// are not comparable with each other's as "already applied": each writes under its own
+/// *slot*, partition 0 in the document's own fields (so documents written before partitions
+/// read unchanged), partition `n > 0` under `writers.p<n>.`. Such writes also count
+/// themselves in `shared_writes`, which the reconciler's install pins (one field for every
+/// writer, known or not), and keep no `recent` log (their recounts are counts alone).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Writer {
+    /// The counter has several writers (see above).
+    pub shared: bool,
+    /// The writer's partition index (0 for the document's own fields).
+    pub slot: u32,
+}
+
+impl Writer {
+    /// The path (after a counter's own prefix) under which this writer keeps its guard
+    /// fields: empty for slot 0, `writers.p<n>.` else.
+    pub fn path(&self) -> String {
+        match self.slot {
+            0 => String::new(),
+            n => format!("{WRITERS_FIELD}.p{n}."),
+        }
+    }
+}
+
+/// The field of a counter document that holds the guards of partitions `n > 0` (see
+/// [`Writer`]).
+pub const WRITERS_FIELD: &str = "writers";
+
+/// The field of a counter document that counts the writes of every partition to a shared
+/// counter (see [`Writer`]).
+pub const SHARED_WRITES_FIELD: &str = "shared_writes";
+
+/// A writer's position in a shared counter (partition `n > 0`, see [`Writer`]).
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct WriterPosition {
+    pub applied_through: Option<String>,
+    pub applied_time: Option<Timestamp>,
+    pub touched: BTreeMap<BucketStart, String>,
 }

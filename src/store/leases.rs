@@ -64,3 +64,24 @@ pub struct Fence {
     pub stream: String,
     pub epoch: i64,
 }
+
+impl Fence {
+    /// The partition this fence writes for, read from its stream's name (`None`: an
+    /// unpartitioned stream).
+    pub fn partition(&self) -> Option<crate::core::partition::Partition> {
+        crate::core::partition::Partition::of_stream(&self.stream)
+    }
+
+    /// Where this fence's writes to a counter of a definition keep their guard: `shared` when
+    /// the definition groups by another field than the partitions' (see
+    /// [`super::Writer`]).
+    pub fn writer(&self, shared: bool) -> super::Writer {
+        match self.partition().filter(|_| shared) {
+            Some(p) => super::Writer {
+                shared: true,
+                slot: p.index,
+            },
+            None => super::Writer::default(),
+        }
+    }
+}

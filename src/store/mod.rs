@@ -79,6 +79,11 @@ pub trait CounterViews {
     /// The definition this handle serves ([`CounterIx::DEFAULT`] unless made by
     /// [`CounterViews::for_counter`]).
     fn viewed_counter(&self) -> CounterIx;
+
+    /// Whether the viewed definition groups rows by another field than the post, the field
+    /// partitions divide by: under partitions its counters have several writers, each with
+    /// its own guard ([`Writer`]), and its recounts wait for every partition.
+    fn viewed_shared(&self) -> bool;
 }
 
 /// Everything the worker writes and the reconciler reads and folds: every concern's trait at

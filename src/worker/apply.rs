@@ -193,6 +193,7 @@ impl<S: Store + ?Sized> Worker<S> {
             attribution: self.settings.attribution,
             schema: &self.settings.schema,
             bucket_width_secs: self.settings.bucket_width_secs,
+            partition: self.settings.partition,
         });
         self.keep_own(&mut plan, divided, &ledger);
         let report = BatchReport::of(&plan, &events, &self.settings.schema);
@@ -242,16 +243,16 @@ impl<S: Store + ?Sized> Worker<S> {
     }
 
     /// Keeps what this worker writes of a plan: no ledger states without the ledger, and with
-    /// partitions this partition's posts and comments.
+    /// partitions the ledger entries of this partition's comments (its part of the counters and
+    /// marks is planned, see `plan_batch_covering`).
     fn keep_own(&self, plan: &mut BatchPlan, divided: bool, ledger: &HashMap<String, Option<Row>>) {
         if !self.settings.attribution.uses_ledger() {
             plan.ledger.clear();
         }
         if let Some(partition) = self.settings.partition {
-            // Every partition classifies every event against its own ledger, and keeps its posts
-            // and the ledger entries of its comments (see `crate::core::partition`).
-            plan.counters.retain(|c| partition.owns(&c.post));
-            plan.dirty.retain(|d| partition.owns(&d.post));
+            // Every partition classifies every event against its own ledger and plans only its
+            // part of each change (`plan_batch_covering`); it keeps the ledger entries of its
+            // comments (see `crate::core::partition`).
             if divided {
                 plan.ledger = partition.own_writes(std::mem::take(&mut plan.ledger), ledger);
             }

@@ -84,7 +84,8 @@
 //! Environment: `SIM_SEEDS` (default 3000) and `SIM_SEED_START` choose the seeds;
 //! `SIM_SEED=<n>` replays one (`SIM_TRACE=1` prints every step);
 //! `SIM_BROKEN=no_guard|seed_fold|unconditioned_recount|window_ignored|cut_transactions`,
-//! `SIM_HOT=1` (hot posts), `SIM_TRANSACTIONS=1`, `SIM_DEFINITIONS=1`, `SIM_PRE_IMAGES=1`,
+//! `SIM_HOT=1` (hot posts), `SIM_TRANSACTIONS=1`, `SIM_DEFINITIONS=1`, `SIM_SUMS=1`,
+//! `SIM_PARTITIONED=1` (definitions with 2 to 4 partitions), `SIM_PRE_IMAGES=1`,
 //! `SIM_HISTORY_LOST=1`, `SIM_LOST_START_TIME=1` and `SIM_LOOKUPS=1` (no update descriptions)
 //! select the variant, of one seed or of a range. A failing seed prints the exact command that
 //! replays it.

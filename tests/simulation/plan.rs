@@ -47,6 +47,10 @@ pub struct Variant {
     /// With `definitions`: two sums beside them (`sums()`), and writers change, remove and
     /// spoil (a string) the summed values, which are integers, halves and missing.
     pub sums: bool,
+    /// With `definitions`: every seed splits the posts across 2 to 4 partitions, so the
+    /// per-author counters (and sums) are written by several partitions, each under its own
+    /// guard (issue 42, part B).
+    pub partitioned: bool,
 }
 
 /// The counter definitions beyond the default of the seeds that keep several: comments per
@@ -118,6 +122,7 @@ impl Variant {
         transactions: false,
         definitions: false,
         sums: false,
+        partitioned: false,
     };
 
     pub fn from_env() -> Variant {
@@ -138,8 +143,9 @@ impl Variant {
             lookups: flag("SIM_LOOKUPS"),
             hot: flag("SIM_HOT"),
             transactions: flag("SIM_TRANSACTIONS"),
-            definitions: flag("SIM_DEFINITIONS") || flag("SIM_SUMS"),
+            definitions: flag("SIM_DEFINITIONS") || flag("SIM_SUMS") || flag("SIM_PARTITIONED"),
             sums: flag("SIM_SUMS"),
+            partitioned: flag("SIM_PARTITIONED"),
         }
     }
 
@@ -173,7 +179,10 @@ impl Variant {
         }
         if self.sums {
             prefix.push_str("SIM_SUMS=1 ");
-        } else if self.definitions {
+        }
+        if self.partitioned {
+            prefix.push_str("SIM_PARTITIONED=1 ");
+        } else if self.definitions && !self.sums {
             prefix.push_str("SIM_DEFINITIONS=1 ");
         }
         prefix
@@ -237,8 +246,8 @@ pub struct Plan {
     /// more rows are recounted by a count alone (which must refuse while their rows change).
     pub recount_rows: usize,
     /// Two counter definitions beyond the default (see [`definitions`]) are kept from the same
-    /// stream, and writers approve, unapprove and change authors (one stream only: the
-    /// configuration refuses definitions with partitions).
+    /// stream, and writers approve, unapprove and change authors (one stream only, unless the
+    /// variant is `partitioned`).
     pub definitions: bool,
     /// The two sums of [`sums`] beside them (with `definitions` only).
     pub sums: bool,
@@ -265,7 +274,10 @@ impl Plan {
             // A known bug: after history is lost the worker restarts at the configured
             // `start_at`, which is lost too, in a hot loop (`with_history_lost_and_start_at`).
             start_at_zero: !truncation || variant.lost_start_time,
-            partitions: [1, 1, 1, 2, 3][r.random_range(0..5)],
+            partitions: match variant.partitioned {
+                false => [1, 1, 1, 2, 3][r.random_range(0..5)],
+                true => [2, 3, 4][r.random_range(0..3)],
+            },
             pre_images,
             // Servers with pre-images (6.0+) always describe updates.
             update_descriptions: !variant.lookups && (r.random_bool(0.75) || pre_images),
@@ -316,7 +328,7 @@ impl Plan {
         }
         // A variant's, not a draw: every seed of the other variants runs exactly as it did
         // before definitions existed (replay commands name seeds).
-        plan.definitions = plan.partitions == 1 && variant.definitions;
+        plan.definitions = (plan.partitions == 1 || variant.partitioned) && variant.definitions;
         plan.sums = plan.definitions && variant.sums;
         plan
     }

@@ -66,6 +66,42 @@ fn with_sums() {
     }
 }
 
+/// Partitions beside every definition (issue 42, part B): 2 to 4 partitions divide the posts
+/// while the per-author count and sums are written by every partition that owns one of the
+/// author's rows (a definition grouped by another field than the partitions'), beside
+/// `approved` per post; with moves between partitions, author changes, crashes, takeovers,
+/// replays and faults: every counter of every definition exact at every caught-up point, and
+/// every fold's correction one that was injected.
+#[test]
+fn with_partitioned_definitions() {
+    let variant = Variant {
+        definitions: true,
+        sums: true,
+        partitioned: true,
+        ..Variant::FAITHFUL
+    };
+    let seeds = env_u64("SIM_PARTITIONED_SEEDS").unwrap_or(150);
+    let (failures, stats, _) = run_seeds(0, seeds, variant, 3);
+    if let Some(first) = failures.first() {
+        for f in &failures {
+            eprintln!("{}", f.report());
+        }
+        panic!("{variant:?}: seed {} failed: {}", first.seed, first.message);
+    }
+    for key in [
+        "seeds with several counter definitions",
+        "seeds with 2 streams",
+        "seeds with 4 streams",
+        "fold of another definition installed",
+        "probe checked a caught-up point while others run",
+    ] {
+        assert!(
+            stats.get(key).copied().unwrap_or(0) > 0,
+            "never happened: {key} ({stats:?})"
+        );
+    }
+}
+
 #[test]
 fn with_several_counters() {
     let several = Variant {

@@ -77,6 +77,17 @@ pub struct Schema {
 }
 
 impl Schema {
+    /// Whether definition `counter` groups rows by another field than the post, the field
+    /// partitions divide by: its counters are then written by several partitions, each under
+    /// its own guard (see [`crate::core::partition`]).
+    pub fn shared(&self, counter: crate::core::key::CounterIx) -> bool {
+        counter
+            .0
+            .checked_sub(1)
+            .and_then(|i| self.counters.get(i))
+            .is_some_and(|d| d.group != self.group)
+    }
+
     /// The value at a dotted `path` of `doc` (`None`: absent, or a step is not a document).
     pub fn get<'a>(doc: &'a Document, path: &str) -> Option<&'a Bson> {
         crate::core::key::value_at(doc, path)

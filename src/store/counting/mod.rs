@@ -257,6 +257,10 @@ impl<S: CounterViews> CounterViews for CountingStore<S> {
     fn viewed_counter(&self) -> crate::core::key::CounterIx {
         self.inner.viewed_counter()
     }
+
+    fn viewed_shared(&self) -> bool {
+        self.inner.viewed_shared()
+    }
 }
 
 /// An open change stream whose reads are counted as [`Concern::Stream`] calls.

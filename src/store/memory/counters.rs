@@ -12,7 +12,7 @@ use crate::core::key::CounterIx;
 use crate::core::key::PostId;
 use crate::core::num::Num;
 use crate::core::window::{Touch, LOG_ENTRIES};
-use crate::store::{ApplyOutcome, CounterDoc, Fence, StoreResult};
+use crate::store::{ApplyOutcome, CounterDoc, Fence, StoreResult, Writer, WriterPosition};
 
 /// A stored counter document.
 #[derive(Clone, Debug, Default)]
@@ -34,6 +34,21 @@ pub struct CounterRec {
     pub epoch: Option<i64>,
     pub last_drift: Option<Num>,
     pub reconciled_at: Option<DateTime>,
+    /// The guards of partitions `n > 0` in a counter several partitions write (see
+    /// [`crate::store::Writer`]; partition 0's are the fields above).
+    pub writers: BTreeMap<u32, WriterRec>,
+    /// Writes of every partition to a counter several partitions write.
+    pub shared_writes: i64,
+}
+
+/// One writer's guard in a counter several partitions write (`writers.p<n>`).
+#[derive(Clone, Debug, Default)]
+pub struct WriterRec {
+    pub applied_through: Option<String>,
+    pub applied_time: Option<Timestamp>,
+    pub touched: BTreeMap<i64, String>,
+    pub epoch: Option<i64>,
+    pub snapshot_chunk: Option<u64>,
 }
 
 impl CounterRec {
@@ -44,13 +59,51 @@ impl CounterRec {
 
     /// Adds one write's increments (`live_delta`, `count`, each bucket) under the writer's
     /// epoch, by `$inc`'s numeric rules ([`Num`]).
-    fn add(&mut self, delta: Num, buckets: &BTreeMap<i64, Num>, fence: &Fence) {
+    fn add(&mut self, delta: Num, buckets: &BTreeMap<i64, Num>, fence: &Fence, writer: Writer) {
         self.live_delta += delta;
         self.count += delta;
         for (bucket, amount) in buckets {
             *self.buckets.entry(*bucket).or_default() += *amount;
         }
-        self.epoch = Some(fence.epoch);
+        if writer.shared {
+            self.shared_writes += 1;
+        }
+        match writer.slot {
+            0 => self.epoch = Some(fence.epoch),
+            n => self.writers.entry(n).or_default().epoch = Some(fence.epoch),
+        }
+    }
+
+    /// The writer's guard as stored: `(applied_through, epoch, snapshot_chunk)`.
+    fn guard(&self, writer: Writer) -> (Option<&str>, Option<i64>, Option<u64>) {
+        match writer.slot {
+            0 => (
+                self.applied_through.as_deref(),
+                self.epoch,
+                self.snapshot_chunk,
+            ),
+            n => self.writers.get(&n).map_or((None, None, None), |w| {
+                (w.applied_through.as_deref(), w.epoch, w.snapshot_chunk)
+            }),
+        }
+    }
+
+    /// Records a write's position in the writer's guard.
+    fn advance(&mut self, writer: Writer, w: &CounterWrite) {
+        let touched = w.touched.iter().map(|(b, t)| (*b, t.to_string()));
+        match writer.slot {
+            0 => {
+                self.applied_through = Some(w.through.to_string());
+                self.applied_time = w.through_time;
+                self.touched.extend(touched);
+            }
+            n => {
+                let rec = self.writers.entry(n).or_default();
+                rec.applied_through = Some(w.through.to_string());
+                rec.applied_time = w.through_time;
+                rec.touched.extend(touched);
+            }
+        }
     }
 }
 
@@ -59,43 +112,56 @@ impl Memory {
     /// below the write's and no newer epoch wrote it. Returns whether it applied (false: the
     /// upsert's insert hit the existing `_id`, a duplicate key: already applied).
     pub fn apply_counter(&mut self, fence: &Fence, w: &CounterWrite) -> bool {
+        let writer = fence.writer(self.shared(w.counter));
         let Some(counters) = self.counters_of_mut(w.counter) else {
             return false; // refused up front by `write_counters`
         };
         if let Some(c) = counters.get(&w.post) {
-            if !(not_gte(c.applied_through.as_deref(), w.through.as_str())
-                && fence_ok(c.epoch, fence))
-            {
+            let (through, epoch, _) = c.guard(writer);
+            if !(not_gte(through, w.through.as_str()) && fence_ok(epoch, fence)) {
                 return false;
             }
         }
         let c = counters.entry(w.post.clone()).or_default();
-        c.add(w.delta, &w.buckets, fence);
-        c.applied_through = Some(w.through.to_string());
-        c.applied_time = w.through_time;
-        for (bucket, batch) in &w.touched {
-            c.touched.insert(*bucket, batch.to_string());
+        c.add(w.delta, &w.buckets, fence, writer);
+        c.advance(writer, w);
+        if !writer.shared {
+            c.recent.extend(w.log.iter().cloned());
+            let excess = c.recent.len().saturating_sub(LOG_ENTRIES);
+            c.recent.drain(..excess);
         }
-        c.recent.extend(w.log.iter().cloned());
-        let excess = c.recent.len().saturating_sub(LOG_ENTRIES);
-        c.recent.drain(..excess);
         true
+    }
+
+    /// Whether definition `counter` groups by another field than the post (its counters
+    /// have several writers under partitions, see [`crate::store::Writer`]).
+    pub fn shared(&self, counter: CounterIx) -> bool {
+        counter
+            .0
+            .checked_sub(1)
+            .and_then(|i| self.definitions.get(i))
+            .is_some_and(|d| d.group != super::POST_FIELD)
     }
 
     /// One statement of `apply_snapshot_counters`: the increment, if the counter has not had
     /// this chunk (or a later one) yet.
     pub fn apply_snapshot_counter(&mut self, fence: &Fence, chunk: u64, w: &CounterDelta) -> bool {
+        let writer = fence.writer(self.shared(w.counter));
         let Some(counters) = self.counters_of_mut(w.counter) else {
             return false; // refused up front by `apply_snapshot_counters`
         };
         if let Some(c) = counters.get(&w.post) {
-            if !(c.snapshot_chunk.is_none_or(|n| n < chunk) && fence_ok(c.epoch, fence)) {
+            let (_, epoch, done) = c.guard(writer);
+            if !(done.is_none_or(|n| n < chunk) && fence_ok(epoch, fence)) {
                 return false;
             }
         }
         let c = counters.entry(w.post.clone()).or_default();
-        c.add(w.delta, &w.buckets, fence);
-        c.snapshot_chunk = Some(chunk);
+        c.add(w.delta, &w.buckets, fence, writer);
+        match writer.slot {
+            0 => c.snapshot_chunk = Some(chunk),
+            n => c.writers.entry(n).or_default().snapshot_chunk = Some(chunk),
+        }
         true
     }
 
@@ -156,6 +222,19 @@ impl Memory {
             touched: c.touched.clone(),
             recent: c.recent.clone(),
             folds: c.folds,
+            writers: c
+                .writers
+                .iter()
+                .map(|(n, w)| {
+                    let position = WriterPosition {
+                        applied_through: w.applied_through.clone(),
+                        applied_time: w.applied_time,
+                        touched: w.touched.clone(),
+                    };
+                    (*n, position)
+                })
+                .collect(),
+            shared_writes: c.shared_writes,
             // Kept in the same single-document writes as its parts (hand edits too).
             count: Some(c.count),
             last_drift: c.last_drift,
@@ -201,6 +280,7 @@ impl Memory {
             || c.live_delta != expected.state.live_delta
             || c.base_count != expected.state.base_count
             || c.folds != expected.folds
+            || c.shared_writes != expected.shared_writes
         {
             return false;
         }
@@ -215,6 +295,13 @@ impl Memory {
         }
         for bucket in expected.touched.keys().filter(|b| **b < fold.watermark) {
             c.touched.remove(bucket);
+        }
+        for (slot, position) in &expected.writers {
+            if let Some(rec) = c.writers.get_mut(slot) {
+                for bucket in position.touched.keys().filter(|b| **b < fold.watermark) {
+                    rec.touched.remove(bucket);
+                }
+            }
         }
         c.folds += 1;
         true

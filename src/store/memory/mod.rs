@@ -222,6 +222,10 @@ impl crate::store::CounterViews for MemoryStore {
     fn viewed_counter(&self) -> CounterIx {
         self.counter
     }
+
+    fn viewed_shared(&self) -> bool {
+        self.lock().shared(self.counter)
+    }
 }
 
 impl MemoryStore {

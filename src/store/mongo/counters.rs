@@ -37,44 +37,52 @@ impl Counters for MongoStore {
     ) -> StoreResult<ApplyOutcome> {
         let op = "apply counter increments";
         // Raw from the start, like the ledger's statements: one per counter of every flush.
-        let statement = |w: &&CounterWrite, p: &'static str| {
+        let statement = |w: &&CounterWrite, p: &'static str, writer: Writer| {
             let f = |name: &str| format!("{p}{name}");
+            // The writer's own guard fields (see `Writer`).
+            let g = |name: &str| format!("{p}{}{name}", writer.path());
             let through = w.through.as_str();
             let mut set = RawDocumentBuf::new();
-            set.append(f("applied_through"), through);
-            set.append("epoch", fence.epoch);
+            set.append(g("applied_through"), through);
+            set.append(epoch_field(writer), fence.epoch);
             match w.through_time {
-                Some(t) => set.append(f("applied_time"), t),
-                None => set.append(f("applied_time"), RawBson::Null),
+                Some(t) => set.append(g("applied_time"), t),
+                None => set.append(g("applied_time"), RawBson::Null),
             };
             for (bucket, batch) in &w.touched {
-                set.append(f(&format!("touched.{bucket}")), batch.as_str());
-            }
-            let mut log = RawArrayBuf::new();
-            for touch in &w.log {
-                log.push(touch_to_raw(op, touch)?);
+                set.append(g(&format!("touched.{bucket}")), batch.as_str());
             }
             let mut on_insert = RawDocumentBuf::new();
             on_insert.append(f("base_count"), 0_i64);
             on_insert.append(f("base_watermark"), 0_i64);
-            let mut push = RawDocumentBuf::new();
-            // Each batch's entry in the counter's log; the oldest fall off.
-            push.append(
-                f("recent"),
-                rawdoc! {"$each": log, "$slice": -(LOG_ENTRIES as i64)},
-            );
+            let mut inc = increments(p, w.delta, &w.buckets);
+            let mut update = RawDocumentBuf::new();
+            if writer.shared {
+                // Every writer's write moves it: the reconciler's install pins it.
+                inc.append(f(SHARED_WRITES_FIELD), 1_i64);
+            }
+            update.append("$inc", inc);
+            update.append("$set", set);
+            update.append("$setOnInsert", on_insert);
+            if !writer.shared {
+                let mut log = RawArrayBuf::new();
+                for touch in &w.log {
+                    log.push(touch_to_raw(op, touch)?);
+                }
+                // Each batch's entry in the counter's log; the oldest fall off.
+                update.append(
+                    "$push",
+                    rawdoc! {f("recent"): {"$each": log, "$slice": -(LOG_ENTRIES as i64)}},
+                );
+            }
+            let q = guarded_raw(op, w.post.to_bson(), &g("applied_through"), through, fence)?;
             Ok(rawdoc! {
-                "q": guarded_raw(op, w.post.to_bson(), &f("applied_through"), through, fence)?,
-                "u": {
-                    "$inc": increments(p, w.delta, &w.buckets),
-                    "$set": set,
-                    "$setOnInsert": on_insert,
-                    "$push": push,
-                },
+                "q": with_epoch_field(q, writer, fence),
+                "u": update,
                 "upsert": true,
             })
         };
-        self.per_definition(op, writes, |w| w.counter, statement)
+        self.per_definition(op, fence, writes, |w| w.counter, statement)
             .await
     }
 
@@ -143,6 +151,11 @@ impl Counters for MongoStore {
         // write is not overwritten with stale arithmetic. A zero may be a field not written
         // yet (a sum's document whose row count was never written).
         filter.insert(f("live_delta"), pinned(expected.state.live_delta));
+        // Every writer of a counter several partitions write moves this (see `Writer`).
+        filter.insert(
+            f(SHARED_WRITES_FIELD),
+            pinned(Num::Int(expected.shared_writes)),
+        );
         filter.insert(f("base_count"), pinned(expected.state.base_count));
         filter.insert(
             f("folds"),
@@ -168,6 +181,11 @@ impl Counters for MongoStore {
         // against the `applied_through` the next recount reads.
         for bucket in expected.touched.keys().filter(|b| **b < fold.watermark) {
             unset.insert(f(&format!("touched.{bucket}")), "");
+        }
+        for (slot, position) in &expected.writers {
+            for bucket in position.touched.keys().filter(|b| **b < fold.watermark) {
+                unset.insert(f(&format!("{WRITERS_FIELD}.p{slot}.touched.{bucket}")), "");
+            }
         }
         if !unset.is_empty() {
             update.insert("$unset", unset);
@@ -259,25 +277,37 @@ impl Counters for MongoStore {
         writes: &[CounterDelta],
     ) -> StoreResult<ApplyOutcome> {
         let op = "add snapshot counts";
-        let statement = |w: &&CounterDelta, p: &'static str| {
+        let statement = |w: &&CounterDelta, p: &'static str, writer: Writer| {
             let f = |name: &str| format!("{p}{name}");
+            let g = |name: &str| format!("{p}{}{name}", writer.path());
             let mut set = RawDocumentBuf::new();
-            set.append(f("snapshot_chunk"), chunk as i64);
-            set.append("epoch", fence.epoch);
+            set.append(g("snapshot_chunk"), chunk as i64);
+            set.append(epoch_field(writer), fence.epoch);
             let mut on_insert = RawDocumentBuf::new();
             on_insert.append(f("base_count"), 0_i64);
             on_insert.append(f("base_watermark"), 0_i64);
+            let mut inc = increments(p, w.delta, &w.buckets);
+            if writer.shared {
+                inc.append(f(SHARED_WRITES_FIELD), 1_i64);
+            }
+            let q = guarded_raw(
+                op,
+                w.post.to_bson(),
+                &g("snapshot_chunk"),
+                chunk as i64,
+                fence,
+            )?;
             Ok(rawdoc! {
-                "q": guarded_raw(op, w.post.to_bson(), &f("snapshot_chunk"), chunk as i64, fence)?,
+                "q": with_epoch_field(q, writer, fence),
                 "u": {
-                    "$inc": increments(p, w.delta, &w.buckets),
+                    "$inc": inc,
                     "$set": set,
                     "$setOnInsert": on_insert,
                 },
                 "upsert": true,
             })
         };
-        self.per_definition(op, writes, |w| w.counter, statement)
+        self.per_definition(op, fence, writes, |w| w.counter, statement)
             .await
     }
 }
@@ -288,6 +318,7 @@ impl MongoStore {
     async fn per_definition<T, S, F>(
         &self,
         op: &'static str,
+        fence: &Fence,
         writes: &[T],
         counter: impl Fn(&T) -> CounterIx,
         statement: F,
@@ -295,7 +326,7 @@ impl MongoStore {
     where
         T: Sync,
         S: Statement,
-        F: Fn(&&T, &'static str) -> S + Sync,
+        F: Fn(&&T, &'static str, Writer) -> S + Sync,
     {
         let mut outcome = ApplyOutcome::default();
         // Every definition is looked up before anything is written: a write for an unknown one
@@ -304,11 +335,12 @@ impl MongoStore {
             .into_iter()
             .map(|(counter, writes)| {
                 let place = self.place(op, counter)?;
-                Ok((place.counters, place.prefix, writes))
+                let writer = fence.writer(self.schema.shared(counter));
+                Ok((place.counters, place.prefix, writer, writes))
             })
             .collect::<StoreResult<Vec<_>>>()?;
-        for (collection, prefix, writes) in groups {
-            let statement = |w: &&T| statement(w, prefix);
+        for (collection, prefix, writer, writes) in groups {
+            let statement = |w: &&T| statement(w, prefix, writer);
             let (applied, already_applied) = self
                 .update_many_statements(op, collection, &writes, &statement)
                 .await?;
@@ -330,6 +362,29 @@ pub(super) fn by_counter<T>(
         groups.entry(counter(item)).or_default().push(item);
     }
     groups
+}
+
+/// Where a writer's epoch lives: the document's `epoch` for slot 0, its own under
+/// `writers.p<n>.` else (one per document, shared by a sum and its row count, which the same
+/// batch writes).
+fn epoch_field(writer: Writer) -> String {
+    format!("{}epoch", writer.path())
+}
+
+/// A guard filter ([`guarded_raw`], which fences on the document's `epoch`) fenced on the
+/// writer's own epoch instead: a partition's lease epoch says nothing of another's.
+fn with_epoch_field(q: RawDocumentBuf, writer: Writer, fence: &Fence) -> RawDocumentBuf {
+    if writer.slot == 0 {
+        return q;
+    }
+    let mut out = RawDocumentBuf::new();
+    for (key, value) in q.iter().flatten() {
+        if key != "epoch" {
+            out.append(key, value.to_raw_bson());
+        }
+    }
+    out.append(epoch_field(writer), rawdoc! {"$not": {"$gt": fence.epoch}});
+    out
 }
 
 /// The `$inc` of one counter write: `live_delta`, each bucket, and `count`, which moves with

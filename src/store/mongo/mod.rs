@@ -172,6 +172,10 @@ impl CounterViews for MongoStore {
     fn viewed_counter(&self) -> CounterIx {
         self.counter
     }
+
+    fn viewed_shared(&self) -> bool {
+        self.schema.shared(self.counter)
+    }
 }
 
 /// Checks that the server at `hosts` answers within `connect_timeout`: an error says whether

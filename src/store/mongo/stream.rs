@@ -71,14 +71,64 @@ fn positioned(options: &StreamOptions) -> bool {
 }
 
 /// A raw event decoded, with its charge against the memory budget.
+///
+/// Decoded by [`event_document`] rather than `RawDocumentBuf::to_document`, which is the
+/// same document at about half the allocations: the stream's events are the worker's most
+/// numerous documents, and decoding them was the largest single share of its CPU per event
+/// (bench/RESULTS.md, 2026-12-06, speed targets).
 fn decode(raw: RawDocumentBuf) -> StoreResult<(Document, usize)> {
     let cost = crate::core::cost::event_cost(raw.as_bytes().len());
-    let doc = raw.to_document().map_err(|e| StoreError::Malformed {
+    let doc = event_document(&raw).map_err(|e| StoreError::Malformed {
         what: "change event",
         id: "(undecodable)".into(),
         detail: e.to_string(),
     })?;
     Ok((doc, cost))
+}
+
+/// A change event as a document: every field, except an `updateDescription` without
+/// `updatedFields` (the stream's `$project` gives every insert and delete, and every update
+/// of the fake server, one of nulls; the event parser reads it as no description, exactly as
+/// an absent one).
+fn event_document(raw: &bson::RawDocument) -> bson::raw::Result<Document> {
+    let mut doc = Document::new();
+    for element in raw {
+        let (key, value) = element?;
+        if key == "updateDescription" && !describes_an_update(value) {
+            continue;
+        }
+        doc.insert(key, bson_of(value)?);
+    }
+    Ok(doc)
+}
+
+/// Whether an `updateDescription` value holds `updatedFields` as a document.
+fn describes_an_update(value: bson::RawBsonRef<'_>) -> bool {
+    value
+        .as_document()
+        .and_then(|d| d.get_document("updatedFields").ok())
+        .is_some()
+}
+
+/// A raw value as [`Bson`], nested documents and arrays converted in place: bson's own
+/// conversion copies every nested document into a buffer of its own before converting it.
+fn bson_of(value: bson::RawBsonRef<'_>) -> bson::raw::Result<Bson> {
+    Ok(match value {
+        bson::RawBsonRef::Document(d) => {
+            let mut doc = Document::new();
+            for element in d {
+                let (key, value) = element?;
+                doc.insert(key, bson_of(value)?);
+            }
+            Bson::Document(doc)
+        }
+        bson::RawBsonRef::Array(a) => Bson::Array(
+            a.into_iter()
+                .map(|v| v.and_then(bson_of))
+                .collect::<bson::raw::Result<_>>()?,
+        ),
+        other => Bson::try_from(other)?,
+    })
 }
 
 #[async_trait]
@@ -335,6 +385,37 @@ mod tests {
 
     fn ts(time: u32, increment: u32) -> Timestamp {
         Timestamp { time, increment }
+    }
+
+    #[test]
+    fn events_decode_as_bson_decodes_them_but_for_an_empty_description() {
+        let insert = doc! {
+            "_id": {"_data": "8263A1"},
+            "operationType": "insert",
+            "clusterTime": ts(1_700_000_000, 3),
+            "documentKey": {"_id": 7_i64},
+            "fullDocument": {"_id": 7_i64, "post_id": "p", "meta": {"tags": ["a", {"b": 1}], "n": Bson::Null}},
+            "lsid": {"id": bson::Binary {subtype: bson::spec::BinarySubtype::Uuid, bytes: vec![1; 16]}},
+            "txnNumber": 4_i64,
+            "updateDescription": {"updatedFields": Bson::Null, "removedFields": Bson::Null},
+        };
+        let raw = RawDocumentBuf::from_document(&insert).unwrap();
+        let mut expected = insert.clone();
+        expected.remove("updateDescription");
+        assert_eq!(event_document(&raw).unwrap(), expected);
+        let (decoded, cost) = decode(raw.clone()).unwrap();
+        assert_eq!(decoded, expected);
+        assert_eq!(cost, crate::core::cost::event_cost(raw.as_bytes().len()));
+        // An update's description is kept whole, as bson decodes it.
+        let update = doc! {
+            "_id": {"_data": "8263A2"},
+            "operationType": "update",
+            "documentKey": {"_id": 7_i64},
+            "updateDescription": {"updatedFields": {"deleted_at": DateTime::from_millis(5)}, "removedFields": ["x"]},
+        };
+        let raw = RawDocumentBuf::from_document(&update).unwrap();
+        assert_eq!(event_document(&raw).unwrap(), raw.to_document().unwrap());
+        assert_eq!(event_document(&raw).unwrap(), update);
     }
 
     #[test]

@@ -344,6 +344,10 @@ impl CounterViews for SimStore {
     fn viewed_counter(&self) -> CounterIx {
         self.counter
     }
+
+    fn viewed_shared(&self) -> bool {
+        self.lock().memory.shared(self.counter)
+    }
 }
 
 impl SimStore {

@@ -122,17 +122,48 @@ pub(super) fn counter_from_doc(doc: &Document) -> StoreResult<CounterDoc> {
         applied_time: doc.get_timestamp("applied_time").ok(),
         folds: int("folds")?,
         count: num_or_none("count")?,
-        touched: match doc.get_document("touched") {
-            Ok(map) => map
-                .iter()
-                .filter_map(|(k, v)| Some((k.parse().ok()?, v.as_str()?.to_string())))
-                .collect(),
-            Err(_) => BTreeMap::new(),
-        },
+        touched: touched_from(doc),
         recent: recent_from(doc),
+        writers: writers_from(doc),
+        shared_writes: int(SHARED_WRITES_FIELD)?,
         last_drift: num_or_none("last_drift")?,
         reconciled_at: doc.get_datetime("reconciled_at").ok().copied(),
     })
+}
+
+/// A writer's touched buckets (`touched: {<bucket>: token}`) in `doc`.
+fn touched_from(doc: &Document) -> BTreeMap<i64, String> {
+    match doc.get_document("touched") {
+        Ok(map) => map
+            .iter()
+            .filter_map(|(k, v)| Some((k.parse().ok()?, v.as_str()?.to_string())))
+            .collect(),
+        Err(_) => BTreeMap::new(),
+    }
+}
+
+/// The positions of partitions `n > 0` in a counter several partitions write
+/// (`writers: {p<n>: {applied_through, applied_time, touched}}`, see
+/// [`crate::store::Writer`]).
+fn writers_from(doc: &Document) -> BTreeMap<u32, crate::store::WriterPosition> {
+    let Ok(writers) = doc.get_document(crate::store::WRITERS_FIELD) else {
+        return BTreeMap::new();
+    };
+    writers
+        .iter()
+        .filter_map(|(key, value)| {
+            let slot = key.strip_prefix('p')?.parse().ok()?;
+            let w = value.as_document()?;
+            Some((
+                slot,
+                crate::store::WriterPosition {
+                    applied_through: w.get_str("applied_through").ok().map(String::from),
+                    applied_time: w.get_timestamp("applied_time").ok(),
+                    touched: touched_from(w),
+                },
+            ))
+        })
+        .collect()
 }
 
 /// The counter's log of recent batches (`recent: [{t: token, c: [ids] | null}]`). An entry

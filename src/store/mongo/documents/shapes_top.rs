@@ -58,8 +58,33 @@ fn a_counter_document_reads_as_stored() {
         count: Some(Num::Int(12)),
         last_drift: Some(Num::Int(-1)),
         reconciled_at: Some(at(5_000)),
+        writers: BTreeMap::new(),
+        shared_writes: 0,
     };
     assert_eq!(counter_from_doc(&stored).unwrap(), counter);
+    // A counter several partitions write (per author while partitions divide by post):
+    // partition 0 in the document's own fields, partition 2 under `writers.p2`.
+    let mut shared = stored.clone();
+    shared.remove("recent");
+    shared.insert("shared_writes", 5_i64);
+    shared.insert(
+        "writers",
+        doc! {"p2": {"applied_through": "82A0", "applied_time": ts(9), "epoch": 4_i64, "touched": {"0": "82A0"}}},
+    );
+    let read = counter_from_doc(&shared).unwrap();
+    assert_eq!(read.shared_writes, 5);
+    assert_eq!(read.applied_through.as_deref(), Some("82AB"));
+    assert_eq!(
+        read.writers,
+        BTreeMap::from([(
+            2,
+            crate::store::WriterPosition {
+                applied_through: Some("82A0".into()),
+                applied_time: Some(ts(9)),
+                touched: BTreeMap::from([(0, "82A0".to_string())]),
+            }
+        )])
+    );
     // Written before `count`, with the watermark as a date and numbers edited into Int32s.
     let older = doc! {"_id": "p", "base_count": 4_i32, "base_watermark": at(7_200_500), "live_by_bucket": {"0": 1.0}};
     let read = counter_from_doc(&older).unwrap();
