@@ -23,6 +23,7 @@ use counterd::core::key::PostId;
 use counterd::core::partition::stream_names;
 use counterd::store::prelude::*;
 use daemon::Daemon;
+use futures::TryStreamExt;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use support::TestDb;
@@ -215,6 +216,34 @@ async fn ledger_entries(t: &TestDb, partitions: u32) -> u64 {
     total
 }
 
+/// The server's oplog entries (inserts, updates, deletes) of this test's database: those of
+/// `comments` (the application's events) and those of every partition's ledger. A guarded
+/// write that changes nothing leaves no entry, so this counts the ledger writes that happened.
+async fn oplog_writes(t: &TestDb) -> (u64, u64) {
+    let prefix = format!("{}.", t.db.name());
+    let oplog =
+        t.db.client()
+            .database("local")
+            .collection::<Document>("oplog.rs");
+    let mut cursor = oplog
+        .find(doc! {"op": {"$in": ["i", "u", "d"]}})
+        .await
+        .unwrap();
+    let (mut events, mut ledger) = (0, 0);
+    while let Some(entry) = cursor.try_next().await.unwrap() {
+        match entry
+            .get_str("ns")
+            .ok()
+            .and_then(|ns| ns.strip_prefix(&prefix))
+        {
+            Some("comments") => events += 1,
+            Some(c) if c.starts_with("counterd_comment_state_") => ledger += 1,
+            _ => {}
+        }
+    }
+    (events, ledger)
+}
+
 /// Runs the scenario with `partitions` partitions shared by two processes.
 async fn scenario(name: &str, partitions: u32, seed: u64) {
     let t = TestDb::with_schema(name, schema()).await;
@@ -266,6 +295,17 @@ async fn scenario(name: &str, partitions: u32, seed: u64) {
         entries <= comments + writer.moves as u64,
         "{entries} ledger entries for {comments} comments and {} moves",
         writer.moves
+    );
+
+    // About one ledger write per event in total (each event is written by the partition that
+    // owns its row; a move between partitions by both), kill -9 and its re-applied intents
+    // included: not one per partition.
+    let (events, ledger) = oplog_writes(&t).await;
+    let per_event = ledger as f64 / events.max(1) as f64;
+    println!("{partitions} partitions: {ledger} ledger writes for {events} events ({per_event:.2} per event)");
+    assert!(
+        events > 0 && per_event <= 1.3,
+        "{partitions} partitions: {ledger} ledger writes for {events} events ({per_event:.2} per event)"
     );
 
     // Drift in an author's counter, then a new comment of that author (which dirties it): the
