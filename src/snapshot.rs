@@ -35,7 +35,8 @@ use std::time::Duration;
 use bson::DateTime;
 
 use crate::config::InitialSnapshot;
-use crate::core::batch::{counter_of, CounterDelta, LedgerUpdate};
+use crate::core::batch::{counter_of, CounterDelta};
+use crate::core::event::LedgerUpdate;
 use crate::core::event::{CommentId, Row};
 use crate::core::key::CounterKey;
 use crate::core::partition::Partition;

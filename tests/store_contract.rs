@@ -8,8 +8,9 @@ mod support;
 use std::collections::{BTreeMap, BTreeSet};
 
 use bson::{Bson, DateTime};
+use counterd::core::batch::CounterDelta;
 use counterd::core::batch::PendingBatch;
-use counterd::core::batch::{CounterDelta, LedgerUpdate};
+use counterd::core::event::LedgerUpdate;
 use counterd::core::event::{CommentId, Row, Token};
 use counterd::core::fold::Fold;
 use counterd::core::key::PostId;

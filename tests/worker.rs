@@ -5,8 +5,9 @@ mod support;
 
 use std::time::Duration;
 
+use counterd::core::batch::CounterDelta;
 use counterd::core::batch::PendingBatch;
-use counterd::core::batch::{CounterDelta, LedgerUpdate};
+use counterd::core::event::LedgerUpdate;
 use counterd::core::event::{CommentId, Row, Token};
 use counterd::core::key::PostId;
 use counterd::store::counting::Concern;

@@ -14,7 +14,7 @@ use bson::{DateTime, Timestamp};
 use crate::core::classify::{
     classify, After, Attribution, Before, Classification, Problem, Source, StreamEnded,
 };
-use crate::core::event::{ChangeEvent, CommentId, Operation, Row, Token};
+use crate::core::event::{ChangeEvent, CommentId, LedgerUpdate, Operation, Row, Token};
 use crate::core::key::PostId;
 use crate::core::key::{CounterIx, CounterKey};
 use crate::core::num::Num;
@@ -108,13 +108,6 @@ impl DirtyMark {
             newest_bucket: 0,
         }
     }
-}
-
-/// The ledger's new state for one comment (`None`: gone).
-#[derive(Clone, Debug, PartialEq)]
-pub struct LedgerUpdate {
-    pub comment: CommentId,
-    pub state: Option<Row>,
 }
 
 /// An event that was skipped or could not be attributed, for the log.

@@ -350,6 +350,14 @@ fn update_summary(doc: &Document, document_key: &Document) -> Option<UpdateSumma
     })
 }
 
+/// The ledger's new state for one comment (`None`: gone): what a batch writes to the ledger,
+/// and what each partition keeps of it (here, below both, so neither imports the other).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LedgerUpdate {
+    pub comment: CommentId,
+    pub state: Option<Row>,
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -32,8 +32,7 @@
 
 use std::collections::HashMap;
 
-use crate::core::batch::LedgerUpdate;
-use crate::core::event::Row;
+use crate::core::event::{LedgerUpdate, Row};
 use crate::core::key::PostId;
 
 /// One partition of `count`.

@@ -7,8 +7,9 @@ use serde::Serialize;
 
 use super::error::StoreResult;
 use super::leases::Fence;
-use crate::core::batch::{CounterDelta, LedgerUpdate, PendingBatch};
+use crate::core::batch::{CounterDelta, PendingBatch};
 use crate::core::deployment::Deployment;
+use crate::core::event::LedgerUpdate;
 use crate::core::event::{CommentId, Token};
 
 /// Where each stream stands: resume position, pending batch, gaps, deployment, fencing epoch

@@ -6,7 +6,7 @@ use async_trait::async_trait;
 
 use super::error::StoreResult;
 use super::leases::Fence;
-use crate::core::batch::LedgerUpdate;
+use crate::core::event::LedgerUpdate;
 use crate::core::event::{CommentId, Row, Token};
 use crate::core::window::LedgerAt;
 

@@ -7,12 +7,12 @@ use super::{SessionError, Worker};
 use crate::budget::{Budget, Grant};
 use crate::core::batch::PendingBatch;
 use crate::core::batch::{
-    plan_batch_covering, BatchPlan, CounterDelta, CounterWrite, Coverage, DirtyMark, LedgerUpdate,
-    PlanInput,
+    plan_batch_covering, BatchPlan, CounterDelta, CounterWrite, Coverage, DirtyMark, PlanInput,
 };
 use crate::core::carry::Carry;
 use crate::core::classify::StreamEnded;
 use crate::core::cost;
+use crate::core::event::LedgerUpdate;
 use crate::core::event::{ChangeEvent, CommentId, Row, Token};
 use crate::store::{ApplyOutcome, Checkpoint, Fence, Store, StoreError, StoreResult};
 use crate::telemetry as m;

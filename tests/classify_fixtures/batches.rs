@@ -4,8 +4,9 @@
 use std::collections::{BTreeMap, HashMap};
 
 use bson::{doc, oid::ObjectId, Bson, DateTime, Document, Timestamp};
-use counterd::core::batch::{plan_batch, BatchPlan, CounterDelta, LedgerUpdate};
+use counterd::core::batch::{plan_batch, BatchPlan, CounterDelta};
 use counterd::core::classify::Attribution;
+use counterd::core::event::LedgerUpdate;
 use counterd::core::event::{ChangeEvent, CommentId, Row};
 use counterd::core::key::PostId;
 use counterd::core::num::Num;

@@ -26,8 +26,9 @@ use bson::{DateTime, Document, Timestamp};
 use serde::Serialize;
 
 use super::*;
-use crate::core::batch::{CounterDelta, CounterWrite, DirtyMark, LedgerUpdate};
+use crate::core::batch::{CounterDelta, CounterWrite, DirtyMark};
 use crate::core::cost::ReadLimit;
+use crate::core::event::LedgerUpdate;
 use crate::core::event::{CommentId, Row, Token};
 use crate::core::fold::Fold;
 use crate::core::key::PostId;

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use bson::DateTime;
 
 use super::{fence_ok, not_gte, seam, Memory, MemoryStore};
-use crate::core::batch::LedgerUpdate;
+use crate::core::event::LedgerUpdate;
 use crate::core::event::{CommentId, Row, Token};
 use crate::core::key::Member;
 use crate::core::key::PostId;
