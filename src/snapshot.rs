@@ -348,13 +348,13 @@ pub fn report(stream: &str, progress: &SnapshotProgress, rows_per_second: u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::key::PostId;
+    use crate::core::key::GroupValue;
     use bson::Bson;
 
     fn row(post: i64, live: bool) -> Row {
         Row {
             members: Vec::new(),
-            post: Some(PostId::Int(post)),
+            post: Some(GroupValue::Int(post)),
             created_at: Some(DateTime::from_millis(125_000)),
             deleted: !live,
         }
@@ -379,7 +379,7 @@ mod tests {
         assert_eq!(chunk.last, Some(id(4)));
         let claimed: Vec<&CommentId> = chunk.claims.iter().map(|c| &c.comment).collect();
         assert_eq!(claimed, vec![&id(1), &id(3), &id(4)]);
-        type Increment = (PostId, i64, Vec<(i64, i64)>);
+        type Increment = (GroupValue, i64, Vec<(i64, i64)>);
         let deltas: Vec<Increment> = chunk
             .counters
             .iter()
@@ -394,8 +394,8 @@ mod tests {
         assert_eq!(
             deltas,
             vec![
-                (PostId::Int(7), 1, vec![(120, 1)]),
-                (PostId::Int(8), 1, vec![(120, 1)])
+                (GroupValue::Int(7), 1, vec![(120, 1)]),
+                (GroupValue::Int(8), 1, vec![(120, 1)])
             ]
         );
     }
@@ -404,7 +404,7 @@ mod tests {
     fn a_claimed_row_counts_in_every_definition_it_counts_for() {
         use crate::core::key::{CounterIx, Member};
         let member =
-            |group: &str, matches| Member::counting(Some(PostId::Str(group.into())), matches);
+            |group: &str, matches| Member::counting(Some(GroupValue::Str(group.into())), matches);
         let mut approved_by_ann = row(7, true);
         approved_by_ann.members = vec![member("approved", true), member("ann", true)];
         let mut unapproved_by_ann = row(7, true);
@@ -417,7 +417,7 @@ mod tests {
             (id(3), deleted_by_bob),
         ];
         let chunk = plan_chunk(1, &rows, &HashMap::new(), None, 60);
-        let counted: Vec<(CounterIx, PostId, i64)> = chunk
+        let counted: Vec<(CounterIx, GroupValue, i64)> = chunk
             .counters
             .iter()
             .map(|c| (c.counter, c.post.clone(), c.delta.as_i64()))
@@ -425,9 +425,9 @@ mod tests {
         assert_eq!(
             counted,
             vec![
-                (CounterIx(0), PostId::Int(7), 2),
-                (CounterIx(1), PostId::Str("approved".into()), 1),
-                (CounterIx(2), PostId::Str("ann".into()), 2),
+                (CounterIx(0), GroupValue::Int(7), 2),
+                (CounterIx(1), GroupValue::Str("approved".into()), 1),
+                (CounterIx(2), GroupValue::Str("ann".into()), 2),
             ]
         );
         assert_eq!(

@@ -19,7 +19,7 @@ use counterd::core::classify::{classify, Attribution, Before, Classification};
 use counterd::core::condition::Condition;
 use counterd::core::definition::{amount_of, Definition, Kind};
 use counterd::core::event::{ChangeEvent, Row};
-use counterd::core::key::PostId;
+use counterd::core::key::GroupValue;
 use counterd::core::key::{CounterIx, CounterKey};
 use counterd::core::num::Num;
 use counterd::core::schema::Schema;
@@ -67,14 +67,14 @@ fn groups(schema: &Schema) -> Vec<&str> {
 }
 
 /// The keys any generated row can count under.
-fn universe() -> Vec<PostId> {
+fn universe() -> Vec<GroupValue> {
     vec![
-        PostId::Int(1),
-        PostId::Int(2),
-        PostId::Str("a".into()),
-        PostId::Str("ann".into()),
-        PostId::Str("bob".into()),
-        PostId::Int(7),
+        GroupValue::Int(1),
+        GroupValue::Int(2),
+        GroupValue::Str("a".into()),
+        GroupValue::Str("ann".into()),
+        GroupValue::Str("bob".into()),
+        GroupValue::Int(7),
     ]
 }
 
@@ -316,7 +316,7 @@ fn classify_change(before: &Document, after: &Document) -> BTreeMap<CounterKey, 
     ))
 }
 
-fn key(counter: usize, group: PostId) -> CounterKey {
+fn key(counter: usize, group: GroupValue) -> CounterKey {
     CounterKey {
         counter: CounterIx(counter),
         group,
@@ -332,14 +332,14 @@ fn approving_a_row_moves_it_into_the_conditional_counter_only() {
     let mut approved = base();
     approved.insert("approved", true);
     // The approved count per post, and the approved scores per author (a sum: its value).
-    let ann = || PostId::Str("ann".into());
+    let ann = || GroupValue::Str("ann".into());
     assert_eq!(
         classify_change(&base(), &approved),
-        BTreeMap::from([(key(1, PostId::Int(1)), 1), (key(4, ann()), 5)])
+        BTreeMap::from([(key(1, GroupValue::Int(1)), 1), (key(4, ann()), 5)])
     );
     assert_eq!(
         classify_change(&approved, &base()),
-        BTreeMap::from([(key(1, PostId::Int(1)), -1), (key(4, ann()), -5)])
+        BTreeMap::from([(key(1, GroupValue::Int(1)), -1), (key(4, ann()), -5)])
     );
 }
 
@@ -352,10 +352,10 @@ fn a_move_changes_the_per_post_counters_and_not_the_author_one() {
     assert_eq!(
         classify_change(&from, &to),
         BTreeMap::from([
-            (key(0, PostId::Int(1)), -1),
-            (key(0, PostId::Int(2)), 1),
-            (key(1, PostId::Int(1)), -1),
-            (key(1, PostId::Int(2)), 1),
+            (key(0, GroupValue::Int(1)), -1),
+            (key(0, GroupValue::Int(2)), 1),
+            (key(1, GroupValue::Int(1)), -1),
+            (key(1, GroupValue::Int(2)), 1),
         ])
     );
 }
@@ -367,8 +367,8 @@ fn an_author_change_moves_the_row_between_authors() {
     assert_eq!(
         classify_change(&base(), &to),
         BTreeMap::from([
-            (key(2, PostId::Str("ann".into())), -1),
-            (key(2, PostId::Str("bob".into())), 1),
+            (key(2, GroupValue::Str("ann".into())), -1),
+            (key(2, GroupValue::Str("bob".into())), 1),
         ])
     );
 }
@@ -380,9 +380,9 @@ fn a_soft_delete_leaves_every_counter_it_counted_in() {
     assert_eq!(
         classify_change(&base(), &deleted),
         BTreeMap::from([
-            (key(0, PostId::Int(1)), -1),
-            (key(2, PostId::Str("ann".into())), -1),
-            (key(3, PostId::Int(1)), -1),
+            (key(0, GroupValue::Int(1)), -1),
+            (key(2, GroupValue::Str("ann".into())), -1),
+            (key(3, GroupValue::Int(1)), -1),
         ])
     );
 }
@@ -409,8 +409,8 @@ fn approved_row(author: &str, score: Bson) -> Document {
 
 #[test]
 fn a_sum_moves_by_exactly_after_minus_before_in_every_transition() {
-    let ann = || PostId::Str("ann".into());
-    let bob = || PostId::Str("bob".into());
+    let ann = || GroupValue::Str("ann".into());
+    let bob = || GroupValue::Str("bob".into());
     let row = approved_row("ann", Bson::Int32(4));
     // Insert and hard delete: the value in, the value out.
     assert_eq!(
@@ -480,14 +480,14 @@ fn a_value_that_is_not_a_number_adds_nothing_and_is_a_bad_event() {
         c.problem
     );
     // It still counts where counts count (the row exists and is live).
-    assert_eq!(summed(&c).get(&key(0, PostId::Int(1))), Some(&Num::ONE));
+    assert_eq!(summed(&c).get(&key(0, GroupValue::Int(1))), Some(&Num::ONE));
     // Fixed later: the value goes in, and nothing comes out of the earlier 0.
     let fixed = approved_row("ann", Bson::Int32(4));
     let e = change(2, Some(&text), Some(&fixed), None, false);
     let ledger = Before::Known(Some(schema.read_existing_row(&text)));
     let c = classify(&e, ledger, Attribution::Ledger, &schema).unwrap();
     assert_eq!(
-        summed(&c).get(&key(4, PostId::Str("ann".into()))),
+        summed(&c).get(&key(4, GroupValue::Str("ann".into()))),
         Some(&Num::Int(4))
     );
     assert_eq!(c.problem, None);
@@ -541,12 +541,12 @@ fn a_condition_change_known_only_from_the_ledger_takes_the_looked_up_row() {
     assert_eq!(
         ints(summed(&c)),
         BTreeMap::from([
-            (key(1, PostId::Int(1)), 1),
-            (key(3, PostId::Int(1)), 1),
-            (key(4, PostId::Str("ann".into())), 5),
+            (key(1, GroupValue::Int(1)), 1),
+            (key(3, GroupValue::Int(1)), 1),
+            (key(4, GroupValue::Str("ann".into())), 5),
         ])
     );
-    assert!(c.dirty.contains(&key(3, PostId::Int(1))));
+    assert!(c.dirty.contains(&key(3, GroupValue::Int(1))));
 }
 
 #[test]

@@ -11,7 +11,7 @@ use bson::{doc, Bson, DateTime, Document};
 use counterd::core::batch::plan_batch;
 use counterd::core::classify::{classify, Attribution, Before, Classification};
 use counterd::core::event::{ChangeEvent, CommentId, Operation, Row};
-use counterd::core::key::PostId;
+use counterd::core::key::GroupValue;
 use counterd::core::lookup::{attach, rows_to_read};
 use counterd::core::schema::Schema;
 
@@ -182,7 +182,7 @@ fn a_row_inserted_earlier_in_the_batch_is_derived_from_the_insert() {
     assert_eq!(net, 0, "inserted and soft-deleted: {plan:?}");
     let gone = plan.ledger.last().unwrap().state.as_ref().unwrap();
     assert!(!gone.is_live());
-    assert_eq!(gone.post, Some(PostId::Str("post-1".into())));
+    assert_eq!(gone.post, Some(GroupValue::Str("post-1".into())));
 }
 
 #[test]

@@ -9,7 +9,7 @@ mod daemon;
 use std::sync::Arc;
 use std::time::Duration;
 
-use counterd::core::key::PostId;
+use counterd::core::key::GroupValue;
 use counterd::store::prelude::*;
 use counterd_testdb::{ServerKind, TestServer};
 use daemon::Daemon;
@@ -54,7 +54,7 @@ async fn kill_dash_nine_in_a_loop_leaves_every_counter_exact() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(20);
-    let posts: Vec<PostId> = (0..8).map(post).collect();
+    let posts: Vec<GroupValue> = (0..8).map(post).collect();
     // No reconcile during the test: the worker alone must be exact (ledger attribution).
     let quiet: &[(&str, &str)] = &[("COUNTERD_RECONCILE_INTERVAL", "1h")];
     let first = Daemon::start(&t.uri, &t.name, "killed", quiet);

@@ -8,7 +8,7 @@ mod daemon;
 
 use std::time::{Duration, Instant};
 
-use counterd::core::key::PostId;
+use counterd::core::key::GroupValue;
 use counterd::store::prelude::*;
 use daemon::Daemon;
 use mongodb::bson::doc;
@@ -85,7 +85,7 @@ async fn three_replicas_one_active_and_a_standby_takes_over_after_kill_9() {
         "took over within a few seconds of expiry"
     );
     writes.await.unwrap();
-    let posts: Vec<PostId> = (0..4).map(post).collect();
+    let posts: Vec<GroupValue> = (0..4).map(post).collect();
     t.wait_exact(&posts, Duration::from_secs(30)).await;
     assert_eq!(roles(&[&b, &c]).await, (1, 1));
     let lease = t.store.read_lease("comments").await.unwrap().unwrap();
@@ -132,7 +132,7 @@ async fn a_worker_paused_past_its_lease_is_fenced_out() {
         "a stepped down"
     );
     insert_some(&t, 40, 20).await;
-    let posts: Vec<PostId> = (0..4).map(post).collect();
+    let posts: Vec<GroupValue> = (0..4).map(post).collect();
     t.wait_exact(&posts, Duration::from_secs(30)).await;
     let lease = t.store.read_lease("comments").await.unwrap().unwrap();
     assert_eq!(lease.owner, "b");
@@ -181,7 +181,7 @@ async fn four_partitions_shared_by_two_processes_stay_exact() {
         "{owners:?}"
     );
     // Moves across posts (and so across partitions), soft and hard deletes.
-    let posts: Vec<PostId> = (0..12).map(post).collect();
+    let posts: Vec<GroupValue> = (0..12).map(post).collect();
     for i in 0..120 {
         t.insert_comment(format!("m{i}"), &posts[i % 12], now_secs() - 50)
             .await;
@@ -237,7 +237,7 @@ async fn four_partitions_shared_by_two_processes_stay_exact() {
         let mut cursor = ledger.find(doc! {}).await.unwrap();
         while let Some(entry) = futures::TryStreamExt::try_next(&mut cursor).await.unwrap() {
             entries += 1;
-            if let Some(post) = entry.get("post_id").and_then(PostId::from_bson) {
+            if let Some(post) = entry.get("post_id").and_then(GroupValue::from_bson) {
                 assert!(part.owns(&post), "partition {index} holds {entry}");
             }
         }

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use bson::{doc, DateTime, Document};
-use counterd::core::key::PostId;
+use counterd::core::key::GroupValue;
 use daemon::Daemon;
 use support::TestDb;
 
@@ -221,7 +221,7 @@ async fn counterd_run_catches_up_a_backlog_under_the_manifests_memory_limit() {
         Some(counterd::core::cost::budget_for_limit(Some(LIMIT), 1) as f64),
         "memory_budget = 0 derives the budget from the container's limit"
     );
-    let posts: Vec<PostId> = (0..POSTS).map(PostId::Int).collect();
+    let posts: Vec<GroupValue> = (0..POSTS).map(GroupValue::Int).collect();
     t.wait_exact(&posts, Duration::from_secs(60)).await;
     assert_eq!(cgroup.oom_kills(), 0, "never OOM-killed");
     eprintln!(

@@ -22,7 +22,7 @@ mod transcripts;
 use std::process::Command;
 use std::time::Duration;
 
-use counterd::core::key::PostId;
+use counterd::core::key::GroupValue;
 use counterd::store::prelude::*;
 use mongodb::bson::{doc, Document};
 use support::{eventually, now_secs, post, rfc3339, TestDb};
@@ -222,7 +222,7 @@ async fn adopt_an_existing_database_and_cut_over() {
     .await;
     // The application goes on writing: one new comment, counted by the stream.
     t.insert_comment("new1", &post(0), hour_ago).await;
-    let all: Vec<PostId> = (0..4).map(post).collect();
+    let all: Vec<GroupValue> = (0..4).map(post).collect();
     settled(&t, &all).await;
     session.check_block("adopt-snapshot-done");
     session.check_block("adopt-verify");
@@ -329,7 +329,7 @@ fn conflicting_reconcile_flags_are_refused() {
 #[tokio::test]
 async fn a_plain_id_is_the_post_that_exists() {
     let t = TestDb::new("seqplainid").await;
-    t.insert_comment("c1", &PostId::Str("123".into()), now_secs() - 3600)
+    t.insert_comment("c1", &GroupValue::Str("123".into()), now_secs() - 3600)
         .await;
     // No counter yet (no worker ran): `get` says it differs from the truth (exit 1).
     let o = counterd(&t, &["get", "123", "--json"]);

@@ -16,7 +16,7 @@ mod daemon;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use counterd::core::key::PostId;
+use counterd::core::key::GroupValue;
 use counterd::store::mongo::MongoStore;
 use counterd_testdb::{FaultProxy, Target};
 use daemon::Daemon;
@@ -37,7 +37,7 @@ counters_collection = "like_counters"
 
 const POSTS: usize = 3;
 
-fn posts() -> Vec<PostId> {
+fn posts() -> Vec<GroupValue> {
     (0..POSTS).map(post).collect()
 }
 

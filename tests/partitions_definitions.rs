@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use bson::{doc, Document};
 use counterd::core::definition::Definition;
 use counterd::core::key::CounterIx;
-use counterd::core::key::PostId;
+use counterd::core::key::GroupValue;
 use counterd::core::partition::stream_names;
 use counterd::store::prelude::*;
 use daemon::Daemon;
@@ -76,14 +76,15 @@ fn start(t: &TestDb, owner: &str, env: &[(String, String)]) -> Daemon {
     Daemon::start(&t.uri, &t.name, owner, &env)
 }
 
-fn author(n: i64) -> PostId {
-    PostId::Str(format!("a{n}"))
+fn author(n: i64) -> GroupValue {
+    GroupValue::Str(format!("a{n}"))
 }
 
 /// Groups whose counter differs from its count query: (definition, group, displayed, truth).
-async fn mismatches(t: &TestDb) -> Vec<(usize, PostId, i64, i64)> {
-    let mut groups: Vec<(CounterIx, PostId)> =
-        (0..POSTS).map(|p| (CounterIx(0), PostId::Int(p))).collect();
+async fn mismatches(t: &TestDb) -> Vec<(usize, GroupValue, i64, i64)> {
+    let mut groups: Vec<(CounterIx, GroupValue)> = (0..POSTS)
+        .map(|p| (CounterIx(0), GroupValue::Int(p)))
+        .collect();
     groups.extend((0..AUTHORS).map(|a| (CounterIx(1), author(a))));
     let mut wrong = Vec::new();
     for (ix, group) in groups {

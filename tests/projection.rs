@@ -250,7 +250,7 @@ fn project(stage: &Document, event: &Document) -> Document {
 fn befores() -> Vec<Before> {
     let row = |post: &str, deleted| Row {
         members: Vec::new(),
-        post: Some(counterd::core::key::PostId::Str(post.into())),
+        post: Some(counterd::core::key::GroupValue::Str(post.into())),
         created_at: Some(bson::DateTime::parse_rfc3339_str("2026-01-02T10:15:30.123Z").unwrap()),
         deleted,
     };
@@ -459,6 +459,6 @@ async fn the_test_server_projects_live_events() {
             .full_document
             .as_ref()
             .and_then(|d| schema.post_in(d)),
-        Some(counterd::core::key::PostId::Str("p1".into()))
+        Some(counterd::core::key::GroupValue::Str("p1".into()))
     );
 }

@@ -541,9 +541,9 @@ const REFERENCE_BLOCKS: &[&str] = &[
 /// and recounted them; the reference transcripts run beside it.
 #[tokio::test(flavor = "multi_thread")]
 async fn reference_transcripts_print_what_the_pages_show() {
-    use counterd::core::key::PostId;
+    use counterd::core::key::GroupValue;
     let t = support::TestDb::new("docsref").await;
-    let posts: Vec<PostId> = (1..=3).map(post).collect();
+    let posts: Vec<GroupValue> = (1..=3).map(post).collect();
     // Rows from an hour ago: settled, so a recount folds them at once.
     let hour_ago = support::now_secs() - 3600;
     recount_index(&t).await;
@@ -596,8 +596,9 @@ async fn reference_transcripts_print_what_the_pages_show() {
     assert_eq!(dirty_posts(&t).await, 1);
     session.check_block("commands-dirty");
     // An id with two readings: the integer 123 and the string "123" both have comments.
-    t.insert_comment("i123", &PostId::Int(123), hour_ago).await;
-    t.insert_comment("s123", &PostId::Str("123".into()), hour_ago)
+    t.insert_comment("i123", &GroupValue::Int(123), hour_ago)
+        .await;
+    t.insert_comment("s123", &GroupValue::Str("123".into()), hour_ago)
         .await;
     session.check_block("get-ambiguous");
 }

@@ -9,7 +9,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use counterd::core::key::PostId;
+use counterd::core::key::GroupValue;
 use counterd::core::num::Num;
 use counterd::reconcile::{ReconcileSettings, Reconciler};
 use counterd::store::mongo::MongoStore;
@@ -36,7 +36,7 @@ fn reconciler_on<S: Store>(store: Arc<S>) -> Reconciler<S> {
 }
 
 /// Rows an hour old (below any watermark), applied by a worker, then the worker stopped.
-async fn settled_posts(t: &TestDb, posts: usize, per_post: usize) -> Vec<PostId> {
+async fn settled_posts(t: &TestDb, posts: usize, per_post: usize) -> Vec<GroupValue> {
     let worker = t.spawn_worker(t.worker_settings()).await;
     let old = now_secs() - 3600;
     let mut n = 0;
@@ -46,7 +46,7 @@ async fn settled_posts(t: &TestDb, posts: usize, per_post: usize) -> Vec<PostId>
             n += 1;
         }
     }
-    let ids: Vec<PostId> = (0..posts).map(post).collect();
+    let ids: Vec<GroupValue> = (0..posts).map(post).collect();
     t.wait_exact(&ids, Duration::from_secs(30)).await;
     t.wait_drained(Duration::from_secs(30)).await;
     worker.shutdown().await.unwrap();
@@ -203,11 +203,11 @@ async fn a_group_read_finds_each_posts_rows_as_a_read_per_post_does() {
     ];
     t.comments.insert_many(rows).await.unwrap();
     let wanted = vec![
-        (PostId::Int(8), 200),
-        (PostId::Str("8".into()), 200),
-        (PostId::Str("x".into()), 1000),
-        (PostId::Int(9), 50),
-        (PostId::Int(404), 1000),
+        (GroupValue::Int(8), 200),
+        (GroupValue::Str("8".into()), 200),
+        (GroupValue::Str("x".into()), 1000),
+        (GroupValue::Int(9), 50),
+        (GroupValue::Int(404), 1000),
     ];
     let ids = |read: Vec<counterd::core::event::CommentId>| {
         let mut keys: Vec<Bson> = read.into_iter().map(|c| c.value).collect();
@@ -255,7 +255,7 @@ async fn only_dirty_posts_are_counted() {
     for chunk in docs.chunks(2000) {
         t.comments.insert_many(chunk.to_vec()).await.unwrap();
     }
-    let dirty: Vec<PostId> = (0..10_000).step_by(200).map(post).collect();
+    let dirty: Vec<GroupValue> = (0..10_000).step_by(200).map(post).collect();
     assert_eq!(dirty.len(), 50);
     let fence = Fence {
         stream: "comments".into(),
@@ -343,7 +343,7 @@ async fn posts_whose_rows_are_gone_go_to_zero() {
 #[tokio::test]
 async fn writers_racing_reconcile_lose_no_increment() {
     let t = TestDb::new("racing").await;
-    let posts: Vec<PostId> = (0..5).map(post).collect();
+    let posts: Vec<GroupValue> = (0..5).map(post).collect();
     let worker = t.spawn_worker(t.worker_settings()).await;
     let rec = Arc::new(reconciler(&t));
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
@@ -450,7 +450,7 @@ async fn a_change_in_flight_is_never_folded_in() {
 }
 
 /// Dirty marks for changes to settled rows of these posts.
-fn marks(posts: &[PostId]) -> Vec<counterd::core::batch::DirtyMark> {
+fn marks(posts: &[GroupValue]) -> Vec<counterd::core::batch::DirtyMark> {
     posts
         .iter()
         .cloned()
@@ -670,7 +670,7 @@ async fn servers_with_snapshot_reads_recount_at_the_counters_cluster_time() {
 async fn the_top_n_read_is_served_by_the_count_index() {
     let t = TestDb::new("topn").await;
     let worker = t.spawn_worker(t.worker_settings()).await;
-    let posts: Vec<PostId> = (0..8).map(post).collect();
+    let posts: Vec<GroupValue> = (0..8).map(post).collect();
     for (i, p) in posts.iter().enumerate() {
         for j in 0..=i {
             t.insert_comment(format!("t{i}-{j}"), p, now_secs() - 3600)

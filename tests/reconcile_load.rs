@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use counterd::clock::SystemClock;
-use counterd::core::key::PostId;
+use counterd::core::key::GroupValue;
 use counterd::reconcile::{self, schedule, Correction, ReconcileSettings, Reconciler};
 use counterd::recount::{CatchUp, Recounter};
 use mongodb::bson::{doc, DateTime, Document};
@@ -54,8 +54,8 @@ fn zipf() -> bool {
     std::env::var("COUNTERD_TEST_LOAD_ZIPF").is_ok_and(|v| v == "1")
 }
 
-fn post(i: usize) -> PostId {
-    PostId::Int(i as i64)
+fn post(i: usize) -> GroupValue {
+    GroupValue::Int(i as i64)
 }
 
 fn load_secs(var: &str, default: u64) -> u64 {
@@ -188,7 +188,7 @@ async fn hot_posts_fold_while_the_load_goes_on() {
 async fn run_load(name: &str, hot: bool, secs: u64) {
     let t = Arc::new(TestDb::new(name).await);
     let worker = t.spawn_worker(t.worker_settings()).await;
-    let posts: Vec<PostId> = (0..posts_n()).map(post).collect();
+    let posts: Vec<GroupValue> = (0..posts_n()).map(post).collect();
 
     // Existing comments, created 40 s to 2 h ago, applied by the worker.
     let mut rng = StdRng::seed_from_u64(5);
@@ -246,7 +246,7 @@ async fn run_load(name: &str, hot: bool, secs: u64) {
     // The daemon's reconcile passes (dirty posts, then a background step) every `every`
     // seconds at a fixed rate, keeping every correction (with when its run ended).
     let corrections: Arc<Mutex<Vec<Correction>>> = Arc::default();
-    let corrected_at: Arc<Mutex<BTreeMap<PostId, Instant>>> = Arc::default();
+    let corrected_at: Arc<Mutex<BTreeMap<GroupValue, Instant>>> = Arc::default();
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     let reconciles = {
         let (reconciler, corrections, stop_rx) =
@@ -285,8 +285,8 @@ async fn run_load(name: &str, hot: bool, secs: u64) {
 
     // Knock a counter off by hand every 4 s (each post at most once; in the hot variant the
     // hot posts first).
-    let injected: Arc<Mutex<BTreeMap<PostId, i64>>> = Arc::default();
-    let injected_at: Arc<Mutex<BTreeMap<PostId, Instant>>> = Arc::default();
+    let injected: Arc<Mutex<BTreeMap<GroupValue, i64>>> = Arc::default();
+    let injected_at: Arc<Mutex<BTreeMap<GroupValue, Instant>>> = Arc::default();
     let injector = {
         let (t, injected, stop_rx) = (t.clone(), injected.clone(), stop_rx.clone());
         let injected_at = injected_at.clone();
@@ -395,7 +395,7 @@ async fn run_load(name: &str, hot: bool, secs: u64) {
     let during_load = corrections.lock().unwrap().len();
     // How long each injection waited for its correction during the load (`None`: not
     // corrected before the load stopped).
-    let latencies: Vec<(PostId, Option<Duration>, Duration)> = {
+    let latencies: Vec<(GroupValue, Option<Duration>, Duration)> = {
         let (at, corrected) = (injected_at.lock().unwrap(), corrected_at.lock().unwrap());
         at.iter()
             .map(|(p, when)| {
@@ -427,7 +427,7 @@ async fn run_load(name: &str, hot: bool, secs: u64) {
     let worst = latencies.iter().filter_map(|(_, l, _)| *l).max();
     let hot_latencies: Vec<String> = latencies
         .iter()
-        .filter(|(p, _, _)| matches!(p, PostId::Int(i) if (*i as usize) < if zipf() { 10 } else { HOT }))
+        .filter(|(p, _, _)| matches!(p, GroupValue::Int(i) if (*i as usize) < if zipf() { 10 } else { HOT }))
         .map(|(p, l, _)| format!("{p}: {l:?}"))
         .collect();
     // Every change is covered by a fold within settle time + bucket width + 3 intervals (the
@@ -493,7 +493,7 @@ async fn run_load(name: &str, hot: bool, secs: u64) {
     }
 
     // Every correction is an injection, with its sign: no more, no less.
-    let mut reported: BTreeMap<PostId, i64> = BTreeMap::new();
+    let mut reported: BTreeMap<GroupValue, i64> = BTreeMap::new();
     for c in corrections.lock().unwrap().iter() {
         *reported.entry(c.post.clone()).or_default() += c.drift.as_i64();
     }

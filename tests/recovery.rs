@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use counterd::core::batch::PendingBatch;
 use counterd::core::classify::Attribution;
 use counterd::core::event::ChangeEvent;
-use counterd::core::key::PostId;
+use counterd::core::key::GroupValue;
 use counterd::core::schema::Schema;
 use counterd::store::mongo::{ConnectOptions, MongoStore};
 use counterd::store::prelude::*;
@@ -328,7 +328,7 @@ async fn restore(from: &mongodb::Database, to: &mongodb::Database) {
 async fn a_backup_restored_on_a_fresh_server_is_lost_history() {
     let name = "a_backup_restored_on_a_fresh_server_is_lost_history";
     let t = TestDb::new("restored").await;
-    let posts: Vec<PostId> = (0..5).map(post).collect();
+    let posts: Vec<GroupValue> = (0..5).map(post).collect();
     let d = Daemon::start(&t.uri, &t.name, "restored0", &[]);
     assert!(d.wait_role("active", Duration::from_secs(20)).await);
     for i in 0..30 {

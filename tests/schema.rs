@@ -8,7 +8,7 @@ mod support;
 
 use std::time::Duration;
 
-use counterd::core::key::PostId;
+use counterd::core::key::GroupValue;
 use counterd::core::schema::{Schema, SoftDelete};
 use counterd::reconcile::{ReconcileSettings, Reconciler};
 use counterd::store::prelude::*;
@@ -17,8 +17,8 @@ use support::{now_secs, TestDb};
 
 const POSTS: i64 = 4;
 
-fn post(i: i64) -> PostId {
-    PostId::Int(i)
+fn post(i: i64) -> GroupValue {
+    GroupValue::Int(i)
 }
 
 /// Inserts, soft deletes, undeletes, moves, hard deletes, rows born deleted and a row without a
@@ -26,7 +26,7 @@ fn post(i: i64) -> PostId {
 async fn every_event_kind_is_counted(t: TestDb) {
     let schema = t.schema.clone();
     let worker = t.spawn_worker(t.worker_settings()).await;
-    let posts: Vec<PostId> = (0..POSTS).map(post).collect();
+    let posts: Vec<GroupValue> = (0..POSTS).map(post).collect();
     let old = DateTime::from_millis((now_secs() - 3600) * 1000);
     let new = DateTime::from_millis(now_secs() * 1000);
     for i in 0..40_i64 {
@@ -72,7 +72,7 @@ async fn every_event_kind_is_counted(t: TestDb) {
     };
     for d in &docs {
         let row = schema.read_existing_row(d);
-        if let Some(PostId::Int(p)) = row.counted_post() {
+        if let Some(GroupValue::Int(p)) = row.counted_post() {
             expected[*p as usize] += 1;
         }
     }

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use bson::{doc, Bson, DateTime, Document};
 use counterd::core::key::CounterIx;
-use counterd::core::key::PostId;
+use counterd::core::key::GroupValue;
 use counterd::store::prelude::*;
 use daemon::Daemon;
 use rand::rngs::StdRng;
@@ -41,29 +41,29 @@ collection = "approved_counters"
 const POSTS: i64 = 12;
 const AUTHORS: i64 = 5;
 
-fn author(n: i64) -> PostId {
-    PostId::Str(format!("a{n}"))
+fn author(n: i64) -> GroupValue {
+    GroupValue::Str(format!("a{n}"))
 }
 
 /// Every group of every definition the writer can touch: (definition, group).
-fn groups() -> Vec<(CounterIx, PostId)> {
-    let posts = (0..POSTS).map(PostId::Int);
-    let mut all: Vec<(CounterIx, PostId)> = posts.clone().map(|p| (CounterIx(0), p)).collect();
+fn groups() -> Vec<(CounterIx, GroupValue)> {
+    let posts = (0..POSTS).map(GroupValue::Int);
+    let mut all: Vec<(CounterIx, GroupValue)> = posts.clone().map(|p| (CounterIx(0), p)).collect();
     all.extend((0..AUTHORS).map(|a| (CounterIx(1), author(a))));
     all.extend(posts.map(|p| (CounterIx(2), p)));
     all
 }
 
 /// Groups whose counter differs from its count query: (definition, group, displayed, truth).
-async fn mismatches(t: &TestDb) -> Vec<(usize, PostId, i64, i64)> {
+async fn mismatches(t: &TestDb) -> Vec<(usize, GroupValue, i64, i64)> {
     mismatches_in(&t.store, groups()).await
 }
 
 /// [`mismatches`] among `groups` of the source `store` reads.
 async fn mismatches_in(
     store: &counterd::store::mongo::MongoStore,
-    groups: Vec<(CounterIx, PostId)>,
-) -> Vec<(usize, PostId, i64, i64)> {
+    groups: Vec<(CounterIx, GroupValue)>,
+) -> Vec<(usize, GroupValue, i64, i64)> {
     let mut wrong = Vec::new();
     for (ix, group) in groups {
         let view = store.for_counter(ix);
@@ -156,7 +156,7 @@ impl Writer {
 
 /// Adds `k` to a counter by hand (`base_count` and `count`, as an operator's edit would), for
 /// the definition `ix`'s group.
-async fn inject(t: &TestDb, collection: &str, group: &PostId, k: i64) {
+async fn inject(t: &TestDb, collection: &str, group: &GroupValue, k: i64) {
     let hit =
         t.db.collection::<Document>(collection)
             .update_one(
@@ -191,9 +191,9 @@ async fn three_definitions_stay_exact_and_their_drift_is_corrected_per_counter()
 
     // Drift in each definition's counters, then more writes (which dirty those groups too).
     let hit = [
-        ("comment_counters", "default", PostId::Int(3), 4),
+        ("comment_counters", "default", GroupValue::Int(3), 4),
         ("author_counters", "per_author", author(2), -3),
-        ("approved_counters", "approved", PostId::Int(5), 2),
+        ("approved_counters", "approved", GroupValue::Int(5), 2),
     ];
     for (collection, _, group, k) in &hit {
         inject(&t, collection, group, *k).await;
@@ -233,8 +233,8 @@ async fn three_definitions_stay_exact_and_their_drift_is_corrected_per_counter()
     t.wait_caught_up(Duration::from_secs(30)).await;
     for (counter, ix, group) in [
         ("per_author", 1, author(2)),
-        ("approved", 2, PostId::Int(5)),
-        ("default", 0, PostId::Int(3)),
+        ("approved", 2, GroupValue::Int(5)),
+        ("default", 0, GroupValue::Int(3)),
     ] {
         let shown = group.to_string();
         // `get` compares only at a point the worker has caught up to; a loaded machine can
@@ -312,7 +312,7 @@ async fn a_single_definition_database_keeps_working_when_counters_are_added() {
     let mut writer = Writer::new(7);
     writer.burst(&t, 80).await;
     t.wait_caught_up(Duration::from_secs(30)).await;
-    let posts: Vec<PostId> = (0..POSTS).map(PostId::Int).collect();
+    let posts: Vec<GroupValue> = (0..POSTS).map(GroupValue::Int).collect();
     t.wait_exact(&posts, Duration::from_secs(30)).await;
     let old_counters = ids(&t, "comment_counters", doc! {}).await;
     assert_eq!(before.terminate(), Some(0));
@@ -438,7 +438,7 @@ async fn a_sweep_by_hand_covers_every_definition_before_it_clears_the_request() 
     // Drift in one counter of every definition, and a sweep requested (as after lost history).
     for collection in ["comment_counters", "author_counters", "approved_counters"] {
         let first = ids(&t, collection, doc! {}).await;
-        let group = PostId::from_bson(&first[0]).unwrap();
+        let group = GroupValue::from_bson(&first[0]).unwrap();
         inject(&t, collection, &group, 3).await;
     }
     t.store.set_sweep_requested("comments", true).await.unwrap();
@@ -446,8 +446,9 @@ async fn a_sweep_by_hand_covers_every_definition_before_it_clears_the_request() 
         let c = t.store.load_checkpoint("comments").await.unwrap().unwrap();
         c.sweep_requested
     };
-    let wrong_in =
-        |wrong: &[(usize, PostId, i64, i64)], ix: usize| wrong.iter().filter(|w| w.0 == ix).count();
+    let wrong_in = |wrong: &[(usize, GroupValue, i64, i64)], ix: usize| {
+        wrong.iter().filter(|w| w.0 == ix).count()
+    };
 
     // One definition by hand: its drift is corrected; the request stays for the others.
     let o = t.counterd_with(
@@ -521,10 +522,11 @@ async fn likes_store(t: &TestDb) -> counterd::store::mongo::MongoStore {
 /// (definition, group, displayed, truth).
 async fn likes_mismatches(
     likes: &counterd::store::mongo::MongoStore,
-) -> Vec<(usize, PostId, i64, i64)> {
-    let mut groups: Vec<(CounterIx, PostId)> =
-        (0..POSTS).map(|p| (CounterIx(0), PostId::Int(p))).collect();
-    groups.extend((0..USERS).map(|u| (CounterIx(1), PostId::Str(format!("u{u}")))));
+) -> Vec<(usize, GroupValue, i64, i64)> {
+    let mut groups: Vec<(CounterIx, GroupValue)> = (0..POSTS)
+        .map(|p| (CounterIx(0), GroupValue::Int(p)))
+        .collect();
+    groups.extend((0..USERS).map(|u| (CounterIx(1), GroupValue::Str(format!("u{u}")))));
     mismatches_in(likes, groups).await
 }
 
@@ -623,7 +625,7 @@ async fn a_second_source_collection_is_counted_beside_the_comments() {
         .await
         .unwrap();
     support::caught_up_on(&likes, "likes", Duration::from_secs(30)).await;
-    inject(&t, "like_counters", &PostId::Int(2), 5).await;
+    inject(&t, "like_counters", &GroupValue::Int(2), 5).await;
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         // One more like on the post, so that it is dirty after the injection.

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use counterd::config::InitialSnapshot;
-use counterd::core::key::PostId;
+use counterd::core::key::GroupValue;
 use counterd::snapshot::SnapshotSettings;
 use counterd::store::prelude::*;
 use counterd::store::{SnapshotProgress, SnapshotState};
@@ -30,8 +30,8 @@ const POSTS: i64 = 1_000;
 /// writers (as time-ordered ObjectIds of two application servers would be).
 const NEW_IDS: i64 = 1_000_000;
 
-fn post(i: i64) -> PostId {
-    PostId::Int(i)
+fn post(i: i64) -> GroupValue {
+    GroupValue::Int(i)
 }
 
 /// 10 000 comments over 1 000 posts, a tenth of them soft-deleted, created over the past day.
@@ -124,7 +124,7 @@ const NO_RECONCILE: [(&str, &str); 5] = [
 async fn an_existing_collection_is_counted_under_writes_and_a_kill_resumes_from_the_last_chunk() {
     let t = Arc::new(TestDb::new("snapshot").await);
     seed(&t).await;
-    let all: Vec<PostId> = (0..POSTS).map(post).collect();
+    let all: Vec<GroupValue> = (0..POSTS).map(post).collect();
 
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     let writers: Vec<_> = (0..2)
@@ -226,7 +226,7 @@ async fn an_existing_collection_is_counted_under_writes_and_a_kill_resumes_from_
 async fn folds_wait_for_the_snapshot_and_never_count_a_row_twice() {
     let t = Arc::new(TestDb::new("snapfold").await);
     seed(&t).await;
-    let all: Vec<PostId> = (0..POSTS).map(post).collect();
+    let all: Vec<GroupValue> = (0..POSTS).map(post).collect();
     // A slow snapshot with reconciles every second: every dirty post waits for it.
     let settings = [
         ("COUNTERD_OPERATION_TIMEOUT", "30s"),
@@ -294,7 +294,7 @@ async fn counterd_snapshot_takes_it_by_hand_and_refuses_a_stream_that_already_co
             .unwrap();
     }
     support::next_second().await;
-    let all: Vec<PostId> = (0..30).map(post).collect();
+    let all: Vec<GroupValue> = (0..30).map(post).collect();
     let o = counterd(&t, &["snapshot"]);
     assert!(o.status.success(), "{}", output_text(&o));
     assert!(

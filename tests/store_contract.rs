@@ -13,7 +13,7 @@ use counterd::core::batch::PendingBatch;
 use counterd::core::event::LedgerUpdate;
 use counterd::core::event::{CommentId, Row, Token};
 use counterd::core::fold::Fold;
-use counterd::core::key::PostId;
+use counterd::core::key::GroupValue;
 use counterd::core::num::Num;
 use counterd::core::window::{LedgerAt, LOG_ENTRIES};
 use counterd::store::prelude::*;
@@ -32,8 +32,8 @@ fn token(n: u32) -> Token {
     Token(format!("82{n:08X}"))
 }
 
-fn post(n: i64) -> PostId {
-    PostId::Int(n)
+fn post(n: i64) -> GroupValue {
+    GroupValue::Int(n)
 }
 
 fn delta(p: i64, d: i64) -> CounterDelta {
@@ -476,14 +476,14 @@ async fn a_view_counts_its_definitions_rows<S: Store>(store: &S) {
         store.for_counter(CounterIx(1)),
         store.for_counter(CounterIx(2)),
     );
-    let ann = PostId::Str("ann".into());
+    let ann = GroupValue::Str("ann".into());
     assert_eq!(store.count_live(&post(1)).await.unwrap(), 2);
     assert_eq!(approved.count_live(&post(1)).await.unwrap(), 1);
     assert_eq!(approved.count_live(&post(2)).await.unwrap(), 1);
     assert_eq!(by_author.count_live(&ann).await.unwrap(), 3);
     assert_eq!(
         by_author
-            .count_live(&PostId::Str("bob".into()))
+            .count_live(&GroupValue::Str("bob".into()))
             .await
             .unwrap(),
         1
@@ -495,7 +495,7 @@ async fn a_view_counts_its_definitions_rows<S: Store>(store: &S) {
     assert_eq!(by_author.rows_of_post(&ann).await.unwrap().len(), 3);
     assert_eq!(by_author.latest_created(&ann).await.unwrap(), Some(1));
     let groups = by_author.posts_after(None, 10).await.unwrap();
-    assert_eq!(groups, [ann, PostId::Str("bob".into())]);
+    assert_eq!(groups, [ann, GroupValue::Str("bob".into())]);
 }
 
 #[tokio::test]
@@ -738,7 +738,7 @@ async fn ledger_keeps_every_definitions_verdict<S: Store>(store: &S) {
     let mut state = row(1);
     state.members = vec![
         Member::counting(Some(post(1)), false),
-        Member::counting(Some(PostId::Str("ann".into())), true),
+        Member::counting(Some(GroupValue::Str("ann".into())), true),
     ];
     store
         .write_ledger(&f, &[update(1, Some(state.clone()))], &token(10), 0)
@@ -976,8 +976,8 @@ async fn a_sum_and_its_row_count_share_a_document<S: Store>(store: &S) {
         store.for_counter(CounterIx(1)),
         store.for_counter(CounterIx(2)),
     );
-    let ann = PostId::Str("ann".into());
-    let bob = PostId::Str("bob".into());
+    let ann = GroupValue::Str("ann".into());
+    let bob = GroupValue::Str("bob".into());
     let write = |ix: usize, d: Num| CounterDelta {
         counter: CounterIx(ix),
         post: ann.clone(),
@@ -998,7 +998,7 @@ async fn a_sum_and_its_row_count_share_a_document<S: Store>(store: &S) {
         .await
         .unwrap();
     assert_eq!(again.already_applied, 2, "each part keeps its own guard");
-    async fn shown<S: Store>(s: &S, p: &PostId) -> Option<Num> {
+    async fn shown<S: Store>(s: &S, p: &GroupValue) -> Option<Num> {
         s.read_counter(p).await.unwrap().map(|c| c.shown())
     }
     assert_eq!(shown(&sum, &ann).await, Some(Num::Double(4.5)));
@@ -1095,7 +1095,7 @@ async fn a_sum_and_its_row_count_share_a_document_in_memory() {
 async fn a_counter_several_partitions_write_guards_each_writer<S: Store>(store: &S) {
     use counterd::core::key::CounterIx;
     let by_author = store.for_counter(CounterIx(2));
-    let ann = PostId::Str("ann".into());
+    let ann = GroupValue::Str("ann".into());
     let of_ann = |d: i64| CounterDelta {
         counter: CounterIx(2),
         post: ann.clone(),

@@ -9,7 +9,7 @@ use counterd::core::batch::CounterDelta;
 use counterd::core::batch::PendingBatch;
 use counterd::core::event::LedgerUpdate;
 use counterd::core::event::{CommentId, Row, Token};
-use counterd::core::key::PostId;
+use counterd::core::key::GroupValue;
 use counterd::store::counting::Concern;
 use counterd::store::prelude::*;
 use counterd::store::{DirtyOrder, Fence};
@@ -71,7 +71,7 @@ async fn writer(t: &TestDb, writer: usize, ops: usize, posts: usize, seed: u64) 
 #[tokio::test]
 async fn concurrent_writers_leave_every_counter_exact_without_reconcile() {
     let t = TestDb::new("writers").await;
-    let posts: Vec<PostId> = (0..12).map(post).collect();
+    let posts: Vec<GroupValue> = (0..12).map(post).collect();
     let worker = t.spawn_worker(t.worker_settings()).await;
     let writers = (0..4).map(|w| writer(&t, w, 150, posts.len(), 7 + w as u64));
     futures::future::join_all(writers).await;
@@ -118,7 +118,7 @@ async fn untouched_posts_are_not_dirty() {
 #[tokio::test]
 async fn restart_and_deliberate_replay_never_count_twice() {
     let t = TestDb::new("replay").await;
-    let posts: Vec<PostId> = (0..5).map(post).collect();
+    let posts: Vec<GroupValue> = (0..5).map(post).collect();
     let worker = t.spawn_worker(t.worker_settings()).await;
     writer(&t, 0, 120, posts.len(), 1).await;
     t.wait_exact(&posts, Duration::from_secs(30)).await;
@@ -539,7 +539,7 @@ async fn a_carry_left_in_flight_is_written_once_by_the_next_start() {
 #[tokio::test]
 async fn a_hot_post_collapses_into_few_counter_writes() {
     let t = TestDb::new("zipf").await;
-    let posts: Vec<PostId> = (0..50).map(post).collect();
+    let posts: Vec<GroupValue> = (0..50).map(post).collect();
     let mut settings = t.worker_settings();
     settings.max_batch_wait = Duration::from_millis(300);
     let counted = t.counted();
@@ -648,7 +648,7 @@ async fn integral_doubles_count_on_their_integers_counter() {
             .await
             .unwrap();
     }
-    let eight = PostId::Int(8);
+    let eight = GroupValue::Int(8);
     t.wait_exact(std::slice::from_ref(&eight), Duration::from_secs(20))
         .await;
     assert_eq!(
@@ -730,8 +730,8 @@ async fn worker_and_recount_agree_on_every_shape_of_post_id() {
         .update_one(doc! {"_id": 100_i64}, doc! {"$set": {"post_id": {"id": 8}}})
         .await
         .unwrap();
-    let eight = PostId::Int(8);
-    let text = PostId::Str("8".into());
+    let eight = GroupValue::Int(8);
+    let text = GroupValue::Str("8".into());
     // Int32, Int64 and the integral Double 8 count for post 8 (MongoDB's equality), "8" for
     // post "8"; nothing else counts.
     assert_eq!(t.truth(&eight).await, 3, "the recount's definition");

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use crate::cli::exit::UsageError;
 use crate::cli::{connect, observe, print_json, rfc3339};
 use crate::config::Settings;
-use crate::core::key::PostId;
+use crate::core::key::GroupValue;
 use crate::outln;
 use crate::store::prelude::*;
 
@@ -169,12 +169,12 @@ fn exit_code(differs: bool, waits_for_snapshot: bool) -> ExitCode {
 
 /// The readings of a post id as typed: `int:`, `str:` and `oid:` name one type; a plain id
 /// that reads as a number (or as 24 hex digits) may also be the string of those characters.
-pub fn readings(text: &str) -> Vec<PostId> {
+pub fn readings(text: &str) -> Vec<GroupValue> {
     if ["int:", "str:", "oid:"].iter().any(|p| text.starts_with(p)) {
-        return vec![PostId::parse(text)];
+        return vec![GroupValue::parse(text)];
     }
-    let first = PostId::parse(text);
-    let string = PostId::Str(text.to_string());
+    let first = GroupValue::parse(text);
+    let string = GroupValue::Str(text.to_string());
     if first == string {
         vec![first]
     } else {
@@ -183,11 +183,11 @@ pub fn readings(text: &str) -> Vec<PostId> {
 }
 
 /// How a reading is written with its type prefix, for the refusal's suggestion.
-fn typed(post: &PostId) -> String {
+fn typed(post: &GroupValue) -> String {
     match post {
-        PostId::Int(i) => format!("int:{i}"),
-        PostId::Str(s) => format!("str:{s}"),
-        PostId::Oid(o) => format!("oid:{o}"),
+        GroupValue::Int(i) => format!("int:{i}"),
+        GroupValue::Str(s) => format!("str:{s}"),
+        GroupValue::Oid(o) => format!("oid:{o}"),
     }
 }
 
@@ -197,7 +197,7 @@ fn typed(post: &PostId) -> String {
 async fn resolve_post(
     store: &crate::store::mongo::MongoStore,
     text: &str,
-) -> anyhow::Result<PostId> {
+) -> anyhow::Result<GroupValue> {
     let readings = readings(text);
     if readings.len() == 1 {
         return Ok(readings[0].clone());
@@ -232,11 +232,11 @@ mod tests {
     fn a_plain_id_has_every_reading_its_characters_allow() {
         assert_eq!(
             readings("123"),
-            [PostId::Int(123), PostId::Str("123".into())]
+            [GroupValue::Int(123), GroupValue::Str("123".into())]
         );
-        assert_eq!(readings("abc"), [PostId::Str("abc".into())]);
-        assert_eq!(readings("str:123"), [PostId::Str("123".into())]);
-        assert_eq!(readings("int:123"), [PostId::Int(123)]);
+        assert_eq!(readings("abc"), [GroupValue::Str("abc".into())]);
+        assert_eq!(readings("str:123"), [GroupValue::Str("123".into())]);
+        assert_eq!(readings("int:123"), [GroupValue::Int(123)]);
         let hex = "65f1c0f2a1b2c3d4e5f60718";
         assert_eq!(readings(hex).len(), 2);
         assert_eq!(typed(&readings(hex)[0]), format!("oid:{hex}"));

@@ -283,7 +283,7 @@ pub async fn still_ours(
 pub async fn marks_in_flight(
     settings: &Settings,
     store: &MongoStore,
-) -> crate::store::StoreResult<std::collections::BTreeSet<crate::core::key::PostId>> {
+) -> crate::store::StoreResult<std::collections::BTreeSet<crate::core::key::GroupValue>> {
     let mut posts = std::collections::BTreeSet::new();
     for (stream, _) in
         crate::core::partition::stream_names(&settings.stream_name, settings.partitions)
@@ -311,7 +311,7 @@ pub async fn marks_in_flight(
 pub async fn observe(
     settings: &Settings,
     store: &Arc<MongoStore>,
-    posts: &[crate::core::key::PostId],
+    posts: &[crate::core::key::GroupValue],
 ) -> anyhow::Result<Vec<crate::recount::Observation>> {
     let mut out = Vec::with_capacity(posts.len());
     for (stream, partition) in

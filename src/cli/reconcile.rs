@@ -6,7 +6,7 @@ use crate::cli::exit::NotYet;
 use crate::cli::{connect, print_json};
 use crate::config::InitialSnapshot;
 use crate::config::Settings;
-use crate::core::key::PostId;
+use crate::core::key::GroupValue;
 use crate::core::partition::stream_names;
 use crate::outln;
 use crate::reconcile::{ReconcileSettings, Reconciler, RunReport};
@@ -71,7 +71,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     let settings_for = ReconcileSettings::from(&settings).for_counter(counter, args.counter.name());
     let reconciler = Reconciler::new(store, settings_for);
     let report = if let Some(post) = &args.post {
-        reconciler.run_post(&PostId::parse(post), now).await?
+        reconciler.run_post(&GroupValue::parse(post), now).await?
     } else if args.sweep {
         reconciler
             .sweep(

@@ -15,7 +15,7 @@ use crate::core::classify::{
     classify, After, Attribution, Before, Classification, Problem, Source, StreamEnded,
 };
 use crate::core::event::{ChangeEvent, CommentId, LedgerUpdate, Operation, Row, Token};
-use crate::core::key::PostId;
+use crate::core::key::GroupValue;
 use crate::core::key::{CounterIx, CounterKey};
 use crate::core::num::Num;
 use crate::core::partition::Partition;
@@ -27,7 +27,7 @@ pub struct CounterDelta {
     /// Which definition's counter (its collection): the default for posts.
     pub counter: CounterIx,
     /// The counter's group key (for the default definition, the post).
-    pub post: PostId,
+    pub post: GroupValue,
     /// Whole rows for a count, the field's units for a sum ([`Num`]'s rules).
     pub delta: Num,
     /// Non-zero amounts per bucket; they sum to `delta`.
@@ -54,7 +54,7 @@ pub struct CounterDelta {
 #[derive(Clone, Debug, PartialEq)]
 pub struct CounterWrite {
     pub counter: CounterIx,
-    pub post: PostId,
+    pub post: GroupValue,
     pub delta: Num,
     /// Non-zero amounts per bucket; they sum to `delta`.
     pub buckets: BTreeMap<BucketStart, Num>,
@@ -95,13 +95,13 @@ pub struct DirtyMark {
     /// Which definition's counter.
     pub counter: CounterIx,
     /// The counter's group key (for the default definition, the post).
-    pub post: PostId,
+    pub post: GroupValue,
     pub newest_bucket: BucketStart,
 }
 
 impl DirtyMark {
     /// A mark for a change to rows below every watermark (bucket 0): any fold covers it.
-    pub fn settled(post: PostId) -> DirtyMark {
+    pub fn settled(post: GroupValue) -> DirtyMark {
         DirtyMark {
             counter: CounterIx::DEFAULT,
             post,

@@ -43,7 +43,7 @@ use crate::core::batch::{CounterDelta, CounterWrite, DirtyMark};
 use crate::core::cost;
 use crate::core::event::{CommentId, Token};
 use crate::core::key::CounterIx;
-use crate::core::key::PostId;
+use crate::core::key::GroupValue;
 use crate::core::num::Num;
 use crate::core::time::BucketStart;
 use crate::core::window::LOG_COMMENTS;
@@ -55,7 +55,7 @@ pub struct Carry {
     /// The ends of the batches merged into `merged`, oldest first (a batch's index here names
     /// it in [`Merged`]).
     ends: Vec<(Token, Option<Timestamp>)>,
-    merged: BTreeMap<(CounterIx, PostId), Merged>,
+    merged: BTreeMap<(CounterIx, GroupValue), Merged>,
     /// Some batch's counters are stored under the carry's id: once written, the stored
     /// copies are cleared.
     stored: bool,
@@ -206,7 +206,7 @@ impl Carry {
     }
 
     /// The merged entry of a counter, made (and charged) when it is new.
-    fn entry(&mut self, counter: CounterIx, post: PostId) -> &mut Merged {
+    fn entry(&mut self, counter: CounterIx, post: GroupValue) -> &mut Merged {
         match self.merged.entry((counter, post)) {
             std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::btree_map::Entry::Vacant(e) => {
@@ -318,7 +318,7 @@ mod tests {
     fn delta(post: i64, buckets: &[(BucketStart, i64)], rows: &[i32]) -> CounterDelta {
         CounterDelta {
             counter: CounterIx::DEFAULT,
-            post: PostId::Int(post),
+            post: GroupValue::Int(post),
             delta: Num::Int(buckets.iter().map(|(_, a)| a).sum()),
             buckets: buckets
                 .iter()
@@ -335,7 +335,7 @@ mod tests {
     fn written_one_by_one(batches: &[(Token, Vec<CounterDelta>)], post: i64) -> CounterWrite {
         let mut out: Option<CounterWrite> = None;
         for (end, deltas) in batches {
-            for d in deltas.iter().filter(|d| d.post == PostId::Int(post)) {
+            for d in deltas.iter().filter(|d| d.post == GroupValue::Int(post)) {
                 let w = CounterWrite::of_batch(
                     d,
                     end,
@@ -522,7 +522,7 @@ mod tests {
     fn mark(post: i64, newest_bucket: BucketStart) -> DirtyMark {
         DirtyMark {
             counter: CounterIx::DEFAULT,
-            post: PostId::Int(post),
+            post: GroupValue::Int(post),
             newest_bucket,
         }
     }

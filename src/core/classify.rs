@@ -16,7 +16,7 @@ use bson::{DateTime, Document};
 use serde::{Deserialize, Serialize};
 
 use crate::core::event::{ChangeEvent, Operation, Row, RowRead, Token, UpdateSummary};
-use crate::core::key::PostId;
+use crate::core::key::GroupValue;
 use crate::core::key::{CounterIx, CounterKey};
 use crate::core::num::Num;
 use crate::core::schema::Schema;
@@ -75,7 +75,7 @@ pub struct Delta {
     /// Which definition's counter (the default: posts).
     pub counter: CounterIx,
     /// The counter's group key (for the default definition, the post).
-    pub post: PostId,
+    pub post: GroupValue,
     pub created_at: Option<DateTime>,
     /// What the counter gains (negative: loses): whole rows for a count, the field's units
     /// for a sum.
@@ -593,7 +593,7 @@ fn push_unique(list: &mut Vec<CounterKey>, key: Option<CounterKey>) {
 }
 
 /// The default definition's counter of `post`.
-fn default_key(post: PostId) -> CounterKey {
+fn default_key(post: GroupValue) -> CounterKey {
     CounterKey {
         counter: CounterIx::DEFAULT,
         group: post,

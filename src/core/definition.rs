@@ -22,7 +22,7 @@ use std::fmt;
 use bson::{Bson, Document};
 
 use crate::core::condition::Condition;
-use crate::core::key::{value_at, CounterIx, Member, PostId};
+use crate::core::key::{value_at, CounterIx, GroupValue, Member};
 use crate::core::num::Num;
 
 /// The name of the definition built from today's settings (`group_field`,
@@ -108,7 +108,7 @@ impl Definition {
             Some(field) => amount_of(value_at(doc, field)),
         };
         Member {
-            group: value_at(doc, &self.group).and_then(PostId::from_bson),
+            group: value_at(doc, &self.group).and_then(GroupValue::from_bson),
             matches: self.condition.matches(doc),
             amount,
             not_a_number,
@@ -131,7 +131,7 @@ impl Definition {
     /// field equal to the key and the condition (soft deletes and creation times are the
     /// schema's, added by the caller). Built from the same [`Condition`] the classifier
     /// evaluates, so a recount and the stream agree on every row.
-    pub fn filter(&self, group: &PostId) -> Document {
+    pub fn filter(&self, group: &GroupValue) -> Document {
         let mut filter = Document::new();
         filter.insert(self.group.clone(), group.to_bson());
         if self.condition.is_empty() {
@@ -239,8 +239,8 @@ mod tests {
     fn a_member_needs_a_group_the_condition_and_no_soft_delete() {
         let d = approved();
         let m = d.member(&doc! {"post_id": 8.0, "approved": true});
-        assert_eq!(m.group, Some(PostId::Int(8)));
-        assert_eq!(m.counts(false), Some(&PostId::Int(8)));
+        assert_eq!(m.group, Some(GroupValue::Int(8)));
+        assert_eq!(m.counts(false), Some(&GroupValue::Int(8)));
         assert_eq!(m.counts(true), None, "soft-deleted rows count nowhere");
         let m = d.member(&doc! {"post_id": 8, "approved": false});
         assert_eq!(m.counts(false), None);
@@ -252,14 +252,14 @@ mod tests {
     fn the_filter_selects_the_group_and_the_condition() {
         let d = approved();
         assert_eq!(
-            d.filter(&PostId::Int(3)),
+            d.filter(&GroupValue::Int(3)),
             doc! {"$and": [{"post_id": 3_i64}, {"$and": [{"approved": {"$eq": true}}]}]}
         );
         let plain = Definition {
             condition: Condition::default(),
             ..approved()
         };
-        assert_eq!(plain.filter(&PostId::Int(3)), doc! {"post_id": 3_i64});
+        assert_eq!(plain.filter(&GroupValue::Int(3)), doc! {"post_id": 3_i64});
     }
 
     #[test]

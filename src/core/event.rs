@@ -12,7 +12,7 @@ use std::fmt;
 use bson::{Bson, DateTime, Document, Timestamp};
 use serde::{Deserialize, Serialize};
 
-use crate::core::key::{CounterIx, Member, PostId};
+use crate::core::key::{CounterIx, GroupValue, Member};
 use crate::core::num::Num;
 use crate::core::txn::TxnKey;
 
@@ -85,7 +85,7 @@ pub struct Row {
     /// `None` when the row has no usable post id in its group field (none at all, or of a type
     /// that cannot be a post id): the row exists but does not count. Its other fields are still known, so a
     /// later update that gives it a post is derived exactly.
-    pub post: Option<PostId>,
+    pub post: Option<GroupValue>,
     /// `None` when the row has no creation date: filed under the oldest bucket.
     pub created_at: Option<DateTime>,
     /// Soft-deleted, by the schema's rule ([`crate::core::schema::SoftDelete`]).
@@ -102,7 +102,7 @@ pub struct Row {
 impl Row {
     /// The group the row counts in for definition `counter`, if it counts there (see
     /// [`Member::counts`]; the default definition's group is `post`, without condition).
-    pub fn counted_in(&self, counter: CounterIx) -> Option<&PostId> {
+    pub fn counted_in(&self, counter: CounterIx) -> Option<&GroupValue> {
         match counter.0 {
             0 => self.counted_post(),
             i => self.members.get(i - 1)?.counts(self.deleted),
@@ -111,7 +111,7 @@ impl Row {
 
     /// The group the row counts in for definition `counter` and what it adds there: 1 for a
     /// count (the default is one), the summed field's value for a sum.
-    pub fn contribution(&self, counter: CounterIx) -> Option<(&PostId, Num)> {
+    pub fn contribution(&self, counter: CounterIx) -> Option<(&GroupValue, Num)> {
         match counter.0 {
             0 => self.counted_post().map(|p| (p, Num::ONE)),
             i => {
@@ -122,7 +122,7 @@ impl Row {
     }
 
     /// The row's group key for definition `counter`, counted or not (a post to mark dirty).
-    pub fn group_in(&self, counter: CounterIx) -> Option<&PostId> {
+    pub fn group_in(&self, counter: CounterIx) -> Option<&GroupValue> {
         match counter.0 {
             0 => self.post.as_ref(),
             i => self.members.get(i - 1)?.group.as_ref(),
@@ -151,7 +151,7 @@ impl Row {
     }
 
     /// The post the row counts for: a row counts when it has a post and is not soft-deleted.
-    pub fn counted_post(&self) -> Option<&PostId> {
+    pub fn counted_post(&self) -> Option<&GroupValue> {
         self.post.as_ref().filter(|_| !self.deleted)
     }
 
@@ -393,12 +393,12 @@ mod tests {
     #[test]
     fn a_row_seen_by_a_definition_counts_where_it_counts_there() {
         let approved_by_ann = Row {
-            post: Some(PostId::Int(1)),
+            post: Some(GroupValue::Int(1)),
             created_at: None,
             deleted: false,
             members: vec![
-                Member::counting(Some(PostId::Int(1)), false),
-                Member::counting(Some(PostId::Str("ann".into())), true),
+                Member::counting(Some(GroupValue::Int(1)), false),
+                Member::counting(Some(GroupValue::Str("ann".into())), true),
             ],
         };
         let seen = |ix| approved_by_ann.clone().seen_by(CounterIx(ix));
@@ -407,9 +407,9 @@ mod tests {
             approved_by_ann,
             "the default sees the row as it is"
         );
-        assert_eq!(seen(1).post, Some(PostId::Int(1)));
+        assert_eq!(seen(1).post, Some(GroupValue::Int(1)));
         assert_eq!(seen(1).counted_post(), None, "the condition fails there");
-        assert_eq!(seen(2).counted_post(), Some(&PostId::Str("ann".into())));
+        assert_eq!(seen(2).counted_post(), Some(&GroupValue::Str("ann".into())));
         assert_eq!(seen(3).counted_post(), None, "a definition it predates");
         let mut deleted = approved_by_ann.clone();
         deleted.deleted = true;
@@ -418,20 +418,23 @@ mod tests {
 
     #[test]
     fn integers_of_every_numeric_type_are_one_post() {
-        let eight = Some(PostId::Int(8));
-        assert_eq!(PostId::from_bson(&Bson::Int32(8)), eight);
-        assert_eq!(PostId::from_bson(&Bson::Int64(8)), eight);
-        assert_eq!(PostId::from_bson(&Bson::Double(8.0)), eight);
-        assert_eq!(PostId::from_bson(&Bson::Double(-0.0)), Some(PostId::Int(0)));
+        let eight = Some(GroupValue::Int(8));
+        assert_eq!(GroupValue::from_bson(&Bson::Int32(8)), eight);
+        assert_eq!(GroupValue::from_bson(&Bson::Int64(8)), eight);
+        assert_eq!(GroupValue::from_bson(&Bson::Double(8.0)), eight);
+        assert_eq!(
+            GroupValue::from_bson(&Bson::Double(-0.0)),
+            Some(GroupValue::Int(0))
+        );
         // Node.js stores integers beyond 2^31 as doubles.
         let big = 3_000_000_000_i64;
         assert_eq!(
-            PostId::from_bson(&Bson::Double(big as f64)),
-            Some(PostId::Int(big))
+            GroupValue::from_bson(&Bson::Double(big as f64)),
+            Some(GroupValue::Int(big))
         );
         assert_eq!(
-            PostId::from_bson(&Bson::Double(-9_223_372_036_854_775_808.0)),
-            Some(PostId::Int(i64::MIN))
+            GroupValue::from_bson(&Bson::Double(-9_223_372_036_854_775_808.0)),
+            Some(GroupValue::Int(i64::MIN))
         );
     }
 
@@ -446,7 +449,7 @@ mod tests {
             9_223_372_036_854_775_808.0,
             1e300,
         ] {
-            assert_eq!(PostId::from_bson(&Bson::Double(d)), None, "{d}");
+            assert_eq!(GroupValue::from_bson(&Bson::Double(d)), None, "{d}");
         }
     }
 }

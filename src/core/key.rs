@@ -1,4 +1,4 @@
-//! Pure: the keys every seam speaks. A group value ([`PostId`]: what a definition's group field
+//! Pure: the keys every seam speaks. A group value ([`GroupValue`]: what a definition's group field
 //! holds, with MongoDB's equality), the definition it belongs to ([`CounterIx`]), both together
 //! ([`CounterKey`]), and what one row is to one definition ([`Member`]).
 //!
@@ -14,15 +14,16 @@ use serde::{Deserialize, Serialize};
 
 use crate::core::num::Num;
 
-/// A post's identity. Applications use strings, integers or ObjectIds; anything else in
-/// `post_id` is bad input.
+/// A group value: what a definition's group field holds (a post id for the default definition,
+/// an author or thread id for others). Applications use strings, integers or ObjectIds; anything
+/// else in a group field is bad input.
 ///
 /// Integers follow MongoDB's equality: `8` (int32), `NumberLong(8)` and `8.0` (a double) are one
 /// post to MongoDB's queries and unique indexes, and Node.js drivers store every integer beyond
 /// 2^31 as a double, so an integral double is the integer it equals. A fractional double (or
 /// one beyond i64) matches no integer and is bad input, as arrays and documents are.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub enum PostId {
+pub enum GroupValue {
     Int(i64),
     Str(String),
     Oid(ObjectId),
@@ -36,72 +37,72 @@ fn integral(d: f64) -> Option<i64> {
     (d.is_finite() && d.fract() == 0.0 && (-LIMIT..LIMIT).contains(&d)).then_some(d as i64)
 }
 
-impl PostId {
-    /// Reads a post id from a BSON value; `None` for a type that cannot be a post id.
-    pub fn from_bson(value: &Bson) -> Option<PostId> {
+impl GroupValue {
+    /// Reads a group value from a BSON value; `None` for a type that cannot be one.
+    pub fn from_bson(value: &Bson) -> Option<GroupValue> {
         match value {
-            Bson::Int32(i) => Some(PostId::Int(*i as i64)),
-            Bson::Int64(i) => Some(PostId::Int(*i)),
-            Bson::Double(d) => integral(*d).map(PostId::Int),
-            Bson::String(s) => Some(PostId::Str(s.clone())),
-            Bson::ObjectId(o) => Some(PostId::Oid(*o)),
+            Bson::Int32(i) => Some(GroupValue::Int(*i as i64)),
+            Bson::Int64(i) => Some(GroupValue::Int(*i)),
+            Bson::Double(d) => integral(*d).map(GroupValue::Int),
+            Bson::String(s) => Some(GroupValue::Str(s.clone())),
+            Bson::ObjectId(o) => Some(GroupValue::Oid(*o)),
             _ => None,
         }
     }
 
     pub fn to_bson(&self) -> Bson {
         match self {
-            PostId::Int(i) => Bson::Int64(*i),
-            PostId::Str(s) => Bson::String(s.clone()),
-            PostId::Oid(o) => Bson::ObjectId(*o),
+            GroupValue::Int(i) => Bson::Int64(*i),
+            GroupValue::Str(s) => Bson::String(s.clone()),
+            GroupValue::Oid(o) => Bson::ObjectId(*o),
         }
     }
 
     /// Parses an operator's spelling: `int:5`, `str:abc`, `oid:<24 hex>`, or unprefixed, where an
     /// integer is an `Int`, 24 hex digits an `Oid`, and anything else a `Str`.
-    pub fn parse(text: &str) -> PostId {
+    pub fn parse(text: &str) -> GroupValue {
         if let Some(rest) = text.strip_prefix("str:") {
-            return PostId::Str(rest.to_string());
+            return GroupValue::Str(rest.to_string());
         }
         if let Some(rest) = text.strip_prefix("int:") {
             if let Ok(i) = rest.parse() {
-                return PostId::Int(i);
+                return GroupValue::Int(i);
             }
         }
         if let Some(rest) = text.strip_prefix("oid:") {
             if let Ok(o) = ObjectId::parse_str(rest) {
-                return PostId::Oid(o);
+                return GroupValue::Oid(o);
             }
         }
         if let Ok(i) = text.parse() {
-            return PostId::Int(i);
+            return GroupValue::Int(i);
         }
         if text.len() == 24 {
             if let Ok(o) = ObjectId::parse_str(text) {
-                return PostId::Oid(o);
+                return GroupValue::Oid(o);
             }
         }
-        PostId::Str(text.to_string())
+        GroupValue::Str(text.to_string())
     }
 
     /// A stable 64-bit hash, the same on every machine and release, used to split posts across
     /// partitions.
     pub fn stable_hash(&self) -> u64 {
         let bytes: Vec<u8> = match self {
-            PostId::Int(i) => [b"i".as_slice(), &i.to_be_bytes()].concat(),
-            PostId::Str(s) => [b"s".as_slice(), s.as_bytes()].concat(),
-            PostId::Oid(o) => [b"o".as_slice(), &o.bytes()].concat(),
+            GroupValue::Int(i) => [b"i".as_slice(), &i.to_be_bytes()].concat(),
+            GroupValue::Str(s) => [b"s".as_slice(), s.as_bytes()].concat(),
+            GroupValue::Oid(o) => [b"o".as_slice(), &o.bytes()].concat(),
         };
         xxhash_rust::xxh3::xxh3_64(&bytes)
     }
 }
 
-impl fmt::Display for PostId {
+impl fmt::Display for GroupValue {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            PostId::Int(i) => write!(f, "{i}"),
-            PostId::Str(s) => f.write_str(s),
-            PostId::Oid(o) => write!(f, "{o}"),
+            GroupValue::Int(i) => write!(f, "{i}"),
+            GroupValue::Str(s) => f.write_str(s),
+            GroupValue::Oid(o) => write!(f, "{o}"),
         }
     }
 }
@@ -122,7 +123,7 @@ impl CounterIx {
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct CounterKey {
     pub counter: CounterIx,
-    pub group: PostId,
+    pub group: GroupValue,
 }
 
 /// What one row is to one definition: the group it belongs to and whether it satisfies the
@@ -133,7 +134,7 @@ pub struct CounterKey {
 pub struct Member {
     /// The row's key in the definition's group field (`None`: absent or not a usable key; the
     /// row counts nowhere for this definition).
-    pub group: Option<PostId>,
+    pub group: Option<GroupValue>,
     /// Whether the row satisfies the definition's condition (always true without one).
     pub matches: bool,
     /// What the row adds where it counts: 1 for a count, the field's value for a sum (0 for a
@@ -148,12 +149,12 @@ pub struct Member {
 impl Member {
     /// The group the row counts in, if it counts: it exists (the caller holds it), is not
     /// soft-deleted, has a group and satisfies the condition.
-    pub fn counts(&self, deleted: bool) -> Option<&PostId> {
+    pub fn counts(&self, deleted: bool) -> Option<&GroupValue> {
         self.group.as_ref().filter(|_| self.matches && !deleted)
     }
 
     /// What a row of a count definition is beyond its group and verdict: 1.
-    pub fn counting(group: Option<PostId>, matches: bool) -> Member {
+    pub fn counting(group: Option<GroupValue>, matches: bool) -> Member {
         Member {
             group,
             matches,

@@ -33,7 +33,7 @@
 use std::collections::HashMap;
 
 use crate::core::event::{LedgerUpdate, Row};
-use crate::core::key::PostId;
+use crate::core::key::GroupValue;
 
 /// One partition of `count`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,7 +44,7 @@ pub struct Partition {
 
 impl Partition {
     /// Whether this partition owns `post`.
-    pub fn owns(&self, post: &PostId) -> bool {
+    pub fn owns(&self, post: &GroupValue) -> bool {
         self.count <= 1 || post.stable_hash() % self.count as u64 == self.index as u64
     }
 
@@ -186,9 +186,11 @@ mod tests {
     use std::collections::BTreeMap;
 
     fn any_row() -> impl Strategy<Value = Row> {
-        let post = proptest::option::weighted(0.9, (0..6i64).prop_map(PostId::Int));
-        let author =
-            proptest::option::weighted(0.9, (0..3i64).prop_map(|a| PostId::Str(format!("a{a}"))));
+        let post = proptest::option::weighted(0.9, (0..6i64).prop_map(GroupValue::Int));
+        let author = proptest::option::weighted(
+            0.9,
+            (0..3i64).prop_map(|a| GroupValue::Str(format!("a{a}"))),
+        );
         let rating = prop_oneof![
             (0..6i64).prop_map(Num::Int),
             (0..6i64).prop_map(|h| Num::Double(h as f64 / 2.0))
@@ -215,7 +217,7 @@ mod tests {
     /// Deltas added up per (definition, group, creation time), zeros dropped.
     fn net(
         deltas: &[crate::core::classify::Delta],
-    ) -> BTreeMap<(CounterIx, PostId, Option<bson::DateTime>), Num> {
+    ) -> BTreeMap<(CounterIx, GroupValue, Option<bson::DateTime>), Num> {
         let mut out: BTreeMap<_, Num> = BTreeMap::new();
         for d in deltas {
             *out.entry((d.counter, d.post.clone(), d.created_at))
@@ -252,9 +254,9 @@ mod tests {
     fn every_post_has_exactly_one_owner() {
         for i in 0..2000 {
             let post = if i % 2 == 0 {
-                PostId::Int(i)
+                GroupValue::Int(i)
             } else {
-                PostId::Str(format!("post-{i}"))
+                GroupValue::Str(format!("post-{i}"))
             };
             let owners = (0..4)
                 .filter(|&index| Partition { index, count: 4 }.owns(&post))
@@ -267,7 +269,7 @@ mod tests {
     fn the_split_is_roughly_even() {
         let mut counts = [0; 4];
         for i in 0..4000 {
-            let post = PostId::Str(format!("post-{i}"));
+            let post = GroupValue::Str(format!("post-{i}"));
             let owner = (0..4)
                 .find(|&index| Partition { index, count: 4 }.owns(&post))
                 .unwrap();
@@ -280,14 +282,14 @@ mod tests {
     }
 
     /// A post of partition `index` of 2.
-    fn post_of(index: u32) -> PostId {
+    fn post_of(index: u32) -> GroupValue {
         (0..)
-            .map(PostId::Int)
+            .map(GroupValue::Int)
             .find(|p| Partition { index, count: 2 }.owns(p))
             .unwrap()
     }
 
-    fn row(post: Option<PostId>, deleted: bool) -> Row {
+    fn row(post: Option<GroupValue>, deleted: bool) -> Row {
         Row {
             members: Vec::new(),
             post,

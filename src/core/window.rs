@@ -37,7 +37,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::core::event::{CommentId, Row};
-use crate::core::key::PostId;
+use crate::core::key::GroupValue;
 
 /// Entries the counter's log keeps (the newest; older ones are dropped). A recount refuses
 /// when the log no longer reaches back to its first read, so this bounds the batches that may
@@ -137,7 +137,7 @@ pub fn changed_since(
 
 /// Whether `row` is one of `post`'s live rows below `watermark` (seconds): the count's own
 /// filter (`created_at` not `>= W`, so a row without a creation date counts below any).
-pub fn counts_below(row: &Row, post: &PostId, watermark: i64) -> bool {
+pub fn counts_below(row: &Row, post: &GroupValue, watermark: i64) -> bool {
     row.counted_post() == Some(post)
         && row
             .created_at
@@ -147,7 +147,7 @@ pub fn counts_below(row: &Row, post: &PostId, watermark: i64) -> bool {
 /// What a recount counts: `post`'s live rows below `watermark` (seconds).
 #[derive(Clone, Copy, Debug)]
 pub struct CountScope<'a> {
-    pub post: &'a PostId,
+    pub post: &'a GroupValue,
     pub watermark: i64,
 }
 
@@ -194,7 +194,7 @@ mod tests {
     use super::*;
 
     fn scope(watermark: i64) -> CountScope<'static> {
-        static POST: PostId = P;
+        static POST: GroupValue = P;
         CountScope {
             post: &POST,
             watermark,
@@ -215,7 +215,7 @@ mod tests {
     fn row(post: i64, created: i64, deleted: bool) -> Row {
         Row {
             members: Vec::new(),
-            post: Some(PostId::Int(post)),
+            post: Some(GroupValue::Int(post)),
             created_at: Some(DateTime::from_millis(created * 1000)),
             deleted,
         }
@@ -228,7 +228,7 @@ mod tests {
         }
     }
 
-    const P: PostId = PostId::Int(1);
+    const P: GroupValue = GroupValue::Int(1);
 
     #[test]
     fn only_batches_after_the_first_read_name_changed_rows_and_the_newest_wins() {

@@ -29,7 +29,7 @@ use run::Run;
 use crate::clock::{Clock, SystemClock};
 use crate::core::fold::watermark_for;
 use crate::core::key::CounterIx;
-use crate::core::key::PostId;
+use crate::core::key::GroupValue;
 use crate::recount::{CatchUp, Recounter};
 use crate::shutdown::{sleep_or_shutdown, Shutdown};
 use crate::store::{DirtyOrder, RunSummary, Store, StoreError, StoreResult};
@@ -95,14 +95,14 @@ impl ReconcileSettings {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Correction {
     #[serde(serialize_with = "display")]
-    pub post: PostId,
+    pub post: GroupValue,
     pub wrong: crate::core::num::Num,
     pub right: crate::core::num::Num,
     /// `wrong - right`: positive ran high, negative ran low (a sum's field units).
     pub drift: crate::core::num::Num,
 }
 
-fn display<S: serde::Serializer>(post: &PostId, s: S) -> Result<S::Ok, S::Error> {
+fn display<S: serde::Serializer>(post: &GroupValue, s: S) -> Result<S::Ok, S::Error> {
     s.collect_str(post)
 }
 
@@ -224,7 +224,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
                         .increment(left as u64);
                     break;
                 }
-                let posts: Vec<PostId> = group.iter().map(|e| e.post.clone()).collect();
+                let posts: Vec<GroupValue> = group.iter().map(|e| e.post.clone()).collect();
                 let outcomes = self
                     .reconcile_posts(&posts, watermark, false, &mut run)
                     .await?;
@@ -270,7 +270,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
 
     /// Recounts one post (the `reconcile --post` path); clears its dirty entry if unchanged and
     /// covered.
-    pub async fn run_post(&self, post: &PostId, now_secs: i64) -> StoreResult<RunReport> {
+    pub async fn run_post(&self, post: &GroupValue, now_secs: i64) -> StoreResult<RunReport> {
         let watermark = self.watermark(now_secs).await?;
         let entry = self
             .store

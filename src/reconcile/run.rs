@@ -5,7 +5,7 @@ use bson::DateTime;
 
 use super::{Correction, Outcome, ReconcileSettings, Reconciler, RunReport};
 use crate::core::fold::{fold, Fold};
-use crate::core::key::PostId;
+use crate::core::key::GroupValue;
 use crate::recount::{Consistent, Pace, Recount, Request};
 use crate::store::{DirtyEntry, RunSummary, Store, StoreResult};
 use crate::telemetry as m;
@@ -15,7 +15,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
     /// returns what became of each.
     pub(super) async fn reconcile_posts(
         &self,
-        posts: &[PostId],
+        posts: &[GroupValue],
         proposed: i64,
         full: bool,
         run: &mut Run,
@@ -245,7 +245,7 @@ impl Run {
         *longest = Some(longest.map_or(secs, |l| l.max(secs)));
     }
 
-    fn record(&mut self, post: &PostId, folded: &Fold) {
+    fn record(&mut self, post: &GroupValue, folded: &Fold) {
         self.summary.posts += 1;
         metrics::counter!(m::POSTS_RECONCILED, "stream" => self.stream.clone(), "counter" => self.counter.clone())
             .increment(1);

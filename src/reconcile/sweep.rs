@@ -4,7 +4,7 @@
 use super::run::Run;
 use super::{Outcome, Reconciler, RunReport};
 use crate::core::key::CounterIx;
-use crate::core::key::PostId;
+use crate::core::key::GroupValue;
 use crate::shutdown::Shutdown;
 use crate::store::{Store, StoreResult};
 use crate::telemetry as m;
@@ -71,7 +71,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
             full: after_gap.is_some(),
             rebuild: self.rebuild_generation(after_gap).await?,
         };
-        let mut after: Option<PostId> = None;
+        let mut after: Option<GroupValue> = None;
         let mut complete = true;
         let passed = async {
             loop {
@@ -102,7 +102,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
     }
 
     /// The posts of `window` this reconciler's partition owns.
-    fn owned(&self, window: &[PostId]) -> Vec<PostId> {
+    fn owned(&self, window: &[GroupValue]) -> Vec<GroupValue> {
         window
             .iter()
             .filter(|p| self.settings.partition.is_none_or(|part| part.owns(p)))
@@ -143,7 +143,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
     /// them. Returns false when some of it could not be done now.
     async fn sweep_group(
         &self,
-        group: &[PostId],
+        group: &[GroupValue],
         pass: &SweepPass,
         run: &mut Run,
     ) -> StoreResult<bool> {
@@ -260,7 +260,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
         if cursor.pass_started.is_none() {
             cursor.pass_started = Some(self.clock.now());
         }
-        let owned: Vec<PostId> = window
+        let owned: Vec<GroupValue> = window
             .iter()
             .filter(|p| self.settings.partition.is_none_or(|part| part.owns(p)))
             .cloned()
@@ -311,7 +311,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
     /// rebuild runs before the group's recounts, never beside them): whenever the rows read so
     /// far fill it, they are rebuilt (read, wait, write) before the next post is read. One
     /// post with more rows than the share is still read whole.
-    async fn rebuild_ledger(&self, posts: &[PostId], generation: u64) -> StoreResult<bool> {
+    async fn rebuild_ledger(&self, posts: &[GroupValue], generation: u64) -> StoreResult<bool> {
         let at_most = crate::core::cost::rows_for_ids(self.settings.recount_rows);
         let mut rows = Vec::new();
         for post in posts {

@@ -42,7 +42,7 @@ use std::time::Duration;
 use crate::clock::Clock;
 use crate::core::event::CommentId;
 use crate::core::fold::effective_watermark;
-use crate::core::key::PostId;
+use crate::core::key::GroupValue;
 use crate::core::num::Num;
 use crate::core::time::bucket_start;
 use crate::core::window;
@@ -71,7 +71,7 @@ pub struct CatchUp {
 /// `full` is false).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Request {
-    pub post: PostId,
+    pub post: GroupValue,
     pub watermark: i64,
     /// Count above every row and bucket the post has (the sweep after lost history, and the
     /// checks of `get` and `verify`).
@@ -95,7 +95,7 @@ pub enum Recount {
 /// A recount that may be folded into `counter` (or a later state of it, see [`Consistent::holds_for`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Consistent {
-    pub post: PostId,
+    pub post: GroupValue,
     /// The counter as last read (`None`: no counter document).
     pub counter: Option<CounterDoc>,
     pub watermark: i64,
@@ -455,7 +455,7 @@ impl<S: Store + ?Sized> Recounter<S> {
         pending: Vec<(usize, Consistent)>,
     ) -> StoreResult<Vec<(usize, Consistent)>> {
         if pending.len() > 1 {
-            let wanted: Vec<(PostId, i64)> = pending
+            let wanted: Vec<(GroupValue, i64)> = pending
                 .iter()
                 .map(|(_, c)| (c.post.clone(), c.watermark))
                 .collect();
@@ -623,7 +623,7 @@ mod tests {
 
     fn recount(first: Option<CounterDoc>, watermark: i64) -> Consistent {
         Consistent {
-            post: PostId::Int(1),
+            post: GroupValue::Int(1),
             since: first.as_ref().and_then(|c| c.applied_through.clone()),
             since_writers: first.as_ref().map(since_writers).unwrap_or_default(),
             folds: first.as_ref().map_or(0, |c| c.folds),

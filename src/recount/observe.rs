@@ -1,7 +1,7 @@
 //! A post's displayed value beside its true count, compared consistently with the stream.
 
 use super::{Pace, Recount, Recounter, Request, EVERYTHING};
-use crate::core::key::PostId;
+use crate::core::key::GroupValue;
 use crate::core::num::Num;
 use crate::store::{Store, StoreResult};
 
@@ -9,7 +9,7 @@ use crate::store::{Store, StoreResult};
 /// events: what `get`, `verify` and the tests report.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Observation {
-    pub post: PostId,
+    pub post: GroupValue,
     /// `base_count + live_delta` (0 without a counter).
     pub displayed: Num,
     /// The readers' `count` field (`None`: no counter, or one from before `count` existed).
@@ -39,7 +39,7 @@ impl Observation {
 impl<S: Store + ?Sized> Recounter<S> {
     /// Compares each post's displayed value with its true count of every live row, consistently
     /// with the stream: a post with a change in flight is reported as such, never as a mismatch.
-    pub async fn observe(&self, posts: &[PostId]) -> StoreResult<Vec<Observation>> {
+    pub async fn observe(&self, posts: &[GroupValue]) -> StoreResult<Vec<Observation>> {
         let requests: Vec<Request> = posts
             .iter()
             .map(|post| Request {
@@ -83,7 +83,7 @@ mod tests {
     #[test]
     fn an_observation_reports_a_mismatch_only_when_compared() {
         let o = |displayed: i64, truth: Option<i64>| Observation {
-            post: PostId::Int(1),
+            post: GroupValue::Int(1),
             displayed: Num::Int(displayed),
             count: Some(Num::Int(displayed)),
             truth: truth.map(Num::Int),

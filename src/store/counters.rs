@@ -10,7 +10,7 @@ use super::leases::Fence;
 use crate::core::batch::{CounterDelta, CounterWrite};
 use crate::core::event::Token;
 use crate::core::fold::{CounterState, Fold};
-use crate::core::key::PostId;
+use crate::core::key::GroupValue;
 use crate::core::num::Num;
 use crate::core::time::BucketStart;
 
@@ -44,13 +44,13 @@ pub trait Counters: Send + Sync {
         self.write_counters(fence, &writes).await
     }
 
-    async fn read_counter(&self, post: &PostId) -> StoreResult<Option<CounterDoc>>;
+    async fn read_counter(&self, post: &GroupValue) -> StoreResult<Option<CounterDoc>>;
 
     /// Installs a fold if `applied_through` is still `expected` (`None`: the counter must not
     /// exist yet). Returns false when the condition failed (re-read and retry).
     async fn install_fold(
         &self,
-        post: &PostId,
+        post: &GroupValue,
         expected: Option<&CounterDoc>,
         fold: &Fold,
         now: DateTime,
@@ -58,11 +58,15 @@ pub trait Counters: Send + Sync {
 
     /// Posts greater than `after`, in order, from `comments` and from the counters: the unit
     /// of the windowed full sweep.
-    async fn posts_after(&self, after: Option<&PostId>, limit: usize) -> StoreResult<Vec<PostId>>;
+    async fn posts_after(
+        &self,
+        after: Option<&GroupValue>,
+        limit: usize,
+    ) -> StoreResult<Vec<GroupValue>>;
 
     /// Posts chosen at random (for `verify`): up to `n` that have counters and up to `n` that
     /// have comments, so a post with rows but no counter is sampled too.
-    async fn sample_posts(&self, n: usize) -> StoreResult<Vec<PostId>>;
+    async fn sample_posts(&self, n: usize) -> StoreResult<Vec<GroupValue>>;
 
     /// Adds a chunk's increments, each guarded by the counter's `snapshot_chunk < chunk`.
     async fn apply_snapshot_counters(
@@ -76,7 +80,7 @@ pub trait Counters: Send + Sync {
 /// A counter document as readers and the reconciler see it.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct CounterDoc {
-    pub post: Option<PostId>,
+    pub post: Option<GroupValue>,
     pub state: CounterState,
     /// `_data` of the newest event folded in; `None` when no worker has written it yet.
     pub applied_through: Option<String>,

@@ -7,7 +7,7 @@ use serde::Serialize;
 use super::error::StoreResult;
 use super::leases::Fence;
 use crate::core::batch::DirtyMark;
-use crate::core::key::PostId;
+use crate::core::key::GroupValue;
 use crate::core::time::BucketStart;
 
 /// Posts waiting for a recount.
@@ -32,21 +32,21 @@ pub trait DirtySet: Send + Sync {
     async fn dirty_summary(&self) -> StoreResult<DirtySummary>;
 
     /// Deletes the dirty entry only if its version is still `version`.
-    async fn clear_dirty(&self, post: &PostId, version: i64) -> StoreResult<bool>;
+    async fn clear_dirty(&self, post: &GroupValue, version: i64) -> StoreResult<bool>;
 
     /// A fold covered the entry's changes up to its watermark, but the entry stays: changes
     /// above the watermark, or marked since it was listed. Restarts its age at `now` (never
     /// moving it back), whatever its version, so the backlog's oldest age and the
     /// dirty-to-fold time measure the reconciler, not a post that keeps getting new comments
     /// (a worker's mark never changes the age of an existing entry). False: no entry.
-    async fn requeue_dirty(&self, post: &PostId, now: DateTime) -> StoreResult<bool>;
+    async fn requeue_dirty(&self, post: &GroupValue, now: DateTime) -> StoreResult<bool>;
 }
 
 /// One post waiting for a recount.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct DirtyEntry {
     #[serde(serialize_with = "serialize_display")]
-    pub post: PostId,
+    pub post: GroupValue,
     pub first_dirty_at: DateTime,
     pub last_dirty_at: DateTime,
     /// Bumped on every mark; the reconciler clears the entry only if it did not move.

@@ -5,7 +5,7 @@ use bson::DateTime;
 use serde::{Deserialize, Serialize};
 
 use super::error::StoreResult;
-use crate::core::key::PostId;
+use crate::core::key::GroupValue;
 use crate::core::num::Num;
 
 /// Reconcile runs and the background sweep's place, kept for `status` and restarts.
@@ -73,7 +73,7 @@ pub struct RunSummary {
 pub struct SweepCursor {
     /// The last post finished (`None`: the pass starts from the first post).
     #[serde(serialize_with = "serialize_opt_display")]
-    pub after: Option<PostId>,
+    pub after: Option<GroupValue>,
     /// When the current pass began.
     pub pass_started: Option<DateTime>,
     /// Posts done in the current pass.

@@ -6,7 +6,7 @@ use bson::Timestamp;
 use super::counters::Counters;
 use super::error::StoreResult;
 use crate::core::event::{CommentId, Row};
-use crate::core::key::PostId;
+use crate::core::key::GroupValue;
 use crate::core::num::Num;
 
 /// Reads of the application's own `comments` collection: the truth the counters are checked
@@ -15,7 +15,7 @@ use crate::core::num::Num;
 pub trait Truth: Send + Sync {
     /// Live rows of `post` whose `created_at` is not `>= watermark` (seconds): their number,
     /// or for a sum definition their field's `$sum`.
-    async fn count_live_below(&self, post: &PostId, watermark: i64) -> StoreResult<Num>;
+    async fn count_live_below(&self, post: &GroupValue, watermark: i64) -> StoreResult<Num>;
 
     /// The ids of the rows [`Truth::count_live_below`] counts (the same filter): a row-level
     /// recount settles the ones that changed while it read (see [`crate::core::window`]).
@@ -25,7 +25,7 @@ pub trait Truth: Send + Sync {
     /// count is: it holds while nothing below the watermark changed meanwhile).
     async fn live_ids_below(
         &self,
-        post: &PostId,
+        post: &GroupValue,
         watermark: i64,
         at_most: usize,
     ) -> StoreResult<Option<Vec<CommentId>>>;
@@ -35,7 +35,7 @@ pub trait Truth: Send + Sync {
     /// they are more than `at_most` together. (Here: one read per post.)
     async fn live_ids_below_each(
         &self,
-        wanted: &[(PostId, i64)],
+        wanted: &[(GroupValue, i64)],
         at_most: usize,
     ) -> StoreResult<Option<Vec<Vec<CommentId>>>> {
         live_ids_below_one_by_one(self, wanted, at_most).await
@@ -46,21 +46,21 @@ pub trait Truth: Send + Sync {
     /// server's snapshot window; the caller falls back to the row-level recount.
     async fn count_live_below_at(
         &self,
-        post: &PostId,
+        post: &GroupValue,
         watermark: i64,
         at: Timestamp,
     ) -> StoreResult<Option<Num>>;
 
     /// Seconds of the latest `created_at` among all rows of `post`, live or not (`None`: no
     /// dated row). Used by the sweep after lost history to fold above every known row.
-    async fn latest_created(&self, post: &PostId) -> StoreResult<Option<i64>>;
+    async fn latest_created(&self, post: &GroupValue) -> StoreResult<Option<i64>>;
 
     /// All live rows of `post` (for `get` and `verify`): their number, or a sum's `$sum`.
-    async fn count_live(&self, post: &PostId) -> StoreResult<Num>;
+    async fn count_live(&self, post: &GroupValue) -> StoreResult<Num>;
 
     /// Every row of `post` as it is now, live or not, with its comment id: the sweep after
     /// lost history rebuilds their ledger entries.
-    async fn rows_of_post(&self, post: &PostId) -> StoreResult<Vec<(CommentId, Row)>>;
+    async fn rows_of_post(&self, post: &GroupValue) -> StoreResult<Vec<(CommentId, Row)>>;
 
     /// The largest `_id` of `comments` and its estimated size.
     async fn comments_extent(&self) -> StoreResult<CommentsExtent>;
@@ -80,7 +80,7 @@ pub trait Truth: Send + Sync {
 /// where one read cannot serve the group.
 pub async fn live_ids_below_one_by_one<T: Truth + ?Sized>(
     store: &T,
-    wanted: &[(PostId, i64)],
+    wanted: &[(GroupValue, i64)],
     at_most: usize,
 ) -> StoreResult<Option<Vec<Vec<CommentId>>>> {
     let mut reads = Vec::with_capacity(wanted.len());
@@ -106,7 +106,7 @@ pub struct CommentsExtent {
 /// count of live rows: what `get`, `verify` and the demo compare.
 pub async fn displayed_and_truth<S: Counters + Truth + ?Sized>(
     store: &S,
-    post: &PostId,
+    post: &GroupValue,
 ) -> StoreResult<(Num, Num)> {
     let displayed = store
         .read_counter(post)

@@ -8,7 +8,7 @@ use counterd::core::batch::{plan_batch, BatchPlan, CounterDelta};
 use counterd::core::classify::Attribution;
 use counterd::core::event::LedgerUpdate;
 use counterd::core::event::{ChangeEvent, CommentId, Row};
-use counterd::core::key::PostId;
+use counterd::core::key::GroupValue;
 use counterd::core::num::Num;
 use counterd::core::schema::Schema;
 use counterd::core::time::bucket_of;
@@ -93,7 +93,7 @@ pub fn net(counters: &[CounterDelta]) -> Vec<CounterDelta> {
 }
 
 /// The posts a plan marks dirty, in order.
-pub fn dirty_posts(plan: &BatchPlan) -> Vec<PostId> {
+pub fn dirty_posts(plan: &BatchPlan) -> Vec<GroupValue> {
     plan.dirty.iter().map(|d| d.post.clone()).collect()
 }
 
@@ -204,7 +204,7 @@ fn batch_touches_changes_that_cancel_out() {
         })
         .collect();
     assert_eq!(unnamed, vec![touch_only("post-1"), post_2]);
-    let marks: Vec<(PostId, i64)> = plan
+    let marks: Vec<(GroupValue, i64)> = plan
         .dirty
         .iter()
         .map(|d| (d.post.clone(), d.newest_bucket))
@@ -228,7 +228,7 @@ fn batch_names_the_rows_it_changed_per_post() {
         &Schema::default(),
         WIDTH,
     );
-    let named: Vec<(PostId, Option<Vec<String>>)> = plan
+    let named: Vec<(GroupValue, Option<Vec<String>>)> = plan
         .counters
         .iter()
         .map(|c| {
@@ -306,7 +306,7 @@ fn batch_lifecycle_across_batches_with_a_ledger() {
         ],
         vec![retoken("hard_delete_without_pre_image", 5, None)],
     ];
-    let mut net: BTreeMap<PostId, i64> = BTreeMap::new();
+    let mut net: BTreeMap<GroupValue, i64> = BTreeMap::new();
     for batch in &batches {
         let (plan, _) = plan_batch(
             batch,
@@ -348,7 +348,7 @@ fn an_unposted_row_with_an_expired_pre_image_is_counted_once() {
         for cut in [1, 2] {
             let mut ledger = ledger_of(&[(&oid_key(C1), Some(unposted(c1(), false)))]);
             let events = events();
-            let mut net: BTreeMap<PostId, i64> = BTreeMap::new();
+            let mut net: BTreeMap<GroupValue, i64> = BTreeMap::new();
             for batch in [&events[..cut], &events[cut..]] {
                 let (plan, _) = plan_batch(batch, &ledger, attribution, &Schema::default(), WIDTH);
                 assert_buckets_sum(&plan.counters);

@@ -27,7 +27,7 @@ use counterd::core::classify::{
     Unattributable,
 };
 use counterd::core::event::{ChangeEvent, CommentId, Row};
-use counterd::core::key::PostId;
+use counterd::core::key::GroupValue;
 use counterd::core::num::Num;
 use counterd::core::schema::Schema;
 
@@ -98,8 +98,8 @@ fn fc() -> Option<DateTime> {
     Some(dt("2026-12-01T12:00:00Z"))
 }
 
-fn post(name: &str) -> PostId {
-    PostId::Str(name.to_string())
+fn post(name: &str) -> GroupValue {
+    GroupValue::Str(name.to_string())
 }
 fn live(p: &str, created_at: Option<DateTime>) -> Row {
     Row {
@@ -134,7 +134,7 @@ fn delta(p: &str, created_at: Option<DateTime>, amount: i64) -> Delta {
         amount: Num::Int(amount),
     }
 }
-fn posts(names: &[&str]) -> Vec<PostId> {
+fn posts(names: &[&str]) -> Vec<GroupValue> {
     names.iter().map(|n| post(n)).collect()
 }
 fn oid_key(hex: &str) -> String {

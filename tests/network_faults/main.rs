@@ -30,7 +30,7 @@ mod startup;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use counterd::core::key::PostId;
+use counterd::core::key::GroupValue;
 use counterd_testdb::{FaultProxy, Target};
 use daemon::Daemon;
 use support::{now_secs, post, TestDb};
@@ -127,7 +127,7 @@ impl Faulty {
 
 pub const POSTS: usize = 4;
 
-pub fn posts() -> Vec<PostId> {
+pub fn posts() -> Vec<GroupValue> {
     (0..POSTS).map(post).collect()
 }
 

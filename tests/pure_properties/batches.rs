@@ -6,7 +6,7 @@ use bson::{doc, Bson, DateTime, Document};
 use counterd::core::batch::{plan_batch, BatchPlan};
 use counterd::core::classify::Attribution;
 use counterd::core::event::{ChangeEvent, CommentId, Row};
-use counterd::core::key::PostId;
+use counterd::core::key::GroupValue;
 use counterd::core::num::Num;
 use counterd::core::schema::Schema;
 use proptest::prelude::*;
@@ -23,7 +23,7 @@ pub enum Op {
     SoftDelete(i64),
     Undelete,
     SetDeletedNull,
-    Move(PostId),
+    Move(GroupValue),
     SetCreated(Option<DateTime>),
     Body(String),
     Replace(Comment),

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use bson::{doc, oid::ObjectId, Bson};
 use counterd::core::classify::{classify, After, Attribution, Before, Source};
 use counterd::core::event::ChangeEvent;
-use counterd::core::key::PostId;
+use counterd::core::key::GroupValue;
 use counterd::core::key::{CounterIx, CounterKey};
 use counterd::core::schema::Schema;
 use counterd::core::time::bucket_of;
@@ -97,7 +97,7 @@ proptest! {
         prop_assert_eq!(nonzero(got.clone()), nonzero(truth.clone()));
         // Per post too (the design's statement).
         let per_post = |t: &Tally| {
-            let mut m: BTreeMap<PostId, i64> = BTreeMap::new();
+            let mut m: BTreeMap<GroupValue, i64> = BTreeMap::new();
             for ((p, _), v) in t {
                 *m.entry(p.clone()).or_default() += v;
             }
@@ -180,7 +180,7 @@ proptest! {
 }
 
 /// The default definition's counter of `post`.
-pub fn default_key(post: &PostId) -> CounterKey {
+pub fn default_key(post: &GroupValue) -> CounterKey {
     CounterKey {
         counter: CounterIx::DEFAULT,
         group: post.clone(),

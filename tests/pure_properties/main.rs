@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 
 use bson::{doc, Bson, DateTime, Document, Timestamp};
 use counterd::core::event::Row;
-use counterd::core::key::PostId;
+use counterd::core::key::GroupValue;
 use counterd::core::time::bucket_of;
 use proptest::prelude::*;
 use update_description::diff;
@@ -29,11 +29,11 @@ const BASE_MS: i64 = 1_767_348_000_000;
 // ---------------------------------------------------------------------------------------------
 // Rows and their documents
 
-fn post_strategy() -> impl Strategy<Value = PostId> {
+fn post_strategy() -> impl Strategy<Value = GroupValue> {
     prop_oneof![
-        Just(PostId::Str("p0".into())),
-        Just(PostId::Str("p1".into())),
-        Just(PostId::Int(7)),
+        Just(GroupValue::Str("p0".into())),
+        Just(GroupValue::Str("p1".into())),
+        Just(GroupValue::Int(7)),
     ]
 }
 
@@ -79,7 +79,7 @@ fn deleted_strategy() -> impl Strategy<Value = Deleted> {
 /// A comment row as the test knows it (the truth).
 #[derive(Clone, Debug, PartialEq)]
 struct Comment {
-    post: PostId,
+    post: GroupValue,
     created_at: Option<DateTime>,
     deleted: Deleted,
     body: String,
@@ -180,7 +180,7 @@ fn fake_event(n: usize, op: &str) -> Document {
     }
 }
 
-type Tally = BTreeMap<(PostId, i64), i64>;
+type Tally = BTreeMap<(GroupValue, i64), i64>;
 
 fn add_live(tally: &mut Tally, comment: Option<&Comment>, sign: i64) {
     if let Some(c) = comment.filter(|c| c.is_live()) {

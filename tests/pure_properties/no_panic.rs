@@ -6,7 +6,7 @@ use bson::{doc, oid::ObjectId, Bson, DateTime, Document, Timestamp};
 use counterd::core::batch::plan_batch;
 use counterd::core::classify::{classify, Attribution, Before};
 use counterd::core::event::{ChangeEvent, CommentId, Row};
-use counterd::core::key::PostId;
+use counterd::core::key::GroupValue;
 use counterd::core::num::Num;
 use counterd::core::schema::Schema;
 use proptest::prelude::*;
@@ -185,7 +185,7 @@ pub fn load_fixtures() -> Vec<Document> {
 pub fn befores() -> Vec<Before> {
     let row = |deleted| Row {
         members: Vec::new(),
-        post: Some(PostId::Str("p1".into())),
+        post: Some(GroupValue::Str("p1".into())),
         created_at: Some(DateTime::from_millis(BASE_MS)),
         deleted,
     };
@@ -196,7 +196,7 @@ pub fn befores() -> Vec<Before> {
         Before::Known(Some(row(true))),
         Before::Known(Some(Row {
             members: Vec::new(),
-            post: Some(PostId::Int(-1)),
+            post: Some(GroupValue::Int(-1)),
             created_at: Some(DateTime::MIN),
             deleted: false,
         })),
@@ -275,7 +275,7 @@ proptest! {
             never_panics(std::slice::from_ref(doc), &[2]);
         }
         let _ = CommentId::new(value.clone());
-        let _ = PostId::from_bson(&value);
+        let _ = GroupValue::from_bson(&value);
         if let Bson::Document(doc) = value {
             let _ = Schema::default().read_row(&doc);
             let _ = Schema::default().read_looked_up_row(&doc);

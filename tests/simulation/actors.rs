@@ -10,7 +10,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::task::Poll;
 
-use counterd::core::key::PostId;
+use counterd::core::key::GroupValue;
 use counterd::core::time::bucket_of;
 use counterd::reconcile::{run_requested_sweeps, ReconcileSettings, Reconciler, RunReport};
 use counterd::store::prelude::*;
@@ -70,7 +70,7 @@ pub fn writer(store: Arc<SimStore>, ops: usize) -> Actor<'static> {
 }
 
 /// The corrections reconcile runs reported, per post with sign.
-pub type Reported = Rc<RefCell<BTreeMap<PostId, i64>>>;
+pub type Reported = Rc<RefCell<BTreeMap<GroupValue, i64>>>;
 
 /// Runs one reconcile pass and keeps the corrections it reports. Only one reconcile runs at a
 /// time, so the folds the store saw installed meanwhile are this run's: a run that completes
@@ -102,7 +102,7 @@ pub async fn accounted(
                 ));
                 return;
             }
-            let mut got: Vec<(PostId, i64)> = report
+            let mut got: Vec<(GroupValue, i64)> = report
                 .corrections
                 .iter()
                 .map(|c| (c.post.clone(), c.drift.as_i64()))
@@ -239,7 +239,7 @@ pub fn reconciler(
 /// together with one of its buckets at or below the clock's bucket, or (with `delete`) delete
 /// the counter of a post that has live rows. The store records the drift each causes.
 pub fn hand_edit(s: &mut State, delete: bool) {
-    let posts: Vec<PostId> = s.displayed().into_keys().collect();
+    let posts: Vec<GroupValue> = s.displayed().into_keys().collect();
     if posts.is_empty() {
         return;
     }

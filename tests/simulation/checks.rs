@@ -2,7 +2,7 @@
 //! boundaries, after the final reconcile and after the final sweep.
 
 use bson::Timestamp;
-use counterd::core::key::PostId;
+use counterd::core::key::GroupValue;
 
 use crate::seed::Sim;
 use crate::sim_store::{Broken, State};
@@ -22,7 +22,7 @@ pub fn check_when_caught_up(
         return Ok(false);
     }
     let by_bucket = s.truth_by_bucket();
-    let mut keys: Vec<&(PostId, i64)> = by_bucket.keys().chain(s.shadow.keys()).collect();
+    let mut keys: Vec<&(GroupValue, i64)> = by_bucket.keys().chain(s.shadow.keys()).collect();
     keys.sort();
     keys.dedup();
     for key in keys {
@@ -37,7 +37,7 @@ pub fn check_when_caught_up(
     }
     let truth = s.truth();
     let displayed = s.displayed();
-    let mut posts: Vec<&PostId> = truth
+    let mut posts: Vec<&GroupValue> = truth
         .keys()
         .chain(displayed.keys())
         .chain(s.injected.keys())
@@ -68,7 +68,7 @@ pub fn check_other_definitions(s: &State, when: &str) -> Result<(), String> {
     for counter in s.memory.counter_ixs().into_iter().skip(1) {
         let truth = s.truth_of(counter);
         let displayed = s.displayed_of(counter);
-        let mut groups: Vec<&PostId> = truth.keys().chain(displayed.keys()).collect();
+        let mut groups: Vec<&GroupValue> = truth.keys().chain(displayed.keys()).collect();
         groups.sort();
         groups.dedup();
         for group in groups {
@@ -178,7 +178,7 @@ impl Sim {
             // rows its base now counts (see `a_noop_full_recount_keeps_its_watermark`).
             let gaps = s.has_gaps();
             for (post, (base, watermark, live, buckets)) in s.counters() {
-                let above = |(p, b): &&(PostId, i64)| *p == post && *b >= watermark && !gaps;
+                let above = |(p, b): &&(GroupValue, i64)| *p == post && *b >= watermark && !gaps;
                 let mut keys: Vec<i64> = buckets
                     .keys()
                     .copied()
@@ -216,7 +216,7 @@ impl Sim {
         let s = self.store.lock();
         let truth = s.truth();
         let counters = s.counters();
-        let mut posts: Vec<&PostId> = truth.keys().chain(counters.keys()).collect();
+        let mut posts: Vec<&GroupValue> = truth.keys().chain(counters.keys()).collect();
         posts.sort();
         posts.dedup();
         for post in posts {
@@ -241,7 +241,7 @@ impl Sim {
         check_other_definitions(&s, "after the final sweep")?;
         if !s.has_gaps() {
             let reported = self.reported.borrow();
-            let mut posts: Vec<&PostId> = reported.keys().chain(s.injected.keys()).collect();
+            let mut posts: Vec<&GroupValue> = reported.keys().chain(s.injected.keys()).collect();
             posts.sort();
             posts.dedup();
             for post in posts {

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use counterd::core::key::PostId;
+use counterd::core::key::GroupValue;
 use counterd::store::counting::CountingStore;
 use counterd::store::mongo::{ConnectOptions, MongoStore};
 use counterd::store::prelude::*;
@@ -103,12 +103,12 @@ impl TestDb {
     }
 
     /// True count of live rows per post, straight from `comments`.
-    pub async fn truth(&self, post: &PostId) -> i64 {
+    pub async fn truth(&self, post: &GroupValue) -> i64 {
         self.store.count_live(post).await.unwrap().as_i64()
     }
 
     /// `base_count + live_delta` of a post's counter (0 when absent).
-    pub async fn displayed(&self, post: &PostId) -> i64 {
+    pub async fn displayed(&self, post: &GroupValue) -> i64 {
         self.store
             .read_counter(post)
             .await
@@ -118,7 +118,7 @@ impl TestDb {
     }
 
     /// Posts whose counter differs from the truth: (post, displayed, truth).
-    pub async fn mismatches(&self, posts: &[PostId]) -> Vec<(PostId, i64, i64)> {
+    pub async fn mismatches(&self, posts: &[GroupValue]) -> Vec<(GroupValue, i64, i64)> {
         let mut out = Vec::new();
         for p in posts {
             let (d, t) = counterd::store::displayed_and_truth(self.store.as_ref(), p)
@@ -139,7 +139,7 @@ impl TestDb {
     /// still on the wire. Reading the counters first and then finding no batch in flight (no
     /// checkpoint with a `pending` intent) proves the batch that made them exact is complete:
     /// its intent was recorded before its counter writes and is cleared only after its marks.
-    pub async fn wait_exact(&self, posts: &[PostId], within: Duration) {
+    pub async fn wait_exact(&self, posts: &[GroupValue], within: Duration) {
         let deadline = Instant::now() + within;
         loop {
             let bad = self.mismatches(posts).await;
@@ -260,7 +260,7 @@ impl TestDb {
         }
     }
 
-    pub async fn insert_comment(&self, id: impl Into<Bson>, post: &PostId, created_secs: i64) {
+    pub async fn insert_comment(&self, id: impl Into<Bson>, post: &GroupValue, created_secs: i64) {
         self.comments
             .insert_one(doc! {"_id": id.into(), "post_id": post.to_bson(), "created_at": mongodb::bson::DateTime::from_millis(created_secs * 1000), "body": "hi"})
             .await
@@ -390,8 +390,8 @@ pub fn rfc3339(secs: i64) -> String {
 }
 
 /// The tests' posts: `post-0`, `post-1`, ... (string ids, as the pages show them).
-pub fn post(i: usize) -> PostId {
-    PostId::Str(format!("post-{i}"))
+pub fn post(i: usize) -> GroupValue {
+    GroupValue::Str(format!("post-{i}"))
 }
 
 /// Prints why a test is skipped (so a skip is never silent).

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use counterd::core::key::PostId;
+use counterd::core::key::GroupValue;
 use mongodb::bson::{doc, Document};
 
 use crate::daemon::Daemon;
@@ -29,7 +29,7 @@ pub async fn sidecar(t: &TestDb, env: &[(&str, &str)]) -> Daemon {
 
 /// Waits (30 s each) until the counters of `posts` are exact and the worker has drained the
 /// stream, so that what a command prints next does not depend on a batch in flight.
-pub async fn settled(t: &TestDb, posts: &[PostId]) {
+pub async fn settled(t: &TestDb, posts: &[GroupValue]) {
     t.wait_exact(posts, Duration::from_secs(30)).await;
     t.wait_drained(Duration::from_secs(30)).await;
 }

@@ -27,7 +27,7 @@ use tokio::task::JoinHandle;
 use crate::config::InitialSnapshot;
 use crate::config::{CounterKind, CounterSetting, Settings};
 use crate::core::definition::{Definitions, Kind};
-use crate::core::key::PostId;
+use crate::core::key::GroupValue;
 use crate::daemon::{run_sources, shutdown_on_signals, statuses_for, DaemonError};
 use crate::local_server::{LocalServer, ServerKind};
 use crate::outln;
@@ -72,8 +72,8 @@ impl Args {
     }
 }
 
-fn post(i: usize) -> PostId {
-    PostId::Str(format!("post-{i:04}"))
+fn post(i: usize) -> GroupValue {
+    GroupValue::Str(format!("post-{i:04}"))
 }
 
 /// The counter collection of the demo's average rating (a sum of `rating` per post).
@@ -151,7 +151,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     load_stop.request();
     let _ = load.await;
     outln!("load stopped; waiting for every counter to converge ...");
-    let posts: Vec<PostId> = (0..args.posts).map(post).collect();
+    let posts: Vec<GroupValue> = (0..args.posts).map(post).collect();
     let exact = converge(&store, &definitions, &posts, &counterd.shutdown).await?;
     counterd.task.abort();
     let injected = injected.lock().unwrap().clone();
@@ -433,7 +433,7 @@ async fn show_header(
 async fn converge(
     store: &MongoStore,
     definitions: &Definitions,
-    posts: &[PostId],
+    posts: &[GroupValue],
     shutdown: &Shutdown,
 ) -> anyhow::Result<bool> {
     let deadline = Instant::now() + Duration::from_secs(60);

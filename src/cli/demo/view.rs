@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crate::config::Settings;
 use crate::core::definition::{Definition, Definitions, Kind};
 use crate::core::key::CounterIx;
-use crate::core::key::PostId;
+use crate::core::key::GroupValue;
 use crate::core::num::Num;
 use crate::outln;
 use crate::recount::Observation;
@@ -21,7 +21,7 @@ pub(super) struct View<'a> {
     pub store: &'a Arc<MongoStore>,
     pub definitions: &'a Definitions,
     /// The posts shown.
-    pub shown: Vec<PostId>,
+    pub shown: Vec<GroupValue>,
 }
 
 impl View<'_> {

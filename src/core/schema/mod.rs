@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::core::definition::Definition;
 use crate::core::event::{Row, RowRead};
-use crate::core::key::PostId;
+use crate::core::key::GroupValue;
 
 mod projection;
 mod update;
@@ -98,7 +98,7 @@ impl Schema {
     pub fn read_row(&self, doc: &Document) -> RowRead {
         match Self::get(doc, &self.group) {
             None => RowRead::NoPost,
-            Some(value) => match PostId::from_bson(value) {
+            Some(value) => match GroupValue::from_bson(value) {
                 Some(_) => RowRead::Row(self.read_existing_row(doc)),
                 None => RowRead::BadPost(format!("{:?}", value.element_type())),
             },
@@ -118,7 +118,7 @@ impl Schema {
             .is_some_and(|f| self.soft_delete.is_deleted(Self::get(doc, f)));
         Row {
             members: self.counters.iter().map(|d| d.member(doc)).collect(),
-            post: Self::get(doc, &self.group).and_then(PostId::from_bson),
+            post: Self::get(doc, &self.group).and_then(GroupValue::from_bson),
             created_at,
             deleted,
         }
@@ -133,8 +133,8 @@ impl Schema {
 
     /// The post id an event document names in the group field, if any (a `documentKey` on a
     /// collection sharded on it, a looked-up row, an update's new value).
-    pub fn post_in(&self, doc: &Document) -> Option<PostId> {
-        Self::get(doc, &self.group).and_then(PostId::from_bson)
+    pub fn post_in(&self, doc: &Document) -> Option<GroupValue> {
+        Self::get(doc, &self.group).and_then(GroupValue::from_bson)
     }
 
     /// Why the schema cannot be used (`None`: it can): an empty field name, a `$` in one.
@@ -178,7 +178,7 @@ mod tests {
     pub(super) fn row(post: i64, deleted: bool) -> Row {
         Row {
             members: Vec::new(),
-            post: Some(PostId::Int(post)),
+            post: Some(GroupValue::Int(post)),
             created_at: None,
             deleted,
         }

@@ -7,7 +7,7 @@ use super::write::{remove_path, set_path};
 use super::Schema;
 use crate::core::definition::{amount_of, Definition};
 use crate::core::event::{Row, UpdateSummary};
-use crate::core::key::PostId;
+use crate::core::key::GroupValue;
 use crate::core::key::{CounterIx, CounterKey, Member};
 use crate::core::num::Num;
 
@@ -24,9 +24,9 @@ pub enum FieldChange {
 
 impl Schema {
     /// The post an update sets the group field to, if it does.
-    pub fn post_set_by(&self, update: &UpdateSummary) -> Option<PostId> {
+    pub fn post_set_by(&self, update: &UpdateSummary) -> Option<GroupValue> {
         match Self::change(update, &self.group) {
-            FieldChange::Set(Some(value)) => PostId::from_bson(&value),
+            FieldChange::Set(Some(value)) => GroupValue::from_bson(&value),
             _ => None,
         }
     }
@@ -42,7 +42,7 @@ impl Schema {
             match Self::change(update, &d.group) {
                 FieldChange::Set(Some(value)) => Some(CounterKey {
                     counter: CounterIx(i + 1),
-                    group: PostId::from_bson(&value)?,
+                    group: GroupValue::from_bson(&value)?,
                 }),
                 _ => None,
             }
@@ -185,7 +185,7 @@ impl Schema {
         let post = match Self::change(update, &self.group) {
             FieldChange::Unchanged => before.post.clone(),
             FieldChange::Set(None) => None,
-            FieldChange::Set(Some(value)) => match PostId::from_bson(&value) {
+            FieldChange::Set(Some(value)) => match GroupValue::from_bson(&value) {
                 Some(p) => Some(p),
                 None => {
                     bad = Some(format!("{:?}", value.element_type()));
@@ -231,7 +231,7 @@ impl Schema {
                     not_a_number,
                     group: match Self::change(update, &definition.group) {
                         FieldChange::Unchanged => before.group,
-                        FieldChange::Set(value) => value.as_ref().and_then(PostId::from_bson),
+                        FieldChange::Set(value) => value.as_ref().and_then(GroupValue::from_bson),
                         FieldChange::Unknown => None,
                     },
                     matches: match Self::condition_set_by(update, definition) {
@@ -298,7 +298,7 @@ mod tests {
         assert_eq!(s.soft_delete_guess(&update(doc! {"body": 1}, &[])), None);
         assert_eq!(
             s.post_set_by(&update(doc! {"postId": 9}, &[])),
-            Some(PostId::Int(9))
+            Some(GroupValue::Int(9))
         );
         assert!(s
             .apply(&update(doc! {"postId": 2.5}, &[]), &before)
@@ -428,10 +428,10 @@ mod tests {
                 &before,
             )
             .unwrap();
-        assert_eq!(after.post, Some(PostId::Int(2)));
-        assert_eq!(after.members[0].group, Some(PostId::Int(2)));
+        assert_eq!(after.post, Some(GroupValue::Int(2)));
+        assert_eq!(after.members[0].group, Some(GroupValue::Int(2)));
         assert!(after.members[0].matches, "the condition's verdict is kept");
-        assert_eq!(after.members[1].group, Some(PostId::Str("bob".into())));
+        assert_eq!(after.members[1].group, Some(GroupValue::Str("bob".into())));
         let keys = s.groups_set_by(&update(doc! {"author": {"id": "bob"}, "postId": 2}, &[]));
         assert_eq!(keys.len(), 3, "{keys:?}");
         assert!(s.touches_counting(&update(doc! {"approved": false}, &[])));

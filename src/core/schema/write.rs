@@ -4,14 +4,14 @@
 use bson::{Bson, DateTime, Document};
 
 use super::{Schema, SoftDelete};
-use crate::core::key::PostId;
+use crate::core::key::GroupValue;
 
 impl Schema {
     /// Builds a comment document with this schema's fields (the demo and tests write rows).
     pub fn row_document(
         &self,
         id: impl Into<Bson>,
-        post: &PostId,
+        post: &GroupValue,
         created_at: DateTime,
         deleted: bool,
     ) -> Document {
@@ -102,12 +102,12 @@ mod tests {
         ] {
             let t = bson::DateTime::from_millis(1_700_000_000_000);
             for deleted in [false, true] {
-                let d = s.row_document(1, &PostId::Int(5), t, deleted);
+                let d = s.row_document(1, &GroupValue::Int(5), t, deleted);
                 assert_eq!(
                     s.read_row(&d),
                     RowRead::Row(Row {
                         members: Vec::new(),
-                        post: Some(PostId::Int(5)),
+                        post: Some(GroupValue::Int(5)),
                         created_at: Some(t),
                         deleted
                     }),

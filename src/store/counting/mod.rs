@@ -31,7 +31,7 @@ use crate::core::cost::ReadLimit;
 use crate::core::event::LedgerUpdate;
 use crate::core::event::{CommentId, Row, Token};
 use crate::core::fold::Fold;
-use crate::core::key::PostId;
+use crate::core::key::GroupValue;
 
 /// The concerns of the store, one per trait (the change stream's reads count as [`Stream`]).
 ///

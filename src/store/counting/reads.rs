@@ -5,7 +5,7 @@ use crate::core::num::Num;
 
 #[async_trait]
 impl<S: Truth> Truth for CountingStore<S> {
-    async fn count_live_below(&self, post: &PostId, watermark: i64) -> StoreResult<Num> {
+    async fn count_live_below(&self, post: &GroupValue, watermark: i64) -> StoreResult<Num> {
         self.count_query();
         self.timed(
             Concern::Truth,
@@ -17,7 +17,7 @@ impl<S: Truth> Truth for CountingStore<S> {
 
     async fn live_ids_below(
         &self,
-        post: &PostId,
+        post: &GroupValue,
         watermark: i64,
         at_most: usize,
     ) -> StoreResult<Option<Vec<CommentId>>> {
@@ -32,7 +32,7 @@ impl<S: Truth> Truth for CountingStore<S> {
 
     async fn live_ids_below_each(
         &self,
-        wanted: &[(PostId, i64)],
+        wanted: &[(GroupValue, i64)],
         at_most: usize,
     ) -> StoreResult<Option<Vec<Vec<CommentId>>>> {
         self.count_query_of(wanted.len());
@@ -46,7 +46,7 @@ impl<S: Truth> Truth for CountingStore<S> {
 
     async fn count_live_below_at(
         &self,
-        post: &PostId,
+        post: &GroupValue,
         watermark: i64,
         at: Timestamp,
     ) -> StoreResult<Option<Num>> {
@@ -59,18 +59,18 @@ impl<S: Truth> Truth for CountingStore<S> {
         counted
     }
 
-    async fn latest_created(&self, post: &PostId) -> StoreResult<Option<i64>> {
+    async fn latest_created(&self, post: &GroupValue) -> StoreResult<Option<i64>> {
         self.count_query();
         self.timed(Concern::Truth, 0, self.inner.latest_created(post))
             .await
     }
 
-    async fn count_live(&self, post: &PostId) -> StoreResult<Num> {
+    async fn count_live(&self, post: &GroupValue) -> StoreResult<Num> {
         self.timed(Concern::Truth, 0, self.inner.count_live(post))
             .await
     }
 
-    async fn rows_of_post(&self, post: &PostId) -> StoreResult<Vec<(CommentId, Row)>> {
+    async fn rows_of_post(&self, post: &GroupValue) -> StoreResult<Vec<(CommentId, Row)>> {
         self.timed(Concern::Truth, 0, self.inner.rows_of_post(post))
             .await
     }

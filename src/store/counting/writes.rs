@@ -174,14 +174,14 @@ impl<S: Counters> Counters for CountingStore<S> {
         .await
     }
 
-    async fn read_counter(&self, post: &PostId) -> StoreResult<Option<CounterDoc>> {
+    async fn read_counter(&self, post: &GroupValue) -> StoreResult<Option<CounterDoc>> {
         self.timed(Concern::Counters, 0, self.inner.read_counter(post))
             .await
     }
 
     async fn install_fold(
         &self,
-        post: &PostId,
+        post: &GroupValue,
         expected: Option<&CounterDoc>,
         fold: &Fold,
         now: DateTime,
@@ -194,12 +194,16 @@ impl<S: Counters> Counters for CountingStore<S> {
         .await
     }
 
-    async fn posts_after(&self, after: Option<&PostId>, limit: usize) -> StoreResult<Vec<PostId>> {
+    async fn posts_after(
+        &self,
+        after: Option<&GroupValue>,
+        limit: usize,
+    ) -> StoreResult<Vec<GroupValue>> {
         self.timed(Concern::Counters, 0, self.inner.posts_after(after, limit))
             .await
     }
 
-    async fn sample_posts(&self, n: usize) -> StoreResult<Vec<PostId>> {
+    async fn sample_posts(&self, n: usize) -> StoreResult<Vec<GroupValue>> {
         self.timed(Concern::Counters, 0, self.inner.sample_posts(n))
             .await
     }
@@ -339,12 +343,12 @@ impl<S: DirtySet> DirtySet for CountingStore<S> {
             .await
     }
 
-    async fn clear_dirty(&self, post: &PostId, version: i64) -> StoreResult<bool> {
+    async fn clear_dirty(&self, post: &GroupValue, version: i64) -> StoreResult<bool> {
         self.timed(Concern::Dirty, 1, self.inner.clear_dirty(post, version))
             .await
     }
 
-    async fn requeue_dirty(&self, post: &PostId, now: DateTime) -> StoreResult<bool> {
+    async fn requeue_dirty(&self, post: &GroupValue, now: DateTime) -> StoreResult<bool> {
         self.timed(Concern::Dirty, 1, self.inner.requeue_dirty(post, now))
             .await
     }

@@ -9,7 +9,7 @@ use super::{fence_ok, mongo_limit, not_gte, seam, Memory, MemoryStore};
 use crate::core::batch::{CounterDelta, CounterWrite};
 use crate::core::fold::{CounterState, Fold};
 use crate::core::key::CounterIx;
-use crate::core::key::PostId;
+use crate::core::key::GroupValue;
 use crate::core::num::Num;
 use crate::core::window::{Touch, LOG_ENTRIES};
 use crate::store::{ApplyOutcome, CounterDoc, Fence, StoreResult, Writer, WriterPosition};
@@ -208,7 +208,7 @@ impl Memory {
         }
     }
 
-    pub fn read_counter(&self, counter: CounterIx, post: &PostId) -> Option<CounterDoc> {
+    pub fn read_counter(&self, counter: CounterIx, post: &GroupValue) -> Option<CounterDoc> {
         self.counters_of(counter)?.get(post).map(|c| CounterDoc {
             post: Some(post.clone()),
             state: CounterState {
@@ -246,7 +246,7 @@ impl Memory {
     pub fn install_fold(
         &mut self,
         counter: CounterIx,
-        post: &PostId,
+        post: &GroupValue,
         expected: Option<&CounterDoc>,
         fold: &Fold,
         now: DateTime,
@@ -310,12 +310,12 @@ impl Memory {
     pub fn posts_after(
         &self,
         counter: CounterIx,
-        after: Option<&PostId>,
+        after: Option<&GroupValue>,
         limit: usize,
-    ) -> Vec<PostId> {
+    ) -> Vec<GroupValue> {
         let limit = mongo_limit(limit);
-        let after_ok = |p: &PostId| after.is_none_or(|a| p > a);
-        let from_comments: BTreeSet<PostId> = self
+        let after_ok = |p: &GroupValue| after.is_none_or(|a| p > a);
+        let from_comments: BTreeSet<GroupValue> = self
             .comments
             .values()
             .filter_map(|r| self.group_of(counter, r))
@@ -324,7 +324,7 @@ impl Memory {
         let none = BTreeMap::new();
         let counters = self.counters_of(counter).unwrap_or(&none);
         let from_counters = counters.keys().filter(|p| after_ok(p)).take(limit);
-        let mut posts: Vec<PostId> = from_comments
+        let mut posts: Vec<GroupValue> = from_comments
             .into_iter()
             .take(limit)
             .chain(from_counters.cloned())
@@ -335,12 +335,12 @@ impl Memory {
         posts
     }
 
-    pub fn sample_posts(&mut self, counter: CounterIx, n: usize) -> Vec<PostId> {
-        let with_counters: Vec<PostId> = self
+    pub fn sample_posts(&mut self, counter: CounterIx, n: usize) -> Vec<GroupValue> {
+        let with_counters: Vec<GroupValue> = self
             .counters_of(counter)
             .map(|c| c.keys().cloned().collect())
             .unwrap_or_default();
-        let with_rows: Vec<PostId> = self.live_groups(counter).into_iter().collect();
+        let with_rows: Vec<GroupValue> = self.live_groups(counter).into_iter().collect();
         let rng = &mut self.sample_rng;
         let mut posts = Vec::new();
         for all in [with_counters, with_rows] {
@@ -355,9 +355,9 @@ impl Memory {
 
 seam!(Counters {
     try fn write_counters(fence: &Fence, writes: &[CounterWrite]) -> ApplyOutcome;
-    view fn read_counter(post: &PostId) -> Option<CounterDoc>;
-    view fn install_fold(post: &PostId, expected: Option<&CounterDoc>, fold: &Fold, now: DateTime) -> bool;
-    view fn posts_after(after: Option<&PostId>, limit: usize) -> Vec<PostId>;
-    view fn sample_posts(n: usize) -> Vec<PostId>;
+    view fn read_counter(post: &GroupValue) -> Option<CounterDoc>;
+    view fn install_fold(post: &GroupValue, expected: Option<&CounterDoc>, fold: &Fold, now: DateTime) -> bool;
+    view fn posts_after(after: Option<&GroupValue>, limit: usize) -> Vec<GroupValue>;
+    view fn sample_posts(n: usize) -> Vec<GroupValue>;
     try fn apply_snapshot_counters(fence: &Fence, chunk: u64, writes: &[CounterDelta]) -> ApplyOutcome;
 });

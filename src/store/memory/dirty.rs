@@ -7,7 +7,7 @@ use bson::DateTime;
 use super::{mongo_limit, seam, Memory, MemoryStore};
 use crate::core::batch::DirtyMark;
 use crate::core::key::CounterIx;
-use crate::core::key::PostId;
+use crate::core::key::GroupValue;
 use crate::store::{DirtyEntry, DirtyOrder, DirtySummary, Fence};
 
 /// A stored dirty entry.
@@ -93,7 +93,7 @@ impl Memory {
         }
     }
 
-    pub fn clear_dirty(&mut self, counter: CounterIx, post: &PostId, version: i64) -> bool {
+    pub fn clear_dirty(&mut self, counter: CounterIx, post: &GroupValue, version: i64) -> bool {
         let Some(dirty) = self.dirty_of_mut(counter) else {
             return false;
         };
@@ -104,7 +104,7 @@ impl Memory {
         current
     }
 
-    pub fn requeue_dirty(&mut self, counter: CounterIx, post: &PostId, now: DateTime) -> bool {
+    pub fn requeue_dirty(&mut self, counter: CounterIx, post: &GroupValue, now: DateTime) -> bool {
         match self.dirty_of_mut(counter).and_then(|d| d.get_mut(post)) {
             Some(d) => {
                 d.first = d.first.max(now);
@@ -114,7 +114,7 @@ impl Memory {
         }
     }
 
-    pub fn dirty_posts(&self, counter: CounterIx) -> Vec<PostId> {
+    pub fn dirty_posts(&self, counter: CounterIx) -> Vec<GroupValue> {
         self.dirty_of(counter)
             .map(|d| d.keys().cloned().collect())
             .unwrap_or_default()
@@ -139,6 +139,6 @@ seam!(DirtySet {
     try fn mark_dirty(fence: &Fence, marks: &[DirtyMark], now: DateTime) -> ();
     view fn dirty_list(stream: Option<&str>, order: DirtyOrder, limit: usize) -> Vec<DirtyEntry>;
     view fn dirty_summary() -> DirtySummary;
-    view fn clear_dirty(post: &PostId, version: i64) -> bool;
-    view fn requeue_dirty(post: &PostId, now: DateTime) -> bool;
+    view fn clear_dirty(post: &GroupValue, version: i64) -> bool;
+    view fn requeue_dirty(post: &GroupValue, now: DateTime) -> bool;
 });

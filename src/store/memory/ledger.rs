@@ -7,8 +7,8 @@ use bson::DateTime;
 use super::{fence_ok, not_gte, seam, Memory, MemoryStore};
 use crate::core::event::LedgerUpdate;
 use crate::core::event::{CommentId, Row, Token};
+use crate::core::key::GroupValue;
 use crate::core::key::Member;
-use crate::core::key::PostId;
 use crate::core::window::LedgerAt;
 use crate::store::Fence;
 
@@ -18,7 +18,7 @@ pub struct LedgerRec {
     pub exists: bool,
     /// Soft-deleted (an existing row without a post keeps it too).
     pub deleted: bool,
-    pub post: Option<PostId>,
+    pub post: Option<GroupValue>,
     pub created_at: Option<DateTime>,
     /// The row's verdicts per definition beyond the default (see [`Row::members`]).
     pub members: Vec<Member>,

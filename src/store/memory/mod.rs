@@ -49,7 +49,7 @@ pub use self::stream::{
 pub use self::truth::row_facts;
 use crate::core::definition::Definition;
 use crate::core::key::CounterIx;
-use crate::core::key::PostId;
+use crate::core::key::GroupValue;
 use crate::store::{RunSummary, SweepCursor};
 
 /// The application's fields: the in-process truth uses counterd's default schema.
@@ -88,11 +88,11 @@ pub struct Memory {
     /// Reads carry a post-batch resume token (a real server); some servers send none.
     pub post_batch_tokens: bool,
     /// The default definition's counters (the others' are in `more`).
-    pub counters: BTreeMap<PostId, CounterRec>,
+    pub counters: BTreeMap<GroupValue, CounterRec>,
     /// Ledger entries by (collection, comment key): each partition keeps its own collection.
     pub ledger: BTreeMap<(String, String), (Bson, LedgerRec)>,
     /// The default definition's dirty set (the others' are in `more`).
-    pub dirty: BTreeMap<PostId, DirtyRec>,
+    pub dirty: BTreeMap<GroupValue, DirtyRec>,
     /// The counter definitions beyond the default (the worker's `Schema::counters`), in order:
     /// definition `CounterIx(i + 1)` is `definitions[i]`. Its counts read rows through it.
     pub definitions: Vec<Definition>,
@@ -154,7 +154,7 @@ impl Memory {
     }
 
     /// Definition `counter`'s counters (`None`: no such definition).
-    pub fn counters_of(&self, counter: CounterIx) -> Option<&BTreeMap<PostId, CounterRec>> {
+    pub fn counters_of(&self, counter: CounterIx) -> Option<&BTreeMap<GroupValue, CounterRec>> {
         match counter {
             CounterIx::DEFAULT => Some(&self.counters),
             _ => self.more.get(&counter).map(|t| &t.counters),
@@ -165,7 +165,7 @@ impl Memory {
     pub fn counters_of_mut(
         &mut self,
         counter: CounterIx,
-    ) -> Option<&mut BTreeMap<PostId, CounterRec>> {
+    ) -> Option<&mut BTreeMap<GroupValue, CounterRec>> {
         match counter {
             CounterIx::DEFAULT => Some(&mut self.counters),
             _ => self.more.get_mut(&counter).map(|t| &mut t.counters),
@@ -173,7 +173,7 @@ impl Memory {
     }
 
     /// Definition `counter`'s dirty set (`None`: no such definition).
-    pub fn dirty_of(&self, counter: CounterIx) -> Option<&BTreeMap<PostId, DirtyRec>> {
+    pub fn dirty_of(&self, counter: CounterIx) -> Option<&BTreeMap<GroupValue, DirtyRec>> {
         match counter {
             CounterIx::DEFAULT => Some(&self.dirty),
             _ => self.more.get(&counter).map(|t| &t.dirty),
@@ -181,7 +181,10 @@ impl Memory {
     }
 
     /// Definition `counter`'s dirty set, to write (`None`: no such definition).
-    pub fn dirty_of_mut(&mut self, counter: CounterIx) -> Option<&mut BTreeMap<PostId, DirtyRec>> {
+    pub fn dirty_of_mut(
+        &mut self,
+        counter: CounterIx,
+    ) -> Option<&mut BTreeMap<GroupValue, DirtyRec>> {
         match counter {
             CounterIx::DEFAULT => Some(&mut self.dirty),
             _ => self.more.get_mut(&counter).map(|t| &mut t.dirty),
@@ -199,8 +202,8 @@ impl Memory {
 /// One definition's "collections" beyond the default's: its counters and its dirty set.
 #[derive(Clone, Debug, Default)]
 pub struct CounterTables {
-    pub counters: BTreeMap<PostId, CounterRec>,
-    pub dirty: BTreeMap<PostId, DirtyRec>,
+    pub counters: BTreeMap<GroupValue, CounterRec>,
+    pub dirty: BTreeMap<GroupValue, DirtyRec>,
 }
 
 /// The in-process store behind the seam's traits. Clones share the same tables.

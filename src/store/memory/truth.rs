@@ -10,18 +10,18 @@ use super::{seam, Memory, MemoryStore, OpKind, CREATED_FIELD, DELETED_FIELD, POS
 use crate::core::definition::Definition;
 use crate::core::event::{CommentId, Row};
 use crate::core::key::CounterIx;
-use crate::core::key::PostId;
+use crate::core::key::GroupValue;
 use crate::core::num::Num;
 use crate::store::CommentsExtent;
 
 /// (post, created_at, live) of a row document, when it counts at all (it has a post).
-pub fn row_facts(row: &Document) -> Option<(PostId, Option<DateTime>, bool)> {
+pub fn row_facts(row: &Document) -> Option<(GroupValue, Option<DateTime>, bool)> {
     let row = read_row(&[], row);
     Some((row.post?, row.created_at, !row.deleted))
 }
 
 /// (post, created_at, live) of a row document, with or without a post.
-fn row_facts_ungrouped(row: &Document) -> (Option<PostId>, Option<DateTime>, bool) {
+fn row_facts_ungrouped(row: &Document) -> (Option<GroupValue>, Option<DateTime>, bool) {
     let row = read_row(&[], row);
     (row.post, row.created_at, !row.deleted)
 }
@@ -30,7 +30,7 @@ fn row_facts_ungrouped(row: &Document) -> (Option<PostId>, Option<DateTime>, boo
 fn read_row(definitions: &[Definition], row: &Document) -> Row {
     Row {
         members: definitions.iter().map(|d| d.member(row)).collect(),
-        post: row.get(POST_FIELD).and_then(PostId::from_bson),
+        post: row.get(POST_FIELD).and_then(GroupValue::from_bson),
         created_at: match row.get(CREATED_FIELD) {
             Some(Bson::DateTime(d)) => Some(*d),
             _ => None,
@@ -51,7 +51,7 @@ impl Memory {
         &self,
         counter: CounterIx,
         row: &Document,
-    ) -> Option<(PostId, Option<DateTime>, bool)> {
+    ) -> Option<(GroupValue, Option<DateTime>, bool)> {
         if counter == CounterIx::DEFAULT {
             return row_facts(row);
         }
@@ -83,12 +83,12 @@ impl Memory {
     }
 
     /// The group of a row document in definition `counter`, live or not.
-    pub fn group_of(&self, counter: CounterIx, row: &Document) -> Option<PostId> {
+    pub fn group_of(&self, counter: CounterIx, row: &Document) -> Option<GroupValue> {
         self.facts(counter, row).map(|(group, _, _)| group)
     }
 
     /// Groups of definition `counter` with at least one row that counts.
-    pub fn live_groups(&self, counter: CounterIx) -> BTreeSet<PostId> {
+    pub fn live_groups(&self, counter: CounterIx) -> BTreeSet<GroupValue> {
         self.comments
             .values()
             .filter_map(|r| self.facts(counter, r))
@@ -150,7 +150,7 @@ impl Memory {
         Some(old)
     }
 
-    pub fn count_live_below(&self, counter: CounterIx, post: &PostId, watermark: i64) -> Num {
+    pub fn count_live_below(&self, counter: CounterIx, post: &GroupValue, watermark: i64) -> Num {
         let below = watermark.saturating_mul(1000);
         self.comments
             .values()
@@ -167,7 +167,7 @@ impl Memory {
     pub fn live_ids_below(
         &self,
         counter: CounterIx,
-        post: &PostId,
+        post: &GroupValue,
         watermark: i64,
         at_most: usize,
     ) -> Option<Vec<CommentId>> {
@@ -189,7 +189,7 @@ impl Memory {
         (ids.len() <= at_most).then_some(ids)
     }
 
-    pub fn latest_created(&self, counter: CounterIx, post: &PostId) -> Option<i64> {
+    pub fn latest_created(&self, counter: CounterIx, post: &GroupValue) -> Option<i64> {
         self.comments
             .values()
             .filter_map(|r| self.facts(counter, r))
@@ -199,7 +199,7 @@ impl Memory {
             .max()
     }
 
-    pub fn count_live(&self, counter: CounterIx, post: &PostId) -> Num {
+    pub fn count_live(&self, counter: CounterIx, post: &GroupValue) -> Num {
         self.comments
             .values()
             .filter(|r| {
@@ -210,7 +210,7 @@ impl Memory {
             .sum()
     }
 
-    pub fn rows_of_post(&self, counter: CounterIx, post: &PostId) -> Vec<(CommentId, Row)> {
+    pub fn rows_of_post(&self, counter: CounterIx, post: &GroupValue) -> Vec<(CommentId, Row)> {
         self.comments
             .iter()
             .filter(|(_, row)| self.group_of(counter, row).as_ref() == Some(post))
@@ -249,7 +249,7 @@ impl Memory {
     pub fn count_live_below_at(
         &self,
         _counter: CounterIx,
-        _post: &PostId,
+        _post: &GroupValue,
         _watermark: i64,
         _at: Timestamp,
     ) -> Option<Num> {
@@ -258,12 +258,12 @@ impl Memory {
 }
 
 seam!(Truth {
-    view fn count_live_below(post: &PostId, watermark: i64) -> Num;
-    view fn live_ids_below(post: &PostId, watermark: i64, at_most: usize) -> Option<Vec<CommentId>>;
-    view fn count_live_below_at(post: &PostId, watermark: i64, at: Timestamp) -> Option<Num>;
-    view fn latest_created(post: &PostId) -> Option<i64>;
-    view fn count_live(post: &PostId) -> Num;
-    view fn rows_of_post(post: &PostId) -> Vec<(CommentId, Row)>;
+    view fn count_live_below(post: &GroupValue, watermark: i64) -> Num;
+    view fn live_ids_below(post: &GroupValue, watermark: i64, at_most: usize) -> Option<Vec<CommentId>>;
+    view fn count_live_below_at(post: &GroupValue, watermark: i64, at: Timestamp) -> Option<Num>;
+    view fn latest_created(post: &GroupValue) -> Option<i64>;
+    view fn count_live(post: &GroupValue) -> Num;
+    view fn rows_of_post(post: &GroupValue) -> Vec<(CommentId, Row)>;
     ok fn comments_extent() -> CommentsExtent;
     ok fn rows_after(after: Option<&CommentId>, last: &CommentId, limit: usize) -> Vec<(CommentId, Row)>;
 });

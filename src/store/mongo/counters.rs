@@ -5,17 +5,17 @@ use crate::core::definition::ROWS_FIELD;
 use crate::core::num::Num;
 
 /// Type brackets of BSON sort order that post ids may have, in order.
-pub(super) fn later_types(post: &PostId) -> Vec<&'static str> {
+pub(super) fn later_types(post: &GroupValue) -> Vec<&'static str> {
     match post {
-        PostId::Int(_) => vec!["string", "objectId"],
-        PostId::Str(_) => vec!["objectId"],
-        PostId::Oid(_) => vec![],
+        GroupValue::Int(_) => vec!["string", "objectId"],
+        GroupValue::Str(_) => vec!["objectId"],
+        GroupValue::Oid(_) => vec![],
     }
 }
 
 /// Posts strictly after `after` in BSON order, across type brackets (`$gt` alone stays within
 /// one type).
-pub(super) fn after_filter(field: &str, after: Option<&PostId>) -> Document {
+pub(super) fn after_filter(field: &str, after: Option<&GroupValue>) -> Document {
     match after {
         None => doc! {field: {"$type": ["int", "long", "double", "string", "objectId"]}},
         Some(post) => {
@@ -86,7 +86,7 @@ impl Counters for MongoStore {
             .await
     }
 
-    async fn read_counter(&self, post: &PostId) -> StoreResult<Option<CounterDoc>> {
+    async fn read_counter(&self, post: &GroupValue) -> StoreResult<Option<CounterDoc>> {
         let place = self.here("read a counter")?;
         let found = self
             .coll(place.counters)
@@ -100,7 +100,7 @@ impl Counters for MongoStore {
 
     async fn install_fold(
         &self,
-        post: &PostId,
+        post: &GroupValue,
         expected: Option<&CounterDoc>,
         fold: &Fold,
         now: DateTime,
@@ -197,7 +197,11 @@ impl Counters for MongoStore {
         Ok(result.matched_count == 1)
     }
 
-    async fn posts_after(&self, after: Option<&PostId>, limit: usize) -> StoreResult<Vec<PostId>> {
+    async fn posts_after(
+        &self,
+        after: Option<&GroupValue>,
+        limit: usize,
+    ) -> StoreResult<Vec<GroupValue>> {
         let place = self.here("list posts")?;
         let pipeline = vec![
             doc! {"$match": after_filter(place.group, after)},
@@ -224,10 +228,10 @@ impl Counters for MongoStore {
             .try_collect()
             .await
             .map_err(|e| map_err("list counters", e))?;
-        let mut posts: Vec<PostId> = from_comments
+        let mut posts: Vec<GroupValue> = from_comments
             .iter()
             .chain(from_counters.iter())
-            .filter_map(|d| d.get("_id").and_then(PostId::from_bson))
+            .filter_map(|d| d.get("_id").and_then(GroupValue::from_bson))
             .collect();
         posts.sort();
         posts.dedup();
@@ -235,7 +239,7 @@ impl Counters for MongoStore {
         Ok(posts)
     }
 
-    async fn sample_posts(&self, n: usize) -> StoreResult<Vec<PostId>> {
+    async fn sample_posts(&self, n: usize) -> StoreResult<Vec<GroupValue>> {
         let sample = |field: String| {
             vec![
                 doc! {"$sample": {"size": n as i64}},
@@ -261,9 +265,9 @@ impl Counters for MongoStore {
             .await
             .map_err(|e| map_err("sample comments", e))?;
         docs.extend(from_comments);
-        let mut posts: Vec<PostId> = docs
+        let mut posts: Vec<GroupValue> = docs
             .iter()
-            .filter_map(|d| d.get("post").and_then(PostId::from_bson))
+            .filter_map(|d| d.get("post").and_then(GroupValue::from_bson))
             .collect();
         posts.sort();
         posts.dedup();

@@ -97,7 +97,7 @@ impl DirtySet for MongoStore {
         Ok(DirtySummary { size, oldest })
     }
 
-    async fn clear_dirty(&self, post: &PostId, version: i64) -> StoreResult<bool> {
+    async fn clear_dirty(&self, post: &GroupValue, version: i64) -> StoreResult<bool> {
         let result = self
             .coll(&self.here("clear a dirty entry")?.dirty)
             .delete_one(doc! {"_id": post.to_bson(), "version": version})
@@ -106,7 +106,7 @@ impl DirtySet for MongoStore {
         Ok(result.deleted_count == 1)
     }
 
-    async fn requeue_dirty(&self, post: &PostId, now: DateTime) -> StoreResult<bool> {
+    async fn requeue_dirty(&self, post: &GroupValue, now: DateTime) -> StoreResult<bool> {
         let result = self
             .coll(&self.here("requeue a dirty entry")?.dirty)
             .update_one(

@@ -54,7 +54,7 @@ use crate::core::batch::{CounterDelta, CounterWrite, DirtyMark};
 use crate::core::event::LedgerUpdate;
 use crate::core::event::{CommentId, Row, Token};
 use crate::core::key::CounterIx;
-use crate::core::key::PostId;
+use crate::core::key::GroupValue;
 use crate::core::schema::{Schema, SoftDelete};
 use crate::core::time::BucketStart;
 

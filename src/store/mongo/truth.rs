@@ -5,13 +5,13 @@ use crate::core::num::Num;
 
 #[async_trait]
 impl Truth for MongoStore {
-    async fn count_live_below(&self, post: &PostId, watermark: i64) -> StoreResult<Num> {
+    async fn count_live_below(&self, post: &GroupValue, watermark: i64) -> StoreResult<Num> {
         self.tally(self.live_below(post, watermark)?).await
     }
 
     async fn live_ids_below(
         &self,
-        post: &PostId,
+        post: &GroupValue,
         watermark: i64,
         at_most: usize,
     ) -> StoreResult<Option<Vec<CommentId>>> {
@@ -46,15 +46,15 @@ impl Truth for MongoStore {
 
     async fn live_ids_below_each(
         &self,
-        wanted: &[(PostId, i64)],
+        wanted: &[(GroupValue, i64)],
         at_most: usize,
     ) -> StoreResult<Option<Vec<Vec<CommentId>>>> {
-        let place: HashMap<&PostId, usize> = wanted
+        let place: HashMap<&GroupValue, usize> = wanted
             .iter()
             .enumerate()
             .map(|(i, (p, _))| (p, i))
             .collect();
-        let mut by_watermark: BTreeMap<i64, Vec<PostId>> = BTreeMap::new();
+        let mut by_watermark: BTreeMap<i64, Vec<GroupValue>> = BTreeMap::new();
         for (post, watermark) in wanted {
             by_watermark
                 .entry(*watermark)
@@ -89,7 +89,8 @@ impl Truth for MongoStore {
             let Some(id) = doc.get("_id") else { continue };
             // The row's post as the worker reads it: the filter's `$in` matches by MongoDB's
             // equality, and the post read here is the one that equality names.
-            let post = crate::core::schema::Schema::get(&doc, group).and_then(PostId::from_bson);
+            let post =
+                crate::core::schema::Schema::get(&doc, group).and_then(GroupValue::from_bson);
             if let Some(&i) = post.and_then(|p| place.get(&p)) {
                 reads[i].push(CommentId::new(id.clone()));
                 held += 1;
@@ -100,7 +101,7 @@ impl Truth for MongoStore {
 
     async fn count_live_below_at(
         &self,
-        post: &PostId,
+        post: &GroupValue,
         watermark: i64,
         at: Timestamp,
     ) -> StoreResult<Option<Num>> {
@@ -118,7 +119,7 @@ impl Truth for MongoStore {
         }
     }
 
-    async fn latest_created(&self, post: &PostId) -> StoreResult<Option<i64>> {
+    async fn latest_created(&self, post: &GroupValue) -> StoreResult<Option<i64>> {
         let group = self.here("find the latest comment")?.group;
         let latest = self
             .comments
@@ -135,11 +136,11 @@ impl Truth for MongoStore {
             .map(|t| t.timestamp_millis().div_euclid(1000)))
     }
 
-    async fn count_live(&self, post: &PostId) -> StoreResult<Num> {
+    async fn count_live(&self, post: &GroupValue) -> StoreResult<Num> {
         self.tally(self.live(post)?).await
     }
 
-    async fn rows_of_post(&self, post: &PostId) -> StoreResult<Vec<(CommentId, Row)>> {
+    async fn rows_of_post(&self, post: &GroupValue) -> StoreResult<Vec<(CommentId, Row)>> {
         let group = self.here("read the rows of a post")?.group;
         let mut cursor = self
             .comments
@@ -219,7 +220,7 @@ impl MongoStore {
     /// classifier evaluates).
     ///
     /// [`Condition`]: crate::core::condition::Condition
-    pub(super) fn live(&self, post: &PostId) -> StoreResult<Document> {
+    pub(super) fn live(&self, post: &GroupValue) -> StoreResult<Document> {
         let place = self.here("count live comments")?;
         let mut filter = doc! {place.group: {
             "$eq": post.to_bson(),
@@ -234,12 +235,12 @@ impl MongoStore {
     /// [`MongoStore::live_below`] of each, at once (`$in` is `$eq` to each value; the types
     /// allowed are those of every post asked, and a row of one type matches only the values
     /// of its own, as MongoDB compares them).
-    fn live_below_any(&self, posts: &[PostId], watermark: i64) -> StoreResult<Document> {
+    fn live_below_any(&self, posts: &[GroupValue], watermark: i64) -> StoreResult<Document> {
         let place = self.here("count live comments")?;
         let mut types: Vec<&str> = posts.iter().flat_map(post_types).copied().collect();
         types.sort_unstable();
         types.dedup();
-        let values: Vec<Bson> = posts.iter().map(PostId::to_bson).collect();
+        let values: Vec<Bson> = posts.iter().map(GroupValue::to_bson).collect();
         let mut filter = doc! {place.group: {
             "$in": values,
             "$type": types,
@@ -270,7 +271,7 @@ impl MongoStore {
     }
 
     /// The rows of `post` that count and whose creation time is not `>= watermark`.
-    pub(super) fn live_below(&self, post: &PostId, watermark: i64) -> StoreResult<Document> {
+    pub(super) fn live_below(&self, post: &GroupValue, watermark: i64) -> StoreResult<Document> {
         let mut filter = self.live(post)?;
         filter.insert(&self.schema.created, not_gte(to_date(watermark)));
         Ok(filter)
@@ -403,12 +404,12 @@ fn tallied(reply: Option<&Document>) -> Num {
 const ID_READ_BATCH: u32 = 1000;
 
 /// The BSON types a post id of this kind is stored as: exactly the post ids the worker reads
-/// (`PostId::from_bson`): an integer matches the numbers equal to it (8, NumberLong(8), 8.0, as
+/// (`GroupValue::from_bson`): an integer matches the numbers equal to it (8, NumberLong(8), 8.0, as
 /// MongoDB's equality does), never an array holding the value or the string "8".
-fn post_types(post: &PostId) -> &'static [&'static str] {
+fn post_types(post: &GroupValue) -> &'static [&'static str] {
     match post {
-        PostId::Int(_) => &["int", "long", "double"],
-        PostId::Str(_) => &["string"],
-        PostId::Oid(_) => &["objectId"],
+        GroupValue::Int(_) => &["int", "long", "double"],
+        GroupValue::Str(_) => &["string"],
+        GroupValue::Oid(_) => &["objectId"],
     }
 }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use counterd::core::key::CounterIx;
-use counterd::core::key::PostId;
+use counterd::core::key::GroupValue;
 use counterd::reconcile::{ReconcileSettings, Reconciler};
 use counterd::store::prelude::*;
 use counterd::store::Fence;
@@ -64,7 +64,7 @@ fn a_sweep_after_lost_history_counts_recent_rows() {
     let s = store.lock();
     let displayed = s
         .counters()
-        .get(&PostId::Int(0))
+        .get(&GroupValue::Int(0))
         .map_or(0, |(base, _, live, _)| base + live);
     assert_eq!(displayed, 1, "the row whose insert was lost is not counted");
 }
@@ -130,13 +130,13 @@ fn a_noop_full_recount_keeps_its_watermark() {
         reconciler.run_dirty(t + 40).await.unwrap()
     });
     let s = store.lock();
-    let displayed = s.displayed().get(&PostId::Int(0)).copied().unwrap_or(0);
-    let truth = s.truth().get(&PostId::Int(0)).copied().unwrap_or(0);
+    let displayed = s.displayed().get(&GroupValue::Int(0)).copied().unwrap_or(0);
+    let truth = s.truth().get(&GroupValue::Int(0)).copied().unwrap_or(0);
     assert!(
         displayed == truth && report.corrections.is_empty(),
         "post 0 displays {displayed}, truth {truth}, after a fold that corrected {:?} (counter {:?})",
         report.corrections,
-        s.counters().get(&PostId::Int(0))
+        s.counters().get(&GroupValue::Int(0))
     );
 }
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use counterd::budget::Budget;
 use counterd::core::batch::DirtyMark;
 use counterd::core::key::CounterIx;
-use counterd::core::key::PostId;
+use counterd::core::key::GroupValue;
 use counterd::reconcile::{ReconcileSettings, RunReport};
 use counterd::store::prelude::*;
 use counterd::store::Fence;
@@ -29,7 +29,7 @@ fn reconciling_one_post_clears_its_dirty_entry() {
         stream: STREAM.into(),
         epoch: 1,
     };
-    let (older, newer) = (PostId::Int(1), PostId::Int(2));
+    let (older, newer) = (GroupValue::Int(1), GroupValue::Int(2));
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()
@@ -92,7 +92,7 @@ fn a_recount_across_the_initial_snapshot_is_not_folded() {
             let report = report.clone();
             let reconciler = &reconciler;
             async move {
-                let r = reconciler.run_post(&PostId::Int(0), now).await.unwrap();
+                let r = reconciler.run_post(&GroupValue::Int(0), now).await.unwrap();
                 *report.borrow_mut() = Some(r);
             }
         });
@@ -281,7 +281,7 @@ fn a_change_hidden_by_a_lookup_voids_a_recount() {
         report
     });
     let s = store.lock();
-    let displayed = s.displayed().get(&PostId::Int(0)).copied().unwrap_or(0);
+    let displayed = s.displayed().get(&GroupValue::Int(0)).copied().unwrap_or(0);
     assert!(
         report.corrections.is_empty() && displayed == 0,
         "a recount that saw a row restamped into a settled bucket (a change hidden by the lookup of a later state) was installed: corrections {:?}, post 0 displays {displayed}, truth 0",

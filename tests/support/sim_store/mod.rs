@@ -45,7 +45,7 @@ use async_trait::async_trait;
 use bson::DateTime;
 use counterd::clock::Clock;
 use counterd::core::key::CounterIx;
-use counterd::core::key::PostId;
+use counterd::core::key::GroupValue;
 use counterd::shutdown::{Shutdown, ShutdownTrigger};
 use counterd::store::memory::Memory;
 use counterd::store::CounterViews;
@@ -90,7 +90,7 @@ pub struct State {
     pub start_clock: i64,
     pub bucket_width: i64,
     /// Live rows per (post, creation bucket), kept by the writers.
-    live: BTreeMap<(PostId, i64), i64>,
+    live: BTreeMap<(GroupValue, i64), i64>,
     next_id: i64,
     /// Comment ids hard-deleted so far (for re-inserts of a known `_id`).
     gone_ids: Vec<i64>,
@@ -110,7 +110,7 @@ pub struct State {
     pub faults: Faults,
     pub broken: Broken,
     /// Applied counter increments per (post, bucket).
-    pub shadow: BTreeMap<(PostId, i64), i64>,
+    pub shadow: BTreeMap<(GroupValue, i64), i64>,
     /// Counts of what happened, for coverage: injected faults by call and strike, pauses, folds.
     pub stats: BTreeMap<String, u64>,
     /// Non-worker actors (writers, reconciler) still running this round.
@@ -139,15 +139,15 @@ pub struct State {
     /// history lost without ever reading is looping.
     gaps_in_a_row: u32,
     /// Drift injected by hand per post: displayed minus truth caused by each edit.
-    pub injected: BTreeMap<PostId, Drift>,
+    pub injected: BTreeMap<GroupValue, Drift>,
     /// Injected amounts that sit in a counter's buckets, per (post, bucket): a bucket at or
     /// above its counter's watermark holds exactly its live rows plus this. A deleted counter
     /// leaves each bucket short of everything applied to it before.
-    pub injected_buckets: BTreeMap<(PostId, i64), i64>,
+    pub injected_buckets: BTreeMap<(GroupValue, i64), i64>,
     /// Drift corrected by every fold installed, per post (whether or not its run reported it).
-    pub corrected: BTreeMap<PostId, Drift>,
+    pub corrected: BTreeMap<GroupValue, Drift>,
     /// Every installed fold that corrected drift: (post, drift), in order.
-    pub fold_log: Vec<(PostId, i64)>,
+    pub fold_log: Vec<(GroupValue, i64)>,
     /// Check, at every installed fold, that no post was corrected of more drift of either sign
     /// than was injected into it (while no history was lost).
     pub drift_bounds: bool,

@@ -16,7 +16,7 @@ use counterd::core::deployment::Deployment;
 use counterd::core::event::LedgerUpdate;
 use counterd::core::event::{CommentId, Row, Token};
 use counterd::core::fold::Fold;
-use counterd::core::key::PostId;
+use counterd::core::key::GroupValue;
 use counterd::core::window::LedgerAt;
 use counterd::store::prelude::*;
 use counterd::store::{
@@ -336,7 +336,7 @@ impl Counters for SimStore {
         Ok(ApplyOutcome::count(applied))
     }
 
-    async fn read_counter(&self, post: &PostId) -> StoreResult<Option<CounterDoc>> {
+    async fn read_counter(&self, post: &GroupValue) -> StoreResult<Option<CounterDoc>> {
         let counter = self.counter;
         self.single("read_counter", false, |s| {
             Ok(s.memory.read_counter(counter, post))
@@ -346,7 +346,7 @@ impl Counters for SimStore {
 
     async fn install_fold(
         &self,
-        post: &PostId,
+        post: &GroupValue,
         expected: Option<&CounterDoc>,
         fold: &Fold,
         now: DateTime,
@@ -398,7 +398,11 @@ impl Counters for SimStore {
         .await
     }
 
-    async fn posts_after(&self, after: Option<&PostId>, limit: usize) -> StoreResult<Vec<PostId>> {
+    async fn posts_after(
+        &self,
+        after: Option<&GroupValue>,
+        limit: usize,
+    ) -> StoreResult<Vec<GroupValue>> {
         let counter = self.counter;
         self.single("posts_after", false, |s| {
             Ok(s.memory.posts_after(counter, after, limit))
@@ -406,7 +410,7 @@ impl Counters for SimStore {
         .await
     }
 
-    async fn sample_posts(&self, n: usize) -> StoreResult<Vec<PostId>> {
+    async fn sample_posts(&self, n: usize) -> StoreResult<Vec<GroupValue>> {
         let counter = self.counter;
         self.single("sample_posts", false, |s| {
             Ok(s.memory.sample_posts(counter, n))
@@ -569,7 +573,7 @@ impl DirtySet for SimStore {
         .await
     }
 
-    async fn clear_dirty(&self, post: &PostId, version: i64) -> StoreResult<bool> {
+    async fn clear_dirty(&self, post: &GroupValue, version: i64) -> StoreResult<bool> {
         let counter = self.counter;
         self.single("clear_dirty", true, |s| {
             Ok(s.memory.clear_dirty(counter, post, version))
@@ -577,7 +581,7 @@ impl DirtySet for SimStore {
         .await
     }
 
-    async fn requeue_dirty(&self, post: &PostId, now: DateTime) -> StoreResult<bool> {
+    async fn requeue_dirty(&self, post: &GroupValue, now: DateTime) -> StoreResult<bool> {
         let counter = self.counter;
         self.single("requeue_dirty", true, |s| {
             Ok(s.memory.requeue_dirty(counter, post, now))
@@ -588,7 +592,7 @@ impl DirtySet for SimStore {
 
 #[async_trait]
 impl Truth for SimStore {
-    async fn count_live_below(&self, post: &PostId, watermark: i64) -> StoreResult<Num> {
+    async fn count_live_below(&self, post: &GroupValue, watermark: i64) -> StoreResult<Num> {
         let counter = self.counter;
         self.single("count_live_below", false, |s| {
             Ok(s.memory.count_live_below(counter, post, watermark))
@@ -598,7 +602,7 @@ impl Truth for SimStore {
 
     async fn live_ids_below(
         &self,
-        post: &PostId,
+        post: &GroupValue,
         watermark: i64,
         at_most: usize,
     ) -> StoreResult<Option<Vec<CommentId>>> {
@@ -615,7 +619,7 @@ impl Truth for SimStore {
 
     async fn count_live_below_at(
         &self,
-        _post: &PostId,
+        _post: &GroupValue,
         _watermark: i64,
         _at: Timestamp,
     ) -> StoreResult<Option<Num>> {
@@ -623,7 +627,7 @@ impl Truth for SimStore {
         Ok(None)
     }
 
-    async fn latest_created(&self, post: &PostId) -> StoreResult<Option<i64>> {
+    async fn latest_created(&self, post: &GroupValue) -> StoreResult<Option<i64>> {
         let counter = self.counter;
         self.single("latest_created", false, |s| {
             Ok(s.memory.latest_created(counter, post))
@@ -631,7 +635,7 @@ impl Truth for SimStore {
         .await
     }
 
-    async fn count_live(&self, post: &PostId) -> StoreResult<Num> {
+    async fn count_live(&self, post: &GroupValue) -> StoreResult<Num> {
         let counter = self.counter;
         self.single("count_live", false, |s| {
             Ok(s.memory.count_live(counter, post))
@@ -639,7 +643,7 @@ impl Truth for SimStore {
         .await
     }
 
-    async fn rows_of_post(&self, post: &PostId) -> StoreResult<Vec<(CommentId, Row)>> {
+    async fn rows_of_post(&self, post: &GroupValue) -> StoreResult<Vec<(CommentId, Row)>> {
         let counter = self.counter;
         self.single("rows_of_post", false, |s| {
             Ok(s.memory.rows_of_post(counter, post))

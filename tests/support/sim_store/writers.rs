@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use bson::{doc, Bson, DateTime, Document};
 use counterd::core::fold::Fold;
 use counterd::core::key::CounterIx;
-use counterd::core::key::PostId;
+use counterd::core::key::GroupValue;
 use counterd::core::num::Num;
 use counterd::core::time::bucket_of;
 use counterd::store::memory::{row_facts, OplogTxn, CREATED_FIELD, DELETED_FIELD, POST_FIELD};
@@ -371,13 +371,13 @@ impl State {
     // --- the truth and what the counters display ----------------------------------------------
 
     /// Live rows per (post, creation bucket).
-    pub fn truth_by_bucket(&self) -> &BTreeMap<(PostId, i64), i64> {
+    pub fn truth_by_bucket(&self) -> &BTreeMap<(GroupValue, i64), i64> {
         &self.live
     }
 
     /// The live rows per bucket counted from the rows themselves: equal to `truth_by_bucket`,
     /// or a write changed `comments` without the writers' bookkeeping.
-    pub fn recount_truth(&self) -> BTreeMap<(PostId, i64), i64> {
+    pub fn recount_truth(&self) -> BTreeMap<(GroupValue, i64), i64> {
         let mut out = BTreeMap::new();
         for row in self.memory.comments.values() {
             if let Some((post, created, true)) = row_facts(row) {
@@ -388,7 +388,7 @@ impl State {
         out
     }
 
-    pub fn truth(&self) -> BTreeMap<PostId, i64> {
+    pub fn truth(&self) -> BTreeMap<GroupValue, i64> {
         let mut out = BTreeMap::new();
         for ((post, _), n) in &self.live {
             *out.entry(post.clone()).or_default() += n;
@@ -397,7 +397,7 @@ impl State {
     }
 
     /// What every counter displays: `base_count + live_delta`.
-    pub fn displayed(&self) -> BTreeMap<PostId, i64> {
+    pub fn displayed(&self) -> BTreeMap<GroupValue, i64> {
         let counters = &self.memory.counters;
         counters
             .iter()
@@ -408,8 +408,8 @@ impl State {
     /// The true count of every group of counter definition `counter` with a row that counts
     /// there, from the rows themselves (its group field, its condition, the soft delete): the
     /// number of rows, or a sum's `$sum` of its field over them.
-    pub fn truth_of(&self, counter: CounterIx) -> BTreeMap<PostId, Num> {
-        let mut out: BTreeMap<PostId, Num> = BTreeMap::new();
+    pub fn truth_of(&self, counter: CounterIx) -> BTreeMap<GroupValue, Num> {
+        let mut out: BTreeMap<GroupValue, Num> = BTreeMap::new();
         for row in self.memory.comments.values() {
             if let Some((group, _, true)) = self.memory.facts(counter, row) {
                 *out.entry(group).or_default() += self.memory.amount(counter, row);
@@ -419,7 +419,7 @@ impl State {
     }
 
     /// What every counter of definition `counter` displays, and its `count` field.
-    pub fn displayed_of(&self, counter: CounterIx) -> BTreeMap<PostId, (Num, Num)> {
+    pub fn displayed_of(&self, counter: CounterIx) -> BTreeMap<GroupValue, (Num, Num)> {
         let none = BTreeMap::new();
         let counters = self.memory.counters_of(counter).unwrap_or(&none);
         counters
@@ -429,7 +429,7 @@ impl State {
     }
 
     /// Every counter's `count` beside its `base_count + live_delta`.
-    pub fn counts(&self) -> Vec<(PostId, i64, i64)> {
+    pub fn counts(&self) -> Vec<(GroupValue, i64, i64)> {
         let counters = &self.memory.counters;
         counters
             .iter()
@@ -438,7 +438,7 @@ impl State {
     }
 
     /// (base_count, base_watermark, live_delta, buckets) of every counter.
-    pub fn counters(&self) -> BTreeMap<PostId, (i64, i64, i64, BTreeMap<i64, i64>)> {
+    pub fn counters(&self) -> BTreeMap<GroupValue, (i64, i64, i64, BTreeMap<i64, i64>)> {
         let counters = &self.memory.counters;
         counters
             .iter()
@@ -455,7 +455,7 @@ impl State {
     }
 
     /// The buckets of a post's counter (`None`: no counter).
-    pub fn counter_buckets(&self, post: &PostId) -> Option<Vec<i64>> {
+    pub fn counter_buckets(&self, post: &GroupValue) -> Option<Vec<i64>> {
         let counter = self.memory.counters.get(post);
         counter.map(|c| c.buckets.keys().copied().collect())
     }
@@ -464,7 +464,7 @@ impl State {
     pub(super) fn shadow_add(
         &mut self,
         counter: counterd::core::key::CounterIx,
-        post: &PostId,
+        post: &GroupValue,
         buckets: &std::collections::BTreeMap<i64, Num>,
     ) {
         if counter != counterd::core::key::CounterIx::DEFAULT {
@@ -477,13 +477,13 @@ impl State {
 
     // --- the operator's hand edits ------------------------------------------------------------
 
-    fn inject(&mut self, post: &PostId, amount: i64) {
+    fn inject(&mut self, post: &GroupValue, amount: i64) {
         self.generation += 1;
         self.injected.entry(post.clone()).or_default().add(amount);
     }
 
     /// `$inc: {base_count: k}` on an existing counter.
-    pub fn inject_base(&mut self, post: &PostId, k: i64) -> bool {
+    pub fn inject_base(&mut self, post: &GroupValue, k: i64) -> bool {
         let Some(c) = self.memory.counters.get_mut(post) else {
             return false;
         };
@@ -496,7 +496,7 @@ impl State {
     }
 
     /// `$inc: {live_delta: k, "live_by_bucket.<bucket>": k}` on an existing counter.
-    pub fn inject_bucket(&mut self, post: &PostId, bucket: i64, k: i64) -> bool {
+    pub fn inject_bucket(&mut self, post: &GroupValue, bucket: i64, k: i64) -> bool {
         let Some(c) = self.memory.counters.get_mut(post) else {
             return false;
         };
@@ -518,7 +518,7 @@ impl State {
     /// Deletes a counter document; returns what it displayed. Only while no batch of any
     /// stream is in flight for the post (a pending intent re-applied to the new, empty
     /// document would count its increments again: drift, but not the drift recorded here).
-    pub fn delete_counter(&mut self, post: &PostId) -> Option<i64> {
+    pub fn delete_counter(&mut self, post: &GroupValue) -> Option<i64> {
         let carried = self.memory.carried.values();
         let in_flight = carried
             .into_iter()
@@ -537,7 +537,7 @@ impl State {
         self.inject(post, -displayed);
         // Every bucket of a counter created anew lacks all that was applied to it before.
         self.injected_buckets.retain(|(p, _), _| p != post);
-        let before: Vec<((PostId, i64), i64)> = self
+        let before: Vec<((GroupValue, i64), i64)> = self
             .shadow
             .range((post.clone(), i64::MIN)..=(post.clone(), i64::MAX))
             .map(|(k, v)| (k.clone(), -v))
@@ -551,7 +551,7 @@ impl State {
     }
 
     /// A fold was installed.
-    pub(super) fn installed(&mut self, post: &PostId, fold: &Fold) {
+    pub(super) fn installed(&mut self, post: &GroupValue, fold: &Fold) {
         self.stat("fold installed");
         let racing = self.others_running > 0;
         if racing {
@@ -567,7 +567,7 @@ impl State {
     }
 
     /// An installed fold corrected `drift` on `post`.
-    fn record_correction(&mut self, post: &PostId, drift: i64) {
+    fn record_correction(&mut self, post: &GroupValue, drift: i64) {
         if drift == 0 {
             return;
         }

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use bson::{doc, DateTime, Document, Timestamp};
 use counterd::core::batch::DirtyMark;
-use counterd::core::key::PostId;
+use counterd::core::key::GroupValue;
 use counterd::reconcile::{ReconcileSettings, Reconciler};
 use counterd::store::prelude::*;
 use counterd::store::Fence;
@@ -158,7 +158,7 @@ async fn measure(bench: &Bench, plan: &Plan) -> anyhow::Result<Reconcile> {
         stream: "comments".into(),
         epoch: 0,
     };
-    let all: Vec<PostId> = (0..plan.posts as i64).map(PostId::Int).collect();
+    let all: Vec<GroupValue> = (0..plan.posts as i64).map(GroupValue::Int).collect();
     let mut dirty = Vec::new();
     for fraction in DIRTY_FRACTIONS {
         let k = ((plan.posts as f64 * fraction).ceil() as usize).max(1);

@@ -13,7 +13,7 @@ use crate::core::time::BucketStart;
 #[derive(Deserialize)]
 struct DirtyDoc {
     #[serde(rename = "_id", default, with = "post_or_none")]
-    post: Option<PostId>,
+    post: Option<GroupValue>,
     #[serde(default, deserialize_with = "lenient")]
     first_dirty_at: Option<DateTime>,
     #[serde(default, deserialize_with = "lenient")]
@@ -63,7 +63,7 @@ pub(in crate::store::mongo) fn lease_from_doc(stream: &str, doc: &Document) -> L
 #[derive(Serialize, Deserialize, Default)]
 struct SweepDoc {
     #[serde(default, with = "post_or_none")]
-    after: Option<PostId>,
+    after: Option<GroupValue>,
     #[serde(default, deserialize_with = "lenient")]
     pass_started: Option<DateTime>,
     #[serde(default, with = "counted")]

@@ -7,7 +7,7 @@
 use serde::de::{DeserializeOwned, Error as _};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::{count, integer, Bson, PostId};
+use super::{count, integer, Bson, GroupValue};
 
 /// The value when it has the expected type, else the default: a field the readers never
 /// insisted on (an optional time, a lease's owner).
@@ -56,13 +56,13 @@ pub(super) fn required_number<'de, D: Deserializer<'de>>(
 pub(super) mod post {
     use super::*;
 
-    pub fn serialize<S: Serializer>(post: &PostId, s: S) -> Result<S::Ok, S::Error> {
+    pub fn serialize<S: Serializer>(post: &GroupValue, s: S) -> Result<S::Ok, S::Error> {
         post.to_bson().serialize(s)
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<PostId, D::Error> {
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<GroupValue, D::Error> {
         let value = Bson::deserialize(d)?;
-        PostId::from_bson(&value)
+        GroupValue::from_bson(&value)
             .ok_or_else(|| D::Error::custom(format!("post {value:?} is not a post id")))
     }
 }
@@ -71,11 +71,11 @@ pub(super) mod post {
 pub(super) mod some_post {
     use super::*;
 
-    pub fn serialize<S: Serializer>(post: &Option<PostId>, s: S) -> Result<S::Ok, S::Error> {
-        post.as_ref().map(PostId::to_bson).serialize(s)
+    pub fn serialize<S: Serializer>(post: &Option<GroupValue>, s: S) -> Result<S::Ok, S::Error> {
+        post.as_ref().map(GroupValue::to_bson).serialize(s)
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<PostId>, D::Error> {
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<GroupValue>, D::Error> {
         super::post::deserialize(d).map(Some)
     }
 }
@@ -85,8 +85,8 @@ pub(super) mod post_or_none {
     pub use super::some_post::serialize;
     use super::*;
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<PostId>, D::Error> {
-        Ok(PostId::from_bson(&Bson::deserialize(d)?))
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<GroupValue>, D::Error> {
+        Ok(GroupValue::from_bson(&Bson::deserialize(d)?))
     }
 }
 

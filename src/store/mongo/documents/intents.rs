@@ -17,7 +17,7 @@ struct CounterDeltaDoc {
     #[serde(default, skip_serializing_if = "is_default_counter")]
     counter: usize,
     #[serde(with = "fields::post")]
-    post: PostId,
+    post: GroupValue,
     #[serde(deserialize_with = "fields::required_number")]
     delta: Num,
     #[serde(with = "buckets")]
@@ -119,7 +119,7 @@ struct RowDoc {
         skip_serializing_if = "Option::is_none",
         with = "fields::some_post"
     )]
-    post: Option<PostId>,
+    post: Option<GroupValue>,
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
@@ -169,7 +169,7 @@ struct MarkDoc {
     #[serde(default, skip_serializing_if = "is_default_counter")]
     counter: usize,
     #[serde(with = "fields::post")]
-    post: PostId,
+    post: GroupValue,
     bucket: BucketStart,
 }
 
@@ -190,7 +190,7 @@ impl TryFrom<Bson> for MarkDoc {
             bare => (Some(bare), Some(0), 0),
         };
         match (
-            post.and_then(PostId::from_bson),
+            post.and_then(GroupValue::from_bson),
             bucket,
             usize::try_from(counter),
         ) {

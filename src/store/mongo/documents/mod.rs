@@ -65,7 +65,7 @@ pub(super) fn row_from_ledger(doc: &Document, definitions: &[Definition]) -> Opt
     let live = doc.get_bool("live").unwrap_or(false);
     Some(Row {
         members: ledger_members_from(doc.get(LEDGER_MEMBERS), definitions),
-        post: doc.get(LEDGER_POST).and_then(PostId::from_bson),
+        post: doc.get(LEDGER_POST).and_then(GroupValue::from_bson),
         created_at: doc.get_datetime(LEDGER_CREATED).ok().copied(),
         deleted: doc.get_bool("deleted").unwrap_or(!live),
     })
@@ -108,7 +108,7 @@ pub(super) fn counter_from_doc(doc: &Document) -> StoreResult<CounterDoc> {
         }
     }
     Ok(CounterDoc {
-        post: doc.get("_id").and_then(PostId::from_bson),
+        post: doc.get("_id").and_then(GroupValue::from_bson),
         state: CounterState {
             base_count: num("base_count")?,
             base_watermark: match doc.get("base_watermark") {
@@ -381,7 +381,7 @@ fn member_to_bson(member: &Member) -> Bson {
 fn member_from(value: Option<&Bson>) -> Member {
     match value {
         Some(Bson::Document(d)) => Member {
-            group: d.get("group").and_then(PostId::from_bson),
+            group: d.get("group").and_then(GroupValue::from_bson),
             matches: d.get_bool("matches").unwrap_or(false),
             amount: match d.get("amount") {
                 None => crate::core::num::Num::ONE,

@@ -15,7 +15,7 @@ fn keys(d: &Document) -> Vec<&str> {
     d.keys().map(String::as_str).collect()
 }
 
-fn row(post: Option<PostId>, created_at: Option<DateTime>, deleted: bool) -> Row {
+fn row(post: Option<GroupValue>, created_at: Option<DateTime>, deleted: bool) -> Row {
     Row {
         members: Vec::new(),
         post,
@@ -27,7 +27,7 @@ fn row(post: Option<PostId>, created_at: Option<DateTime>, deleted: bool) -> Row
 fn counter_delta() -> CounterDelta {
     CounterDelta {
         counter: crate::core::key::CounterIx::DEFAULT,
-        post: PostId::Int(7),
+        post: GroupValue::Int(7),
         delta: Num::Int(2),
         buckets: BTreeMap::from([(3600, Num::Int(2))]),
         touched: [0, 3600].into(),
@@ -42,7 +42,11 @@ fn ledger_updates() -> Vec<LedgerUpdate> {
     vec![
         LedgerUpdate {
             comment: CommentId::new(Bson::Int32(5)),
-            state: Some(row(Some(PostId::Str("p".into())), Some(at(1_000)), false)),
+            state: Some(row(
+                Some(GroupValue::Str("p".into())),
+                Some(at(1_000)),
+                false,
+            )),
         },
         LedgerUpdate {
             comment: CommentId::new(Bson::String("c9".into())),
@@ -79,7 +83,7 @@ fn pending_batch() -> PendingBatch {
         ledger: ledger_updates(),
         dirty: vec![DirtyMark {
             counter: crate::core::key::CounterIx::DEFAULT,
-            post: PostId::Int(7),
+            post: GroupValue::Int(7),
             newest_bucket: 3600,
         }],
     }
@@ -129,7 +133,7 @@ fn an_older_pending_batch_still_reads() {
     assert_eq!(read.end_time, None);
     assert_eq!(
         read.dirty,
-        vec![DirtyMark::settled(PostId::Str("p2".into()))]
+        vec![DirtyMark::settled(GroupValue::Str("p2".into()))]
     );
     let counter = &read.counters[0];
     assert_eq!(
@@ -299,7 +303,7 @@ fn a_dirty_entry_keeps_its_stored_shape() {
         "newest_bucket": 3600_i64,
     };
     let entry = DirtyEntry {
-        post: PostId::Int(7),
+        post: GroupValue::Int(7),
         first_dirty_at: at(1_000),
         last_dirty_at: at(2_000),
         version: 3,
@@ -348,7 +352,7 @@ fn a_lease_keeps_its_stored_shape() {
 #[test]
 fn a_sweep_cursor_keeps_its_stored_shape() {
     let cursor = SweepCursor {
-        after: Some(PostId::Int(7)),
+        after: Some(GroupValue::Int(7)),
         pass_started: Some(at(5_000)),
         posts_done: 5,
         passes: 2,
@@ -373,7 +377,7 @@ fn a_sweep_cursor_keeps_its_stored_shape() {
     // Counts edited into an Int32 or a whole Double read by the integer rule; negative is none.
     let edited = doc! {"after": "p", "posts_done": 5_i32, "passes": 2.0, "last_pass_posts": -1_i64};
     let read = sweep_from_doc(&edited);
-    assert_eq!(read.after, Some(PostId::Str("p".into())));
+    assert_eq!(read.after, Some(GroupValue::Str("p".into())));
     assert_eq!(
         (read.posts_done, read.passes, read.last_pass_posts),
         (5, 2, 0)

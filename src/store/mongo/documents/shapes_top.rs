@@ -31,7 +31,7 @@ fn a_counter_document_reads_as_stored() {
         "reconciled_at": at(5_000),
     };
     let counter = CounterDoc {
-        post: Some(PostId::Int(7)),
+        post: Some(GroupValue::Int(7)),
         state: CounterState {
             base_count: Num::Int(10),
             base_watermark: 3600,
@@ -88,7 +88,7 @@ fn a_counter_document_reads_as_stored() {
     // Written before `count`, with the watermark as a date and numbers edited into Int32s.
     let older = doc! {"_id": "p", "base_count": 4_i32, "base_watermark": at(7_200_500), "live_by_bucket": {"0": 1.0}};
     let read = counter_from_doc(&older).unwrap();
-    assert_eq!(read.post, Some(PostId::Str("p".into())));
+    assert_eq!(read.post, Some(GroupValue::Str("p".into())));
     assert_eq!(
         (read.state.base_count, read.state.base_watermark),
         (Num::Int(4), 7_200)
