@@ -238,10 +238,7 @@ async fn replay_dry_run_refusal_and_move() {
         .unwrap()
         .events
         .remove(0);
-    let older = counterd::core::event::ChangeEvent::parse(&first)
-        .unwrap()
-        .token
-        .0;
+    let older = first.unwrap().token.0;
     assert!(older < before.token.clone().unwrap().0);
     let forced = counterd(&t, &["replay", "--from-token", &older, "--force"]);
     assert!(

@@ -220,16 +220,11 @@ async fn replay_after_a_stop_with_a_batch_in_flight_resolves_it_first() {
             .next_batch(100, Duration::from_millis(100))
             .await
             .unwrap();
-        if let Some(e) = batch
-            .events
-            .iter()
-            .filter_map(|d| ChangeEvent::parse(d).ok())
-            .find(|e| {
-                e.comment
-                    .as_ref()
-                    .is_some_and(|c| c.value.as_str() == Some("new"))
-            })
-        {
+        if let Some(e) = batch.events.into_iter().flatten().find(|e| {
+            e.comment
+                .as_ref()
+                .is_some_and(|c| c.value.as_str() == Some("new"))
+        }) {
             break e;
         }
     };

@@ -843,7 +843,7 @@ async fn updates_come_without_the_row_and_are_looked_up<S: Store>(
             .next_batch(10, std::time::Duration::from_millis(100))
             .await
             .unwrap();
-        events.extend(batch.events.iter().map(|d| ChangeEvent::parse(d).unwrap()));
+        events.extend(batch.events.into_iter().map(Result::unwrap));
     }
     let updates: Vec<&ChangeEvent> = events
         .iter()

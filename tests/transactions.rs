@@ -158,11 +158,7 @@ fn the_in_process_oplog_renders_a_transaction_like_a_server() {
     let m = oplog_with_a_transaction(3);
     let mut c = cursor(&m);
     let batch = m.read_events(&mut c, ReadLimit::events(10));
-    let events: Vec<ChangeEvent> = batch
-        .events
-        .iter()
-        .map(|d| ChangeEvent::parse(d).unwrap())
-        .collect();
+    let events: Vec<ChangeEvent> = batch.events.into_iter().map(Result::unwrap).collect();
     assert_eq!(events.len(), 5);
     assert_eq!(events[0].txn, None);
     assert_eq!(events[4].txn, None);

@@ -223,7 +223,7 @@ pub struct ChangeEvent {
 }
 
 /// Why an event document could not be parsed at all.
-#[derive(Debug, thiserror::Error, PartialEq)]
+#[derive(Clone, Debug, thiserror::Error, PartialEq)]
 pub enum EventError {
     #[error("change event has no resume token (_id._data)")]
     NoToken,
@@ -231,6 +231,24 @@ pub enum EventError {
     NoOperation { token: Token },
     #[error("change event {token} ({operation}) has no documentKey._id")]
     NoDocumentKey { token: Token, operation: String },
+}
+
+/// The fields of a change event a source has read, from a document or straight from raw BSON
+/// (the MongoDB store's stream reads its events that way, without a document of the whole
+/// event: see `store::mongo::stream`). A field that is missing, or not of its type, is `None`.
+#[derive(Clone, Debug, Default)]
+pub struct EventParts<'a> {
+    /// `_id._data`.
+    pub token: Option<Token>,
+    pub operation_type: Option<&'a str>,
+    pub cluster_time: Option<Timestamp>,
+    /// `lsid` + `txnNumber` (see [`TxnKey`]).
+    pub txn: Option<TxnKey>,
+    pub document_key: Option<Document>,
+    pub full_document: Option<Document>,
+    pub pre_image: Option<Document>,
+    /// `updateDescription`, when it is a document.
+    pub update_description: Option<Document>,
 }
 
 impl ChangeEvent {
@@ -245,33 +263,48 @@ impl ChangeEvent {
         let token = doc
             .get_document("_id")
             .ok()
-            .and_then(Token::from_resume_document)
-            .ok_or(EventError::NoToken)?;
-        let op_name = doc
-            .get_str("operationType")
-            .map_err(|_| EventError::NoOperation {
-                token: token.clone(),
-            })?
-            .to_string();
+            .and_then(Token::from_resume_document);
         let cluster_time = doc.get_timestamp("clusterTime").ok();
         let txn = TxnKey::of_event(&doc);
         let mut take = |field: &str| match doc.remove(field) {
             Some(Bson::Document(d)) => Some(d),
             _ => None,
         };
-        let document_key = take("documentKey").unwrap_or_default();
+        let document_key = take("documentKey");
         let full_document = take("fullDocument");
         let pre_image = take("fullDocumentBeforeChange");
+        let update_description = take("updateDescription");
+        ChangeEvent::from_parts(EventParts {
+            token,
+            operation_type: doc.get_str("operationType").ok(),
+            cluster_time,
+            txn,
+            document_key,
+            full_document,
+            pre_image,
+            update_description,
+        })
+    }
 
-        let operation = match op_name.as_str() {
+    /// The event of `parts`, or why it cannot be one.
+    pub fn from_parts(parts: EventParts<'_>) -> Result<ChangeEvent, EventError> {
+        let token = parts.token.ok_or(EventError::NoToken)?;
+        let op_name = parts
+            .operation_type
+            .ok_or_else(|| EventError::NoOperation {
+                token: token.clone(),
+            })?;
+        let document_key = parts.document_key.unwrap_or_default();
+        let full_document = parts.full_document;
+        let operation = match op_name {
             "insert" => Operation::Insert,
             "update" => Operation::Update {
-                summary: update_summary(&doc, &document_key),
+                summary: update_summary(parts.update_description, &document_key),
             },
             "replace" => Operation::Replace,
             "delete" => Operation::Delete,
-            "drop" | "rename" | "dropDatabase" | "invalidate" => Operation::End(op_name.clone()),
-            _ => Operation::Unknown(op_name.clone()),
+            "drop" | "rename" | "dropDatabase" | "invalidate" => Operation::End(op_name.into()),
+            _ => Operation::Unknown(op_name.into()),
         };
         // The fake server's update events carry the update spec in `documentKey` and no `_id`;
         // the looked-up `fullDocument` (a real row has `_id`) names the comment instead. When
@@ -288,18 +321,18 @@ impl ChangeEvent {
         if needs_key && comment.is_none() {
             return Err(EventError::NoDocumentKey {
                 token,
-                operation: op_name,
+                operation: op_name.into(),
             });
         }
         Ok(ChangeEvent {
             token,
-            cluster_time,
+            cluster_time: parts.cluster_time,
             operation,
             comment,
             document_key,
             full_document,
-            pre_image,
-            txn,
+            pre_image: parts.pre_image,
+            txn: parts.txn,
         })
     }
 }
@@ -310,26 +343,23 @@ impl ChangeEvent {
 /// A description counts only when its `updatedFields` is a document: the stream's `$project`
 /// (see `crate::core::schema::Schema::stream_projection`) turns a missing description into
 /// `{updatedFields: null, removedFields: null}`, which says nothing.
-fn update_summary(doc: &Document, document_key: &Document) -> Option<UpdateSummary> {
-    let description = doc
-        .get_document("updateDescription")
-        .ok()
-        .and_then(|desc| Some((desc, desc.get_document("updatedFields").ok()?)));
-    if let Some((desc, updated)) = description {
-        let set = updated.clone();
-        let removed = desc
-            .get_array("removedFields")
-            .map(|a| {
-                a.iter()
-                    .filter_map(|v| v.as_str().map(String::from))
-                    .collect()
-            })
-            .unwrap_or_default();
-        return Some(UpdateSummary {
-            set,
-            removed,
-            complete: true,
-        });
+fn update_summary(description: Option<Document>, document_key: &Document) -> Option<UpdateSummary> {
+    if let Some(mut desc) = description {
+        if let Some(Bson::Document(set)) = desc.remove("updatedFields") {
+            let removed = desc
+                .get_array("removedFields")
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|v| v.as_str().map(String::from))
+                        .collect()
+                })
+                .unwrap_or_default();
+            return Some(UpdateSummary {
+                set,
+                removed,
+                complete: true,
+            });
+        }
     }
     let has_operators = document_key.keys().any(|k| k.starts_with('$'));
     if !has_operators {

@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use super::error::StoreResult;
 use crate::core::cost::ReadLimit;
-use crate::core::event::{CommentId, Token};
+use crate::core::event::{ChangeEvent, CommentId, EventError, Token};
 
 /// The change stream and where the server stands.
 #[async_trait]
@@ -59,7 +59,10 @@ pub struct StreamOptions {
 /// Events read in one go, plus where the stream now stands.
 #[derive(Clone, Debug, Default)]
 pub struct RawBatch {
-    pub events: Vec<Document>,
+    /// The events, in the stream's order, each parsed where the source read it (the MongoDB
+    /// store's straight from the raw BSON its server sent), or why it could not be: the worker
+    /// counts, logs and skips such an event.
+    pub events: Vec<Result<ChangeEvent, EventError>>,
     /// What each event is charged against the memory budget
     /// ([`crate::core::cost::event_cost`] of its encoded size), in the order of `events`.
     pub costs: Vec<usize>,

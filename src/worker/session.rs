@@ -701,7 +701,7 @@ impl Read {
         }
     }
 
-    /// Parses a read's documents: an unreadable event is counted and logged, never fatal.
+    /// Takes a read's events in: an unreadable event is counted and logged, never fatal.
     fn parse(stream: &str, limit: &ReadLimit, asked: usize, raw: RawBatch) -> Read {
         let got = raw.events.len();
         let asked = if cost::cut_by_bytes(limit, got, raw.bytes()) {
@@ -716,8 +716,8 @@ impl Read {
             costs: Vec::with_capacity(got),
             post_batch_token: raw.post_batch_token,
         };
-        for (doc, cost) in raw.events.into_iter().zip(raw.costs) {
-            match ChangeEvent::from_document(doc) {
+        for (event, cost) in raw.events.into_iter().zip(raw.costs) {
+            match event {
                 Ok(event) => {
                     read.events.push(event);
                     read.costs.push(cost);

@@ -30,13 +30,13 @@
 //! failure: the process exits non-zero only when the benchmark itself breaks.
 //!
 //! Usage: `cargo run --release -p counterd-bench -- [--quick] [--out bench/latest.json]
-//! [--only speed|lag|partitions|rss|reconcile|memory|mixed|no-io|oplog|definitions]`.
+//! [--only speed|cpu|lag|partitions|rss|reconcile|memory|mixed|no-io|oplog|definitions]`.
 //!
 //! `--soak DURATION [--seed N]` runs the chaos soak instead (see `soak`): the real
 //! `counterd run` under load and random faults, exact at every caught-up moment.
 //!
-//! It keeps the system allocator, as `counterd` does (see `src/main.rs`), so that the
-//! in-process worker's CPU and memory are measured as `counterd` runs.
+//! It allocates as `counterd` does (jemalloc, with the same options: see `src/main.rs`), so
+//! that the in-process worker's CPU and memory are measured as `counterd` runs.
 
 mod harness;
 mod load;
@@ -51,12 +51,19 @@ use std::time::Instant;
 
 use anyhow::anyhow;
 use clap::Parser;
+
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// `counterd`'s jemalloc options (`src/main.rs`).
+#[export_name = "_rjem_malloc_conf"]
+pub static MALLOC_CONF: &[u8] = b"narenas:2,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
 use counterd_testdb::TestServer;
 use serde::Serialize;
 
 use crate::harness::Bench;
 use crate::phases::{
-    costs, definitions, lag, memory, mixed, oplog, partitions, reconcile, rss, throughput,
+    costs, cpu, definitions, lag, memory, mixed, oplog, partitions, reconcile, rss, throughput,
 };
 use crate::plan::{Args, Plan};
 use crate::report::{describe_server, Row, ServerInfo};
@@ -160,6 +167,9 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         // The lag runs alone (comparing builds): at 5 000/s and at half of a Zipf throughput
         // this machine's full runs measure (9 600 events/s), as a full run would judge them.
         lag::lag_phase(&bench, &plan, LAG_ONLY_WORKER_RATE, f64::INFINITY, &mut out).await?;
+    }
+    if args.only.iter().any(|p| p == "cpu") {
+        cpu::cpu_phase(&bench, &plan, &mut out).await?;
     }
     if args.only.iter().any(|p| p == "no-io") {
         costs::no_io_phase(&plan, &mut out).await?;

@@ -61,14 +61,15 @@ pub struct Args {
     #[arg(long, default_value_t = 1000)]
     pub batch_size: usize,
     /// Run only these phases (repeatable): `speed` (phases 1-3 without the lag runs: tail rate,
-    /// worker, bulk baseline, CPU), `lag` (phase 4 alone, at fixed rates), `partitions`, `rss`,
+    /// worker, bulk baseline, CPU), `cpu` (the worker's CPU per event with the MongoDB store
+    /// alone: `--speed-runs` runs over the Zipf backlog, for comparing builds), `lag` (phase 4 alone, at fixed rates), `partitions`, `rss`,
     /// `reconcile`, `memory`, `mixed` (the outage backlog of changes to older rows against
     /// inserts-only, both caught up by `counterd run`), `no-io` or `oplog` (counterd's own oplog
     /// bytes per event), the
     /// phases that need no other phase's figures. For working on one figure; a report of the whole run is
     /// what the README quotes. `definitions` (the cost of an extra count or sum per event) runs
     /// only when asked for.
-    #[arg(long, value_parser = ["speed", "lag", "partitions", "rss", "reconcile", "memory", "mixed", "no-io", "oplog", "definitions"])]
+    #[arg(long, value_parser = ["speed", "cpu", "lag", "partitions", "rss", "reconcile", "memory", "mixed", "no-io", "oplog", "definitions"])]
     pub only: Vec<String>,
     /// Runs of each side of worker ÷ bulk (phase 2), alternating: the median of each is kept.
     #[arg(long, default_value_t = 3)]

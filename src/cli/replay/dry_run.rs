@@ -9,7 +9,6 @@ use bson::DateTime;
 
 use crate::cli::print_json;
 use crate::config::Settings;
-use crate::core::event::ChangeEvent;
 use crate::outln;
 use crate::store::mongo::MongoStore;
 use crate::store::prelude::*;
@@ -106,10 +105,7 @@ async fn read_ahead(planned: &Move<'_>) -> anyhow::Result<Tally> {
             continue;
         }
         idle = 0;
-        for doc in &batch.events {
-            let Ok(event) = ChangeEvent::parse(doc) else {
-                continue;
-            };
+        for event in batch.events.iter().flatten() {
             if checkpoint
                 .high_water
                 .as_ref()

@@ -10,7 +10,7 @@ use bson::{doc, Binary, Bson, DateTime, Document, Timestamp};
 
 use super::{Memory, MemoryStore};
 use crate::core::cost::ReadLimit;
-use crate::core::event::{CommentId, Token};
+use crate::core::event::{ChangeEvent, CommentId, Token};
 use crate::core::txn::TxnKey;
 use crate::store::{
     ChangeStreams, EventSource, RawBatch, ServerNow, StoreError, StoreResult, StreamOptions,
@@ -233,7 +233,7 @@ impl Memory {
             }
             bytes += cost;
             last_txn = txn;
-            events.push(event);
+            events.push(ChangeEvent::from_document(event));
             costs.push(cost);
         }
         let n = events.len();

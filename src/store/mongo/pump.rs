@@ -75,7 +75,10 @@ impl Pump {
         let demand = Arc::new(Notify::new());
         let producer = Producer {
             queue: sender,
-            room: Arc::new(Semaphore::new(STREAM_QUEUE)),
+            room: Room {
+                queue: Arc::new(Semaphore::new(STREAM_QUEUE)),
+                credit: None,
+            },
             reads: reads.clone(),
             demand: demand.clone(),
         };
@@ -123,9 +126,53 @@ impl Drop for Pump {
 /// The pump task's end: the queue, its room, and the consumer's read numbers and requests.
 struct Producer {
     queue: mpsc::UnboundedSender<Pumped>,
-    room: Arc<Semaphore>,
+    room: Room,
     reads: Arc<AtomicU64>,
     demand: Arc<Notify>,
+}
+
+/// The queue's room, taken by the pump a share at a time.
+///
+/// Each event holds its own bytes of the room until the worker has taken it. The pump takes
+/// them from a credit, which it refills by [`ROOM_SHARE`] of the queue at a time: the worker
+/// frees room an event at a time, and waiting for each event's bytes woke the pump's task once
+/// per event taken from a full queue (while the worker catches up, the queue is full), each
+/// time on the runtime's other thread, which then parked again.
+struct Room {
+    queue: Arc<Semaphore>,
+    /// Bytes taken from the queue's room and not yet given to an event.
+    credit: Option<OwnedSemaphorePermit>,
+}
+
+/// The share of the queue the pump's credit is refilled by: once per about 360 projected
+/// events.
+const ROOM_SHARE: usize = STREAM_QUEUE / 8;
+
+impl Room {
+    /// `bytes` of the queue's room (at most all of it), waiting until they are free. `None`:
+    /// the queue was closed.
+    async fn take(&mut self, bytes: usize) -> Option<OwnedSemaphorePermit> {
+        let held = self.credit.as_ref().map_or(0, |c| c.num_permits());
+        if held < bytes {
+            // Never more than the queue holds, so that a refill can always be had.
+            let refill = (bytes - held).max(ROOM_SHARE).min(STREAM_QUEUE - held);
+            let more = self
+                .queue
+                .clone()
+                .acquire_many_owned(refill as u32)
+                .await
+                .ok()?;
+            match &mut self.credit {
+                Some(credit) => credit.merge(more),
+                None => self.credit = Some(more),
+            }
+        }
+        let credit = self.credit.as_mut().expect("refilled above");
+        if credit.num_permits() == bytes {
+            return self.credit.take();
+        }
+        credit.split(bytes)
+    }
 }
 
 /// The pump's task: takes events from the stream as long as the queue has room, stops at an
@@ -133,7 +180,7 @@ struct Producer {
 async fn run(mut stream: ChangeStream<RawDocumentBuf>, producer: Producer, mut positioned: bool) {
     let Producer {
         queue,
-        room,
+        mut room,
         reads,
         demand,
     } = producer;
@@ -143,8 +190,8 @@ async fn run(mut stream: ChangeStream<RawDocumentBuf>, producer: Producer, mut p
         match stream.next_if_any().await {
             Ok(Some(raw)) => {
                 positioned = true;
-                let bytes = (raw.as_bytes().len() + QUEUED_EVENT).min(STREAM_QUEUE) as u32;
-                let Ok(room) = room.clone().acquire_many_owned(bytes).await else {
+                let bytes = (raw.as_bytes().len() + QUEUED_EVENT).min(STREAM_QUEUE);
+                let Some(room) = room.take(bytes).await else {
                     return;
                 };
                 if queue.send(Pumped::Event { raw, _room: room }).is_err() {

@@ -4,8 +4,9 @@
 use super::pump::{Pump, Pumped};
 use super::*;
 use crate::core::cost::ReadLimit;
+use crate::core::event::{ChangeEvent, EventError, EventParts};
 use crate::core::txn::{self, TxnKey};
-use mongodb::bson::RawDocumentBuf;
+use mongodb::bson::{RawBsonRef, RawDocument, RawDocumentBuf};
 
 pub(super) fn token_to_resume(token: &Token) -> StoreResult<ResumeToken> {
     bson::from_document(doc! {"_data": token.as_str()}).map_err(|e| StoreError::Malformed {
@@ -43,7 +44,7 @@ pub(super) struct MongoEvents {
     /// after.
     last: Option<Token>,
     /// An event taken from the pump that did not fit the last read, with its charge.
-    carried: Option<(Document, usize)>,
+    carried: Option<Decoded>,
 }
 
 impl MongoEvents {
@@ -70,59 +71,137 @@ fn positioned(options: &StreamOptions) -> bool {
     !matches!(options.start, StreamStart::Now)
 }
 
-/// A raw event decoded, with its charge against the memory budget.
+/// An event taken from the pump, parsed, with its charge against the memory budget and, where
+/// it could not be parsed, what the reader still needs of it.
+struct Decoded {
+    event: Result<ChangeEvent, EventError>,
+    cost: usize,
+    /// Of an event that could not be parsed (a parsed one holds its own): its token, the
+    /// position to reopen after, and its transaction.
+    unparsed: Option<(Option<Token>, Option<TxnKey>)>,
+}
+
+impl Decoded {
+    fn token(&self) -> Option<&Token> {
+        match (&self.event, &self.unparsed) {
+            (Ok(event), _) => Some(&event.token),
+            (Err(_), Some((token, _))) => token.as_ref(),
+            (Err(_), None) => None,
+        }
+    }
+
+    fn txn(&self) -> Option<&TxnKey> {
+        match (&self.event, &self.unparsed) {
+            (Ok(event), _) => event.txn.as_ref(),
+            (Err(_), Some((_, txn))) => txn.as_ref(),
+            (Err(_), None) => None,
+        }
+    }
+}
+
+/// A raw event parsed straight into a [`ChangeEvent`], with its charge against the memory
+/// budget. A value that is not valid BSON fails the read; a well-formed event that is no
+/// change event counterd can read (no token, no operation) is returned as such, for the
+/// worker to skip.
 ///
-/// Decoded by [`event_document`] rather than `RawDocumentBuf::to_document`, which is the
-/// same document at about half the allocations: the stream's events are the worker's most
-/// numerous documents, and decoding them was the largest single share of its CPU per event
-/// (bench/RESULTS.md, 2026-12-06, speed targets).
-fn decode(raw: RawDocumentBuf) -> StoreResult<(Document, usize)> {
+/// Straight from the raw BSON: no document of the whole event is built, only of its rows and
+/// its update description. The stream's events are the worker's most numerous values, and
+/// decoding them (into a document, then taken apart) was the largest single share of its CPU
+/// per event (bench/RESULTS.md, 2026-12-06).
+fn decode(raw: &RawDocument) -> StoreResult<Decoded> {
     let cost = crate::core::cost::event_cost(raw.as_bytes().len());
-    let doc = event_document(&raw).map_err(|e| StoreError::Malformed {
+    let parts = event_parts(raw).map_err(|e| StoreError::Malformed {
         what: "change event",
         id: "(undecodable)".into(),
         detail: e.to_string(),
     })?;
-    Ok((doc, cost))
+    let unparsed = (parts.token.clone(), parts.txn.clone());
+    let event = ChangeEvent::from_parts(parts);
+    let unparsed = event.is_err().then_some(unparsed);
+    Ok(Decoded {
+        event,
+        cost,
+        unparsed,
+    })
 }
 
-/// A change event as a document: every field, except an `updateDescription` without
-/// `updatedFields` (the stream's `$project` gives every insert and delete, and every update
-/// of the fake server, one of nulls; the event parser reads it as no description, exactly as
-/// an absent one).
-fn event_document(raw: &bson::RawDocument) -> bson::raw::Result<Document> {
-    let mut doc = Document::new();
+/// What counterd reads of a change event, read from its raw BSON (as
+/// [`ChangeEvent::from_document`] reads a document): the token, the operation, the cluster
+/// time, the transaction, `documentKey`, the rows, and an `updateDescription` that holds
+/// `updatedFields` (the stream's `$project` gives every insert and delete, and every update of
+/// the fake server, one of nulls, which says nothing).
+fn event_parts(raw: &RawDocument) -> bson::raw::Result<EventParts<'_>> {
+    let mut parts = EventParts::default();
+    let (mut lsid, mut number) = (None, None);
     for element in raw {
         let (key, value) = element?;
-        if key == "updateDescription" && !describes_an_update(value) {
-            continue;
+        match key {
+            "_id" => {
+                parts.token = value
+                    .as_document()
+                    .and_then(|d| d.get_str("_data").ok())
+                    .map(|data| Token(data.to_owned()))
+            }
+            "operationType" => parts.operation_type = value.as_str(),
+            "clusterTime" => parts.cluster_time = value.as_timestamp(),
+            "documentKey" => parts.document_key = document_of(value)?,
+            "fullDocument" => parts.full_document = document_of(value)?,
+            "fullDocumentBeforeChange" => parts.pre_image = document_of(value)?,
+            "updateDescription" if describes_an_update(value) => {
+                parts.update_description = document_of(value)?
+            }
+            "updateDescription" => parts.update_description = None,
+            "lsid" => lsid = value.as_document(),
+            "txnNumber" => {
+                number = match value {
+                    RawBsonRef::Int64(n) => Some(n),
+                    RawBsonRef::Int32(n) => Some(i64::from(n)),
+                    _ => None,
+                }
+            }
+            _ => {}
         }
-        doc.insert(key, bson_of(value)?);
     }
-    Ok(doc)
+    // The session as its BSON bytes, as `TxnKey::of_event` encodes it.
+    parts.txn = lsid.zip(number).map(|(lsid, number)| TxnKey {
+        session: lsid.as_bytes().to_vec(),
+        number,
+    });
+    Ok(parts)
 }
 
 /// Whether an `updateDescription` value holds `updatedFields` as a document.
-fn describes_an_update(value: bson::RawBsonRef<'_>) -> bool {
+fn describes_an_update(value: RawBsonRef<'_>) -> bool {
     value
         .as_document()
         .and_then(|d| d.get_document("updatedFields").ok())
         .is_some()
 }
 
-/// A raw value as [`Bson`], nested documents and arrays converted in place: bson's own
-/// conversion copies every nested document into a buffer of its own before converting it.
-fn bson_of(value: bson::RawBsonRef<'_>) -> bson::raw::Result<Bson> {
+/// A raw value as a [`Document`], where it is one (`None` otherwise).
+fn document_of(value: RawBsonRef<'_>) -> bson::raw::Result<Option<Document>> {
+    match value {
+        RawBsonRef::Document(d) => Ok(Some(document(d)?)),
+        _ => Ok(None),
+    }
+}
+
+/// A raw document as a [`Document`], nested documents and arrays converted in place: bson's
+/// own conversion copies every nested document into a buffer of its own before converting it.
+fn document(raw: &RawDocument) -> bson::raw::Result<Document> {
+    let mut doc = Document::new();
+    for element in raw {
+        let (key, value) = element?;
+        doc.insert(key, bson_of(value)?);
+    }
+    Ok(doc)
+}
+
+/// A raw value as [`Bson`] (see [`document`]).
+fn bson_of(value: RawBsonRef<'_>) -> bson::raw::Result<Bson> {
     Ok(match value {
-        bson::RawBsonRef::Document(d) => {
-            let mut doc = Document::new();
-            for element in d {
-                let (key, value) = element?;
-                doc.insert(key, bson_of(value)?);
-            }
-            Bson::Document(doc)
-        }
-        bson::RawBsonRef::Array(a) => Bson::Array(
+        RawBsonRef::Document(d) => Bson::Document(document(d)?),
+        RawBsonRef::Array(a) => Bson::Array(
             a.into_iter()
                 .map(|v| v.and_then(bson_of))
                 .collect::<bson::raw::Result<_>>()?,
@@ -140,37 +219,30 @@ impl EventSource for MongoEvents {
             StreamStart::After(t) => Some(t.clone()),
             _ => None,
         };
-        let (mut events, mut costs) = (Vec::new(), Vec::new());
-        let mut bytes = 0;
-        // The transaction of the last event taken: the read does not end inside one.
-        let mut last_txn: Option<TxnKey> = None;
-        if let Some((doc, cost)) = self.carried.take() {
-            if !limit.fits(0, 0, cost) {
-                self.carried = Some((doc, cost));
+        let mut taken = Taken::default();
+        if let Some(carried) = self.carried.take() {
+            if !limit.fits(0, 0, carried.cost) {
+                self.carried = Some(carried);
                 return Ok(RawBatch::default());
             }
-            bytes += cost;
-            last_txn = TxnKey::of_event(&doc);
-            events.push(doc);
-            costs.push(cost);
+            taken.push(carried);
         }
-        let mut last_taken = None;
         let mut carry = None;
         let mut post_batch = None;
         let mut this_read = self.begin_read().await?;
         loop {
-            let within =
-                events.len() < limit.events && (events.is_empty() || started.elapsed() < max_wait);
+            let within = taken.events.len() < limit.events
+                && (taken.events.is_empty() || started.elapsed() < max_wait);
             // Beyond its limit a read still looks at the next event while the last one taken
             // belongs to a transaction: it ends only at the transaction's end (`crate::core::txn`).
-            let looks_further = txn::must_look_further(last_txn.as_ref());
+            let looks_further = txn::must_look_further(taken.last_txn.as_ref());
             if !within && !looks_further {
                 break;
             }
             let pump = self.pump.as_mut().expect("open while a read goes on");
             // With events in hand (and not inside a transaction) the read waits for more only
             // until `max_wait`.
-            let next = if events.is_empty() || looks_further {
+            let next = if taken.events.is_empty() || looks_further {
                 pump.next().await
             } else {
                 match tokio::time::timeout_at(deadline, pump.next()).await {
@@ -180,28 +252,19 @@ impl EventSource for MongoEvents {
             };
             match next {
                 Some(Pumped::Event { raw, .. }) => {
-                    let (doc, cost) = match decode(raw) {
+                    let decoded = match decode(&raw) {
                         Ok(decoded) => decoded,
                         Err(e) => {
                             self.pump = None;
                             return Err(e);
                         }
                     };
-                    last_taken = doc
-                        .get_document("_id")
-                        .ok()
-                        .and_then(Token::from_resume_document)
-                        .or(last_taken);
-                    let next_txn = TxnKey::of_event(&doc);
-                    let fits = within && limit.fits(events.len(), bytes, cost);
-                    if !txn::takes_next(fits, last_txn.as_ref(), next_txn.as_ref()) {
-                        carry = Some((doc, cost));
+                    let fits = within && limit.fits(taken.events.len(), taken.bytes, decoded.cost);
+                    if !txn::takes_next(fits, taken.last_txn.as_ref(), decoded.txn()) {
+                        carry = Some(decoded);
                         break;
                     }
-                    bytes += cost;
-                    last_txn = next_txn;
-                    events.push(doc);
-                    costs.push(cost);
+                    taken.push(decoded);
                 }
                 // Nothing more ready: a transaction's events become visible together, so one
                 // the read was in is complete.
@@ -210,7 +273,7 @@ impl EventSource for MongoEvents {
                     if dry.ended {
                         self.pump = None;
                     }
-                    if !events.is_empty() || dry.asked_by >= this_read {
+                    if !taken.events.is_empty() || dry.asked_by >= this_read {
                         break;
                     }
                     // An empty reply asked for before this read began answers an earlier
@@ -230,16 +293,56 @@ impl EventSource for MongoEvents {
                 }
             }
         }
-        self.carried = carry;
-        if let Some(last) = last_taken {
-            self.last = Some(last);
+        // The position to reopen after: the last event taken (carried or returned) that
+        // names one.
+        if let Some(last) = carry
+            .as_ref()
+            .and_then(Decoded::token)
+            .or(taken.last_token())
+        {
+            self.last = Some(last.clone());
         }
+        self.carried = carry;
         Ok(RawBatch {
-            events,
-            costs,
+            events: taken.events,
+            costs: taken.costs,
             // Only a read that took everything up to an empty reply stands at its token.
             post_batch_token: post_batch.filter(|_| self.carried.is_none()),
         })
+    }
+}
+
+/// What a read has taken so far.
+#[derive(Default)]
+struct Taken {
+    events: Vec<Result<ChangeEvent, EventError>>,
+    costs: Vec<usize>,
+    /// The last event taken that names a position: a parsed event's index, or the token of
+    /// one that could not be parsed.
+    last_named: Option<Result<usize, Token>>,
+    bytes: usize,
+    /// The transaction of the last event taken: the read does not end inside one.
+    last_txn: Option<TxnKey>,
+}
+
+impl Taken {
+    fn push(&mut self, decoded: Decoded) {
+        self.last_txn = decoded.txn().cloned();
+        match (&decoded.event, decoded.token()) {
+            (Ok(_), _) => self.last_named = Some(Ok(self.events.len())),
+            (Err(_), Some(token)) => self.last_named = Some(Err(token.clone())),
+            (Err(_), None) => {}
+        }
+        self.bytes += decoded.cost;
+        self.costs.push(decoded.cost);
+        self.events.push(decoded.event);
+    }
+
+    fn last_token(&self) -> Option<&Token> {
+        match self.last_named.as_ref()? {
+            Ok(i) => self.events[*i].as_ref().ok().map(|e| &e.token),
+            Err(token) => Some(token),
+        }
     }
 }
 
@@ -387,8 +490,19 @@ mod tests {
         Timestamp { time, increment }
     }
 
+    /// The raw parse of `doc`'s encoding, with its charge.
+    fn raw_parse(doc: &Document) -> (Result<ChangeEvent, EventError>, usize) {
+        let raw = RawDocumentBuf::from_document(doc).unwrap();
+        let decoded = decode(&raw).unwrap();
+        assert_eq!(
+            decoded.cost,
+            crate::core::cost::event_cost(raw.as_bytes().len())
+        );
+        (decoded.event, decoded.cost)
+    }
+
     #[test]
-    fn events_decode_as_bson_decodes_them_but_for_an_empty_description() {
+    fn events_parse_from_raw_bson_as_from_a_document() {
         let insert = doc! {
             "_id": {"_data": "8263A1"},
             "operationType": "insert",
@@ -399,23 +513,70 @@ mod tests {
             "txnNumber": 4_i64,
             "updateDescription": {"updatedFields": Bson::Null, "removedFields": Bson::Null},
         };
-        let raw = RawDocumentBuf::from_document(&insert).unwrap();
-        let mut expected = insert.clone();
-        expected.remove("updateDescription");
-        assert_eq!(event_document(&raw).unwrap(), expected);
-        let (decoded, cost) = decode(raw.clone()).unwrap();
-        assert_eq!(decoded, expected);
-        assert_eq!(cost, crate::core::cost::event_cost(raw.as_bytes().len()));
-        // An update's description is kept whole, as bson decodes it.
         let update = doc! {
             "_id": {"_data": "8263A2"},
             "operationType": "update",
             "documentKey": {"_id": 7_i64},
             "updateDescription": {"updatedFields": {"deleted_at": DateTime::from_millis(5)}, "removedFields": ["x"]},
+            "txnNumber": 3_i32,
         };
-        let raw = RawDocumentBuf::from_document(&update).unwrap();
-        assert_eq!(event_document(&raw).unwrap(), raw.to_document().unwrap());
-        assert_eq!(event_document(&raw).unwrap(), update);
+        // The fake server's update: the spec in `documentKey`, the description's nulls.
+        let fake_update = doc! {
+            "_id": {"_data": "8263A3"},
+            "operationType": "update",
+            "documentKey": {"_id": 8_i64, "$set": {"deleted_at": DateTime::from_millis(6)}, "$unset": {"x": ""}},
+            "updateDescription": {"updatedFields": Bson::Null, "removedFields": Bson::Null},
+            "lsid": "not a session",
+            "txnNumber": 5_i64,
+        };
+        let unreadable = [
+            doc! {"operationType": "insert", "documentKey": {"_id": 1}},
+            doc! {"_id": {"_data": 5}, "operationType": "insert"},
+            doc! {"_id": {"_data": "8263A4"}, "operationType": 1},
+            doc! {"_id": {"_data": "8263A5"}, "operationType": "delete", "documentKey": 3},
+        ];
+        for event in [insert, update, fake_update].iter().chain(&unreadable) {
+            assert_eq!(
+                raw_parse(event).0,
+                ChangeEvent::from_document(event.clone()),
+                "{event}"
+            );
+        }
+        let txn = raw_parse(&doc! {"_id": {"_data": "1"}, "operationType": "drop", "lsid": {"id": 1}, "txnNumber": 3_i32})
+            .0
+            .unwrap()
+            .txn;
+        assert_eq!(txn.map(|t| t.number), Some(3));
+    }
+
+    #[test]
+    fn every_fixture_event_parses_from_raw_bson_as_from_a_document() {
+        fn walk(dir: &std::path::Path, seen: &mut usize) {
+            for entry in std::fs::read_dir(dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    walk(&path, seen);
+                    continue;
+                }
+                if path.extension().is_none_or(|e| e != "json") {
+                    continue;
+                }
+                let json: serde_json::Value =
+                    serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+                let Ok(Bson::Document(doc)) = Bson::try_from(json) else {
+                    continue;
+                };
+                let whole = ChangeEvent::from_document(doc.clone());
+                assert_eq!(raw_parse(&doc).0, whole, "{}", path.display());
+                *seen += 1;
+            }
+        }
+        let mut seen = 0;
+        walk(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/events"),
+            &mut seen,
+        );
+        assert!(seen >= 30, "only {seen} fixture events");
     }
 
     #[test]

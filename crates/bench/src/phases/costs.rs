@@ -389,7 +389,7 @@ async fn same_writes(
 
 /// The worker over the Zipf backlog `posts`, loaded into `store` (a fresh server's) first;
 /// the database is dropped afterwards.
-async fn worker_over_backlog(
+pub async fn worker_over_backlog(
     bench: &Bench,
     store: &Arc<Counted>,
     plan: &Plan,
