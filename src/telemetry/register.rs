@@ -131,7 +131,7 @@ fn describe_recounts() {
     );
     describe_counter!(
         RECOUNTS_DEFERRED,
-        "Dirty posts left uncounted for a later run because the worker was further behind the server than catch_up_timeout (catching up a backlog): a count would have seen changes it had not applied."
+        "Dirty posts left uncounted for a later run because the worker could not reach the server's position within catch_up_timeout (catching up a backlog): a count would have seen changes it had not applied."
     );
     describe_counter!(SWEEP_POSTS, "Posts visited by full sweeps.");
     describe_gauge!(
