@@ -28,131 +28,95 @@ pub use scrape::{
     StreamAges,
 };
 
-// --- the worker (label: stream) -------------------------------------------------------------
-pub const EVENTS_APPLIED: &str = "counterd_events_applied_total";
-/// Rows of updated comments the worker read itself, in one batched read per batch, because it
-/// could not derive their state from the ledger and the update (see `crate::core::lookup`).
-pub const UPDATE_ROWS_READ: &str = "counterd_update_rows_read_total";
-pub const BAD_EVENTS: &str = "counterd_bad_events_total";
-pub const UNATTRIBUTABLE_EVENTS: &str = "counterd_unattributable_events_total";
-/// Counter increment statements, by `result` (applied, already_applied).
-pub const INCREMENTS: &str = "counterd_increments_total";
-pub const BATCHES: &str = "counterd_batches_total";
-pub const BATCH_APPLY_DURATION: &str = "counterd_batch_apply_duration_seconds";
-pub const BATCH_SIZE: &str = "counterd_batch_size_events";
-pub const LAST_EVENT_TIMESTAMP: &str = "counterd_last_event_applied_timestamp_seconds";
-pub const CHECKPOINT_TIMESTAMP: &str = "counterd_checkpoint_timestamp_seconds";
-pub const PROGRESS_TIMESTAMP: &str = "counterd_stream_progress_timestamp_seconds";
-pub const HISTORY_LOST: &str = "counterd_history_lost_total";
-// --- scrape-time ages (label: stream; only for streams this process works on) -------------
-pub const STREAM_LAG: &str = "counterd_stream_lag_seconds";
-pub const CHECKPOINT_AGE: &str = "counterd_checkpoint_age_seconds";
-pub const STREAM_STALL: &str = "counterd_stream_stall_seconds";
-// --- leases (label: stream) ---------------------------------------------------------------
-pub const WORKER_ACTIVE: &str = "counterd_worker_active";
-pub const LEASE_RENEWED_TIMESTAMP: &str = "counterd_lease_renewed_timestamp_seconds";
-pub const LEASE_TAKEOVERS: &str = "counterd_lease_takeovers_total";
-/// 1 while a stream is parked for `reason` (see [`crate::status::ParkReason`]), 0 otherwise.
-pub const PARKED: &str = "counterd_parked";
-// --- the reconciler (label: stream; runs also by kind) ------------------------------------
-pub const RECONCILE_RUNS: &str = "counterd_reconcile_runs_total";
-pub const RECONCILE_DURATION: &str = "counterd_reconcile_run_duration_seconds";
-pub const LAST_RECONCILE_TIMESTAMP: &str = "counterd_last_reconcile_success_timestamp_seconds";
-pub const POSTS_RECONCILED: &str = "counterd_posts_reconciled_total";
-/// Histogram of |drift| per corrected post, by `sign` (high, low) and `counter` (the counter
-/// definition's name, `default` for today's settings).
-pub const DRIFT: &str = "counterd_drift_comments";
-pub const RECOUNTS_IN_FLIGHT: &str = "counterd_recounts_in_flight_total";
-/// Counts the reconciler made (the share in flight: `RECOUNTS_IN_FLIGHT` over this).
-pub const RECOUNTS: &str = "counterd_recounts_total";
-/// Dirty posts left uncounted for a later run while the worker was catching up.
-pub const RECOUNTS_DEFERRED: &str = "counterd_recounts_deferred_total";
-pub const SWEEP_POSTS: &str = "counterd_sweep_posts_total";
-pub const FULL_SWEEP_PROGRESS: &str = "counterd_full_sweep_progress_posts";
-pub const BACKGROUND_SWEEP_POSTS_DONE: &str = "counterd_background_sweep_pass_posts";
-pub const BACKGROUND_SWEEP_LAST_PASS: &str = "counterd_background_sweep_last_pass_posts";
-// --- the dirty set (shared by all streams; scrape-time age) -------------------------------
-pub const DIRTY_POSTS: &str = "counterd_dirty_posts";
-pub const DIRTY_OLDEST_AGE: &str = "counterd_dirty_oldest_age_seconds";
-pub const DIRTY_TO_FOLD: &str = "counterd_dirty_to_fold_seconds";
-// --- The initial snapshot ----------------------------------------------------------------
-pub const SNAPSHOT_ROWS: &str = "counterd_snapshot_rows_total";
-pub const SNAPSHOT_RUNNING: &str = "counterd_snapshot_running";
-pub const SNAPSHOT_ROWS_SCANNED: &str = "counterd_snapshot_rows_scanned";
-pub const SNAPSHOT_ROWS_ESTIMATED: &str = "counterd_snapshot_rows_estimated";
-pub const SNAPSHOT_SECONDS_LEFT: &str = "counterd_snapshot_seconds_left";
+/// Defines each metric name as a constant and lists them all in [`ALL`], in order, so that no
+/// name is written twice.
+macro_rules! metric_names {
+    ($($(#[$doc:meta])* $name:ident = $value:literal;)*) => {
+        $($(#[$doc])* pub const $name: &str = $value;)*
+        /// Every counterd metric name, for documentation, the deploy checks and the scrape test.
+        pub const ALL: [&str; [$($name),*].len()] = [$($name),*];
+    };
+}
 
-// --- MongoDB and the process --------------------------------------------------------------
-pub const RETRIES: &str = "counterd_retries_total";
-/// Histogram of MongoDB call latency, by `op` (counterd's operation, e.g. "read the ledger") and
-/// `outcome` (ok, error); see `store::mongo::observe`.
-pub const MONGODB_OPERATION_DURATION: &str = "counterd_mongodb_operation_duration_seconds";
-pub const BUILD_INFO: &str = "counterd_build_info";
-// --- the memory budget (one per process; see `crate::budget`) -----------------------------
-pub const MEMORY_BUDGET: &str = "counterd_memory_budget_bytes";
-pub const MEMORY_IN_USE: &str = "counterd_memory_in_use_bytes";
-// --- the configuration (label: counter) ----------------------------------------------------
-/// 1 per counter definition of the configuration, labelled with what its numbers are: `kind`
-/// (`count`, `sum`, or `rows`: a sum's row count), `field` (a sum's summed field, else empty)
-/// and `collection`. Dashboards and alerts join on `counter` to tell a sum's drift (in its
-/// field's units) from a count's (in rows).
-pub const DEFINITION_INFO: &str = "counterd_definition_info";
+metric_names! {
+    // --- the worker (label: stream) -------------------------------------------------------------
+    EVENTS_APPLIED = "counterd_events_applied_total";
+    /// Rows of updated comments the worker read itself, in one batched read per batch, because it
+    /// could not derive their state from the ledger and the update (see `crate::core::lookup`).
+    UPDATE_ROWS_READ = "counterd_update_rows_read_total";
+    BAD_EVENTS = "counterd_bad_events_total";
+    UNATTRIBUTABLE_EVENTS = "counterd_unattributable_events_total";
+    /// Counter increment statements, by `result` (applied, already_applied).
+    INCREMENTS = "counterd_increments_total";
+    BATCHES = "counterd_batches_total";
+    BATCH_APPLY_DURATION = "counterd_batch_apply_duration_seconds";
+    BATCH_SIZE = "counterd_batch_size_events";
+    LAST_EVENT_TIMESTAMP = "counterd_last_event_applied_timestamp_seconds";
+    CHECKPOINT_TIMESTAMP = "counterd_checkpoint_timestamp_seconds";
+    PROGRESS_TIMESTAMP = "counterd_stream_progress_timestamp_seconds";
+    HISTORY_LOST = "counterd_history_lost_total";
+    // --- scrape-time ages (label: stream; only for streams this process works on) -------------
+    STREAM_LAG = "counterd_stream_lag_seconds";
+    CHECKPOINT_AGE = "counterd_checkpoint_age_seconds";
+    STREAM_STALL = "counterd_stream_stall_seconds";
+    // --- leases (label: stream) ---------------------------------------------------------------
+    WORKER_ACTIVE = "counterd_worker_active";
+    LEASE_RENEWED_TIMESTAMP = "counterd_lease_renewed_timestamp_seconds";
+    LEASE_TAKEOVERS = "counterd_lease_takeovers_total";
+    /// 1 while a stream is parked for `reason` (see [`crate::status::ParkReason`]), 0 otherwise.
+    PARKED = "counterd_parked";
+    // --- the reconciler (label: stream; runs also by kind) ------------------------------------
+    RECONCILE_RUNS = "counterd_reconcile_runs_total";
+    RECONCILE_DURATION = "counterd_reconcile_run_duration_seconds";
+    LAST_RECONCILE_TIMESTAMP = "counterd_last_reconcile_success_timestamp_seconds";
+    POSTS_RECONCILED = "counterd_posts_reconciled_total";
+    /// Histogram of |drift| per corrected post, by `sign` (high, low) and `counter` (the counter
+    /// definition's name, `default` for today's settings).
+    DRIFT = "counterd_drift_comments";
+    RECOUNTS_IN_FLIGHT = "counterd_recounts_in_flight_total";
+    /// Counts the reconciler made (the share in flight: `RECOUNTS_IN_FLIGHT` over this).
+    RECOUNTS = "counterd_recounts_total";
+    /// Dirty posts left uncounted for a later run while the worker was catching up.
+    RECOUNTS_DEFERRED = "counterd_recounts_deferred_total";
+    SWEEP_POSTS = "counterd_sweep_posts_total";
+    FULL_SWEEP_PROGRESS = "counterd_full_sweep_progress_posts";
+    BACKGROUND_SWEEP_POSTS_DONE = "counterd_background_sweep_pass_posts";
+    BACKGROUND_SWEEP_LAST_PASS = "counterd_background_sweep_last_pass_posts";
+    // --- the dirty set (shared by all streams; scrape-time age) -------------------------------
+    DIRTY_POSTS = "counterd_dirty_posts";
+    DIRTY_OLDEST_AGE = "counterd_dirty_oldest_age_seconds";
+    DIRTY_TO_FOLD = "counterd_dirty_to_fold_seconds";
+    // --- The initial snapshot ----------------------------------------------------------------
+    SNAPSHOT_ROWS = "counterd_snapshot_rows_total";
+    SNAPSHOT_RUNNING = "counterd_snapshot_running";
+    SNAPSHOT_ROWS_SCANNED = "counterd_snapshot_rows_scanned";
+    SNAPSHOT_ROWS_ESTIMATED = "counterd_snapshot_rows_estimated";
+    SNAPSHOT_SECONDS_LEFT = "counterd_snapshot_seconds_left";
 
-/// Every counterd metric name, for documentation, the deploy checks and the scrape test.
-pub const ALL: [&str; 52] = [
-    EVENTS_APPLIED,
-    UPDATE_ROWS_READ,
-    BAD_EVENTS,
-    UNATTRIBUTABLE_EVENTS,
-    INCREMENTS,
-    BATCHES,
-    BATCH_APPLY_DURATION,
-    BATCH_SIZE,
-    LAST_EVENT_TIMESTAMP,
-    CHECKPOINT_TIMESTAMP,
-    PROGRESS_TIMESTAMP,
-    HISTORY_LOST,
-    STREAM_LAG,
-    CHECKPOINT_AGE,
-    STREAM_STALL,
-    WORKER_ACTIVE,
-    LEASE_RENEWED_TIMESTAMP,
-    LEASE_TAKEOVERS,
-    PARKED,
-    RECONCILE_RUNS,
-    RECONCILE_DURATION,
-    LAST_RECONCILE_TIMESTAMP,
-    POSTS_RECONCILED,
-    DRIFT,
-    RECOUNTS_IN_FLIGHT,
-    RECOUNTS,
-    RECOUNTS_DEFERRED,
-    SWEEP_POSTS,
-    FULL_SWEEP_PROGRESS,
-    BACKGROUND_SWEEP_POSTS_DONE,
-    BACKGROUND_SWEEP_LAST_PASS,
-    DIRTY_POSTS,
-    DIRTY_OLDEST_AGE,
-    DIRTY_TO_FOLD,
-    SNAPSHOT_ROWS,
-    SNAPSHOT_RUNNING,
-    SNAPSHOT_ROWS_SCANNED,
-    SNAPSHOT_ROWS_ESTIMATED,
-    SNAPSHOT_SECONDS_LEFT,
-    RETRIES,
-    MONGODB_OPERATION_DURATION,
-    BUILD_INFO,
-    MEMORY_BUDGET,
-    MEMORY_IN_USE,
-    DEFINITION_INFO,
-    PROCESS_CPU,
-    PROCESS_RSS,
-    PROCESS_OPEN_FDS,
-    PROCESS_START_TIME,
-    PROCESS_VIRTUAL,
-    PROCESS_MAX_FDS,
-    PROCESS_THREADS,
-];
+    // --- MongoDB and the process --------------------------------------------------------------
+    RETRIES = "counterd_retries_total";
+    /// Histogram of MongoDB call latency, by `op` (counterd's operation, e.g. "read the
+    /// ledger") and `outcome` (ok, error); see `store::mongo::observe`.
+    MONGODB_OPERATION_DURATION = "counterd_mongodb_operation_duration_seconds";
+    BUILD_INFO = "counterd_build_info";
+    // --- the memory budget (one per process; see `crate::budget`) -----------------------------
+    MEMORY_BUDGET = "counterd_memory_budget_bytes";
+    MEMORY_IN_USE = "counterd_memory_in_use_bytes";
+    // --- the configuration (label: counter) ----------------------------------------------------
+    /// 1 per counter definition of the configuration, labelled with what its numbers are: `kind`
+    /// (`count`, `sum`, or `rows`: a sum's row count), `field` (a sum's summed field, else empty)
+    /// and `collection`. Dashboards and alerts join on `counter` to tell a sum's drift (in its
+    /// field's units) from a count's (in rows).
+    DEFINITION_INFO = "counterd_definition_info";
+    // The standard process metrics (the names every Prometheus client library uses).
+    PROCESS_CPU = "process_cpu_seconds_total";
+    PROCESS_RSS = "process_resident_memory_bytes";
+    PROCESS_VIRTUAL = "process_virtual_memory_bytes";
+    PROCESS_OPEN_FDS = "process_open_fds";
+    PROCESS_MAX_FDS = "process_max_fds";
+    PROCESS_START_TIME = "process_start_time_seconds";
+    PROCESS_THREADS = "process_threads";
+}
 
 /// The histograms among [`ALL`] (exported as `_bucket`, `_sum`, `_count`).
 pub const HISTOGRAMS: [&str; 6] = [
@@ -178,15 +142,6 @@ pub const ON_FIRST_USE: [&str; 10] = [
     SNAPSHOT_ROWS_ESTIMATED,
     SNAPSHOT_SECONDS_LEFT,
 ];
-
-// The standard process metrics (the names every Prometheus client library uses).
-pub const PROCESS_CPU: &str = "process_cpu_seconds_total";
-pub const PROCESS_RSS: &str = "process_resident_memory_bytes";
-pub const PROCESS_VIRTUAL: &str = "process_virtual_memory_bytes";
-pub const PROCESS_OPEN_FDS: &str = "process_open_fds";
-pub const PROCESS_MAX_FDS: &str = "process_max_fds";
-pub const PROCESS_START_TIME: &str = "process_start_time_seconds";
-pub const PROCESS_THREADS: &str = "process_threads";
 
 /// Histogram buckets: seconds for durations, counts for sizes and drift.
 pub const DURATION_BUCKETS: [f64; 12] = [
