@@ -245,7 +245,7 @@ pub fn register_stream(stream: &str) {
     ] {
         metrics::gauge!(gauge, "stream" => stream.clone()).set(0.0);
     }
-    for reason in crate::status::ParkReason::ALL {
+    for &reason in <crate::status::ParkReason as strum::VariantArray>::VARIANTS {
         metrics::gauge!(PARKED, "stream" => stream.clone(), "reason" => reason.label()).set(0.0);
     }
 }

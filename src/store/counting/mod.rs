@@ -36,7 +36,7 @@ use crate::core::key::GroupValue;
 /// The concerns of the store, one per trait (the change stream's reads count as [`Stream`]).
 ///
 /// [`Stream`]: Concern::Stream
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, strum::VariantArray)]
 #[serde(rename_all = "snake_case")]
 pub enum Concern {
     Stream,
@@ -50,16 +50,7 @@ pub enum Concern {
 }
 
 impl Concern {
-    pub const ALL: [Concern; 8] = [
-        Concern::Stream,
-        Concern::Checkpoints,
-        Concern::Counters,
-        Concern::Ledger,
-        Concern::Dirty,
-        Concern::Truth,
-        Concern::Leases,
-        Concern::Runs,
-    ];
+    pub const ALL: &'static [Concern] = <Concern as strum::VariantArray>::VARIANTS;
 }
 
 /// What one concern saw.
