@@ -26,7 +26,7 @@ use bson::Document;
 use crate::core::schema::Schema;
 
 pub use index::create_index_command;
-pub use privileges::{create_role_command, required_privileges, Privilege};
+pub use privileges::create_role_command;
 
 /// How a finding weighs.
 #[derive(

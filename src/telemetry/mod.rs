@@ -20,13 +20,8 @@ mod scrape;
 
 pub use logging::{init_logging, init_logging_to_file};
 pub use process::ProcessStats;
-pub use register::{
-    describe, export_parked, install_recorder, register_definition, register_stream,
-};
-pub use scrape::{
-    dirty_view, record_dirty, render_scrape_time, stream_ages, unix_now, unix_now_ms, DirtyView,
-    StreamAges,
-};
+pub use register::{export_parked, install_recorder, register_definition, register_stream};
+pub use scrape::{record_dirty, render_scrape_time, stream_ages, unix_now, unix_now_ms};
 
 /// Defines each metric name as a constant and lists them all in [`ALL`], in order, so that no
 /// name is written twice.
