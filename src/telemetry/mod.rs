@@ -23,86 +23,121 @@ pub use process::ProcessStats;
 pub use register::{export_parked, install_recorder, register_definition, register_stream};
 pub use scrape::{record_dirty, render_scrape_time, stream_ages, unix_now, unix_now_ms};
 
-/// Defines each metric name as a constant and lists them all in [`ALL`], in order, so that no
-/// name is written twice.
+/// Defines each metric name as a constant, documented by its Prometheus help text; lists them
+/// all in [`ALL`]; and registers each help text, with the metric's kind and unit, in
+/// [`describe`]. A name and its description are written once, side by side. The names without
+/// a kind and help are described where they are rendered, at scrape time (`scrape.rs`).
 macro_rules! metric_names {
-    ($($(#[$doc:meta])* $name:ident = $value:literal;)*) => {
-        $($(#[$doc])* pub const $name: &str = $value;)*
+    ($($(#[$doc:meta])* $name:ident = $value:literal
+        $(, $kind:ident $(($unit:ident))? $help:literal)?;)*) => {
+        $($(#[$doc])* $(#[doc = $help])? pub const $name: &str = $value;)*
         /// Every counterd metric name, for documentation, the deploy checks and the scrape test.
         pub const ALL: [&str; [$($name),*].len()] = [$($name),*];
+        /// Registers the help texts with the installed recorder (call once after installing it).
+        pub fn describe() {
+            $($(describe_one!($kind $name, $(metrics::Unit::$unit,)? $help);)?)*
+        }
     };
+}
+
+/// One help text registered by the `metrics` macro of the metric's kind.
+macro_rules! describe_one {
+    (counter $($args:tt)*) => { metrics::describe_counter!($($args)*) };
+    (gauge $($args:tt)*) => { metrics::describe_gauge!($($args)*) };
+    (histogram $($args:tt)*) => { metrics::describe_histogram!($($args)*) };
 }
 
 metric_names! {
     // --- the worker (label: stream) -------------------------------------------------------------
-    EVENTS_APPLIED = "counterd_events_applied_total";
-    /// Rows of updated comments the worker read itself, in one batched read per batch, because it
-    /// could not derive their state from the ledger and the update (see `crate::core::lookup`).
-    UPDATE_ROWS_READ = "counterd_update_rows_read_total";
-    BAD_EVENTS = "counterd_bad_events_total";
-    UNATTRIBUTABLE_EVENTS = "counterd_unattributable_events_total";
-    /// Counter increment statements, by `result` (applied, already_applied).
-    INCREMENTS = "counterd_increments_total";
-    BATCHES = "counterd_batches_total";
-    BATCH_APPLY_DURATION = "counterd_batch_apply_duration_seconds";
-    BATCH_SIZE = "counterd_batch_size_events";
-    LAST_EVENT_TIMESTAMP = "counterd_last_event_applied_timestamp_seconds";
-    CHECKPOINT_TIMESTAMP = "counterd_checkpoint_timestamp_seconds";
+    EVENTS_APPLIED = "counterd_events_applied_total", counter
+        "Change events classified and applied by the worker, per stream.";
+    UPDATE_ROWS_READ = "counterd_update_rows_read_total", counter
+        "Rows of updated comments the worker read in its batched reads, per stream: the updates whose state it could not derive from its ledger and the update's description (what updateLookup used to send with every update event).";
+    BAD_EVENTS = "counterd_bad_events_total", counter
+        "Malformed events skipped (missing or wrongly typed post_id, unknown operation type); their posts were marked dirty where known.";
+    UNATTRIBUTABLE_EVENTS = "counterd_unattributable_events_total", counter
+        "Events no delta could be attributed to; a sweep or the reconciler repairs them.";
+    INCREMENTS = "counterd_increments_total", counter
+        "Counter increment statements issued, by result (applied, already_applied: a replay the guard rejected).";
+    BATCHES = "counterd_batches_total", counter "Batches applied and checkpointed.";
+    BATCH_APPLY_DURATION = "counterd_batch_apply_duration_seconds", histogram(Seconds)
+        "Time to write one batch (intent, counters, ledger, dirty marks, checkpoint).";
+    BATCH_SIZE = "counterd_batch_size_events", histogram "Events per applied batch.";
+    LAST_EVENT_TIMESTAMP = "counterd_last_event_applied_timestamp_seconds", gauge(Seconds)
+        "Cluster time (Unix seconds) of the newest event the worker applied.";
+    CHECKPOINT_TIMESTAMP = "counterd_checkpoint_timestamp_seconds", gauge(Seconds)
+        "Cluster time (Unix seconds) of the checkpointed stream position: every event before it is applied and a restart resumes there.";
     PROGRESS_TIMESTAMP = "counterd_stream_progress_timestamp_seconds";
-    HISTORY_LOST = "counterd_history_lost_total";
+    HISTORY_LOST = "counterd_history_lost_total", counter
+        "Times the checkpoint had fallen off the oplog.";
     // --- scrape-time ages (label: stream; only for streams this process works on) -------------
     STREAM_LAG = "counterd_stream_lag_seconds";
     CHECKPOINT_AGE = "counterd_checkpoint_age_seconds";
     STREAM_STALL = "counterd_stream_stall_seconds";
     // --- leases (label: stream) ---------------------------------------------------------------
-    WORKER_ACTIVE = "counterd_worker_active";
-    LEASE_RENEWED_TIMESTAMP = "counterd_lease_renewed_timestamp_seconds";
-    LEASE_TAKEOVERS = "counterd_lease_takeovers_total";
-    /// 1 while a stream is parked for `reason` (see [`crate::status::ParkReason`]), 0 otherwise.
-    PARKED = "counterd_parked";
+    WORKER_ACTIVE = "counterd_worker_active", gauge
+        "1 when this process holds the stream's lease and applies its events, 0 on standby.";
+    LEASE_RENEWED_TIMESTAMP = "counterd_lease_renewed_timestamp_seconds", gauge(Seconds)
+        "Wall-clock time (Unix seconds) this process last acquired or renewed the stream's lease.";
+    LEASE_TAKEOVERS = "counterd_lease_takeovers_total", counter
+        "Times this process acquired the stream's lease (each raises the fencing epoch).";
+    PARKED = "counterd_parked", gauge
+        "1 while the stream is parked for `reason` (credentials, stream_ended, history_lost, source_missing): a condition no retry mends stopped it; the process stays up, re-checks by itself and resumes. 0 otherwise.";
     // --- the reconciler (label: stream; runs also by kind) ------------------------------------
-    RECONCILE_RUNS = "counterd_reconcile_runs_total";
-    RECONCILE_DURATION = "counterd_reconcile_run_duration_seconds";
-    LAST_RECONCILE_TIMESTAMP = "counterd_last_reconcile_success_timestamp_seconds";
-    POSTS_RECONCILED = "counterd_posts_reconciled_total";
-    /// Histogram of |drift| per corrected post, by `sign` (high, low) and `counter` (the counter
-    /// definition's name, `default` for today's settings).
-    DRIFT = "counterd_drift_comments";
-    RECOUNTS_IN_FLIGHT = "counterd_recounts_in_flight_total";
-    /// Counts the reconciler made (the share in flight: `RECOUNTS_IN_FLIGHT` over this).
-    RECOUNTS = "counterd_recounts_total";
-    /// Dirty posts left uncounted for a later run while the worker was catching up.
-    RECOUNTS_DEFERRED = "counterd_recounts_deferred_total";
-    SWEEP_POSTS = "counterd_sweep_posts_total";
-    FULL_SWEEP_PROGRESS = "counterd_full_sweep_progress_posts";
-    BACKGROUND_SWEEP_POSTS_DONE = "counterd_background_sweep_pass_posts";
-    BACKGROUND_SWEEP_LAST_PASS = "counterd_background_sweep_last_pass_posts";
+    RECONCILE_RUNS = "counterd_reconcile_runs_total", counter
+        "Reconcile runs finished, by kind (dirty, background, sweep, gap_sweep, post).";
+    RECONCILE_DURATION = "counterd_reconcile_run_duration_seconds", histogram(Seconds)
+        "Duration of reconcile runs, by kind.";
+    LAST_RECONCILE_TIMESTAMP = "counterd_last_reconcile_success_timestamp_seconds", gauge(Seconds)
+        "Wall-clock time (Unix seconds) of the last reconcile run that finished without error.";
+    POSTS_RECONCILED = "counterd_posts_reconciled_total", counter "Posts recounted and folded.";
+    DRIFT = "counterd_drift_comments", histogram
+        "Drift corrected per post (group), by sign (high: the counter ran above the truth, low: below) and counter: in rows for a count, in the summed field's units for a sum (see counterd_definition_info).";
+    RECOUNTS_IN_FLIGHT = "counterd_recounts_in_flight_total", counter
+        "Recounts not installed because a row changed while counted could not be settled against the stream (or the worker did not catch up in time); the post stays dirty and is retried.";
+    RECOUNTS = "counterd_recounts_total", counter
+        "Counts the reconciler made of dirty, swept or requested posts, per stream; counterd_recounts_in_flight_total over it is the share of counts that could not be folded.";
+    RECOUNTS_DEFERRED = "counterd_recounts_deferred_total", counter
+        "Dirty posts left uncounted for a later run because the worker was further behind the server than catch_up_timeout (catching up a backlog): a count would have seen changes it had not applied.";
+    SWEEP_POSTS = "counterd_sweep_posts_total", counter "Posts visited by full sweeps.";
+    FULL_SWEEP_PROGRESS = "counterd_full_sweep_progress_posts", gauge
+        "Posts recounted so far by the full sweep in progress (after lost history or on request); 0 when none runs.";
+    BACKGROUND_SWEEP_POSTS_DONE = "counterd_background_sweep_pass_posts", gauge
+        "Posts the background sweep has covered in its current pass over all posts.";
+    BACKGROUND_SWEEP_LAST_PASS = "counterd_background_sweep_last_pass_posts", gauge
+        "Posts the background sweep covered in its last complete pass (0 before the first).";
     // --- the dirty set (shared by all streams; scrape-time age) -------------------------------
-    DIRTY_POSTS = "counterd_dirty_posts";
+    DIRTY_POSTS = "counterd_dirty_posts", gauge
+        "Groups waiting for a recount, per counter definition, as of this process's last reconcile run.";
     DIRTY_OLDEST_AGE = "counterd_dirty_oldest_age_seconds";
-    DIRTY_TO_FOLD = "counterd_dirty_to_fold_seconds";
+    DIRTY_TO_FOLD = "counterd_dirty_to_fold_seconds", histogram(Seconds)
+        "Seconds from a post's dirty mark (or the last fold that covered it, for a post that stays dirty) to the next fold that covered its settled changes, per stream.";
     // --- The initial snapshot ----------------------------------------------------------------
-    SNAPSHOT_ROWS = "counterd_snapshot_rows_total";
-    SNAPSHOT_RUNNING = "counterd_snapshot_running";
-    SNAPSHOT_ROWS_SCANNED = "counterd_snapshot_rows_scanned";
-    SNAPSHOT_ROWS_ESTIMATED = "counterd_snapshot_rows_estimated";
-    SNAPSHOT_SECONDS_LEFT = "counterd_snapshot_seconds_left";
+    SNAPSHOT_ROWS = "counterd_snapshot_rows_total", counter
+        "Rows of `comments` read by the initial snapshot (each chunk once; a chunk finished after a restart is not read again).";
+    SNAPSHOT_RUNNING = "counterd_snapshot_running", gauge
+        "1 while the initial snapshot is counting the rows that existed before the stream's start (folds wait until it is done), else 0.";
+    SNAPSHOT_ROWS_SCANNED = "counterd_snapshot_rows_scanned", gauge
+        "Rows the initial snapshot has scanned so far.";
+    SNAPSHOT_ROWS_ESTIMATED = "counterd_snapshot_rows_estimated", gauge
+        "The estimated size of `comments` when the initial snapshot began.";
+    SNAPSHOT_SECONDS_LEFT = "counterd_snapshot_seconds_left", gauge
+        "Estimated seconds until the initial snapshot is done, at its configured rate (0 when none runs).";
 
     // --- MongoDB and the process --------------------------------------------------------------
-    RETRIES = "counterd_retries_total";
-    /// Histogram of MongoDB call latency, by `op` (counterd's operation, e.g. "read the
-    /// ledger") and `outcome` (ok, error); see `store::mongo::observe`.
-    MONGODB_OPERATION_DURATION = "counterd_mongodb_operation_duration_seconds";
+    RETRIES = "counterd_retries_total", counter
+        "Retries after transient database errors, by operation.";
+    MONGODB_OPERATION_DURATION = "counterd_mongodb_operation_duration_seconds", histogram(Seconds)
+        "MongoDB call latency, by counterd's operation (op) and outcome (ok, error).";
     BUILD_INFO = "counterd_build_info";
     // --- the memory budget (one per process; see `crate::budget`) -----------------------------
-    MEMORY_BUDGET = "counterd_memory_budget_bytes";
-    MEMORY_IN_USE = "counterd_memory_in_use_bytes";
+    MEMORY_BUDGET = "counterd_memory_budget_bytes", gauge(Bytes)
+        "The memory budget every buffer draws from (memory_budget, or derived from the container's limit).";
+    MEMORY_IN_USE = "counterd_memory_in_use_bytes", gauge(Bytes)
+        "Bytes of the memory budget held now (events in flight, read ahead, snapshot chunks, recounts, server replies); reading waits when it reaches the budget.";
     // --- the configuration (label: counter) ----------------------------------------------------
-    /// 1 per counter definition of the configuration, labelled with what its numbers are: `kind`
-    /// (`count`, `sum`, or `rows`: a sum's row count), `field` (a sum's summed field, else empty)
-    /// and `collection`. Dashboards and alerts join on `counter` to tell a sum's drift (in its
-    /// field's units) from a count's (in rows).
-    DEFINITION_INFO = "counterd_definition_info";
+    DEFINITION_INFO = "counterd_definition_info", gauge
+        "Always 1, per counter definition: kind (count, sum, rows: a sum's row count), field (a sum's summed field) and collection. Join on counter to read a sum's drift in its field's units.";
     // The standard process metrics (the names every Prometheus client library uses).
     PROCESS_CPU = "process_cpu_seconds_total";
     PROCESS_RSS = "process_resident_memory_bytes";
