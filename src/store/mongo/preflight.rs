@@ -9,17 +9,10 @@ impl MongoStore {
     /// comments collection, newest `_id` first.
     pub async fn preflight(&self, sample: usize) -> Replies {
         let text = |e: DriverError| reply_error(&e);
-        let build_info: Reply = self
-            .db
-            .run_command(doc! {"buildInfo": 1})
-            .await
-            .map_err(text);
+        let command = |c: Document| async { self.db.run_command(c).await.map_err(text) };
+        let build_info: Reply = command(doc! {"buildInfo": 1}).await;
         let sent_at_ms = DateTime::now().timestamp_millis();
-        let is_master: Reply = self
-            .db
-            .run_command(doc! {"isMaster": 1})
-            .await
-            .map_err(text);
+        let is_master: Reply = command(doc! {"isMaster": 1}).await;
         let received_at_ms = DateTime::now().timestamp_millis();
         // Opening is the test; the stream is dropped (and its cursor killed) at once.
         let change_stream = self
@@ -29,11 +22,8 @@ impl MongoStore {
             .await
             .map(drop)
             .map_err(text);
-        let connection_status: Reply = self
-            .db
-            .run_command(doc! {"connectionStatus": 1, "showPrivileges": true})
-            .await
-            .map_err(text);
+        let connection_status: Reply =
+            command(doc! {"connectionStatus": 1, "showPrivileges": true}).await;
         let indexes = self.index_specs().await;
         let collection = self.comments_entry().await;
         let snapshot_reads = self.snapshot_reads().await;
