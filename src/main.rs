@@ -1,10 +1,10 @@
 //! The `counterd` binary: parse the command line, load settings, hand over to the library.
 //!
-//! It allocates with jemalloc, with a short decay and two arenas (`MALLOC_CONF` below): on the
-//! benchmark's catch-up it spends about a quarter less CPU per event than glibc's malloc, whose
-//! malloc, free and chunk consolidation were half of the worker's CPU, at a lower peak RSS
-//! (bench/RESULTS.md, 2026-12-06, "CPU per event"). glibc's malloc had replaced mimalloc for
-//! its lower peak RSS (2026-12-04); jemalloc's returns its dirty pages after a second.
+//! It allocates with jemalloc (two arenas: `MALLOC_CONF` below): on the benchmark's catch-up it
+//! spends a fifth to a quarter less CPU per event than glibc's malloc, whose malloc, free and
+//! chunk consolidation were half of the worker's CPU, at a lower peak RSS than glibc's
+//! (bench/RESULTS.md, 2026-12-06 afternoon). glibc's malloc had replaced mimalloc for its lower
+//! peak RSS (2026-12-04).
 
 use std::process::ExitCode;
 
@@ -14,11 +14,12 @@ use clap::Parser;
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// jemalloc's options, read when it starts: two arenas (the runtime's two worker threads and the
-/// driver's share them: more arenas hold more memory apart), and freed pages returned to the
-/// system a second after they fall dirty (the default keeps them ten), none kept "muzzy".
-/// `MALLOC_CONF` in the environment is read after them and may override them.
+/// driver's threads share them; its default, four per core, holds more memory apart for no
+/// CPU measured). Its decay is left at its default (dirty pages returned after ten seconds): a
+/// decay of one second cost about 7 % more CPU per event for 2-3 MB less peak RSS.
+/// `MALLOC_CONF` in the environment is read after these options and may override them.
 #[export_name = "_rjem_malloc_conf"]
-pub static MALLOC_CONF: &[u8] = b"narenas:2,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
+pub static MALLOC_CONF: &[u8] = b"narenas:2\0";
 
 fn main() -> ExitCode {
     let cli = counterd::cli::Cli::parse();

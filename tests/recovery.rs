@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 
 use counterd::core::batch::PendingBatch;
 use counterd::core::classify::Attribution;
-use counterd::core::event::ChangeEvent;
 use counterd::core::key::GroupValue;
 use counterd::core::schema::Schema;
 use counterd::store::mongo::{ConnectOptions, MongoStore};

@@ -57,7 +57,7 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// `counterd`'s jemalloc options (`src/main.rs`).
 #[export_name = "_rjem_malloc_conf"]
-pub static MALLOC_CONF: &[u8] = b"narenas:2,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
+pub static MALLOC_CONF: &[u8] = b"narenas:2\0";
 use counterd_testdb::TestServer;
 use serde::Serialize;
 
