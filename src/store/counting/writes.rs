@@ -230,7 +230,7 @@ impl<S: Ledger> Ledger for CountingStore<S> {
         stream: &str,
         comments: &[CommentId],
         generation: u64,
-    ) -> StoreResult<HashMap<String, Option<Row>>> {
+    ) -> StoreResult<LedgerView> {
         self.timed(
             Concern::Ledger,
             0,
