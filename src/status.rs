@@ -47,7 +47,8 @@ pub struct WorkerStatus {
 }
 
 /// Why a stream is parked: a condition no retry mends (see `crate::daemon`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::VariantArray, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum ParkReason {
     /// MongoDB refused counterd's login or a command it needs (a privilege).
     Credentials,
@@ -61,21 +62,9 @@ pub enum ParkReason {
 }
 
 impl ParkReason {
-    pub const ALL: [ParkReason; 4] = [
-        ParkReason::Credentials,
-        ParkReason::StreamEnded,
-        ParkReason::HistoryLost,
-        ParkReason::SourceMissing,
-    ];
-
     /// The `reason` label of `counterd_parked`, and the word `/readyz` uses.
     pub fn label(self) -> &'static str {
-        match self {
-            ParkReason::Credentials => "credentials",
-            ParkReason::StreamEnded => "stream_ended",
-            ParkReason::HistoryLost => "history_lost",
-            ParkReason::SourceMissing => "source_missing",
-        }
+        self.into()
     }
 
     /// Whether it can mend without an operator's `counterd replay` (a role granted, a
@@ -92,6 +81,18 @@ pub struct Parked {
     pub stream: String,
     pub reason: ParkReason,
     pub since_ms: i64,
+}
+
+/// The readings of [`WorkerStatus`]'s atomics: one getter per field (`name: field -> type`,
+/// or `field -> type` when they share the name), each a relaxed load.
+macro_rules! readings {
+    ($($(#[$doc:meta])* $name:ident $(: $field:ident)? -> $ty:ty;)*) => {
+        $($(#[$doc])* pub fn $name(&self) -> $ty {
+            readings!(@field self $name $($field)?).load(Ordering::Relaxed)
+        })*
+    };
+    (@field $self:ident $name:ident) => { $self.$name };
+    (@field $self:ident $name:ident $field:ident) => { $self.$field };
 }
 
 impl WorkerStatus {
@@ -236,54 +237,27 @@ impl WorkerStatus {
 
     // --- readings
 
-    /// Whether the process has reached MongoDB (start-up done).
-    pub fn is_connected(&self) -> bool {
-        self.connected.load(Ordering::Relaxed)
-    }
-
-    /// Whether this process holds the stream's lease and runs its worker.
-    pub fn is_active(&self) -> bool {
-        self.active.load(Ordering::Relaxed)
-    }
-
-    /// Whether the change stream is open here.
-    pub fn is_stream_open(&self) -> bool {
-        self.stream_open.load(Ordering::Relaxed)
-    }
-
-    /// Seconds of lag behind the newest event as of the last batch (0 when caught up).
-    pub fn lag_secs(&self) -> i64 {
-        self.lag_secs.load(Ordering::Relaxed)
-    }
-
-    /// Events applied by this process since it started.
-    pub fn events_applied(&self) -> i64 {
-        self.events_applied.load(Ordering::Relaxed)
-    }
-
-    /// Unix ms this process last became active (0: never).
-    pub fn active_since_ms(&self) -> i64 {
-        self.active_since_ms.load(Ordering::Relaxed)
-    }
-
-    /// Cluster seconds before which every event is known applied (0: unknown).
-    pub fn applied_until_secs(&self) -> i64 {
-        self.applied_until_secs.load(Ordering::Relaxed)
-    }
-
-    /// Cluster seconds of the checkpointed position (0: unknown).
-    pub fn checkpoint_secs(&self) -> i64 {
-        self.checkpoint_secs.load(Ordering::Relaxed)
-    }
-
-    /// Unix ms of the last answered read or applied batch (0: none yet in this run).
-    pub fn progress_at_ms(&self) -> i64 {
-        self.progress_at_ms.load(Ordering::Relaxed)
-    }
-
-    /// Unix ms this process last reached MongoDB for this stream (0: never).
-    pub fn reached_at_ms(&self) -> i64 {
-        self.reached_at_ms.load(Ordering::Relaxed)
+    readings! {
+        /// Whether the process has reached MongoDB (start-up done).
+        is_connected: connected -> bool;
+        /// Whether this process holds the stream's lease and runs its worker.
+        is_active: active -> bool;
+        /// Whether the change stream is open here.
+        is_stream_open: stream_open -> bool;
+        /// Seconds of lag behind the newest event as of the last batch (0 when caught up).
+        lag_secs -> i64;
+        /// Events applied by this process since it started.
+        events_applied -> i64;
+        /// Unix ms this process last became active (0: never).
+        active_since_ms -> i64;
+        /// Cluster seconds before which every event is known applied (0: unknown).
+        applied_until_secs -> i64;
+        /// Cluster seconds of the checkpointed position (0: unknown).
+        checkpoint_secs -> i64;
+        /// Unix ms of the last answered read or applied batch (0: none yet in this run).
+        progress_at_ms -> i64;
+        /// Unix ms this process last reached MongoDB for this stream (0: never).
+        reached_at_ms -> i64;
     }
 
     /// Why the stream is parked, if it is.

@@ -175,15 +175,7 @@ fn definitions_json(settings: &crate::config::Settings) -> anyhow::Result<serde_
                     bson::Bson::Document(d.condition.to_filter()).into_relaxed_extjson(),
                 ),
                 ("collection", d.collection.clone().into()),
-                (
-                    "kind",
-                    match &d.kind {
-                        crate::core::definition::Kind::Count => "count",
-                        crate::core::definition::Kind::Sum { .. } => "sum",
-                        crate::core::definition::Kind::Rows { .. } => "rows",
-                    }
-                    .into(),
-                ),
+                ("kind", crate::cli::status::kind_name(&d.kind).into()),
                 ("sum_of", d.kind.field().map(String::from).into()),
             ])
         }));

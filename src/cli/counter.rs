@@ -2,10 +2,14 @@
 //! `reconcile`). One argument and one resolver, so every command names counters alike and
 //! refuses an unknown name the same way, before anything is contacted.
 
+use std::sync::Arc;
+
 use crate::cli::exit::UsageError;
 use crate::config::Settings;
 use crate::core::definition::DEFAULT_COUNTER;
 use crate::core::key::CounterIx;
+use crate::store::mongo::MongoStore;
+use crate::store::CounterViews;
 
 /// The `--counter` flag.
 #[derive(Debug, Clone, clap::Args)]
@@ -35,5 +39,13 @@ impl CounterArg {
             ))
             .into()),
         }
+    }
+
+    /// [`CounterArg::resolve`], then connects: the settings of the definition's source and the
+    /// definition's view of the store (its counters, dirty set and count queries).
+    pub async fn open(&self, settings: Settings) -> anyhow::Result<(Settings, Arc<MongoStore>)> {
+        let (settings, counter) = self.resolve(settings)?;
+        let store = crate::cli::connect(&settings).await?.for_counter(counter);
+        Ok((settings, Arc::new(store)))
     }
 }

@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use crate::cli::{age_secs, connect, print_json, rfc3339};
+use crate::cli::{age_secs, print_json, rfc3339};
 use crate::config::Settings;
 use crate::outln;
 use crate::store::prelude::*;
@@ -24,9 +24,7 @@ pub struct Args {
 }
 
 pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
-    let (settings, counter) = args.counter.resolve(settings)?;
-    // The definition's view: its counters, dirty set and count queries.
-    let store = std::sync::Arc::new(connect(&settings).await?.for_counter(counter));
+    let (settings, store) = args.counter.open(settings).await?;
     let order = if args.by_version {
         DirtyOrder::ByVersion
     } else {

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use crate::cli::exit::UsageError;
-use crate::cli::{connect, observe, print_json, rfc3339};
+use crate::cli::{observe, print_json, rfc3339};
 use crate::config::Settings;
 use crate::core::key::GroupValue;
 use crate::outln;
@@ -23,14 +23,12 @@ pub struct Args {
 }
 
 pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
-    let (settings, counter) = args.counter.resolve(settings)?;
+    let (settings, store) = args.counter.open(settings).await?;
     // A sum's numbers are in its field's units (the true value is the `$sum` of the rows).
     let summed = settings
         .definitions()?
-        .get(counter)
+        .get(store.viewed_counter())
         .and_then(|d| d.kind.field().map(String::from));
-    // The definition's view: its counters, dirty set and count queries.
-    let store = std::sync::Arc::new(connect(&settings).await?.for_counter(counter));
     let post = resolve_post(store.as_ref(), &args.post).await?;
     let observation = observe(&settings, &store, std::slice::from_ref(&post))
         .await?

@@ -240,20 +240,25 @@ pub async fn connect(settings: &Settings) -> anyhow::Result<Arc<MongoStore>> {
     Ok(Arc::new(store))
 }
 
-/// Whether the initial snapshot of any of the configured streams is still running (counts are
-/// not comparable until it is done).
-pub async fn snapshot_running(settings: &Settings, store: &MongoStore) -> anyhow::Result<bool> {
+/// The checkpoints of the configured streams (partitions) that have one.
+async fn checkpoints(
+    settings: &Settings,
+    store: &MongoStore,
+) -> crate::store::StoreResult<Vec<crate::store::Checkpoint>> {
+    let mut found = Vec::new();
     for (stream, _) in
         crate::core::partition::stream_names(&settings.stream_name, settings.partitions)
     {
-        if crate::store::Checkpoints::load_checkpoint(store, &stream)
-            .await?
-            .is_some_and(|c| c.snapshot_running())
-        {
-            return Ok(true);
-        }
+        found.extend(crate::store::Checkpoints::load_checkpoint(store, &stream).await?);
     }
-    Ok(false)
+    Ok(found)
+}
+
+/// Whether the initial snapshot of any of the configured streams is still running (counts are
+/// not comparable until it is done).
+pub async fn snapshot_running(settings: &Settings, store: &MongoStore) -> anyhow::Result<bool> {
+    let found = checkpoints(settings, store).await?;
+    Ok(found.iter().any(crate::store::Checkpoint::snapshot_running))
 }
 
 /// Renews `fence`'s lease for `owner` for a full `lease_ttl`: false if another worker took the
@@ -284,26 +289,15 @@ pub async fn marks_in_flight(
     settings: &Settings,
     store: &MongoStore,
 ) -> crate::store::StoreResult<std::collections::BTreeSet<crate::core::key::GroupValue>> {
-    let mut posts = std::collections::BTreeSet::new();
-    for (stream, _) in
-        crate::core::partition::stream_names(&settings.stream_name, settings.partitions)
-    {
-        if let Some(pending) = crate::store::Checkpoints::load_checkpoint(store, &stream)
-            .await?
-            .and_then(|c| c.pending)
-        {
-            // The marks of the definition `store` is a view of.
-            let counter = crate::store::CounterViews::viewed_counter(store);
-            posts.extend(
-                pending
-                    .dirty
-                    .into_iter()
-                    .filter(|m| m.counter == counter)
-                    .map(|m| m.post),
-            );
-        }
-    }
-    Ok(posts)
+    // The marks of the definition `store` is a view of.
+    let counter = crate::store::CounterViews::viewed_counter(store);
+    let pending = checkpoints(settings, store).await?.into_iter();
+    Ok(pending
+        .filter_map(|c| c.pending)
+        .flat_map(|p| p.dirty)
+        .filter(|m| m.counter == counter)
+        .map(|m| m.post)
+        .collect())
 }
 
 /// Each post's displayed value beside its true count, compared consistently with the stream of

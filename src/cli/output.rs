@@ -15,22 +15,11 @@ static STDOUT_CLOSED: AtomicBool = AtomicBool::new(false);
 /// Writes one line to standard output, any URI in it redacted (a last guard: commands print
 /// URIs already redacted); after a broken pipe, writes nothing more.
 pub fn write_line(args: std::fmt::Arguments<'_>) {
-    if STDOUT_CLOSED.load(Ordering::Relaxed) {
-        return;
-    }
-    let text = crate::redact::redact_text_uris(&args.to_string());
-    let mut out = std::io::stdout().lock();
-    if out
-        .write_all(text.as_bytes())
-        .and_then(|_| out.write_all(b"\n"))
-        .and_then(|_| out.flush())
-        .is_err()
-    {
-        STDOUT_CLOSED.store(true, Ordering::Relaxed);
-    }
+    write_raw(&format!("{args}\n"));
 }
 
-/// Writes text to standard output without a newline (the demo's screen refresh).
+/// Writes text to standard output without a newline (the demo's screen refresh), redacted and
+/// quiet on a broken pipe like [`write_line`].
 pub fn write_raw(text: &str) {
     if STDOUT_CLOSED.load(Ordering::Relaxed) {
         return;

@@ -387,8 +387,8 @@ fn in_flight_note(marks: usize) -> String {
     }
 }
 
-/// A definition's kind as `status --json` shows it (`config --json` says the same).
-fn kind_name(kind: &crate::core::definition::Kind) -> &'static str {
+/// A definition's kind as `status --json` and `config --json` show it.
+pub(crate) fn kind_name(kind: &crate::core::definition::Kind) -> &'static str {
     use crate::core::definition::Kind;
     match kind {
         Kind::Count => "count",

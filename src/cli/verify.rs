@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use crate::cli::{connect, observe, print_json};
+use crate::cli::{observe, print_json};
 use crate::config::Settings;
 use crate::outln;
 use crate::store::prelude::*;
@@ -20,9 +20,7 @@ pub struct Args {
 }
 
 pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
-    let (settings, counter) = args.counter.resolve(settings)?;
-    // The definition's view: its counters, dirty set and count queries.
-    let store = std::sync::Arc::new(connect(&settings).await?.for_counter(counter));
+    let (settings, store) = args.counter.open(settings).await?;
     let posts = store.sample_posts(args.sample).await?;
     if crate::cli::snapshot_running(&settings, &store).await? {
         return Err(crate::cli::exit::NotYet("not verified: the initial snapshot is still counting the rows that existed before the stream's start; counters are comparable once it is done (see `counterd status`)".into()).into());

@@ -13,7 +13,7 @@ pub(crate) mod validate;
 /// store, which redacts its errors with it).
 pub use crate::redact::redact_uri;
 pub use counters::{CounterKind, CounterSetting};
-pub use load::{is_service_link, Loaded, Override};
+pub use load::{Loaded, Override};
 pub use sources::SourceSetting;
 
 use std::time::Duration;

@@ -26,11 +26,14 @@ use bson::Document;
 use crate::core::schema::Schema;
 
 pub use index::create_index_command;
-pub use privileges::{create_role_command, required_privileges, Privilege};
+pub use privileges::create_role_command;
 
 /// How a finding weighs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, strum::IntoStaticStr,
+)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum Level {
     /// As counterd needs it.
     Ok,
@@ -39,20 +42,17 @@ pub enum Level {
     /// The check could not be made here; the message says why.
     Skipped,
     /// counterd works, at a cost the fix removes (`run` logs it as a warning).
+    #[strum(serialize = "WARNING")]
     Warning,
     /// counterd will not work as configured (`doctor` exits 1).
+    #[strum(serialize = "PROBLEM")]
     Problem,
 }
 
 impl Level {
+    /// As the report prints it: the levels to act on in capitals.
     pub fn label(self) -> &'static str {
-        match self {
-            Level::Ok => "ok",
-            Level::Info => "info",
-            Level::Skipped => "skipped",
-            Level::Warning => "WARNING",
-            Level::Problem => "PROBLEM",
-        }
+        self.into()
     }
 }
 

@@ -223,8 +223,9 @@ pub struct SnapshotProgress {
 }
 
 /// The snapshot's lifecycle.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, strum::IntoStaticStr, strum::EnumString)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum SnapshotState {
     Running,
     Done,
@@ -235,20 +236,11 @@ pub enum SnapshotState {
 
 impl SnapshotState {
     pub fn as_str(self) -> &'static str {
-        match self {
-            SnapshotState::Running => "running",
-            SnapshotState::Done => "done",
-            SnapshotState::Abandoned => "abandoned",
-        }
+        self.into()
     }
 
     pub fn parse(text: &str) -> Option<SnapshotState> {
-        match text {
-            "running" => Some(SnapshotState::Running),
-            "done" => Some(SnapshotState::Done),
-            "abandoned" => Some(SnapshotState::Abandoned),
-            _ => None,
-        }
+        text.parse().ok()
     }
 }
 

@@ -20,139 +20,133 @@ mod scrape;
 
 pub use logging::{init_logging, init_logging_to_file};
 pub use process::ProcessStats;
-pub use register::{
-    describe, export_parked, install_recorder, register_definition, register_stream,
-};
-pub use scrape::{
-    dirty_view, record_dirty, render_scrape_time, stream_ages, unix_now, unix_now_ms, DirtyView,
-    StreamAges,
-};
+pub use register::{export_parked, install_recorder, register_definition, register_stream};
+pub use scrape::{record_dirty, render_scrape_time, stream_ages, unix_now, unix_now_ms};
 
-// --- the worker (label: stream) -------------------------------------------------------------
-pub const EVENTS_APPLIED: &str = "counterd_events_applied_total";
-/// Rows of updated comments the worker read itself, in one batched read per batch, because it
-/// could not derive their state from the ledger and the update (see `crate::core::lookup`).
-pub const UPDATE_ROWS_READ: &str = "counterd_update_rows_read_total";
-pub const BAD_EVENTS: &str = "counterd_bad_events_total";
-pub const UNATTRIBUTABLE_EVENTS: &str = "counterd_unattributable_events_total";
-/// Counter increment statements, by `result` (applied, already_applied).
-pub const INCREMENTS: &str = "counterd_increments_total";
-pub const BATCHES: &str = "counterd_batches_total";
-pub const BATCH_APPLY_DURATION: &str = "counterd_batch_apply_duration_seconds";
-pub const BATCH_SIZE: &str = "counterd_batch_size_events";
-pub const LAST_EVENT_TIMESTAMP: &str = "counterd_last_event_applied_timestamp_seconds";
-pub const CHECKPOINT_TIMESTAMP: &str = "counterd_checkpoint_timestamp_seconds";
-pub const PROGRESS_TIMESTAMP: &str = "counterd_stream_progress_timestamp_seconds";
-pub const HISTORY_LOST: &str = "counterd_history_lost_total";
-// --- scrape-time ages (label: stream; only for streams this process works on) -------------
-pub const STREAM_LAG: &str = "counterd_stream_lag_seconds";
-pub const CHECKPOINT_AGE: &str = "counterd_checkpoint_age_seconds";
-pub const STREAM_STALL: &str = "counterd_stream_stall_seconds";
-// --- leases (label: stream) ---------------------------------------------------------------
-pub const WORKER_ACTIVE: &str = "counterd_worker_active";
-pub const LEASE_RENEWED_TIMESTAMP: &str = "counterd_lease_renewed_timestamp_seconds";
-pub const LEASE_TAKEOVERS: &str = "counterd_lease_takeovers_total";
-/// 1 while a stream is parked for `reason` (see [`crate::status::ParkReason`]), 0 otherwise.
-pub const PARKED: &str = "counterd_parked";
-// --- the reconciler (label: stream; runs also by kind) ------------------------------------
-pub const RECONCILE_RUNS: &str = "counterd_reconcile_runs_total";
-pub const RECONCILE_DURATION: &str = "counterd_reconcile_run_duration_seconds";
-pub const LAST_RECONCILE_TIMESTAMP: &str = "counterd_last_reconcile_success_timestamp_seconds";
-pub const POSTS_RECONCILED: &str = "counterd_posts_reconciled_total";
-/// Histogram of |drift| per corrected post, by `sign` (high, low) and `counter` (the counter
-/// definition's name, `default` for today's settings).
-pub const DRIFT: &str = "counterd_drift_comments";
-pub const RECOUNTS_IN_FLIGHT: &str = "counterd_recounts_in_flight_total";
-/// Counts the reconciler made (the share in flight: `RECOUNTS_IN_FLIGHT` over this).
-pub const RECOUNTS: &str = "counterd_recounts_total";
-/// Dirty posts left uncounted for a later run while the worker was catching up.
-pub const RECOUNTS_DEFERRED: &str = "counterd_recounts_deferred_total";
-pub const SWEEP_POSTS: &str = "counterd_sweep_posts_total";
-pub const FULL_SWEEP_PROGRESS: &str = "counterd_full_sweep_progress_posts";
-pub const BACKGROUND_SWEEP_POSTS_DONE: &str = "counterd_background_sweep_pass_posts";
-pub const BACKGROUND_SWEEP_LAST_PASS: &str = "counterd_background_sweep_last_pass_posts";
-// --- the dirty set (shared by all streams; scrape-time age) -------------------------------
-pub const DIRTY_POSTS: &str = "counterd_dirty_posts";
-pub const DIRTY_OLDEST_AGE: &str = "counterd_dirty_oldest_age_seconds";
-pub const DIRTY_TO_FOLD: &str = "counterd_dirty_to_fold_seconds";
-// --- The initial snapshot ----------------------------------------------------------------
-pub const SNAPSHOT_ROWS: &str = "counterd_snapshot_rows_total";
-pub const SNAPSHOT_RUNNING: &str = "counterd_snapshot_running";
-pub const SNAPSHOT_ROWS_SCANNED: &str = "counterd_snapshot_rows_scanned";
-pub const SNAPSHOT_ROWS_ESTIMATED: &str = "counterd_snapshot_rows_estimated";
-pub const SNAPSHOT_SECONDS_LEFT: &str = "counterd_snapshot_seconds_left";
+/// Defines each metric name as a constant, documented by its Prometheus help text; lists them
+/// all in [`ALL`]; and registers each help text, with the metric's kind and unit, in
+/// [`describe`]. A name and its description are written once, side by side. The names without
+/// a kind and help are described where they are rendered, at scrape time (`scrape.rs`).
+macro_rules! metric_names {
+    ($($(#[$doc:meta])* $name:ident = $value:literal
+        $(, $kind:ident $(($unit:ident))? $help:literal)?;)*) => {
+        $($(#[$doc])* $(#[doc = $help])? pub const $name: &str = $value;)*
+        /// Every counterd metric name, for documentation, the deploy checks and the scrape test.
+        pub const ALL: [&str; [$($name),*].len()] = [$($name),*];
+        /// Registers the help texts with the installed recorder (call once after installing it).
+        pub fn describe() {
+            $($(describe_one!($kind $name, $(metrics::Unit::$unit,)? $help);)?)*
+        }
+    };
+}
 
-// --- MongoDB and the process --------------------------------------------------------------
-pub const RETRIES: &str = "counterd_retries_total";
-/// Histogram of MongoDB call latency, by `op` (counterd's operation, e.g. "read the ledger") and
-/// `outcome` (ok, error); see `store::mongo::observe`.
-pub const MONGODB_OPERATION_DURATION: &str = "counterd_mongodb_operation_duration_seconds";
-pub const BUILD_INFO: &str = "counterd_build_info";
-// --- the memory budget (one per process; see `crate::budget`) -----------------------------
-pub const MEMORY_BUDGET: &str = "counterd_memory_budget_bytes";
-pub const MEMORY_IN_USE: &str = "counterd_memory_in_use_bytes";
-// --- the configuration (label: counter) ----------------------------------------------------
-/// 1 per counter definition of the configuration, labelled with what its numbers are: `kind`
-/// (`count`, `sum`, or `rows`: a sum's row count), `field` (a sum's summed field, else empty)
-/// and `collection`. Dashboards and alerts join on `counter` to tell a sum's drift (in its
-/// field's units) from a count's (in rows).
-pub const DEFINITION_INFO: &str = "counterd_definition_info";
+/// One help text registered by the `metrics` macro of the metric's kind.
+macro_rules! describe_one {
+    (counter $($args:tt)*) => { metrics::describe_counter!($($args)*) };
+    (gauge $($args:tt)*) => { metrics::describe_gauge!($($args)*) };
+    (histogram $($args:tt)*) => { metrics::describe_histogram!($($args)*) };
+}
 
-/// Every counterd metric name, for documentation, the deploy checks and the scrape test.
-pub const ALL: [&str; 52] = [
-    EVENTS_APPLIED,
-    UPDATE_ROWS_READ,
-    BAD_EVENTS,
-    UNATTRIBUTABLE_EVENTS,
-    INCREMENTS,
-    BATCHES,
-    BATCH_APPLY_DURATION,
-    BATCH_SIZE,
-    LAST_EVENT_TIMESTAMP,
-    CHECKPOINT_TIMESTAMP,
-    PROGRESS_TIMESTAMP,
-    HISTORY_LOST,
-    STREAM_LAG,
-    CHECKPOINT_AGE,
-    STREAM_STALL,
-    WORKER_ACTIVE,
-    LEASE_RENEWED_TIMESTAMP,
-    LEASE_TAKEOVERS,
-    PARKED,
-    RECONCILE_RUNS,
-    RECONCILE_DURATION,
-    LAST_RECONCILE_TIMESTAMP,
-    POSTS_RECONCILED,
-    DRIFT,
-    RECOUNTS_IN_FLIGHT,
-    RECOUNTS,
-    RECOUNTS_DEFERRED,
-    SWEEP_POSTS,
-    FULL_SWEEP_PROGRESS,
-    BACKGROUND_SWEEP_POSTS_DONE,
-    BACKGROUND_SWEEP_LAST_PASS,
-    DIRTY_POSTS,
-    DIRTY_OLDEST_AGE,
-    DIRTY_TO_FOLD,
-    SNAPSHOT_ROWS,
-    SNAPSHOT_RUNNING,
-    SNAPSHOT_ROWS_SCANNED,
-    SNAPSHOT_ROWS_ESTIMATED,
-    SNAPSHOT_SECONDS_LEFT,
-    RETRIES,
-    MONGODB_OPERATION_DURATION,
-    BUILD_INFO,
-    MEMORY_BUDGET,
-    MEMORY_IN_USE,
-    DEFINITION_INFO,
-    PROCESS_CPU,
-    PROCESS_RSS,
-    PROCESS_OPEN_FDS,
-    PROCESS_START_TIME,
-    PROCESS_VIRTUAL,
-    PROCESS_MAX_FDS,
-    PROCESS_THREADS,
-];
+metric_names! {
+    // --- the worker (label: stream) -------------------------------------------------------------
+    EVENTS_APPLIED = "counterd_events_applied_total", counter
+        "Change events classified and applied by the worker, per stream.";
+    UPDATE_ROWS_READ = "counterd_update_rows_read_total", counter
+        "Rows of updated comments the worker read in its batched reads, per stream: the updates whose state it could not derive from its ledger and the update's description (what updateLookup used to send with every update event).";
+    BAD_EVENTS = "counterd_bad_events_total", counter
+        "Malformed events skipped (missing or wrongly typed post_id, unknown operation type); their posts were marked dirty where known.";
+    UNATTRIBUTABLE_EVENTS = "counterd_unattributable_events_total", counter
+        "Events no delta could be attributed to; a sweep or the reconciler repairs them.";
+    INCREMENTS = "counterd_increments_total", counter
+        "Counter increment statements issued, by result (applied, already_applied: a replay the guard rejected).";
+    BATCHES = "counterd_batches_total", counter "Batches applied and checkpointed.";
+    BATCH_APPLY_DURATION = "counterd_batch_apply_duration_seconds", histogram(Seconds)
+        "Time to write one batch (intent, counters, ledger, dirty marks, checkpoint).";
+    BATCH_SIZE = "counterd_batch_size_events", histogram "Events per applied batch.";
+    LAST_EVENT_TIMESTAMP = "counterd_last_event_applied_timestamp_seconds", gauge(Seconds)
+        "Cluster time (Unix seconds) of the newest event the worker applied.";
+    CHECKPOINT_TIMESTAMP = "counterd_checkpoint_timestamp_seconds", gauge(Seconds)
+        "Cluster time (Unix seconds) of the checkpointed stream position: every event before it is applied and a restart resumes there.";
+    PROGRESS_TIMESTAMP = "counterd_stream_progress_timestamp_seconds";
+    HISTORY_LOST = "counterd_history_lost_total", counter
+        "Times the checkpoint had fallen off the oplog.";
+    // --- scrape-time ages (label: stream; only for streams this process works on) -------------
+    STREAM_LAG = "counterd_stream_lag_seconds";
+    CHECKPOINT_AGE = "counterd_checkpoint_age_seconds";
+    STREAM_STALL = "counterd_stream_stall_seconds";
+    // --- leases (label: stream) ---------------------------------------------------------------
+    WORKER_ACTIVE = "counterd_worker_active", gauge
+        "1 when this process holds the stream's lease and applies its events, 0 on standby.";
+    LEASE_RENEWED_TIMESTAMP = "counterd_lease_renewed_timestamp_seconds", gauge(Seconds)
+        "Wall-clock time (Unix seconds) this process last acquired or renewed the stream's lease.";
+    LEASE_TAKEOVERS = "counterd_lease_takeovers_total", counter
+        "Times this process acquired the stream's lease (each raises the fencing epoch).";
+    PARKED = "counterd_parked", gauge
+        "1 while the stream is parked for `reason` (credentials, stream_ended, history_lost, source_missing): a condition no retry mends stopped it; the process stays up, re-checks by itself and resumes. 0 otherwise.";
+    // --- the reconciler (label: stream; runs also by kind) ------------------------------------
+    RECONCILE_RUNS = "counterd_reconcile_runs_total", counter
+        "Reconcile runs finished, by kind (dirty, background, sweep, gap_sweep, post).";
+    RECONCILE_DURATION = "counterd_reconcile_run_duration_seconds", histogram(Seconds)
+        "Duration of reconcile runs, by kind.";
+    LAST_RECONCILE_TIMESTAMP = "counterd_last_reconcile_success_timestamp_seconds", gauge(Seconds)
+        "Wall-clock time (Unix seconds) of the last reconcile run that finished without error.";
+    POSTS_RECONCILED = "counterd_posts_reconciled_total", counter "Posts recounted and folded.";
+    DRIFT = "counterd_drift_comments", histogram
+        "Drift corrected per post (group), by sign (high: the counter ran above the truth, low: below) and counter: in rows for a count, in the summed field's units for a sum (see counterd_definition_info).";
+    RECOUNTS_IN_FLIGHT = "counterd_recounts_in_flight_total", counter
+        "Recounts not installed because a row changed while counted could not be settled against the stream (or the worker did not catch up in time); the post stays dirty and is retried.";
+    RECOUNTS = "counterd_recounts_total", counter
+        "Counts the reconciler made of dirty, swept or requested posts, per stream; counterd_recounts_in_flight_total over it is the share of counts that could not be folded.";
+    RECOUNTS_DEFERRED = "counterd_recounts_deferred_total", counter
+        "Dirty posts left uncounted for a later run because the worker was further behind the server than catch_up_timeout (catching up a backlog): a count would have seen changes it had not applied.";
+    SWEEP_POSTS = "counterd_sweep_posts_total", counter "Posts visited by full sweeps.";
+    FULL_SWEEP_PROGRESS = "counterd_full_sweep_progress_posts", gauge
+        "Posts recounted so far by the full sweep in progress (after lost history or on request); 0 when none runs.";
+    BACKGROUND_SWEEP_POSTS_DONE = "counterd_background_sweep_pass_posts", gauge
+        "Posts the background sweep has covered in its current pass over all posts.";
+    BACKGROUND_SWEEP_LAST_PASS = "counterd_background_sweep_last_pass_posts", gauge
+        "Posts the background sweep covered in its last complete pass (0 before the first).";
+    // --- the dirty set (shared by all streams; scrape-time age) -------------------------------
+    DIRTY_POSTS = "counterd_dirty_posts", gauge
+        "Groups waiting for a recount, per counter definition, as of this process's last reconcile run.";
+    DIRTY_OLDEST_AGE = "counterd_dirty_oldest_age_seconds";
+    DIRTY_TO_FOLD = "counterd_dirty_to_fold_seconds", histogram(Seconds)
+        "Seconds from a post's dirty mark (or the last fold that covered it, for a post that stays dirty) to the next fold that covered its settled changes, per stream.";
+    // --- The initial snapshot ----------------------------------------------------------------
+    SNAPSHOT_ROWS = "counterd_snapshot_rows_total", counter
+        "Rows of `comments` read by the initial snapshot (each chunk once; a chunk finished after a restart is not read again).";
+    SNAPSHOT_RUNNING = "counterd_snapshot_running", gauge
+        "1 while the initial snapshot is counting the rows that existed before the stream's start (folds wait until it is done), else 0.";
+    SNAPSHOT_ROWS_SCANNED = "counterd_snapshot_rows_scanned", gauge
+        "Rows the initial snapshot has scanned so far.";
+    SNAPSHOT_ROWS_ESTIMATED = "counterd_snapshot_rows_estimated", gauge
+        "The estimated size of `comments` when the initial snapshot began.";
+    SNAPSHOT_SECONDS_LEFT = "counterd_snapshot_seconds_left", gauge
+        "Estimated seconds until the initial snapshot is done, at its configured rate (0 when none runs).";
+
+    // --- MongoDB and the process --------------------------------------------------------------
+    RETRIES = "counterd_retries_total", counter
+        "Retries after transient database errors, by operation.";
+    MONGODB_OPERATION_DURATION = "counterd_mongodb_operation_duration_seconds", histogram(Seconds)
+        "MongoDB call latency, by counterd's operation (op) and outcome (ok, error).";
+    BUILD_INFO = "counterd_build_info";
+    // --- the memory budget (one per process; see `crate::budget`) -----------------------------
+    MEMORY_BUDGET = "counterd_memory_budget_bytes", gauge(Bytes)
+        "The memory budget every buffer draws from (memory_budget, or derived from the container's limit).";
+    MEMORY_IN_USE = "counterd_memory_in_use_bytes", gauge(Bytes)
+        "Bytes of the memory budget held now (events in flight, read ahead, snapshot chunks, recounts, server replies); reading waits when it reaches the budget.";
+    // --- the configuration (label: counter) ----------------------------------------------------
+    DEFINITION_INFO = "counterd_definition_info", gauge
+        "Always 1, per counter definition: kind (count, sum, rows: a sum's row count), field (a sum's summed field) and collection. Join on counter to read a sum's drift in its field's units.";
+    // The standard process metrics (the names every Prometheus client library uses).
+    PROCESS_CPU = "process_cpu_seconds_total";
+    PROCESS_RSS = "process_resident_memory_bytes";
+    PROCESS_VIRTUAL = "process_virtual_memory_bytes";
+    PROCESS_OPEN_FDS = "process_open_fds";
+    PROCESS_MAX_FDS = "process_max_fds";
+    PROCESS_START_TIME = "process_start_time_seconds";
+    PROCESS_THREADS = "process_threads";
+}
 
 /// The histograms among [`ALL`] (exported as `_bucket`, `_sum`, `_count`).
 pub const HISTOGRAMS: [&str; 6] = [
@@ -178,15 +172,6 @@ pub const ON_FIRST_USE: [&str; 10] = [
     SNAPSHOT_ROWS_ESTIMATED,
     SNAPSHOT_SECONDS_LEFT,
 ];
-
-// The standard process metrics (the names every Prometheus client library uses).
-pub const PROCESS_CPU: &str = "process_cpu_seconds_total";
-pub const PROCESS_RSS: &str = "process_resident_memory_bytes";
-pub const PROCESS_VIRTUAL: &str = "process_virtual_memory_bytes";
-pub const PROCESS_OPEN_FDS: &str = "process_open_fds";
-pub const PROCESS_MAX_FDS: &str = "process_max_fds";
-pub const PROCESS_START_TIME: &str = "process_start_time_seconds";
-pub const PROCESS_THREADS: &str = "process_threads";
 
 /// Histogram buckets: seconds for durations, counts for sizes and drift.
 pub const DURATION_BUCKETS: [f64; 12] = [

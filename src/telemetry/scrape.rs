@@ -1,8 +1,9 @@
 //! What is computed when Prometheus scrapes: the per-stream ages from the worker's timestamps,
 //! the dirty backlog's age, build information and the `process_*` metrics.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use super::*;
 use crate::status::WorkerStatus;
@@ -23,34 +24,14 @@ pub fn unix_now_ms() -> i64 {
 /// The dirty backlogs as this process's last reconcile runs saw them, per counter definition
 /// (its name): the oldest entry's `first_dirty_at` (Unix ms; 0: the backlog was empty). A
 /// counter appears once a reconcile run of this process has looked at it.
-#[derive(Debug, Default)]
-pub struct DirtyView {
-    oldest_ms: std::sync::Mutex<std::collections::BTreeMap<String, i64>>,
-}
-
-impl DirtyView {
-    /// Each counter's oldest dirty entry (Unix ms, 0: none), by name.
-    pub fn oldest(&self) -> Vec<(String, i64)> {
-        let seen = self.oldest_ms.lock().unwrap_or_else(|e| e.into_inner());
-        seen.iter().map(|(name, ms)| (name.clone(), *ms)).collect()
-    }
-}
-
-/// The dirty backlogs seen by this process (one per process).
-pub fn dirty_view() -> &'static DirtyView {
-    static VIEW: std::sync::OnceLock<DirtyView> = std::sync::OnceLock::new();
-    VIEW.get_or_init(DirtyView::default)
-}
+static DIRTY_OLDEST_MS: Mutex<BTreeMap<String, i64>> = Mutex::new(BTreeMap::new());
 
 /// Records the dirty backlog a reconcile run of the counter definition `counter` saw: the size
 /// as a gauge, the oldest entry's time for the scrape-time age; both labelled with the counter.
 pub fn record_dirty(size: u64, oldest: Option<bson::DateTime>, counter: &str) {
     metrics::gauge!(DIRTY_POSTS, "counter" => counter.to_string()).set(size as f64);
     let oldest = oldest.map(|t| t.timestamp_millis()).unwrap_or(0);
-    let mut seen = dirty_view()
-        .oldest_ms
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
+    let mut seen = DIRTY_OLDEST_MS.lock().unwrap_or_else(|e| e.into_inner());
     seen.insert(counter.to_string(), oldest);
 }
 
@@ -147,7 +128,10 @@ fn render_progress(out: &mut String, streams: &[(String, Arc<WorkerStatus>)]) {
 
 /// The age of each counter's oldest dirty entry.
 fn render_dirty_age(out: &mut String, now_ms: i64) {
-    let dirty = dirty_view().oldest();
+    let dirty = DIRTY_OLDEST_MS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
     if !dirty.is_empty() {
         family(
             out,

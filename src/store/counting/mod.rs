@@ -36,7 +36,7 @@ use crate::core::key::GroupValue;
 /// The concerns of the store, one per trait (the change stream's reads count as [`Stream`]).
 ///
 /// [`Stream`]: Concern::Stream
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, strum::VariantArray)]
 #[serde(rename_all = "snake_case")]
 pub enum Concern {
     Stream,
@@ -50,16 +50,7 @@ pub enum Concern {
 }
 
 impl Concern {
-    pub const ALL: [Concern; 8] = [
-        Concern::Stream,
-        Concern::Checkpoints,
-        Concern::Counters,
-        Concern::Ledger,
-        Concern::Dirty,
-        Concern::Truth,
-        Concern::Leases,
-        Concern::Runs,
-    ];
+    pub const ALL: &'static [Concern] = <Concern as strum::VariantArray>::VARIANTS;
 }
 
 /// What one concern saw.
@@ -231,11 +222,6 @@ impl<S> CountingStore<S> {
         self.tallies.timed(concern, statements, call).await
     }
 
-    /// One recount query about one post.
-    fn count_query(&self) {
-        self.count_query_of(1);
-    }
-
     /// One recount query about `posts` posts.
     fn count_query_of(&self, posts: usize) {
         self.tallies.count_queries.fetch_add(1, Ordering::Relaxed);
@@ -244,6 +230,30 @@ impl<S> CountingStore<S> {
             .fetch_add(posts as u64, Ordering::Relaxed);
     }
 }
+
+/// Implements a store trait for [`CountingStore`] by delegating each listed method to the
+/// store underneath, unchanged, timed as one call of `$concern` carrying `$statements` write
+/// statements (an expression over the arguments). `records` keeps the write when recording;
+/// `queries` counts recount queries about that many posts. Methods with logic of their own
+/// follow the list as ordinary items.
+macro_rules! counted {
+    (impl $trait:ident as $concern:ident {
+        $($name:ident($($arg:ident: $ty:ty),*) -> $ret:ty, $statements:expr
+            $(, records $write:expr)? $(, queries $queries:expr)?;)*
+    } $($extra:item)*) => {
+        #[async_trait]
+        impl<S: $trait> $trait for CountingStore<S> {
+            $(async fn $name(&self, $($arg: $ty),*) -> StoreResult<$ret> {
+                $(self.record(|| $write);)?
+                $(self.count_query_of($queries);)?
+                let call = self.inner.$name($($arg),*);
+                self.timed(Concern::$concern, $statements, call).await
+            })*
+            $($extra)*
+        }
+    };
+}
+use counted;
 
 /// A view counts into the same tallies as the store it was made from.
 impl<S: CounterViews> CounterViews for CountingStore<S> {

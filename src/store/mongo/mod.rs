@@ -49,7 +49,6 @@ use super::*;
 use self::documents::*;
 use self::errors::*;
 use self::observe::Observe;
-pub use self::stream::position_from_reply;
 use crate::core::batch::{CounterDelta, CounterWrite, DirtyMark};
 use crate::core::event::{CommentId, Row, Token};
 use crate::core::event::{LedgerUpdate, LedgerView};
