@@ -17,7 +17,8 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// driver's threads share them; its default, four per core, holds more memory apart for no
 /// CPU measured). Its decay is left at its default (dirty pages returned after ten seconds): a
 /// decay of one second cost about 7 % more CPU per event for 2-3 MB less peak RSS.
-/// `MALLOC_CONF` in the environment is read after these options and may override them.
+/// `_RJEM_MALLOC_CONF` in the environment (jemalloc's `MALLOC_CONF`, under the prefix of the
+/// crate's build) is read after these options and may override them.
 #[export_name = "_rjem_malloc_conf"]
 pub static MALLOC_CONF: &[u8] = b"narenas:2\0";
 
