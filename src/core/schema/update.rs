@@ -34,20 +34,15 @@ impl Schema {
     /// The counters an update moves the row into, of every definition: each group field it
     /// sets to a usable key (the default definition's is [`Schema::post_set_by`]).
     pub fn groups_set_by(&self, update: &UpdateSummary) -> Vec<CounterKey> {
-        let default = self.post_set_by(update).map(|group| CounterKey {
-            counter: CounterIx::DEFAULT,
-            group,
-        });
-        let more = self.counters.iter().enumerate().filter_map(|(i, d)| {
-            match Self::change(update, &d.group) {
-                FieldChange::Set(Some(value)) => Some(CounterKey {
-                    counter: CounterIx(i + 1),
-                    group: GroupValue::from_bson(&value)?,
-                }),
-                _ => None,
-            }
-        });
-        default.into_iter().chain(more).collect()
+        let groups = std::iter::once(&self.group).chain(self.counters.iter().map(|d| &d.group));
+        let set = |(i, path): (usize, &String)| match Self::change(update, path) {
+            FieldChange::Set(Some(value)) => Some(CounterKey {
+                counter: CounterIx(i),
+                group: GroupValue::from_bson(&value)?,
+            }),
+            _ => None,
+        };
+        groups.enumerate().filter_map(set).collect()
     }
 
     /// Best effort without a before-state: the guessed count change of an update through the
