@@ -114,19 +114,20 @@ impl Budget {
     pub fn overdraw(&self, bytes: usize) -> Grant {
         self.inner.overdraft.fetch_add(bytes, Ordering::Relaxed);
         self.report();
-        Grant {
-            budget: self.clone(),
-            permits: 0,
-            overdraft: bytes,
-        }
+        self.grant(0, bytes)
     }
 
     /// An empty grant, to merge others into.
     pub fn none(&self) -> Grant {
+        self.grant(0, 0)
+    }
+
+    /// A grant of bytes already taken: `permits` from the budget, `overdraft` beyond it.
+    fn grant(&self, permits: usize, overdraft: usize) -> Grant {
         Grant {
             budget: self.clone(),
-            permits: 0,
-            overdraft: 0,
+            permits,
+            overdraft,
         }
     }
 
@@ -141,11 +142,7 @@ impl Budget {
             if let Ok(permits) = self.inner.free.try_acquire_many(n as u32) {
                 permits.forget();
                 self.report();
-                return Grant {
-                    budget: self.clone(),
-                    permits: n,
-                    overdraft: 0,
-                };
+                return self.grant(n, 0);
             }
         }
     }
@@ -185,11 +182,7 @@ impl Budget {
         permits.forget();
         let overdraft = min - from_budget;
         self.inner.overdraft.fetch_add(overdraft, Ordering::Relaxed);
-        let mut grant = Grant {
-            budget: self.clone(),
-            permits: from_budget,
-            overdraft,
-        };
+        let mut grant = self.grant(from_budget, overdraft);
         grant.merge(self.take_free(want.saturating_sub(min)));
         self.report();
         grant
@@ -238,11 +231,7 @@ impl Grant {
         let from_permits = (bytes - from_overdraft).min(self.permits);
         self.overdraft -= from_overdraft;
         self.permits -= from_permits;
-        Grant {
-            budget: self.budget.clone(),
-            permits: from_permits,
-            overdraft: from_overdraft,
-        }
+        self.budget.grant(from_permits, from_overdraft)
     }
 
     /// Gives back everything above `bytes`.

@@ -116,15 +116,6 @@ impl Settings {
             ));
         }
         self.check_entry_collection(i, entry, more)?;
-        let rows = entry.with_count.then(|| Definition {
-            name: format!("{}{ROWS_SUFFIX}", entry.name),
-            group: entry.group_field.clone(),
-            condition: condition.clone(),
-            collection: entry.collection.clone(),
-            kind: Kind::Rows {
-                of: entry.name.clone(),
-            },
-        });
         let definition = Definition {
             name: entry.name.clone(),
             group: entry.group_field.clone(),
@@ -132,6 +123,14 @@ impl Settings {
             collection: entry.collection.clone(),
             kind,
         };
+        // The sum's row count: the same rows and documents, counted.
+        let rows = entry.with_count.then(|| Definition {
+            name: format!("{}{ROWS_SUFFIX}", entry.name),
+            kind: Kind::Rows {
+                of: entry.name.clone(),
+            },
+            ..definition.clone()
+        });
         Ok((definition, rows))
     }
 

@@ -238,7 +238,7 @@ impl<S> CountingStore<S> {
 /// follow the list as ordinary items.
 macro_rules! counted {
     (impl $trait:ident as $concern:ident {
-        $($name:ident($($arg:ident: $ty:ty),*) -> $ret:ty, $statements:expr
+        $($name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty, $statements:expr
             $(, records $write:expr)? $(, queries $queries:expr)?;)*
     } $($extra:item)*) => {
         #[async_trait]

@@ -17,7 +17,7 @@ counted! {
             carry: &Token,
             after: Option<&Token>,
             through: &Token,
-            limit: usize
+            limit: usize,
         ) -> Vec<PendingBatch>, 0;
         clear_carried(fence: &Fence, carry: &Token) -> (), 1,
             records Write::ClearCarried { fence: fence.clone(), carry: carry.clone() };
@@ -50,7 +50,7 @@ counted! {
             post: &GroupValue,
             expected: Option<&CounterDoc>,
             fold: &Fold,
-            now: DateTime
+            now: DateTime,
         ) -> bool, 1;
         posts_after(after: Option<&GroupValue>, limit: usize) -> Vec<GroupValue>, 0;
         sample_posts(n: usize) -> Vec<GroupValue>, 0;
