@@ -372,14 +372,6 @@ impl<'a> Seen<'a> {
             Seen::Unknown | Seen::Gone => None,
         }
     }
-
-    /// This, or what `other` says where this knows nothing.
-    pub fn or(self, other: Seen<'a>) -> Seen<'a> {
-        match self {
-            Seen::Unknown => other,
-            known => known,
-        }
-    }
 }
 
 impl std::ops::Deref for LedgerView {
