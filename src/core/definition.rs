@@ -44,8 +44,10 @@ pub struct Definition {
     pub kind: Kind,
 }
 
-/// What a row that counts adds to its counter.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// What a row that counts adds to its counter; its name ("count", "sum", "rows") is what
+/// `status --json`, `config --json` and `counterd_definition_info` show.
+#[derive(Clone, Debug, Default, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum Kind {
     /// 1 per row (`kind = "count"`, the default).
     #[default]

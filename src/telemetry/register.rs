@@ -71,12 +71,7 @@ pub fn register_stream(stream: &str) {
 /// Exports what a counter definition's numbers are (`counterd_definition_info`, always 1), so
 /// that a dashboard or an alert tells a sum, in its field's units, from a count.
 pub fn register_definition(definition: &crate::core::definition::Definition) {
-    use crate::core::definition::Kind;
-    let kind = match definition.kind {
-        Kind::Count => "count",
-        Kind::Sum { .. } => "sum",
-        Kind::Rows { .. } => "rows",
-    };
+    let kind: &'static str = (&definition.kind).into();
     metrics::gauge!(
         DEFINITION_INFO,
         "counter" => definition.name.clone(),
