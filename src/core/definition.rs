@@ -162,11 +162,6 @@ impl Definitions {
         Definitions { list }
     }
 
-    /// The definition `--counter` means when it is not given.
-    pub fn default_definition(&self) -> &Definition {
-        &self.list[0]
-    }
-
     /// The definition at `ix`.
     pub fn get(&self, ix: CounterIx) -> Option<&Definition> {
         self.list.get(ix.0)
@@ -274,7 +269,7 @@ mod tests {
             kind: Kind::Count,
         };
         let all = Definitions::new(default.clone(), vec![approved()]);
-        assert_eq!(all.default_definition(), &default);
+        assert_eq!(&all.list[0], &default);
         assert_eq!(all.by_name("approved").map(|(i, _)| i), Some(CounterIx(1)));
         assert_eq!(all.names(), ["default", "approved"]);
         assert_eq!(all.extra(), [approved()]);
