@@ -216,7 +216,10 @@ impl<S: Store + ?Sized> Reconciler<S> {
             for (i, group) in dirty.chunks(self.settings.group_size.max(1)).enumerate() {
                 // A worker catching up a backlog has not reached the changes a count would
                 // see: its posts are left, uncounted, for a later run (they stay dirty, with
-                // their age), rather than counted and found in flight.
+                // their age), rather than counted and found in flight. Decided per stream, not
+                // per post: the count's wait is for the whole stream's position, and the worker
+                // marks a post dirty only once it applies the change, so a post's dirty mark
+                // never shows the changes still ahead of the worker.
                 if self.recounter.worker_behind().await? {
                     let left = dirty.len() - i * self.settings.group_size.max(1);
                     run.summary.deferred += left as u64;
@@ -313,8 +316,15 @@ pub async fn run_pass<S: Store + ?Sized>(
     let started = first.clock.now();
     let mut reports = adopt_new_definitions(reconcilers, now, since, shutdown.clone()).await?;
     reports.extend(run_requested_sweeps(reconcilers, now, shutdown).await?);
+    let mut deferred = false;
     for reconciler in reconcilers {
-        reports.push(reconciler.run_dirty(now).await?);
+        let report = reconciler.run_dirty(now).await?;
+        deferred |= report.summary.deferred > 0;
+        reports.push(report);
+    }
+    if deferred {
+        // The worker is catching up: the background sweep's counts would be in flight too.
+        return Ok(reports);
     }
     let spare = schedule::has_spare_time(
         elapsed_since(first.clock.as_ref(), started),

@@ -242,6 +242,13 @@ impl<S: Store + ?Sized> Reconciler<S> {
         let Some(pass) = self.settings.background_pass else {
             return Ok(None);
         };
+        // A worker catching up has not applied what these counts would see: every one would be
+        // in flight. The step is taken in a later pass (the cursor stays).
+        if self.recounter.worker_behind().await? {
+            tracing::debug!(stream = %self.settings.stream, counter = %self.settings.counter_name,
+                "the worker is catching up: the background sweep's step waits for a later pass");
+            return Ok(None);
+        }
         let mut cursor = self
             .store
             .load_sweep_cursor(&self.settings.sweep_key())

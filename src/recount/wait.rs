@@ -28,11 +28,19 @@ impl<S: Store + ?Sized> Recounter<S> {
     async fn wait_for_stream(&self, stream: &str, position: Timestamp) -> StoreResult<bool> {
         let polls = (self.catch_up.timeout.as_millis() / self.catch_up.poll.as_millis().max(1))
             .max(1) as u64;
+        // Bounded by the clock as well as by the number of looks: on a loaded machine each look
+        // (a checkpoint read and a pause) takes longer than `poll`, and counting looks alone
+        // stretched a 10 s timeout to half a minute, holding the reconciler's pass meanwhile.
+        let deadline =
+            self.clock.now().timestamp_millis() + self.catch_up.timeout.as_millis() as i64;
         let mut last_probe: Option<DateTime> = None;
-        for _ in 0..=polls {
+        for look in 0..=polls {
             let checkpoint = self.store.load_checkpoint(stream).await?;
             if checkpoint.as_ref().and_then(applied_before) >= Some(position) {
                 return Ok(true);
+            }
+            if look > 0 && self.clock.now().timestamp_millis() >= deadline {
+                break;
             }
             // At most once a second, and only while no worker holds the lease: an empty read
             // ends the wait early; events found pending only mean waiting on (a worker may be
@@ -57,12 +65,18 @@ impl<S: Store + ?Sized> Recounter<S> {
         Ok(false)
     }
 
-    /// Whether the stream's worker is further behind the server than a count's wait for it
-    /// covers (`catch_up.timeout`): a post counted now would see changes the worker has not
-    /// applied, and the count could not be folded (it would be in flight), so the reconciler
-    /// leaves its posts for a later run instead of counting them. False while no worker holds
-    /// the lease (the wait then reads the stream itself), before the stream has a position,
-    /// and while the initial snapshot runs (the recount reports that on its own).
+    /// Whether the stream's worker could not apply what a count now would see within a count's
+    /// wait for it (`catch_up.timeout`): such a count could not be folded (it would be in
+    /// flight), so the reconciler leaves its posts for a later run instead of counting them.
+    ///
+    /// Measured, not predicted: the worker must reach the server's present position (less
+    /// [`RECORD_SLACK_SECS`]) within the timeout. How far behind it is in cluster time says
+    /// nothing about how long it needs: a backlog written in 8 s took a loaded worker 30 s,
+    /// and a rule "behind by more than the timeout" let the first passes of that catch-up
+    /// count. A worker that keeps up is there at once (or within one of its drained records).
+    /// False while no worker holds the lease (the count's wait then reads the stream itself),
+    /// before the stream has a checkpoint, and while the initial snapshot runs (the recount
+    /// reports that on its own).
     ///
     /// A counter several partitions write: any of their workers ([`Recounter::writers`]).
     pub async fn worker_behind(&self) -> StoreResult<bool> {
@@ -79,15 +93,22 @@ impl<S: Store + ?Sized> Recounter<S> {
         let Some(checkpoint) = self.store.load_checkpoint(stream).await? else {
             return Ok(false);
         };
-        let Some(applied) = applied_before(&checkpoint) else {
-            return Ok(false);
-        };
         if checkpoint.snapshot_running() || !self.worker_alive(stream).await? {
             return Ok(false);
         }
         let now = self.store.read_position().await?.lower;
-        let covered = self.catch_up.timeout.as_secs().max(1);
-        Ok(u64::from(now.time) > u64::from(applied.time) + covered)
+        let target = Timestamp {
+            time: now.time.saturating_sub(RECORD_SLACK_SECS),
+            increment: 0,
+        };
+        if applied_before(&checkpoint) >= Some(target) {
+            return Ok(false);
+        }
+        let reached = self.wait_for_stream(stream, target).await?;
+        if !reached {
+            tracing::debug!(%stream, ?target, "the worker is catching up: recounts wait for a later run");
+        }
+        Ok(!reached)
     }
 
     /// Whether some process holds the stream's lease (and so applies its events).
@@ -138,6 +159,12 @@ impl<S: Store + ?Sized> Recounter<S> {
         Ok(Some(batch.events.is_empty()))
     }
 }
+
+/// How far (seconds of cluster time) the worker's applied position may trail the server's
+/// before [`Recounter::worker_behind`] waits for it: the server's position on a server without
+/// `operationTime` has whole seconds, and a worker records its drained position after each
+/// batch, so a worker that keeps up is always within this.
+pub const RECORD_SLACK_SECS: u32 = 1;
 
 /// Every event before this cluster time is applied: the checkpoint's event time (its event is
 /// applied, so everything before it), or the last drained position.

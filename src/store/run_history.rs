@@ -53,9 +53,9 @@ pub struct RunSummary {
     pub in_flight: u64,
     /// Posts folded but left dirty: a change that dirtied them is above the watermark.
     pub waiting: u64,
-    /// Posts left for a later run without being counted: the worker was further behind the
-    /// server than a count's wait for it covers, so a count would have seen changes it had
-    /// not applied and could not have been folded (a catch-up after an outage).
+    /// Posts left for a later run without being counted: the worker could not reach the
+    /// server's position within a count's wait for it, so a count would have seen changes it
+    /// had not applied and could not have been folded (a catch-up after an outage).
     pub deferred: u64,
     /// Recounts read at a cluster time (snapshot reads) rather than at row level.
     pub snapshot_counts: u64,

@@ -98,7 +98,7 @@ metric_names! {
     RECOUNTS = "counterd_recounts_total", counter
         "Counts the reconciler made of dirty, swept or requested posts, per stream; counterd_recounts_in_flight_total over it is the share of counts that could not be folded.";
     RECOUNTS_DEFERRED = "counterd_recounts_deferred_total", counter
-        "Dirty posts left uncounted for a later run because the worker was further behind the server than catch_up_timeout (catching up a backlog): a count would have seen changes it had not applied.";
+        "Dirty posts left uncounted for a later run because the worker could not reach the server's position within catch_up_timeout (catching up a backlog): a count would have seen changes it had not applied.";
     SWEEP_POSTS = "counterd_sweep_posts_total", counter "Posts visited by full sweeps.";
     FULL_SWEEP_PROGRESS = "counterd_full_sweep_progress_posts", gauge
         "Posts recounted so far by the full sweep in progress (after lost history or on request); 0 when none runs.";
