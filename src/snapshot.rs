@@ -29,15 +29,15 @@
 //! done (a recount would count rows that a later chunk then adds again), and none is folded
 //! from a recount the snapshot began or moved during ([`crate::recount::snapshot_moved`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bson::DateTime;
 
 use crate::config::InitialSnapshot;
 use crate::core::batch::{counter_of, CounterDelta};
-use crate::core::event::LedgerUpdate;
 use crate::core::event::{CommentId, Row};
+use crate::core::event::{LedgerUpdate, LedgerView};
 use crate::core::key::CounterKey;
 use crate::core::partition::Partition;
 use crate::core::time::bucket_of;
@@ -97,7 +97,7 @@ pub fn begin(extent: &CommentsExtent, now: DateTime) -> SnapshotProgress {
 pub fn plan_chunk(
     number: u64,
     rows: &[(CommentId, Row)],
-    ledger: &HashMap<String, Option<Row>>,
+    ledger: &LedgerView,
     partition: Option<Partition>,
     bucket_width_secs: i64,
 ) -> SnapshotChunk {
@@ -352,12 +352,11 @@ mod tests {
     use bson::Bson;
 
     fn row(post: i64, live: bool) -> Row {
-        Row {
-            members: Vec::new(),
-            post: Some(GroupValue::Int(post)),
-            created_at: Some(DateTime::from_millis(125_000)),
-            deleted: !live,
-        }
+        Row::of(
+            Some(GroupValue::Int(post)),
+            Some(DateTime::from_millis(125_000)),
+            !live,
+        )
     }
 
     fn id(n: i32) -> CommentId {
@@ -372,7 +371,7 @@ mod tests {
             (id(3), row(7, false)),
             (id(4), row(8, true)),
         ];
-        let ledger: HashMap<String, Option<Row>> = [(id(2).key, None)].into_iter().collect();
+        let ledger: LedgerView = [(id(2).key, None)].into_iter().collect();
         let chunk = plan_chunk(3, &rows, &ledger, None, 60);
         assert_eq!(chunk.number, 3);
         assert_eq!(chunk.rows, 4);
@@ -405,18 +404,20 @@ mod tests {
         use crate::core::key::{CounterIx, Member};
         let member =
             |group: &str, matches| Member::counting(Some(GroupValue::Str(group.into())), matches);
-        let mut approved_by_ann = row(7, true);
-        approved_by_ann.members = vec![member("approved", true), member("ann", true)];
-        let mut unapproved_by_ann = row(7, true);
-        unapproved_by_ann.members = vec![member("approved", false), member("ann", true)];
-        let mut deleted_by_bob = row(7, false);
-        deleted_by_bob.members = vec![member("approved", true), member("bob", true)];
+        let with = |live, more: [Member; 2]| {
+            let mut row = row(7, live);
+            row.members.extend(more);
+            row
+        };
+        let approved_by_ann = with(true, [member("approved", true), member("ann", true)]);
+        let unapproved_by_ann = with(true, [member("approved", false), member("ann", true)]);
+        let deleted_by_bob = with(false, [member("approved", true), member("bob", true)]);
         let rows = vec![
             (id(1), approved_by_ann),
             (id(2), unapproved_by_ann),
             (id(3), deleted_by_bob),
         ];
-        let chunk = plan_chunk(1, &rows, &HashMap::new(), None, 60);
+        let chunk = plan_chunk(1, &rows, &LedgerView::default(), None, 60);
         let counted: Vec<(CounterIx, GroupValue, i64)> = chunk
             .counters
             .iter()
@@ -441,7 +442,7 @@ mod tests {
     fn a_partition_claims_and_counts_only_the_rows_of_its_posts() {
         let partition = Partition { index: 1, count: 2 };
         let rows: Vec<(CommentId, Row)> = (1..=20).map(|i| (id(i), row(i as i64, true))).collect();
-        let chunk = plan_chunk(1, &rows, &HashMap::new(), Some(partition), 60);
+        let chunk = plan_chunk(1, &rows, &LedgerView::default(), Some(partition), 60);
         let owned = rows
             .iter()
             .filter(|(_, r)| partition.owns_row(Some(r)))
@@ -465,7 +466,7 @@ mod tests {
         let mut progress = begin(&extent, DateTime::from_millis(0));
         assert_eq!(progress.state, SnapshotState::Running);
         let rows = vec![(id(1), row(7, true)), (id(2), row(7, false))];
-        let chunk = plan_chunk(1, &rows, &HashMap::new(), None, 60);
+        let chunk = plan_chunk(1, &rows, &LedgerView::default(), None, 60);
         progress.pending = Some(chunk.clone());
         finish_chunk(&mut progress, &chunk);
         assert_eq!(progress.cursor, Some(id(2)));

@@ -11,14 +11,14 @@
 #[path = "support/update_description.rs"]
 mod update_description;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use bson::{doc, Bson, DateTime, Document, Timestamp};
 use counterd::core::batch::{plan_batch, BatchPlan};
 use counterd::core::classify::{classify, Attribution, Before, Classification};
 use counterd::core::condition::Condition;
 use counterd::core::definition::{amount_of, Definition, Kind};
-use counterd::core::event::{ChangeEvent, Row};
+use counterd::core::event::{ChangeEvent, LedgerView};
 use counterd::core::key::GroupValue;
 use counterd::core::key::{CounterIx, CounterKey};
 use counterd::core::num::Num;
@@ -511,7 +511,13 @@ fn a_sum_that_would_overflow_is_reported_and_never_wrapped() {
             e
         })
         .collect();
-    let (plan, _) = plan_batch(&events, &HashMap::new(), Attribution::Ledger, &schema, 60);
+    let (plan, _) = plan_batch(
+        &events,
+        &LedgerView::default(),
+        Attribution::Ledger,
+        &schema,
+        60,
+    );
     let sum = plan
         .counters
         .iter()
@@ -623,7 +629,7 @@ proptest! {
             }
             events.push(change(i, states[i - 1].as_ref(), states[i].as_ref(), states[seen].as_ref(), false));
         }
-        let (plan, end) = plan_batch(&events, &HashMap::<String, Option<Row>>::new(), Attribution::Ledger, &schema, 60);
+        let (plan, end) = plan_batch(&events, &LedgerView::default(), Attribution::Ledger, &schema, 60);
         prop_assert!(end.is_none());
         let truth = difference(counts(&schema, states.last().unwrap().as_ref()), BTreeMap::new());
         let got = planned(&plan);

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use bson::{doc, Bson, DateTime, Document};
 use counterd::core::batch::plan_batch;
 use counterd::core::classify::{classify, Attribution, Before, Classification};
-use counterd::core::event::{ChangeEvent, CommentId, Operation, Row};
+use counterd::core::event::{ChangeEvent, CommentId, LedgerView, Operation, Row};
 use counterd::core::key::GroupValue;
 use counterd::core::lookup::{attach, rows_to_read};
 use counterd::core::schema::Schema;
@@ -57,8 +57,7 @@ fn looked_up(path: &str) -> Document {
 /// entry).
 fn wanted(event: &ChangeEvent, before: Option<Row>) -> Vec<CommentId> {
     let comment = event.comment.clone().expect("the event names its row");
-    let ledger: HashMap<String, Option<Row>> =
-        before.map(|r| (comment.key, Some(r))).into_iter().collect();
+    let ledger: LedgerView = before.map(|r| (comment.key, Some(r))).into_iter().collect();
     rows_to_read(
         std::slice::from_ref(event),
         &ledger,
@@ -171,25 +170,36 @@ fn a_row_inserted_earlier_in_the_batch_is_derived_from_the_insert() {
     assert_eq!(insert.comment, soft_delete.comment);
     let batch = vec![insert, soft_delete];
     let schema = Schema::default();
-    let want = rows_to_read(&batch, &HashMap::new(), Attribution::Auto, &schema);
+    let want = rows_to_read(&batch, &LedgerView::default(), Attribution::Auto, &schema);
     assert_eq!(
         want,
         vec![],
         "the insert's row and the description give the state"
     );
-    let (plan, _) = plan_batch(&batch, &HashMap::new(), Attribution::Auto, &schema, 60);
+    let (plan, _) = plan_batch(
+        &batch,
+        &LedgerView::default(),
+        Attribution::Auto,
+        &schema,
+        60,
+    );
     let net: i64 = plan.counters.iter().map(|c| c.delta.as_i64()).sum();
     assert_eq!(net, 0, "inserted and soft-deleted: {plan:?}");
     let gone = plan.ledger.last().unwrap().state.as_ref().unwrap();
     assert!(!gone.is_live());
-    assert_eq!(gone.post, Some(GroupValue::Str("post-1".into())));
+    assert_eq!(gone.group(), Some(&GroupValue::Str("post-1".into())));
 }
 
 #[test]
 fn without_the_ledger_every_update_is_read() {
     let batch = vec![event("insert_live"), event("no_lookup/soft_delete")];
     for attribution in [Attribution::BestEffort, Attribution::PreImage] {
-        let want = rows_to_read(&batch, &HashMap::new(), attribution, &Schema::default());
+        let want = rows_to_read(
+            &batch,
+            &LedgerView::default(),
+            attribution,
+            &Schema::default(),
+        );
         assert_eq!(want.len(), 1, "{attribution:?}");
     }
 }
@@ -202,7 +212,7 @@ fn every_update_of_a_comment_read_gets_the_row_and_a_looked_up_one_keeps_its_own
     let mut batch = vec![first, second, looked];
     let want = rows_to_read(
         &batch,
-        &HashMap::new(),
+        &LedgerView::default(),
         Attribution::Auto,
         &Schema::default(),
     );

@@ -248,11 +248,12 @@ fn project(stage: &Document, event: &Document) -> Document {
 // The fixtures, whole and projected
 
 fn befores() -> Vec<Before> {
-    let row = |post: &str, deleted| Row {
-        members: Vec::new(),
-        post: Some(counterd::core::key::GroupValue::Str(post.into())),
-        created_at: Some(bson::DateTime::parse_rfc3339_str("2026-01-02T10:15:30.123Z").unwrap()),
-        deleted,
+    let row = |post: &str, deleted| {
+        Row::of(
+            Some(counterd::core::key::GroupValue::Str(post.into())),
+            Some(bson::DateTime::parse_rfc3339_str("2026-01-02T10:15:30.123Z").unwrap()),
+            deleted,
+        )
     };
     vec![
         Before::Unknown,

@@ -7,7 +7,6 @@ mod support;
 #[path = "support/daemon.rs"]
 mod daemon;
 
-use std::collections::HashMap;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
@@ -235,7 +234,7 @@ async fn replay_after_a_stop_with_a_batch_in_flight_resolves_it_first() {
     };
     let (plan, _) = counterd::core::batch::plan_batch(
         std::slice::from_ref(&event),
-        &HashMap::new(),
+        &counterd::core::event::LedgerView::default(),
         Attribution::Auto,
         &Schema::default(),
         60,

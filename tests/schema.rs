@@ -72,7 +72,7 @@ async fn every_event_kind_is_counted(t: TestDb) {
     };
     for d in &docs {
         let row = schema.read_existing_row(d);
-        if let Some(GroupValue::Int(p)) = row.counted_post() {
+        if let Some(GroupValue::Int(p)) = row.counted_in(counterd::core::key::CounterIx(0)) {
             expected[*p as usize] += 1;
         }
     }

@@ -52,12 +52,7 @@ fn comment(n: i64) -> CommentId {
 }
 
 fn row(p: i64) -> Row {
-    Row {
-        members: Vec::new(),
-        post: Some(post(p)),
-        created_at: Some(DateTime::from_millis(1_000)),
-        deleted: false,
-    }
+    Row::of(Some(post(p)), Some(DateTime::from_millis(1_000)), false)
 }
 
 fn update(c: i64, state: Option<Row>) -> LedgerUpdate {
@@ -736,17 +731,17 @@ async fn ledger_keeps_every_definitions_verdict<S: Store>(store: &S) {
     use counterd::core::key::Member;
     let f = fence(1);
     let mut state = row(1);
-    state.members = vec![
+    state.members.extend([
         Member::counting(Some(post(1)), false),
         Member::counting(Some(GroupValue::Str("ann".into())), true),
-    ];
+    ]);
     store
         .write_ledger(&f, &[update(1, Some(state.clone()))], &token(10), 0)
         .await
         .unwrap();
     assert_eq!(ledger_state(store, 1).await, Some(Some(state.clone())));
-    state.members[0].matches = true;
-    state.members[1].group = None;
+    state.members[1].matches = true;
+    state.members[2].group = None;
     store
         .write_ledger(&f, &[update(1, Some(state.clone()))], &token(11), 0)
         .await
@@ -808,7 +803,9 @@ async fn a_ledger_written_before_definitions_reads_with_them() {
         .await
         .unwrap();
     let mut expected = row(1);
-    expected.members = vec![Default::default(), Default::default()];
+    expected
+        .members
+        .extend([Default::default(), Default::default()]);
     assert_eq!(ledger_state(&store, 1).await, Some(Some(expected)));
     assert_eq!(shown(&*old.store, 1).await, None);
 }

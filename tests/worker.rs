@@ -177,12 +177,7 @@ async fn ledger_entries_keep_unposted_rows_and_expire_with_a_history_gap() {
     };
     let now = now_secs();
     let created = Some(DateTime::from_millis(now * 1000));
-    let row = |p: Option<usize>, deleted| Row {
-        members: Vec::new(),
-        post: p.map(post),
-        created_at: created,
-        deleted,
-    };
+    let row = |p: Option<usize>, deleted| Row::of(p.map(post), created, deleted);
     let (a, b) = (CommentId::new("a".into()), CommentId::new("b".into()));
     let update = |c: &CommentId, state| LedgerUpdate {
         comment: c.clone(),
@@ -366,12 +361,7 @@ async fn a_predecessor_leaves_its_successors_intent_alone() {
         end: end.clone(),
         ledger: vec![LedgerUpdate {
             comment,
-            state: Some(Row {
-                post: Some(post(1)),
-                created_at: None,
-                deleted: false,
-                members: Vec::new(),
-            }),
+            state: Some(Row::of(Some(post(1)), None, false)),
         }],
         carry: Some(end.clone()),
         ..PendingBatch::default()
@@ -417,12 +407,7 @@ async fn a_carry_left_in_flight_is_written_once_by_the_next_start() {
         touched: [0].into_iter().collect(),
         comments: Some(rows.iter().map(|n| comment(*n)).collect()),
     };
-    let row = |p: usize| Row {
-        post: Some(post(p)),
-        created_at: None,
-        deleted: false,
-        members: Vec::new(),
-    };
+    let row = |p: usize| Row::of(Some(post(p)), None, false);
     let batch = |end: &str, deltas: Vec<CounterDelta>, rows: &[(i32, usize)]| PendingBatch {
         end: Token(end.into()),
         end_time: None,

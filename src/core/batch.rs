@@ -14,7 +14,9 @@ use bson::{DateTime, Timestamp};
 use crate::core::classify::{
     classify, After, Attribution, Before, Classification, Problem, Source, StreamEnded,
 };
-use crate::core::event::{ChangeEvent, CommentId, LedgerUpdate, Operation, Row, Token};
+use crate::core::event::{
+    ChangeEvent, CommentId, LedgerUpdate, LedgerView, Operation, Row, Seen, Token,
+};
 use crate::core::key::GroupValue;
 use crate::core::key::{CounterIx, CounterKey};
 use crate::core::num::Num;
@@ -156,7 +158,7 @@ pub enum Coverage {
 /// [`plan_batch_covering`]).
 pub fn plan_batch(
     events: &[ChangeEvent],
-    ledger: &HashMap<String, Option<Row>>,
+    ledger: &LedgerView,
     attribution: Attribution,
     schema: &crate::core::schema::Schema,
     bucket_width_secs: i64,
@@ -177,7 +179,7 @@ pub fn plan_batch(
 pub struct PlanInput<'a> {
     pub events: &'a [ChangeEvent],
     /// Comment keys to their ledger state before the batch (absent: no entry).
-    pub ledger: &'a HashMap<String, Option<Row>>,
+    pub ledger: &'a LedgerView,
     /// What an absent ledger entry means.
     pub coverage: Coverage,
     pub attribution: Attribution,
@@ -207,7 +209,7 @@ struct Planner<'a> {
     input: PlanInput<'a>,
     plan: BatchPlan,
     /// Each comment's state after the batch's events so far (the next event's before-state).
-    known: HashMap<String, Option<Row>>,
+    known: LedgerView,
     ledger_order: Vec<CommentId>,
     counters: BTreeMap<CounterKey, CounterDelta>,
     dirty: BTreeMap<CounterKey, BucketStart>,
@@ -220,7 +222,7 @@ impl<'a> Planner<'a> {
         Planner {
             input,
             plan: BatchPlan::default(),
-            known: HashMap::new(),
+            known: LedgerView::default(),
             ledger_order: Vec::new(),
             counters: BTreeMap::new(),
             dirty: BTreeMap::new(),
@@ -287,14 +289,14 @@ impl<'a> Planner<'a> {
     /// The event's before-state: its comment's state after the batch's earlier events, else
     /// its ledger entry, read as `coverage` says.
     fn before(&self, event: &ChangeEvent) -> Before {
-        let key = event.comment.as_ref().map(|c| c.key.clone());
-        let entry = key
-            .as_ref()
-            .map(|k| self.known.get(k).or_else(|| self.input.ledger.get(k)));
-        match (entry, self.input.coverage) {
-            (Some(row), Coverage::Complete) => Before::Complete(row.cloned().flatten()),
-            (Some(Some(row)), Coverage::Partial) => Before::Known(row.clone()),
-            _ => Before::Unknown,
+        let Some(key) = event.comment.as_ref().map(|c| c.key.as_str()) else {
+            return Before::Unknown;
+        };
+        let seen = self.known.before(key).or(self.input.ledger.before(key));
+        match (seen, self.input.coverage) {
+            (seen, Coverage::Complete) => Before::Complete(seen.row().cloned()),
+            (Seen::Unknown, Coverage::Partial) => Before::Unknown,
+            (seen, Coverage::Partial) => Before::Known(seen.row().cloned()),
         }
     }
 
@@ -553,7 +555,7 @@ fn finish(
     counters: BTreeMap<CounterKey, CounterDelta>,
     (dirty_order, dirty): (Vec<CounterKey>, BTreeMap<CounterKey, BucketStart>),
     ledger_order: Vec<CommentId>,
-    known: &HashMap<String, Option<Row>>,
+    known: &LedgerView,
 ) -> BatchPlan {
     plan.counters = counters
         .into_values()

@@ -416,7 +416,7 @@ fn exact(before: Option<Row>, after: After, source: Source) -> Classification {
 
 /// `live_after - live_before` per counter of every definition (and creation bucket).
 pub fn transition(before: Option<&Row>, after: Option<&Row>) -> Vec<Delta> {
-    let known = |r: Option<&Row>| r.map_or(0, |r| r.members.len() + 1);
+    let known = |r: Option<&Row>| r.map_or(0, |r| r.members.len());
     let mut deltas = Vec::new();
     for counter in (0..known(before).max(known(after))).map(CounterIx) {
         transition_in(counter, before, after, &mut deltas);
@@ -495,7 +495,7 @@ fn best_effort(event: &ChangeEvent, after: After, schema: &Schema) -> Classifica
         } => {
             let post = after_row
                 .as_ref()
-                .and_then(|r| r.post.clone())
+                .and_then(|r| r.group().cloned())
                 .or_else(|| schema.post_set_by(summary))
                 .or(key_post);
             let Some(post) = post else {
@@ -531,7 +531,11 @@ fn best_effort(event: &ChangeEvent, after: After, schema: &Schema) -> Classifica
         // Replace, or update without any description: only the post is known, if that.
         _ => {
             push_groups_beyond_default(&mut c.dirty, after_row.as_ref());
-            match after_row.and_then(|r| r.post).or(key_post) {
+            match after_row
+                .as_ref()
+                .and_then(|r| r.group().cloned())
+                .or(key_post)
+            {
                 Some(post) => c.dirty.insert(0, default_key(post)),
                 None => {
                     c.problem = Some(Problem::Unattributable(Unattributable::ChangeWithoutPost))
@@ -548,8 +552,10 @@ fn not_a_number(after: &After, schema: &Schema) -> Option<Problem> {
     let After::Known(Some(row)) = after else {
         return None;
     };
+    // The first definition is a count: only the others can sum a field.
     row.members
         .iter()
+        .skip(1)
         .zip(&schema.counters)
         .find_map(|(member, definition)| {
             let kind = member.not_a_number.as_ref()?;

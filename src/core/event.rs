@@ -7,6 +7,7 @@
 //! `updateDescription`, replaces reported as updates). An event of a multi-document
 //! transaction also carries `lsid` and `txnNumber` (real servers only; see [`crate::core::txn`]).
 
+use std::collections::HashMap;
 use std::fmt;
 
 use bson::{Bson, DateTime, Document, Timestamp};
@@ -82,82 +83,74 @@ fn canonical_key(value: &Bson) -> String {
 /// What counting needs to know about one comment row that exists.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Row {
-    /// `None` when the row has no usable post id in its group field (none at all, or of a type
-    /// that cannot be a post id): the row exists but does not count. Its other fields are still known, so a
-    /// later update that gives it a post is derived exactly.
-    pub post: Option<GroupValue>,
+    /// What the row is to each counter definition, by its place (`members[i]` is definition
+    /// `i`'s, see [`crate::core::definition`]): its group key and whether it satisfies the
+    /// condition. Kept in the ledger with the rest of the row, so the next event's
+    /// before-state needs no document. Shorter than the definitions (an entry written before a
+    /// definition existed): the row counts nowhere for the missing ones.
+    pub members: Vec<Member>,
     /// `None` when the row has no creation date: filed under the oldest bucket.
     pub created_at: Option<DateTime>,
     /// Soft-deleted, by the schema's rule ([`crate::core::schema::SoftDelete`]).
     pub deleted: bool,
-    /// What the row is to each counter definition beyond the default, in order
-    /// (`members[i]` is definition `i + 1`'s, see [`crate::core::definition`]): its group key and
-    /// whether it satisfies the condition. `post` above is the default definition's group. Kept in
-    /// the ledger with the rest of the row, so the next event's before-state needs no document.
-    /// Shorter than the definitions (an entry written before a definition existed): the row
-    /// counts nowhere for the missing ones.
-    pub members: Vec<Member>,
 }
 
 impl Row {
-    /// The group the row counts in for definition `counter`, if it counts there (see
-    /// [`Member::counts`]; the default definition's group is `post`, without condition).
-    pub fn counted_in(&self, counter: CounterIx) -> Option<&GroupValue> {
-        match counter.0 {
-            0 => self.counted_post(),
-            i => self.members.get(i - 1)?.counts(self.deleted),
+    /// A row known to one count definition only, grouped under `group` (`None`: the row has
+    /// no usable key there and counts nowhere, but its other fields are known, so a later
+    /// update that gives it a group is derived exactly).
+    pub fn of(group: Option<GroupValue>, created_at: Option<DateTime>, deleted: bool) -> Row {
+        Row {
+            members: vec![Member::counting(group, true)],
+            created_at,
+            deleted,
         }
+    }
+
+    /// The group the row counts in for definition `counter`, if it counts there (see
+    /// [`Member::counts`]).
+    pub fn counted_in(&self, counter: CounterIx) -> Option<&GroupValue> {
+        self.members.get(counter.0)?.counts(self.deleted)
     }
 
     /// The group the row counts in for definition `counter` and what it adds there: 1 for a
-    /// count (the default is one), the summed field's value for a sum.
+    /// count, the summed field's value for a sum.
     pub fn contribution(&self, counter: CounterIx) -> Option<(&GroupValue, Num)> {
-        match counter.0 {
-            0 => self.counted_post().map(|p| (p, Num::ONE)),
-            i => {
-                let member = self.members.get(i - 1)?;
-                member.counts(self.deleted).map(|g| (g, member.amount))
-            }
-        }
+        let member = self.members.get(counter.0)?;
+        member.counts(self.deleted).map(|g| (g, member.amount))
     }
 
-    /// The row's group key for definition `counter`, counted or not (a post to mark dirty).
+    /// The row's group key for definition `counter`, counted or not (a group to mark dirty).
     pub fn group_in(&self, counter: CounterIx) -> Option<&GroupValue> {
-        match counter.0 {
-            0 => self.post.as_ref(),
-            i => self.members.get(i - 1)?.group.as_ref(),
-        }
+        self.members.get(counter.0)?.group.as_ref()
     }
 
-    /// The row as definition `counter` sees it, in the default definition's terms: `post` is
-    /// its group there and `deleted` says it does not count there (soft-deleted, or the
-    /// condition fails). A rule written for the default (the row-level recount's
+    /// The row's key in the schema's own group field (definition 0's, the field partitions
+    /// divide by and best effort reads from an event).
+    pub fn group(&self) -> Option<&GroupValue> {
+        self.group_in(CounterIx(0))
+    }
+
+    /// The row as definition `counter` sees it, as a row of that one definition: its group
+    /// there, and `deleted` when it does not count there (soft-deleted, or the condition
+    /// fails). A rule written for one count definition (the row-level recount's
     /// `counts_below`) then applies to any definition unchanged.
     pub fn seen_by(self, counter: CounterIx) -> Row {
-        if counter == CounterIx::DEFAULT {
-            return self;
-        }
-        Row {
-            post: self.group_in(counter).cloned(),
-            deleted: self.counted_in(counter).is_none(),
-            created_at: self.created_at,
-            members: Vec::new(),
-        }
+        Row::of(
+            self.group_in(counter).cloned(),
+            self.created_at,
+            self.counted_in(counter).is_none(),
+        )
     }
 
-    /// Every definition the row says something about: the default and one per member.
+    /// Every definition the row says something about.
     pub fn counters(&self) -> impl Iterator<Item = CounterIx> {
-        (0..=self.members.len()).map(CounterIx)
+        (0..self.members.len()).map(CounterIx)
     }
 
-    /// The post the row counts for: a row counts when it has a post and is not soft-deleted.
-    pub fn counted_post(&self) -> Option<&GroupValue> {
-        self.post.as_ref().filter(|_| !self.deleted)
-    }
-
-    /// A row counts when it has a post and is not soft-deleted.
+    /// Whether the row counts in its own group field's definition (see [`Row::group`]).
     pub fn is_live(&self) -> bool {
-        self.counted_post().is_some()
+        self.counted_in(CounterIx(0)).is_some()
     }
 }
 
@@ -358,6 +351,68 @@ pub struct LedgerUpdate {
     pub state: Option<Row>,
 }
 
+/// What the ledger says of a batch's comments, by comment key, in three states: a row, gone
+/// (`None`), or unknown (no entry: never seen, or not read). Reads as a map; the question the
+/// code asks of it is [`LedgerView::before`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LedgerView(pub HashMap<String, Option<Row>>);
+
+/// What a [`LedgerView`] says a comment's row was before an event.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Seen<'a> {
+    Unknown,
+    Gone,
+    Row(&'a Row),
+}
+
+impl LedgerView {
+    /// What `comment`'s row was before its next event, as far as this view knows.
+    pub fn before(&self, comment: &str) -> Seen<'_> {
+        match self.0.get(comment) {
+            None => Seen::Unknown,
+            Some(None) => Seen::Gone,
+            Some(Some(row)) => Seen::Row(row),
+        }
+    }
+}
+
+impl<'a> Seen<'a> {
+    /// The row, if it existed.
+    pub fn row(self) -> Option<&'a Row> {
+        match self {
+            Seen::Row(row) => Some(row),
+            Seen::Unknown | Seen::Gone => None,
+        }
+    }
+
+    /// This, or what `other` says where this knows nothing.
+    pub fn or(self, other: Seen<'a>) -> Seen<'a> {
+        match self {
+            Seen::Unknown => other,
+            known => known,
+        }
+    }
+}
+
+impl std::ops::Deref for LedgerView {
+    type Target = HashMap<String, Option<Row>>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for LedgerView {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl FromIterator<(String, Option<Row>)> for LedgerView {
+    fn from_iter<I: IntoIterator<Item = (String, Option<Row>)>>(entries: I) -> Self {
+        LedgerView(entries.into_iter().collect())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -393,27 +448,24 @@ mod tests {
     #[test]
     fn a_row_seen_by_a_definition_counts_where_it_counts_there() {
         let approved_by_ann = Row {
-            post: Some(GroupValue::Int(1)),
             created_at: None,
             deleted: false,
             members: vec![
+                Member::counting(Some(GroupValue::Int(1)), true),
                 Member::counting(Some(GroupValue::Int(1)), false),
                 Member::counting(Some(GroupValue::Str("ann".into())), true),
             ],
         };
         let seen = |ix| approved_by_ann.clone().seen_by(CounterIx(ix));
-        assert_eq!(
-            seen(0),
-            approved_by_ann,
-            "the default sees the row as it is"
-        );
-        assert_eq!(seen(1).post, Some(GroupValue::Int(1)));
-        assert_eq!(seen(1).counted_post(), None, "the condition fails there");
-        assert_eq!(seen(2).counted_post(), Some(&GroupValue::Str("ann".into())));
-        assert_eq!(seen(3).counted_post(), None, "a definition it predates");
+        let counted = |row: Row| row.counted_in(CounterIx(0)).cloned();
+        assert_eq!(counted(seen(0)), Some(GroupValue::Int(1)), "as it is");
+        assert_eq!(seen(1).group(), Some(&GroupValue::Int(1)));
+        assert_eq!(counted(seen(1)), None, "the condition fails there");
+        assert_eq!(counted(seen(2)), Some(GroupValue::Str("ann".into())));
+        assert_eq!(counted(seen(3)), None, "a definition it predates");
         let mut deleted = approved_by_ann.clone();
         deleted.deleted = true;
-        assert_eq!(deleted.seen_by(CounterIx(2)).counted_post(), None);
+        assert_eq!(counted(deleted.seen_by(CounterIx(2))), None);
     }
 
     #[test]

@@ -24,7 +24,7 @@ use std::collections::{HashMap, HashSet};
 use bson::Document;
 
 use crate::core::classify::Attribution;
-use crate::core::event::{ChangeEvent, CommentId, Operation, Row};
+use crate::core::event::{ChangeEvent, CommentId, LedgerView, Operation, Row};
 use crate::core::schema::Schema;
 
 /// Whether an event carries a looked-up row (a document with `_id`; the fake server's update
@@ -45,7 +45,7 @@ fn looked_up(event: &ChangeEvent) -> bool {
 /// derive from, whether the ledger is complete (it does not count) or not (it is unknown).
 pub fn rows_to_read(
     events: &[ChangeEvent],
-    ledger: &HashMap<String, Option<Row>>,
+    ledger: &LedgerView,
     attribution: Attribution,
     schema: &Schema,
 ) -> Vec<CommentId> {

@@ -30,9 +30,7 @@
 //! shows (the `updateLookup` document, possibly later than the event: the transitions still
 //! telescope through its own entries), or, with none, keeps "not here" until the next event.
 
-use std::collections::HashMap;
-
-use crate::core::event::{LedgerUpdate, Row};
+use crate::core::event::{LedgerUpdate, LedgerView, Row};
 use crate::core::key::GroupValue;
 
 /// One partition of `count`.
@@ -57,7 +55,7 @@ impl Partition {
     /// This partition's view of the ledger entries it read: a row in another partition's post
     /// (an entry written before the ledger was divided; a row without a post outside
     /// partition 0) becomes "not here", exactly like the entry this partition writes when a comment leaves it.
-    pub fn own_view(&self, ledger: &mut HashMap<String, Option<Row>>) {
+    pub fn own_view(&self, ledger: &mut LedgerView) {
         for state in ledger.values_mut() {
             if !self.owns_row(state.as_ref()) {
                 *state = None;
@@ -69,11 +67,7 @@ impl Partition {
     /// given its view of the entries before the batch (`before`, see [`Partition::own_view`]):
     /// a comment now in one of its posts gets its row; one that was (a row in `before`) and is
     /// no longer gets "not here"; any other comment is another partition's, and is not written.
-    pub fn own_writes(
-        &self,
-        updates: Vec<LedgerUpdate>,
-        before: &HashMap<String, Option<Row>>,
-    ) -> Vec<LedgerUpdate> {
+    pub fn own_writes(&self, updates: Vec<LedgerUpdate>, before: &LedgerView) -> Vec<LedgerUpdate> {
         updates
             .into_iter()
             .filter_map(|update| {
@@ -96,7 +90,7 @@ impl Partition {
     /// grouped by other fields though in no post. Every state of a row is exactly one
     /// partition's.
     pub fn applies_row(&self, row: &Row) -> bool {
-        match &row.post {
+        match row.group() {
             Some(post) => self.owns(post),
             None => self.index == 0,
         }
@@ -197,10 +191,10 @@ mod tests {
         ];
         (post, author, rating, any::<bool>(), any::<bool>(), 0..3i64).prop_map(
             |(post, author, rating, deleted, approved, created)| Row {
-                post,
                 created_at: Some(bson::DateTime::from_millis(created * 60_000)),
                 deleted,
                 members: vec![
+                    Member::counting(post, true),
                     // A count per author, and a sum of ratings of approved rows per author.
                     Member::counting(author.clone(), true),
                     Member {
@@ -290,12 +284,7 @@ mod tests {
     }
 
     fn row(post: Option<GroupValue>, deleted: bool) -> Row {
-        Row {
-            members: Vec::new(),
-            post,
-            created_at: None,
-            deleted,
-        }
+        Row::of(post, None, deleted)
     }
 
     /// The ledger key of comment `id`.
@@ -314,7 +303,7 @@ mod tests {
     fn a_partition_sees_only_the_rows_of_its_posts() {
         let p = Partition { index: 0, count: 2 };
         let mine = Some(row(Some(post_of(0)), true));
-        let mut ledger = HashMap::from([
+        let mut ledger = LedgerView::from_iter([
             ("mine".to_string(), mine.clone()),
             ("theirs".to_string(), Some(row(Some(post_of(1)), false))),
             ("no-post".to_string(), Some(row(None, false))),
@@ -360,7 +349,7 @@ mod tests {
         ];
         for (before_name, before) in &befores {
             for (after_name, after) in &afters {
-                let mut view = HashMap::new();
+                let mut view = LedgerView::default();
                 if let Some(state) = before {
                     view.insert(key("c"), state.clone());
                 }
@@ -393,7 +382,7 @@ mod tests {
             parts
                 .iter()
                 .map(|p| {
-                    let mut view = HashMap::from([(key("c"), before.clone())]);
+                    let mut view = LedgerView::from_iter([(key("c"), before.clone())]);
                     p.own_view(&mut view);
                     p.own_writes(vec![update("c", after.clone())], &view).len()
                 })

@@ -138,7 +138,7 @@ pub fn changed_since(
 /// Whether `row` is one of `post`'s live rows below `watermark` (seconds): the count's own
 /// filter (`created_at` not `>= W`, so a row without a creation date counts below any).
 pub fn counts_below(row: &Row, post: &GroupValue, watermark: i64) -> bool {
-    row.counted_post() == Some(post)
+    row.counted_in(crate::core::key::CounterIx(0)) == Some(post)
         && row
             .created_at
             .is_none_or(|t| crate::core::time::secs(t) < watermark)
@@ -213,12 +213,11 @@ mod tests {
     }
 
     fn row(post: i64, created: i64, deleted: bool) -> Row {
-        Row {
-            members: Vec::new(),
-            post: Some(GroupValue::Int(post)),
-            created_at: Some(DateTime::from_millis(created * 1000)),
+        Row::of(
+            Some(GroupValue::Int(post)),
+            Some(DateTime::from_millis(created * 1000)),
             deleted,
-        }
+        )
     }
 
     fn at(state: Option<Row>, through: &str) -> LedgerAt {
@@ -381,13 +380,11 @@ mod tests {
         assert!(!counts_below(&row(1, 10, true), &P, 60));
         assert!(!counts_below(&row(2, 10, false), &P, 60));
         let undated = Row {
-            members: Vec::new(),
             created_at: None,
             ..row(1, 0, false)
         };
         assert!(counts_below(&undated, &P, i64::MIN));
         let millis = Row {
-            members: Vec::new(),
             created_at: Some(DateTime::from_millis(59_999)),
             ..row(1, 0, false)
         };

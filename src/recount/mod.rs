@@ -694,7 +694,7 @@ mod tests {
         let mut chunk_done = running.clone();
         finish_chunk(
             &mut chunk_done,
-            &plan_chunk(1, &[], &std::collections::HashMap::new(), None, 60),
+            &plan_chunk(1, &[], &Default::default(), None, 60),
         );
         let done = crate::store::SnapshotProgress {
             state: crate::store::SnapshotState::Done,

@@ -6,8 +6,8 @@ use async_trait::async_trait;
 
 use super::error::StoreResult;
 use super::leases::Fence;
-use crate::core::event::LedgerUpdate;
 use crate::core::event::{CommentId, Row, Token};
+use crate::core::event::{LedgerUpdate, LedgerView};
 use crate::core::window::LedgerAt;
 
 /// The comment ledger: the last known state of each comment, per stream.
@@ -23,7 +23,7 @@ pub trait Ledger: Send + Sync {
         stream: &str,
         comments: &[CommentId],
         generation: u64,
-    ) -> StoreResult<HashMap<String, Option<Row>>>;
+    ) -> StoreResult<LedgerView>;
 
     /// [`Ledger::read_ledger`] with the token of the batch that wrote each entry (`None`:
     /// written by the snapshot or a rebuild): a row-level recount needs the entry as of the

@@ -1,7 +1,7 @@
 //! Applying one batch: classify and coalesce it against the ledger, record the intent, write
 //! counters, ledger and dirty marks, then move the checkpoint.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 use super::{SessionError, Worker};
 use crate::budget::{Budget, Grant};
@@ -12,8 +12,8 @@ use crate::core::batch::{
 use crate::core::carry::Carry;
 use crate::core::classify::StreamEnded;
 use crate::core::cost;
-use crate::core::event::LedgerUpdate;
-use crate::core::event::{ChangeEvent, CommentId, Row, Token};
+use crate::core::event::{ChangeEvent, CommentId, Token};
+use crate::core::event::{LedgerUpdate, LedgerView};
 use crate::store::{ApplyOutcome, Checkpoint, Fence, Store, StoreError, StoreResult};
 use crate::telemetry as m;
 
@@ -29,7 +29,7 @@ use crate::telemetry as m;
 pub(super) struct Prefetched {
     generation: u64,
     asked: HashSet<String>,
-    entries: HashMap<String, Option<Row>>,
+    entries: LedgerView,
 }
 
 impl Prefetched {
@@ -67,7 +67,7 @@ impl<S: Store + ?Sized> Worker<S> {
         checkpoint: &Checkpoint,
         events: &[ChangeEvent],
         prefetched: Option<Prefetched>,
-    ) -> StoreResult<HashMap<String, Option<Row>>> {
+    ) -> StoreResult<LedgerView> {
         let generation = checkpoint.ledger_generation();
         let prefetched = prefetched
             .filter(|p| p.generation == generation)
@@ -79,7 +79,12 @@ impl<S: Store + ?Sized> Worker<S> {
             .collect();
         let mut ledger = prefetched.entries;
         if !missing.is_empty() {
-            ledger.extend(self.store.read_ledger(stream, &missing, generation).await?);
+            ledger.extend(
+                self.store
+                    .read_ledger(stream, &missing, generation)
+                    .await?
+                    .0,
+            );
         }
         Ok(ledger)
     }
@@ -92,7 +97,7 @@ impl<S: Store + ?Sized> Worker<S> {
         &self,
         stream: &str,
         events: &mut [ChangeEvent],
-        ledger: &HashMap<String, Option<Row>>,
+        ledger: &LedgerView,
     ) -> StoreResult<Grant> {
         let wanted = crate::core::lookup::rows_to_read(
             events,
@@ -220,7 +225,7 @@ impl<S: Store + ?Sized> Worker<S> {
         checkpoint: &Checkpoint,
         events: &[ChangeEvent],
         prefetched: Option<Prefetched>,
-    ) -> StoreResult<(HashMap<String, Option<Row>>, Coverage, bool)> {
+    ) -> StoreResult<(LedgerView, Coverage, bool)> {
         let mut ledger = if self.settings.attribution.uses_ledger() {
             self.batch_ledger(stream, checkpoint, events, prefetched)
                 .await?
@@ -245,7 +250,7 @@ impl<S: Store + ?Sized> Worker<S> {
     /// Keeps what this worker writes of a plan: no ledger states without the ledger, and with
     /// partitions the ledger entries of this partition's comments (its part of the counters and
     /// marks is planned, see `plan_batch_covering`).
-    fn keep_own(&self, plan: &mut BatchPlan, divided: bool, ledger: &HashMap<String, Option<Row>>) {
+    fn keep_own(&self, plan: &mut BatchPlan, divided: bool, ledger: &LedgerView) {
         if !self.settings.attribution.uses_ledger() {
             plan.ledger.clear();
         }

@@ -1,13 +1,13 @@
 //! Batch planning over sequences of real-shaped and fake-server events: lifecycles with prompt
 //! and late lookups, ledgers across batches, hot posts, stream ends, and the rows a batch names.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use bson::{doc, oid::ObjectId, Bson, DateTime, Document, Timestamp};
 use counterd::core::batch::{plan_batch, BatchPlan, CounterDelta};
 use counterd::core::classify::Attribution;
-use counterd::core::event::LedgerUpdate;
 use counterd::core::event::{ChangeEvent, CommentId, Row};
+use counterd::core::event::{LedgerUpdate, LedgerView};
 use counterd::core::key::GroupValue;
 use counterd::core::num::Num;
 use counterd::core::schema::Schema;
@@ -104,7 +104,7 @@ pub fn assert_buckets_sum(counters: &[CounterDelta]) {
     }
 }
 
-pub fn ledger_of(entries: &[(&str, Option<Row>)]) -> HashMap<String, Option<Row>> {
+pub fn ledger_of(entries: &[(&str, Option<Row>)]) -> LedgerView {
     entries
         .iter()
         .map(|(k, v)| (k.to_string(), v.clone()))
@@ -127,7 +127,7 @@ fn batch_lifecycle_with_prompt_lookups() {
     for attribution in LEDGER_USERS {
         let (plan, end) = plan_batch(
             &events,
-            &HashMap::new(),
+            &LedgerView::default(),
             attribution,
             &Schema::default(),
             WIDTH,
@@ -152,7 +152,7 @@ fn batch_lifecycle_with_prompt_lookups() {
         all.push(retoken("hard_delete_without_pre_image", 5, None));
         let (plan, end) = plan_batch(
             &all,
-            &HashMap::new(),
+            &LedgerView::default(),
             attribution,
             &Schema::default(),
             WIDTH,
@@ -176,7 +176,7 @@ fn batch_touches_changes_that_cancel_out() {
     events.push(retoken("hard_delete_without_pre_image", 5, None));
     let (plan, _) = plan_batch(
         &events,
-        &HashMap::new(),
+        &LedgerView::default(),
         Attribution::Ledger,
         &Schema::default(),
         WIDTH,
@@ -223,7 +223,7 @@ fn batch_names_the_rows_it_changed_per_post() {
     let row = events[0].comment.clone().unwrap();
     let (plan, _) = plan_batch(
         &events,
-        &HashMap::new(),
+        &LedgerView::default(),
         Attribution::Ledger,
         &Schema::default(),
         WIDTH,
@@ -260,7 +260,7 @@ fn batch_lifecycle_with_late_lookups() {
     ];
     let (plan, _) = plan_batch(
         &events,
-        &HashMap::new(),
+        &LedgerView::default(),
         Attribution::Auto,
         &Schema::default(),
         WIDTH,
@@ -279,7 +279,7 @@ fn batch_lifecycle_with_late_lookups() {
     ];
     let (plan, _) = plan_batch(
         &events,
-        &HashMap::new(),
+        &LedgerView::default(),
         Attribution::Auto,
         &Schema::default(),
         WIDTH,
@@ -384,7 +384,7 @@ fn batch_fake_update_of_a_deleted_row_is_settled_by_the_delete() {
     .collect();
     let (plan, end) = plan_batch(
         &events,
-        &HashMap::new(),
+        &LedgerView::default(),
         Attribution::Auto,
         &Schema::default(),
         WIDTH,
@@ -441,7 +441,7 @@ fn batch_fake_update_of_a_deleted_row_is_settled_by_the_delete() {
     // Without a ledger the delete is unattributable, and nothing is counted.
     let (plan, _) = plan_batch(
         &events,
-        &HashMap::new(),
+        &LedgerView::default(),
         Attribution::BestEffort,
         &Schema::default(),
         WIDTH,
@@ -467,7 +467,7 @@ fn batch_fake_lifecycle_with_the_row_present() {
     .collect();
     let (plan, _) = plan_batch(
         &events,
-        &HashMap::new(),
+        &LedgerView::default(),
         Attribution::Auto,
         &Schema::default(),
         WIDTH,
@@ -480,7 +480,7 @@ fn batch_fake_lifecycle_with_the_row_present() {
     all.push(event("fake/delete"));
     let (plan, _) = plan_batch(
         &all,
-        &HashMap::new(),
+        &LedgerView::default(),
         Attribution::Auto,
         &Schema::default(),
         WIDTH,
@@ -536,7 +536,7 @@ fn batch_coalesces_a_hot_post_into_one_counter_delta() {
     let mut docs = Vec::new();
     let mut n = 0;
     let mut expected: BTreeMap<i64, i64> = BTreeMap::new();
-    let mut ledger = HashMap::new();
+    let mut ledger = LedgerView::default();
     let mut comments = Vec::new();
     // 30 comments that existed before the batch (live, in the ledger), created 09:00-09:29.
     for i in 0..30u32 {
@@ -612,7 +612,7 @@ fn batch_stops_at_a_stream_end() {
         ];
         let (plan, end) = plan_batch(
             &events,
-            &HashMap::new(),
+            &LedgerView::default(),
             Attribution::Auto,
             &Schema::default(),
             WIDTH,
@@ -637,7 +637,7 @@ fn batch_reports_bad_and_unattributable_events() {
     ];
     let (plan, end) = plan_batch(
         &events,
-        &HashMap::new(),
+        &LedgerView::default(),
         Attribution::Auto,
         &Schema::default(),
         WIDTH,

@@ -66,12 +66,7 @@ fn insert_with_bad_post_id_is_reported_not_counted() {
         ] {
             // The row exists but does not count: the ledger knows it, so a later fix of its
             // post id is counted exactly.
-            let row = Row {
-                members: Vec::new(),
-                post: None,
-                created_at: c1(),
-                deleted: false,
-            };
+            let row = Row::of(None, c1(), false);
             assert_eq!(
                 run(name, Before::Unknown, attribution),
                 outcome(

@@ -102,29 +102,14 @@ fn post(name: &str) -> GroupValue {
     GroupValue::Str(name.to_string())
 }
 fn live(p: &str, created_at: Option<DateTime>) -> Row {
-    Row {
-        members: Vec::new(),
-        post: Some(post(p)),
-        created_at,
-        deleted: false,
-    }
+    Row::of(Some(post(p)), created_at, false)
 }
 fn dead(p: &str, created_at: Option<DateTime>) -> Row {
-    Row {
-        members: Vec::new(),
-        post: Some(post(p)),
-        created_at,
-        deleted: true,
-    }
+    Row::of(Some(post(p)), created_at, true)
 }
 /// A row that exists without a `post_id`: it does not count, but the ledger knows its fields.
 fn unposted(created_at: Option<DateTime>, deleted: bool) -> Row {
-    Row {
-        members: Vec::new(),
-        post: None,
-        created_at,
-        deleted,
-    }
+    Row::of(None, created_at, deleted)
 }
 fn delta(p: &str, created_at: Option<DateTime>, amount: i64) -> Delta {
     Delta {

@@ -41,12 +41,7 @@ pub fn nested_schema() -> Schema {
 
 #[test]
 fn every_soft_delete_rule_on_real_and_fake_shapes() {
-    let row = |p: &str, deleted: bool| Row {
-        members: Vec::new(),
-        post: Some(post(p)),
-        created_at: c1(),
-        deleted,
-    };
+    let row = |p: &str, deleted: bool| Row::of(Some(post(p)), c1(), deleted);
     let known = |p: &str, deleted: bool| Before::Known(Some(row(p, deleted)));
     type Case = (&'static str, Schema, Before, Vec<(&'static str, i64)>);
     let cases: Vec<Case> = vec![

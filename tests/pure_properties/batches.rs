@@ -1,11 +1,9 @@
 //! `plan_batch` over simulated histories preserves the per-post (and per-bucket) sums.
 
-use std::collections::HashMap;
-
 use bson::{doc, Bson, DateTime, Document};
 use counterd::core::batch::{plan_batch, BatchPlan};
 use counterd::core::classify::Attribution;
-use counterd::core::event::{ChangeEvent, CommentId, Row};
+use counterd::core::event::{ChangeEvent, CommentId, LedgerView};
 use counterd::core::key::GroupValue;
 use counterd::core::num::Num;
 use counterd::core::schema::Schema;
@@ -233,7 +231,7 @@ pub fn check_history(
 
     // The ledger before the first batch: existing comments known; absent ones either
     // known-gone or without an entry.
-    let mut ledger: HashMap<String, Option<Row>> = HashMap::new();
+    let mut ledger = LedgerView::default();
     for (i, c) in initial.iter().enumerate() {
         let key = CommentId::new(Bson::Int32(i as i32)).key;
         match c {

@@ -90,12 +90,7 @@ impl Comment {
         self.deleted.is_live()
     }
     fn row(&self) -> Row {
-        Row {
-            members: Vec::new(),
-            post: Some(self.post.clone()),
-            created_at: self.created_at,
-            deleted: !self.is_live(),
-        }
+        Row::of(Some(self.post.clone()), self.created_at, !self.is_live())
     }
     fn doc(&self, id: &Bson) -> Document {
         let mut d = doc! {"_id": id.clone(), "post_id": self.post.to_bson()};

@@ -1,7 +1,5 @@
 //! Arbitrary documents never panic the event model, the classifier or the planner.
 
-use std::collections::HashMap;
-
 use bson::{doc, oid::ObjectId, Bson, DateTime, Document, Timestamp};
 use counterd::core::batch::plan_batch;
 use counterd::core::classify::{classify, Attribution, Before};
@@ -183,30 +181,29 @@ pub fn load_fixtures() -> Vec<Document> {
 }
 
 pub fn befores() -> Vec<Before> {
-    let row = |deleted| Row {
-        members: Vec::new(),
-        post: Some(GroupValue::Str("p1".into())),
-        created_at: Some(DateTime::from_millis(BASE_MS)),
-        deleted,
+    let row = |deleted| {
+        Row::of(
+            Some(GroupValue::Str("p1".into())),
+            Some(DateTime::from_millis(BASE_MS)),
+            deleted,
+        )
     };
     vec![
         Before::Unknown,
         Before::Known(None),
         Before::Known(Some(row(false))),
         Before::Known(Some(row(true))),
-        Before::Known(Some(Row {
-            members: Vec::new(),
-            post: Some(GroupValue::Int(-1)),
-            created_at: Some(DateTime::MIN),
-            deleted: false,
-        })),
+        Before::Known(Some(Row::of(
+            Some(GroupValue::Int(-1)),
+            Some(DateTime::MIN),
+            false,
+        ))),
         // A row that exists without a post.
-        Before::Known(Some(Row {
-            members: Vec::new(),
-            post: None,
-            created_at: Some(DateTime::from_millis(BASE_MS)),
-            deleted: false,
-        })),
+        Before::Known(Some(Row::of(
+            None,
+            Some(DateTime::from_millis(BASE_MS)),
+            false,
+        ))),
     ]
 }
 
@@ -232,7 +229,7 @@ pub fn never_panics(docs: &[Document], ledger_pick: &[u8]) {
     }
     // A ledger that knows some of the comments, in any state.
     let states = befores();
-    let mut ledger = HashMap::new();
+    let mut ledger = counterd::core::event::LedgerView::default();
     for (event, pick) in events.iter().zip(ledger_pick) {
         if let (Some(comment), Before::Known(state)) =
             (&event.comment, &states[*pick as usize % states.len()])

@@ -1,12 +1,10 @@
 //! Applications' schemas: a renamed schema on renamed documents plans exactly what the default
 //! schema plans on the original ones.
 
-use std::collections::HashMap;
-
 use bson::{Bson, Document};
 use counterd::core::batch::plan_batch;
 use counterd::core::classify::Attribution;
-use counterd::core::event::{ChangeEvent, CommentId, Row};
+use counterd::core::event::{ChangeEvent, CommentId, LedgerView};
 use counterd::core::schema::Schema;
 use proptest::prelude::*;
 use proptest::sample::select;
@@ -114,7 +112,7 @@ proptest! {
         let parse = |d: &Document| ChangeEvent::parse(d).unwrap();
         let events: Vec<ChangeEvent> = docs.iter().map(parse).collect();
         let renamed: Vec<ChangeEvent> = docs.iter().map(|d| parse(&rename_event(d))).collect();
-        let mut ledger: HashMap<String, Option<Row>> = HashMap::new();
+        let mut ledger = LedgerView::default();
         for (i, c) in initial.iter().enumerate() {
             if known[i] {
                 ledger.insert(CommentId::new(Bson::Int32(i as i32)).key, c.as_ref().map(Comment::row));

@@ -78,7 +78,7 @@ pub fn check_other_definitions(s: &State, when: &str) -> Result<(), String> {
                 return Err(format!(
                     "definition #{} ({}), group {group} {when}: displays {shown} (count {count}), its truth is {want}",
                     counter.0,
-                    s.memory.definitions[counter.0 - 1].name
+                    s.memory.definitions[counter.0].name
                 ));
             }
         }

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::core::definition::Definition;
 use crate::core::event::{Row, RowRead};
-use crate::core::key::GroupValue;
+use crate::core::key::{GroupValue, Member};
 
 mod projection;
 mod update;
@@ -116,9 +116,13 @@ impl Schema {
             .soft_delete
             .field()
             .is_some_and(|f| self.soft_delete.is_deleted(Self::get(doc, f)));
+        let post = Member::counting(
+            Self::get(doc, &self.group).and_then(GroupValue::from_bson),
+            true,
+        );
+        let more = self.counters.iter().map(|d| d.member(doc));
         Row {
-            members: self.counters.iter().map(|d| d.member(doc)).collect(),
-            post: Self::get(doc, &self.group).and_then(GroupValue::from_bson),
+            members: std::iter::once(post).chain(more).collect(),
             created_at,
             deleted,
         }
@@ -176,21 +180,11 @@ mod tests {
     }
 
     pub(super) fn row(post: i64, deleted: bool) -> Row {
-        Row {
-            members: Vec::new(),
-            post: Some(GroupValue::Int(post)),
-            created_at: None,
-            deleted,
-        }
+        Row::of(Some(GroupValue::Int(post)), None, deleted)
     }
 
     pub(super) fn unposted(deleted: bool) -> Row {
-        Row {
-            members: Vec::new(),
-            post: None,
-            created_at: None,
-            deleted,
-        }
+        Row::of(None, None, deleted)
     }
 
     #[test]

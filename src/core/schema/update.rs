@@ -124,7 +124,7 @@ impl Schema {
     /// harmless only while every later before-state also comes from the ledger. A later event
     /// that brings its pre-image (an event-time state) would count the change in between twice.
     pub fn derives(&self, update: &UpdateSummary, before: &Row) -> bool {
-        before.members.len() >= self.counters.len()
+        before.members.len() > self.counters.len()
             && self.counters.iter().all(|definition| {
                 Self::change(update, &definition.group) != FieldChange::Unknown
                     && definition
@@ -170,7 +170,7 @@ impl Schema {
     pub fn apply(&self, update: &UpdateSummary, before: &Row) -> Result<Row, (Row, String)> {
         let mut bad = None;
         let post = match Self::change(update, &self.group) {
-            FieldChange::Unchanged => before.post.clone(),
+            FieldChange::Unchanged => before.group().cloned(),
             FieldChange::Set(None) => None,
             FieldChange::Set(Some(value)) => match GroupValue::from_bson(&value) {
                 Some(p) => Some(p),
@@ -204,7 +204,7 @@ impl Schema {
             .iter()
             .enumerate()
             .map(|(i, definition)| {
-                let before = before.members.get(i).cloned().unwrap_or_default();
+                let before = before.members.get(i + 1).cloned().unwrap_or_default();
                 let (amount, not_a_number) = match definition.kind.field() {
                     None => (Num::ONE, None),
                     Some(field) => match Self::change(update, field) {
@@ -229,10 +229,12 @@ impl Schema {
                     },
                 }
             })
-            .collect();
+            .collect::<Vec<_>>();
         let row = Row {
-            members,
-            post,
+            members: [Member::counting(post, true)]
+                .into_iter()
+                .chain(members)
+                .collect(),
             created_at,
             deleted,
         };
@@ -354,17 +356,17 @@ mod tests {
         let s = with_definitions();
         let before =
             s.read_existing_row(&doc! {"postId": 1, "approved": false, "author": {"id": "ann"}});
-        assert_eq!(before.members.len(), 2);
+        assert_eq!(before.members.len(), 3);
         assert!(s.derives(&update(doc! {"deleted": true, "body": "x"}, &[]), &before));
         assert!(s.derives(&update(doc! {"author": {"id": "bob"}}, &[]), &before));
         // The condition reads `approved` alone: an update that sets or removes it decides it.
         let approve = update(doc! {"approved": true}, &[]);
         assert!(s.derives(&approve, &before));
-        assert!(s.apply(&approve, &before).unwrap().members[0].matches);
+        assert!(s.apply(&approve, &before).unwrap().members[1].matches);
         let unapprove = update(doc! {}, &["approved"]);
         let approved = s.apply(&approve, &before).unwrap();
         assert!(s.derives(&unapprove, &approved));
-        assert!(!s.apply(&unapprove, &approved).unwrap().members[0].matches);
+        assert!(!s.apply(&unapprove, &approved).unwrap().members[1].matches);
         assert!(
             !s.derives(&update(doc! {"approved.by": "x"}, &[]), &before),
             "a part of a condition's field changed"
@@ -387,13 +389,13 @@ mod tests {
         assert!(!two.derives(&update(doc! {"approved": true}, &[]), &before));
         let both = update(doc! {"approved": true, "score": 1}, &[]);
         assert!(two.derives(&both, &before));
-        assert!(!two.apply(&both, &before).unwrap().members[0].matches);
+        assert!(!two.apply(&both, &before).unwrap().members[1].matches);
         assert!(
             !s.derives(&update(doc! {"author.id.x": 1}, &[]), &before),
             "a part of a group field changed"
         );
         let old = Row {
-            members: Vec::new(),
+            members: before.members[..1].to_vec(),
             ..before.clone()
         };
         assert!(
@@ -413,10 +415,10 @@ mod tests {
                 &before,
             )
             .unwrap();
-        assert_eq!(after.post, Some(GroupValue::Int(2)));
-        assert_eq!(after.members[0].group, Some(GroupValue::Int(2)));
-        assert!(after.members[0].matches, "the condition's verdict is kept");
-        assert_eq!(after.members[1].group, Some(GroupValue::Str("bob".into())));
+        assert_eq!(after.group(), Some(&GroupValue::Int(2)));
+        assert_eq!(after.members[1].group, Some(GroupValue::Int(2)));
+        assert!(after.members[1].matches, "the condition's verdict is kept");
+        assert_eq!(after.members[2].group, Some(GroupValue::Str("bob".into())));
         let keys = s.groups_set_by(&update(doc! {"author": {"id": "bob"}, "postId": 2}, &[]));
         assert_eq!(keys.len(), 3, "{keys:?}");
     }

@@ -105,12 +105,7 @@ mod tests {
                 let d = s.row_document(1, &GroupValue::Int(5), t, deleted);
                 assert_eq!(
                     s.read_row(&d),
-                    RowRead::Row(Row {
-                        members: Vec::new(),
-                        post: Some(GroupValue::Int(5)),
-                        created_at: Some(t),
-                        deleted
-                    }),
+                    RowRead::Row(Row::of(Some(GroupValue::Int(5)), Some(t), deleted)),
                     "{d}"
                 );
             }

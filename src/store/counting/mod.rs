@@ -28,8 +28,8 @@ use serde::Serialize;
 use super::*;
 use crate::core::batch::{CounterDelta, CounterWrite, DirtyMark};
 use crate::core::cost::ReadLimit;
-use crate::core::event::LedgerUpdate;
 use crate::core::event::{CommentId, Row, Token};
+use crate::core::event::{LedgerUpdate, LedgerView};
 use crate::core::fold::Fold;
 use crate::core::key::GroupValue;
 

@@ -62,7 +62,7 @@ counted! {
 counted! {
     impl Ledger as Ledger {
         read_ledger(stream: &str, comments: &[CommentId], generation: u64)
-            -> HashMap<String, Option<Row>>, 0;
+            -> LedgerView, 0;
         read_ledger_at(stream: &str, comments: &[CommentId], generation: u64)
             -> HashMap<String, LedgerAt>, 0;
         write_ledger(fence: &Fence, updates: &[LedgerUpdate], through: &Token, generation: u64)

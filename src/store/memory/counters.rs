@@ -136,10 +136,8 @@ impl Memory {
     /// Whether definition `counter` groups by another field than the post (its counters
     /// have several writers under partitions, see [`crate::store::Writer`]).
     pub fn shared(&self, counter: CounterIx) -> bool {
-        counter
-            .0
-            .checked_sub(1)
-            .and_then(|i| self.definitions.get(i))
+        self.definitions
+            .get(counter.0)
             .is_some_and(|d| d.group != super::POST_FIELD)
     }
 

@@ -2,26 +2,17 @@
 
 use std::collections::HashMap;
 
-use bson::DateTime;
-
 use super::{fence_ok, not_gte, seam, Memory, MemoryStore};
-use crate::core::event::LedgerUpdate;
 use crate::core::event::{CommentId, Row, Token};
-use crate::core::key::GroupValue;
-use crate::core::key::Member;
+use crate::core::event::{LedgerUpdate, LedgerView};
 use crate::core::window::LedgerAt;
 use crate::store::Fence;
 
 /// A stored ledger entry.
 #[derive(Clone, Debug)]
 pub struct LedgerRec {
-    pub exists: bool,
-    /// Soft-deleted (an existing row without a post keeps it too).
-    pub deleted: bool,
-    pub post: Option<GroupValue>,
-    pub created_at: Option<DateTime>,
-    /// The row's verdicts per definition beyond the default (see [`Row::members`]).
-    pub members: Vec<Member>,
+    /// The row's last known state (`None`: the comment is gone).
+    pub state: Option<Row>,
     /// `None`: rebuilt by the sweep after lost history, or claimed by the snapshot (any worker
     /// write replaces it).
     pub applied_through: Option<String>,
@@ -39,11 +30,7 @@ impl LedgerRec {
         generation: u64,
     ) -> LedgerRec {
         LedgerRec {
-            exists: state.is_some(),
-            deleted: state.is_some_and(|r| r.deleted),
-            post: state.and_then(|r| r.post.clone()),
-            members: state.map(|r| r.members.clone()).unwrap_or_default(),
-            created_at: state.and_then(|r| r.created_at),
+            state: state.cloned(),
             applied_through,
             epoch,
             generation,
@@ -61,12 +48,7 @@ fn ledger_collection(stream: &str) -> String {
 }
 
 impl Memory {
-    pub fn read_ledger(
-        &self,
-        stream: &str,
-        comments: &[CommentId],
-        generation: u64,
-    ) -> HashMap<String, Option<Row>> {
+    pub fn read_ledger(&self, stream: &str, comments: &[CommentId], generation: u64) -> LedgerView {
         self.read_ledger_at(stream, comments, generation)
             .into_iter()
             .map(|(comment, at)| (comment, at.state))
@@ -89,12 +71,7 @@ impl Memory {
                 .get(&key)
                 .filter(|(_, e)| e.generation >= generation);
             if let Some((_, entry)) = current {
-                let state = entry.exists.then(|| Row {
-                    members: entry.members.clone(),
-                    post: entry.post.clone(),
-                    created_at: entry.created_at,
-                    deleted: entry.deleted,
-                });
+                let state = entry.state.clone();
                 let through = entry.applied_through.clone().filter(|t| !t.is_empty());
                 out.insert(c.key.clone(), LedgerAt { state, through });
             }
@@ -198,7 +175,7 @@ impl Memory {
 }
 
 seam!(Ledger {
-    ok fn read_ledger(stream: &str, comments: &[CommentId], generation: u64) -> HashMap<String, Option<Row>>;
+    ok fn read_ledger(stream: &str, comments: &[CommentId], generation: u64) -> LedgerView;
     ok fn read_ledger_at(stream: &str, comments: &[CommentId], generation: u64) -> HashMap<String, LedgerAt>;
     ok fn write_ledger(fence: &Fence, updates: &[LedgerUpdate], through: &Token, generation: u64) -> ();
     ok fn rebuild_ledger(stream: &str, generation: u64, rows: &[(CommentId, Row)]) -> ();

@@ -87,18 +87,13 @@ pub struct Memory {
     pub update_descriptions: bool,
     /// Reads carry a post-batch resume token (a real server); some servers send none.
     pub post_batch_tokens: bool,
-    /// The default definition's counters (the others' are in `more`).
-    pub counters: BTreeMap<GroupValue, CounterRec>,
     /// Ledger entries by (collection, comment key): each partition keeps its own collection.
     pub ledger: BTreeMap<(String, String), (Bson, LedgerRec)>,
-    /// The default definition's dirty set (the others' are in `more`).
-    pub dirty: BTreeMap<GroupValue, DirtyRec>,
-    /// The counter definitions beyond the default (the worker's `Schema::counters`), in order:
-    /// definition `CounterIx(i + 1)` is `definitions[i]`. Its counts read rows through it.
+    /// The counter definitions, in order: the default ([`default_definition`]) and the
+    /// worker's `Schema::counters` after it. Counts read rows through them.
     pub definitions: Vec<Definition>,
-    /// The counters and dirty sets of the definitions beyond the default, each its own
-    /// "collections" (see [`Memory::define_counters`]).
-    pub more: BTreeMap<CounterIx, CounterTables>,
+    /// Each definition's counters and dirty set, by its place, each its own "collections".
+    pub tables: Vec<CounterTables>,
     pub checkpoints: BTreeMap<String, CheckpointRec>,
     /// Carried batches by stream and end (the carried collection).
     pub carried: BTreeMap<(String, String), CarriedCopy>,
@@ -125,11 +120,9 @@ impl Memory {
             pre_images_enabled: false,
             update_descriptions: true,
             post_batch_tokens: true,
-            counters: BTreeMap::new(),
             ledger: BTreeMap::new(),
-            dirty: BTreeMap::new(),
-            definitions: Vec::new(),
-            more: BTreeMap::new(),
+            definitions: vec![default_definition()],
+            tables: vec![CounterTables::default()],
             checkpoints: BTreeMap::new(),
             carried: BTreeMap::new(),
             leases: BTreeMap::new(),
@@ -146,19 +139,15 @@ impl Memory {
 
     /// Keeps counters for these definitions beyond the default too (what `[[counters]]`
     /// configures; the worker's schema must carry the same): each gets empty tables.
-    pub fn define_counters(&mut self, definitions: Vec<Definition>) {
-        self.more = (1..=definitions.len())
-            .map(|i| (CounterIx(i), CounterTables::default()))
-            .collect();
-        self.definitions = definitions;
+    pub fn define_counters(&mut self, more: Vec<Definition>) {
+        self.definitions.truncate(1);
+        self.definitions.extend(more);
+        self.tables = vec![CounterTables::default(); self.definitions.len()];
     }
 
     /// Definition `counter`'s counters (`None`: no such definition).
     pub fn counters_of(&self, counter: CounterIx) -> Option<&BTreeMap<GroupValue, CounterRec>> {
-        match counter {
-            CounterIx::DEFAULT => Some(&self.counters),
-            _ => self.more.get(&counter).map(|t| &t.counters),
-        }
+        self.tables.get(counter.0).map(|t| &t.counters)
     }
 
     /// Definition `counter`'s counters, to write (`None`: no such definition).
@@ -166,18 +155,12 @@ impl Memory {
         &mut self,
         counter: CounterIx,
     ) -> Option<&mut BTreeMap<GroupValue, CounterRec>> {
-        match counter {
-            CounterIx::DEFAULT => Some(&mut self.counters),
-            _ => self.more.get_mut(&counter).map(|t| &mut t.counters),
-        }
+        self.tables.get_mut(counter.0).map(|t| &mut t.counters)
     }
 
     /// Definition `counter`'s dirty set (`None`: no such definition).
     pub fn dirty_of(&self, counter: CounterIx) -> Option<&BTreeMap<GroupValue, DirtyRec>> {
-        match counter {
-            CounterIx::DEFAULT => Some(&self.dirty),
-            _ => self.more.get(&counter).map(|t| &t.dirty),
-        }
+        self.tables.get(counter.0).map(|t| &t.dirty)
     }
 
     /// Definition `counter`'s dirty set, to write (`None`: no such definition).
@@ -185,21 +168,27 @@ impl Memory {
         &mut self,
         counter: CounterIx,
     ) -> Option<&mut BTreeMap<GroupValue, DirtyRec>> {
-        match counter {
-            CounterIx::DEFAULT => Some(&mut self.dirty),
-            _ => self.more.get_mut(&counter).map(|t| &mut t.dirty),
-        }
+        self.tables.get_mut(counter.0).map(|t| &mut t.dirty)
     }
 
     /// The definitions whose tables exist, the default first.
     pub fn counter_ixs(&self) -> Vec<CounterIx> {
-        std::iter::once(CounterIx::DEFAULT)
-            .chain(self.more.keys().copied())
-            .collect()
+        (0..self.tables.len()).map(CounterIx).collect()
     }
 }
 
-/// One definition's "collections" beyond the default's: its counters and its dirty set.
+/// The default definition over the in-process truth's fields: every row of a post counts.
+pub fn default_definition() -> Definition {
+    Definition {
+        name: crate::core::definition::DEFAULT_COUNTER.into(),
+        group: POST_FIELD.into(),
+        condition: Default::default(),
+        collection: "comment_counters".into(),
+        kind: Default::default(),
+    }
+}
+
+/// One definition's "collections": its counters and its dirty set.
 #[derive(Clone, Debug, Default)]
 pub struct CounterTables {
     pub counters: BTreeMap<GroupValue, CounterRec>,
@@ -235,7 +224,7 @@ impl MemoryStore {
     pub fn new(clock: i64) -> MemoryStore {
         MemoryStore {
             memory: Arc::new(Mutex::new(Memory::new(clock))),
-            counter: CounterIx::DEFAULT,
+            counter: CounterIx(0),
         }
     }
 

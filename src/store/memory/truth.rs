@@ -6,7 +6,7 @@ use std::ops::Bound;
 
 use bson::{Bson, DateTime, Document, Timestamp};
 
-use super::{seam, Memory, MemoryStore, OpKind, CREATED_FIELD, DELETED_FIELD, POST_FIELD};
+use super::{seam, Memory, MemoryStore, OpKind, CREATED_FIELD, DELETED_FIELD};
 use crate::core::definition::Definition;
 use crate::core::event::{CommentId, Row};
 use crate::core::key::CounterIx;
@@ -16,21 +16,24 @@ use crate::store::CommentsExtent;
 
 /// (post, created_at, live) of a row document, when it counts at all (it has a post).
 pub fn row_facts(row: &Document) -> Option<(GroupValue, Option<DateTime>, bool)> {
-    let row = read_row(&[], row);
-    Some((row.post?, row.created_at, !row.deleted))
+    facts_in(&super::default_definition(), row)
 }
 
-/// (post, created_at, live) of a row document, with or without a post.
-fn row_facts_ungrouped(row: &Document) -> (Option<GroupValue>, Option<DateTime>, bool) {
-    let row = read_row(&[], row);
-    (row.post, row.created_at, !row.deleted)
+/// (group, created_at, counts) of a row document for `definition`, when it has a group there:
+/// `counts` is live (not soft-deleted) and satisfying the definition's condition.
+fn facts_in(
+    definition: &Definition,
+    row: &Document,
+) -> Option<(GroupValue, Option<DateTime>, bool)> {
+    let row = read_row(std::slice::from_ref(definition), row);
+    let counts = row.counted_in(CounterIx(0)).is_some();
+    Some((row.group()?.clone(), row.created_at, counts))
 }
 
-/// The row as it is, counted or not, with what it is to each definition beyond the default.
+/// The row as it is, counted or not, with what it is to each definition.
 fn read_row(definitions: &[Definition], row: &Document) -> Row {
     Row {
         members: definitions.iter().map(|d| d.member(row)).collect(),
-        post: row.get(POST_FIELD).and_then(GroupValue::from_bson),
         created_at: match row.get(CREATED_FIELD) {
             Some(Bson::DateTime(d)) => Some(*d),
             _ => None,
@@ -45,41 +48,26 @@ fn comment_id(id: i64) -> CommentId {
 
 impl Memory {
     /// (group, created_at, counts) of a row document for definition `counter`, when it has a
-    /// group there: `counts` is live (not soft-deleted) and, beyond the default, satisfying
-    /// the definition's condition.
+    /// group there (see [`facts_in`]).
     pub fn facts(
         &self,
         counter: CounterIx,
         row: &Document,
     ) -> Option<(GroupValue, Option<DateTime>, bool)> {
-        if counter == CounterIx::DEFAULT {
-            return row_facts(row);
-        }
-        let definition = self.definitions.get(counter.0 - 1)?;
-        let (_, created, live) = row_facts_ungrouped(row);
-        let member = definition.member(row);
-        Some((member.group?, created, live && member.matches))
+        facts_in(self.definitions.get(counter.0)?, row)
     }
 
     /// What a row document adds to its counter of definition `counter` where it counts: 1, or
     /// a sum's field value (0 for a missing or non-numeric one), as `$sum` adds them.
     pub fn amount(&self, counter: CounterIx, row: &Document) -> Num {
-        match counter.0 {
-            0 => Num::ONE,
-            i => self
-                .definitions
-                .get(i - 1)
-                .map_or(Num::ONE, |d| d.member(row).amount),
-        }
+        let definition = self.definitions.get(counter.0);
+        definition.map_or(Num::ONE, |d| d.member(row).amount)
     }
 
     /// Whether definition `counter` is a sum (its recount is the `$sum` alone, never row ids).
     fn sums(&self, counter: CounterIx) -> bool {
-        counter.0 > 0
-            && self
-                .definitions
-                .get(counter.0 - 1)
-                .is_some_and(|d| d.kind.field().is_some())
+        let definition = self.definitions.get(counter.0);
+        definition.is_some_and(|d| d.kind.field().is_some())
     }
 
     /// The group of a row document in definition `counter`, live or not.

@@ -9,7 +9,7 @@ impl Ledger for MongoStore {
         stream: &str,
         comments: &[CommentId],
         generation: u64,
-    ) -> StoreResult<HashMap<String, Option<Row>>> {
+    ) -> StoreResult<LedgerView> {
         let entries = self.ledger_entries(stream, comments, generation).await?;
         Ok(entries
             .into_iter()

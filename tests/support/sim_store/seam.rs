@@ -13,8 +13,8 @@ use bson::{DateTime, Timestamp};
 use counterd::core::batch::PendingBatch;
 use counterd::core::batch::{CounterDelta, CounterWrite, DirtyMark};
 use counterd::core::deployment::Deployment;
-use counterd::core::event::LedgerUpdate;
 use counterd::core::event::{CommentId, Row, Token};
+use counterd::core::event::{LedgerUpdate, LedgerView};
 use counterd::core::fold::Fold;
 use counterd::core::key::GroupValue;
 use counterd::core::window::LedgerAt;
@@ -453,7 +453,7 @@ impl Ledger for SimStore {
         stream: &str,
         comments: &[CommentId],
         generation: u64,
-    ) -> StoreResult<HashMap<String, Option<Row>>> {
+    ) -> StoreResult<LedgerView> {
         self.single("read_ledger", false, |s| {
             Ok(s.memory.read_ledger(stream, comments, generation))
         })

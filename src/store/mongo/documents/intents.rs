@@ -135,11 +135,14 @@ impl From<&LedgerUpdate> for LedgerUpdateDoc {
     fn from(l: &LedgerUpdate) -> Self {
         LedgerUpdateDoc {
             comment: l.comment.value.clone(),
-            state: l.state.as_ref().map(|r| RowDoc {
-                members: (!r.members.is_empty()).then(|| super::members_to_bson(&r.members)),
-                deleted: r.deleted,
-                post: r.post.clone(),
-                created_at: r.created_at,
+            state: l.state.as_ref().map(|r| {
+                let (post, more) = super::split(r);
+                RowDoc {
+                    members: (!more.is_empty()).then(|| super::members_to_bson(more)),
+                    deleted: r.deleted,
+                    post: post.cloned(),
+                    created_at: r.created_at,
+                }
             }),
         }
     }
@@ -150,8 +153,7 @@ impl From<LedgerUpdateDoc> for LedgerUpdate {
         LedgerUpdate {
             comment: CommentId::new(l.comment),
             state: l.state.map(|r| Row {
-                members: super::members_from(r.members.as_ref()),
-                post: r.post,
+                members: super::joined(r.post, super::members_from(r.members.as_ref())),
                 created_at: r.created_at,
                 deleted: r.deleted,
             }),

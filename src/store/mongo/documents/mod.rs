@@ -63,9 +63,12 @@ pub(super) fn row_from_ledger(doc: &Document, definitions: &[Definition]) -> Opt
         return None;
     }
     let live = doc.get_bool("live").unwrap_or(false);
+    let post = doc.get(LEDGER_POST).and_then(GroupValue::from_bson);
     Some(Row {
-        members: ledger_members_from(doc.get(LEDGER_MEMBERS), definitions),
-        post: doc.get(LEDGER_POST).and_then(GroupValue::from_bson),
+        members: joined(
+            post,
+            ledger_members_from(doc.get(LEDGER_MEMBERS), definitions),
+        ),
         created_at: doc.get_datetime(LEDGER_CREATED).ok().copied(),
         deleted: doc.get_bool("deleted").unwrap_or(!live),
     })
@@ -324,7 +327,8 @@ pub(super) fn ledger_row_update(
 ) -> StoreResult<(RawDocumentBuf, RawDocumentBuf)> {
     let mut set = rawdoc! {"live": row.is_live(), "deleted": row.deleted, "exists": true};
     let mut unset = rawdoc! {"gone_at": ""};
-    match &row.post {
+    let (post, more) = split(row);
+    match post {
         Some(post) => set.append(LEDGER_POST, raw_value(op, post.to_bson())?),
         None => unset.append(LEDGER_POST, ""),
     };
@@ -334,10 +338,23 @@ pub(super) fn ledger_row_update(
     };
     // Without definitions beyond the default, the entry is written exactly as before them.
     if !definitions.is_empty() {
-        let members = ledger_members_to_bson(&row.members, definitions);
+        let members = ledger_members_to_bson(more, definitions);
         set.append(LEDGER_MEMBERS, raw_value(op, members)?);
     }
     Ok((set, unset))
+}
+
+/// A row's members as stored documents keep them, as they were written before definitions
+/// existed: the first definition's group apart (`post_id`), the others after it (`members`).
+pub(super) fn split(row: &Row) -> (Option<&GroupValue>, &[Member]) {
+    (row.group(), row.members.get(1..).unwrap_or_default())
+}
+
+/// [`split`] read back: the first definition counts every row of its group.
+pub(super) fn joined(post: Option<GroupValue>, more: Vec<Member>) -> Vec<Member> {
+    std::iter::once(Member::counting(post, true))
+        .chain(more)
+        .collect()
 }
 
 /// A row's verdicts as a ledger entry keeps them: by definition *name*

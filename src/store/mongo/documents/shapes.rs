@@ -16,12 +16,7 @@ fn keys(d: &Document) -> Vec<&str> {
 }
 
 fn row(post: Option<GroupValue>, created_at: Option<DateTime>, deleted: bool) -> Row {
-    Row {
-        members: Vec::new(),
-        post,
-        created_at,
-        deleted,
-    }
+    Row::of(post, created_at, deleted)
 }
 
 fn counter_delta() -> CounterDelta {
@@ -382,4 +377,41 @@ fn a_sweep_cursor_keeps_its_stored_shape() {
         (read.posts_done, read.passes, read.last_pass_posts),
         (5, 2, 0)
     );
+}
+
+#[test]
+fn a_ledger_entry_keeps_its_stored_shape() {
+    use crate::core::definition::{Definition, Kind};
+    use crate::core::key::Member;
+    let approved = Definition {
+        name: "approved".into(),
+        group: "post_id".into(),
+        condition: Default::default(),
+        collection: "approved_counters".into(),
+        kind: Kind::Count,
+    };
+    // As written before definitions were one list: the first one's group in `post_id`, the
+    // others by name under `members`.
+    let stored = doc! {
+        "_id": 5_i32, "live": true, "deleted": false, "exists": true, "post_id": "p",
+        "created_at": at(1_000), "members": {"approved": {"matches": false, "group": "p"}},
+    };
+    let post = Some(GroupValue::Str("p".into()));
+    let mut row = row(post.clone(), Some(at(1_000)), false);
+    row.members.push(Member::counting(post, false));
+    let definitions = [approved];
+    assert_eq!(row_from_ledger(&stored, &definitions), Some(row.clone()));
+    let (set, unset) = ledger_row_update("test", &row, &definitions).unwrap();
+    let set = set.to_document().unwrap();
+    for field in [
+        "live",
+        "deleted",
+        "exists",
+        "post_id",
+        "created_at",
+        "members",
+    ] {
+        assert_eq!(set.get(field), stored.get(field), "{field}");
+    }
+    assert_eq!(keys(&unset.to_document().unwrap()), ["gone_at"]);
 }
