@@ -107,19 +107,6 @@ impl Schema {
         change
     }
 
-    /// Whether an update may have changed whether or where a row counts (a group field, the
-    /// soft-delete field or a condition's field; the creation time only moves a row between
-    /// buckets).
-    pub fn touches_counting(&self, update: &UpdateSummary) -> bool {
-        let touched = |path: &str| Self::change(update, path) != FieldChange::Unchanged;
-        touched(&self.group)
-            || self.soft_delete.field().is_some_and(touched)
-            || self
-                .counters
-                .iter()
-                .any(|d| d.read_paths().into_iter().any(touched))
-    }
-
     /// Whether [`Schema::apply`] can derive the row after `update` from `before` alone for every
     /// counter definition: the update changes no part of a group field, and of each condition
     /// either no field or every field it reads (set or removed by name, so the verdict follows
@@ -304,8 +291,6 @@ mod tests {
             s.apply(&update(doc! {"body": "x"}, &[]), &before),
             Ok(before.clone())
         );
-        assert!(!s.touches_counting(&update(doc! {"body": "x", "createdAt": 1}, &[])));
-        assert!(s.touches_counting(&update(doc! {"deleted": false}, &[])));
     }
 
     #[test]
@@ -431,6 +416,5 @@ mod tests {
         assert_eq!(after.members[2].group, Some(GroupValue::Str("bob".into())));
         let keys = s.groups_set_by(&update(doc! {"author": {"id": "bob"}, "postId": 2}, &[]));
         assert_eq!(keys.len(), 3, "{keys:?}");
-        assert!(s.touches_counting(&update(doc! {"approved": false}, &[])));
     }
 }
