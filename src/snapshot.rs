@@ -144,13 +144,9 @@ pub fn finish_chunk(progress: &mut SnapshotProgress, chunk: &SnapshotChunk) {
     progress.cursor = chunk.last.clone().or(progress.cursor.take());
     progress.chunks_done = progress.chunks_done.max(chunk.number);
     progress.rows_scanned += chunk.rows;
-    // Rows, as the default definition counts them (a sum's amounts are not rows).
-    progress.rows_counted += chunk
-        .counters
-        .iter()
-        .filter(|c| c.counter == crate::core::key::CounterIx::DEFAULT)
-        .map(|c| c.delta.as_i64().max(0) as u64)
-        .sum::<u64>();
+    // Live rows claimed (a sum's amounts are not rows).
+    let live = |c: &&LedgerUpdate| c.state.as_ref().is_some_and(Row::is_live);
+    progress.rows_counted += chunk.claims.iter().filter(live).count() as u64;
     progress.pending = None;
     progress.reading = None;
 }

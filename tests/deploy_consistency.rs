@@ -563,10 +563,10 @@ fn metrics_in(expr: &str) -> BTreeSet<String> {
 fn is_exported(name: &str) -> bool {
     use counterd::telemetry::{ALL, HISTOGRAMS};
     ALL.contains(&name)
-        || HISTOGRAMS.iter().any(|h| {
+        || HISTOGRAMS.iter().any(|(h, _)| {
             ["_bucket", "_sum", "_count"]
                 .iter()
-                .any(|s| name.strip_suffix(s) == Some(h))
+                .any(|s| name.strip_suffix(s) == Some(*h))
         })
 }
 

@@ -175,7 +175,7 @@ fn definitions_json(settings: &crate::config::Settings) -> anyhow::Result<serde_
                     bson::Bson::Document(d.condition.to_filter()).into_relaxed_extjson(),
                 ),
                 ("collection", d.collection.clone().into()),
-                ("kind", crate::cli::status::kind_name(&d.kind).into()),
+                ("kind", <&str>::from(&d.kind).into()),
                 ("sum_of", d.kind.field().map(String::from).into()),
             ])
         }));

@@ -6,7 +6,7 @@
 
 use std::process::ExitCode;
 
-use crate::cli::exit::{code_for, describe, exit_code, CHECK_FAILED, USAGE};
+use crate::cli::exit::{code_for, describe, CHECK_FAILED, USAGE};
 use crate::cli::{connect, print_json};
 use crate::config::Settings;
 use crate::doctor::tls::{self, TlsPlan};
@@ -43,7 +43,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         None if worst(&report.findings) == Level::Problem => CHECK_FAILED,
         None => 0,
     };
-    Ok(exit_code(code))
+    Ok(ExitCode::from(code))
 }
 
 /// TLS first (without connecting), then the server's replies, or the failure to connect as

@@ -11,8 +11,6 @@
 //! | 6 | `counterd run` cannot listen on `http_addr` |
 //! | 70 | internal error: anything unclassified (a bug; please report it) |
 
-use std::process::ExitCode;
-
 use crate::config::ConfigError;
 use crate::core::classify::StreamEnded;
 use crate::daemon::DaemonError;
@@ -148,11 +146,6 @@ fn join_causes(error: &anyhow::Error, driver_text: bool) -> String {
         text.push_str(&said);
     }
     crate::redact::redact_text(&text)
-}
-
-/// The exit code as a process exit code.
-pub fn exit_code(code: u8) -> ExitCode {
-    ExitCode::from(code)
 }
 
 #[cfg(test)]

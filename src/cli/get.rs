@@ -157,10 +157,10 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
 /// `get`'s exit code: 1 when the counter differs from the truth, 5 when it cannot be compared
 /// until the initial snapshot is done, 0 otherwise (a change in flight is not a difference).
 fn exit_code(differs: bool, waits_for_snapshot: bool) -> ExitCode {
-    use crate::cli::exit::{exit_code, CHECK_FAILED, NOT_YET};
+    use crate::cli::exit::{CHECK_FAILED, NOT_YET};
     match (differs, waits_for_snapshot) {
-        (true, _) => exit_code(CHECK_FAILED),
-        (false, true) => exit_code(NOT_YET),
+        (true, _) => ExitCode::from(CHECK_FAILED),
+        (false, true) => ExitCode::from(NOT_YET),
         (false, false) => ExitCode::SUCCESS,
     }
 }

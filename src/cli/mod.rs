@@ -228,7 +228,7 @@ pub async fn main(cli: Cli) -> ExitCode {
             if verbose {
                 eprintln!("counterd: in full: {}", exit::describe_in_full(&e));
             }
-            exit::exit_code(exit::code_for(&e))
+            ExitCode::from(exit::code_for(&e))
         }
     }
 }

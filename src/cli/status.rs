@@ -232,7 +232,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
                 source: source.stream_name.clone(),
                 group_field: d.group.clone(),
                 collection: d.collection.clone(),
-                kind: kind_name(&d.kind),
+                kind: (&d.kind).into(),
                 sum_of: d.kind.field().map(String::from),
                 rows_of: match &d.kind {
                     crate::core::definition::Kind::Rows { of } => Some(of.clone()),
@@ -384,16 +384,6 @@ fn in_flight_note(marks: usize) -> String {
         String::new()
     } else {
         format!(", and {marks} more being marked by the batch in flight")
-    }
-}
-
-/// A definition's kind as `status --json` and `config --json` show it.
-pub(crate) fn kind_name(kind: &crate::core::definition::Kind) -> &'static str {
-    use crate::core::definition::Kind;
-    match kind {
-        Kind::Count => "count",
-        Kind::Sum { .. } => "sum",
-        Kind::Rows { .. } => "rows",
     }
 }
 

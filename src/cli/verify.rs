@@ -72,6 +72,6 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     Ok(if mismatches.is_empty() {
         ExitCode::SUCCESS
     } else {
-        crate::cli::exit::exit_code(crate::cli::exit::CHECK_FAILED)
+        ExitCode::from(crate::cli::exit::CHECK_FAILED)
     })
 }

@@ -323,7 +323,7 @@ mod tests {
     fn without_counters_the_settings_are_the_one_default_definition() {
         let all = Settings::default().definitions().unwrap();
         assert_eq!(all.len(), 1);
-        let d = all.default_definition();
+        let d = all.iter().next().unwrap().1;
         assert_eq!(
             (d.name.as_str(), d.group.as_str(), d.collection.as_str()),
             ("default", "post_id", "comment_counters")

@@ -292,7 +292,10 @@ impl<'a> Planner<'a> {
         let Some(key) = event.comment.as_ref().map(|c| c.key.as_str()) else {
             return Before::Unknown;
         };
-        let seen = self.known.before(key).or(self.input.ledger.before(key));
+        let seen = match self.known.before(key) {
+            Seen::Unknown => self.input.ledger.before(key),
+            known => known,
+        };
         match (seen, self.input.coverage) {
             (seen, Coverage::Complete) => Before::Complete(seen.row().cloned()),
             (Seen::Unknown, Coverage::Partial) => Before::Unknown,

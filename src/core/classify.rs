@@ -398,13 +398,13 @@ fn after_update(
 /// Before-state known: the delta is exact (or zero when the after-state is unknown).
 fn exact(before: Option<Row>, after: After, source: Source) -> Classification {
     let mut dirty = Vec::new();
-    push_groups(&mut dirty, before.as_ref());
+    push_groups(&mut dirty, before.as_ref(), 0);
     let after_row = match &after {
         After::Known(row) => row.clone(),
         // No information: assume unchanged, so no delta; the post is still touched.
         After::Unchanged => before.clone(),
     };
-    push_groups(&mut dirty, after_row.as_ref());
+    push_groups(&mut dirty, after_row.as_ref(), 0);
     Classification {
         deltas: transition(before.as_ref(), after_row.as_ref()),
         dirty,
@@ -506,7 +506,7 @@ fn best_effort(event: &ChangeEvent, after: After, schema: &Schema) -> Classifica
             c.dirty.push(default_key(post.clone()));
             // Other definitions have no guesses: the groups the after-state names are dirty,
             // and the reconciler recounts them.
-            push_groups_beyond_default(&mut c.dirty, after_row.as_ref());
+            push_groups(&mut c.dirty, after_row.as_ref(), 1);
             if schema.moves(summary) {
                 if after_row.as_ref().is_some_and(Row::is_live) {
                     c.deltas.push(Delta {
@@ -530,7 +530,7 @@ fn best_effort(event: &ChangeEvent, after: After, schema: &Schema) -> Classifica
         }
         // Replace, or update without any description: only the post is known, if that.
         _ => {
-            push_groups_beyond_default(&mut c.dirty, after_row.as_ref());
+            push_groups(&mut c.dirty, after_row.as_ref(), 1);
             match after_row
                 .as_ref()
                 .and_then(|r| r.group().cloned())
@@ -579,7 +579,7 @@ fn bad_post_type(schema: &Schema, kind: &str) -> Problem {
 fn problem_only(before: &Before, source: Source, problem: Problem) -> Classification {
     let mut dirty = Vec::new();
     if let Before::Known(Some(row)) = before {
-        push_groups(&mut dirty, Some(row));
+        push_groups(&mut dirty, Some(row), 0);
     }
     Classification {
         deltas: Vec::new(),
@@ -606,22 +606,11 @@ fn default_key(post: GroupValue) -> CounterKey {
     }
 }
 
-/// The row's group of every definition, counted or not: changes there may have touched them.
-fn push_groups(list: &mut Vec<CounterKey>, row: Option<&Row>) {
+/// The row's group of every definition from the `from`-th, counted or not: changes there may
+/// have touched them (best effort skips the first, whose guesses it makes itself).
+fn push_groups(list: &mut Vec<CounterKey>, row: Option<&Row>, from: usize) {
     let Some(row) = row else { return };
-    for counter in row.counters() {
-        let key = row.group_in(counter).map(|group| CounterKey {
-            counter,
-            group: group.clone(),
-        });
-        push_unique(list, key);
-    }
-}
-
-/// [`push_groups`] for every definition but the default (best effort guesses for that one).
-fn push_groups_beyond_default(list: &mut Vec<CounterKey>, row: Option<&Row>) {
-    let Some(row) = row else { return };
-    for counter in row.counters().skip(1) {
+    for counter in row.counters().skip(from) {
         let key = row.group_in(counter).map(|group| CounterKey {
             counter,
             group: group.clone(),

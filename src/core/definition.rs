@@ -44,8 +44,10 @@ pub struct Definition {
     pub kind: Kind,
 }
 
-/// What a row that counts adds to its counter.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// What a row that counts adds to its counter; its name ("count", "sum", "rows") is what
+/// `status --json`, `config --json` and `counterd_definition_info` show.
+#[derive(Clone, Debug, Default, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum Kind {
     /// 1 per row (`kind = "count"`, the default).
     #[default]
@@ -160,11 +162,6 @@ impl Definitions {
         Definitions { list }
     }
 
-    /// The definition `--counter` means when it is not given.
-    pub fn default_definition(&self) -> &Definition {
-        &self.list[0]
-    }
-
     /// The definition at `ix`.
     pub fn get(&self, ix: CounterIx) -> Option<&Definition> {
         self.list.get(ix.0)
@@ -272,7 +269,7 @@ mod tests {
             kind: Kind::Count,
         };
         let all = Definitions::new(default.clone(), vec![approved()]);
-        assert_eq!(all.default_definition(), &default);
+        assert_eq!(&all.list[0], &default);
         assert_eq!(all.by_name("approved").map(|(i, _)| i), Some(CounterIx(1)));
         assert_eq!(all.names(), ["default", "approved"]);
         assert_eq!(all.extra(), [approved()]);

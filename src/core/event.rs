@@ -131,18 +131,6 @@ impl Row {
         self.group_in(CounterIx(0))
     }
 
-    /// The row as definition `counter` sees it, as a row of that one definition: its group
-    /// there, and `deleted` when it does not count there (soft-deleted, or the condition
-    /// fails). A rule written for one count definition (the row-level recount's
-    /// `counts_below`) then applies to any definition unchanged.
-    pub fn seen_by(self, counter: CounterIx) -> Row {
-        Row::of(
-            self.group_in(counter).cloned(),
-            self.created_at,
-            self.counted_in(counter).is_none(),
-        )
-    }
-
     /// Every definition the row says something about.
     pub fn counters(&self) -> impl Iterator<Item = CounterIx> {
         (0..self.members.len()).map(CounterIx)
@@ -414,14 +402,6 @@ impl<'a> Seen<'a> {
             Seen::Unknown | Seen::Gone => None,
         }
     }
-
-    /// This, or what `other` says where this knows nothing.
-    pub fn or(self, other: Seen<'a>) -> Seen<'a> {
-        match self {
-            Seen::Unknown => other,
-            known => known,
-        }
-    }
 }
 
 impl std::ops::Deref for LedgerView {
@@ -476,26 +456,35 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_row_seen_by_a_definition_counts_where_it_counts_there() {
-        let approved_by_ann = Row {
-            created_at: None,
-            deleted: false,
-            members: vec![
-                Member::counting(Some(GroupValue::Int(1)), true),
-                Member::counting(Some(GroupValue::Int(1)), false),
-                Member::counting(Some(GroupValue::Str("ann".into())), true),
-            ],
-        };
-        let seen = |ix| approved_by_ann.clone().seen_by(CounterIx(ix));
-        let counted = |row: Row| row.counted_in(CounterIx(0)).cloned();
-        assert_eq!(counted(seen(0)), Some(GroupValue::Int(1)), "as it is");
-        assert_eq!(seen(1).group(), Some(&GroupValue::Int(1)));
-        assert_eq!(counted(seen(1)), None, "the condition fails there");
-        assert_eq!(counted(seen(2)), Some(GroupValue::Str("ann".into())));
-        assert_eq!(counted(seen(3)), None, "a definition it predates");
+    fn a_row_counts_in_each_definition_where_it_counts_there() {
+        let mut approved_by_ann = Row::of(Some(GroupValue::Int(1)), None, false);
+        approved_by_ann.members.extend([
+            Member::counting(Some(GroupValue::Int(1)), false),
+            Member::counting(Some(GroupValue::Str("ann".into())), true),
+        ]);
+        let counted = |row: &Row, ix| row.counted_in(CounterIx(ix)).cloned();
+        assert_eq!(counted(&approved_by_ann, 0), Some(GroupValue::Int(1)));
+        assert_eq!(
+            approved_by_ann.group_in(CounterIx(1)),
+            Some(&GroupValue::Int(1))
+        );
+        assert_eq!(
+            counted(&approved_by_ann, 1),
+            None,
+            "the condition fails there"
+        );
+        assert_eq!(
+            counted(&approved_by_ann, 2),
+            Some(GroupValue::Str("ann".into()))
+        );
+        assert_eq!(
+            counted(&approved_by_ann, 3),
+            None,
+            "a definition it predates"
+        );
         let mut deleted = approved_by_ann.clone();
         deleted.deleted = true;
-        assert_eq!(counted(deleted.seen_by(CounterIx(2))), None);
+        assert_eq!(counted(&deleted, 2), None);
     }
 
     #[test]

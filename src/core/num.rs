@@ -112,30 +112,11 @@ impl Num {
         matches!(self, Num::Double(_))
     }
 
-    /// -1, 0 or 1.
-    pub fn signum(self) -> i64 {
-        match self {
-            Num::Int(i) => i.signum(),
-            Num::Double(d) if d > 0.0 => 1,
-            Num::Double(d) if d < 0.0 => -1,
-            Num::Double(_) => 0,
-        }
-    }
-
     /// The absolute value (an integer's saturates at `i64::MAX`).
     pub fn abs(self) -> Num {
         match self {
             Num::Int(i) => Num::Int(i.saturating_abs()),
             Num::Double(d) => Num::Double(d.abs()),
-        }
-    }
-
-    /// The same kind of number as `self`, with the value `other`: a double stays a double
-    /// (an `$inc` of an integer on a double field leaves a double).
-    pub fn promoted_by(self, other: Num) -> Num {
-        match (self, other) {
-            (Num::Int(_), _) => other,
-            (Num::Double(_), n) => Num::Double(n.as_f64()),
         }
     }
 }
@@ -336,11 +317,6 @@ mod tests {
         assert_eq!(format!("{:+}", Num::Int(3)), "+3");
         assert_eq!(format!("{:+}", Num::Double(-2.5)), "-2.5");
         assert!(Num::Int(2) < Num::Double(2.5));
-        assert_eq!(
-            Num::promoted_by(Num::Double(1.0), Num::Int(4)),
-            Num::Double(4.0)
-        );
-        assert_eq!(Num::promoted_by(Num::Int(1), Num::Int(4)), Num::Int(4));
     }
 
     #[test]

@@ -135,18 +135,25 @@ pub fn changed_since(
     Ok(changed)
 }
 
-/// Whether `row` is one of `post`'s live rows below `watermark` (seconds): the count's own
-/// filter (`created_at` not `>= W`, so a row without a creation date counts below any).
-pub fn counts_below(row: &Row, post: &GroupValue, watermark: i64) -> bool {
-    row.counted_in(crate::core::key::CounterIx(0)) == Some(post)
+/// Whether `row` is one of `scope`'s rows: the count's own filter (`created_at` not `>= W`, so
+/// a row without a creation date counts below any).
+pub fn counts_below(row: &Row, scope: CountScope<'_>) -> bool {
+    let CountScope {
+        counter,
+        post,
+        watermark,
+    } = scope;
+    row.counted_in(counter) == Some(post)
         && row
             .created_at
             .is_none_or(|t| crate::core::time::secs(t) < watermark)
 }
 
-/// What a recount counts: `post`'s live rows below `watermark` (seconds).
+/// What a recount counts: the rows that count in definition `counter`'s `post` below
+/// `watermark` (seconds).
 #[derive(Clone, Copy, Debug)]
 pub struct CountScope<'a> {
+    pub counter: crate::core::key::CounterIx,
     pub post: &'a GroupValue,
     pub watermark: i64,
 }
@@ -159,7 +166,7 @@ pub fn count_as_of(
     read: &[CommentId],
     changed: &BTreeMap<String, (CommentId, String)>,
     ledger: &HashMap<String, LedgerAt>,
-    CountScope { post, watermark }: CountScope<'_>,
+    scope: CountScope<'_>,
     until: &str,
 ) -> Result<i64, Unsettled> {
     let unchanged = read
@@ -179,7 +186,7 @@ pub fn count_as_of(
         if entry
             .state
             .as_ref()
-            .is_some_and(|row| counts_below(row, post, watermark))
+            .is_some_and(|row| counts_below(row, scope))
         {
             from_ledger += 1;
         }
@@ -196,6 +203,7 @@ mod tests {
     fn scope(watermark: i64) -> CountScope<'static> {
         static POST: GroupValue = P;
         CountScope {
+            counter: crate::core::key::CounterIx(0),
             post: &POST,
             watermark,
         }
@@ -375,19 +383,19 @@ mod tests {
 
     #[test]
     fn the_filter_matches_the_counts_filter() {
-        assert!(counts_below(&row(1, 59, false), &P, 60));
-        assert!(!counts_below(&row(1, 60, false), &P, 60));
-        assert!(!counts_below(&row(1, 10, true), &P, 60));
-        assert!(!counts_below(&row(2, 10, false), &P, 60));
+        assert!(counts_below(&row(1, 59, false), scope(60)));
+        assert!(!counts_below(&row(1, 60, false), scope(60)));
+        assert!(!counts_below(&row(1, 10, true), scope(60)));
+        assert!(!counts_below(&row(2, 10, false), scope(60)));
         let undated = Row {
             created_at: None,
             ..row(1, 0, false)
         };
-        assert!(counts_below(&undated, &P, i64::MIN));
+        assert!(counts_below(&undated, scope(i64::MIN)));
         let millis = Row {
             created_at: Some(DateTime::from_millis(59_999)),
             ..row(1, 0, false)
         };
-        assert!(counts_below(&millis, &P, 60));
+        assert!(counts_below(&millis, scope(60)));
     }
 }

@@ -548,21 +548,16 @@ impl<S: Store + ?Sized> Recounter<S> {
                     .await?
                     .map_or(0, |c| c.ledger_generation());
                 let ids: Vec<CommentId> = changed.values().map(|(c, _)| c.clone()).collect();
-                let mut ledger = self
+                let ledger = self
                     .store
                     .read_ledger_at(&self.stream, &ids, generation)
                     .await?;
-                // The rule is written for the default definition; the view's definition
-                // sees each row in those terms (its group, whether it counts there).
-                let counter = self.store.viewed_counter();
-                for entry in ledger.values_mut() {
-                    entry.state = entry.state.take().map(|row| row.seen_by(counter));
-                }
                 window::count_as_of(
                     read,
                     &changed,
                     &ledger,
                     window::CountScope {
+                        counter: self.store.viewed_counter(),
                         post: &recount.post,
                         watermark: recount.watermark,
                     },

@@ -148,14 +148,14 @@ metric_names! {
     PROCESS_THREADS = "process_threads";
 }
 
-/// The histograms among [`ALL`] (exported as `_bucket`, `_sum`, `_count`).
-pub const HISTOGRAMS: [&str; 6] = [
-    BATCH_APPLY_DURATION,
-    BATCH_SIZE,
-    RECONCILE_DURATION,
-    DRIFT,
-    MONGODB_OPERATION_DURATION,
-    DIRTY_TO_FOLD,
+/// The histograms among [`ALL`] (exported as `_bucket`, `_sum`, `_count`), with their buckets.
+pub const HISTOGRAMS: [(&str, &[f64]); 6] = [
+    (DRIFT, &DRIFT_BUCKETS),
+    (DIRTY_TO_FOLD, &FOLD_WAIT_BUCKETS),
+    (BATCH_APPLY_DURATION, &DURATION_BUCKETS),
+    (MONGODB_OPERATION_DURATION, &DURATION_BUCKETS),
+    (RECONCILE_DURATION, &RECONCILE_BUCKETS),
+    (BATCH_SIZE, &SIZE_BUCKETS),
 ];
 
 /// Series that appear only on their first observation (an error, a correction, a takeover),

@@ -11,16 +11,8 @@ pub fn install_recorder() -> metrics_exporter_prometheus::PrometheusHandle {
         std::sync::OnceLock::new();
     HANDLE
         .get_or_init(|| {
-            let buckets: [(&str, &[f64]); 6] = [
-                (DRIFT, &DRIFT_BUCKETS),
-                (DIRTY_TO_FOLD, &FOLD_WAIT_BUCKETS),
-                (BATCH_APPLY_DURATION, &DURATION_BUCKETS),
-                (MONGODB_OPERATION_DURATION, &DURATION_BUCKETS),
-                (RECONCILE_DURATION, &RECONCILE_BUCKETS),
-                (BATCH_SIZE, &SIZE_BUCKETS),
-            ];
             let mut builder = PrometheusBuilder::new();
-            for (name, values) in buckets {
+            for (name, values) in HISTOGRAMS {
                 builder = builder
                     .set_buckets_for_metric(Matcher::Full(name.into()), values)
                     .expect("histogram buckets are not empty");
@@ -71,12 +63,7 @@ pub fn register_stream(stream: &str) {
 /// Exports what a counter definition's numbers are (`counterd_definition_info`, always 1), so
 /// that a dashboard or an alert tells a sum, in its field's units, from a count.
 pub fn register_definition(definition: &crate::core::definition::Definition) {
-    use crate::core::definition::Kind;
-    let kind = match definition.kind {
-        Kind::Count => "count",
-        Kind::Sum { .. } => "sum",
-        Kind::Rows { .. } => "rows",
-    };
+    let kind: &'static str = (&definition.kind).into();
     metrics::gauge!(
         DEFINITION_INFO,
         "counter" => definition.name.clone(),

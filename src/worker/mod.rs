@@ -224,7 +224,7 @@ impl<S: Store + ?Sized> Worker<S> {
                 tracing::warn!(stream = %fence.stream, %error, "history lost; on_history_lost = fail");
                 Err(WorkerError::HistoryLost { source: error })
             }
-            OnHistoryLost::Resweep => self.resweep(fence, error).await,
+            OnHistoryLost::Resweep => self.resweep(fence, error).await.map_err(WorkerError::Store),
         }
     }
 
@@ -238,23 +238,14 @@ impl<S: Store + ?Sized> Worker<S> {
     }
 
     /// History lost, policy resweep: record the gap, request a full sweep, start from now.
-    async fn resweep(&self, fence: &Fence, error: StoreError) -> Result<(), WorkerError> {
-        let checkpoint = self
-            .store
-            .load_checkpoint(&fence.stream)
-            .await
-            .map_err(WorkerError::Store)?;
+    async fn resweep(&self, fence: &Fence, error: StoreError) -> Result<(), StoreError> {
+        let checkpoint = self.store.load_checkpoint(&fence.stream).await?;
         let mut to = self.clock.now();
         if matches!(error, StoreError::HistoryMismatch { .. }) {
             // Another history (a restored backup): restart after every write the server has
             // acknowledged so far, so the restore's own inserts, which the restored counters
             // already hold, are not read again; the first whole second after them.
-            let upper = self
-                .store
-                .read_position()
-                .await
-                .map_err(WorkerError::Store)?
-                .upper;
+            let upper = self.store.read_position().await?.upper;
             let secs = upper.time as i64 + i64::from(upper.increment > 0);
             to = to.max(DateTime::from_millis(secs * 1000));
         }
@@ -269,19 +260,13 @@ impl<S: Store + ?Sized> Worker<S> {
         let gap_from = gap.from.map(rfc3339).unwrap_or_else(|| "unknown".into());
         tracing::error!(stream = %fence.stream, %error, %gap_from, gap_to = %rfc3339(gap.to),
             "HISTORY LOST: events in this gap were never seen; restarting the stream from now and scheduling a full recount sweep");
-        self.store
-            .record_gap(fence, &gap)
-            .await
-            .map_err(WorkerError::Store)?;
+        self.store.record_gap(fence, &gap).await?;
         // The new start ("now") belongs to this deployment. Recorded after the gap: a crash in
         // between finds the old deployment again and records a second gap, never resumes the
         // old position here.
-        let here = self.store.deployment().await.map_err(WorkerError::Store)?;
+        let here = self.store.deployment().await?;
         if !here.is_unknown() {
-            self.store
-                .record_deployment(fence, &here)
-                .await
-                .map_err(WorkerError::Store)?;
+            self.store.record_deployment(fence, &here).await?;
         }
         Ok(())
     }

@@ -462,7 +462,7 @@ impl<S: Store + ?Sized> Worker<S> {
             at_least_one: !holding,
         };
         let read = if limit.events == 0 {
-            Read::none()
+            Read::default()
         } else {
             let raw = source.read(limit, self.settings.max_batch_wait).await?;
             Read::parse(&fence.stream, &limit, asked, raw)
@@ -554,7 +554,7 @@ impl<S: Store + ?Sized> Worker<S> {
         prefetch: Option<u64>,
     ) -> Result<(Read, Option<Prefetched>), StoreError> {
         if limit.events == 0 {
-            return Ok((Read::none(), None));
+            return Ok((Read::default(), None));
         }
         // The read runs while the batch is written, so it may take about as long: a
         // backlog is then read in full batches (coalescing needs them) rather than cut
@@ -676,7 +676,9 @@ impl<S: Store + ?Sized> Worker<S> {
     }
 }
 
-/// One read of the stream, parsed.
+/// One read of the stream, parsed. The default is no read made (no room in the budget): it
+/// neither grows nor shrinks the next read.
+#[derive(Default)]
 struct Read {
     /// Events asked for; a read cut by the budget's bytes counts as asked for what it got (it
     /// was full: the worker is behind).
@@ -690,17 +692,6 @@ struct Read {
 }
 
 impl Read {
-    /// No read made (no room in the budget): it neither grows nor shrinks the next read.
-    fn none() -> Read {
-        Read {
-            asked: 0,
-            got: 0,
-            events: Vec::new(),
-            costs: Vec::new(),
-            post_batch_token: None,
-        }
-    }
-
     /// Takes a read's events in: an unreadable event is counted and logged, never fatal.
     fn parse(stream: &str, limit: &ReadLimit, asked: usize, raw: RawBatch) -> Read {
         let got = raw.events.len();

@@ -34,20 +34,15 @@ impl Schema {
     /// The counters an update moves the row into, of every definition: each group field it
     /// sets to a usable key (the default definition's is [`Schema::post_set_by`]).
     pub fn groups_set_by(&self, update: &UpdateSummary) -> Vec<CounterKey> {
-        let default = self.post_set_by(update).map(|group| CounterKey {
-            counter: CounterIx::DEFAULT,
-            group,
-        });
-        let more = self.counters.iter().enumerate().filter_map(|(i, d)| {
-            match Self::change(update, &d.group) {
-                FieldChange::Set(Some(value)) => Some(CounterKey {
-                    counter: CounterIx(i + 1),
-                    group: GroupValue::from_bson(&value)?,
-                }),
-                _ => None,
-            }
-        });
-        default.into_iter().chain(more).collect()
+        let groups = std::iter::once(&self.group).chain(self.counters.iter().map(|d| &d.group));
+        let set = |(i, path): (usize, &String)| match Self::change(update, path) {
+            FieldChange::Set(Some(value)) => Some(CounterKey {
+                counter: CounterIx(i),
+                group: GroupValue::from_bson(&value)?,
+            }),
+            _ => None,
+        };
+        groups.enumerate().filter_map(set).collect()
     }
 
     /// Best effort without a before-state: the guessed count change of an update through the
@@ -110,19 +105,6 @@ impl Schema {
             }
         }
         change
-    }
-
-    /// Whether an update may have changed whether or where a row counts (a group field, the
-    /// soft-delete field or a condition's field; the creation time only moves a row between
-    /// buckets).
-    pub fn touches_counting(&self, update: &UpdateSummary) -> bool {
-        let touched = |path: &str| Self::change(update, path) != FieldChange::Unchanged;
-        touched(&self.group)
-            || self.soft_delete.field().is_some_and(touched)
-            || self
-                .counters
-                .iter()
-                .any(|d| d.read_paths().into_iter().any(touched))
     }
 
     /// Whether [`Schema::apply`] can derive the row after `update` from `before` alone for every
@@ -309,8 +291,6 @@ mod tests {
             s.apply(&update(doc! {"body": "x"}, &[]), &before),
             Ok(before.clone())
         );
-        assert!(!s.touches_counting(&update(doc! {"body": "x", "createdAt": 1}, &[])));
-        assert!(s.touches_counting(&update(doc! {"deleted": false}, &[])));
     }
 
     #[test]
@@ -436,6 +416,5 @@ mod tests {
         assert_eq!(after.members[2].group, Some(GroupValue::Str("bob".into())));
         let keys = s.groups_set_by(&update(doc! {"author": {"id": "bob"}, "postId": 2}, &[]));
         assert_eq!(keys.len(), 3, "{keys:?}");
-        assert!(s.touches_counting(&update(doc! {"approved": false}, &[])));
     }
 }
