@@ -767,8 +767,11 @@ async fn posts_the_worker_has_not_reached_are_left_uncounted() {
         .unwrap();
     let settings = ReconcileSettings {
         settle_secs: 5,
+        // The count's wait is bounded by the clock: it must outlast the worker's drained-position
+        // records (about one a second when idle, slower on a loaded machine), or a caught-up
+        // worker's counts end in flight for want of a record, not of events.
         catch_up: counterd::recount::CatchUp {
-            timeout: Duration::from_secs(1),
+            timeout: Duration::from_secs(5),
             poll: Duration::from_millis(50),
             probe_without_worker: true,
         },
