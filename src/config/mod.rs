@@ -323,6 +323,11 @@ impl Settings {
         }
     }
 
+    /// This source's streams: `stream_name` alone, or one per partition (with the partition).
+    pub fn streams(&self) -> Vec<(String, Option<crate::core::partition::Partition>)> {
+        crate::core::partition::stream_names(&self.stream_name, self.partitions)
+    }
+
     /// The most streams (partitions, of every source) one process works on at once.
     pub fn streams_per_process(&self) -> usize {
         let partitions = self.partitions.max(1);
