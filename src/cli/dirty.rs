@@ -47,12 +47,14 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
             .oldest
             .map(|t| format!(", oldest {} ago", age_text(age_secs(t))))
             .unwrap_or_default(),
-        (!marking.is_empty())
-            .then(|| format!(
+        if marking.is_empty() {
+            String::new()
+        } else {
+            format!(
                 "; {} more being marked by the batch in flight",
                 marking.len()
-            ))
-            .unwrap_or_default()
+            )
+        }
     );
     if !entries.is_empty() {
         outln!(

@@ -274,9 +274,11 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     let or_none = |v: &Option<String>| v.clone().unwrap_or_else(|| "none".into());
     // Which source a line is about, where there is more than one.
     let of_source = |source: &str| {
-        (sources.len() > 1)
-            .then(|| format!(" (source {source})"))
-            .unwrap_or_default()
+        if sources.len() > 1 {
+            format!(" (source {source})")
+        } else {
+            String::new()
+        }
     };
     outln!(
         "mongodb           {} (database {})",
@@ -377,18 +379,22 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
 
 /// The part of the backlog line for marks a batch in flight is still writing.
 fn in_flight_note(marks: usize) -> String {
-    (marks > 0)
-        .then(|| format!(", and {marks} more being marked by the batch in flight"))
-        .unwrap_or_default()
+    if marks == 0 {
+        String::new()
+    } else {
+        format!(", and {marks} more being marked by the batch in flight")
+    }
 }
 
 /// One reconcile run on one line; a run of another definition than the default names it (a
 /// sum's drift is in its field's units).
 fn describe_run(run: &RunSummary) -> String {
-    let default = run.counter.is_empty() || run.counter == crate::core::definition::DEFAULT_COUNTER;
-    let counter = (!default)
-        .then(|| format!(", counter {}", run.counter))
-        .unwrap_or_default();
+    let counter =
+        if run.counter.is_empty() || run.counter == crate::core::definition::DEFAULT_COUNTER {
+            String::new()
+        } else {
+            format!(", counter {}", run.counter)
+        };
     format!(
         "{} ({}{counter}): {} posts, {} corrected, total |drift| {} (max {}, high +{}, low {}), {} in flight (retried later){}",
         run.finished_at.map(rfc3339).unwrap_or_else(|| "?".into()),

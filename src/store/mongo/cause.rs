@@ -175,9 +175,11 @@ pub(crate) fn command_failure(code: i32, code_name: &str, message: &str) -> Stri
         return login_refused(message);
     }
     let message = message.split(" {").next().unwrap_or(message);
-    let name = (!code_name.is_empty())
-        .then(|| format!(" {code_name}"))
-        .unwrap_or_default();
+    let name = if code_name.is_empty() {
+        String::new()
+    } else {
+        format!(" {code_name}")
+    };
     format!("{} (code {code}{name})", clip(message))
 }
 
