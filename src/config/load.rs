@@ -114,24 +114,17 @@ impl Settings {
         } = layers;
         read_uri_file(&mut table, &mut origins)?;
         let settings = settings_of(table)?;
-        settings.validate().map_err(|e| match e {
-            // Name where the offending value came from, not just "settings".
-            ConfigError::Invalid {
-                name,
-                value,
-                message,
-                ..
-            } => ConfigError::Invalid {
-                // `counters[1].condition` came from wherever `counters` did.
-                origin: origins
-                    .get(name.split('[').next().unwrap_or(&name))
+        settings.validate().map_err(|mut e| {
+            // Name where the offending value came from, not just "settings"; `counters[1].
+            // condition` came from wherever `counters` did.
+            if let ConfigError::Invalid { name, origin, .. } = &mut e {
+                let setting = name.split('[').next().unwrap_or(name);
+                *origin = origins
+                    .get(setting)
                     .cloned()
-                    .unwrap_or_else(|| "settings".into()),
-                name,
-                value,
-                message,
-            },
-            other => other,
+                    .unwrap_or_else(|| "settings".into());
+            }
+            e
         })?;
         Ok(Loaded {
             settings,

@@ -179,21 +179,11 @@ fn check_entry(i: usize, entry: &SourceSetting, all: &[Settings]) -> Result<(), 
 }
 
 /// A source's own error, named as its entry's setting (`sources[i].name`).
-fn renamed(i: usize, e: ConfigError) -> ConfigError {
-    match e {
-        ConfigError::Invalid {
-            name,
-            origin,
-            value,
-            message,
-        } => ConfigError::Invalid {
-            name: format!("sources[{i}].{name}"),
-            origin,
-            value,
-            message,
-        },
-        other => other,
+fn renamed(i: usize, mut e: ConfigError) -> ConfigError {
+    if let ConfigError::Invalid { name, .. } = &mut e {
+        *name = format!("sources[{i}].{name}");
     }
+    e
 }
 
 /// Counter names and collections are one namespace across sources: `--counter NAME`
