@@ -164,12 +164,10 @@ impl Layers {
             path: path.display().to_string(),
             message: e.to_string(),
         })?;
-        let parsed: toml::Table =
-            text.parse()
-                .map_err(|e: toml::de::Error| ConfigError::Parse {
-                    path: path.display().to_string(),
-                    message: e.to_string(),
-                })?;
+        let parsed: toml::Table = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
         for (name, value) in parsed {
             if !table.contains_key(&name) {
                 return Err(ConfigError::Unknown { name, origin });
@@ -187,11 +185,6 @@ impl Layers {
 
     /// `COUNTERD_*` environment variables, in name order.
     fn env(&mut self, env: impl IntoIterator<Item = (String, String)>) -> Result<(), ConfigError> {
-        let Layers {
-            table,
-            origins,
-            ignored_env,
-        } = self;
         let mut env: Vec<(String, String)> = env
             .into_iter()
             .filter(|(k, _)| k.starts_with("COUNTERD_") && !k.starts_with("COUNTERD_TEST"))
@@ -200,7 +193,7 @@ impl Layers {
         for (key, raw) in env {
             let name = key["COUNTERD_".len()..].to_ascii_lowercase();
             let origin = format!("environment variable {key}");
-            if !table.contains_key(&name) {
+            if !self.table.contains_key(&name) {
                 if NOT_SETTINGS.contains(&name.as_str())
                     || name.starts_with("test_")
                     || name.starts_with("bench_")
@@ -208,14 +201,14 @@ impl Layers {
                     continue;
                 }
                 if is_service_link(&name, &raw) {
-                    ignored_env.push(key);
+                    self.ignored_env.push(key);
                     continue;
                 }
                 return Err(ConfigError::Unknown { name, origin });
             }
-            let value = typed_like(&table[&name], &raw, &name, &origin)?;
-            origins.insert(name.clone(), origin);
-            table.insert(name, value);
+            let value = typed_like(&self.table[&name], &raw, &name, &origin)?;
+            self.origins.insert(name.clone(), origin);
+            self.table.insert(name, value);
         }
         Ok(())
     }
