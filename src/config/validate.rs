@@ -97,7 +97,7 @@ impl Settings {
             return Err(bad(
                 "memory_budget",
                 self.memory_budget.to_string(),
-                &format!(
+                format!(
                     "too small to hold one event beside a server reply per stream ({} streams): at least {least} bytes (or 0: derived from the container's memory limit)",
                     self.streams_per_process()
                 ),
@@ -223,14 +223,14 @@ impl Settings {
             return Err(bad(
                 "mongodb_uri",
                 redact_uri(&self.mongodb_uri),
-                &format!("not a valid connection string: {reason} ({URI_SHAPE})"),
+                format!("not a valid connection string: {reason} ({URI_SHAPE})"),
             ));
         }
         if super::has_placeholder_password(&self.mongodb_uri) {
             return Err(bad(
                 "mongodb_uri",
                 redact_uri(&self.mongodb_uri),
-                &format!("the password is the shipped manifests' placeholder `{}`: create the Secret with the real connection string (kubectl create secret generic ..., see deploy/README.md) instead of applying the placeholder", super::PLACEHOLDER_PASSWORD),
+                format!("the password is the shipped manifests' placeholder `{}`: create the Secret with the real connection string (kubectl create secret generic ..., see deploy/README.md) instead of applying the placeholder", super::PLACEHOLDER_PASSWORD),
             ));
         }
         Ok(())
