@@ -395,6 +395,12 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    /// The error of settings loaded with one environment variable.
+    fn env_error(name: &str, value: &str) -> String {
+        let env = vec![(name.to_string(), value.to_string())];
+        Settings::load(None, env, &[]).unwrap_err().to_string()
+    }
+
     #[test]
     fn redacts_passwords() {
         assert_eq!(
@@ -432,8 +438,7 @@ mod tests {
             "COUNTERD_HTTP_PORT",
             "COUNTERD_METRICS_PORT_X_TCP",
         ] {
-            let env = vec![(near_miss.to_string(), "1".to_string())];
-            let e = Settings::load(None, env, &[]).unwrap_err().to_string();
+            let e = env_error(near_miss, "1");
             assert!(e.contains("unknown setting"), "{near_miss}: {e}");
         }
     }
@@ -465,15 +470,13 @@ mod tests {
             e.contains("(from flag --set)") && !e.contains("--batch-size"),
             "{e}"
         );
-        let env = vec![("COUNTERD_BATCH_SIZE".to_string(), "0".to_string())];
-        let e = Settings::load(None, env, &[]).unwrap_err().to_string();
+        let e = env_error("COUNTERD_BATCH_SIZE", "0");
         assert!(
             e.contains("(from environment variable COUNTERD_BATCH_SIZE)"),
             "{e}"
         );
         // A bad duration is quoted once.
-        let env = vec![("COUNTERD_SETTLE_TIME".to_string(), "5parsecs".to_string())];
-        let e = Settings::load(None, env, &[]).unwrap_err().to_string();
+        let e = env_error("COUNTERD_SETTLE_TIME", "5parsecs");
         assert!(e.contains("= \"5parsecs\":") && !e.contains("\\\""), "{e}");
     }
 
@@ -484,8 +487,7 @@ mod tests {
             "mongodb://alice:hunter2@/",
             "mongodb://db/?replicaSet=rs0&w=bogus&nosuchoption=",
         ] {
-            let env = vec![("COUNTERD_MONGODB_URI".to_string(), uri.to_string())];
-            let e = Settings::load(None, env, &[]).unwrap_err().to_string();
+            let e = env_error("COUNTERD_MONGODB_URI", uri);
             assert!(
                 e.contains("mongodb_uri") && e.contains("not a valid connection string"),
                 "{uri}: {e}"
@@ -523,17 +525,10 @@ mod tests {
         );
         // Unreadable: the path is named, nothing of the content.
         let missing = dir.path().join("nope").display().to_string();
-        let env = vec![("COUNTERD_MONGODB_URI_FILE".to_string(), missing.clone())];
-        let e = Settings::load(None, env, &[]).unwrap_err().to_string();
+        let e = env_error("COUNTERD_MONGODB_URI_FILE", &missing);
         assert!(e.contains(&missing) && e.contains("no such file"), "{e}");
         std::fs::write(&path, "mongodb://alice:hunter2@db:notaport/\n").unwrap();
-        let e = Settings::load(
-            None,
-            vec![("COUNTERD_MONGODB_URI_FILE".to_string(), file.clone())],
-            &[],
-        )
-        .unwrap_err()
-        .to_string();
+        let e = env_error("COUNTERD_MONGODB_URI_FILE", &file);
         assert!(
             e.contains("not a valid connection string") && e.contains(&file),
             "{e}"
@@ -551,8 +546,7 @@ mod tests {
             "mongodb://counterd:CHANGE_ME@db:27017/?authSource=admin",
             "mongodb://counterd:CHANGE%5FME@db:27017/",
         ] {
-            let env = vec![("COUNTERD_MONGODB_URI".to_string(), uri.to_string())];
-            let e = Settings::load(None, env, &[]).unwrap_err().to_string();
+            let e = env_error("COUNTERD_MONGODB_URI", uri);
             assert!(
                 e.contains("placeholder") && e.contains("create the Secret"),
                 "{uri}: {e}"
@@ -592,23 +586,19 @@ mod tests {
 
     #[test]
     fn bad_values_name_the_setting() {
-        let env = vec![("COUNTERD_BATCH_SIZE".to_string(), "lots".to_string())];
-        let e = Settings::load(None, env, &[]).unwrap_err().to_string();
+        let e = env_error("COUNTERD_BATCH_SIZE", "lots");
         assert!(
             e.contains("batch_size") && e.contains("COUNTERD_BATCH_SIZE"),
             "{e}"
         );
-        let env = vec![("COUNTERD_BATCH_SIZE".to_string(), "0".to_string())];
-        let e = Settings::load(None, env, &[]).unwrap_err().to_string();
+        let e = env_error("COUNTERD_BATCH_SIZE", "0");
         assert!(e.contains("batch_size") && e.contains("1 to 100000"), "{e}");
-        let env = vec![("COUNTERD_BATCH_SIZ".to_string(), "5".to_string())];
-        let e = Settings::load(None, env, &[]).unwrap_err().to_string();
+        let e = env_error("COUNTERD_BATCH_SIZ", "5");
         assert!(
             e.contains("unknown setting `batch_siz`") && e.contains("COUNTERD_BATCH_SIZ"),
             "{e}"
         );
-        let env = vec![("COUNTERD_ON_HISTORY_LOST".to_string(), "shrug".to_string())];
-        let e = Settings::load(None, env, &[]).unwrap_err().to_string();
+        let e = env_error("COUNTERD_ON_HISTORY_LOST", "shrug");
         assert!(e.contains("on_history_lost"), "{e}");
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.toml");
