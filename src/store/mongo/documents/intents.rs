@@ -176,7 +176,7 @@ struct MarkDoc {
 }
 
 fn is_default_counter(counter: &usize) -> bool {
-    *counter == CounterIx::DEFAULT.0
+    crate::core::definition::keeps_historical_names(CounterIx(*counter))
 }
 
 impl TryFrom<Bson> for MarkDoc {
