@@ -173,7 +173,6 @@ fn at_text(at: &Option<bson::Timestamp>) -> String {
         .unwrap_or_default()
 }
 
-/// The first whole second after the event, where to replay from.
 /// The time to replay from after an end at `at`: the next whole second.
 pub fn replay_from(at: &Option<bson::Timestamp>) -> String {
     at.map(|t| seconds_rfc3339(t.time as i64 + 1))
