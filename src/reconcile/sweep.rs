@@ -354,10 +354,6 @@ impl<S: Store + ?Sized> Reconciler<S> {
     }
 }
 
-/// Runs the sweep a stream's lost history requested for every definition (each over its own
-/// counters, one after the other) and clears the request only once every one of them did what
-/// it asks: a request is the whole stream's, and a definition that could not recount every
-/// group consistently runs again with the others.
 /// A full sweep of every definition of a stream (`reconcilers`, one per definition, the
 /// default first), one after another: what `counterd reconcile --sweep` runs. The stream's sweep
 /// request is cleared only once every definition's sweep completed, so a request after lost
@@ -457,6 +453,10 @@ pub async fn adopt_new_definitions<S: Store + ?Sized>(
     Ok(reports)
 }
 
+/// Runs the sweep a stream's lost history requested for every definition (each over its own
+/// counters, one after the other) and clears the request only once every one of them did what
+/// it asks: a request is the whole stream's, and a definition that could not recount every
+/// group consistently runs again with the others.
 pub async fn run_requested_sweeps<S: Store + ?Sized>(
     reconcilers: &[Reconciler<S>],
     now_secs: i64,
