@@ -20,6 +20,7 @@ use crate::core::key::GroupValue;
 use crate::core::key::{CounterIx, CounterKey};
 use crate::core::num::Num;
 use crate::core::schema::Schema;
+use crate::core::time::seconds_rfc3339;
 
 /// Where the worker takes a row's before-state from (the `attribution` setting).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -177,12 +178,6 @@ fn at_text(at: &Option<bson::Timestamp>) -> String {
 pub fn replay_from(at: &Option<bson::Timestamp>) -> String {
     at.map(|t| seconds_rfc3339(t.time as i64 + 1))
         .unwrap_or_else(|| "<RFC 3339 time just after the drop>".into())
-}
-
-fn seconds_rfc3339(secs: i64) -> String {
-    chrono::DateTime::from_timestamp(secs, 0)
-        .map(|d| d.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
-        .unwrap_or_else(|| secs.to_string())
 }
 
 /// Classifies one event. `ledger` is the ledger's view of the row before this event
