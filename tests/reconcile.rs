@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use counterd::core::key::GroupValue;
 use counterd::core::num::Num;
-use counterd::reconcile::{ReconcileSettings, Reconciler};
+use counterd::reconcile::{run_requested_sweeps, ReconcileSettings, Reconciler};
 use counterd::store::mongo::MongoStore;
 use counterd::store::prelude::*;
 use counterd::store::{DirtyOrder, Fence};
@@ -794,6 +794,17 @@ async fn posts_the_worker_has_not_reached_are_left_uncounted() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // A requested full sweep waits too, and its request stays for a later pass.
+    t.store.set_sweep_requested("comments", true).await.unwrap();
+    let reconcilers = [Reconciler::new(t.store.clone(), settings.clone())];
+    let swept = run_requested_sweeps(&reconcilers, now_secs(), None)
+        .await
+        .unwrap();
+    assert!(
+        swept.is_empty(),
+        "no requested sweep while the worker is behind: {swept:?}"
+    );
+    assert!(sweep_requested(&t).await, "the request stays");
     let behind = quick.run_dirty(now_secs()).await.unwrap();
     assert_eq!(
         (behind.summary.counts, behind.summary.deferred),
@@ -832,5 +843,19 @@ async fn posts_the_worker_has_not_reached_are_left_uncounted() {
         "every post folded: {:?}",
         caught_up.summary
     );
+    // Caught up, the requested sweep runs and clears its request.
+    let swept = run_requested_sweeps(&reconcilers, now_secs(), None)
+        .await
+        .unwrap();
+    assert_eq!(swept.len(), 1, "the requested sweep ran: {swept:?}");
+    assert!(!sweep_requested(&t).await, "the request is cleared");
     t.wait_exact(&posts, Duration::from_secs(5)).await;
+}
+
+async fn sweep_requested(t: &TestDb) -> bool {
+    t.store
+        .load_checkpoint("comments")
+        .await
+        .unwrap()
+        .is_some_and(|c| c.sweep_requested)
 }

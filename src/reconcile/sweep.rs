@@ -200,6 +200,12 @@ impl<S: Store + ?Sized> Reconciler<S> {
             );
             return Ok(None);
         }
+        if self
+            .deferred_while_catching_up("the requested full sweep")
+            .await?
+        {
+            return Ok(None);
+        }
         tracing::warn!(
             stream = %self.settings.stream,
             counter = %self.settings.counter_name,
@@ -222,6 +228,18 @@ impl<S: Store + ?Sized> Reconciler<S> {
         Ok(Some(report?))
     }
 
+    /// Whether `what` (a sweep, or a step of one) waits for a later pass because the worker is
+    /// catching up: it has not applied what these counts would see, so every one would be in
+    /// flight, and a sweep after lost history would only run again.
+    async fn deferred_while_catching_up(&self, what: &str) -> StoreResult<bool> {
+        let behind = self.recounter.worker_behind().await?;
+        if behind {
+            tracing::debug!(stream = %self.settings.stream, counter = %self.settings.counter_name,
+                "the worker is catching up: {what} waits for a later pass");
+        }
+        Ok(behind)
+    }
+
     /// One step of the slow background sweep: the next posts of its current pass over every
     /// post, as many as keep a pass near `background_pass` long, or a whole window when the
     /// pass has `spare` time (see [`super::schedule`]). Resumes where the last step (of any
@@ -235,11 +253,11 @@ impl<S: Store + ?Sized> Reconciler<S> {
         let Some(pass) = self.settings.background_pass else {
             return Ok(None);
         };
-        // A worker catching up has not applied what these counts would see: every one would be
-        // in flight. The step is taken in a later pass (the cursor stays).
-        if self.recounter.worker_behind().await? {
-            tracing::debug!(stream = %self.settings.stream, counter = %self.settings.counter_name,
-                "the worker is catching up: the background sweep's step waits for a later pass");
+        // The step is taken in a later pass (the cursor stays).
+        if self
+            .deferred_while_catching_up("the background sweep's step")
+            .await?
+        {
             return Ok(None);
         }
         let mut cursor = self
@@ -431,7 +449,11 @@ pub async fn adopt_new_definitions<S: Store + ?Sized>(
             // Events applied before this process took the stream did not count for the new
             // definition, and a fold trusts the stream for rows above its watermark: the sweep
             // waits until the watermark passes `since`, so every such row is recounted.
-            if reconciler.watermark(now_secs).await? <= crate::core::time::secs(since) {
+            if reconciler.watermark(now_secs).await? <= crate::core::time::secs(since)
+                || reconciler
+                    .deferred_while_catching_up("adopting a new definition")
+                    .await?
+            {
                 continue;
             }
             tracing::info!(stream = %stream, counter = %reconciler.settings.counter_name,
