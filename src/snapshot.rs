@@ -380,7 +380,7 @@ mod tests {
             .iter()
             .map(|c| {
                 (
-                    c.post.clone(),
+                    c.key.group.clone(),
                     c.delta.as_i64(),
                     c.buckets.iter().map(|(k, v)| (*k, v.as_i64())).collect(),
                 )
@@ -417,7 +417,7 @@ mod tests {
         let counted: Vec<(CounterIx, GroupValue, i64)> = chunk
             .counters
             .iter()
-            .map(|c| (c.counter, c.post.clone(), c.delta.as_i64()))
+            .map(|c| (c.key.counter, c.key.group.clone(), c.delta.as_i64()))
             .collect();
         assert_eq!(
             counted,
@@ -450,7 +450,7 @@ mod tests {
             .iter()
             .all(|c| partition.owns_row(c.state.as_ref())));
         assert_eq!(chunk.counters.len(), owned);
-        assert!(chunk.counters.iter().all(|c| partition.owns(&c.post)));
+        assert!(chunk.counters.iter().all(|c| partition.owns(&c.key.group)));
     }
 
     #[test]

@@ -72,10 +72,8 @@ pub enum Source {
 /// A signed change to one counter, filed under the row's creation time.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Delta {
-    /// Which definition's counter (the default: posts).
-    pub counter: CounterIx,
-    /// The counter's group key (for the default definition, the post).
-    pub post: GroupValue,
+    /// Which counter: its definition and group value.
+    pub key: CounterKey,
     pub created_at: Option<DateTime>,
     /// What the counter gains (negative: loses): whole rows for a count, the field's units
     /// for a sum.
@@ -436,8 +434,7 @@ fn transition_in(
     let start = out.len();
     if let Some((row, (post, amount))) = before.and_then(|r| Some((r, r.contribution(counter)?))) {
         out.push(Delta {
-            counter,
-            post: post.clone(),
+            key: CounterKey::new(counter, post.clone()),
             created_at: row.created_at,
             amount: -amount,
         });
@@ -445,7 +442,7 @@ fn transition_in(
     if let Some((row, (post, amount))) = after.and_then(|r| Some((r, r.contribution(counter)?))) {
         let same = out[start..]
             .iter()
-            .position(|d| d.post == *post && d.created_at == row.created_at);
+            .position(|d| d.key.group == *post && d.created_at == row.created_at);
         // One delta where the difference is exact; two (each exact) where it would overflow.
         match same.and_then(|pos| Some((pos, amount.checked_add(out[start + pos].amount)?))) {
             Some((pos, net)) if net.is_zero() => {
@@ -453,8 +450,7 @@ fn transition_in(
             }
             Some((pos, net)) => out[start + pos].amount = net,
             None => out.push(Delta {
-                counter,
-                post: post.clone(),
+                key: CounterKey::new(counter, post.clone()),
                 created_at: row.created_at,
                 amount,
             }),
@@ -481,8 +477,7 @@ fn best_effort(event: &ChangeEvent, after: After, schema: &Schema) -> Classifica
             // Sharded on post_id: the key names the post. Whether the row was live is a guess.
             Some(post) => {
                 c.deltas.push(Delta {
-                    counter: CounterIx::DEFAULT,
-                    post: post.clone(),
+                    key: default_key(post.clone()),
                     created_at: None,
                     amount: Num::Int(-1),
                 });
@@ -510,8 +505,7 @@ fn best_effort(event: &ChangeEvent, after: After, schema: &Schema) -> Classifica
             if schema.moves(summary) {
                 if after_row.as_ref().is_some_and(Row::is_live) {
                     c.deltas.push(Delta {
-                        counter: CounterIx::DEFAULT,
-                        post,
+                        key: default_key(post),
                         created_at,
                         amount: Num::ONE,
                     });
@@ -521,8 +515,7 @@ fn best_effort(event: &ChangeEvent, after: After, schema: &Schema) -> Classifica
                 // Guess: setting the soft-delete field deletes a live row, clearing it revives
                 // a deleted one (a re-stamp would be miscounted: a documented drift source).
                 c.deltas.push(Delta {
-                    counter: CounterIx::DEFAULT,
-                    post,
+                    key: default_key(post),
                     created_at,
                     amount: Num::Int(amount),
                 });

@@ -126,6 +126,12 @@ pub struct CounterKey {
     pub group: GroupValue,
 }
 
+impl CounterKey {
+    pub fn new(counter: CounterIx, group: GroupValue) -> CounterKey {
+        CounterKey { counter, group }
+    }
+}
+
 /// What one row is to one definition: the group it belongs to and whether it satisfies the
 /// condition. Whether it *counts* also takes the row's soft-delete state, which every definition
 /// shares ([`Member::counts`]). This pair is what a ledger entry keeps per definition, so the

@@ -75,14 +75,20 @@ impl Counters for MongoStore {
                     rawdoc! {f("recent"): {"$each": log, "$slice": -(LOG_ENTRIES as i64)}},
                 );
             }
-            let q = guarded_raw(op, w.post.to_bson(), &g("applied_through"), through, fence)?;
+            let q = guarded_raw(
+                op,
+                w.key.group.to_bson(),
+                &g("applied_through"),
+                through,
+                fence,
+            )?;
             Ok(rawdoc! {
                 "q": with_epoch_field(q, writer, fence),
                 "u": update,
                 "upsert": true,
             })
         };
-        self.per_definition(op, fence, writes, |w| w.counter, statement)
+        self.per_definition(op, fence, writes, |w| w.key.counter, statement)
             .await
     }
 
@@ -296,7 +302,7 @@ impl Counters for MongoStore {
             }
             let q = guarded_raw(
                 op,
-                w.post.to_bson(),
+                w.key.group.to_bson(),
                 &g("snapshot_chunk"),
                 chunk as i64,
                 fence,
@@ -311,7 +317,7 @@ impl Counters for MongoStore {
                 "upsert": true,
             })
         };
-        self.per_definition(op, fence, writes, |w| w.counter, statement)
+        self.per_definition(op, fence, writes, |w| w.key.counter, statement)
             .await
     }
 }
