@@ -180,13 +180,10 @@ impl Memory {
         fence: &Fence,
         writes: &[CounterWrite],
     ) -> StoreResult<ApplyOutcome> {
-        self.known_counters(
-            "apply counter increments",
-            writes.iter().map(|w| w.key.counter),
-        )?;
-        let statements = writes.iter();
+        let op = "apply counter increments";
+        self.known_counters(op, writes.iter().map(|w| w.key.counter))?;
         Ok(ApplyOutcome::count(
-            statements.map(|w| self.apply_counter(fence, w)),
+            writes.iter().map(|w| self.apply_counter(fence, w)),
         ))
     }
 
@@ -197,10 +194,8 @@ impl Memory {
         chunk: u64,
         writes: &[CounterDelta],
     ) -> StoreResult<ApplyOutcome> {
-        self.known_counters(
-            "apply a snapshot chunk's increments",
-            writes.iter().map(|w| w.key.counter),
-        )?;
+        let op = "apply a snapshot chunk's increments";
+        self.known_counters(op, writes.iter().map(|w| w.key.counter))?;
         let statements = writes.iter();
         Ok(ApplyOutcome::count(
             statements.map(|w| self.apply_snapshot_counter(fence, chunk, w)),
