@@ -45,9 +45,7 @@ pub fn owned(settings: &Settings) -> Result<Vec<Owned>, ConfigError> {
                 format!("dirty set of `{}` (posts waiting for a recount)", d.name),
             );
         }
-        for (partition_stream, _) in
-            crate::core::partition::stream_names(&source.stream_name, source.partitions)
-        {
+        for (partition_stream, _) in source.streams() {
             add(
                 names.ledger_of(&partition_stream),
                 format!("comment ledger of stream `{partition_stream}` (one entry per row)"),

@@ -4,7 +4,9 @@
 
 use std::process::ExitCode;
 
-use crate::cli::output::{object, print_json};
+use serde_json::json;
+
+use crate::cli::output::print_json;
 use crate::config::Loaded;
 use crate::outln;
 
@@ -29,20 +31,14 @@ pub async fn run(loaded: Loaded, args: Args) -> anyhow::Result<ExitCode> {
         return print_collections(&loaded.settings, args.json);
     }
     let redacted = loaded.settings.redacted();
-    let mut table = match toml::Value::try_from(&redacted)? {
-        toml::Value::Table(t) => t,
-        _ => anyhow::bail!("settings do not serialize to a table"),
-    };
+    let mut table = as_table(&redacted)?;
     // Serialized through serde, a condition's TOML date would print as toml's private
     // stand-in; the entries as read print as they were written.
     table.insert("counters".into(), counters_value(&redacted.counters));
     table.insert("sources".into(), sources_value(&redacted.sources)?);
     // Given (in the file, the environment or a flag) is not the same as changed: a file that
     // spells out defaults gives settings that still equal them.
-    let defaults = match toml::Value::try_from(crate::config::Settings::default().redacted())? {
-        toml::Value::Table(t) => t,
-        _ => anyhow::bail!("settings do not serialize to a table"),
-    };
+    let defaults = as_table(&crate::config::Settings::default().redacted())?;
     let given = loaded
         .origins
         .values()
@@ -54,13 +50,13 @@ pub async fn run(loaded: Loaded, args: Args) -> anyhow::Result<ExitCode> {
         .count();
     if args.check {
         if args.json {
-            print_json(&object(vec![
-                ("valid", true.into()),
-                ("settings", table.len().into()),
-                ("given", given.into()),
-                ("not_default", changed.into()),
-                ("ignored_environment", loaded.ignored_env.clone().into()),
-            ]))?;
+            print_json(&json!({
+                "valid": true,
+                "settings": table.len(),
+                "given": given,
+                "not_default": changed,
+                "ignored_environment": loaded.ignored_env,
+            }))?;
         } else {
             outln!(
                 "configuration OK: {} settings, {given} given, {changed} not at their default; nothing was contacted",
@@ -73,17 +69,12 @@ pub async fn run(loaded: Loaded, args: Args) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     if args.json {
-        let origins: serde_json::Map<String, serde_json::Value> = loaded
-            .origins
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone().into()))
-            .collect();
-        return print_json(&object(vec![
-            ("settings", serde_json::to_value(&redacted)?),
-            ("definitions", definitions_json(&loaded.settings)?),
-            ("origins", origins.into()),
-            ("ignored_environment", loaded.ignored_env.clone().into()),
-        ]))
+        return print_json(&json!({
+            "settings": serde_json::to_value(&redacted)?,
+            "definitions": definitions_json(&loaded.settings)?,
+            "origins": loaded.origins,
+            "ignored_environment": loaded.ignored_env,
+        }))
         .map(|_| ExitCode::SUCCESS);
     }
     outln!("# counterd's effective settings; each line says where its value came from.");
@@ -116,14 +107,19 @@ pub async fn run(loaded: Loaded, args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Settings (or a source's) as a TOML table, by setting name.
+fn as_table(settings: &impl serde::Serialize) -> anyhow::Result<toml::Table> {
+    match toml::Value::try_from(settings)? {
+        toml::Value::Table(t) => Ok(t),
+        _ => anyhow::bail!("settings do not serialize to a table"),
+    }
+}
+
 /// The `[[sources]]` entries as TOML values, their counters' conditions as written.
 fn sources_value(sources: &[crate::config::SourceSetting]) -> anyhow::Result<toml::Value> {
     let mut entries = Vec::with_capacity(sources.len());
     for source in sources {
-        let mut entry = match toml::Value::try_from(source)? {
-            toml::Value::Table(t) => t,
-            _ => anyhow::bail!("a source does not serialize to a table"),
-        };
+        let mut entry = as_table(source)?;
         if !source.counters.is_empty() {
             entry.insert("counters".into(), counters_value(&source.counters));
         }
@@ -162,22 +158,16 @@ fn definitions_json(settings: &crate::config::Settings) -> anyhow::Result<serde_
     let mut list = Vec::new();
     for source in settings.sources()? {
         list.extend(source.definitions()?.iter().map(|(_, d)| {
-            object(vec![
-                ("name", d.name.clone().into()),
-                ("source", source.stream_name.clone().into()),
-                (
-                    "source_collection",
-                    source.comments_collection.clone().into(),
-                ),
-                ("group_field", d.group.clone().into()),
-                (
-                    "condition",
-                    bson::Bson::Document(d.condition.to_filter()).into_relaxed_extjson(),
-                ),
-                ("collection", d.collection.clone().into()),
-                ("kind", <&str>::from(&d.kind).into()),
-                ("sum_of", d.kind.field().map(String::from).into()),
-            ])
+            json!({
+                "name": d.name,
+                "source": source.stream_name,
+                "source_collection": source.comments_collection,
+                "group_field": d.group,
+                "condition": bson::Bson::Document(d.condition.to_filter()).into_relaxed_extjson(),
+                "collection": d.collection,
+                "kind": <&str>::from(&d.kind),
+                "sum_of": d.kind.field(),
+            })
         }));
     }
     Ok(serde_json::Value::Array(list))
@@ -188,20 +178,11 @@ fn definitions_json(settings: &crate::config::Settings) -> anyhow::Result<serde_
 fn print_collections(settings: &crate::config::Settings, json: bool) -> anyhow::Result<ExitCode> {
     let owned = crate::cli::collections::owned(settings)?;
     if json {
-        let list = owned
+        let list: Vec<_> = owned
             .iter()
-            .map(|o| {
-                object(vec![
-                    ("name", o.name.clone().into()),
-                    ("source", o.source.clone().into()),
-                    ("holds", o.holds.clone().into()),
-                ])
-            })
+            .map(|o| json!({"name": o.name, "source": o.source, "holds": o.holds}))
             .collect();
-        print_json(&object(vec![
-            ("database", settings.database.clone().into()),
-            ("collections", serde_json::Value::Array(list)),
-        ]))?;
+        print_json(&json!({"database": settings.database, "collections": list}))?;
         return Ok(ExitCode::SUCCESS);
     }
     let width = owned.iter().map(|o| o.name.len()).max().unwrap_or(0);

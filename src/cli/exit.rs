@@ -90,28 +90,21 @@ pub fn code_for(error: &anyhow::Error) -> u8 {
 
 /// The code one cause says, if it says one.
 fn code_of(cause: &(dyn std::error::Error + 'static)) -> Option<u8> {
-    if cause.is::<ConfigError>() || cause.is::<UsageError>() {
-        return Some(USAGE);
-    }
-    if cause.is::<CheckFailed>() {
-        return Some(CHECK_FAILED);
-    }
-    if cause.is::<NotYet>() {
-        return Some(NOT_YET);
-    }
-    if cause.is::<StreamEnded>() {
-        return Some(STREAM);
-    }
-    if let Some(e) = cause.downcast_ref::<DaemonError>() {
-        return Some(daemon_code(e));
-    }
-    if let Some(e) = cause.downcast_ref::<WorkerError>() {
-        return Some(worker_code(e));
-    }
-    if let Some(e) = cause.downcast_ref::<StoreError>() {
-        return Some(store_code(e));
-    }
-    cause.is::<mongodb::error::Error>().then_some(MONGODB)
+    // The types are disjoint: at most one of these holds.
+    let by_type = [
+        (cause.is::<ConfigError>() || cause.is::<UsageError>(), USAGE),
+        (cause.is::<CheckFailed>(), CHECK_FAILED),
+        (cause.is::<NotYet>(), NOT_YET),
+        (cause.is::<StreamEnded>(), STREAM),
+        (cause.is::<mongodb::error::Error>(), MONGODB),
+    ];
+    let found = by_type
+        .into_iter()
+        .find_map(|(is, code)| is.then_some(code));
+    found
+        .or_else(|| cause.downcast_ref().map(daemon_code))
+        .or_else(|| cause.downcast_ref().map(worker_code))
+        .or_else(|| cause.downcast_ref().map(store_code))
 }
 
 /// A failure and its causes for the operator, joined by `: `, each said once: a cause whose

@@ -246,9 +246,7 @@ async fn checkpoints(
     store: &MongoStore,
 ) -> crate::store::StoreResult<Vec<crate::store::Checkpoint>> {
     let mut found = Vec::new();
-    for (stream, _) in
-        crate::core::partition::stream_names(&settings.stream_name, settings.partitions)
-    {
+    for (stream, _) in settings.streams() {
         found.extend(crate::store::Checkpoints::load_checkpoint(store, &stream).await?);
     }
     Ok(found)
@@ -308,9 +306,7 @@ pub async fn observe(
     posts: &[crate::core::key::GroupValue],
 ) -> anyhow::Result<Vec<crate::recount::Observation>> {
     let mut out = Vec::with_capacity(posts.len());
-    for (stream, partition) in
-        crate::core::partition::stream_names(&settings.stream_name, settings.partitions)
-    {
+    for (stream, partition) in settings.streams() {
         let owned: Vec<_> = posts
             .iter()
             .filter(|p| partition.is_none_or(|part| part.owns(p)))

@@ -7,7 +7,7 @@ use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use bson::{DateTime, Timestamp};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 /// Set once a write to standard output failed (the reader went away): later output is dropped.
 static STDOUT_CLOSED: AtomicBool = AtomicBool::new(false);
@@ -179,15 +179,6 @@ fn walk(value: &Value, path: &str, problems: &mut Vec<String>) {
         }
         _ => {}
     }
-}
-
-/// Builds a JSON object from pairs (keeps the order given).
-pub fn object(pairs: Vec<(&str, Value)>) -> Value {
-    let mut map = Map::new();
-    for (k, v) in pairs {
-        map.insert(k.to_string(), v);
-    }
-    Value::Object(map)
 }
 
 #[cfg(test)]

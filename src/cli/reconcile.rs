@@ -7,7 +7,6 @@ use crate::cli::{connect, print_json};
 use crate::config::InitialSnapshot;
 use crate::config::Settings;
 use crate::core::key::GroupValue;
-use crate::core::partition::stream_names;
 use crate::outln;
 use crate::reconcile::{ReconcileSettings, Reconciler, RunReport};
 use crate::store::prelude::*;
@@ -101,7 +100,7 @@ async fn refuse_before_the_initial_snapshot(
     if settings.initial_snapshot != InitialSnapshot::Auto {
         return Ok(());
     }
-    for (stream, _) in stream_names(&settings.stream_name, settings.partitions) {
+    for (stream, _) in settings.streams() {
         let untouched = store
             .load_checkpoint(&stream)
             .await?

@@ -46,9 +46,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     let store = connect(&settings).await?;
     let owner = format!("counterd-snapshot@{}", crate::lease::default_owner());
     let mut outcomes = Vec::new();
-    for (stream, partition) in
-        crate::core::partition::stream_names(&settings.stream_name, settings.partitions)
-    {
+    for (stream, partition) in settings.streams() {
         let result = snapshot_stream(&store, &settings, &owner, &stream, partition).await;
         let snapshot = store
             .load_checkpoint(&stream)

@@ -13,7 +13,6 @@ use serde::Serialize;
 
 use crate::cli::{age_secs, connect, print_json, rfc3339};
 use crate::config::Settings;
-use crate::core::partition::stream_names;
 use crate::outln;
 use crate::redact::redact_uri;
 use crate::store::mongo::MongoStore;
@@ -215,7 +214,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     let mut counters = Vec::new();
     for source in &sources {
         let source_store = connect(source).await?;
-        for (stream, _) in stream_names(&source.stream_name, source.partitions) {
+        for (stream, _) in source.streams() {
             let status = stream_status(
                 source_store.as_ref(),
                 &source.stream_name,

@@ -18,9 +18,7 @@ impl From<&Settings> for Expectations {
             names.runs.clone(),
             names.sweeps.clone(),
         ];
-        for (stream, _) in
-            crate::core::partition::stream_names(&settings.stream_name, settings.partitions)
-        {
+        for (stream, _) in settings.streams() {
             let ledger = names.ledger_of(&stream);
             if !own.contains(&ledger) {
                 own.push(ledger);

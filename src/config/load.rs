@@ -151,10 +151,7 @@ struct Layers {
 
 impl Layers {
     fn defaults() -> Layers {
-        let table = match toml::Value::try_from(Settings::default()) {
-            Ok(toml::Value::Table(t)) => t,
-            _ => unreachable!("settings serialize to a table"),
-        };
+        let table = default_table();
         let origins: BTreeMap<String, String> = table
             .keys()
             .map(|k| (k.clone(), "default".to_string()))
@@ -332,6 +329,14 @@ fn reread<T: serde::de::DeserializeOwned>(
         .map_err(|e| parse(e.to_string()))
 }
 
+/// The default settings as a TOML table.
+fn default_table() -> toml::Table {
+    match toml::Value::try_from(Settings::default()) {
+        Ok(toml::Value::Table(t)) => t,
+        _ => unreachable!("settings serialize to a table"),
+    }
+}
+
 /// Checks a file value's type against the default's, so the error names the setting.
 fn check_one(
     name: &str,
@@ -339,10 +344,7 @@ fn check_one(
     shown: &str,
     origin: &str,
 ) -> Result<(), ConfigError> {
-    let mut probe = match toml::Value::try_from(Settings::default()) {
-        Ok(toml::Value::Table(t)) => t,
-        _ => unreachable!(),
-    };
+    let mut probe = default_table();
     probe.insert(name.to_string(), value.clone());
     toml::Value::Table(probe)
         .try_into::<Settings>()

@@ -22,7 +22,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::core::classify::Attribution;
 
-/// All of counterd's settings.
+/// All of counterd's settings. Every duration is written as people write one (`500ms`, `30s`).
+#[serde_with::apply(Duration => #[serde(with = "humantime_serde")])]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Settings {
@@ -58,7 +59,6 @@ pub struct Settings {
     /// numbers).
     pub soft_delete_values: Vec<SoftDeleteValue>,
     /// How long to look for a reachable server before failing.
-    #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
     /// Checkpoint and lease id of the stream.
     pub stream_name: String,
@@ -70,7 +70,6 @@ pub struct Settings {
     /// repeats coalesce) and shrink back to `batch_size` once caught up.
     pub max_batch_size: usize,
     /// Longest time spent gathering one batch while events keep coming.
-    #[serde(with = "humantime_serde")]
     pub max_batch_wait: Duration,
     /// Bytes that every buffer draws from (events in flight, read ahead, snapshot chunks,
     /// recounts, server replies); reading waits while it is spent. 0: derived from the
@@ -78,10 +77,8 @@ pub struct Settings {
     /// 16 MiB.
     pub memory_budget: u64,
     /// Pause after a read that returned no events.
-    #[serde(with = "humantime_serde")]
     pub idle_interval: Duration,
     /// How long the server may hold an empty getMore (maxAwaitTimeMS).
-    #[serde(with = "humantime_serde")]
     pub max_await: Duration,
     /// Start position when there is no checkpoint (RFC 3339); empty: now.
     pub start_at: String,
@@ -94,7 +91,6 @@ pub struct Settings {
     pub on_fatal: OnFatal,
     /// Longest pause between a parked stream's re-checks (credentials, the collection back,
     /// a checkpoint moved by `counterd replay`).
-    #[serde(with = "humantime_serde")]
     pub park_recheck_interval: Duration,
     /// A stream that has never applied anything first counts the rows that already exist
     /// (`auto`), or counts only what it sees change (`never`).
@@ -104,16 +100,13 @@ pub struct Settings {
     /// Rows per snapshot chunk (each chunk is recorded, so a restart resumes after the last).
     pub snapshot_chunk_rows: usize,
     /// Width of the creation-time buckets deltas are filed under.
-    #[serde(with = "humantime_serde")]
     pub bucket_width: Duration,
     /// Time between the starts of reconcile runs (jittered); a run longer than that is
     /// followed at once.
-    #[serde(with = "humantime_serde")]
     pub reconcile_interval: Duration,
     /// Jitter of the reconcile schedule, as a fraction of the interval (0.0 to 1.0).
     pub reconcile_jitter: f64,
     /// How far behind now (and behind the worker) the watermark stays.
-    #[serde(with = "humantime_serde")]
     pub settle_time: Duration,
     /// Most dirty posts recounted per run.
     pub reconcile_max_posts: usize,
@@ -125,42 +118,33 @@ pub struct Settings {
     pub fold_retries: u32,
     /// On servers without snapshot reads, how long a recount waits for the worker to apply
     /// every change its count could have seen; a post not settled by then stays dirty.
-    #[serde(with = "humantime_serde")]
     pub catch_up_timeout: Duration,
     /// How long one pass of the slow background sweep over every post may take at most (it
     /// finds drift no event points at, e.g. a hand-edited counter); a reconcile run whose dirty
     /// posts left most of the interval unused also sweeps a whole `sweep_window` of posts;
     /// 0s: no background sweep.
-    #[serde(with = "humantime_serde")]
     pub background_sweep_pass: Duration,
     /// Address of the HTTP endpoints (/metrics, /healthz, /readyz).
     pub http_addr: String,
     /// `/readyz` is unready above this stream lag.
-    #[serde(with = "humantime_serde")]
     pub ready_max_lag: Duration,
     /// `/readyz` is unready when the active stream's reads went unanswered this long, or a
     /// standby could not reach MongoDB this long (a paused or unreachable server).
-    #[serde(with = "humantime_serde")]
     pub ready_max_stall: Duration,
     /// Log format: text or json.
     pub log_format: String,
     /// Log filter (tracing EnvFilter syntax), e.g. info or counterd=debug; RUST_LOG wins if set.
     pub log_level: String,
     /// Shortest backoff after a transient error.
-    #[serde(with = "humantime_serde")]
     pub retry_min_delay: Duration,
     /// Longest a worker step (read a batch and write it) may take before it is abandoned as
     /// stuck and retried from the checkpoint (a paused or partitioned server).
-    #[serde(with = "humantime_serde")]
     pub operation_timeout: Duration,
     /// Longest backoff after a transient error.
-    #[serde(with = "humantime_serde")]
     pub retry_max_delay: Duration,
     /// How long a stream lease lasts without renewal.
-    #[serde(with = "humantime_serde")]
     pub lease_ttl: Duration,
     /// How often the lease holder renews (and standbys look).
-    #[serde(with = "humantime_serde")]
     pub lease_renew: Duration,
     /// Split posts across this many streams by a hash of post_id, each with its own checkpoint,
     /// lease, ledger and dirty entries (1: no partitioning).
@@ -321,6 +305,11 @@ impl Settings {
             ),
             bytes => bytes.min(u32::MAX as u64) as usize,
         }
+    }
+
+    /// This source's streams: `stream_name` alone, or one per partition (with the partition).
+    pub fn streams(&self) -> Vec<(String, Option<crate::core::partition::Partition>)> {
+        crate::core::partition::stream_names(&self.stream_name, self.partitions)
     }
 
     /// The most streams (partitions, of every source) one process works on at once.

@@ -207,12 +207,6 @@ impl Settings {
     /// `mongodb_uri` is a connection string counterd can use: its shape, what the driver
     /// parses, and not the manifests' placeholder password.
     pub(super) fn check_uri(&self) -> Result<(), ConfigError> {
-        let bad = |name: &str, value: String, message: &str| ConfigError::Invalid {
-            name: name.into(),
-            origin: "settings".into(),
-            value,
-            message: message.into(),
-        };
         if !self.mongodb_uri.starts_with("mongodb://")
             && !self.mongodb_uri.starts_with("mongodb+srv://")
         {

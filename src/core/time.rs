@@ -12,6 +12,14 @@ pub fn secs(at: DateTime) -> i64 {
     at.timestamp_millis().div_euclid(1000)
 }
 
+/// Whole seconds since the epoch as RFC 3339 (UTC, `Z`), for messages; the number itself
+/// where it is out of range.
+pub fn seconds_rfc3339(secs: i64) -> String {
+    chrono::DateTime::from_timestamp(secs, 0)
+        .map(|d| d.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+        .unwrap_or_else(|| secs.to_string())
+}
+
 /// The start of the bucket of width `width_secs` that holds the second `at`.
 pub fn bucket_start(at: i64, width_secs: i64) -> BucketStart {
     at.div_euclid(width_secs) * width_secs

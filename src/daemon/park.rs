@@ -32,6 +32,7 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 use super::DaemonError;
 use crate::clock::SystemClock;
 use crate::config::Settings;
+use crate::core::time::seconds_rfc3339;
 use crate::lease::LeaseError;
 use crate::redact::redact_uri;
 use crate::shutdown::{sleep_or_shutdown, Shutdown};
@@ -116,12 +117,6 @@ pub(super) fn advice(
 /// `text` without the URI's password, should a message quote the URI.
 fn redacted(text: &str, settings: &Settings) -> String {
     text.replace(&settings.mongodb_uri, &redact_uri(&settings.mongodb_uri))
-}
-
-fn seconds_rfc3339(secs: i64) -> String {
-    chrono::DateTime::from_timestamp(secs, 0)
-        .map(|d| d.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
-        .unwrap_or_else(|| secs.to_string())
 }
 
 /// The pauses between a parked stream's re-checks: from `retry_min_delay` up to

@@ -25,9 +25,7 @@ use crate::worker::{Worker, WorkerSettings};
 pub fn statuses_for(settings: &Settings) -> Result<Vec<(String, Arc<WorkerStatus>)>, DaemonError> {
     let mut all = Vec::new();
     for source in settings.sources()? {
-        for (name, _) in
-            crate::core::partition::stream_names(&source.stream_name, source.partitions)
-        {
+        for (name, _) in source.streams() {
             all.push((
                 name,
                 Arc::new(WorkerStatus::exporting(crate::telemetry::export_parked)),
@@ -122,8 +120,7 @@ async fn run_streams(
     let jobs = Jobs::of(settings, &abilities, shared)?;
     let mut streams = tokio::task::JoinSet::new();
     let mut names = HashMap::new();
-    let partitions =
-        crate::core::partition::stream_names(&jobs.source.stream_name, jobs.source.partitions);
+    let partitions = jobs.source.streams();
     for ((stream, partition), status) in partitions.into_iter().zip(statuses) {
         let job = jobs.job(stream.clone(), partition, status);
         let task = streams.spawn(job.supervise(store.clone(), stop.clone()));
@@ -274,11 +271,11 @@ async fn prepare_or_park(
         else {
             return Err(error);
         };
-        let names: Vec<String> =
-            crate::core::partition::stream_names(&settings.stream_name, settings.partitions)
-                .into_iter()
-                .map(|(name, _)| name)
-                .collect();
+        let names: Vec<String> = settings
+            .streams()
+            .into_iter()
+            .map(|(name, _)| name)
+            .collect();
         let mut newly = false;
         for (name, status) in names.iter().zip(statuses) {
             newly |= status.parked(name, reason, SystemClock.now());

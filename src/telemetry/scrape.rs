@@ -171,7 +171,8 @@ fn render_process(out: &mut String) {
     let Some(p) = ProcessStats::read() else {
         return;
     };
-    for (name, help, kind, value) in process_families(&p) {
+    for (name, kind, help) in PROCESS_FAMILIES {
+        let value = process_value(&p, name);
         if value.is_nan() {
             continue;
         }
@@ -180,52 +181,49 @@ fn render_process(out: &mut String) {
     }
 }
 
-/// The `process_*` families: name, help, kind and value (NaN: not known here).
-fn process_families(p: &ProcessStats) -> [(&'static str, &'static str, &'static str, f64); 7] {
-    [
-        (
-            PROCESS_CPU,
-            "Total user and system CPU time spent in seconds.",
-            "counter",
-            p.cpu_seconds,
-        ),
-        (
-            PROCESS_RSS,
-            "Resident memory size in bytes.",
-            "gauge",
-            p.resident_bytes,
-        ),
-        (
-            PROCESS_VIRTUAL,
-            "Virtual memory size in bytes.",
-            "gauge",
-            p.virtual_bytes,
-        ),
-        (
-            PROCESS_OPEN_FDS,
-            "Number of open file descriptors.",
-            "gauge",
-            p.open_fds,
-        ),
-        (
-            PROCESS_MAX_FDS,
-            "Maximum number of open file descriptors.",
-            "gauge",
-            p.max_fds,
-        ),
-        (
-            PROCESS_START_TIME,
-            "Start time of the process since unix epoch in seconds.",
-            "gauge",
-            p.start_time_seconds,
-        ),
-        (
-            PROCESS_THREADS,
-            "Number of OS threads in the process.",
-            "gauge",
-            p.threads,
-        ),
-    ]
+/// The `process_*` families: name, kind and help (the names every Prometheus client uses).
+const PROCESS_FAMILIES: [(&str, &str, &str); 7] = [
+    (
+        PROCESS_CPU,
+        "counter",
+        "Total user and system CPU time spent in seconds.",
+    ),
+    (PROCESS_RSS, "gauge", "Resident memory size in bytes."),
+    (PROCESS_VIRTUAL, "gauge", "Virtual memory size in bytes."),
+    (
+        PROCESS_OPEN_FDS,
+        "gauge",
+        "Number of open file descriptors.",
+    ),
+    (
+        PROCESS_MAX_FDS,
+        "gauge",
+        "Maximum number of open file descriptors.",
+    ),
+    (
+        PROCESS_START_TIME,
+        "gauge",
+        "Start time of the process since unix epoch in seconds.",
+    ),
+    (
+        PROCESS_THREADS,
+        "gauge",
+        "Number of OS threads in the process.",
+    ),
+];
+
+/// The value of the family `name` (NaN: not known here).
+fn process_value(p: &ProcessStats, name: &str) -> f64 {
+    match name {
+        PROCESS_CPU => p.cpu_seconds,
+        PROCESS_RSS => p.resident_bytes,
+        PROCESS_VIRTUAL => p.virtual_bytes,
+        PROCESS_OPEN_FDS => p.open_fds,
+        PROCESS_MAX_FDS => p.max_fds,
+        PROCESS_START_TIME => p.start_time_seconds,
+        PROCESS_THREADS => p.threads,
+        _ => f64::NAN,
+    }
 }
 
 #[cfg(test)]

@@ -734,9 +734,7 @@ pub(super) fn position_of(checkpoint: &Checkpoint) -> String {
 
 /// A cluster time as RFC 3339 (whole seconds).
 fn rfc3339(at: Timestamp) -> String {
-    DateTime::from_millis(at.time as i64 * 1000)
-        .try_to_rfc3339_string()
-        .unwrap_or_else(|_| at.time.to_string())
+    crate::core::time::seconds_rfc3339(at.time.into())
 }
 
 /// What a read ahead may read, taken from the budget before the batch is written.

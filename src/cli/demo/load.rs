@@ -157,17 +157,12 @@ impl Load {
         let id = ids[rng.random_range(0..ids.len())].clone();
         let update = match roll {
             // Approve or unapprove: moves the row in or out of the `approved` counter.
-            55..=59 => doc! {"$set": {"approved": rng.random_bool(0.5)}},
+            55..=59 => Some(doc! {"$set": {"approved": rng.random_bool(0.5)}}),
             // A new rating: the post's sum moves by new - old, its row count stays.
-            60..=64 => doc! {"$set": {"rating": rng.random_range(1..=5_i32)}},
-            65..=79 => match self.schema.soft_delete_update(DateTime::now()) {
-                Some(update) => update,
-                None => return Ok(()), // soft_delete = "never"
-            },
-            80..=89 => match self.schema.undelete_update() {
-                Some(update) => update,
-                None => return Ok(()),
-            },
+            60..=64 => Some(doc! {"$set": {"rating": rng.random_range(1..=5_i32)}}),
+            // None under soft_delete = "never".
+            65..=79 => self.schema.soft_delete_update(DateTime::now()),
+            80..=89 => self.schema.undelete_update(),
             _ => {
                 ids.retain(|i| *i != id);
                 return self
@@ -176,6 +171,9 @@ impl Load {
                     .await
                     .map(|_| ());
             }
+        };
+        let Some(update) = update else {
+            return Ok(());
         };
         self.comments
             .update_one(doc! {"_id": &id}, update)

@@ -87,33 +87,31 @@ fn server_errors(message: &str) -> Vec<(String, String)> {
 /// something (a TLS failure says which).
 pub(crate) fn plain_reason(text: &str) -> String {
     let lower = text.to_ascii_lowercase();
-    let known = [
+    let known: [(&[&str], &str); 8] = [
         (
-            "connection refused",
+            &["connection refused"],
             "connection refused (is the server running on that host and port?)",
         ),
         (
-            "timed out",
+            &["timed out", "deadline has elapsed"],
             "no answer (timed out: a firewall, a wrong port, or a paused server)",
         ),
         (
-            "deadline has elapsed",
-            "no answer (timed out: a firewall, a wrong port, or a paused server)",
-        ),
-        ("failed to lookup address", "the host name does not resolve"),
-        (
-            "name or service not known",
+            &[
+                "failed to lookup address",
+                "name or service not known",
+                "no such host",
+            ],
             "the host name does not resolve",
         ),
-        ("no such host", "the host name does not resolve"),
-        ("connection reset", "the connection was reset"),
-        ("broken pipe", "the connection was closed"),
+        (&["connection reset"], "the connection was reset"),
+        (&["broken pipe"], "the connection was closed"),
         (
-            "unexpected end of file",
+            &["unexpected end of file"],
             "the connection was closed during the handshake (does the server expect TLS, or not?)",
         ),
-        ("network is unreachable", "the network is unreachable"),
-        ("no route to host", "no route to the host"),
+        (&["network is unreachable"], "the network is unreachable"),
+        (&["no route to host"], "no route to the host"),
     ];
     if let Some(reason) = tls_reason(&lower) {
         return reason;
@@ -123,7 +121,7 @@ pub(crate) fn plain_reason(text: &str) -> String {
     }
     known
         .iter()
-        .find(|(needle, _)| lower.contains(needle))
+        .find(|(needles, _)| needles.iter().any(|n| lower.contains(n)))
         .map(|(_, said)| said.to_string())
         .unwrap_or_else(|| clip(strip_io_noise(text)))
 }

@@ -8,8 +8,7 @@ impl MongoStore {
     /// Asks the server everything [`crate::doctor::check_all`] reads; `sample` rows of the
     /// comments collection, newest `_id` first.
     pub async fn preflight(&self, sample: usize) -> Replies {
-        let text = |e: DriverError| reply_error(&e);
-        let command = |c: Document| async { self.db.run_command(c).await.map_err(text) };
+        let command = |c: Document| async { self.db.run_command(c).await.map_err(reply_error) };
         let build_info: Reply = command(doc! {"buildInfo": 1}).await;
         let sent_at_ms = DateTime::now().timestamp_millis();
         let is_master: Reply = command(doc! {"isMaster": 1}).await;
@@ -21,11 +20,11 @@ impl MongoStore {
             .max_await_time(Duration::from_millis(1))
             .await
             .map(drop)
-            .map_err(text);
+            .map_err(reply_error);
         let connection_status: Reply =
             command(doc! {"connectionStatus": 1, "showPrivileges": true}).await;
         let indexes = self.index_specs().await;
-        let collection = self.comments_entry().await.map_err(text);
+        let collection = self.comments_entry().await.map_err(reply_error);
         let snapshot_reads = self.snapshot_reads().await;
         let sample = self.newest_rows(sample).await;
         Replies {
@@ -46,9 +45,8 @@ impl MongoStore {
 
     /// The comments collection's indexes, each as `{key, name, partialFilterExpression}`.
     async fn index_specs(&self) -> Result<Vec<Document>, String> {
-        let text = |e: DriverError| reply_error(&e);
-        let cursor = self.comments.list_indexes().await.map_err(text)?;
-        let models: Vec<_> = cursor.try_collect().await.map_err(text)?;
+        let cursor = self.comments.list_indexes().await.map_err(reply_error)?;
+        let models: Vec<_> = cursor.try_collect().await.map_err(reply_error)?;
         let spec = |m: mongodb::IndexModel| {
             let mut spec = doc! {"key": m.keys};
             let options = m.options.unwrap_or_default();
@@ -65,10 +63,9 @@ impl MongoStore {
 
     /// The newest `sample` rows of the comments collection (by `_id`).
     async fn newest_rows(&self, sample: usize) -> Result<Vec<Document>, String> {
-        let text = |e: DriverError| reply_error(&e);
         let newest = self.comments.find(doc! {}).sort(doc! {"_id": -1});
-        let cursor = newest.limit(sample as i64).await.map_err(text)?;
-        cursor.try_collect().await.map_err(text)
+        let cursor = newest.limit(sample as i64).await.map_err(reply_error)?;
+        cursor.try_collect().await.map_err(reply_error)
     }
 
     /// Whether the source collection (`comments`, or a `[[sources]]` entry's) exists now.
@@ -99,9 +96,9 @@ impl MongoStore {
 
 /// A refused command as the server put it (`CommandNotFound (59): no such command: ...`),
 /// anything else as the store describes driver errors.
-fn reply_error(e: &DriverError) -> String {
+fn reply_error(e: DriverError) -> String {
     match e.kind.as_ref() {
         ErrorKind::Command(c) => format!("{} ({}): {}", c.code_name, c.code, c.message),
-        _ => short(e),
+        _ => short(&e),
     }
 }

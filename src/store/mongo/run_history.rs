@@ -45,16 +45,17 @@ impl RunHistory for MongoStore {
 impl MongoStore {
     /// The newest `limit` reconcile runs (of any process), newest first (`status`).
     pub async fn recent_runs(&self, limit: usize) -> StoreResult<Vec<RunSummary>> {
+        let op = "read recent reconcile runs";
         let docs: Vec<Document> = self
             .coll(&self.names.runs)
             .find(doc! {})
             .sort(doc! {"finished_at": -1})
             .limit(limit.min(i64::MAX as usize) as i64)
-            .observed("read recent reconcile runs")
+            .observed(op)
             .await?
             .try_collect()
             .await
-            .map_err(|e| map_err("read recent reconcile runs", e))?;
+            .map_err(|e| map_err(op, e))?;
         docs.into_iter().map(run_from_doc).collect()
     }
 

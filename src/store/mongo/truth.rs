@@ -16,7 +16,8 @@ impl Truth for MongoStore {
         at_most: usize,
     ) -> StoreResult<Option<Vec<CommentId>>> {
         // One more than allowed tells "too many" without reading the rest.
-        if self.here("read the ids of live comments")?.sum.is_some() {
+        let op = "read the ids of live comments";
+        if self.here(op)?.sum.is_some() {
             return Ok(None); // a sum's recount is the server's `$sum` (see the trait)
         }
         let limit = i64::try_from(at_most).unwrap_or(i64::MAX - 1) + 1;
@@ -26,14 +27,10 @@ impl Truth for MongoStore {
             .projection(doc! {"_id": 1})
             .limit(limit)
             .batch_size(ID_READ_BATCH)
-            .observed("read the ids of live comments")
+            .observed(op)
             .await?;
         let mut ids = Vec::new();
-        while let Some(doc) = cursor
-            .try_next()
-            .await
-            .map_err(|e| map_err("read the ids of live comments", e))?
-        {
+        while let Some(doc) = cursor.try_next().await.map_err(|e| map_err(op, e))? {
             if ids.len() == at_most {
                 return Ok(None);
             }
@@ -141,19 +138,16 @@ impl Truth for MongoStore {
     }
 
     async fn rows_of_post(&self, post: &GroupValue) -> StoreResult<Vec<(CommentId, Row)>> {
-        let group = self.here("read the rows of a post")?.group;
+        let op = "read the rows of a post";
+        let group = self.here(op)?.group;
         let mut cursor = self
             .comments
             .find(doc! {group: post.to_bson()})
             .projection(self.schema.row_projection())
-            .observed("read the rows of a post")
+            .observed(op)
             .await?;
         let mut rows = Vec::new();
-        while let Some(doc) = cursor
-            .try_next()
-            .await
-            .map_err(|e| map_err("read the rows of a post", e))?
-        {
+        while let Some(doc) = cursor.try_next().await.map_err(|e| map_err(op, e))? {
             if let Some(id) = doc.get("_id") {
                 rows.push((
                     CommentId::new(id.clone()),

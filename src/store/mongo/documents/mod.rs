@@ -207,6 +207,17 @@ pub(super) fn touch_to_raw(op: &'static str, touch: &Touch) -> StoreResult<RawDo
     Ok(raw)
 }
 
+/// A malformed checkpoint's error, with the fix.
+fn checkpoint_malformed(stream: &str) -> impl Fn(String) -> StoreError + '_ {
+    move |detail| {
+        StoreError::Malformed {
+        what: "checkpoint",
+        id: stream.to_string(),
+        detail: format!("{detail} (fix or delete it in counterd's checkpoints collection, or run `counterd replay --from-time ...`)"),
+    }
+    }
+}
+
 /// A checkpoint as read, raw: its pending intent (every counter, ledger state and dirty mark
 /// of a batch in flight, thousands while behind) is parsed from its bytes, never held as a
 /// document tree; the rest is small and read as a document.
@@ -214,20 +225,14 @@ pub(super) fn checkpoint_from_raw(
     stream: &str,
     raw: &bson::RawDocument,
 ) -> StoreResult<Checkpoint> {
-    let malformed = |detail: String| {
-        StoreError::Malformed {
-        what: "checkpoint",
-        id: stream.to_string(),
-        detail: format!("{detail} (fix or delete it in counterd's checkpoints collection, or run `counterd replay --from-time ...`)"),
-    }
-    };
+    let malformed = checkpoint_malformed(stream);
     let mut doc = Document::new();
     let mut pending = None;
     for element in raw {
         let (key, value) = element.map_err(|e| malformed(e.to_string()))?;
         match (key, value) {
             ("pending", bson::RawBsonRef::Document(p)) => {
-                pending = Some(pending_from_raw(p).map_err(malformed)?)
+                pending = Some(pending_from_raw(p).map_err(&malformed)?)
             }
             _ => {
                 let value = Bson::try_from(value).map_err(|e| malformed(e.to_string()))?;
@@ -243,13 +248,7 @@ pub(super) fn checkpoint_from_raw(
 }
 
 pub(super) fn checkpoint_from_doc(stream: &str, doc: &Document) -> StoreResult<Checkpoint> {
-    let malformed = |detail: String| {
-        StoreError::Malformed {
-        what: "checkpoint",
-        id: stream.to_string(),
-        detail: format!("{detail} (fix or delete it in counterd's checkpoints collection, or run `counterd replay --from-time ...`)"),
-    }
-    };
+    let malformed = checkpoint_malformed(stream);
     let token = match doc.get("token") {
         None | Some(Bson::Null) => None,
         Some(Bson::String(s)) if !s.is_empty() && s.chars().all(|c| c.is_ascii_hexdigit()) => {
@@ -281,16 +280,16 @@ pub(super) fn checkpoint_from_doc(stream: &str, doc: &Document) -> StoreResult<C
                 .collect()
         })
         .unwrap_or_default();
-    let pending = match doc.get("pending") {
-        None | Some(Bson::Null) => None,
-        Some(Bson::Document(p)) => Some(pending_from_doc(p).map_err(malformed)?),
-        Some(other) => return Err(malformed(format!("`pending` is {other:?}"))),
+    // An optional sub-document: absent or null is none, anything but a document malformed.
+    let sub = |field: &str| match doc.get(field) {
+        None | Some(Bson::Null) => Ok(None),
+        Some(Bson::Document(d)) => Ok(Some(d)),
+        Some(other) => Err(malformed(format!("`{field}` is {other:?}"))),
     };
-    let snapshot = match doc.get("snapshot") {
-        None | Some(Bson::Null) => None,
-        Some(Bson::Document(p)) => Some(snapshot_from_doc(p).map_err(malformed)?),
-        Some(other) => return Err(malformed(format!("`snapshot` is {other:?}"))),
-    };
+    let pending = sub("pending")?.map(pending_from_doc).transpose();
+    let pending = pending.map_err(&malformed)?;
+    let snapshot = sub("snapshot")?.map(snapshot_from_doc).transpose();
+    let snapshot = snapshot.map_err(&malformed)?;
     Ok(Checkpoint {
         snapshot,
         stream: stream.to_string(),
@@ -301,11 +300,7 @@ pub(super) fn checkpoint_from_doc(stream: &str, doc: &Document) -> StoreResult<C
         caught_up_at: doc.get_timestamp("caught_up_at").ok(),
         high_water,
         epoch,
-        deployment: match doc.get("deployment") {
-            None | Some(Bson::Null) => None,
-            Some(Bson::Document(d)) => Some(Deployment::from_document(d)),
-            Some(other) => return Err(malformed(format!("`deployment` is {other:?}"))),
-        },
+        deployment: sub("deployment")?.map(Deployment::from_document),
         updated_at: doc.get_datetime("updated_at").ok().copied(),
         gaps,
         sweep_requested: doc.get_bool("sweep_requested").unwrap_or(false),
