@@ -385,8 +385,7 @@ async fn writes_go_to_their_definitions<S: Store>(store: &S) {
         .await
         .unwrap();
     assert_eq!(again.already_applied, 3);
-    let mut mark = counterd::core::batch::DirtyMark::settled(post(7));
-    mark.key.counter = CounterIx(2);
+    let mark = counterd::core::batch::DirtyMark::settled(CounterKey::new(CounterIx(2), post(7)));
     store
         .mark_dirty(&f, &[mark], DateTime::from_millis(0))
         .await
@@ -418,8 +417,7 @@ async fn writes_go_to_their_definitions<S: Store>(store: &S) {
         matches!(refused, Err(StoreError::Fatal { .. })),
         "{refused:?}"
     );
-    let mut mark = counterd::core::batch::DirtyMark::settled(post(1));
-    mark.key.counter = CounterIx(3);
+    let mark = counterd::core::batch::DirtyMark::settled(CounterKey::new(CounterIx(3), post(1)));
     let refused = store
         .mark_dirty(&f, &[mark], DateTime::from_millis(0))
         .await;
@@ -545,7 +543,12 @@ fn memory() -> counterd::store::memory::MemoryStore {
 async fn dirty_entries_clear_at_their_version_and_requeue_at_any<S: Store>(store: &S) {
     use counterd::core::batch::DirtyMark;
     let at = DateTime::from_millis;
-    let mark = |n| vec![DirtyMark::settled(post(n))];
+    let mark = |n| {
+        vec![DirtyMark::settled(CounterKey::new(
+            CounterIx::DEFAULT,
+            post(n),
+        ))]
+    };
     store
         .mark_dirty(&fence(1), &mark(1), at(1_000))
         .await

@@ -352,7 +352,10 @@ async fn a_predecessor_leaves_its_successors_intent_alone() {
             touched: [0].into_iter().collect(),
             comments: Some(vec![comment.clone()]),
         }],
-        dirty: vec![counterd::core::batch::DirtyMark::settled(post(1))],
+        dirty: vec![counterd::core::batch::DirtyMark::settled(CounterKey::new(
+            CounterIx::DEFAULT,
+            post(1),
+        ))],
         ..PendingBatch::default()
     };
     let intent = PendingBatch {
@@ -418,7 +421,12 @@ async fn a_carry_left_in_flight_is_written_once_by_the_next_start() {
             .collect(),
         dirty: rows
             .iter()
-            .map(|(_, p)| counterd::core::batch::DirtyMark::settled(post(*p)))
+            .map(|(_, p)| {
+                counterd::core::batch::DirtyMark::settled(CounterKey::new(
+                    CounterIx::DEFAULT,
+                    post(*p),
+                ))
+            })
             .collect(),
         carry: None,
     };

@@ -17,7 +17,6 @@ use crate::core::classify::{
 use crate::core::event::{
     ChangeEvent, CommentId, LedgerUpdate, LedgerView, Operation, Row, Seen, Token,
 };
-use crate::core::key::GroupValue;
 use crate::core::key::{CounterIx, CounterKey};
 use crate::core::num::Num;
 use crate::core::partition::Partition;
@@ -96,9 +95,9 @@ pub struct DirtyMark {
 
 impl DirtyMark {
     /// A mark for a change to rows below every watermark (bucket 0): any fold covers it.
-    pub fn settled(post: GroupValue) -> DirtyMark {
+    pub fn settled(key: CounterKey) -> DirtyMark {
         DirtyMark {
-            key: CounterKey::new(CounterIx::DEFAULT, post),
+            key,
             newest_bucket: 0,
         }
     }

@@ -127,7 +127,10 @@ fn an_older_pending_batch_still_reads() {
     assert_eq!(read.end_time, None);
     assert_eq!(
         read.dirty,
-        vec![DirtyMark::settled(GroupValue::Str("p2".into()))]
+        vec![DirtyMark::settled(CounterKey::new(
+            CounterIx::DEFAULT,
+            GroupValue::Str("p2".into()),
+        ))]
     );
     let counter = &read.counters[0];
     assert_eq!(
