@@ -40,11 +40,6 @@ struct AppState {
     bounds: ReadyBounds,
 }
 
-/// Installs the global Prometheus recorder (once per process) and returns its handle.
-pub fn install_metrics() -> PrometheusHandle {
-    crate::telemetry::install_recorder()
-}
-
 /// Serves the endpoints on `listener` until shutdown.
 pub async fn serve(
     listener: tokio::net::TcpListener,

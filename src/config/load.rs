@@ -114,24 +114,17 @@ impl Settings {
         } = layers;
         read_uri_file(&mut table, &mut origins)?;
         let settings = settings_of(table)?;
-        settings.validate().map_err(|e| match e {
-            // Name where the offending value came from, not just "settings".
-            ConfigError::Invalid {
-                name,
-                value,
-                message,
-                ..
-            } => ConfigError::Invalid {
-                // `counters[1].condition` came from wherever `counters` did.
-                origin: origins
-                    .get(name.split('[').next().unwrap_or(&name))
+        settings.validate().map_err(|mut e| {
+            // Name where the offending value came from, not just "settings"; `counters[1].
+            // condition` came from wherever `counters` did.
+            if let ConfigError::Invalid { name, origin, .. } = &mut e {
+                let setting = name.split('[').next().unwrap_or(name);
+                *origin = origins
+                    .get(setting)
                     .cloned()
-                    .unwrap_or_else(|| "settings".into()),
-                name,
-                value,
-                message,
-            },
-            other => other,
+                    .unwrap_or_else(|| "settings".into());
+            }
+            e
         })?;
         Ok(Loaded {
             settings,
@@ -171,12 +164,10 @@ impl Layers {
             path: path.display().to_string(),
             message: e.to_string(),
         })?;
-        let parsed: toml::Table =
-            text.parse()
-                .map_err(|e: toml::de::Error| ConfigError::Parse {
-                    path: path.display().to_string(),
-                    message: e.to_string(),
-                })?;
+        let parsed: toml::Table = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
         for (name, value) in parsed {
             if !table.contains_key(&name) {
                 return Err(ConfigError::Unknown { name, origin });
@@ -194,11 +185,6 @@ impl Layers {
 
     /// `COUNTERD_*` environment variables, in name order.
     fn env(&mut self, env: impl IntoIterator<Item = (String, String)>) -> Result<(), ConfigError> {
-        let Layers {
-            table,
-            origins,
-            ignored_env,
-        } = self;
         let mut env: Vec<(String, String)> = env
             .into_iter()
             .filter(|(k, _)| k.starts_with("COUNTERD_") && !k.starts_with("COUNTERD_TEST"))
@@ -207,7 +193,7 @@ impl Layers {
         for (key, raw) in env {
             let name = key["COUNTERD_".len()..].to_ascii_lowercase();
             let origin = format!("environment variable {key}");
-            if !table.contains_key(&name) {
+            if !self.table.contains_key(&name) {
                 if NOT_SETTINGS.contains(&name.as_str())
                     || name.starts_with("test_")
                     || name.starts_with("bench_")
@@ -215,14 +201,14 @@ impl Layers {
                     continue;
                 }
                 if is_service_link(&name, &raw) {
-                    ignored_env.push(key);
+                    self.ignored_env.push(key);
                     continue;
                 }
                 return Err(ConfigError::Unknown { name, origin });
             }
-            let value = typed_like(&table[&name], &raw, &name, &origin)?;
-            origins.insert(name.clone(), origin);
-            table.insert(name, value);
+            let value = typed_like(&self.table[&name], &raw, &name, &origin)?;
+            self.origins.insert(name.clone(), origin);
+            self.table.insert(name, value);
         }
         Ok(())
     }
@@ -409,6 +395,12 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    /// The error of settings loaded with one environment variable.
+    fn env_error(name: &str, value: &str) -> String {
+        let env = vec![(name.to_string(), value.to_string())];
+        Settings::load(None, env, &[]).unwrap_err().to_string()
+    }
+
     #[test]
     fn redacts_passwords() {
         assert_eq!(
@@ -446,8 +438,7 @@ mod tests {
             "COUNTERD_HTTP_PORT",
             "COUNTERD_METRICS_PORT_X_TCP",
         ] {
-            let env = vec![(near_miss.to_string(), "1".to_string())];
-            let e = Settings::load(None, env, &[]).unwrap_err().to_string();
+            let e = env_error(near_miss, "1");
             assert!(e.contains("unknown setting"), "{near_miss}: {e}");
         }
     }
@@ -479,15 +470,13 @@ mod tests {
             e.contains("(from flag --set)") && !e.contains("--batch-size"),
             "{e}"
         );
-        let env = vec![("COUNTERD_BATCH_SIZE".to_string(), "0".to_string())];
-        let e = Settings::load(None, env, &[]).unwrap_err().to_string();
+        let e = env_error("COUNTERD_BATCH_SIZE", "0");
         assert!(
             e.contains("(from environment variable COUNTERD_BATCH_SIZE)"),
             "{e}"
         );
         // A bad duration is quoted once.
-        let env = vec![("COUNTERD_SETTLE_TIME".to_string(), "5parsecs".to_string())];
-        let e = Settings::load(None, env, &[]).unwrap_err().to_string();
+        let e = env_error("COUNTERD_SETTLE_TIME", "5parsecs");
         assert!(e.contains("= \"5parsecs\":") && !e.contains("\\\""), "{e}");
     }
 
@@ -498,8 +487,7 @@ mod tests {
             "mongodb://alice:hunter2@/",
             "mongodb://db/?replicaSet=rs0&w=bogus&nosuchoption=",
         ] {
-            let env = vec![("COUNTERD_MONGODB_URI".to_string(), uri.to_string())];
-            let e = Settings::load(None, env, &[]).unwrap_err().to_string();
+            let e = env_error("COUNTERD_MONGODB_URI", uri);
             assert!(
                 e.contains("mongodb_uri") && e.contains("not a valid connection string"),
                 "{uri}: {e}"
@@ -537,17 +525,10 @@ mod tests {
         );
         // Unreadable: the path is named, nothing of the content.
         let missing = dir.path().join("nope").display().to_string();
-        let env = vec![("COUNTERD_MONGODB_URI_FILE".to_string(), missing.clone())];
-        let e = Settings::load(None, env, &[]).unwrap_err().to_string();
+        let e = env_error("COUNTERD_MONGODB_URI_FILE", &missing);
         assert!(e.contains(&missing) && e.contains("no such file"), "{e}");
         std::fs::write(&path, "mongodb://alice:hunter2@db:notaport/\n").unwrap();
-        let e = Settings::load(
-            None,
-            vec![("COUNTERD_MONGODB_URI_FILE".to_string(), file.clone())],
-            &[],
-        )
-        .unwrap_err()
-        .to_string();
+        let e = env_error("COUNTERD_MONGODB_URI_FILE", &file);
         assert!(
             e.contains("not a valid connection string") && e.contains(&file),
             "{e}"
@@ -565,8 +546,7 @@ mod tests {
             "mongodb://counterd:CHANGE_ME@db:27017/?authSource=admin",
             "mongodb://counterd:CHANGE%5FME@db:27017/",
         ] {
-            let env = vec![("COUNTERD_MONGODB_URI".to_string(), uri.to_string())];
-            let e = Settings::load(None, env, &[]).unwrap_err().to_string();
+            let e = env_error("COUNTERD_MONGODB_URI", uri);
             assert!(
                 e.contains("placeholder") && e.contains("create the Secret"),
                 "{uri}: {e}"
@@ -606,23 +586,19 @@ mod tests {
 
     #[test]
     fn bad_values_name_the_setting() {
-        let env = vec![("COUNTERD_BATCH_SIZE".to_string(), "lots".to_string())];
-        let e = Settings::load(None, env, &[]).unwrap_err().to_string();
+        let e = env_error("COUNTERD_BATCH_SIZE", "lots");
         assert!(
             e.contains("batch_size") && e.contains("COUNTERD_BATCH_SIZE"),
             "{e}"
         );
-        let env = vec![("COUNTERD_BATCH_SIZE".to_string(), "0".to_string())];
-        let e = Settings::load(None, env, &[]).unwrap_err().to_string();
+        let e = env_error("COUNTERD_BATCH_SIZE", "0");
         assert!(e.contains("batch_size") && e.contains("1 to 100000"), "{e}");
-        let env = vec![("COUNTERD_BATCH_SIZ".to_string(), "5".to_string())];
-        let e = Settings::load(None, env, &[]).unwrap_err().to_string();
+        let e = env_error("COUNTERD_BATCH_SIZ", "5");
         assert!(
             e.contains("unknown setting `batch_siz`") && e.contains("COUNTERD_BATCH_SIZ"),
             "{e}"
         );
-        let env = vec![("COUNTERD_ON_HISTORY_LOST".to_string(), "shrug".to_string())];
-        let e = Settings::load(None, env, &[]).unwrap_err().to_string();
+        let e = env_error("COUNTERD_ON_HISTORY_LOST", "shrug");
         assert!(e.contains("on_history_lost"), "{e}");
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.toml");

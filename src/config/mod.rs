@@ -374,12 +374,8 @@ impl Settings {
         if self.mongodb_uri_file.is_empty() {
             return Ok(self.mongodb_uri.clone());
         }
-        let invalid = |message: String| ConfigError::Invalid {
-            name: "mongodb_uri_file".into(),
-            origin: "settings".into(),
-            value: self.mongodb_uri_file.clone(),
-            message,
-        };
+        let invalid =
+            |message: String| validate::bad("mongodb_uri_file", &self.mongodb_uri_file, message);
         let uri = read_uri_file(&self.mongodb_uri_file).map_err(invalid)?;
         let reread = Settings {
             mongodb_uri: uri.clone(),

@@ -16,7 +16,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::validate::collection_name_problem;
+use super::validate::{bad, collection_name_problem};
 use super::{ConfigError, CounterSetting, Settings, SoftDeleteRule, SoftDeleteValue};
 
 /// One `[[sources]]` entry: another collection whose rows are counted.
@@ -140,11 +140,8 @@ impl Settings {
 /// The checks of `[[sources]]` entry `i` that its own settings cannot make: its name and
 /// collections, and that no source before it (`all`) uses them.
 fn check_entry(i: usize, entry: &SourceSetting, all: &[Settings]) -> Result<(), ConfigError> {
-    let bad = |field: &str, value: &str, message: &str| ConfigError::Invalid {
-        name: format!("sources[{i}].{field}"),
-        origin: "settings".into(),
-        value: value.into(),
-        message: message.into(),
+    let bad = |field: &str, value: &str, message: &str| {
+        bad(&format!("sources[{i}].{field}"), value, message)
     };
     if !super::counters::valid_name(&entry.name) {
         return Err(bad(
@@ -182,21 +179,11 @@ fn check_entry(i: usize, entry: &SourceSetting, all: &[Settings]) -> Result<(), 
 }
 
 /// A source's own error, named as its entry's setting (`sources[i].name`).
-fn renamed(i: usize, e: ConfigError) -> ConfigError {
-    match e {
-        ConfigError::Invalid {
-            name,
-            origin,
-            value,
-            message,
-        } => ConfigError::Invalid {
-            name: format!("sources[{i}].{name}"),
-            origin,
-            value,
-            message,
-        },
-        other => other,
+fn renamed(i: usize, mut e: ConfigError) -> ConfigError {
+    if let ConfigError::Invalid { name, .. } = &mut e {
+        *name = format!("sources[{i}].{name}");
     }
+    e
 }
 
 /// Counter names and collections are one namespace across sources: `--counter NAME`
@@ -206,24 +193,22 @@ fn check_namespace(all: &[Settings]) -> Result<(), ConfigError> {
     for source in all {
         for (_, d) in source.definitions()?.iter() {
             if seen.iter().any(|(name, _)| *name == d.name) {
-                return Err(ConfigError::Invalid {
-                    name: "sources".into(),
-                    origin: "settings".into(),
-                    value: d.name.clone(),
-                    message: "two counters share this name (a source's first counter is named after the source)".into(),
-                });
+                return Err(bad(
+                    "sources",
+                    &d.name,
+                    "two counters share this name (a source's first counter is named after the source)",
+                ));
             }
             // A sum's row count (`with_count`) lives in its sum's documents, by design.
             let shared = matches!(d.kind, crate::core::definition::Kind::Rows { .. });
             if (!shared && seen.iter().any(|(_, c)| *c == d.collection))
                 || all.iter().any(|s| s.comments_collection == d.collection)
             {
-                return Err(ConfigError::Invalid {
-                    name: "sources".into(),
-                    origin: "settings".into(),
-                    value: d.collection.clone(),
-                    message: "this collection is used twice: by two counters, or as a counter collection and a source".into(),
-                });
+                return Err(bad(
+                    "sources",
+                    &d.collection,
+                    "this collection is used twice: by two counters, or as a counter collection and a source",
+                ));
             }
             seen.push((d.name.clone(), d.collection.clone()));
         }

@@ -6,11 +6,11 @@ use super::{ConfigError, InitialSnapshot, Settings, SoftDeleteRule};
 use crate::redact::{redact_uri, URI_SHAPE};
 
 /// A setting's value is out of range: `message` says what is allowed.
-fn bad(name: &str, value: String, message: &str) -> ConfigError {
+pub(super) fn bad(name: &str, value: impl Into<String>, message: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
         name: name.into(),
         origin: "settings".into(),
-        value,
+        value: value.into(),
         message: message.into(),
     }
 }
@@ -62,7 +62,7 @@ impl Settings {
         if self.soft_delete == SoftDeleteRule::OneOf && self.soft_delete_values.is_empty() {
             return Err(bad(
                 "soft_delete_values",
-                "[]".into(),
+                "[]",
                 "soft_delete = \"one_of\" needs at least one value",
             ));
         }
@@ -88,7 +88,7 @@ impl Settings {
         if self.initial_snapshot == InitialSnapshot::Auto && !self.attribution.uses_ledger() {
             return Err(bad(
                 "initial_snapshot",
-                "auto".into(),
+                "auto",
                 "the initial snapshot keeps its counts honest through the comment ledger: use attribution = \"auto\" or \"ledger\", or set initial_snapshot = \"never\"",
             ));
         }
@@ -97,7 +97,7 @@ impl Settings {
             return Err(bad(
                 "memory_budget",
                 self.memory_budget.to_string(),
-                &format!(
+                format!(
                     "too small to hold one event beside a server reply per stream ({} streams): at least {least} bytes (or 0: derived from the container's memory limit)",
                     self.streams_per_process()
                 ),
@@ -137,11 +137,7 @@ impl Settings {
             ));
         }
         if self.reconcile_max_posts == 0 {
-            return Err(bad(
-                "reconcile_max_posts",
-                "0".into(),
-                "allowed: at least 1",
-            ));
+            return Err(bad("reconcile_max_posts", "0", "allowed: at least 1"));
         }
         if self.catch_up_timeout < Duration::from_millis(100) {
             return Err(bad(
@@ -151,7 +147,7 @@ impl Settings {
             ));
         }
         if self.sweep_window == 0 {
-            return Err(bad("sweep_window", "0".into(), "allowed: at least 1"));
+            return Err(bad("sweep_window", "0", "allowed: at least 1"));
         }
         Ok(())
     }
@@ -227,14 +223,14 @@ impl Settings {
             return Err(bad(
                 "mongodb_uri",
                 redact_uri(&self.mongodb_uri),
-                &format!("not a valid connection string: {reason} ({URI_SHAPE})"),
+                format!("not a valid connection string: {reason} ({URI_SHAPE})"),
             ));
         }
         if super::has_placeholder_password(&self.mongodb_uri) {
             return Err(bad(
                 "mongodb_uri",
                 redact_uri(&self.mongodb_uri),
-                &format!("the password is the shipped manifests' placeholder `{}`: create the Secret with the real connection string (kubectl create secret generic ..., see deploy/README.md) instead of applying the placeholder", super::PLACEHOLDER_PASSWORD),
+                format!("the password is the shipped manifests' placeholder `{}`: create the Secret with the real connection string (kubectl create secret generic ..., see deploy/README.md) instead of applying the placeholder", super::PLACEHOLDER_PASSWORD),
             ));
         }
         Ok(())

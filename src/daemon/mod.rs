@@ -63,7 +63,7 @@ impl ActiveError for DaemonError {
 /// the first fatal error that does not park its stream (which stops the endpoints too: the exit
 /// code says why).
 pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<(), DaemonError> {
-    let metrics = crate::http::install_metrics();
+    let metrics = crate::telemetry::install_recorder();
     let statuses = statuses_for(&settings)?;
     // A certificate file the driver cannot use fails every connection: say which, at once.
     crate::doctor::tls::check_files(&settings.mongodb_uri)

@@ -207,23 +207,15 @@ impl Jobs {
         partition: Option<crate::core::partition::Partition>,
         status: Arc<WorkerStatus>,
     ) -> StreamJob {
-        let Jobs {
-            source,
-            owner,
-            slots,
-            pre_images,
-            shared,
-            definitions,
-        } = self;
-        let (pre_images, budget) = (*pre_images, &shared.budget);
-        let settings = source.as_ref();
+        let (pre_images, budget) = (self.pre_images, &self.shared.budget);
+        let settings = self.source.as_ref();
         StreamJob {
             lease: LeaseSettings {
                 stream: stream.clone(),
-                owner: owner.clone(),
+                owner: self.owner.clone(),
                 ttl: settings.lease_ttl,
                 renew: settings.lease_renew,
-                slots: slots.clone(),
+                slots: self.slots.clone(),
             },
             worker: WorkerSettings {
                 stream: stream.clone(),
@@ -236,12 +228,12 @@ impl Jobs {
                 stream: stream.clone(),
                 partition,
                 // The process's budget, of every source, split over its streams.
-                recount_rows: crate::core::cost::recount_rows(budget.total(), shared.streams),
+                recount_rows: crate::core::cost::recount_rows(budget.total(), self.shared.streams),
                 ..ReconcileSettings::from(settings)
             },
             stream: stream.clone(),
-            settings: source.clone(),
-            definitions: definitions.clone(),
+            settings: self.source.clone(),
+            definitions: self.definitions.clone(),
             status,
         }
     }

@@ -493,17 +493,14 @@ impl<S: Store + ?Sized> Worker<S> {
         pending: &mut Pending,
         taken: Taken,
     ) -> Result<(), SessionError> {
-        let Taken {
-            batch,
-            grant: batch_grant,
-        } = taken;
         let ahead = self.read_ahead_limit(checkpoint, pending);
         let mut grant = ahead.grant;
         let read_ahead = self.read_ahead(fence, source, &ahead.limit, ahead.asked, ahead.prefetch);
         let may_carry = !checkpoint.snapshot_running();
-        let applied = self.apply(fence, checkpoint, batch, &mut pending.carrying, may_carry);
+        let carrying = &mut pending.carrying;
+        let applied = self.apply(fence, checkpoint, taken.batch, carrying, may_carry);
         let (applied, read) = tokio::join!(applied, read_ahead);
-        drop(batch_grant);
+        drop(taken.grant);
         let written = applied?;
         let (read, ledger) = read?;
         self.settle(&mut grant, &read);
@@ -597,25 +594,18 @@ impl<S: Store + ?Sized> Worker<S> {
         read: Read,
         grant: Grant,
     ) -> Result<(), SessionError> {
-        let Read {
-            asked,
-            got,
-            events,
-            costs,
-            ..
-        } = read;
         self.status.progressed(self.clock.now());
         pending.held.merge(grant);
-        pending.costs.extend(costs);
-        pending.behind = got >= asked;
+        pending.costs.extend(read.costs);
+        pending.behind = read.got >= read.asked;
         pending.batch_limit = next_batch_limit(
             pending.batch_limit,
-            asked,
-            got,
+            read.asked,
+            read.got,
             self.settings.batch_size,
             self.settings.max_batch_size,
         );
-        pending.events.extend(events);
+        pending.events.extend(read.events);
         if let Some(first) = pending
             .events
             .front()

@@ -117,7 +117,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     outln!("counterd's log: {}", args.log_path().display());
     let settings = demo_settings(settings, &server.uri);
     let definitions = settings.definitions()?;
-    let _metrics = crate::http::install_metrics();
+    let _metrics = crate::telemetry::install_recorder();
     let store = crate::cli::connect(&settings).await?;
     let db = store.database().clone();
     let comments = db.collection::<Document>(&settings.comments_collection);

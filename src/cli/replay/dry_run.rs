@@ -40,21 +40,17 @@ pub(super) async fn dry_run(
     mut report: serde_json::Value,
     args: &Args,
 ) -> anyhow::Result<ExitCode> {
-    let Move {
-        store,
-        stream,
-        checkpoint,
-        ..
-    } = planned;
     let tally = read_ahead(&planned).await?;
-    let holder = store
-        .read_lease(stream)
+    let holder = planned
+        .store
+        .read_lease(planned.stream)
         .await?
         .filter(|l| l.expires_at > DateTime::now());
     report["events_already_applied"] = tally.seen.into();
     report["events_not_yet_applied"] = tally.new.into();
     report["posts_to_mark_dirty_at_least"] = tally.posts.len().into();
-    report["in_flight_batch"] = checkpoint
+    report["in_flight_batch"] = planned
+        .checkpoint
         .pending
         .as_ref()
         .map(|p| serde_json::json!({"end": p.end.to_string(), "counters": p.counters.len()}))
@@ -74,19 +70,13 @@ pub(super) async fn dry_run(
 /// Reads from the new position for up to 10 seconds (or a million events, or three idle
 /// reads), telling the events the worker has applied from those it has not.
 async fn read_ahead(planned: &Move<'_>) -> anyhow::Result<Tally> {
-    let Move {
-        settings,
-        store,
-        checkpoint,
-        position,
-        ..
-    } = *planned;
-    let start = match position {
+    let start = match planned.position {
         Position::Token(t) => StreamStart::After(t.clone()),
         Position::Time(t) => StreamStart::AtTime(*t),
         Position::Unset => StreamStart::Now,
     };
-    let mut source = store
+    let mut source = planned
+        .store
         .open_stream(StreamOptions {
             start,
             pre_images: false,
@@ -106,7 +96,8 @@ async fn read_ahead(planned: &Move<'_>) -> anyhow::Result<Tally> {
         }
         idle = 0;
         for event in batch.events.iter().flatten() {
-            if checkpoint
+            if planned
+                .checkpoint
                 .high_water
                 .as_ref()
                 .is_some_and(|h| event.token <= *h)
@@ -116,7 +107,7 @@ async fn read_ahead(planned: &Move<'_>) -> anyhow::Result<Tally> {
                     .into_iter()
                     .flatten()
                 {
-                    if let Some(post) = settings.schema().post_in(key) {
+                    if let Some(post) = planned.settings.schema().post_in(key) {
                         posts.insert(post.to_string());
                     }
                 }
@@ -135,18 +126,13 @@ fn print_text(
     Tally { seen, new, posts }: &Tally,
     holder: Option<&crate::store::Lease>,
 ) {
-    let Move {
-        checkpoint,
-        position,
-        ..
-    } = *planned;
     outln!(
         "dry run: would move `{}` from {} to {}",
         report["stream"].as_str().unwrap_or(""),
         report["from"].as_str().unwrap_or("the start"),
-        describe(position)
+        describe(planned.position)
     );
-    if let Some(p) = &checkpoint.pending {
+    if let Some(p) = &planned.checkpoint.pending {
         outln!(
             "  a batch left in flight (through token {}, {} counter writes) would be re-applied first",
             p.end,

@@ -7,7 +7,7 @@ use crate::core::key::{CounterIx, CounterKey};
 use crate::core::num::Num;
 use bson::oid::ObjectId;
 
-fn at(millis: i64) -> DateTime {
+pub(super) fn at(millis: i64) -> DateTime {
     DateTime::from_millis(millis)
 }
 

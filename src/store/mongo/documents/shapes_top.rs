@@ -2,12 +2,9 @@
 //! way: a counter document and a checkpoint document as counterd writes them, the older and
 //! hand-edited variants that still read, and the malformed ones, whose errors name the field.
 
+use super::shapes::at;
 use super::*;
 use crate::core::num::Num;
-
-fn at(millis: i64) -> DateTime {
-    DateTime::from_millis(millis)
-}
 
 fn ts(time: u32) -> Timestamp {
     Timestamp { time, increment: 1 }
