@@ -120,11 +120,7 @@ pub fn plan_chunk(
             let Some((group, amount)) = row.contribution(counter) else {
                 continue;
             };
-            let key = CounterKey {
-                counter,
-                group: group.clone(),
-            };
-            let entry = counter_of(&mut counters, &key);
+            let entry = counter_of(&mut counters, &CounterKey::new(counter, group.clone()));
             entry.delta += amount;
             *entry.buckets.entry(bucket).or_default() += amount;
             entry.touched.insert(bucket);

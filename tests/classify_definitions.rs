@@ -44,25 +44,22 @@ fn schema() -> Schema {
         },
         ..definition("score_sum", "author_id", doc! {"approved": true})
     };
-    Schema {
-        counters: vec![
-            definition("approved", "post_id", doc! {"approved": true}),
-            definition("per_author", "author_id", doc! {}),
-            definition(
-                "scored_thread",
-                "thread.id",
-                doc! {"score": {"$gte": 3}, "status": {"$in": ["ok", "new"]}},
-            ),
-            score_sum,
-        ],
-        ..Schema::default()
-    }
+    Schema::default().with_more(vec![
+        definition("approved", "post_id", doc! {"approved": true}),
+        definition("per_author", "author_id", doc! {}),
+        definition(
+            "scored_thread",
+            "thread.id",
+            doc! {"score": {"$gte": 3}, "status": {"$in": ["ok", "new"]}},
+        ),
+        score_sum,
+    ])
 }
 
 /// Every definition's group field, the default's first.
 fn groups(schema: &Schema) -> Vec<&str> {
-    std::iter::once(schema.group.as_str())
-        .chain(schema.counters.iter().map(|d| d.group.as_str()))
+    std::iter::once(schema.group())
+        .chain(schema.definitions.extra().iter().map(|d| d.group.as_str()))
         .collect()
 }
 
@@ -104,12 +101,12 @@ fn counts(schema: &Schema, doc: Option<&Document>) -> BTreeMap<CounterKey, Num> 
     let deleted = schema.read_existing_row(doc).deleted;
     let default = Definition {
         name: "default".into(),
-        group: schema.group.clone(),
+        group: schema.group().to_string(),
         condition: Condition::default(),
         collection: "comment_counters".into(),
         kind: Kind::Count,
     };
-    let definitions = std::iter::once(&default).chain(&schema.counters);
+    let definitions = std::iter::once(&default).chain(schema.definitions.extra());
     for (i, definition) in definitions.enumerate() {
         for key in universe() {
             if !deleted && query_selects(&definition.filter(&key), doc) {

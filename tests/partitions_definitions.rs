@@ -33,16 +33,13 @@ const AUTHORS: i64 = 5;
 
 /// The per-author definition, for the test's own store (its views count the truth).
 fn schema() -> counterd::core::schema::Schema {
-    counterd::core::schema::Schema {
-        counters: vec![Definition {
-            name: "per_author".into(),
-            group: "author_id".into(),
-            condition: counterd::core::condition::Condition::default(),
-            collection: "author_counters".into(),
-            kind: counterd::core::definition::Kind::Count,
-        }],
-        ..counterd::core::schema::Schema::default()
-    }
+    counterd::core::schema::Schema::default().with_more(vec![Definition {
+        name: "per_author".into(),
+        group: "author_id".into(),
+        condition: counterd::core::condition::Condition::default(),
+        collection: "author_counters".into(),
+        kind: counterd::core::definition::Kind::Count,
+    }])
 }
 
 /// `counterd run`'s configuration: `partitions` beside the per-author definition.

@@ -47,18 +47,16 @@ fn schemas() -> Vec<(&'static str, Schema)> {
         (
             "js",
             Schema {
-                counters: Vec::new(),
-                group: "postId".into(),
                 created: "createdAt".into(),
                 soft_delete: SoftDelete::True {
                     field: "deleted".into(),
                 },
+                ..Schema::default().grouped_by("postId")
             },
         ),
         (
             "status",
             Schema {
-                counters: Vec::new(),
                 soft_delete: SoftDelete::OneOf {
                     field: "status".into(),
                     values: vec![Bson::String("removed".into()), Bson::String("spam".into())],
@@ -69,10 +67,8 @@ fn schemas() -> Vec<(&'static str, Schema)> {
         (
             "nested",
             Schema {
-                counters: Vec::new(),
-                group: "meta.post".into(),
                 created: "meta.created".into(),
-                ..Schema::default()
+                ..Schema::default().grouped_by("meta.post")
             },
         ),
     ]
@@ -359,10 +355,9 @@ fn a_projected_event_carries_nothing_of_the_applications_other_fields() {
 #[test]
 fn update_keys_are_kept_when_they_are_the_field_a_parent_or_a_part_of_it() {
     let schema = Schema {
-        counters: Vec::new(),
-        group: "meta.post".into(),
         created: "created_at".into(),
         soft_delete: SoftDelete::Never,
+        ..Schema::default().grouped_by("meta.post")
     };
     let event = doc! {
         "_id": {"_data": "01"}, "operationType": "update",

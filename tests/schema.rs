@@ -52,7 +52,7 @@ async fn every_event_kind_is_counted(t: TestDb) {
         t.comments.update_one(by_id(i), update).await.unwrap();
     }
     for (i, to) in [(1, 2), (5, 3), (12, 0), (19, 1), (33, 2)] {
-        let update = doc! {"$set": {&schema.group: Bson::Int64(to)}};
+        let update = doc! {"$set": {schema.group(): Bson::Int64(to)}};
         t.comments.update_one(by_id(i), update).await.unwrap();
     }
     for i in [2, 8, 14, 36] {
@@ -123,12 +123,11 @@ fn remove_path(doc: &mut Document, path: &str) {
 #[tokio::test]
 async fn a_javascript_schema_with_a_boolean_soft_delete() {
     let schema = Schema {
-        counters: Vec::new(),
-        group: "postId".into(),
         created: "createdAt".into(),
         soft_delete: SoftDelete::True {
             field: "deleted".into(),
         },
+        ..Schema::default().grouped_by("postId")
     };
     every_event_kind_is_counted(TestDb::with_schema("jsschema", schema).await).await;
 }
@@ -136,13 +135,12 @@ async fn a_javascript_schema_with_a_boolean_soft_delete() {
 #[tokio::test]
 async fn a_nested_group_field_and_a_status_value() {
     let schema = Schema {
-        counters: Vec::new(),
-        group: "meta.post".into(),
         created: "meta.created".into(),
         soft_delete: SoftDelete::OneOf {
             field: "status".into(),
             values: vec![Bson::String("removed".into()), Bson::String("spam".into())],
         },
+        ..Schema::default().grouped_by("meta.post")
     };
     every_event_kind_is_counted(TestDb::with_schema("nestedschema", schema).await).await;
 }

@@ -525,7 +525,7 @@ fn memory_with_definitions() -> counterd::store::memory::MemoryStore {
     let store = memory();
     store
         .lock()
-        .define_counters(schema_with_definitions().counters);
+        .define_counters(schema_with_definitions().definitions.extra().to_vec());
     store
 }
 
@@ -715,13 +715,10 @@ fn schema_with_definitions() -> counterd::core::schema::Schema {
             kind: counterd::core::definition::Kind::Count,
         }
     };
-    counterd::core::schema::Schema {
-        counters: vec![
-            definition("approved", "post_id", bson::doc! {"approved": true}),
-            definition("per_author", "author_id", bson::doc! {}),
-        ],
-        ..counterd::core::schema::Schema::default()
-    }
+    counterd::core::schema::Schema::default().with_more(vec![
+        definition("approved", "post_id", bson::doc! {"approved": true}),
+        definition("per_author", "author_id", bson::doc! {}),
+    ])
 }
 
 /// A ledger entry keeps the row's verdict for every definition (the next event's before-state
@@ -930,10 +927,8 @@ fn schema_with_a_sum() -> counterd::core::schema::Schema {
         "[[counters]]\nname = \"rating_sum\"\ngroup_field = \"author_id\"\nkind = \"sum\"\nfield = \"rating\"\nwith_count = true\ncollection = \"rating_counters\"\n",
     )
     .unwrap();
-    counterd::core::schema::Schema {
-        counters: settings.definitions().unwrap().extra().to_vec(),
-        ..counterd::core::schema::Schema::default()
-    }
+    counterd::core::schema::Schema::default()
+        .with_more(settings.definitions().unwrap().extra().to_vec())
 }
 
 /// Rows with ratings: ann's add up to 4.5 (an integer and a half), bob's to 2; a string adds
@@ -1072,7 +1067,9 @@ async fn a_sum_and_its_row_count_share_a_document_on_mongo() {
 #[tokio::test]
 async fn a_sum_and_its_row_count_share_a_document_in_memory() {
     let store = memory();
-    store.lock().define_counters(schema_with_a_sum().counters);
+    store
+        .lock()
+        .define_counters(schema_with_a_sum().definitions.extra().to_vec());
     for row in rated_rows() {
         store.lock().insert_row(row);
     }

@@ -39,9 +39,9 @@ pub fn owned(settings: &Settings) -> Result<Vec<Owned>, ConfigError> {
                 format!("counters of `{}` (what readers query)", d.name),
             );
         }
-        for (_, d) in definitions.iter() {
+        for (ix, d) in definitions.iter() {
             add(
-                names.dirty_of(&d.name),
+                names.dirty_of(ix, &d.name),
                 format!("dirty set of `{}` (posts waiting for a recount)", d.name),
             );
         }

@@ -14,6 +14,7 @@ use super::validate::collection_name_problem;
 use super::{ConfigError, Settings};
 use crate::core::condition::Condition;
 use crate::core::definition::{Definition, Definitions, Kind, DEFAULT_COUNTER, ROWS_SUFFIX};
+use crate::core::schema::bad_path;
 
 /// `kind` of a `[[counters]]` entry.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -64,35 +65,41 @@ impl Settings {
     /// The counter definitions: the default one (`group_field`, `counters_collection`) first,
     /// then every `[[counters]]` entry. `Err` names the entry and the setting that is wrong.
     pub fn definitions(&self) -> Result<Definitions, ConfigError> {
-        let default = Definition {
+        let mut all = vec![self.first_definition()];
+        for (i, entry) in self.counters.iter().enumerate() {
+            let (definition, rows) = self.definition_of(i, entry, &all)?;
+            all.push(definition);
+            // The row count right after its sum: its counters share the sum's documents.
+            all.extend(rows);
+        }
+        let first = all.remove(0);
+        Ok(Definitions::new(first, all))
+    }
+
+    /// The definition of `group_field` and `counters_collection`, named `counter_name`: what
+    /// a configuration meant before definitions existed.
+    pub(super) fn first_definition(&self) -> Definition {
+        Definition {
             name: self.counter_name.clone(),
             group: self.group_field.clone(),
             condition: Condition::default(),
             collection: self.counters_collection.clone(),
             kind: Kind::Count,
-        };
-        let mut more: Vec<Definition> = Vec::new();
-        for (i, entry) in self.counters.iter().enumerate() {
-            let (definition, rows) = self.definition_of(i, entry, &more)?;
-            more.push(definition);
-            // The row count right after its sum: its counters share the sum's documents.
-            more.extend(rows);
         }
-        Ok(Definitions::new(default, more))
     }
 
-    /// The definition of `[[counters]]` entry `i` (after the definitions `more` before it),
-    /// and its sum's row count where it asks for one (`with_count`). `Err` names the entry's
-    /// setting that is wrong.
+    /// The definition of `[[counters]]` entry `i` (after the definitions `before` it, the
+    /// default first), and its sum's row count where it asks for one (`with_count`). `Err`
+    /// names the entry's setting that is wrong.
     fn definition_of(
         &self,
         i: usize,
         entry: &CounterSetting,
-        more: &[Definition],
+        before: &[Definition],
     ) -> Result<(Definition, Option<Definition>), ConfigError> {
         let bad =
             |field: &str, value: String, message: String| entry_error(i, field, value, message);
-        self.check_entry_name(i, entry, more)?;
+        self.check_entry_name(i, entry, before)?;
         if bad_path(&entry.group_field) {
             return Err(bad(
                 "group_field",
@@ -115,7 +122,7 @@ impl Settings {
                 format!("with_count names the sum's row count `{}{ROWS_SUFFIX}`, which another counter uses", entry.name),
             ));
         }
-        self.check_entry_collection(i, entry, more)?;
+        self.check_entry_collection(i, entry, before)?;
         let definition = Definition {
             name: entry.name.clone(),
             group: entry.group_field.clone(),
@@ -134,12 +141,13 @@ impl Settings {
         Ok((definition, rows))
     }
 
-    /// Entry `i`'s name: well formed, and no other counter's (`more`: the entries before it).
+    /// Entry `i`'s name: well formed, and no other counter's (`before`: the definitions
+    /// before it).
     fn check_entry_name(
         &self,
         i: usize,
         entry: &CounterSetting,
-        more: &[Definition],
+        before: &[Definition],
     ) -> Result<(), ConfigError> {
         let bad =
             |field: &str, value: String, message: String| entry_error(i, field, value, message);
@@ -151,10 +159,7 @@ impl Settings {
                     .into(),
             ));
         }
-        if entry.name == self.counter_name
-            || entry.name == DEFAULT_COUNTER
-            || more.iter().any(|d| d.name == entry.name)
-        {
+        if entry.name == DEFAULT_COUNTER || before.iter().any(|d| d.name == entry.name) {
             return Err(bad(
                 "name",
                 entry.name.clone(),
@@ -167,13 +172,13 @@ impl Settings {
         Ok(())
     }
 
-    /// Entry `i`'s collection: a valid name, used by nothing else (`more`: the entries before
-    /// it).
+    /// Entry `i`'s collection: a valid name, used by nothing else (`before`: the definitions
+    /// before it).
     fn check_entry_collection(
         &self,
         i: usize,
         entry: &CounterSetting,
-        more: &[Definition],
+        before: &[Definition],
     ) -> Result<(), ConfigError> {
         let bad =
             |field: &str, value: String, message: String| entry_error(i, field, value, message);
@@ -181,8 +186,7 @@ impl Settings {
             return Err(bad("collection", entry.collection.clone(), problem.into()));
         }
         let taken = entry.collection == self.comments_collection
-            || entry.collection == self.counters_collection
-            || more.iter().any(|d| d.collection == entry.collection)
+            || before.iter().any(|d| d.collection == entry.collection)
             || (!self.collection_prefix.is_empty()
                 && entry.collection.starts_with(&self.collection_prefix));
         if taken {
@@ -256,13 +260,6 @@ pub(super) fn valid_name(name: &str) -> bool {
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-}
-
-fn bad_path(path: &str) -> bool {
-    path.is_empty()
-        || path
-            .split('.')
-            .any(|part| part.is_empty() || part.starts_with('$'))
 }
 
 /// A TOML table as the filter document it spells: strings, integers (Int64), floats, booleans,

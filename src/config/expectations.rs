@@ -24,11 +24,11 @@ impl From<&Settings> for Expectations {
                 own.push(ledger);
             }
         }
-        // Every definition's counters and dirty set beside the default's.
-        for definition in settings.schema().counters {
+        // Every definition's counters and dirty set (the default's are listed first).
+        for (ix, definition) in settings.schema().definitions.iter() {
             for collection in [
                 definition.collection.clone(),
-                names.dirty_of(&definition.name),
+                names.dirty_of(ix, &definition.name),
             ] {
                 if !own.contains(&collection) {
                     own.push(collection);

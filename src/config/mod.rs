@@ -21,6 +21,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::core::classify::Attribution;
+use crate::core::definition::Definitions;
 
 /// All of counterd's settings. Every duration is written as people write one (`500ms`, `30s`).
 #[serde_with::apply(Duration => #[serde(with = "humantime_serde")])]
@@ -261,18 +262,16 @@ impl Settings {
     }
 
     /// The application's schema: field names, the soft-delete rule, and the counter
-    /// definitions beyond the default (`[[counters]]`), so that every row read records what it
-    /// is to each. Definitions that do not check out are left out here; loading the settings
+    /// definitions (the default, then `[[counters]]`), so that every row read records what it
+    /// is to each. `[[counters]]` that do not check out are left out here; loading the settings
     /// and `counterd run` refuse them first (see [`Settings::definitions`]).
     pub fn schema(&self) -> crate::core::schema::Schema {
         use crate::core::schema::SoftDelete;
         let field = self.soft_delete_field.clone();
         crate::core::schema::Schema {
-            counters: self
+            definitions: self
                 .definitions()
-                .map(|d| d.extra().to_vec())
-                .unwrap_or_default(),
-            group: self.group_field.clone(),
+                .unwrap_or_else(|_| Definitions::new(self.first_definition(), Vec::new())),
             created: self.created_field.clone(),
             soft_delete: match self.soft_delete {
                 SoftDeleteRule::Present => SoftDelete::Present { field },

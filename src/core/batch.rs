@@ -569,13 +569,7 @@ fn finish(
 
 /// The name of definition `counter` (for a report).
 fn counter_name(schema: &crate::core::schema::Schema, counter: CounterIx) -> String {
-    match counter.0 {
-        0 => crate::core::definition::DEFAULT_COUNTER.to_string(),
-        i => schema
-            .counters
-            .get(i - 1)
-            .map_or_else(|| format!("#{i}"), |d| d.name.clone()),
-    }
+    (schema.definitions.get(counter)).map_or_else(|| format!("#{}", counter.0), |d| d.name.clone())
 }
 
 fn source_name(source: Source) -> &'static str {

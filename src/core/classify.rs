@@ -20,6 +20,7 @@ use crate::core::key::GroupValue;
 use crate::core::key::{CounterIx, CounterKey};
 use crate::core::num::Num;
 use crate::core::schema::Schema;
+use crate::core::time::seconds_rfc3339;
 
 /// Where the worker takes a row's before-state from (the `attribution` setting).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -171,17 +172,10 @@ fn at_text(at: &Option<bson::Timestamp>) -> String {
         .unwrap_or_default()
 }
 
-/// The first whole second after the event, where to replay from.
 /// The time to replay from after an end at `at`: the next whole second.
 pub fn replay_from(at: &Option<bson::Timestamp>) -> String {
     at.map(|t| seconds_rfc3339(t.time as i64 + 1))
         .unwrap_or_else(|| "<RFC 3339 time just after the drop>".into())
-}
-
-fn seconds_rfc3339(secs: i64) -> String {
-    chrono::DateTime::from_timestamp(secs, 0)
-        .map(|d| d.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
-        .unwrap_or_else(|| secs.to_string())
 }
 
 /// Classifies one event. `ledger` is the ledger's view of the row before this event
@@ -325,7 +319,7 @@ fn read_document(doc: &Document, schema: &Schema) -> (After, Option<Problem>) {
         RowRead::NoPost => (
             existing(),
             Some(Problem::Bad(Malformed::NoPost {
-                field: schema.group.clone(),
+                field: schema.group().to_string(),
             })),
         ),
         // The row exists but does not count: a malformed post id.
@@ -396,13 +390,13 @@ fn after_update(
 /// Before-state known: the delta is exact (or zero when the after-state is unknown).
 fn exact(before: Option<Row>, after: After, source: Source) -> Classification {
     let mut dirty = Vec::new();
-    push_groups(&mut dirty, before.as_ref(), 0);
+    push_groups(&mut dirty, before.as_ref());
     let after_row = match &after {
         After::Known(row) => row.clone(),
         // No information: assume unchanged, so no delta; the post is still touched.
         After::Unchanged => before.clone(),
     };
-    push_groups(&mut dirty, after_row.as_ref(), 0);
+    push_groups(&mut dirty, after_row.as_ref());
     Classification {
         deltas: transition(before.as_ref(), after_row.as_ref()),
         dirty,
@@ -458,7 +452,9 @@ fn transition_in(
     }
 }
 
-/// Before-state unknown (no pre-image, no ledger entry): the documented guesses.
+/// Before-state unknown (no pre-image, no ledger entry): the documented guesses. They are
+/// made for the schema's own counter of the post ([`own_key`]); the groups the after-state
+/// names are dirty, and the reconciler recounts them.
 fn best_effort(event: &ChangeEvent, after: After, schema: &Schema) -> Classification {
     let after_row = match &after {
         After::Known(row) => row.clone(),
@@ -472,70 +468,60 @@ fn best_effort(event: &ChangeEvent, after: After, schema: &Schema) -> Classifica
         problem: None,
     };
     let key_post = schema.post_in(&event.document_key);
-    match &event.operation {
+    let row_post = || after_row.as_ref().and_then(|r| r.group().cloned());
+    // The post, and what its counter gains by the guess (`None`: nothing, it is only dirty).
+    let (post, gain) = match &event.operation {
+        // Sharded on post_id: the key names the post. Whether the row was live is a guess.
         Operation::Delete => match key_post {
-            // Sharded on post_id: the key names the post. Whether the row was live is a guess.
-            Some(post) => {
-                c.deltas.push(Delta {
-                    key: default_key(post.clone()),
-                    created_at: None,
-                    amount: Num::Int(-1),
-                });
-                c.dirty.push(default_key(post));
-            }
-            None => c.problem = Some(Problem::Unattributable(Unattributable::DeleteOfUnknownRow)),
+            Some(post) => (post, Some(-1)),
+            None => return unattributable(c, Unattributable::DeleteOfUnknownRow),
         },
         Operation::Update {
             summary: Some(summary),
         } => {
-            let post = after_row
-                .as_ref()
-                .and_then(|r| r.group().cloned())
+            let post = row_post()
                 .or_else(|| schema.post_set_by(summary))
                 .or(key_post);
             let Some(post) = post else {
-                c.problem = Some(Problem::Unattributable(Unattributable::UpdateWithoutPost));
-                return c;
+                return unattributable(c, Unattributable::UpdateWithoutPost);
             };
-            let created_at = after_row.as_ref().and_then(|r| r.created_at);
-            c.dirty.push(default_key(post.clone()));
-            // Other definitions have no guesses: the groups the after-state names are dirty,
-            // and the reconciler recounts them.
-            push_groups(&mut c.dirty, after_row.as_ref(), 1);
             if schema.moves(summary) {
-                if after_row.as_ref().is_some_and(Row::is_live) {
-                    c.deltas.push(Delta {
-                        key: default_key(post),
-                        created_at,
-                        amount: Num::ONE,
-                    });
-                }
                 c.problem = Some(Problem::Unattributable(Unattributable::MoveFromUnknownPost));
-            } else if let Some(amount) = schema.soft_delete_guess(summary) {
-                // Guess: setting the soft-delete field deletes a live row, clearing it revives
-                // a deleted one (a re-stamp would be miscounted: a documented drift source).
-                c.deltas.push(Delta {
-                    key: default_key(post),
-                    created_at,
-                    amount: Num::Int(amount),
-                });
+                (
+                    post,
+                    after_row.as_ref().is_some_and(Row::is_live).then_some(1),
+                )
+            } else {
+                // Setting the soft-delete field deletes a live row, clearing it revives a
+                // deleted one (a re-stamp would be miscounted: a documented drift source).
+                (post, schema.soft_delete_guess(summary))
             }
         }
         // Replace, or update without any description: only the post is known, if that.
-        _ => {
-            push_groups(&mut c.dirty, after_row.as_ref(), 1);
-            match after_row
-                .as_ref()
-                .and_then(|r| r.group().cloned())
-                .or(key_post)
-            {
-                Some(post) => c.dirty.insert(0, default_key(post)),
-                None => {
-                    c.problem = Some(Problem::Unattributable(Unattributable::ChangeWithoutPost))
-                }
+        _ => match row_post().or(key_post) {
+            Some(post) => (post, None),
+            None => {
+                push_groups(&mut c.dirty, after_row.as_ref());
+                return unattributable(c, Unattributable::ChangeWithoutPost);
             }
-        }
+        },
+    };
+    let key = own_key(post);
+    if let Some(gain) = gain {
+        c.deltas.push(Delta {
+            key: key.clone(),
+            created_at: after_row.as_ref().and_then(|r| r.created_at),
+            amount: Num::Int(gain),
+        });
     }
+    c.dirty.push(key);
+    push_groups(&mut c.dirty, after_row.as_ref());
+    c
+}
+
+/// `c` with `why` no delta could be attributed.
+fn unattributable(mut c: Classification, why: Unattributable) -> Classification {
+    c.problem = Some(Problem::Unattributable(why));
     c
 }
 
@@ -545,12 +531,10 @@ fn not_a_number(after: &After, schema: &Schema) -> Option<Problem> {
     let After::Known(Some(row)) = after else {
         return None;
     };
-    // The first definition is a count: only the others can sum a field.
     row.members
         .iter()
-        .skip(1)
-        .zip(&schema.counters)
-        .find_map(|(member, definition)| {
+        .zip(schema.definitions.iter())
+        .find_map(|(member, (_, definition))| {
             let kind = member.not_a_number.as_ref()?;
             Some(Problem::Bad(Malformed::NotANumber {
                 counter: definition.name.clone(),
@@ -563,7 +547,7 @@ fn not_a_number(after: &After, schema: &Schema) -> Option<Problem> {
 /// The problem of a group field whose BSON type cannot be a post id.
 fn bad_post_type(schema: &Schema, kind: &str) -> Problem {
     Problem::Bad(Malformed::UnsupportedPostType {
-        field: schema.group.clone(),
+        field: schema.group().to_string(),
         kind: kind.to_string(),
     })
 }
@@ -572,7 +556,7 @@ fn bad_post_type(schema: &Schema, kind: &str) -> Problem {
 fn problem_only(before: &Before, source: Source, problem: Problem) -> Classification {
     let mut dirty = Vec::new();
     if let Before::Known(Some(row)) = before {
-        push_groups(&mut dirty, Some(row), 0);
+        push_groups(&mut dirty, Some(row));
     }
     Classification {
         deltas: Vec::new(),
@@ -591,23 +575,21 @@ fn push_unique(list: &mut Vec<CounterKey>, key: Option<CounterKey>) {
     }
 }
 
-/// The default definition's counter of `post`.
-fn default_key(post: GroupValue) -> CounterKey {
-    CounterKey {
-        counter: CounterIx::DEFAULT,
-        group: post,
-    }
+/// The counter of `post` in the schema's own group field (the first definition's, see
+/// [`Schema::group`]), which best effort guesses for: a count of every live row of the field
+/// an event names is the only counter an event alone tells anything about.
+fn own_key(post: GroupValue) -> CounterKey {
+    CounterKey::new(CounterIx(0), post)
 }
 
-/// The row's group of every definition from the `from`-th, counted or not: changes there may
-/// have touched them (best effort skips the first, whose guesses it makes itself).
-fn push_groups(list: &mut Vec<CounterKey>, row: Option<&Row>, from: usize) {
+/// The row's group of every definition, counted or not: changes there may have touched them.
+fn push_groups(list: &mut Vec<CounterKey>, row: Option<&Row>) {
     let Some(row) = row else { return };
-    for counter in row.counters().skip(from) {
-        let key = row.group_in(counter).map(|group| CounterKey {
-            counter,
-            group: group.clone(),
-        });
-        push_unique(list, key);
+    for counter in row.counters() {
+        push_unique(
+            list,
+            row.group_in(counter)
+                .map(|g| CounterKey::new(counter, g.clone())),
+        );
     }
 }

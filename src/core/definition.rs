@@ -162,6 +162,12 @@ impl Definitions {
         Definitions { list }
     }
 
+    /// The first definition: the source's own (`group_field`, `counters_collection`), whose
+    /// group field is the schema's ([`crate::core::schema::Schema::group`]).
+    pub fn first(&self) -> &Definition {
+        &self.list[0]
+    }
+
     /// The definition at `ix`.
     pub fn get(&self, ix: CounterIx) -> Option<&Definition> {
         self.list.get(ix.0)
@@ -195,6 +201,21 @@ impl Definitions {
     pub fn names(&self) -> Vec<&str> {
         self.list.iter().map(|d| d.name.as_str()).collect()
     }
+}
+
+/// Whether definition `counter` keeps the names and shapes counterd stored before definitions
+/// existed, so that a deployment keeps its data: definition 0 does (its dirty set, sweep
+/// cursor, run records and a batch intent's marks name no definition). The one place where
+/// definition 0 differs from the others; see [`stored_name`].
+pub fn keeps_historical_names(counter: CounterIx) -> bool {
+    counter == CounterIx::DEFAULT
+}
+
+/// What tells definition `counter` (named `name`) apart in the names counterd stores: its
+/// dirty set's collection, its background sweep's cursor, its run records. `None` for
+/// definition 0 ([`keeps_historical_names`]), its name for every other.
+pub fn stored_name(counter: CounterIx, name: &str) -> Option<&str> {
+    (!keeps_historical_names(counter)).then_some(name)
 }
 
 impl fmt::Display for Definition {

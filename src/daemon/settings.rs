@@ -64,7 +64,8 @@ impl From<&Settings> for ReconcileSettings {
     fn from(settings: &Settings) -> Self {
         ReconcileSettings {
             stream: settings.stream_name.clone(),
-            counter: crate::core::key::CounterIx::DEFAULT,
+            // The first definition, `counter_name`.
+            counter: crate::core::key::CounterIx::default(),
             counter_name: settings.counter_name.clone(),
             bucket_width_secs: settings.bucket_width_secs(),
             settle_secs: settings.settle_time.as_secs() as i64,
@@ -166,7 +167,7 @@ mod tests {
             settings.snapshot_rows_per_second
         );
         assert!(!worker.pre_images);
-        assert_eq!(Schema::default().group, settings.group_field);
+        assert_eq!(Schema::default().group(), settings.group_field);
         assert_eq!(
             Collections::default().counters,
             settings.counters_collection

@@ -169,7 +169,6 @@ struct Jobs {
     slots: Arc<Semaphore>,
     pre_images: bool,
     shared: Shared,
-    definitions: Arc<crate::core::definition::Definitions>,
 }
 
 impl Jobs {
@@ -188,15 +187,12 @@ impl Jobs {
         }));
         // Pre-images are asked for only where the server keeps them and the attribution uses them.
         let pre_images = abilities.pre_images && settings.attribution.uses_pre_images();
-        // Checked when the settings were loaded; a mistake here is one in the file.
-        let definitions = Arc::new(settings.definitions()?);
         Ok(Jobs {
             source: Arc::new(settings),
             owner,
             slots,
             pre_images,
             shared,
-            definitions,
         })
     }
 
@@ -233,7 +229,6 @@ impl Jobs {
             },
             stream: stream.clone(),
             settings: self.source.clone(),
-            definitions: self.definitions.clone(),
             status,
         }
     }
@@ -317,7 +312,6 @@ struct StreamJob {
     lease: LeaseSettings,
     worker: WorkerSettings,
     reconcile: ReconcileSettings,
-    definitions: Arc<crate::core::definition::Definitions>,
     status: Arc<WorkerStatus>,
 }
 
@@ -399,6 +393,8 @@ impl StreamJob {
         let worker = Worker::new(store.clone(), self.worker.clone(), self.status.clone());
         // One reconciler per counter definition, each over its own view of the store.
         let reconcilers = self
+            .worker
+            .schema
             .definitions
             .iter()
             .map(|(ix, d)| {

@@ -12,7 +12,7 @@ use super::{db_expr, js_string, Expectations, Finding};
 
 /// The `createIndex` command that serves the default definition's recounts.
 pub fn create_index_command(expect: &Expectations) -> String {
-    create_index_command_for(expect, &expect.schema.group, &[])
+    create_index_command_for(expect, expect.schema.group(), &[])
 }
 
 /// The `createIndex` command that serves recounts grouped by `group`, and the sums of `sums`.
@@ -42,8 +42,8 @@ pub fn check(
     expect: &Expectations,
 ) -> Vec<Finding> {
     // Each distinct group field, with the fields its sums add up.
-    let mut groups: Vec<(&str, Vec<&str>)> = vec![(expect.schema.group.as_str(), Vec::new())];
-    for definition in &expect.schema.counters {
+    let mut groups: Vec<(&str, Vec<&str>)> = Vec::new();
+    for (_, definition) in expect.schema.definitions.iter() {
         let sum = definition.kind.field();
         match groups.iter_mut().find(|(g, _)| *g == definition.group) {
             Some((_, sums)) => sums.extend(sum.filter(|f| !sums.contains(f))),

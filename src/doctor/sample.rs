@@ -52,7 +52,7 @@ fn group_field(rows: &[Document], schema: &Schema) -> Finding {
             RowRead::Row(_) => {}
         }
     }
-    let group = &schema.group;
+    let group = schema.group();
     if absent == n {
         Finding::problem(
             CHECK,

@@ -27,6 +27,7 @@ pub use sweep::{adopt_new_definitions, run_requested_sweeps, sweep_all};
 use run::Run;
 
 use crate::clock::{Clock, SystemClock};
+use crate::core::definition::stored_name;
 use crate::core::fold::watermark_for;
 use crate::core::key::CounterIx;
 use crate::core::key::GroupValue;
@@ -80,13 +81,17 @@ impl ReconcileSettings {
         }
     }
 
-    /// Where its background sweep keeps its place: the stream's name for the default
-    /// definition (as before definitions existed), `<stream>#<name>` for the others.
+    /// The definition's name in what it stores (see [`stored_name`]): `None` for definition 0.
+    pub(super) fn stored_name(&self) -> Option<&str> {
+        stored_name(self.counter, &self.counter_name)
+    }
+
+    /// Where its background sweep keeps its place: the stream's name for definition 0 (as
+    /// before definitions existed), `<stream>#<name>` for the others.
     pub fn sweep_key(&self) -> String {
-        if self.counter == CounterIx::DEFAULT {
-            self.stream.clone()
-        } else {
-            format!("{}#{}", self.stream, self.counter_name)
+        match self.stored_name() {
+            None => self.stream.clone(),
+            Some(name) => format!("{}#{name}", self.stream),
         }
     }
 }

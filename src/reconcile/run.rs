@@ -210,13 +210,9 @@ impl Run {
             stream: settings.stream.clone(),
             started: std::time::Instant::now(),
             summary: RunSummary {
-                // Stored only for definitions beyond the default: a default run's record is
-                // the same as before definitions existed.
-                counter: if settings.counter == crate::core::key::CounterIx::DEFAULT {
-                    String::new()
-                } else {
-                    counter.clone()
-                },
+                // Stored only for definitions beyond the first: its run's record is the same
+                // as before definitions existed.
+                counter: settings.stored_name().unwrap_or_default().to_string(),
                 started_at: Some(DateTime::now()),
                 kind: kind.into(),
                 watermark,

@@ -3,7 +3,6 @@
 
 use super::run::Run;
 use super::{Outcome, Reconciler, RunReport};
-use crate::core::key::CounterIx;
 use crate::core::key::GroupValue;
 use crate::shutdown::Shutdown;
 use crate::store::{Store, StoreResult};
@@ -19,23 +18,22 @@ struct SweepPass {
 }
 
 impl<S: Store + ?Sized> Reconciler<S> {
-    /// Recounts every post, window by window over `post_id`, paced; `progress` hears the
-    /// number of posts done after each window. Clears a pending sweep request when complete.
+    /// Recounts every post of this definition, window by window over `post_id`, paced;
+    /// `progress` hears the number of posts done after each window.
     ///
-    /// A stream's sweep request is the whole stream's, every definition's: only the default
-    /// definition's sweep clears it here ([`run_requested_sweeps`] clears it once every
-    /// definition has swept).
+    /// A stream's sweep request is the whole stream's, every definition's: it is left as it
+    /// is here, and [`sweep_all`] and [`run_requested_sweeps`] clear it once every definition
+    /// of the stream has swept.
     pub async fn sweep(
         &self,
         now_secs: i64,
         progress: impl FnMut(u64) + Send,
         shutdown: Option<Shutdown>,
     ) -> StoreResult<RunReport> {
-        let (report, passed) = self.sweep_posts(now_secs, None, progress, shutdown).await?;
-        if passed && self.settings.counter == CounterIx::DEFAULT {
-            self.clear_sweep_request().await?;
-        }
-        Ok(report)
+        Ok(self
+            .sweep_posts(now_secs, None, progress, shutdown)
+            .await?
+            .0)
     }
 
     /// Clears the stream's sweep request.
@@ -163,20 +161,15 @@ impl<S: Store + ?Sized> Reconciler<S> {
     /// keeps buckets (empty for them, their events were never seen) and would not count them.
     /// Returns `None` when no sweep is requested or it must wait for the settle time.
     ///
-    /// This definition's sweep only; like [`Reconciler::sweep`], only the default definition's
-    /// clears the request. [`run_requested_sweeps`] runs every definition's of a stream.
+    /// This definition's sweep only; like [`Reconciler::sweep`], it leaves the request as it
+    /// is. [`run_requested_sweeps`] runs every definition's of a stream and clears it.
     pub async fn run_requested_sweep(
         &self,
         now_secs: i64,
         shutdown: Option<Shutdown>,
     ) -> StoreResult<Option<RunReport>> {
-        let Some((report, passed)) = self.requested_sweep(now_secs, shutdown).await? else {
-            return Ok(None);
-        };
-        if passed && self.settings.counter == CounterIx::DEFAULT {
-            self.clear_sweep_request().await?;
-        }
-        Ok(Some(report))
+        let swept = self.requested_sweep(now_secs, shutdown).await?;
+        Ok(swept.map(|(report, _)| report))
     }
 
     /// The requested sweep of this definition, if one is due, and whether it did what the
@@ -361,10 +354,6 @@ impl<S: Store + ?Sized> Reconciler<S> {
     }
 }
 
-/// Runs the sweep a stream's lost history requested for every definition (each over its own
-/// counters, one after the other) and clears the request only once every one of them did what
-/// it asks: a request is the whole stream's, and a definition that could not recount every
-/// group consistently runs again with the others.
 /// A full sweep of every definition of a stream (`reconcilers`, one per definition, the
 /// default first), one after another: what `counterd reconcile --sweep` runs. The stream's sweep
 /// request is cleared only once every definition's sweep completed, so a request after lost
@@ -413,7 +402,9 @@ pub async fn adopt_new_definitions<S: Store + ?Sized>(
 ) -> StoreResult<Vec<RunReport>> {
     let mut reports = Vec::new();
     for reconciler in reconcilers {
-        if reconciler.settings.counter == CounterIx::DEFAULT {
+        // Definition 0 is counted from the stream's start, as before definitions existed
+        // (and before markers did): it is never adopted.
+        if reconciler.settings.stored_name().is_none() {
             continue;
         }
         let marker = format!("{}#adopted", reconciler.settings.sweep_key());
@@ -462,6 +453,10 @@ pub async fn adopt_new_definitions<S: Store + ?Sized>(
     Ok(reports)
 }
 
+/// Runs the sweep a stream's lost history requested for every definition (each over its own
+/// counters, one after the other) and clears the request only once every one of them did what
+/// it asks: a request is the whole stream's, and a definition that could not recount every
+/// group consistently runs again with the others.
 pub async fn run_requested_sweeps<S: Store + ?Sized>(
     reconcilers: &[Reconciler<S>],
     now_secs: i64,

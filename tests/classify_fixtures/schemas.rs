@@ -10,18 +10,16 @@ use crate::{c1, event, post};
 
 pub fn js_schema() -> Schema {
     Schema {
-        counters: Vec::new(),
-        group: "postId".into(),
         created: "createdAt".into(),
         soft_delete: counterd::core::schema::SoftDelete::True {
             field: "deleted".into(),
         },
+        ..Schema::default().grouped_by("postId")
     }
 }
 
 pub fn status_schema() -> Schema {
     Schema {
-        counters: Vec::new(),
         soft_delete: counterd::core::schema::SoftDelete::OneOf {
             field: "status".into(),
             values: vec![Bson::String("removed".into()), Bson::String("spam".into())],
@@ -32,10 +30,8 @@ pub fn status_schema() -> Schema {
 
 pub fn nested_schema() -> Schema {
     Schema {
-        counters: Vec::new(),
-        group: "meta.post".into(),
         created: "meta.created".into(),
-        ..Schema::default()
+        ..Schema::default().grouped_by("meta.post")
     }
 }
 

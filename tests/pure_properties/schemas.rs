@@ -16,12 +16,11 @@ use crate::{comment_strategy, Comment, WIDTH};
 /// `deleted_at` → `deletedAt`.
 pub fn renamed_schema() -> Schema {
     Schema {
-        counters: Vec::new(),
-        group: "meta.postId".into(),
         created: "createdAt".into(),
         soft_delete: counterd::core::schema::SoftDelete::Present {
             field: "deletedAt".into(),
         },
+        ..Schema::default().grouped_by("meta.postId")
     }
 }
 

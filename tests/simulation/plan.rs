@@ -376,10 +376,7 @@ impl Plan {
             retry_min_delay: Duration::ZERO,
             retry_max_delay: Duration::ZERO,
             budget: self.budget.clone(),
-            schema: counterd::core::schema::Schema {
-                counters: self.extra(),
-                ..counterd::core::schema::Schema::default()
-            },
+            schema: counterd::core::schema::Schema::default().with_more(self.extra()),
             snapshot: SnapshotSettings {
                 initial: if self.snapshot {
                     InitialSnapshot::Auto

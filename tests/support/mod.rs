@@ -326,10 +326,8 @@ pub fn settings_file(dir: &tempfile::TempDir, text: &str) -> String {
 /// views then count their truth).
 pub fn schema_of(text: &str) -> counterd::core::schema::Schema {
     let settings: counterd::config::Settings = toml::from_str(text).unwrap();
-    counterd::core::schema::Schema {
-        counters: settings.definitions().unwrap().extra().to_vec(),
-        ..counterd::core::schema::Schema::default()
-    }
+    counterd::core::schema::Schema::default()
+        .with_more(settings.definitions().unwrap().extra().to_vec())
 }
 
 /// The environment of a `counterd run` whose folds follow within seconds (one-second buckets, a

@@ -279,9 +279,12 @@ async fn create_recount_index(
 ) -> anyhow::Result<()> {
     let schema = settings.schema();
     let mut key = Document::new();
-    key.insert(&schema.group, 1);
+    key.insert(schema.group(), 1);
     key.insert(&schema.created, 1);
-    for (_, d) in definitions.iter().filter(|(_, d)| d.group == schema.group) {
+    for (_, d) in definitions
+        .iter()
+        .filter(|(_, d)| d.group == schema.group())
+    {
         if let Some(field) = d.kind.field() {
             key.insert(field, 1);
         }

@@ -15,9 +15,9 @@
 use bson::{Bson, Document};
 use serde::{Deserialize, Serialize};
 
-use crate::core::definition::Definition;
+use crate::core::definition::{Definition, Definitions};
 use crate::core::event::{Row, RowRead};
-use crate::core::key::{GroupValue, Member};
+use crate::core::key::GroupValue;
 
 mod projection;
 mod update;
@@ -62,30 +62,52 @@ impl SoftDelete {
     }
 }
 
-/// The application's field names and soft-delete rule.
+/// The application's field names and soft-delete rule, and every counter definition.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Schema {
-    /// Dotted path of the post a comment belongs to (`post_id`, `postId`, `meta.post`).
-    pub group: String,
     /// Dotted path of the creation time (`created_at`); a row without a date there is filed
     /// under bucket 0, below every watermark, and still counted.
     pub created: String,
     pub soft_delete: SoftDelete,
-    /// The counter definitions beyond the default (which is `group` without condition): every
-    /// row read also records what the row is to each of them ([`Row::members`]).
-    pub counters: Vec<Definition>,
+    /// Every counter definition, the default first: every row read records what the row is
+    /// to each ([`Row::members`]). The first one's group field is the schema's own
+    /// ([`Schema::group`]).
+    pub definitions: Definitions,
 }
 
 impl Schema {
+    /// Dotted path of the field that groups a comment under its post (`post_id`, `postId`,
+    /// `meta.post`): the first definition's, the field partitions divide by and best effort
+    /// reads from an event.
+    pub fn group(&self) -> &str {
+        &self.definitions.first().group
+    }
+
+    /// This schema with its rows grouped by `group` (the first definition's group field).
+    pub fn grouped_by(self, group: &str) -> Schema {
+        let first = Definition {
+            group: group.into(),
+            ..self.definitions.first().clone()
+        };
+        Schema {
+            definitions: Definitions::new(first, self.definitions.extra().to_vec()),
+            ..self
+        }
+    }
+
+    /// This schema with `more` as the definitions after the first.
+    pub fn with_more(self, more: Vec<Definition>) -> Schema {
+        Schema {
+            definitions: Definitions::new(self.definitions.first().clone(), more),
+            ..self
+        }
+    }
+
     /// Whether definition `counter` groups rows by another field than the post, the field
     /// partitions divide by: its counters are then written by several partitions, each under
     /// its own guard (see [`crate::core::partition`]).
     pub fn shared(&self, counter: crate::core::key::CounterIx) -> bool {
-        counter
-            .0
-            .checked_sub(1)
-            .and_then(|i| self.counters.get(i))
-            .is_some_and(|d| d.group != self.group)
+        (self.definitions.get(counter)).is_some_and(|d| d.group != self.group())
     }
 
     /// The value at a dotted `path` of `doc` (`None`: absent, or a step is not a document).
@@ -96,7 +118,7 @@ impl Schema {
     /// Reads the counting-relevant fields of a comment document: a row with a usable post id,
     /// or why it has none.
     pub fn read_row(&self, doc: &Document) -> RowRead {
-        match Self::get(doc, &self.group) {
+        match Self::get(doc, self.group()) {
             None => RowRead::NoPost,
             Some(value) => match GroupValue::from_bson(value) {
                 Some(_) => RowRead::Row(self.read_existing_row(doc)),
@@ -116,13 +138,12 @@ impl Schema {
             .soft_delete
             .field()
             .is_some_and(|f| self.soft_delete.is_deleted(Self::get(doc, f)));
-        let post = Member::counting(
-            Self::get(doc, &self.group).and_then(GroupValue::from_bson),
-            true,
-        );
-        let more = self.counters.iter().map(|d| d.member(doc));
         Row {
-            members: std::iter::once(post).chain(more).collect(),
+            members: self
+                .definitions
+                .iter()
+                .map(|(_, d)| d.member(doc))
+                .collect(),
             created_at,
             deleted,
         }
@@ -138,18 +159,13 @@ impl Schema {
     /// The post id an event document names in the group field, if any (a `documentKey` on a
     /// collection sharded on it, a looked-up row, an update's new value).
     pub fn post_in(&self, doc: &Document) -> Option<GroupValue> {
-        Self::get(doc, &self.group).and_then(GroupValue::from_bson)
+        Self::get(doc, self.group()).and_then(GroupValue::from_bson)
     }
 
     /// Why the schema cannot be used (`None`: it can): an empty field name, a `$` in one.
     pub fn problem(&self) -> Option<(&'static str, String)> {
-        let bad_path = |p: &str| {
-            p.is_empty()
-                || p.split('.')
-                    .any(|part| part.is_empty() || part.starts_with('$'))
-        };
-        if bad_path(&self.group) {
-            return Some(("group_field", self.group.clone()));
+        if bad_path(self.group()) {
+            return Some(("group_field", self.group().to_string()));
         }
         if bad_path(&self.created) {
             return Some(("created_field", self.created.clone()));
@@ -163,6 +179,14 @@ impl Schema {
     }
 }
 
+/// Whether `path` cannot name a field: empty, an empty part (`a..b`), a part starting with `$`.
+pub fn bad_path(path: &str) -> bool {
+    path.is_empty()
+        || path
+            .split('.')
+            .any(|part| part.is_empty() || part.starts_with('$'))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,12 +194,11 @@ mod tests {
 
     pub(super) fn js() -> Schema {
         Schema {
-            counters: Vec::new(),
-            group: "postId".into(),
             created: "createdAt".into(),
             soft_delete: SoftDelete::True {
                 field: "deleted".into(),
             },
+            ..Schema::default().grouped_by("postId")
         }
     }
 
@@ -189,11 +212,7 @@ mod tests {
 
     #[test]
     fn dotted_paths_read_nested_fields() {
-        let s = Schema {
-            counters: Vec::new(),
-            group: "meta.post".into(),
-            ..Schema::default()
-        };
+        let s = Schema::default().grouped_by("meta.post");
         assert_eq!(
             s.read_row(&doc! {"_id": 1, "meta": {"post": 7}}),
             RowRead::Row(row(7, false))
@@ -222,7 +241,6 @@ mod tests {
             matches!(boolean.read_row(&doc! {"postId": 1, "deleted": "yes"}), RowRead::Row(r) if !r.deleted)
         );
         let status = Schema {
-            counters: Vec::new(),
             soft_delete: SoftDelete::OneOf {
                 field: "status".into(),
                 values: vec![Bson::String("removed".into()), Bson::String("spam".into())],
@@ -237,7 +255,6 @@ mod tests {
         );
         assert!(matches!(status.read_row(&doc! {"post_id": 1}), RowRead::Row(r) if !r.deleted));
         let never = Schema {
-            counters: Vec::new(),
             soft_delete: SoftDelete::Never,
             ..Schema::default()
         };
@@ -248,20 +265,14 @@ mod tests {
 
     #[test]
     fn bad_field_names_are_named() {
-        let bad = Schema {
-            counters: Vec::new(),
-            group: String::new(),
-            ..Schema::default()
-        };
+        let bad = Schema::default().grouped_by("");
         assert_eq!(bad.problem().map(|p| p.0), Some("group_field"));
         let bad = Schema {
-            counters: Vec::new(),
             created: "$x".into(),
             ..Schema::default()
         };
         assert_eq!(bad.problem().map(|p| p.0), Some("created_field"));
         let bad = Schema {
-            counters: Vec::new(),
             soft_delete: SoftDelete::True {
                 field: "a..b".into(),
             },

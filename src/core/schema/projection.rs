@@ -54,11 +54,10 @@ impl Schema {
     /// that another one already covers (`meta` covers `meta.post`): a projection naming both
     /// a path and its parent is refused by the server.
     pub fn read_paths(&self) -> Vec<String> {
-        let mut paths: Vec<String> = [Some(self.group.as_str()), Some(&self.created)]
+        let mut paths: Vec<String> = [Some(self.created.as_str()), self.soft_delete.field()]
             .into_iter()
-            .chain([self.soft_delete.field()])
             .flatten()
-            .chain(self.counters.iter().flat_map(|d| d.read_paths()))
+            .chain(self.definitions.iter().flat_map(|(_, d)| d.read_paths()))
             .map(String::from)
             .collect();
         paths.sort();
@@ -151,12 +150,11 @@ mod tests {
     #[test]
     fn read_paths_drop_duplicates_and_covered_children() {
         let schema = Schema {
-            counters: Vec::new(),
-            group: "meta".into(),
             created: "meta.created".into(),
             soft_delete: SoftDelete::True {
                 field: "meta".into(),
             },
+            ..Schema::default().grouped_by("meta")
         };
         assert_eq!(schema.read_paths(), vec!["meta".to_string()]);
         let default = Schema::default();
@@ -165,17 +163,15 @@ mod tests {
             vec!["created_at", "deleted_at", "post_id"]
         );
         let never = Schema {
-            counters: Vec::new(),
             soft_delete: SoftDelete::Never,
             ..Schema::default()
         };
         assert_eq!(never.read_paths(), vec!["created_at", "post_id"]);
         // `meta.postx` is not under `meta.post`.
         let siblings = Schema {
-            counters: Vec::new(),
-            group: "meta.post".into(),
             created: "meta.postx".into(),
             soft_delete: SoftDelete::Never,
+            ..Schema::default().grouped_by("meta.post")
         };
         assert_eq!(siblings.read_paths(), vec!["meta.post", "meta.postx"]);
     }

@@ -25,24 +25,22 @@ pub enum FieldChange {
 impl Schema {
     /// The post an update sets the group field to, if it does.
     pub fn post_set_by(&self, update: &UpdateSummary) -> Option<GroupValue> {
-        match Self::change(update, &self.group) {
+        match Self::change(update, self.group()) {
             FieldChange::Set(Some(value)) => GroupValue::from_bson(&value),
             _ => None,
         }
     }
 
     /// The counters an update moves the row into, of every definition: each group field it
-    /// sets to a usable key (the default definition's is [`Schema::post_set_by`]).
+    /// sets to a usable key (the first definition's is [`Schema::post_set_by`]).
     pub fn groups_set_by(&self, update: &UpdateSummary) -> Vec<CounterKey> {
-        let groups = std::iter::once(&self.group).chain(self.counters.iter().map(|d| &d.group));
-        let set = |(i, path): (usize, &String)| match Self::change(update, path) {
-            FieldChange::Set(Some(value)) => Some(CounterKey {
-                counter: CounterIx(i),
-                group: GroupValue::from_bson(&value)?,
-            }),
+        let set = |(counter, d): (CounterIx, &Definition)| match Self::change(update, &d.group) {
+            FieldChange::Set(Some(value)) => {
+                Some(CounterKey::new(counter, GroupValue::from_bson(&value)?))
+            }
             _ => None,
         };
-        groups.enumerate().filter_map(set).collect()
+        self.definitions.iter().filter_map(set).collect()
     }
 
     /// Best effort without a before-state: the guessed count change of an update through the
@@ -61,7 +59,7 @@ impl Schema {
 
     /// Whether an update names the group field (moves the row, or changes part of it).
     pub fn moves(&self, update: &UpdateSummary) -> bool {
-        Self::change(update, &self.group) != FieldChange::Unchanged
+        Self::change(update, self.group()) != FieldChange::Unchanged
     }
 
     /// A document after `update`, from the document before it (dotted paths included).
@@ -108,7 +106,9 @@ impl Schema {
     }
 
     /// Whether [`Schema::apply`] can derive the row after `update` from `before` alone for every
-    /// counter definition: the update changes no part of a group field, and of each condition
+    /// counter definition: the update changes no part of a group field (but the schema's own,
+    /// where [`Schema::apply`] reports it as bad input: a part of a field set makes it a
+    /// document, which is no group value), and of each condition
     /// either no field or every field it reads (set or removed by name, so the verdict follows
     /// from the update alone: [`Schema::condition_set_by`]); and the row records every
     /// definition. Otherwise the after-state must come from a document (the pre-image with the
@@ -119,9 +119,10 @@ impl Schema {
     /// harmless only while every later before-state also comes from the ledger. A later event
     /// that brings its pre-image (an event-time state) would count the change in between twice.
     pub fn derives(&self, update: &UpdateSummary, before: &Row) -> bool {
-        before.members.len() > self.counters.len()
-            && self.counters.iter().all(|definition| {
-                Self::change(update, &definition.group) != FieldChange::Unknown
+        before.members.len() >= self.definitions.len()
+            && self.definitions.iter().all(|(_, definition)| {
+                (definition.group == self.group()
+                    || Self::change(update, &definition.group) != FieldChange::Unknown)
                     && definition
                         .kind
                         .field()
@@ -163,21 +164,12 @@ impl Schema {
     /// then filed under its own creation time). `Err`: the group field now holds a value that
     /// cannot be a post id (its type, beside the row, which exists but no longer counts).
     pub fn apply(&self, update: &UpdateSummary, before: &Row) -> Result<Row, (Row, String)> {
-        let mut bad = None;
-        let post = match Self::change(update, &self.group) {
-            FieldChange::Unchanged => before.group().cloned(),
-            FieldChange::Set(None) => None,
-            FieldChange::Set(Some(value)) => match GroupValue::from_bson(&value) {
-                Some(p) => Some(p),
-                None => {
-                    bad = Some(format!("{:?}", value.element_type()));
-                    None
-                }
-            },
-            FieldChange::Unknown => {
-                bad = Some("Document (a part of it changed)".into());
-                None
+        let bad = match Self::change(update, self.group()) {
+            FieldChange::Set(Some(value)) if GroupValue::from_bson(&value).is_none() => {
+                Some(format!("{:?}", value.element_type()))
             }
+            FieldChange::Unknown => Some("Document (a part of it changed)".into()),
+            FieldChange::Unchanged | FieldChange::Set(_) => None,
         };
         let created_at = match Self::change(update, &self.created) {
             FieldChange::Unchanged => before.created_at,
@@ -192,50 +184,47 @@ impl Schema {
                 FieldChange::Unknown => before.deleted,
             },
         };
-        // Callers check `derives` first: a condition's fields are untouched (the verdict stays)
-        // or all named by the update (the verdict is decided again from them).
-        let members = self
-            .counters
-            .iter()
-            .enumerate()
-            .map(|(i, definition)| {
-                let before = before.members.get(i + 1).cloned().unwrap_or_default();
-                let (amount, not_a_number) = match definition.kind.field() {
-                    None => (Num::ONE, None),
-                    Some(field) => match Self::change(update, field) {
-                        FieldChange::Set(value) => amount_of(value.as_ref()),
-                        // `derives` said the field is untouched or named whole.
-                        FieldChange::Unchanged | FieldChange::Unknown => (before.amount, None),
-                    },
-                };
-                Member {
-                    amount,
-                    not_a_number,
-                    group: match Self::change(update, &definition.group) {
-                        FieldChange::Unchanged => before.group,
-                        FieldChange::Set(value) => value.as_ref().and_then(GroupValue::from_bson),
-                        FieldChange::Unknown => None,
-                    },
-                    matches: match Self::condition_set_by(update, definition) {
-                        Some(fields) if !Self::condition_untouched(update, definition) => {
-                            definition.condition.matches(&fields)
-                        }
-                        _ => before.matches,
-                    },
-                }
-            })
-            .collect::<Vec<_>>();
+        let members = self.definitions.iter().map(|(counter, definition)| {
+            let before = before.members.get(counter.0).cloned().unwrap_or_default();
+            Self::member_after(update, definition, before)
+        });
         let row = Row {
-            members: [Member::counting(post, true)]
-                .into_iter()
-                .chain(members)
-                .collect(),
+            members: members.collect(),
             created_at,
             deleted,
         };
         match bad {
             None => Ok(row),
             Some(kind) => Err((row, kind)),
+        }
+    }
+
+    /// What the row is to `definition` after `update`, from what it was (`before`). Callers
+    /// check `derives` first: a condition's fields are untouched (the verdict stays) or all
+    /// named by the update (the verdict is decided again from them).
+    fn member_after(update: &UpdateSummary, definition: &Definition, before: Member) -> Member {
+        let (amount, not_a_number) = match definition.kind.field() {
+            None => (Num::ONE, None),
+            Some(field) => match Self::change(update, field) {
+                FieldChange::Set(value) => amount_of(value.as_ref()),
+                // `derives` said the field is untouched or named whole.
+                FieldChange::Unchanged | FieldChange::Unknown => (before.amount, None),
+            },
+        };
+        Member {
+            amount,
+            not_a_number,
+            group: match Self::change(update, &definition.group) {
+                FieldChange::Unchanged => before.group,
+                FieldChange::Set(value) => value.as_ref().and_then(GroupValue::from_bson),
+                FieldChange::Unknown => None,
+            },
+            matches: match Self::condition_set_by(update, definition) {
+                Some(fields) if !Self::condition_untouched(update, definition) => {
+                    definition.condition.matches(&fields)
+                }
+                _ => before.matches,
+            },
         }
     }
 }
@@ -295,11 +284,7 @@ mod tests {
 
     #[test]
     fn updates_of_a_parent_or_a_child_of_a_dotted_field() {
-        let s = Schema {
-            counters: Vec::new(),
-            group: "meta.post".into(),
-            ..Schema::default()
-        };
+        let s = Schema::default().grouped_by("meta.post");
         let before = row(1, false);
         assert_eq!(
             s.apply(&update(doc! {"meta": {"post": 3}}, &[]), &before),
@@ -337,13 +322,10 @@ mod tests {
             kind: crate::core::definition::Kind::Count,
             collection: format!("{name}_counters"),
         };
-        Schema {
-            counters: vec![
-                definition("approved", "postId", doc! {"approved": true}),
-                definition("per_author", "author.id", doc! {}),
-            ],
-            ..js()
-        }
+        js().with_more(vec![
+            definition("approved", "postId", doc! {"approved": true}),
+            definition("per_author", "author.id", doc! {}),
+        ])
     }
 
     #[test]
@@ -367,19 +349,16 @@ mod tests {
             "a part of a condition's field changed"
         );
         // A condition over two fields, one of them not named: the other's value is unknown.
-        let two = Schema {
-            counters: vec![Definition {
-                name: "approved_recent".into(),
-                group: "postId".into(),
-                condition: crate::core::condition::Condition::parse(
-                    &doc! {"approved": true, "score": {"$gt": 3}},
-                )
-                .unwrap(),
-                kind: crate::core::definition::Kind::Count,
-                collection: "x".into(),
-            }],
-            ..js()
-        };
+        let two = js().with_more(vec![Definition {
+            name: "approved_recent".into(),
+            group: "postId".into(),
+            condition: crate::core::condition::Condition::parse(
+                &doc! {"approved": true, "score": {"$gt": 3}},
+            )
+            .unwrap(),
+            kind: crate::core::definition::Kind::Count,
+            collection: "x".into(),
+        }]);
         let before = two.read_existing_row(&doc! {"postId": 1, "approved": false, "score": 5});
         assert!(!two.derives(&update(doc! {"approved": true}, &[]), &before));
         let both = update(doc! {"approved": true, "score": 1}, &[]);

@@ -16,7 +16,7 @@ impl Schema {
         deleted: bool,
     ) -> Document {
         let mut doc = bson::doc! {"_id": id.into()};
-        set_path(&mut doc, &self.group, post.to_bson());
+        set_path(&mut doc, self.group(), post.to_bson());
         set_path(&mut doc, &self.created, Bson::DateTime(created_at));
         if deleted {
             match &self.soft_delete {
@@ -91,15 +91,7 @@ mod tests {
 
     #[test]
     fn row_documents_round_trip() {
-        for s in [
-            Schema::default(),
-            js(),
-            Schema {
-                counters: Vec::new(),
-                group: "a.b.c".into(),
-                ..js()
-            },
-        ] {
+        for s in [Schema::default(), js(), js().grouped_by("a.b.c")] {
             let t = bson::DateTime::from_millis(1_700_000_000_000);
             for deleted in [false, true] {
                 let d = s.row_document(1, &GroupValue::Int(5), t, deleted);

@@ -46,7 +46,8 @@ impl Ledger for MongoStore {
             )?;
             let update = match &u.state {
                 Some(row) => {
-                    let (mut set, unset) = ledger_row_update(op, row, &self.schema.counters)?;
+                    let (mut set, unset) =
+                        ledger_row_update(op, row, self.schema.definitions.extra())?;
                     set.append("applied_through", through.as_str());
                     set.append("epoch", fence.epoch);
                     set.append("generation", generation as i64);
@@ -72,7 +73,7 @@ impl Ledger for MongoStore {
     ) -> StoreResult<()> {
         let op = "rebuild the comment ledger";
         let statement = |(comment, row): &(CommentId, Row)| {
-            let (mut set, mut unset) = ledger_row_update(op, row, &self.schema.counters)?;
+            let (mut set, mut unset) = ledger_row_update(op, row, self.schema.definitions.extra())?;
             set.append("generation", generation as i64);
             // Any write of the worker replaces a rebuilt entry.
             unset.append("applied_through", "");
@@ -101,7 +102,7 @@ impl Ledger for MongoStore {
             .collect();
         let op = "claim ledger entries for the snapshot";
         let statement = |(comment, row): &(&CommentId, &Row)| {
-            let (mut set, _) = ledger_row_update(op, row, &self.schema.counters)?;
+            let (mut set, _) = ledger_row_update(op, row, self.schema.definitions.extra())?;
             set.append("epoch", fence.epoch);
             set.append("generation", generation as i64);
             set.append("claimed_by_snapshot", true);
@@ -145,7 +146,7 @@ impl MongoStore {
                 }
                 if let Some(id) = entry.get("_id") {
                     let at = LedgerAt {
-                        state: row_from_ledger(&entry, &self.schema.counters),
+                        state: row_from_ledger(&entry, self.schema.definitions.extra()),
                         through: entry
                             .get_str("applied_through")
                             .ok()

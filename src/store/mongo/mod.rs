@@ -50,6 +50,7 @@ use self::documents::*;
 use self::errors::*;
 use self::observe::Observe;
 use crate::core::batch::{CounterDelta, CounterWrite, DirtyMark};
+use crate::core::definition::stored_name;
 use crate::core::event::{CommentId, Row, Token};
 use crate::core::event::{LedgerUpdate, LedgerView};
 use crate::core::key::CounterIx;
@@ -96,13 +97,13 @@ impl Collections {
         }
     }
 
-    /// The dirty set of the counter definition `name`: the default keeps `<prefix>dirty` (so
-    /// an existing database works unchanged), every other `<prefix>dirty_<name>`.
-    pub fn dirty_of(&self, name: &str) -> String {
-        if name == crate::core::definition::DEFAULT_COUNTER {
-            self.dirty.clone()
-        } else {
-            format!("{}_{name}", self.dirty)
+    /// The dirty set of the counter definition `counter`, named `name`: definition 0 keeps
+    /// `<prefix>dirty` (so an existing database works unchanged), every other
+    /// `<prefix>dirty_<name>` (see [`stored_name`]).
+    pub fn dirty_of(&self, counter: CounterIx, name: &str) -> String {
+        match stored_name(counter, name) {
+            None => self.dirty.clone(),
+            Some(name) => format!("{}_{name}", self.dirty),
         }
     }
 
@@ -248,7 +249,7 @@ impl MongoStore {
             names: options.collections.clone(),
             schema: options.schema.clone(),
             hosts,
-            counter: CounterIx::DEFAULT,
+            counter: CounterIx::default(),
         })
     }
 
@@ -264,27 +265,13 @@ impl MongoStore {
         self.db.collection(name)
     }
 
-    /// Where definition `counter` lives: the default is the schema's group field and the
-    /// configured counters collection; the others are the schema's `counters`, in order.
+    /// Where definition `counter` of the schema lives.
     pub(super) fn place(&self, op: &'static str, counter: CounterIx) -> StoreResult<Place<'_>> {
-        if counter == CounterIx::DEFAULT {
-            return Ok(Place {
-                counters: &self.names.counters,
-                dirty: self.names.dirty.clone(),
-                group: &self.schema.group,
-                condition: None,
-                sum: None,
-                prefix: "",
-            });
-        }
-        let definition = self
-            .schema
-            .counters
-            .get(counter.0 - 1)
-            .ok_or_else(|| unknown_counter(op, counter))?;
+        let definition =
+            (self.schema.definitions.get(counter)).ok_or_else(|| unknown_counter(op, counter))?;
         Ok(Place {
             counters: &definition.collection,
-            dirty: self.names.dirty_of(&definition.name),
+            dirty: self.names.dirty_of(counter, &definition.name),
             group: &definition.group,
             condition: (!definition.condition.is_empty()).then_some(&definition.condition),
             sum: definition.kind.field(),
@@ -299,8 +286,8 @@ impl MongoStore {
 
     /// Every definition's place, the default first.
     fn places(&self) -> Vec<Place<'_>> {
-        (0..=self.schema.counters.len())
-            .filter_map(|i| self.place("list counter definitions", CounterIx(i)).ok())
+        (self.schema.definitions.iter())
+            .filter_map(|(i, _)| self.place("list counter definitions", i).ok())
             .collect()
     }
 

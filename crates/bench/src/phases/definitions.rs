@@ -111,10 +111,7 @@ async fn run(
     kept: &'static str,
     extra: Vec<Definition>,
 ) -> anyhow::Result<DefinitionRun> {
-    let schema = counterd::core::schema::Schema {
-        counters: extra,
-        ..counterd::core::schema::Schema::default()
-    };
+    let schema = counterd::core::schema::Schema::default().with_more(extra);
     let store = bench
         .store_with_schema("definitions", schema.clone())
         .await?;

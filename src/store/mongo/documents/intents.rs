@@ -175,7 +175,7 @@ struct MarkDoc {
 }
 
 fn is_default_counter(counter: &usize) -> bool {
-    *counter == CounterIx::DEFAULT.0
+    crate::core::definition::keeps_historical_names(CounterIx(*counter))
 }
 
 impl TryFrom<Bson> for MarkDoc {
@@ -222,7 +222,6 @@ struct PendingDoc {
     carry: Option<String>,
 }
 
-/// The pending batch as stored in the checkpoint document.
 /// The pending batch as the checkpoint stores it, as raw BSON: a batch's intent names every
 /// counter, ledger state and dirty mark it plans (thousands while behind), which as a document
 /// tree held several megabytes beside the batch's other state.
