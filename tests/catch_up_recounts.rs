@@ -271,5 +271,15 @@ async fn recounts_while_catching_up_a_backlog_under_load_are_rarely_in_flight() 
              (at most 5 % allowed); the reconciler's runs:\n{lines}"
         );
     }
+    // Each recount says which run made it, so a share in flight can be traced to its run.
+    let recount_lines: Vec<&str> = settled
+        .lines()
+        .filter(|l| l.starts_with("counterd_recounts_total{"))
+        .collect();
+    assert!(
+        !recount_lines.is_empty() && recount_lines.iter().all(|l| l.contains("kind=\"")),
+        "every counterd_recounts_total series names its run's kind: {recount_lines:?}"
+    );
+    eprintln!("recounts by run: {recount_lines:?}");
     d.terminate();
 }

@@ -34,7 +34,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
         let recounts = self.recounter.recount(&requests, &mut run.pace).await;
         let recounts = recounts?;
         run.summary.counts += recounts.len() as u64;
-        metrics::counter!(m::RECOUNTS, "stream" => self.settings.stream.clone())
+        metrics::counter!(m::RECOUNTS, "stream" => self.settings.stream.clone(), "kind" => run.summary.kind.clone())
             .increment(recounts.len() as u64);
         let mut outcomes = Vec::with_capacity(recounts.len());
         for recount in recounts {
@@ -45,7 +45,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
                 }
                 Recount::InFlight => {
                     run.summary.in_flight += 1;
-                    metrics::counter!(m::RECOUNTS_IN_FLIGHT, "stream" => self.settings.stream.clone())
+                    metrics::counter!(m::RECOUNTS_IN_FLIGHT, "stream" => self.settings.stream.clone(), "kind" => run.summary.kind.clone())
                         .increment(1);
                     Outcome::NotNow
                 }
@@ -99,7 +99,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
             let now = self.store.read_counter(&recount.post).await?;
             if !self.recounter.settle(&mut recount, now).await? {
                 run.summary.in_flight += 1;
-                metrics::counter!(m::RECOUNTS_IN_FLIGHT, "stream" => self.settings.stream.clone())
+                metrics::counter!(m::RECOUNTS_IN_FLIGHT, "stream" => self.settings.stream.clone(), "kind" => run.summary.kind.clone())
                     .increment(1);
                 return Ok(Outcome::NotNow);
             }

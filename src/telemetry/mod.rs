@@ -96,7 +96,7 @@ metric_names! {
     RECOUNTS_IN_FLIGHT = "counterd_recounts_in_flight_total", counter
         "Recounts not installed because a row changed while counted could not be settled against the stream (or the worker did not catch up in time); the post stays dirty and is retried.";
     RECOUNTS = "counterd_recounts_total", counter
-        "Counts the reconciler made of dirty, swept or requested posts, per stream; counterd_recounts_in_flight_total over it is the share of counts that could not be folded.";
+        "Counts the reconciler made of dirty, swept or requested posts, per stream and run kind; counterd_recounts_in_flight_total over it is the share of counts that could not be folded.";
     RECOUNTS_DEFERRED = "counterd_recounts_deferred_total", counter
         "Dirty posts left uncounted for a later run because the worker could not reach the server's position within catch_up_timeout (catching up a backlog): a count would have seen changes it had not applied.";
     SWEEP_POSTS = "counterd_sweep_posts_total", counter "Posts visited by full sweeps.";

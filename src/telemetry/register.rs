@@ -39,11 +39,15 @@ pub fn register_stream(stream: &str) {
         POSTS_RECONCILED,
         HISTORY_LOST,
         SWEEP_POSTS,
-        RECOUNTS_IN_FLIGHT,
-        RECOUNTS,
         RECOUNTS_DEFERRED,
     ] {
         metrics::counter!(counter, "stream" => stream.clone()).absolute(0);
+    }
+    // By the run that counts (the two that run on their own; a sweep's appear when it runs).
+    for counter in [RECOUNTS, RECOUNTS_IN_FLIGHT] {
+        for kind in ["dirty", "background"] {
+            metrics::counter!(counter, "stream" => stream.clone(), "kind" => kind).absolute(0);
+        }
     }
     for result in ["applied", "already_applied"] {
         metrics::counter!(INCREMENTS, "stream" => stream.clone(), "result" => result).absolute(0);
