@@ -120,11 +120,7 @@ pub fn plan_chunk(
             let Some((group, amount)) = row.contribution(counter) else {
                 continue;
             };
-            let key = CounterKey {
-                counter,
-                group: group.clone(),
-            };
-            let entry = counter_of(&mut counters, &key);
+            let entry = counter_of(&mut counters, &CounterKey::new(counter, group.clone()));
             entry.delta += amount;
             *entry.buckets.entry(bucket).or_default() += amount;
             entry.touched.insert(bucket);
@@ -380,7 +376,7 @@ mod tests {
             .iter()
             .map(|c| {
                 (
-                    c.post.clone(),
+                    c.key.group.clone(),
                     c.delta.as_i64(),
                     c.buckets.iter().map(|(k, v)| (*k, v.as_i64())).collect(),
                 )
@@ -417,7 +413,7 @@ mod tests {
         let counted: Vec<(CounterIx, GroupValue, i64)> = chunk
             .counters
             .iter()
-            .map(|c| (c.counter, c.post.clone(), c.delta.as_i64()))
+            .map(|c| (c.key.counter, c.key.group.clone(), c.delta.as_i64()))
             .collect();
         assert_eq!(
             counted,
@@ -450,7 +446,7 @@ mod tests {
             .iter()
             .all(|c| partition.owns_row(c.state.as_ref())));
         assert_eq!(chunk.counters.len(), owned);
-        assert!(chunk.counters.iter().all(|c| partition.owns(&c.post)));
+        assert!(chunk.counters.iter().all(|c| partition.owns(&c.key.group)));
     }
 
     #[test]

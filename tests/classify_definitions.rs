@@ -156,11 +156,7 @@ fn ints(m: BTreeMap<CounterKey, Num>) -> BTreeMap<CounterKey, i64> {
 fn summed(c: &Classification) -> BTreeMap<CounterKey, Num> {
     let mut out = BTreeMap::new();
     for d in &c.deltas {
-        *out.entry(CounterKey {
-            counter: d.counter,
-            group: d.post.clone(),
-        })
-        .or_default() += d.amount;
+        *out.entry(d.key.clone()).or_default() += d.amount;
     }
     out.retain(|_, v: &mut Num| !v.is_zero());
     out
@@ -169,11 +165,7 @@ fn summed(c: &Classification) -> BTreeMap<CounterKey, Num> {
 fn planned(plan: &BatchPlan) -> BTreeMap<CounterKey, Num> {
     let mut out = BTreeMap::new();
     for c in &plan.counters {
-        *out.entry(CounterKey {
-            counter: c.counter,
-            group: c.post.clone(),
-        })
-        .or_default() += c.delta;
+        *out.entry(c.key.clone()).or_default() += c.delta;
     }
     out.retain(|_, v: &mut Num| !v.is_zero());
     out
@@ -518,7 +510,7 @@ fn a_sum_that_would_overflow_is_reported_and_never_wrapped() {
     let sum = plan
         .counters
         .iter()
-        .find(|c| c.counter == CounterIx(4))
+        .find(|c| c.key.counter == CounterIx(4))
         .expect("the sum's write");
     assert!(
         sum.delta.is_double(),

@@ -846,7 +846,9 @@ async fn a_dirty_mark_still_in_flight_is_reported_not_hidden() {
         end_time: None,
         counters: vec![],
         ledger: vec![],
-        dirty: vec![counterd::core::batch::DirtyMark::settled(post(7))],
+        dirty: vec![counterd::core::batch::DirtyMark::settled(
+            counterd::core::key::CounterKey::new(counterd::core::key::CounterIx::DEFAULT, post(7)),
+        )],
         carry: None,
     };
     t.store.record_intent(&fence, &batch, None).await.unwrap();

@@ -8,7 +8,7 @@ mod daemon;
 
 use std::time::{Duration, Instant};
 
-use counterd::core::key::GroupValue;
+use counterd::core::key::{CounterIx, CounterKey, GroupValue};
 use counterd::store::prelude::*;
 use daemon::Daemon;
 use mongodb::bson::doc;
@@ -259,7 +259,10 @@ async fn dirty_marks_carry_the_fencing_epoch() {
         stream: stream.into(),
         epoch,
     };
-    let marks = [DirtyMark::settled(post(1))];
+    let marks = [DirtyMark::settled(CounterKey::new(
+        CounterIx::DEFAULT,
+        post(1),
+    ))];
     let entry = || async {
         let dirty = t.db.collection::<mongodb::bson::Document>("counterd_dirty");
         let d = dirty

@@ -9,7 +9,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use counterd::core::key::GroupValue;
+use counterd::core::key::{CounterIx, CounterKey, GroupValue};
 use counterd::core::num::Num;
 use counterd::reconcile::{run_requested_sweeps, ReconcileSettings, Reconciler};
 use counterd::store::mongo::MongoStore;
@@ -453,7 +453,7 @@ async fn a_change_in_flight_is_never_folded_in() {
 fn marks(posts: &[GroupValue]) -> Vec<counterd::core::batch::DirtyMark> {
     posts
         .iter()
-        .cloned()
+        .map(|p| CounterKey::new(CounterIx::DEFAULT, p.clone()))
         .map(counterd::core::batch::DirtyMark::settled)
         .collect()
 }

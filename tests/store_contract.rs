@@ -13,7 +13,7 @@ use counterd::core::batch::PendingBatch;
 use counterd::core::event::LedgerUpdate;
 use counterd::core::event::{CommentId, Row, Token};
 use counterd::core::fold::Fold;
-use counterd::core::key::GroupValue;
+use counterd::core::key::{CounterIx, CounterKey, GroupValue};
 use counterd::core::num::Num;
 use counterd::core::window::{LedgerAt, LOG_ENTRIES};
 use counterd::store::prelude::*;
@@ -38,8 +38,7 @@ fn post(n: i64) -> GroupValue {
 
 fn delta(p: i64, d: i64) -> CounterDelta {
     CounterDelta {
-        counter: counterd::core::key::CounterIx::DEFAULT,
-        post: post(p),
+        key: CounterKey::new(CounterIx::DEFAULT, post(p)),
         delta: Num::Int(d),
         buckets: BTreeMap::from([(0, Num::Int(d))]),
         touched: BTreeSet::from([0]),
@@ -271,7 +270,6 @@ async fn installs_are_conditional<S: Store>(store: &S) {
 async fn counters_log_the_rows_each_batch_changed<S: Store>(store: &S) {
     let f = fence(1);
     let unlisted = CounterDelta {
-        counter: counterd::core::key::CounterIx::DEFAULT,
         comments: None,
         ..delta(1, 1)
     };
@@ -367,10 +365,9 @@ async fn ledger_reads_carry_the_batch_that_wrote_them<S: Store>(store: &S) {
 /// definition the store does not know refuses the whole batch before anything is written
 /// (it would otherwise land on another definition's counter of the same key).
 async fn writes_go_to_their_definitions<S: Store>(store: &S) {
-    use counterd::core::key::CounterIx;
     let f = fence(1);
     let of = |d: &CounterDelta, ix: usize| CounterDelta {
-        counter: CounterIx(ix),
+        key: CounterKey::new(CounterIx(ix), d.key.group.clone()),
         ..d.clone()
     };
     let batch = [delta(1, 1), of(&delta(1, 2), 1), of(&delta(1, 5), 2)];
@@ -388,8 +385,7 @@ async fn writes_go_to_their_definitions<S: Store>(store: &S) {
         .await
         .unwrap();
     assert_eq!(again.already_applied, 3);
-    let mut mark = counterd::core::batch::DirtyMark::settled(post(7));
-    mark.counter = CounterIx(2);
+    let mark = counterd::core::batch::DirtyMark::settled(CounterKey::new(CounterIx(2), post(7)));
     store
         .mark_dirty(&f, &[mark], DateTime::from_millis(0))
         .await
@@ -421,8 +417,7 @@ async fn writes_go_to_their_definitions<S: Store>(store: &S) {
         matches!(refused, Err(StoreError::Fatal { .. })),
         "{refused:?}"
     );
-    let mut mark = counterd::core::batch::DirtyMark::settled(post(1));
-    mark.counter = CounterIx(3);
+    let mark = counterd::core::batch::DirtyMark::settled(CounterKey::new(CounterIx(3), post(1)));
     let refused = store
         .mark_dirty(&f, &[mark], DateTime::from_millis(0))
         .await;
@@ -466,7 +461,6 @@ fn definition_rows() -> Vec<bson::Document> {
 
 /// A view's truth is its definition's: its group field, its condition, the shared soft delete.
 async fn a_view_counts_its_definitions_rows<S: Store>(store: &S) {
-    use counterd::core::key::CounterIx;
     let (approved, by_author) = (
         store.for_counter(CounterIx(1)),
         store.for_counter(CounterIx(2)),
@@ -549,7 +543,12 @@ fn memory() -> counterd::store::memory::MemoryStore {
 async fn dirty_entries_clear_at_their_version_and_requeue_at_any<S: Store>(store: &S) {
     use counterd::core::batch::DirtyMark;
     let at = DateTime::from_millis;
-    let mark = |n| vec![DirtyMark::settled(post(n))];
+    let mark = |n| {
+        vec![DirtyMark::settled(CounterKey::new(
+            CounterIx::DEFAULT,
+            post(n),
+        ))]
+    };
     store
         .mark_dirty(&fence(1), &mark(1), at(1_000))
         .await
@@ -963,7 +962,6 @@ fn rated_rows() -> Vec<bson::Document> {
 /// A sum and its row count: guarded increments of each (a double stays a double), `$sum` and
 /// row counts as the truth, and a fold of the row count into a document the sum created.
 async fn a_sum_and_its_row_count_share_a_document<S: Store>(store: &S) {
-    use counterd::core::key::CounterIx;
     let (sum, rows) = (
         store.for_counter(CounterIx(1)),
         store.for_counter(CounterIx(2)),
@@ -971,8 +969,7 @@ async fn a_sum_and_its_row_count_share_a_document<S: Store>(store: &S) {
     let ann = GroupValue::Str("ann".into());
     let bob = GroupValue::Str("bob".into());
     let write = |ix: usize, d: Num| CounterDelta {
-        counter: CounterIx(ix),
-        post: ann.clone(),
+        key: CounterKey::new(CounterIx(ix), ann.clone()),
         delta: d,
         buckets: BTreeMap::from([(0, d)]),
         touched: BTreeSet::from([0]),
@@ -1087,12 +1084,10 @@ async fn a_sum_and_its_row_count_share_a_document_in_memory() {
 /// even a write that moved no number voids a fold read before it. A counter grouped by the
 /// post keeps today's single guard whatever partition writes it.
 async fn a_counter_several_partitions_write_guards_each_writer<S: Store>(store: &S) {
-    use counterd::core::key::CounterIx;
     let by_author = store.for_counter(CounterIx(2));
     let ann = GroupValue::Str("ann".into());
     let of_ann = |d: i64| CounterDelta {
-        counter: CounterIx(2),
-        post: ann.clone(),
+        key: CounterKey::new(CounterIx(2), ann.clone()),
         ..delta(1, d)
     };
     let p = |index: u32, epoch: i64| Fence {

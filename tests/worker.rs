@@ -9,7 +9,7 @@ use counterd::core::batch::CounterDelta;
 use counterd::core::batch::PendingBatch;
 use counterd::core::event::LedgerUpdate;
 use counterd::core::event::{CommentId, Row, Token};
-use counterd::core::key::GroupValue;
+use counterd::core::key::{CounterIx, CounterKey, GroupValue};
 use counterd::store::counting::Concern;
 use counterd::store::prelude::*;
 use counterd::store::{DirtyOrder, Fence};
@@ -278,8 +278,7 @@ async fn the_per_post_guard_rejects_a_duplicate_write() {
         epoch: 0,
     };
     let write = CounterDelta {
-        counter: counterd::core::key::CounterIx::DEFAULT,
-        post: post(1),
+        key: CounterKey::new(CounterIx::DEFAULT, post(1)),
         delta: counterd::core::num::Num::ONE,
         buckets: [(0, counterd::core::num::Num::ONE)].into_iter().collect(),
         touched: [0].into_iter().collect(),
@@ -347,14 +346,16 @@ async fn a_predecessor_leaves_its_successors_intent_alone() {
     let own = PendingBatch {
         end: end.clone(),
         counters: vec![CounterDelta {
-            counter: counterd::core::key::CounterIx::DEFAULT,
-            post: post(1),
+            key: CounterKey::new(CounterIx::DEFAULT, post(1)),
             delta: counterd::core::num::Num::ONE,
             buckets: [(0, counterd::core::num::Num::ONE)].into_iter().collect(),
             touched: [0].into_iter().collect(),
             comments: Some(vec![comment.clone()]),
         }],
-        dirty: vec![counterd::core::batch::DirtyMark::settled(post(1))],
+        dirty: vec![counterd::core::batch::DirtyMark::settled(CounterKey::new(
+            CounterIx::DEFAULT,
+            post(1),
+        ))],
         ..PendingBatch::default()
     };
     let intent = PendingBatch {
@@ -398,8 +399,7 @@ async fn a_carry_left_in_flight_is_written_once_by_the_next_start() {
     };
     let comment = |n: i32| CommentId::new(mongodb::bson::Bson::Int32(n));
     let delta = |p: usize, rows: &[i32]| CounterDelta {
-        counter: counterd::core::key::CounterIx::DEFAULT,
-        post: post(p),
+        key: CounterKey::new(CounterIx::DEFAULT, post(p)),
         delta: counterd::core::num::Num::Int(rows.len() as i64),
         buckets: [(0, counterd::core::num::Num::Int(rows.len() as i64))]
             .into_iter()
@@ -421,7 +421,12 @@ async fn a_carry_left_in_flight_is_written_once_by_the_next_start() {
             .collect(),
         dirty: rows
             .iter()
-            .map(|(_, p)| counterd::core::batch::DirtyMark::settled(post(*p)))
+            .map(|(_, p)| {
+                counterd::core::batch::DirtyMark::settled(CounterKey::new(
+                    CounterIx::DEFAULT,
+                    post(*p),
+                ))
+            })
             .collect(),
         carry: None,
     };

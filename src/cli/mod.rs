@@ -293,8 +293,8 @@ pub async fn marks_in_flight(
     Ok(pending
         .filter_map(|c| c.pending)
         .flat_map(|p| p.dirty)
-        .filter(|m| m.counter == counter)
-        .map(|m| m.post)
+        .filter(|m| m.key.counter == counter)
+        .map(|m| m.key.group)
         .collect())
 }
 

@@ -17,7 +17,6 @@ use crate::core::classify::{
 use crate::core::event::{
     ChangeEvent, CommentId, LedgerUpdate, LedgerView, Operation, Row, Seen, Token,
 };
-use crate::core::key::GroupValue;
 use crate::core::key::{CounterIx, CounterKey};
 use crate::core::num::Num;
 use crate::core::partition::Partition;
@@ -26,10 +25,8 @@ use crate::core::time::{bucket_of, BucketStart};
 /// One coalesced counter write: `$inc` of `delta` on `live_delta` and of each bucket's amount.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CounterDelta {
-    /// Which definition's counter (its collection): the default for posts.
-    pub counter: CounterIx,
-    /// The counter's group key (for the default definition, the post).
-    pub post: GroupValue,
+    /// Which counter: its definition (its collection) and group value.
+    pub key: CounterKey,
     /// Whole rows for a count, the field's units for a sum ([`Num`]'s rules).
     pub delta: Num,
     /// Non-zero amounts per bucket; they sum to `delta`.
@@ -55,8 +52,7 @@ pub struct CounterDelta {
 /// batch that touched it, and each batch keeps its own entry in the counter's log.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CounterWrite {
-    pub counter: CounterIx,
-    pub post: GroupValue,
+    pub key: CounterKey,
     pub delta: Num,
     /// Non-zero amounts per bucket; they sum to `delta`.
     pub buckets: BTreeMap<BucketStart, Num>,
@@ -74,8 +70,7 @@ impl CounterWrite {
     /// The write of one batch ending at `end`.
     pub fn of_batch(d: &CounterDelta, end: &Token, end_time: Option<bson::Timestamp>) -> Self {
         CounterWrite {
-            counter: d.counter,
-            post: d.post.clone(),
+            key: d.key.clone(),
             delta: d.delta,
             buckets: d.buckets.clone(),
             through: end.clone(),
@@ -94,19 +89,15 @@ impl CounterWrite {
 /// dirtied it is then covered by a recount).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DirtyMark {
-    /// Which definition's counter.
-    pub counter: CounterIx,
-    /// The counter's group key (for the default definition, the post).
-    pub post: GroupValue,
+    pub key: CounterKey,
     pub newest_bucket: BucketStart,
 }
 
 impl DirtyMark {
     /// A mark for a change to rows below every watermark (bucket 0): any fold covers it.
-    pub fn settled(post: GroupValue) -> DirtyMark {
+    pub fn settled(key: CounterKey) -> DirtyMark {
         DirtyMark {
-            counter: CounterIx::DEFAULT,
-            post,
+            key,
             newest_bucket: 0,
         }
     }
@@ -318,24 +309,21 @@ impl<'a> Planner<'a> {
         let mut newest: BTreeMap<CounterKey, BucketStart> = BTreeMap::new();
         for delta in &classified.deltas {
             let bucket = bucket_of(delta.created_at, bucket_width_secs);
-            let key = CounterKey {
-                counter: delta.counter,
-                group: delta.post.clone(),
-            };
-            let entry = counter_of(&mut self.counters, &key);
+            let key = &delta.key;
+            let entry = counter_of(&mut self.counters, key);
             if entry.delta.checked_add(delta.amount).is_none() {
                 // Never wrapped: the sum goes on as a double, and the event is reported.
                 self.plan.skipped.push(Skipped {
                     token: event.token.clone(),
                     problem: Problem::Bad(crate::core::classify::Malformed::Overflow {
-                        counter: counter_name(schema, delta.counter),
+                        counter: counter_name(schema, key.counter),
                     }),
                 });
             }
             entry.delta += delta.amount;
             *entry.buckets.entry(bucket).or_default() += delta.amount;
             entry.touched.insert(bucket);
-            let n = newest.entry(key).or_insert(bucket);
+            let n = newest.entry(key.clone()).or_insert(bucket);
             *n = (*n).max(bucket);
         }
         newest
@@ -350,13 +338,10 @@ impl<'a> Planner<'a> {
         let keys_named = classified
             .deltas
             .iter()
-            .map(|d| CounterKey {
-                counter: d.counter,
-                group: d.post.clone(),
-            })
-            .chain(classified.dirty.iter().cloned());
+            .map(|d| &d.key)
+            .chain(&classified.dirty);
         for key in keys_named {
-            self.named.add(&key, event.comment.as_ref());
+            self.named.add(key, event.comment.as_ref());
         }
     }
 
@@ -491,12 +476,7 @@ fn own_part(
         (Some(b), Some(a)) => partition.own_transition(b.as_ref(), a.as_ref()),
         _ => std::mem::take(&mut classified.deltas)
             .into_iter()
-            .filter(|d| {
-                mine(&CounterKey {
-                    counter: d.counter,
-                    group: d.post.clone(),
-                })
-            })
+            .filter(|d| mine(&d.key))
             .collect(),
     };
     classified.dirty.retain(|key| mine(key));
@@ -544,8 +524,7 @@ pub(crate) fn counter_of<'a>(
     key: &CounterKey,
 ) -> &'a mut CounterDelta {
     counters.entry(key.clone()).or_insert_with(|| CounterDelta {
-        counter: key.counter,
-        post: key.group.clone(),
+        key: key.clone(),
         delta: Num::ZERO,
         buckets: BTreeMap::new(),
         touched: BTreeSet::new(),
@@ -575,8 +554,7 @@ fn finish(
         .into_iter()
         .map(|key| DirtyMark {
             newest_bucket: dirty[&key],
-            counter: key.counter,
-            post: key.group,
+            key,
         })
         .collect();
     plan.ledger = ledger_order

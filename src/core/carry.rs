@@ -42,8 +42,7 @@ use crate::core::batch::PendingBatch;
 use crate::core::batch::{CounterDelta, CounterWrite, DirtyMark};
 use crate::core::cost;
 use crate::core::event::{CommentId, Token};
-use crate::core::key::CounterIx;
-use crate::core::key::GroupValue;
+use crate::core::key::CounterKey;
 use crate::core::num::Num;
 use crate::core::time::BucketStart;
 use crate::core::window::LOG_COMMENTS;
@@ -55,7 +54,7 @@ pub struct Carry {
     /// The ends of the batches merged into `merged`, oldest first (a batch's index here names
     /// it in [`Merged`]).
     ends: Vec<(Token, Option<Timestamp>)>,
-    merged: BTreeMap<(CounterIx, GroupValue), Merged>,
+    merged: BTreeMap<CounterKey, Merged>,
     /// Some batch's counters are stored under the carry's id: once written, the stored
     /// copies are cleared.
     stored: bool,
@@ -175,7 +174,7 @@ impl Carry {
         let index = self.ends.len() as u32;
         self.ends.push((end, end_time));
         for mark in dirty {
-            let merged = self.entry(mark.counter, mark.post);
+            let merged = self.entry(mark.key);
             merged.marked = merged.marked.max(Some(mark.newest_bucket));
         }
         for d in counters {
@@ -184,7 +183,7 @@ impl Carry {
                 .filter(|c| c.len() <= LOG_COMMENTS)
                 .and_then(|c| raw_ids(&c));
             let added = log_charge(&listed);
-            let merged = self.entry(d.counter, d.post);
+            let merged = self.entry(d.key);
             for (bucket, amount) in d.buckets {
                 upsert(&mut merged.buckets, bucket, |sum| *sum += amount);
             }
@@ -206,8 +205,8 @@ impl Carry {
     }
 
     /// The merged entry of a counter, made (and charged) when it is new.
-    fn entry(&mut self, counter: CounterIx, post: GroupValue) -> &mut Merged {
-        match self.merged.entry((counter, post)) {
+    fn entry(&mut self, key: CounterKey) -> &mut Merged {
+        match self.merged.entry(key) {
             std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::btree_map::Entry::Vacant(e) => {
                 self.charge += cost::CARRIED_COUNTER;
@@ -226,10 +225,9 @@ impl Carry {
     pub fn take_dirty(&mut self) -> Vec<DirtyMark> {
         self.merged
             .iter_mut()
-            .filter_map(|((counter, post), m)| {
+            .filter_map(|(key, m)| {
                 m.marked.take().map(|newest_bucket| DirtyMark {
-                    counter: *counter,
-                    post: post.clone(),
+                    key: key.clone(),
                     newest_bucket,
                 })
             })
@@ -244,12 +242,11 @@ impl Carry {
         merged
             .into_iter()
             .filter(|(_, m)| !m.log.is_empty())
-            .map(move |((counter, post), m)| {
+            .map(move |(key, m)| {
                 let end = |index: u32| &ends[index as usize];
                 let (through, through_time) = end(m.log.last().expect("not empty").0);
                 CounterWrite {
-                    counter,
-                    post,
+                    key,
                     delta: m.delta,
                     buckets: m.buckets.into_iter().collect(),
                     through: through.clone(),
@@ -306,6 +303,7 @@ mod tests {
     use bson::Bson;
 
     use super::*;
+    use crate::core::key::{CounterIx, GroupValue};
 
     fn token(n: u32) -> Token {
         Token(format!("{n:04}"))
@@ -317,8 +315,7 @@ mod tests {
 
     fn delta(post: i64, buckets: &[(BucketStart, i64)], rows: &[i32]) -> CounterDelta {
         CounterDelta {
-            counter: CounterIx::DEFAULT,
-            post: GroupValue::Int(post),
+            key: CounterKey::new(CounterIx::DEFAULT, GroupValue::Int(post)),
             delta: Num::Int(buckets.iter().map(|(_, a)| a).sum()),
             buckets: buckets
                 .iter()
@@ -335,7 +332,10 @@ mod tests {
     fn written_one_by_one(batches: &[(Token, Vec<CounterDelta>)], post: i64) -> CounterWrite {
         let mut out: Option<CounterWrite> = None;
         for (end, deltas) in batches {
-            for d in deltas.iter().filter(|d| d.post == GroupValue::Int(post)) {
+            for d in deltas
+                .iter()
+                .filter(|d| d.key.group == GroupValue::Int(post))
+            {
                 let w = CounterWrite::of_batch(
                     d,
                     end,
@@ -521,8 +521,7 @@ mod tests {
 
     fn mark(post: i64, newest_bucket: BucketStart) -> DirtyMark {
         DirtyMark {
-            counter: CounterIx::DEFAULT,
-            post: GroupValue::Int(post),
+            key: CounterKey::new(CounterIx::DEFAULT, GroupValue::Int(post)),
             newest_bucket,
         }
     }

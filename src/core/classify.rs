@@ -73,10 +73,8 @@ pub enum Source {
 /// A signed change to one counter, filed under the row's creation time.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Delta {
-    /// Which definition's counter (the default: posts).
-    pub counter: CounterIx,
-    /// The counter's group key (for the default definition, the post).
-    pub post: GroupValue,
+    /// Which counter: its definition and group value.
+    pub key: CounterKey,
     pub created_at: Option<DateTime>,
     /// What the counter gains (negative: loses): whole rows for a count, the field's units
     /// for a sum.
@@ -430,8 +428,7 @@ fn transition_in(
     let start = out.len();
     if let Some((row, (post, amount))) = before.and_then(|r| Some((r, r.contribution(counter)?))) {
         out.push(Delta {
-            counter,
-            post: post.clone(),
+            key: CounterKey::new(counter, post.clone()),
             created_at: row.created_at,
             amount: -amount,
         });
@@ -439,7 +436,7 @@ fn transition_in(
     if let Some((row, (post, amount))) = after.and_then(|r| Some((r, r.contribution(counter)?))) {
         let same = out[start..]
             .iter()
-            .position(|d| d.post == *post && d.created_at == row.created_at);
+            .position(|d| d.key.group == *post && d.created_at == row.created_at);
         // One delta where the difference is exact; two (each exact) where it would overflow.
         match same.and_then(|pos| Some((pos, amount.checked_add(out[start + pos].amount)?))) {
             Some((pos, net)) if net.is_zero() => {
@@ -447,8 +444,7 @@ fn transition_in(
             }
             Some((pos, net)) => out[start + pos].amount = net,
             None => out.push(Delta {
-                counter,
-                post: post.clone(),
+                key: CounterKey::new(counter, post.clone()),
                 created_at: row.created_at,
                 amount,
             }),
@@ -513,8 +509,7 @@ fn best_effort(event: &ChangeEvent, after: After, schema: &Schema) -> Classifica
     let key = own_key(post);
     if let Some(gain) = gain {
         c.deltas.push(Delta {
-            counter: key.counter,
-            post: key.group.clone(),
+            key: key.clone(),
             created_at: after_row.as_ref().and_then(|r| r.created_at),
             amount: Num::Int(gain),
         });
@@ -584,20 +579,17 @@ fn push_unique(list: &mut Vec<CounterKey>, key: Option<CounterKey>) {
 /// [`Schema::group`]), which best effort guesses for: a count of every live row of the field
 /// an event names is the only counter an event alone tells anything about.
 fn own_key(post: GroupValue) -> CounterKey {
-    CounterKey {
-        counter: CounterIx(0),
-        group: post,
-    }
+    CounterKey::new(CounterIx(0), post)
 }
 
 /// The row's group of every definition, counted or not: changes there may have touched them.
 fn push_groups(list: &mut Vec<CounterKey>, row: Option<&Row>) {
     let Some(row) = row else { return };
     for counter in row.counters() {
-        let key = row.group_in(counter).map(|group| CounterKey {
-            counter,
-            group: group.clone(),
-        });
-        push_unique(list, key);
+        push_unique(
+            list,
+            row.group_in(counter)
+                .map(|g| CounterKey::new(counter, g.clone())),
+        );
     }
 }

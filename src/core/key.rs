@@ -117,13 +117,19 @@ impl CounterIx {
     pub const DEFAULT: CounterIx = CounterIx(0);
 }
 
-/// One counter: a group value of one definition (`per_author` / `"ada"`). What a counter
-/// document is keyed by once there are several definitions; the group value alone is the
-/// counter document's `_id` inside the definition's collection.
+/// One counter: a group value of one definition (`per_author` / `"ada"`). What a delta, a
+/// counter write and a dirty mark name; the group value alone is the counter document's `_id`
+/// inside the definition's collection.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct CounterKey {
     pub counter: CounterIx,
     pub group: GroupValue,
+}
+
+impl CounterKey {
+    pub fn new(counter: CounterIx, group: GroupValue) -> CounterKey {
+        CounterKey { counter, group }
+    }
 }
 
 /// What one row is to one definition: the group it belongs to and whether it satisfies the

@@ -214,7 +214,7 @@ mod tests {
     ) -> BTreeMap<(CounterIx, GroupValue, Option<bson::DateTime>), Num> {
         let mut out: BTreeMap<_, Num> = BTreeMap::new();
         for d in deltas {
-            *out.entry((d.counter, d.post.clone(), d.created_at))
+            *out.entry((d.key.counter, d.key.group.clone(), d.created_at))
                 .or_default() += d.amount;
         }
         out.retain(|_, v| !v.is_zero());

@@ -8,7 +8,7 @@ use counterd::core::batch::{plan_batch, BatchPlan, CounterDelta};
 use counterd::core::classify::Attribution;
 use counterd::core::event::{ChangeEvent, CommentId, Row};
 use counterd::core::event::{LedgerUpdate, LedgerView};
-use counterd::core::key::GroupValue;
+use counterd::core::key::{CounterIx, CounterKey, GroupValue};
 use counterd::core::num::Num;
 use counterd::core::schema::Schema;
 use counterd::core::time::bucket_of;
@@ -60,8 +60,7 @@ pub fn counter(p: &str, buckets: &[(Option<DateTime>, i64)]) -> CounterDelta {
     let touched = map.keys().copied().collect();
     map.retain(|_, v| *v != 0);
     CounterDelta {
-        counter: counterd::core::key::CounterIx::DEFAULT,
-        post: post(p),
+        key: CounterKey::new(CounterIx::DEFAULT, post(p)),
         delta: Num::Int(buckets.iter().map(|(_, a)| a).sum()),
         buckets: map.into_iter().map(|(k, v)| (k, Num::Int(v))).collect(),
         touched,
@@ -76,7 +75,7 @@ pub fn net(counters: &[CounterDelta]) -> Vec<CounterDelta> {
         .iter()
         .filter(|c| c.delta != 0 || !c.buckets.is_empty())
         .map(|c| CounterDelta {
-            counter: counterd::core::key::CounterIx::DEFAULT,
+            key: CounterKey::new(CounterIx::DEFAULT, c.key.group.clone()),
             // Touches beyond the changed buckets (bucket 0 for hidden states) are checked by
             // `batch_touches_changes_that_cancel_out` and `batch_touches_every_bucket_*`.
             touched: c
@@ -94,7 +93,7 @@ pub fn net(counters: &[CounterDelta]) -> Vec<CounterDelta> {
 
 /// The posts a plan marks dirty, in order.
 pub fn dirty_posts(plan: &BatchPlan) -> Vec<GroupValue> {
-    plan.dirty.iter().map(|d| d.post.clone()).collect()
+    plan.dirty.iter().map(|d| d.key.group.clone()).collect()
 }
 
 pub fn assert_buckets_sum(counters: &[CounterDelta]) {
@@ -183,8 +182,7 @@ fn batch_touches_changes_that_cancel_out() {
     );
     let bucket = bucket_of(c1(), WIDTH);
     let touch_only = |p: &str| CounterDelta {
-        counter: counterd::core::key::CounterIx::DEFAULT,
-        post: post(p),
+        key: CounterKey::new(CounterIx::DEFAULT, post(p)),
         delta: Num::ZERO,
         buckets: BTreeMap::new(),
         touched: [bucket].into_iter().collect(),
@@ -198,7 +196,7 @@ fn batch_touches_changes_that_cancel_out() {
         .counters
         .iter()
         .map(|c| CounterDelta {
-            counter: counterd::core::key::CounterIx::DEFAULT,
+            key: CounterKey::new(CounterIx::DEFAULT, c.key.group.clone()),
             comments: None,
             ..c.clone()
         })
@@ -207,7 +205,7 @@ fn batch_touches_changes_that_cancel_out() {
     let marks: Vec<(GroupValue, i64)> = plan
         .dirty
         .iter()
-        .map(|d| (d.post.clone(), d.newest_bucket))
+        .map(|d| (d.key.group.clone(), d.newest_bucket))
         .collect();
     assert_eq!(
         marks,
@@ -236,7 +234,7 @@ fn batch_names_the_rows_it_changed_per_post() {
                 .comments
                 .as_ref()
                 .map(|l| l.iter().map(|c| c.key.clone()).collect());
-            (c.post.clone(), keys)
+            (c.key.group.clone(), keys)
         })
         .collect();
     assert_eq!(
@@ -318,7 +316,7 @@ fn batch_lifecycle_across_batches_with_a_ledger() {
         assert_buckets_sum(&plan.counters);
         assert!(plan.skipped.is_empty());
         for c in &plan.counters {
-            *net.entry(c.post.clone()).or_default() += c.delta.as_i64();
+            *net.entry(c.key.group.clone()).or_default() += c.delta.as_i64();
         }
         for update in plan.ledger {
             ledger.insert(update.comment.key, update.state);
@@ -354,7 +352,7 @@ fn an_unposted_row_with_an_expired_pre_image_is_counted_once() {
                 assert_buckets_sum(&plan.counters);
                 assert!(plan.skipped.is_empty(), "{:?}", plan.skipped);
                 for c in &plan.counters {
-                    *net.entry(c.post.clone()).or_default() += c.delta.as_i64();
+                    *net.entry(c.key.group.clone()).or_default() += c.delta.as_i64();
                 }
                 for update in plan.ledger {
                     ledger.insert(update.comment.key, update.state);
@@ -588,7 +586,7 @@ fn batch_coalesces_a_hot_post_into_one_counter_delta() {
     assert_eq!(plan.events, events.len());
     assert_eq!(plan.counters.len(), 1, "one write for the hot post");
     let hot = &plan.counters[0];
-    assert_eq!(hot.post, post("post-hot"));
+    assert_eq!(hot.key.group, post("post-hot"));
     expected.retain(|_, v| *v != 0);
     let expected: BTreeMap<i64, Num> = expected
         .into_iter()
@@ -744,7 +742,7 @@ fn batch_touches_every_bucket_of_an_update_known_only_from_its_lookup() {
     let p1 = plan
         .counters
         .iter()
-        .find(|c| c.post == post("p1"))
+        .find(|c| c.key.group == post("p1"))
         .expect("p1 written");
     assert!(p1.touched.contains(&0), "{p1:?}");
     // A real update with a complete description is derived exactly: only its own buckets.

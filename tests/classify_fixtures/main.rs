@@ -27,7 +27,7 @@ use counterd::core::classify::{
     Unattributable,
 };
 use counterd::core::event::{ChangeEvent, CommentId, Row};
-use counterd::core::key::GroupValue;
+use counterd::core::key::{CounterIx, CounterKey, GroupValue};
 use counterd::core::num::Num;
 use counterd::core::schema::Schema;
 
@@ -113,8 +113,7 @@ fn unposted(created_at: Option<DateTime>, deleted: bool) -> Row {
 }
 fn delta(p: &str, created_at: Option<DateTime>, amount: i64) -> Delta {
     Delta {
-        counter: counterd::core::key::CounterIx::DEFAULT,
-        post: post(p),
+        key: CounterKey::new(CounterIx::DEFAULT, post(p)),
         created_at,
         amount: Num::Int(amount),
     }
@@ -140,10 +139,7 @@ fn outcome(
         deltas,
         dirty: posts(dirty)
             .into_iter()
-            .map(|group| counterd::core::key::CounterKey {
-                counter: counterd::core::key::CounterIx::DEFAULT,
-                group,
-            })
+            .map(|group| CounterKey::new(CounterIx::DEFAULT, group))
             .collect(),
         after,
         source,

@@ -120,7 +120,7 @@ fn every_soft_delete_rule_on_real_and_fake_shapes() {
         let mut got: Vec<(String, i64)> = c
             .deltas
             .iter()
-            .map(|d| (d.post.to_string(), d.amount.as_i64()))
+            .map(|d| (d.key.group.to_string(), d.amount.as_i64()))
             .collect();
         got.sort();
         let want: Vec<(String, i64)> = want.iter().map(|(p, a)| (p.to_string(), *a)).collect();

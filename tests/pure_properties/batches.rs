@@ -185,14 +185,18 @@ pub fn emit(steps: &[Step], i: usize, lookup: usize, mode: Mode) -> Document {
 pub fn check_plan(plan: &BatchPlan) -> Result<(), TestCaseError> {
     let mut seen = Vec::new();
     for c in &plan.counters {
-        prop_assert!(!seen.contains(&c.post), "two writes for {:?}", c.post);
-        seen.push(c.post.clone());
+        prop_assert!(
+            !seen.contains(&c.key.group),
+            "two writes for {:?}",
+            c.key.group
+        );
+        seen.push(c.key.group.clone());
         prop_assert_eq!(c.buckets.values().sum::<Num>(), c.delta);
         prop_assert!(c.buckets.values().all(|v| !v.is_zero()));
         prop_assert!(c.buckets.keys().all(|b| c.touched.contains(b)));
         prop_assert!(!c.touched.is_empty(), "a write that touches nothing");
-        let mark = plan.dirty.iter().find(|d| d.post == c.post);
-        prop_assert!(mark.is_some(), "{:?} changed but not dirty", c.post);
+        let mark = plan.dirty.iter().find(|d| d.key.group == c.key.group);
+        prop_assert!(mark.is_some(), "{:?} changed but not dirty", c.key.group);
         // The dirty mark's newest bucket covers every bucket the write touched, so the post
         // leaves the dirty set only after a fold above all of them.
         let newest = mark.map_or(i64::MIN, |m| m.newest_bucket);
@@ -203,7 +207,7 @@ pub fn check_plan(plan: &BatchPlan) -> Result<(), TestCaseError> {
             newest
         );
     }
-    let mut dirty: Vec<_> = plan.dirty.iter().map(|d| d.post.clone()).collect();
+    let mut dirty: Vec<_> = plan.dirty.iter().map(|d| d.key.group.clone()).collect();
     dirty.sort();
     dirty.dedup();
     prop_assert_eq!(dirty.len(), plan.dirty.len(), "dirty posts repeat");
@@ -264,7 +268,7 @@ pub fn check_history(
         check_plan(&plan)?;
         for c in &plan.counters {
             for (bucket, amount) in &c.buckets {
-                *applied.entry((c.post.clone(), *bucket)).or_default() += amount.as_i64();
+                *applied.entry((c.key.group.clone(), *bucket)).or_default() += amount.as_i64();
             }
         }
         for update in plan.ledger {

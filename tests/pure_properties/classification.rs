@@ -92,7 +92,7 @@ proptest! {
         add_live(&mut truth, truth_before.as_ref(), -1);
         let mut got = Tally::new();
         for d in &c.deltas {
-            *got.entry((d.post.clone(), bucket_of(d.created_at, WIDTH))).or_default() += d.amount.as_i64();
+            *got.entry((d.key.group.clone(), bucket_of(d.created_at, WIDTH))).or_default() += d.amount.as_i64();
         }
         prop_assert_eq!(nonzero(got.clone()), nonzero(truth.clone()));
         // Per post too (the design's statement).
@@ -189,8 +189,5 @@ pub fn default_key(post: &GroupValue) -> CounterKey {
 
 /// The counter a delta changes.
 pub fn key_of(d: &counterd::core::classify::Delta) -> CounterKey {
-    CounterKey {
-        counter: d.counter,
-        group: d.post.clone(),
-    }
+    d.key.clone()
 }

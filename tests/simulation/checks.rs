@@ -108,7 +108,7 @@ impl Sim {
             }
         }
         for counter in s.memory.counter_ixs().into_iter().skip(1) {
-            for (group, c) in s.memory.counters_of(counter).into_iter().flatten() {
+            for (group, c) in &s.memory.tables(counter).counters {
                 let sum: counterd::core::num::Num = c.buckets.values().sum();
                 if c.count.differs(c.displayed())
                     || (sum.differs(c.live_delta) && !self.seed_fold())

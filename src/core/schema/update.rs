@@ -35,10 +35,9 @@ impl Schema {
     /// sets to a usable key (the first definition's is [`Schema::post_set_by`]).
     pub fn groups_set_by(&self, update: &UpdateSummary) -> Vec<CounterKey> {
         let set = |(counter, d): (CounterIx, &Definition)| match Self::change(update, &d.group) {
-            FieldChange::Set(Some(value)) => Some(CounterKey {
-                counter,
-                group: GroupValue::from_bson(&value)?,
-            }),
+            FieldChange::Set(Some(value)) => {
+                Some(CounterKey::new(counter, GroupValue::from_bson(&value)?))
+            }
             _ => None,
         };
         self.definitions.iter().filter_map(set).collect()

@@ -8,8 +8,7 @@ use rand::Rng;
 use super::{fence_ok, mongo_limit, not_gte, seam, Memory, MemoryStore};
 use crate::core::batch::{CounterDelta, CounterWrite};
 use crate::core::fold::{CounterState, Fold};
-use crate::core::key::CounterIx;
-use crate::core::key::GroupValue;
+use crate::core::key::{CounterIx, CounterKey, GroupValue};
 use crate::core::num::Num;
 use crate::core::window::{Touch, LOG_ENTRIES};
 use crate::store::{ApplyOutcome, CounterDoc, Fence, StoreResult, Writer, WriterPosition};
@@ -40,6 +39,9 @@ pub struct CounterRec {
     /// Writes of every partition to a counter several partitions write.
     pub shared_writes: i64,
 }
+
+/// A writer's guard as stored: `(applied_through, epoch, snapshot_chunk)`.
+type Guard<'a> = (Option<&'a str>, Option<i64>, Option<u64>);
 
 /// One writer's guard in a counter several partitions write (`writers.p<n>`).
 #[derive(Clone, Debug, Default)]
@@ -74,8 +76,8 @@ impl CounterRec {
         }
     }
 
-    /// The writer's guard as stored: `(applied_through, epoch, snapshot_chunk)`.
-    fn guard(&self, writer: Writer) -> (Option<&str>, Option<i64>, Option<u64>) {
+    /// The writer's guard as stored.
+    fn guard(&self, writer: Writer) -> Guard<'_> {
         match writer.slot {
             0 => (
                 self.applied_through.as_deref(),
@@ -112,17 +114,12 @@ impl Memory {
     /// below the write's and no newer epoch wrote it. Returns whether it applied (false: the
     /// upsert's insert hit the existing `_id`, a duplicate key: already applied).
     pub fn apply_counter(&mut self, fence: &Fence, w: &CounterWrite) -> bool {
-        let writer = fence.writer(self.shared(w.counter));
-        let Some(counters) = self.counters_of_mut(w.counter) else {
-            return false; // refused up front by `write_counters`
+        let admits = |(through, epoch, _): Guard<'_>| {
+            not_gte(through, w.through.as_str()) && fence_ok(epoch, fence)
         };
-        if let Some(c) = counters.get(&w.post) {
-            let (through, epoch, _) = c.guard(writer);
-            if !(not_gte(through, w.through.as_str()) && fence_ok(epoch, fence)) {
-                return false;
-            }
-        }
-        let c = counters.entry(w.post.clone()).or_default();
+        let Some((c, writer)) = self.admitted(fence, &w.key, admits) else {
+            return false;
+        };
         c.add(w.delta, &w.buckets, fence, writer);
         c.advance(writer, w);
         if !writer.shared {
@@ -131,6 +128,26 @@ impl Memory {
             c.recent.drain(..excess);
         }
         true
+    }
+
+    /// The counter `key` as a write under `fence` finds it (made when new), with the writer
+    /// it writes as, if the write's guard `admits` the stored one. `None`: refused, or no such
+    /// definition (which the batch's call refuses up front).
+    fn admitted(
+        &mut self,
+        fence: &Fence,
+        key: &CounterKey,
+        admits: impl FnOnce(Guard<'_>) -> bool,
+    ) -> Option<(&mut CounterRec, Writer)> {
+        let writer = fence.writer(self.shared(key.counter));
+        let counters = &mut self.tables_mut(key.counter)?.counters;
+        if counters
+            .get(&key.group)
+            .is_some_and(|c| !admits(c.guard(writer)))
+        {
+            return None;
+        }
+        Some((counters.entry(key.group.clone()).or_default(), writer))
     }
 
     /// Whether definition `counter` groups by another field than the post (its counters
@@ -144,17 +161,11 @@ impl Memory {
     /// One statement of `apply_snapshot_counters`: the increment, if the counter has not had
     /// this chunk (or a later one) yet.
     pub fn apply_snapshot_counter(&mut self, fence: &Fence, chunk: u64, w: &CounterDelta) -> bool {
-        let writer = fence.writer(self.shared(w.counter));
-        let Some(counters) = self.counters_of_mut(w.counter) else {
-            return false; // refused up front by `apply_snapshot_counters`
+        let admits =
+            |(_, epoch, done): Guard<'_>| done.is_none_or(|n| n < chunk) && fence_ok(epoch, fence);
+        let Some((c, writer)) = self.admitted(fence, &w.key, admits) else {
+            return false;
         };
-        if let Some(c) = counters.get(&w.post) {
-            let (_, epoch, done) = c.guard(writer);
-            if !(done.is_none_or(|n| n < chunk) && fence_ok(epoch, fence)) {
-                return false;
-            }
-        }
-        let c = counters.entry(w.post.clone()).or_default();
         c.add(w.delta, &w.buckets, fence, writer);
         match writer.slot {
             0 => c.snapshot_chunk = Some(chunk),
@@ -169,10 +180,10 @@ impl Memory {
         fence: &Fence,
         writes: &[CounterWrite],
     ) -> StoreResult<ApplyOutcome> {
-        self.known_counters("apply counter increments", writes.iter().map(|w| w.counter))?;
-        let statements = writes.iter();
+        let op = "apply counter increments";
+        self.known_counters(op, writes.iter().map(|w| w.key.counter))?;
         Ok(ApplyOutcome::count(
-            statements.map(|w| self.apply_counter(fence, w)),
+            writes.iter().map(|w| self.apply_counter(fence, w)),
         ))
     }
 
@@ -183,10 +194,8 @@ impl Memory {
         chunk: u64,
         writes: &[CounterDelta],
     ) -> StoreResult<ApplyOutcome> {
-        self.known_counters(
-            "apply a snapshot chunk's increments",
-            writes.iter().map(|w| w.counter),
-        )?;
+        let op = "apply a snapshot chunk's increments";
+        self.known_counters(op, writes.iter().map(|w| w.key.counter))?;
         let statements = writes.iter();
         Ok(ApplyOutcome::count(
             statements.map(|w| self.apply_snapshot_counter(fence, chunk, w)),
@@ -200,14 +209,14 @@ impl Memory {
         op: &'static str,
         mut counters: impl Iterator<Item = CounterIx>,
     ) -> StoreResult<()> {
-        match counters.find(|c| self.counters_of(*c).is_none()) {
+        match counters.find(|c| c.0 >= self.tables.len()) {
             None => Ok(()),
             Some(unknown) => Err(crate::store::unknown_counter(op, unknown)),
         }
     }
 
     pub fn read_counter(&self, counter: CounterIx, post: &GroupValue) -> Option<CounterDoc> {
-        self.counters_of(counter)?.get(post).map(|c| CounterDoc {
+        self.tables(counter).counters.get(post).map(|c| CounterDoc {
             post: Some(post.clone()),
             state: CounterState {
                 base_count: c.base_count,
@@ -249,7 +258,7 @@ impl Memory {
         fold: &Fold,
         now: DateTime,
     ) -> bool {
-        let Some(counters) = self.counters_of_mut(counter) else {
+        let Some(counters) = self.tables_mut(counter).map(|t| &mut t.counters) else {
             return false;
         };
         let Some(expected) = expected else {
@@ -319,9 +328,8 @@ impl Memory {
             .filter_map(|r| self.group_of(counter, r))
             .filter(after_ok)
             .collect();
-        let none = BTreeMap::new();
-        let counters = self.counters_of(counter).unwrap_or(&none);
-        let from_counters = counters.keys().filter(|p| after_ok(p)).take(limit);
+        let counters = self.tables(counter).counters.keys();
+        let from_counters = counters.filter(|p| after_ok(p)).take(limit);
         let mut posts: Vec<GroupValue> = from_comments
             .into_iter()
             .take(limit)
@@ -334,10 +342,8 @@ impl Memory {
     }
 
     pub fn sample_posts(&mut self, counter: CounterIx, n: usize) -> Vec<GroupValue> {
-        let with_counters: Vec<GroupValue> = self
-            .counters_of(counter)
-            .map(|c| c.keys().cloned().collect())
-            .unwrap_or_default();
+        let with_counters: Vec<GroupValue> =
+            self.tables(counter).counters.keys().cloned().collect();
         let with_rows: Vec<GroupValue> = self.live_groups(counter).into_iter().collect();
         let rng = &mut self.sample_rng;
         let mut posts = Vec::new();

@@ -1,7 +1,5 @@
 //! [`DirtySet`]: posts waiting for a recount.
 
-use std::collections::BTreeMap;
-
 use bson::DateTime;
 
 use super::{mongo_limit, seam, Memory, MemoryStore};
@@ -27,16 +25,16 @@ impl Memory {
     /// One statement of `mark_dirty`: an entry this stream marked under a newer epoch refuses
     /// it; otherwise the upsert bumps its version and raises its newest bucket.
     pub fn mark_dirty_one(&mut self, fence: &Fence, m: &DirtyMark, now: DateTime) {
-        let Some(dirty) = self.dirty_of_mut(m.counter) else {
+        let Some(dirty) = self.tables_mut(m.key.counter).map(|t| &mut t.dirty) else {
             return; // refused up front by `mark_dirty`
         };
         if dirty
-            .get(&m.post)
+            .get(&m.key.group)
             .is_some_and(|d| d.stream == fence.stream && d.epoch > fence.epoch)
         {
             return;
         }
-        let entry = dirty.entry(m.post.clone()).or_insert(DirtyRec {
+        let entry = dirty.entry(m.key.group.clone()).or_insert(DirtyRec {
             first: now,
             last: now,
             version: 0,
@@ -58,10 +56,9 @@ impl Memory {
         order: DirtyOrder,
         limit: usize,
     ) -> Vec<DirtyEntry> {
-        let none = BTreeMap::new();
         let mut list: Vec<DirtyEntry> = self
-            .dirty_of(counter)
-            .unwrap_or(&none)
+            .tables(counter)
+            .dirty
             .iter()
             .filter(|(_, d)| stream.is_none_or(|st| d.stream == st))
             .map(|(p, d)| DirtyEntry {
@@ -85,8 +82,7 @@ impl Memory {
     }
 
     pub fn dirty_summary(&self, counter: CounterIx) -> DirtySummary {
-        let none = BTreeMap::new();
-        let dirty = self.dirty_of(counter).unwrap_or(&none);
+        let dirty = &self.tables(counter).dirty;
         DirtySummary {
             size: dirty.len() as u64,
             oldest: dirty.values().map(|d| d.first).min(),
@@ -94,7 +90,7 @@ impl Memory {
     }
 
     pub fn clear_dirty(&mut self, counter: CounterIx, post: &GroupValue, version: i64) -> bool {
-        let Some(dirty) = self.dirty_of_mut(counter) else {
+        let Some(dirty) = self.tables_mut(counter).map(|t| &mut t.dirty) else {
             return false;
         };
         let current = dirty.get(post).is_some_and(|d| d.version == version);
@@ -105,7 +101,7 @@ impl Memory {
     }
 
     pub fn requeue_dirty(&mut self, counter: CounterIx, post: &GroupValue, now: DateTime) -> bool {
-        match self.dirty_of_mut(counter).and_then(|d| d.get_mut(post)) {
+        match self.tables_mut(counter).and_then(|t| t.dirty.get_mut(post)) {
             Some(d) => {
                 d.first = d.first.max(now);
                 true
@@ -115,9 +111,7 @@ impl Memory {
     }
 
     pub fn dirty_posts(&self, counter: CounterIx) -> Vec<GroupValue> {
-        self.dirty_of(counter)
-            .map(|d| d.keys().cloned().collect())
-            .unwrap_or_default()
+        self.tables(counter).dirty.keys().cloned().collect()
     }
 
     /// `mark_dirty`: its statements, each on its own.
@@ -127,7 +121,7 @@ impl Memory {
         marks: &[DirtyMark],
         now: DateTime,
     ) -> crate::store::StoreResult<()> {
-        self.known_counters("mark posts dirty", marks.iter().map(|m| m.counter))?;
+        self.known_counters("mark posts dirty", marks.iter().map(|m| m.key.counter))?;
         for mark in marks {
             self.mark_dirty_one(fence, mark, now);
         }

@@ -48,8 +48,7 @@ pub use self::stream::{
 };
 pub use self::truth::row_facts;
 use crate::core::definition::Definition;
-use crate::core::key::CounterIx;
-use crate::core::key::GroupValue;
+use crate::core::key::{CounterIx, GroupValue};
 use crate::store::{RunSummary, SweepCursor};
 
 /// The application's fields: the in-process truth uses counterd's default schema.
@@ -145,30 +144,19 @@ impl Memory {
         self.tables = vec![CounterTables::default(); self.definitions.len()];
     }
 
-    /// Definition `counter`'s counters (`None`: no such definition).
-    pub fn counters_of(&self, counter: CounterIx) -> Option<&BTreeMap<GroupValue, CounterRec>> {
-        self.tables.get(counter.0).map(|t| &t.counters)
+    /// Definition `counter`'s counters and dirty set, empty for no such definition (what a
+    /// read of a collection that does not exist finds).
+    pub fn tables(&self, counter: CounterIx) -> &CounterTables {
+        static NONE: CounterTables = CounterTables {
+            counters: BTreeMap::new(),
+            dirty: BTreeMap::new(),
+        };
+        self.tables.get(counter.0).unwrap_or(&NONE)
     }
 
-    /// Definition `counter`'s counters, to write (`None`: no such definition).
-    pub fn counters_of_mut(
-        &mut self,
-        counter: CounterIx,
-    ) -> Option<&mut BTreeMap<GroupValue, CounterRec>> {
-        self.tables.get_mut(counter.0).map(|t| &mut t.counters)
-    }
-
-    /// Definition `counter`'s dirty set (`None`: no such definition).
-    pub fn dirty_of(&self, counter: CounterIx) -> Option<&BTreeMap<GroupValue, DirtyRec>> {
-        self.tables.get(counter.0).map(|t| &t.dirty)
-    }
-
-    /// Definition `counter`'s dirty set, to write (`None`: no such definition).
-    pub fn dirty_of_mut(
-        &mut self,
-        counter: CounterIx,
-    ) -> Option<&mut BTreeMap<GroupValue, DirtyRec>> {
-        self.tables.get_mut(counter.0).map(|t| &mut t.dirty)
+    /// Definition `counter`'s tables, to write (`None`: no such definition).
+    pub fn tables_mut(&mut self, counter: CounterIx) -> Option<&mut CounterTables> {
+        self.tables.get_mut(counter.0)
     }
 
     /// The definitions whose tables exist, the default first.

@@ -52,18 +52,7 @@ impl Counters for MongoStore {
             for (bucket, batch) in &w.touched {
                 set.append(g(&format!("touched.{bucket}")), batch.as_str());
             }
-            let mut on_insert = RawDocumentBuf::new();
-            on_insert.append(f("base_count"), 0_i64);
-            on_insert.append(f("base_watermark"), 0_i64);
-            let mut inc = increments(p, w.delta, &w.buckets);
-            let mut update = RawDocumentBuf::new();
-            if writer.shared {
-                // Every writer's write moves it: the reconciler's install pins it.
-                inc.append(f(SHARED_WRITES_FIELD), 1_i64);
-            }
-            update.append("$inc", inc);
-            update.append("$set", set);
-            update.append("$setOnInsert", on_insert);
+            let mut update = upsert(p, increments(p, w.delta, &w.buckets, writer), set);
             if !writer.shared {
                 let mut log = RawArrayBuf::new();
                 for touch in &w.log {
@@ -75,14 +64,20 @@ impl Counters for MongoStore {
                     rawdoc! {f("recent"): {"$each": log, "$slice": -(LOG_ENTRIES as i64)}},
                 );
             }
-            let q = guarded_raw(op, w.post.to_bson(), &g("applied_through"), through, fence)?;
+            let q = guarded_raw(
+                op,
+                w.key.group.to_bson(),
+                &g("applied_through"),
+                through,
+                fence,
+            )?;
             Ok(rawdoc! {
                 "q": with_epoch_field(q, writer, fence),
                 "u": update,
                 "upsert": true,
             })
         };
-        self.per_definition(op, fence, writes, |w| w.counter, statement)
+        self.per_definition(op, fence, writes, |w| w.key.counter, statement)
             .await
     }
 
@@ -282,36 +277,16 @@ impl Counters for MongoStore {
     ) -> StoreResult<ApplyOutcome> {
         let op = "add snapshot counts";
         let statement = |w: &&CounterDelta, p: &'static str, writer: Writer| {
-            let f = |name: &str| format!("{p}{name}");
-            let g = |name: &str| format!("{p}{}{name}", writer.path());
-            let mut set = RawDocumentBuf::new();
-            set.append(g("snapshot_chunk"), chunk as i64);
-            set.append(epoch_field(writer), fence.epoch);
-            let mut on_insert = RawDocumentBuf::new();
-            on_insert.append(f("base_count"), 0_i64);
-            on_insert.append(f("base_watermark"), 0_i64);
-            let mut inc = increments(p, w.delta, &w.buckets);
-            if writer.shared {
-                inc.append(f(SHARED_WRITES_FIELD), 1_i64);
-            }
-            let q = guarded_raw(
-                op,
-                w.post.to_bson(),
-                &g("snapshot_chunk"),
-                chunk as i64,
-                fence,
-            )?;
+            let done = format!("{p}{}snapshot_chunk", writer.path());
+            let set = rawdoc! {&done: chunk as i64, epoch_field(writer): fence.epoch};
+            let q = guarded_raw(op, w.key.group.to_bson(), &done, chunk as i64, fence)?;
             Ok(rawdoc! {
                 "q": with_epoch_field(q, writer, fence),
-                "u": {
-                    "$inc": inc,
-                    "$set": set,
-                    "$setOnInsert": on_insert,
-                },
+                "u": upsert(p, increments(p, w.delta, &w.buckets, writer), set),
                 "upsert": true,
             })
         };
-        self.per_definition(op, fence, writes, |w| w.counter, statement)
+        self.per_definition(op, fence, writes, |w| w.key.counter, statement)
             .await
     }
 }
@@ -394,15 +369,36 @@ fn with_epoch_field(q: RawDocumentBuf, writer: Writer, fence: &Fence) -> RawDocu
 /// The `$inc` of one counter write: `live_delta`, each bucket, and `count`, which moves with
 /// `live_delta` in the same write so readers never see it apart from `base_count + live_delta`.
 /// A sum's amounts go as doubles once they are: `$inc` of a double on an integer field makes
-/// it a double, as `$sum` over the rows would.
-fn increments(prefix: &str, delta: Num, buckets: &BTreeMap<BucketStart, Num>) -> RawDocumentBuf {
+/// it a double, as `$sum` over the rows would. A shared counter's write also counts itself in
+/// [`SHARED_WRITES_FIELD`]: every writer's write moves it, and the reconciler's install pins it.
+fn increments(
+    prefix: &str,
+    delta: Num,
+    buckets: &BTreeMap<BucketStart, Num>,
+    writer: Writer,
+) -> RawDocumentBuf {
     let mut inc = RawDocumentBuf::new();
     inc.append(format!("{prefix}live_delta"), raw_num(delta));
     inc.append(format!("{prefix}count"), raw_num(delta));
     for (bucket, amount) in buckets {
         inc.append(format!("{prefix}live_by_bucket.{bucket}"), raw_num(*amount));
     }
+    if writer.shared {
+        inc.append(format!("{prefix}{SHARED_WRITES_FIELD}"), 1_i64);
+    }
     inc
+}
+
+/// The update of a counter write: `inc` and `set`, and a base of 0 when it makes the counter.
+fn upsert(prefix: &str, inc: RawDocumentBuf, set: RawDocumentBuf) -> RawDocumentBuf {
+    rawdoc! {
+        "$inc": inc,
+        "$set": set,
+        "$setOnInsert": {
+            format!("{prefix}base_count"): 0_i64,
+            format!("{prefix}base_watermark"): 0_i64,
+        },
+    }
 }
 
 /// The filter value that pins a number read from a counter: equal to it, or (for a zero)

@@ -19,7 +19,7 @@ impl DirtySet for MongoStore {
             let stream = fence.stream.as_str();
             Ok(rawdoc! {
                 "q": {
-                    "_id": raw_value(op, m.post.to_bson())?,
+                    "_id": raw_value(op, m.key.group.to_bson())?,
                     "$or": [
                         {"stream": {"$ne": stream}},
                         {"epoch": {"$not": {"$gt": fence.epoch}}},
@@ -36,7 +36,7 @@ impl DirtySet for MongoStore {
         };
         let mut duplicates = 0;
         // Each definition's marks go to its own dirty set.
-        let groups = super::counters::by_counter(marks, |m| m.counter)
+        let groups = super::counters::by_counter(marks, |m| m.key.counter)
             .into_iter()
             .map(|(counter, marks)| Ok((self.place(op, counter)?.dirty, marks)))
             .collect::<StoreResult<Vec<_>>>()?;

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use counterd::budget::Budget;
 use counterd::core::batch::DirtyMark;
-use counterd::core::key::CounterIx;
 use counterd::core::key::GroupValue;
+use counterd::core::key::{CounterIx, CounterKey};
 use counterd::reconcile::{ReconcileSettings, RunReport};
 use counterd::store::prelude::*;
 use counterd::store::Fence;
@@ -37,11 +37,25 @@ fn reconciling_one_post_clears_its_dirty_entry() {
     runtime.block_on(async {
         let now = bson::DateTime::from_millis(START_CLOCK * 1000);
         store
-            .mark_dirty(&fence, &[DirtyMark::settled(older.clone())], now)
+            .mark_dirty(
+                &fence,
+                &[DirtyMark::settled(CounterKey::new(
+                    CounterIx::DEFAULT,
+                    older.clone(),
+                ))],
+                now,
+            )
             .await
             .unwrap();
         store
-            .mark_dirty(&fence, &[DirtyMark::settled(newer.clone())], now)
+            .mark_dirty(
+                &fence,
+                &[DirtyMark::settled(CounterKey::new(
+                    CounterIx::DEFAULT,
+                    newer.clone(),
+                ))],
+                now,
+            )
             .await
             .unwrap();
         // The worker that marked them has applied everything and found the stream drained.

@@ -54,21 +54,24 @@ impl State {
         let forgotten = match self.broken {
             Broken::NoGuard => self
                 .memory
-                .counters_of_mut(w.counter)
-                .and_then(|c| c.get_mut(&w.post))
+                .tables_mut(w.key.counter)
+                .and_then(|t| t.counters.get_mut(&w.key.group))
                 .and_then(|c| c.applied_through.take()),
             _ => None,
         };
         let applied = self.memory.apply_counter(fence, &w);
-        let after = self.memory.counters_of_mut(w.counter);
-        if let (false, Some(c)) = (applied, after.and_then(|c| c.get_mut(&w.post))) {
+        let after = self.memory.tables_mut(w.key.counter);
+        if let (false, Some(c)) = (
+            applied,
+            after.and_then(|t| t.counters.get_mut(&w.key.group)),
+        ) {
             c.applied_through = c.applied_through.take().or(forgotten);
         }
         let outcome = if applied { "" } else { ": already applied" };
         let line = format!(
             "  counter {}{} {:+} {:?} at {} (epoch {}){outcome}",
-            definition(w.counter),
-            w.post,
+            definition(w.key.counter),
+            w.key.group,
             w.delta,
             w.buckets,
             w.through,
@@ -76,7 +79,7 @@ impl State {
         );
         self.note(line);
         if applied {
-            self.shadow_add(w.counter, &w.post, &w.buckets);
+            self.shadow_add(w.key.counter, &w.key.group, &w.buckets);
         }
         applied
     }
@@ -428,11 +431,11 @@ impl Counters for SimStore {
         self.statements("apply_snapshot_counters", writes, |s, w| {
             let landed = s.memory.apply_snapshot_counter(fence, chunk, w);
             if landed {
-                s.shadow_add(w.counter, &w.post, &w.buckets);
+                s.shadow_add(w.key.counter, &w.key.group, &w.buckets);
                 let line = format!(
                     "  counter {}{} {:+} from snapshot chunk {chunk}",
-                    definition(w.counter),
-                    w.post,
+                    definition(w.key.counter),
+                    w.key.group,
                     w.delta
                 );
                 s.note(line);

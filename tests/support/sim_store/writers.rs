@@ -420,9 +420,9 @@ impl State {
 
     /// What every counter of definition `counter` displays, and its `count` field.
     pub fn displayed_of(&self, counter: CounterIx) -> BTreeMap<GroupValue, (Num, Num)> {
-        let none = BTreeMap::new();
-        let counters = self.memory.counters_of(counter).unwrap_or(&none);
-        counters
+        self.memory
+            .tables(counter)
+            .counters
             .iter()
             .map(|(p, c)| (p.clone(), (c.displayed(), c.count)))
             .collect()
@@ -522,13 +522,13 @@ impl State {
         let carried = self.memory.carried.values();
         let in_flight = carried
             .into_iter()
-            .any(|c| c.batch.counters.iter().any(|w| w.post == *post))
+            .any(|c| c.batch.counters.iter().any(|w| w.key.group == *post))
             || self.memory.checkpoints.values().any(|c| {
                 let chunk = c.snapshot.as_ref().and_then(|s| s.pending.as_ref());
                 c.pending
                     .iter()
-                    .any(|p| p.counters.iter().any(|w| w.post == *post))
-                    || chunk.is_some_and(|p| p.counters.iter().any(|w| w.post == *post))
+                    .any(|p| p.counters.iter().any(|w| w.key.group == *post))
+                    || chunk.is_some_and(|p| p.counters.iter().any(|w| w.key.group == *post))
             });
         if in_flight {
             return None;

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use bson::{doc, DateTime, Document, Timestamp};
 use counterd::core::batch::DirtyMark;
-use counterd::core::key::GroupValue;
+use counterd::core::key::{CounterIx, CounterKey, GroupValue};
 use counterd::reconcile::{ReconcileSettings, Reconciler};
 use counterd::store::prelude::*;
 use counterd::store::Fence;
@@ -164,8 +164,7 @@ async fn measure(bench: &Bench, plan: &Plan) -> anyhow::Result<Reconcile> {
         let k = ((plan.posts as f64 * fraction).ceil() as usize).max(1);
         let chosen: Vec<DirtyMark> = all
             .choose_multiple(&mut rng, k)
-            .cloned()
-            .map(DirtyMark::settled)
+            .map(|p| DirtyMark::settled(CounterKey::new(CounterIx::DEFAULT, p.clone())))
             .collect();
         store.mark_dirty(&fence, &chosen, DateTime::now()).await?;
         let before = store.counts();

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::fields::{self, counted, document_if_any, document_or_none, lenient};
 use super::*;
-use crate::core::key::CounterIx;
+use crate::core::key::{CounterIx, CounterKey};
 use crate::core::num::Num;
 use crate::core::time::BucketStart;
 
@@ -35,8 +35,8 @@ struct CounterDeltaDoc {
 impl From<&CounterDelta> for CounterDeltaDoc {
     fn from(c: &CounterDelta) -> Self {
         CounterDeltaDoc {
-            counter: c.counter.0,
-            post: c.post.clone(),
+            counter: c.key.counter.0,
+            post: c.key.group.clone(),
             delta: c.delta,
             buckets: c.buckets.clone(),
             touched: Some(c.touched.iter().copied().collect()),
@@ -55,8 +55,7 @@ impl From<CounterDeltaDoc> for CounterDelta {
             None => c.buckets.keys().copied().collect(),
         };
         CounterDelta {
-            counter: CounterIx(c.counter),
-            post: c.post,
+            key: CounterKey::new(CounterIx(c.counter), c.post),
             delta: c.delta,
             buckets: c.buckets,
             touched,
@@ -239,8 +238,8 @@ pub(in crate::store::mongo) fn pending_to_raw(
                 .dirty
                 .iter()
                 .map(|m| MarkDoc {
-                    counter: m.counter.0,
-                    post: m.post.clone(),
+                    counter: m.key.counter.0,
+                    post: m.key.group.clone(),
                     bucket: m.newest_bucket,
                 })
                 .collect(),
@@ -275,8 +274,7 @@ fn pending_from_stored(p: PendingDoc) -> PendingBatch {
             .dirty
             .into_iter()
             .map(|m| DirtyMark {
-                counter: CounterIx(m.counter),
-                post: m.post,
+                key: CounterKey::new(CounterIx(m.counter), m.post),
                 newest_bucket: m.bucket,
             })
             .collect(),

@@ -3,6 +3,7 @@
 //! older counterd still reads, and a newer one writes nothing an older one could not read.
 
 use super::*;
+use crate::core::key::{CounterIx, CounterKey};
 use crate::core::num::Num;
 use bson::oid::ObjectId;
 
@@ -21,8 +22,7 @@ fn row(post: Option<GroupValue>, created_at: Option<DateTime>, deleted: bool) ->
 
 fn counter_delta() -> CounterDelta {
     CounterDelta {
-        counter: crate::core::key::CounterIx::DEFAULT,
-        post: GroupValue::Int(7),
+        key: CounterKey::new(CounterIx::DEFAULT, GroupValue::Int(7)),
         delta: Num::Int(2),
         buckets: BTreeMap::from([(3600, Num::Int(2))]),
         touched: [0, 3600].into(),
@@ -77,8 +77,7 @@ fn pending_batch() -> PendingBatch {
         counters: vec![counter_delta()],
         ledger: ledger_updates(),
         dirty: vec![DirtyMark {
-            counter: crate::core::key::CounterIx::DEFAULT,
-            post: GroupValue::Int(7),
+            key: CounterKey::new(CounterIx::DEFAULT, GroupValue::Int(7)),
             newest_bucket: 3600,
         }],
     }
@@ -128,7 +127,10 @@ fn an_older_pending_batch_still_reads() {
     assert_eq!(read.end_time, None);
     assert_eq!(
         read.dirty,
-        vec![DirtyMark::settled(GroupValue::Str("p2".into()))]
+        vec![DirtyMark::settled(CounterKey::new(
+            CounterIx::DEFAULT,
+            GroupValue::Str("p2".into()),
+        ))]
     );
     let counter = &read.counters[0];
     assert_eq!(
