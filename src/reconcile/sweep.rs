@@ -449,12 +449,15 @@ pub async fn adopt_new_definitions<S: Store + ?Sized>(
             // Events applied before this process took the stream did not count for the new
             // definition, and a fold trusts the stream for rows above its watermark: the sweep
             // waits until the watermark passes `since`, so every such row is recounted.
-            if reconciler.watermark(now_secs).await? <= crate::core::time::secs(since)
-                || reconciler
-                    .deferred_while_catching_up("adopting a new definition")
-                    .await?
-            {
+            if reconciler.watermark(now_secs).await? <= crate::core::time::secs(since) {
                 continue;
+            }
+            // The stream's worker is catching up: every definition's adoption waits.
+            if reconciler
+                .deferred_while_catching_up("adopting a new definition")
+                .await?
+            {
+                break;
             }
             tracing::info!(stream = %stream, counter = %reconciler.settings.counter_name,
                 "adopting a counter definition the initial snapshot did not count: one full sweep");
@@ -485,17 +488,26 @@ pub async fn run_requested_sweeps<S: Store + ?Sized>(
     shutdown: Option<Shutdown>,
 ) -> StoreResult<Vec<RunReport>> {
     let mut reports = Vec::new();
-    let mut passed = true;
+    let mut every_one_swept = !reconcilers.is_empty();
     for reconciler in reconcilers {
-        if let Some((report, done)) = reconciler
+        match reconciler
             .requested_sweep(now_secs, shutdown.clone())
             .await?
         {
-            reports.push(report);
-            passed &= done;
+            Some((report, done)) => {
+                reports.push(report);
+                every_one_swept &= done;
+            }
+            // No request, or it waits (for the watermark to pass the gap, for the worker to
+            // catch up): the stream's, so the others would wait too. A definition that did not
+            // sweep keeps the request, even if one before it did.
+            None => {
+                every_one_swept = false;
+                break;
+            }
         }
     }
-    if let (Some(first), false, true) = (reconcilers.first(), reports.is_empty(), passed) {
+    if let (Some(first), true) = (reconcilers.first(), every_one_swept) {
         first.clear_sweep_request().await?;
     }
     Ok(reports)
