@@ -569,7 +569,10 @@ fn finish(
 
 /// The name of definition `counter` (for a report).
 fn counter_name(schema: &crate::core::schema::Schema, counter: CounterIx) -> String {
-    (schema.definitions.get(counter)).map_or_else(|| format!("#{}", counter.0), |d| d.name.clone())
+    schema
+        .definitions
+        .get(counter)
+        .map_or_else(|| format!("#{}", counter.0), |d| d.name.clone())
 }
 
 fn source_name(source: Source) -> &'static str {

@@ -44,9 +44,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
                     Outcome::NotNow
                 }
                 Recount::InFlight => {
-                    run.summary.in_flight += 1;
-                    metrics::counter!(m::RECOUNTS_IN_FLIGHT, "stream" => self.settings.stream.clone(), "kind" => run.summary.kind.clone())
-                        .increment(1);
+                    self.note_in_flight(run);
                     Outcome::NotNow
                 }
                 Recount::Consistent(recount) => {
@@ -64,6 +62,13 @@ impl<S: Store + ?Sized> Reconciler<S> {
             outcomes.push(outcome);
         }
         Ok(outcomes)
+    }
+
+    /// A recount that could not be installed (a change in flight): the post stays dirty.
+    fn note_in_flight(&self, run: &mut Run) {
+        run.summary.in_flight += 1;
+        metrics::counter!(m::RECOUNTS_IN_FLIGHT, "stream" => self.settings.stream.clone(), "kind" => run.summary.kind.clone())
+            .increment(1);
     }
 
     /// Folds a consistent recount into the counter, conditioned on the counter unchanged since
@@ -98,9 +103,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
             }
             let now = self.store.read_counter(&recount.post).await?;
             if !self.recounter.settle(&mut recount, now).await? {
-                run.summary.in_flight += 1;
-                metrics::counter!(m::RECOUNTS_IN_FLIGHT, "stream" => self.settings.stream.clone(), "kind" => run.summary.kind.clone())
-                    .increment(1);
+                self.note_in_flight(run);
                 return Ok(Outcome::NotNow);
             }
         }

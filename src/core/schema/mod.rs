@@ -107,7 +107,9 @@ impl Schema {
     /// partitions divide by: its counters are then written by several partitions, each under
     /// its own guard (see [`crate::core::partition`]).
     pub fn shared(&self, counter: crate::core::key::CounterIx) -> bool {
-        (self.definitions.get(counter)).is_some_and(|d| d.group != self.group())
+        self.definitions
+            .get(counter)
+            .is_some_and(|d| d.group != self.group())
     }
 
     /// The value at a dotted `path` of `doc` (`None`: absent, or a step is not a document).

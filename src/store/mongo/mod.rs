@@ -267,8 +267,11 @@ impl MongoStore {
 
     /// Where definition `counter` of the schema lives.
     pub(super) fn place(&self, op: &'static str, counter: CounterIx) -> StoreResult<Place<'_>> {
-        let definition =
-            (self.schema.definitions.get(counter)).ok_or_else(|| unknown_counter(op, counter))?;
+        let definition = self
+            .schema
+            .definitions
+            .get(counter)
+            .ok_or_else(|| unknown_counter(op, counter))?;
         Ok(Place {
             counters: &definition.collection,
             dirty: self.names.dirty_of(counter, &definition.name),
@@ -286,7 +289,9 @@ impl MongoStore {
 
     /// Every definition's place, the default first.
     fn places(&self) -> Vec<Place<'_>> {
-        (self.schema.definitions.iter())
+        self.schema
+            .definitions
+            .iter()
             .filter_map(|(i, _)| self.place("list counter definitions", i).ok())
             .collect()
     }
