@@ -358,72 +358,38 @@ mod tests {
 
     #[test]
     fn bad_definitions_name_the_entry_and_the_setting() {
-        let entry = |name: &str, group: &str, condition: &str, collection: &str| {
-            format!(
-                "[[counters]]\nname = \"a\"\ngroup_field = \"post_id\"\ncollection = \"a_counters\"\n\
-                 [[counters]]\nname = \"{name}\"\ngroup_field = \"{group}\"\n{condition}\ncollection = \"{collection}\"\n"
-            )
+        // The second entry with one field (`key`) set to `value`, the others valid.
+        let entry = |key: &str, value: &str| {
+            let valid = [
+                ("name", r#""b""#),
+                ("group_field", r#""post_id""#),
+                ("collection", r#""b_counters""#),
+            ];
+            let mut text = "[[counters]]\nname = \"a\"\ngroup_field = \"post_id\"\ncollection = \"a_counters\"\n[[counters]]\n".to_string();
+            for (k, v) in valid.into_iter().filter(|(k, _)| *k != key) {
+                text += &format!("{k} = {v}\n");
+            }
+            text + &format!("{key} = {value}\n")
         };
         let cases = [
-            (entry("a", "post_id", "", "b_counters"), "counters[1].name"),
-            (
-                entry("default", "post_id", "", "b_counters"),
-                "counters[1].name",
-            ),
-            (
-                entry("b c", "post_id", "", "b_counters"),
-                "counters[1].name",
-            ),
-            (
-                entry("b", "a..b", "", "b_counters"),
-                "counters[1].group_field",
-            ),
-            (
-                entry("b", "$x", "", "b_counters"),
-                "counters[1].group_field",
-            ),
-            (
-                entry("b", "post_id", "condition = { \"$or\" = [] }", "b_counters"),
-                "counters[1].condition",
-            ),
-            (
-                entry(
-                    "b",
-                    "post_id",
-                    "condition = { x = { \"$regex\" = \"a\" } }",
-                    "b_counters",
-                ),
-                "counters[1].condition",
-            ),
-            (
-                entry(
-                    "b",
-                    "post_id",
-                    "condition = { x = { \"$gt\" = \"a\" } }",
-                    "b_counters",
-                ),
-                "counters[1].condition",
-            ),
-            (
-                entry("b", "post_id", "", "a_counters"),
-                "counters[1].collection",
-            ),
-            (
-                entry("b", "post_id", "", "comment_counters"),
-                "counters[1].collection",
-            ),
-            (
-                entry("b", "post_id", "", "comments"),
-                "counters[1].collection",
-            ),
-            (
-                entry("b", "post_id", "", "counterd_dirty"),
-                "counters[1].collection",
-            ),
-            (entry("b", "post_id", "", ""), "counters[1].collection"),
+            ("name", r#""a""#),
+            ("name", r#""default""#),
+            ("name", r#""b c""#),
+            ("group_field", r#""a..b""#),
+            ("group_field", r#""$x""#),
+            ("condition", r#"{ "$or" = [] }"#),
+            ("condition", r#"{ x = { "$regex" = "a" } }"#),
+            ("condition", r#"{ x = { "$gt" = "a" } }"#),
+            ("collection", r#""a_counters""#),
+            ("collection", r#""comment_counters""#),
+            ("collection", r#""comments""#),
+            ("collection", r#""counterd_dirty""#),
+            ("collection", r#""""#),
         ];
-        for (text, setting) in cases {
-            assert_eq!(invalid_name(with(&text)), setting, "{text}");
+        for (setting, value) in cases {
+            let text = entry(setting, value);
+            let name = invalid_name(with(&text));
+            assert_eq!(name, format!("counters[1].{setting}"), "{text}");
         }
     }
 
