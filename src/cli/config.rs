@@ -178,11 +178,7 @@ fn definitions_json(settings: &crate::config::Settings) -> anyhow::Result<serde_
 fn print_collections(settings: &crate::config::Settings, json: bool) -> anyhow::Result<ExitCode> {
     let owned = crate::cli::collections::owned(settings)?;
     if json {
-        let list: Vec<_> = owned
-            .iter()
-            .map(|o| json!({"name": o.name, "source": o.source, "holds": o.holds}))
-            .collect();
-        print_json(&json!({"database": settings.database, "collections": list}))?;
+        print_json(&json!({"database": settings.database, "collections": owned}))?;
         return Ok(ExitCode::SUCCESS);
     }
     let width = owned.iter().map(|o| o.name.len()).max().unwrap_or(0);
