@@ -96,22 +96,11 @@ fn extended(key: &str, inner: &Value) -> Option<Value> {
             _ => None,
         }
     };
+    let time = |ms: i64| Some(Value::String(rfc3339(DateTime::from_millis(ms))));
     match key {
-        "$date" => {
-            let ms = match inner {
-                Value::String(s) => {
-                    return Some(Value::String(s.clone()));
-                }
-                other => number(other)?,
-            };
-            Some(Value::String(rfc3339(DateTime::from_millis(ms))))
-        }
-        "$timestamp" => {
-            let t = inner.as_object()?.get("t")?.as_u64()?;
-            Some(Value::String(rfc3339(DateTime::from_millis(
-                t as i64 * 1000,
-            ))))
-        }
+        "$date" if inner.is_string() => Some(inner.clone()),
+        "$date" => time(number(inner)?),
+        "$timestamp" => time(inner.as_object()?.get("t")?.as_i64()? * 1000),
         "$oid" => Some(Value::String(inner.as_str()?.to_string())),
         "$numberLong" | "$numberInt" => Some(Value::from(number(inner)?)),
         "$numberDouble" => inner.as_str()?.parse::<f64>().ok().map(Value::from),
