@@ -76,19 +76,10 @@ impl Settings {
             comments_collection: entry.collection.clone(),
             counters_collection: entry.counters_collection.clone(),
             group_field: entry.group_field.clone(),
-            created_field: entry
-                .created_field
-                .clone()
-                .unwrap_or_else(|| self.created_field.clone()),
-            soft_delete: entry.soft_delete.unwrap_or(self.soft_delete),
-            soft_delete_field: entry
-                .soft_delete_field
-                .clone()
-                .unwrap_or_else(|| self.soft_delete_field.clone()),
-            soft_delete_values: entry
-                .soft_delete_values
-                .clone()
-                .unwrap_or_else(|| self.soft_delete_values.clone()),
+            created_field: own_or(&entry.created_field, &self.created_field),
+            soft_delete: own_or(&entry.soft_delete, &self.soft_delete),
+            soft_delete_field: own_or(&entry.soft_delete_field, &self.soft_delete_field),
+            soft_delete_values: own_or(&entry.soft_delete_values, &self.soft_delete_values),
             collection_prefix: format!("{}{}_", self.collection_prefix, entry.name),
             stream_name: entry.name.clone(),
             counter_name: entry.name.clone(),
@@ -135,6 +126,11 @@ impl Settings {
         }
         Ok(names)
     }
+}
+
+/// A source's own value of a setting, or the shared one.
+fn own_or<T: Clone>(own: &Option<T>, shared: &T) -> T {
+    own.as_ref().unwrap_or(shared).clone()
 }
 
 /// The checks of `[[sources]]` entry `i` that its own settings cannot make: its name and
