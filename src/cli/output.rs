@@ -6,7 +6,7 @@
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use bson::{DateTime, Timestamp};
+use bson::DateTime;
 use serde_json::Value;
 
 /// Set once a write to standard output failed (the reader went away): later output is dropped.
@@ -49,11 +49,6 @@ pub fn rfc3339(t: DateTime) -> String {
         Some(d) => d.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
         None => ms.to_string(),
     }
-}
-
-/// A cluster time as RFC 3339 (its seconds; the increment orders events within a second).
-pub fn cluster_time(t: Timestamp) -> String {
-    rfc3339(DateTime::from_millis(t.time as i64 * 1000))
 }
 
 /// Serializes any value for `--json`: through serde, then with MongoDB's extended-JSON shapes
@@ -173,6 +168,7 @@ fn walk(value: &Value, path: &str, problems: &mut Vec<String>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bson::Timestamp;
 
     #[test]
     fn extended_json_becomes_plain() {

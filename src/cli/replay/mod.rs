@@ -25,6 +25,7 @@ use crate::cli::exit::UsageError;
 use crate::cli::{connect, print_json};
 use crate::config::{parse_time, Settings};
 use crate::core::event::Token;
+use crate::core::time::seconds_rfc3339;
 use crate::outln;
 use crate::store::prelude::*;
 use crate::store::{Fence, Lease, Position};
@@ -209,7 +210,8 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
 fn describe(position: &Position) -> String {
     match position {
         Position::Token(t) => format!("after token {t}"),
-        Position::Time(t) => format!("at {}", crate::cli::output::cluster_time(*t)),
+        // Its seconds: the increment orders events within a second.
+        Position::Time(t) => format!("at {}", seconds_rfc3339(t.time.into())),
         Position::Unset => "unset (the configured start)".into(),
     }
 }
