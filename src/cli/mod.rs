@@ -146,12 +146,8 @@ impl Cli {
         }
         for pair in &self.set {
             let Some((name, value)) = pair.split_once('=') else {
-                return Err(ConfigError::Invalid {
-                    name: pair.clone(),
-                    origin: "flag --set".into(),
-                    value: pair.clone(),
-                    message: "expected --set name=value".into(),
-                });
+                let message = "expected --set name=value";
+                return Err(ConfigError::invalid(pair, "flag --set", pair, message));
             };
             overrides.push(Override {
                 name: name.trim().to_string(),

@@ -252,6 +252,23 @@ pub enum ConfigError {
     },
 }
 
+impl ConfigError {
+    /// Setting `name` (given by `origin`) cannot be `value`: `message` says why.
+    pub fn invalid(
+        name: &str,
+        origin: &str,
+        value: impl ToString,
+        message: impl Into<String>,
+    ) -> ConfigError {
+        ConfigError::Invalid {
+            name: name.into(),
+            origin: origin.into(),
+            value: value.to_string(),
+            message: message.into(),
+        }
+    }
+}
+
 impl Settings {
     /// `start_at` as a cluster time.
     pub fn start_at_timestamp(&self) -> Option<bson::Timestamp> {

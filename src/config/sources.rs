@@ -97,11 +97,9 @@ impl Settings {
         sources
             .into_iter()
             .find(|s| s.stream_name == name)
-            .ok_or_else(|| ConfigError::Invalid {
-                name: "--source".into(),
-                origin: "flag --source".into(),
-                value: name.into(),
-                message: format!("no such source; configured: {}", names.join(", ")),
+            .ok_or_else(|| {
+                let message = format!("no such source; configured: {}", names.join(", "));
+                ConfigError::invalid("--source", "flag --source", name, message)
             })
     }
 

@@ -7,12 +7,7 @@ use crate::redact::{redact_uri, URI_SHAPE};
 
 /// A setting's value is out of range: `message` says what is allowed.
 pub(super) fn bad(name: &str, value: impl ToString, message: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid {
-        name: name.into(),
-        origin: "settings".into(),
-        value: value.to_string(),
-        message: message.into(),
-    }
+    ConfigError::invalid(name, "settings", value, message)
 }
 
 impl Settings {
