@@ -97,17 +97,11 @@ fn check_token_format(new: &Token, current: &Token) -> Result<(), UsageError> {
 pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     let position = match (&args.from_token, &args.from_time) {
         (Some(t), _) => Position::Token(check_token_shape(t)?),
-        (None, Some(time)) => {
-            let secs = parse_time(time).ok_or_else(|| {
-                UsageError(format!(
-                    "--from-time {time:?}: expected RFC 3339, e.g. 2026-01-31T12:00:00Z"
-                ))
-            })?;
-            Position::Time(bson::Timestamp {
-                time: secs as u32,
-                increment: 0,
-            })
-        }
+        (None, Some(time)) => Position::Time(parse_time(time).ok_or_else(|| {
+            UsageError(format!(
+                "--from-time {time:?}: expected RFC 3339, e.g. 2026-01-31T12:00:00Z"
+            ))
+        })?),
         (None, None) => unreachable!("clap requires one"),
     };
     let store = connect(&settings).await?;
