@@ -303,42 +303,33 @@ collection = "likes_by_user"
                 "[[sources]]\nname = \"{name}\"\ncollection = \"{collection}\"\ngroup_field = \"post_id\"\ncounters_collection = \"{counters}\"\n"
             )
         };
-        assert_eq!(
-            invalid(with(&entry("li kes", "likes", "lc"))).0,
-            "sources[0].name"
-        );
-        assert_eq!(
-            invalid(with(&entry("likes", "comments", "lc"))).0,
-            "sources[0].collection"
-        );
-        assert_eq!(
-            invalid(with(&entry("comments", "likes", "lc"))).0,
-            "sources[0].name",
-            "the comments' stream is named comments"
-        );
-        assert_eq!(
-            invalid(with(&entry("likes", "li$kes", "lc"))).0,
-            "sources[0].collection"
-        );
-        assert_eq!(
-            invalid(with(&entry("likes", "likes", "comment_counters"))),
-            ("sources".into(), "comment_counters".into())
-        );
-        assert_eq!(
-            invalid(with(&entry("likes", "likes", "comments"))),
-            ("sources".into(), "comments".into())
-        );
+        for (name, collection, counters, setting) in [
+            ("li kes", "likes", "lc", "name"),
+            ("likes", "comments", "lc", "collection"),
+            // The comments' stream is named comments.
+            ("comments", "likes", "lc", "name"),
+            ("likes", "li$kes", "lc", "collection"),
+        ] {
+            let text = entry(name, collection, counters);
+            let got = invalid(with(&text)).0;
+            assert_eq!(got, format!("sources[0].{setting}"), "{text}");
+        }
+        // Counter names and collections are one namespace: named as `sources`, with the value.
+        for (name, counters, value) in [
+            ("likes", "comment_counters", "comment_counters"),
+            ("likes", "comments", "comments"),
+            ("default", "lc", "default"),
+        ] {
+            let text = entry(name, "likes", counters);
+            let got = invalid(with(&text));
+            assert_eq!(got, ("sources".into(), value.into()), "{text}");
+        }
         let two = format!(
             "{}{}",
             entry("likes", "likes", "lc"),
             entry("likes2", "likes", "lc2")
         );
         assert_eq!(invalid(with(&two)).0, "sources[1].collection");
-        let default = entry("default", "likes", "lc");
-        assert_eq!(
-            invalid(with(&default)),
-            ("sources".into(), "default".into())
-        );
         let bad_field = format!("{}created_field = \"$x\"\n", entry("likes", "likes", "lc"));
         assert_eq!(invalid(with(&bad_field)).0, "sources[0].created_field");
     }
