@@ -134,9 +134,7 @@ impl Cli {
             ("database", "--database", &self.database),
             ("http_addr", "--http-addr", &http_addr),
         ] {
-            if let Some(v) = value {
-                overrides.push(named(name, flag, v));
-            }
+            overrides.extend(value.as_deref().map(|v| named(name, flag, v)));
         }
         if self.log_json {
             overrides.push(named("log_format", "--log-json", "json"));
