@@ -728,13 +728,8 @@ impl SkippedReport {
             crate::core::classify::Problem::Bad(_) => "bad",
             crate::core::classify::Problem::Unattributable(_) => "unattributable",
         };
-        let SkippedReport {
-            token,
-            comment,
-            post,
-            problem,
-        } = self;
-        tracing::warn!(%stream, %comment, %post, %token, kind, %problem,
+        tracing::warn!(%stream, comment = %self.comment, post = %self.post, token = %self.token,
+            kind, problem = %self.problem,
             "event not counted; its known posts are marked dirty and recounted");
     }
 }
