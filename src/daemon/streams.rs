@@ -258,11 +258,7 @@ async fn prepare_or_park(
         else {
             return Err(error);
         };
-        let names: Vec<String> = settings
-            .streams()
-            .into_iter()
-            .map(|(name, _)| name)
-            .collect();
+        let names = settings.stream_names();
         let mut newly = false;
         for (name, status) in names.iter().zip(statuses) {
             newly |= status.parked(name, reason, SystemClock.now());

@@ -106,11 +106,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     };
     let store = connect(&settings).await?;
     // Every stream of the configuration (one, or one per partition) moves together.
-    let streams: Vec<String> = settings
-        .streams()
-        .into_iter()
-        .map(|(name, _)| name)
-        .collect();
+    let streams = settings.stream_names();
     let stream = streams[0].clone();
     let checkpoint = store.load_checkpoint(&stream).await?.unwrap_or_default();
     if let (Position::Token(new), Some(current)) = (&position, &checkpoint.token) {
