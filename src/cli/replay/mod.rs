@@ -143,19 +143,17 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    let mut moved = Vec::new();
-    let mut outcome = Ok(());
-    for (fence, fenced) in &taken {
-        match move_stream(&settings, &store, fence, &owner, &position).await {
-            Ok(resolved) => moved.push((fence.stream.clone(), fenced.clone(), resolved)),
-            Err(e) => {
-                outcome = Err(e);
-                break;
-            }
+    let moved = async {
+        let mut moved = Vec::new();
+        for (fence, fenced) in &taken {
+            let resolved = move_stream(&settings, &store, fence, &owner, &position).await?;
+            moved.push((fence.stream.clone(), fenced.clone(), resolved));
         }
-    }
+        anyhow::Ok(moved)
+    };
+    let moved = moved.await;
     release_all(&store, &owner, &taken).await;
-    outcome?;
+    let moved = moved?;
 
     let fenced: Vec<&Lease> = moved.iter().filter_map(|(_, l, _)| l.as_ref()).collect();
     report["fenced"] = fenced
