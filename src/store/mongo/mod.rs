@@ -551,8 +551,9 @@ fn write_errors(op: &'static str, reply: &Document) -> StoreResult<u64> {
     Ok(duplicates)
 }
 
-/// A probe's reply: `Some` when the server answered, `None` when it refused the command (it
-/// lacks it), an error when the reply was lost to a transient fault.
+/// A probe's or an optional reading's reply: `Some` when the server answered, `None` when it
+/// refused the command (it lacks it, or does not allow it: not reported), an error when the
+/// reply was lost to a transient fault (retried, never taken for a server that reports nothing).
 fn answered(
     reply: Result<Document, DriverError>,
     op: &'static str,
