@@ -207,22 +207,16 @@ impl Counters for MongoStore {
         let from_comments: Vec<Document> = self
             .comments
             .aggregate(pipeline)
-            .observed("list posts")
-            .await?
-            .try_collect()
-            .await
-            .map_err(|e| map_err("list posts", e))?;
+            .collected("list posts")
+            .await?;
         let from_counters: Vec<Document> = self
             .coll(place.counters)
             .find(after_filter("_id", after))
             .projection(doc! {"_id": 1})
             .sort(doc! {"_id": 1})
             .limit(limit.min(i64::MAX as usize) as i64)
-            .observed("list counters")
-            .await?
-            .try_collect()
-            .await
-            .map_err(|e| map_err("list counters", e))?;
+            .collected("list counters")
+            .await?;
         let mut posts: Vec<GroupValue> = from_comments
             .iter()
             .chain(from_counters.iter())
@@ -245,20 +239,14 @@ impl Counters for MongoStore {
         let mut docs: Vec<Document> = self
             .coll(place.counters)
             .aggregate(sample("_id".into()))
-            .observed("sample counters")
-            .await?
-            .try_collect()
-            .await
-            .map_err(|e| map_err("sample counters", e))?;
+            .collected("sample counters")
+            .await?;
         // Comments too: a post with rows but no counter is as wrong as a counter that is off.
         let from_comments: Vec<Document> = self
             .comments
             .aggregate(sample(place.group.to_string()))
-            .observed("sample comments")
-            .await?
-            .try_collect()
-            .await
-            .map_err(|e| map_err("sample comments", e))?;
+            .collected("sample comments")
+            .await?;
         docs.extend(from_comments);
         let mut posts: Vec<GroupValue> = docs
             .iter()
