@@ -288,8 +288,12 @@ impl EventSource for CountingEvents {
     }
 }
 
-#[async_trait]
-impl<S: ChangeStreams> ChangeStreams for CountingStore<S> {
+counted! {
+    impl ChangeStreams as Stream {
+        read_position() -> ServerNow, 0;
+        look_up(comments: &[CommentId]) -> HashMap<String, Document>, 0;
+    }
+
     async fn open_stream(&self, options: StreamOptions) -> StoreResult<Box<dyn EventSource>> {
         let inner = self
             .timed(Concern::Stream, 0, self.inner.open_stream(options))
@@ -298,15 +302,5 @@ impl<S: ChangeStreams> ChangeStreams for CountingStore<S> {
             inner,
             tallies: self.tallies.clone(),
         }))
-    }
-
-    async fn read_position(&self) -> StoreResult<ServerNow> {
-        self.timed(Concern::Stream, 0, self.inner.read_position())
-            .await
-    }
-
-    async fn look_up(&self, comments: &[CommentId]) -> StoreResult<HashMap<String, Document>> {
-        self.timed(Concern::Stream, 0, self.inner.look_up(comments))
-            .await
     }
 }
