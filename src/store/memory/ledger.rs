@@ -175,7 +175,6 @@ impl Memory {
 }
 
 seam!(Ledger {
-    ok fn read_ledger(stream: &str, comments: &[CommentId], generation: u64) -> LedgerView;
     ok fn read_ledger_at(stream: &str, comments: &[CommentId], generation: u64) -> HashMap<String, LedgerAt>;
     ok fn write_ledger(fence: &Fence, updates: &[LedgerUpdate], through: &Token, generation: u64) -> ();
     ok fn rebuild_ledger(stream: &str, generation: u64, rows: &[(CommentId, Row)]) -> ();
