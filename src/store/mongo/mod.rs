@@ -52,7 +52,7 @@ use self::observe::Observe;
 use crate::core::batch::{CounterDelta, CounterWrite, DirtyMark};
 use crate::core::definition::stored_name;
 use crate::core::event::{CommentId, Row, Token};
-use crate::core::event::{LedgerUpdate, LedgerView};
+use crate::core::event::LedgerUpdate;
 use crate::core::key::CounterIx;
 use crate::core::key::GroupValue;
 use crate::core::schema::{Schema, SoftDelete};
@@ -496,10 +496,7 @@ pub(super) trait Statement {
 
 impl Statement for Document {
     fn into_raw(self, op: &'static str) -> StoreResult<RawDocumentBuf> {
-        RawDocumentBuf::from_document(&self).map_err(|e| StoreError::Fatal {
-            op,
-            message: e.to_string(),
-        })
+        RawDocumentBuf::from_document(&self).map_err(unencodable(op))
     }
 }
 
@@ -511,10 +508,15 @@ impl Statement for StoreResult<RawDocumentBuf> {
 
 /// A value as raw BSON, for statements built raw.
 pub(super) fn raw_value(op: &'static str, value: Bson) -> StoreResult<RawBson> {
-    RawBson::try_from(value).map_err(|e| StoreError::Fatal {
+    RawBson::try_from(value).map_err(unencodable(op))
+}
+
+/// A value `op` could not encode as BSON: a bug, reported as fatal rather than a panic.
+pub(super) fn unencodable<E: std::fmt::Display>(op: &'static str) -> impl Fn(E) -> StoreError {
+    move |e| StoreError::Fatal {
         op,
         message: e.to_string(),
-    })
+    }
 }
 
 /// The duplicate-key errors of a write command's reply (an upsert that raced, or hit an entry

@@ -420,25 +420,19 @@ pub(super) fn members_from(value: Option<&Bson>) -> Vec<Member> {
     }
 }
 
-/// A document serde writes: the record's stored shape, for `op` (a failure is a bug, reported
-/// as fatal rather than a panic).
 /// `value` serialized straight to BSON bytes, without the document tree `to_stored` builds (a
 /// tree of a large intent costs several times its bytes; see `checkpoints::record_intent`).
 pub(super) fn to_stored_raw<T: Serialize>(
     op: &'static str,
     value: &T,
 ) -> StoreResult<bson::RawDocumentBuf> {
-    bson::to_raw_document_buf(value).map_err(|e| StoreError::Fatal {
-        op,
-        message: e.to_string(),
-    })
+    bson::to_raw_document_buf(value).map_err(unencodable(op))
 }
 
+/// A document serde writes: the record's stored shape, for `op` (a failure is a bug, reported
+/// as fatal rather than a panic).
 pub(super) fn to_stored<T: Serialize>(op: &'static str, value: &T) -> StoreResult<Document> {
-    bson::to_document(value).map_err(|e| StoreError::Fatal {
-        op,
-        message: e.to_string(),
-    })
+    bson::to_document(value).map_err(unencodable(op))
 }
 
 /// A stored reconcile run: the document `record_run` wrote with serde, read back with serde
