@@ -51,8 +51,8 @@ use self::errors::*;
 use self::observe::Observe;
 use crate::core::batch::{CounterDelta, CounterWrite, DirtyMark};
 use crate::core::definition::stored_name;
-use crate::core::event::{CommentId, Row, Token};
 use crate::core::event::LedgerUpdate;
+use crate::core::event::{CommentId, Row, Token};
 use crate::core::key::CounterIx;
 use crate::core::key::GroupValue;
 use crate::core::schema::{Schema, SoftDelete};
@@ -427,23 +427,18 @@ impl MongoStore {
     /// Whether `changeStreamPreAndPostImages` is enabled on the comments collection; a lost
     /// reply is an error (retried at start-up), never a "no".
     async fn pre_images_enabled(&self) -> StoreResult<bool> {
-        let listed = self
-            .db
-            .list_collections()
-            .filter(doc! {"name": self.comments.name()})
-            .await;
-        let mut cursor = match listed {
-            Ok(cursor) => cursor,
-            Err(e) => return answered(Err(e), "list collections").map(|_| false),
+        let name = self.comments.name();
+        let listed = async {
+            let mut cursor = self
+                .db
+                .list_collections()
+                .filter(doc! {"name": name})
+                .await?;
+            cursor.try_next().await
         };
-        match cursor.try_next().await {
-            Ok(Some(spec)) => Ok(spec
-                .options
-                .change_stream_pre_and_post_images
-                .is_some_and(|o| o.enabled)),
-            Ok(None) => Ok(false),
-            Err(e) => answered(Err(e), "list collections").map(|_| false),
-        }
+        let spec = answered(listed.await, "list collections")?.flatten();
+        let images = spec.and_then(|s| s.options.change_stream_pre_and_post_images);
+        Ok(images.is_some_and(|o| o.enabled))
     }
 
     /// Runs `update` commands of many statements, `ordered: false`, one statement per item;
@@ -556,10 +551,7 @@ fn write_errors(op: &'static str, reply: &Document) -> StoreResult<u64> {
 /// A probe's or an optional reading's reply: `Some` when the server answered, `None` when it
 /// refused the command (it lacks it, or does not allow it: not reported), an error when the
 /// reply was lost to a transient fault (retried, never taken for a server that reports nothing).
-fn answered(
-    reply: Result<Document, DriverError>,
-    op: &'static str,
-) -> StoreResult<Option<Document>> {
+fn answered<T>(reply: Result<T, DriverError>, op: &'static str) -> StoreResult<Option<T>> {
     match reply {
         Ok(reply) => Ok(Some(reply)),
         Err(e) => match map_err(op, e) {
