@@ -293,6 +293,8 @@ impl Memory {
                 d.insert("fullDocument", row.clone());
             }
             OpKind::Update { updated, removed } => {
+                // `$unset`'s names, as the fake test server spells the removed fields.
+                let unset: Document = removed.iter().map(|f| (f.clone(), "".into())).collect();
                 if self.update_descriptions {
                     d.insert(
                         "updateDescription",
@@ -300,13 +302,9 @@ impl Memory {
                     );
                 } else {
                     // Like the fake test server: the update spec rides in `documentKey`.
-                    let mut unset = Document::new();
-                    for field in removed.iter() {
-                        unset.insert(field.as_str(), "");
-                    }
                     d.insert(
                         "documentKey",
-                        doc! {"_id": e.id, "$set": updated.clone(), "$unset": unset},
+                        doc! {"_id": e.id, "$set": updated.clone(), "$unset": unset.clone()},
                     );
                 }
                 if pre_images {
@@ -318,9 +316,7 @@ impl Memory {
                     // Without a lookup the fake test server sends the update's fields instead
                     // (`$set`'s values, `$unset`'s names): a fragment without `_id`.
                     let mut fragment = updated.clone();
-                    for field in removed {
-                        fragment.insert(field.as_str(), "");
-                    }
+                    fragment.extend(unset);
                     d.insert("fullDocument", fragment);
                 }
             }
