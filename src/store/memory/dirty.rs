@@ -93,21 +93,15 @@ impl Memory {
         let Some(dirty) = self.tables_mut(counter).map(|t| &mut t.dirty) else {
             return false;
         };
-        let current = dirty.get(post).is_some_and(|d| d.version == version);
-        if current {
-            dirty.remove(post);
-        }
-        current
+        dirty.get(post).is_some_and(|d| d.version == version) && dirty.remove(post).is_some()
     }
 
     pub fn requeue_dirty(&mut self, counter: CounterIx, post: &GroupValue, now: DateTime) -> bool {
-        match self.tables_mut(counter).and_then(|t| t.dirty.get_mut(post)) {
-            Some(d) => {
-                d.first = d.first.max(now);
-                true
-            }
-            None => false,
-        }
+        let Some(d) = self.tables_mut(counter).and_then(|t| t.dirty.get_mut(post)) else {
+            return false;
+        };
+        d.first = d.first.max(now);
+        true
     }
 
     pub fn dirty_posts(&self, counter: CounterIx) -> Vec<GroupValue> {
