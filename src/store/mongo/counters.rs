@@ -45,19 +45,15 @@ impl Counters for MongoStore {
             let mut set = RawDocumentBuf::new();
             set.append(g("applied_through"), through);
             set.append(epoch_field(writer), fence.epoch);
-            match w.through_time {
-                Some(t) => set.append(g("applied_time"), t),
-                None => set.append(g("applied_time"), RawBson::Null),
-            };
+            let time = w.through_time.map_or(RawBson::Null, RawBson::Timestamp);
+            set.append(g("applied_time"), time);
             for (bucket, batch) in &w.touched {
                 set.append(g(&format!("touched.{bucket}")), batch.as_str());
             }
             let mut update = upsert(p, increments(p, w.delta, &w.buckets, writer), set);
             if !writer.shared {
-                let mut log = RawArrayBuf::new();
-                for touch in &w.log {
-                    log.push(touch_to_raw(op, touch)?);
-                }
+                let log = w.log.iter().map(|touch| touch_to_raw(op, touch));
+                let log = log.collect::<StoreResult<RawArrayBuf>>()?;
                 // Each batch's entry in the counter's log; the oldest fall off.
                 update.append(
                     "$push",

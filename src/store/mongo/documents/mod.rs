@@ -193,18 +193,15 @@ fn recent_from(doc: &Document) -> Vec<Touch> {
 
 /// A counter log entry as the counters' raw statements push it: `{t: through, c: [ids] | null}`.
 pub(super) fn touch_to_raw(op: &'static str, touch: &Touch) -> StoreResult<RawDocumentBuf> {
-    let mut raw = rawdoc! {"t": touch.through.as_str()};
-    match &touch.comments {
-        Some(ids) => {
-            let mut comments = RawArrayBuf::new();
-            for c in ids {
-                comments.push(raw_value(op, c.value.clone())?);
-            }
-            raw.append("c", comments);
-        }
-        None => raw.append("c", RawBson::Null),
-    }
-    Ok(raw)
+    let comments = match &touch.comments {
+        Some(ids) => RawBson::Array(
+            ids.iter()
+                .map(|c| raw_value(op, c.value.clone()))
+                .collect::<StoreResult<_>>()?,
+        ),
+        None => RawBson::Null,
+    };
+    Ok(rawdoc! {"t": touch.through.as_str(), "c": comments})
 }
 
 /// A malformed checkpoint's error, with the fix.
