@@ -463,10 +463,8 @@ impl MongoStore {
         for items in items.chunks(1000) {
             // Each statement goes to raw BSON as soon as it is built: a thousand statements
             // as document trees held megabytes (see `budget::cost`), as bytes a few hundred KB.
-            let mut chunk = RawArrayBuf::new();
-            for item in items {
-                chunk.push(statement(item).into_raw(op)?);
-            }
+            let chunk = items.iter().map(|item| statement(item).into_raw(op));
+            let chunk = chunk.collect::<StoreResult<RawArrayBuf>>()?;
             let sent = items.len() as u64;
             let reply = self
                 .db
