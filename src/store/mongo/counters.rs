@@ -340,12 +340,10 @@ fn with_epoch_field(q: RawDocumentBuf, writer: Writer, fence: &Fence) -> RawDocu
     if writer.slot == 0 {
         return q;
     }
-    let mut out = RawDocumentBuf::new();
-    for (key, value) in q.iter().flatten() {
-        if key != "epoch" {
-            out.append(key, value.to_raw_bson());
-        }
-    }
+    let others = q.iter().flatten().filter(|(key, _)| *key != "epoch");
+    let mut out: RawDocumentBuf = others
+        .map(|(key, value)| (key, value.to_raw_bson()))
+        .collect();
     out.append(epoch_field(writer), rawdoc! {"$not": {"$gt": fence.epoch}});
     out
 }
