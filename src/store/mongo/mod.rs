@@ -139,8 +139,6 @@ pub struct MongoStore {
     comments: Collection<Document>,
     names: Collections,
     schema: Schema,
-    /// Host list for error messages (never the credentials).
-    hosts: String,
     /// The counter definition this handle serves (see [`CounterViews`]).
     counter: CounterIx,
 }
@@ -248,17 +246,12 @@ impl MongoStore {
             comments,
             names: options.collections.clone(),
             schema: options.schema.clone(),
-            hosts,
             counter: CounterIx::default(),
         })
     }
 
     pub fn database(&self) -> &Database {
         &self.db
-    }
-
-    pub fn hosts(&self) -> &str {
-        &self.hosts
     }
 
     fn coll(&self, name: &str) -> Collection<Document> {
