@@ -13,7 +13,8 @@ use mongodb::error::{Error as DriverError, ErrorKind, WriteFailure};
 /// command document).
 const MAX_MESSAGE: usize = 200;
 
-/// The driver error as one sentence, without the driver's debug text.
+/// The driver error as one credential-free sentence (the server's own words for a refused
+/// command or login), without the driver's debug text: what errors and logs say of it.
 pub(crate) fn sentence(e: &DriverError) -> String {
     match e.kind.as_ref() {
         ErrorKind::ServerSelection { message, .. } => selection_failure(message),

@@ -187,10 +187,10 @@ async fn ping(db: &Database, hosts: &str, connect_timeout: Duration) -> StoreRes
             format!(
                 "cannot reach MongoDB at {hosts} within {}: {}",
                 humantime::format_duration(connect_timeout),
-                short(&e)
+                sentence(&e)
             )
         } else {
-            format!("MongoDB at {hosts} refused counterd: {}", short(&e))
+            format!("MongoDB at {hosts} refused counterd: {}", sentence(&e))
         };
         StoreError::Driver {
             op: "connect",
@@ -215,7 +215,7 @@ impl MongoStore {
                     transient: false,
                     detail: format!(
                         "{} (check `mongodb_uri`: {})",
-                        crate::redact::redact_text_for(&short(&e), &options.uri),
+                        crate::redact::redact_text_for(&sentence(&e), &options.uri),
                         crate::redact::URI_SHAPE
                     ),
                     source: Box::new(e),
@@ -234,7 +234,7 @@ impl MongoStore {
         let client = Client::with_options(client_options).map_err(|e| StoreError::Driver {
             op: "create the MongoDB client",
             transient: false,
-            detail: short(&e),
+            detail: sentence(&e),
             source: Box::new(e),
         })?;
         let db = client.database(&options.database);
