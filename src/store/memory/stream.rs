@@ -352,11 +352,7 @@ impl Memory {
         comments
             .iter()
             .filter_map(|c| {
-                let id = match c.value {
-                    Bson::Int64(id) => id,
-                    Bson::Int32(id) => id as i64,
-                    _ => return None,
-                };
+                let id = c.value.as_i64().or(c.value.as_i32().map(i64::from))?;
                 let row = self.comments.get(&id)?;
                 let projected: Document = row
                     .iter()

@@ -34,10 +34,7 @@ fn facts_in(
 fn read_row(definitions: &[Definition], row: &Document) -> Row {
     Row {
         members: definitions.iter().map(|d| d.member(row)).collect(),
-        created_at: match row.get(CREATED_FIELD) {
-            Some(Bson::DateTime(d)) => Some(*d),
-            _ => None,
-        },
+        created_at: row.get(CREATED_FIELD).and_then(Bson::as_datetime).copied(),
         deleted: !matches!(row.get(DELETED_FIELD), None | Some(Bson::Null)),
     }
 }

@@ -401,10 +401,7 @@ fn counter_part(doc: Document, prefix: &str) -> Document {
     if prefix.is_empty() {
         return doc;
     }
-    let mut part = match doc.get(ROWS_FIELD) {
-        Some(Bson::Document(d)) => d.clone(),
-        _ => Document::new(),
-    };
+    let mut part = doc.get_document(ROWS_FIELD).cloned().unwrap_or_default();
     if let Some(id) = doc.get("_id") {
         part.insert("_id", id.clone());
     }

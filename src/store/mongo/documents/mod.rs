@@ -136,13 +136,10 @@ pub(super) fn counter_from_doc(doc: &Document) -> StoreResult<CounterDoc> {
 
 /// A writer's touched buckets (`touched: {<bucket>: token}`) in `doc`.
 fn touched_from(doc: &Document) -> BTreeMap<i64, String> {
-    match doc.get_document("touched") {
-        Ok(map) => map
-            .iter()
-            .filter_map(|(k, v)| Some((k.parse().ok()?, v.as_str()?.to_string())))
-            .collect(),
-        Err(_) => BTreeMap::new(),
-    }
+    let entries = doc.get_document("touched").ok().into_iter().flatten();
+    entries
+        .filter_map(|(k, v)| Some((k.parse().ok()?, v.as_str()?.to_string())))
+        .collect()
 }
 
 /// The positions of partitions `n > 0` in a counter several partitions write
@@ -363,10 +360,7 @@ pub(super) fn ledger_members_to_bson(members: &[Member], definitions: &[Definiti
 
 /// [`ledger_members_to_bson`] read back, in the order of `definitions`.
 pub(super) fn ledger_members_from(value: Option<&Bson>, definitions: &[Definition]) -> Vec<Member> {
-    let by_name = match value {
-        Some(Bson::Document(d)) => Some(d),
-        _ => None,
-    };
+    let by_name = value.and_then(Bson::as_document);
     definitions
         .iter()
         .map(|d| member_from(by_name.and_then(|m| m.get(&d.name))))
