@@ -405,10 +405,8 @@ pub(super) fn members_to_bson(members: &[Member]) -> Bson {
 
 /// [`members_to_bson`] read back.
 pub(super) fn members_from(value: Option<&Bson>) -> Vec<Member> {
-    match value {
-        Some(Bson::Array(list)) => list.iter().map(|m| member_from(Some(m))).collect(),
-        _ => Vec::new(),
-    }
+    let list = value.and_then(Bson::as_array).into_iter().flatten();
+    list.map(|m| member_from(Some(m))).collect()
 }
 
 /// `value` serialized straight to BSON bytes, without the document tree `to_stored` builds (a
