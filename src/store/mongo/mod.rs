@@ -306,14 +306,10 @@ impl MongoStore {
         for place in self.places() {
             commands.push(doc! {"createIndexes": &place.dirty, "indexes": [{"key": {"first_dirty_at": 1}, "name": "first_dirty_at"}]});
             if count_index {
-                // A sum's row count indexes its own `count` beside the sum's, by another name.
-                let (key, name) = match place.prefix {
-                    "" => ("count".to_string(), "count_desc".to_string()),
-                    p => (
-                        format!("{p}count"),
-                        format!("{}count_desc", p.replace('.', "_")),
-                    ),
-                };
+                // A sum's row count indexes its own `count` beside the sum's, by another name
+                // (`rows.count`, `rows_count_desc`).
+                let key = format!("{}count", place.prefix);
+                let name = format!("{}count_desc", place.prefix.replace('.', "_"));
                 commands.push(doc! {"createIndexes": place.counters, "indexes": [{"key": {key: -1}, "name": name}]});
             }
         }
