@@ -146,11 +146,8 @@ fn touched_from(doc: &Document) -> BTreeMap<i64, String> {
 /// (`writers: {p<n>: {applied_through, applied_time, touched}}`, see
 /// [`crate::store::Writer`]).
 fn writers_from(doc: &Document) -> BTreeMap<u32, crate::store::WriterPosition> {
-    let Ok(writers) = doc.get_document(crate::store::WRITERS_FIELD) else {
-        return BTreeMap::new();
-    };
+    let writers = doc.get_document(WRITERS_FIELD).ok().into_iter().flatten();
     writers
-        .iter()
         .filter_map(|(key, value)| {
             let slot = key.strip_prefix('p')?.parse().ok()?;
             let w = value.as_document()?;
@@ -170,11 +167,8 @@ fn writers_from(doc: &Document) -> BTreeMap<u32, crate::store::WriterPosition> {
 /// that does not read is kept as unlisted, so a recount spanning it refuses rather than
 /// missing a row.
 fn recent_from(doc: &Document) -> Vec<Touch> {
-    let Ok(entries) = doc.get_array("recent") else {
-        return Vec::new();
-    };
+    let entries = doc.get_array("recent").ok().into_iter().flatten();
     entries
-        .iter()
         .filter_map(Bson::as_document)
         .filter_map(|e| {
             Some(Touch {
