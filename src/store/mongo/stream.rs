@@ -367,14 +367,6 @@ impl ChangeStreams for MongoStore {
 const LOOK_UP_CHUNK: usize = 5000;
 
 impl MongoStore {
-    /// The stream's stages: the caller's (a partition's `$match` reads the full documents),
-    /// then the schema's `$project`, so that events carry only what counterd reads.
-    fn stream_pipeline(&self, options: &StreamOptions) -> Vec<Document> {
-        let mut pipeline = options.pipeline.clone();
-        pipeline.push(self.schema.stream_projection());
-        pipeline
-    }
-
     /// Opens a change stream on `comments`. With pre-images it asks for them and for
     /// `updateLookup` (a pre-image's after-state is derived from the description, and where it
     /// expired the lookup is the row to take); without, update events come without the row,
@@ -384,10 +376,14 @@ impl MongoStore {
         &self,
         options: &StreamOptions,
     ) -> StoreResult<ChangeStream<RawDocumentBuf>> {
+        // The stream's stages: the caller's (a partition's `$match` reads the full documents),
+        // then the schema's `$project`, so that events carry only what counterd reads.
+        let mut pipeline = options.pipeline.clone();
+        pipeline.push(self.schema.stream_projection());
         let mut watch = self
             .comments
             .watch()
-            .pipeline(self.stream_pipeline(options))
+            .pipeline(pipeline)
             .max_await_time(options.max_await)
             // A reply is decoded whole by the driver: MongoDB caps one at 16 MB, the fake
             // server does not (it answered a 100 000-event backlog in one reply). The budget
