@@ -60,7 +60,9 @@ pub struct OpenTxn {
     pub time: Timestamp,
 }
 
-#[derive(Clone, Debug)]
+/// A change's kind; its name is the event's `operationType`.
+#[derive(Clone, Debug, strum::IntoStaticStr)]
+#[strum(serialize_all = "lowercase")]
 pub enum OpKind {
     Insert(Document),
     Update {
@@ -73,12 +75,7 @@ pub enum OpKind {
 
 impl OpKind {
     pub fn name(&self) -> &'static str {
-        match self {
-            OpKind::Insert(_) => "insert",
-            OpKind::Update { .. } => "update",
-            OpKind::Replace(_) => "replace",
-            OpKind::Delete => "delete",
-        }
+        self.into()
     }
 }
 
