@@ -52,7 +52,7 @@ mod observe;
 mod wait;
 
 pub use observe::Observation;
-pub use wait::applied_before;
+pub use wait::{applied_before, FoundBehind};
 
 /// How long to wait for the worker, and how often to look.
 #[derive(Clone, Debug)]
