@@ -28,7 +28,7 @@ use run::Run;
 
 use crate::clock::{Clock, SystemClock};
 use crate::core::definition::stored_name;
-use crate::core::fold::watermark_for;
+use crate::core::fold::{watermark_for, RunKind};
 use crate::core::key::CounterIx;
 use crate::core::key::GroupValue;
 use crate::recount::{CatchUp, FoundBehind, Recounter};
@@ -226,7 +226,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
                 self.settings.max_posts,
             )
             .await?;
-        let mut run = Run::new(&self.settings, "dirty", watermark);
+        let mut run = Run::new(&self.settings, RunKind::Dirty, watermark);
         let passed = async {
             for (i, group) in dirty.chunks(self.settings.group_size.max(1)).enumerate() {
                 // A worker catching up a backlog has not reached the changes a count would
@@ -296,7 +296,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
             .await?
             .into_iter()
             .find(|d| d.post == *post);
-        let mut run = Run::new(&self.settings, "post", watermark).unpaced();
+        let mut run = Run::new(&self.settings, RunKind::Post, watermark).unpaced();
         let outcome = self
             .reconcile_posts(std::slice::from_ref(post), watermark, false, &mut run)
             .await?;

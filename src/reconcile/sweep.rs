@@ -3,6 +3,7 @@
 
 use super::run::Run;
 use super::{Outcome, Reconciler, RunReport};
+use crate::core::fold::RunKind;
 use crate::core::key::GroupValue;
 use crate::recount::FoundBehind;
 use crate::shutdown::Shutdown;
@@ -59,10 +60,9 @@ impl<S: Store + ?Sized> Reconciler<S> {
         shutdown: Option<Shutdown>,
     ) -> StoreResult<(RunReport, bool)> {
         let watermark = self.watermark(now_secs).await?;
-        let kind = if after_gap.is_some() {
-            "gap_sweep"
-        } else {
-            "sweep"
+        let kind = match after_gap {
+            Some(_) => RunKind::GapSweep,
+            None => RunKind::Sweep,
         };
         let mut run = Run::new(&self.settings, kind, watermark);
         let pass = SweepPass {
@@ -295,7 +295,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
         );
         let watermark = self.watermark(now_secs).await?;
         let window = self.store.posts_after(cursor.after.as_ref(), size).await?;
-        let mut run = Run::new(&self.settings, "background", watermark);
+        let mut run = Run::new(&self.settings, RunKind::Background, watermark);
         if cursor.pass_started.is_none() {
             cursor.pass_started = Some(self.clock.now());
         }
