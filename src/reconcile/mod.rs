@@ -182,19 +182,12 @@ impl<S: Store + ?Sized> Reconciler<S> {
         // Everything before the newest applied event, or before the last time the stream was
         // found drained, whichever is later, has been applied; for a counter several
         // partitions write, by every one of them (the earliest of their positions).
-        let mut applied_until: Option<i64> = None;
-        for stream in self.recounter.writers() {
-            let Some(t) = self
-                .store
-                .load_checkpoint(&stream)
-                .await?
-                .and_then(|c| crate::recount::applied_before(&c))
-            else {
-                continue;
-            };
-            let t = t.time as i64;
-            applied_until = Some(applied_until.map_or(t, |u| u.min(t)));
-        }
+        let checkpoints = self.recounter.writer_checkpoints().await?;
+        let applied_until = checkpoints
+            .iter()
+            .filter_map(|c| crate::recount::applied_before(c.as_ref()?))
+            .map(|t| t.time as i64)
+            .min();
         Ok(watermark_for(
             now_secs,
             applied_until,

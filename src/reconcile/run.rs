@@ -31,8 +31,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
                 full,
             })
             .collect();
-        let recounts = self.recounter.recount(&requests, &mut run.pace).await;
-        let recounts = recounts?;
+        let recounts = self.recounter.recount(&requests, &mut run.pace).await?;
         run.summary.counts += recounts.len() as u64;
         metrics::counter!(m::RECOUNTS, "stream" => self.settings.stream.clone(), "kind" => run.kind.label())
             .increment(recounts.len() as u64);

@@ -299,12 +299,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
         if cursor.pass_started.is_none() {
             cursor.pass_started = Some(self.clock.now());
         }
-        let owned: Vec<GroupValue> = window
-            .iter()
-            .filter(|p| self.settings.partition.is_none_or(|part| part.owns(p)))
-            .cloned()
-            .collect();
-        self.reconcile_posts(&owned, watermark, false, &mut run)
+        self.reconcile_posts(&self.owned(&window), watermark, false, &mut run)
             .await?;
         cursor.posts_done += window.len() as u64;
         match window.last() {

@@ -420,7 +420,7 @@ impl<S: Store + ?Sized> Recounter<S> {
     }
 
     /// The checkpoints of [`Recounter::writers`], in order.
-    async fn writer_checkpoints(&self) -> StoreResult<Vec<Option<Checkpoint>>> {
+    pub async fn writer_checkpoints(&self) -> StoreResult<Vec<Option<Checkpoint>>> {
         let mut out = Vec::new();
         for stream in self.writers() {
             out.push(self.store.load_checkpoint(&stream).await?);
