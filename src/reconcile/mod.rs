@@ -332,15 +332,8 @@ pub async fn run_pass<S: Store + ?Sized>(
         adopt_new_definitions(reconcilers, now, since, shutdown.clone(), found_behind).await?;
     reports
         .extend(sweep::requested_sweeps_in_pass(reconcilers, now, shutdown, found_behind).await?);
-    let mut deferred = false;
     for reconciler in reconcilers {
-        let report = reconciler.run_dirty_in_pass(now, found_behind).await?;
-        deferred |= report.summary.deferred > 0;
-        reports.push(report);
-    }
-    if deferred {
-        // The worker is catching up: the background sweep's counts would be in flight too.
-        return Ok(reports);
+        reports.push(reconciler.run_dirty_in_pass(now, found_behind).await?);
     }
     let spare = schedule::has_spare_time(
         elapsed_since(first.clock.as_ref(), started),
