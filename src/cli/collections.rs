@@ -7,7 +7,7 @@
 use crate::config::{ConfigError, Settings};
 
 /// One collection counterd writes.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Owned {
     pub name: String,
     /// The source (stream name) it belongs to.
@@ -21,47 +21,15 @@ pub struct Owned {
 pub fn owned(settings: &Settings) -> Result<Vec<Owned>, ConfigError> {
     let mut out: Vec<Owned> = Vec::new();
     for source in settings.sources()? {
-        let names = source.collections();
-        let stream = source.stream_name.clone();
-        let mut add = |name: String, holds: String| {
+        for (name, holds) in source.own_collections() {
             if !out.iter().any(|o| o.name == name) {
+                let source = source.stream_name.clone();
                 out.push(Owned {
                     name,
-                    source: stream.clone(),
+                    source,
                     holds,
                 });
             }
-        };
-        let definitions = source.definitions()?;
-        for (_, d) in definitions.iter() {
-            add(
-                d.collection.clone(),
-                format!("counters of `{}` (what readers query)", d.name),
-            );
-        }
-        for (ix, d) in definitions.iter() {
-            add(
-                names.dirty_of(ix, &d.name),
-                format!("dirty set of `{}` (posts waiting for a recount)", d.name),
-            );
-        }
-        for (partition_stream, _) in source.streams() {
-            add(
-                names.ledger_of(&partition_stream),
-                format!("comment ledger of stream `{partition_stream}` (one entry per row)"),
-            );
-        }
-        for (name, holds) in [
-            (
-                &names.checkpoints,
-                "stream checkpoints and the initial snapshot's state",
-            ),
-            (&names.carried, "batches carried while catching up"),
-            (&names.leases, "leases (which process works on a stream)"),
-            (&names.runs, "reconcile run reports"),
-            (&names.sweeps, "full-sweep progress and adoption markers"),
-        ] {
-            add(name.clone(), holds.to_string());
         }
     }
     Ok(out)

@@ -31,11 +31,7 @@ pub async fn run(loaded: Loaded, args: Args) -> anyhow::Result<ExitCode> {
         return print_collections(&loaded.settings, args.json);
     }
     let redacted = loaded.settings.redacted();
-    let mut table = as_table(&redacted)?;
-    // Serialized through serde, a condition's TOML date would print as toml's private
-    // stand-in; the entries as read print as they were written.
-    table.insert("counters".into(), counters_value(&redacted.counters));
-    table.insert("sources".into(), sources_value(&redacted.sources)?);
+    let table = as_table(&redacted)?;
     // Given (in the file, the environment or a flag) is not the same as changed: a file that
     // spells out defaults gives settings that still equal them.
     let defaults = as_table(&crate::config::Settings::default().redacted())?;
@@ -107,49 +103,10 @@ pub async fn run(loaded: Loaded, args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Settings (or a source's) as a TOML table, by setting name.
+/// Settings as a TOML table, by setting name: through TOML text, where a condition's date
+/// stays a date (`toml::Value::try_from` would give toml's private stand-in for it).
 fn as_table(settings: &impl serde::Serialize) -> anyhow::Result<toml::Table> {
-    match toml::Value::try_from(settings)? {
-        toml::Value::Table(t) => Ok(t),
-        _ => anyhow::bail!("settings do not serialize to a table"),
-    }
-}
-
-/// The `[[sources]]` entries as TOML values, their counters' conditions as written.
-fn sources_value(sources: &[crate::config::SourceSetting]) -> anyhow::Result<toml::Value> {
-    let mut entries = Vec::with_capacity(sources.len());
-    for source in sources {
-        let mut entry = as_table(source)?;
-        if !source.counters.is_empty() {
-            entry.insert("counters".into(), counters_value(&source.counters));
-        }
-        entries.push(toml::Value::Table(entry));
-    }
-    Ok(toml::Value::Array(entries))
-}
-
-/// The `[[counters]]` entries as TOML values, conditions as written.
-fn counters_value(counters: &[crate::config::CounterSetting]) -> toml::Value {
-    let entries = counters.iter().map(|c| {
-        let mut entry = toml::Table::new();
-        entry.insert("name".into(), c.name.clone().into());
-        entry.insert("group_field".into(), c.group_field.clone().into());
-        if let Some(condition) = &c.condition {
-            entry.insert("condition".into(), toml::Value::Table(condition.clone()));
-        }
-        entry.insert("collection".into(), c.collection.clone().into());
-        if c.kind == crate::config::CounterKind::Sum {
-            entry.insert("kind".into(), "sum".into());
-        }
-        if let Some(field) = &c.field {
-            entry.insert("field".into(), field.clone().into());
-        }
-        if c.with_count {
-            entry.insert("with_count".into(), true.into());
-        }
-        toml::Value::Table(entry)
-    });
-    toml::Value::Array(entries.collect())
+    Ok(toml::from_str(&toml::to_string(settings)?)?)
 }
 
 /// The definitions as JSON: name, source, group field, condition (as the filter the count
@@ -178,11 +135,7 @@ fn definitions_json(settings: &crate::config::Settings) -> anyhow::Result<serde_
 fn print_collections(settings: &crate::config::Settings, json: bool) -> anyhow::Result<ExitCode> {
     let owned = crate::cli::collections::owned(settings)?;
     if json {
-        let list: Vec<_> = owned
-            .iter()
-            .map(|o| json!({"name": o.name, "source": o.source, "holds": o.holds}))
-            .collect();
-        print_json(&json!({"database": settings.database, "collections": list}))?;
+        print_json(&json!({"database": settings.database, "collections": owned}))?;
         return Ok(ExitCode::SUCCESS);
     }
     let width = owned.iter().map(|o| o.name.len()).max().unwrap_or(0);

@@ -26,20 +26,19 @@ pub struct Args {
 /// The report, and the exit code it ends with.
 struct Report {
     findings: Vec<Finding>,
-    /// Set when the server was not (or could not be) asked: the code says why.
-    failed: Option<u8>,
-    /// Why, in one sentence (also said on standard error, as every command says its failure).
-    error: Option<String>,
+    /// Set when the server was not (or could not be) asked: the code, and why in one sentence
+    /// (also said on standard error, as every command says its failure).
+    failed: Option<(u8, String)>,
 }
 
 pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     let report = gather(&settings, args.sample).await;
     print(&settings, &report, args.json)?;
-    if let Some(error) = &report.error {
+    if let Some((_, error)) = &report.failed {
         eprintln!("counterd: {}", crate::redact::redact_text(error));
     }
     let code = match report.failed {
-        Some(code) => code,
+        Some((code, _)) => code,
         None if worst(&report.findings) == Level::Problem => CHECK_FAILED,
         None => 0,
     };
@@ -54,22 +53,14 @@ async fn gather(settings: &Settings, sample: usize) -> Report {
     let mut findings = tls::findings(&plan, &files);
     if let Err(e) = tls::judge(&plan, &files) {
         findings.push(Finding::skipped("server", format!("not contacted: {e}")));
-        let error = Some(crate::config::ConfigError::from(e).to_string());
-        return Report {
-            findings,
-            failed: Some(USAGE),
-            error,
-        };
+        let failed = Some((USAGE, crate::config::ConfigError::from(e).to_string()));
+        return Report { findings, failed };
     }
-    match connect(settings).await {
+    let failed = match connect(settings).await {
         Ok(store) => {
             let expect = Expectations::from(settings);
             findings.extend(check_all(&store.preflight(sample).await, &expect));
-            Report {
-                findings,
-                failed: None,
-                error: None,
-            }
+            None
         }
         Err(e) => {
             findings.push(Finding::problem(
@@ -78,13 +69,10 @@ async fn gather(settings: &Settings, sample: usize) -> Report {
                 "check that the server runs and answers at the hosts in mongodb_uri, the credentials, and the TLS settings (`counterd doctor --verbose` shows the driver's own text)",
             ));
             tracing::debug!(error = %crate::cli::exit::describe_in_full(&e), "doctor: cannot connect");
-            Report {
-                findings,
-                failed: Some(code_for(&e)),
-                error: Some(describe(&e)),
-            }
+            Some((code_for(&e), describe(&e)))
         }
-    }
+    };
+    Report { findings, failed }
 }
 
 fn print(settings: &Settings, report: &Report, json: bool) -> anyhow::Result<()> {

@@ -215,17 +215,13 @@ mod tests {
             })),
             4
         );
-        let panicked = LeaseError::Panicked {
+        let panicked = || LeaseError::Panicked {
             stream: "comments".into(),
             message: "boom".into(),
         };
-        assert!(DaemonError::from(panicked)
+        assert!(DaemonError::from(panicked())
             .to_string()
             .contains("panicked: boom"));
-        let panicked = LeaseError::Panicked {
-            stream: "comments".into(),
-            message: "boom".into(),
-        };
-        assert_eq!(code(DaemonError::from(panicked)), 70);
+        assert_eq!(code(DaemonError::from(panicked())), 70);
     }
 }

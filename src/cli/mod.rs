@@ -134,9 +134,7 @@ impl Cli {
             ("database", "--database", &self.database),
             ("http_addr", "--http-addr", &http_addr),
         ] {
-            if let Some(v) = value {
-                overrides.push(named(name, flag, v));
-            }
+            overrides.extend(value.as_deref().map(|v| named(name, flag, v)));
         }
         if self.log_json {
             overrides.push(named("log_format", "--log-json", "json"));
@@ -146,12 +144,8 @@ impl Cli {
         }
         for pair in &self.set {
             let Some((name, value)) = pair.split_once('=') else {
-                return Err(ConfigError::Invalid {
-                    name: pair.clone(),
-                    origin: "flag --set".into(),
-                    value: pair.clone(),
-                    message: "expected --set name=value".into(),
-                });
+                let message = "expected --set name=value";
+                return Err(ConfigError::invalid(pair, "flag --set", pair, message));
             };
             overrides.push(Override {
                 name: name.trim().to_string(),

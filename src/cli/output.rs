@@ -6,7 +6,7 @@
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use bson::{DateTime, Timestamp};
+use bson::DateTime;
 use serde_json::Value;
 
 /// Set once a write to standard output failed (the reader went away): later output is dropped.
@@ -51,11 +51,6 @@ pub fn rfc3339(t: DateTime) -> String {
     }
 }
 
-/// A cluster time as RFC 3339 (its seconds; the increment orders events within a second).
-pub fn cluster_time(t: Timestamp) -> String {
-    rfc3339(DateTime::from_millis(t.time as i64 * 1000))
-}
-
 /// Serializes any value for `--json`: through serde, then with MongoDB's extended-JSON shapes
 /// (`{"$date": …}`, `{"$timestamp": …}`, `{"$oid": …}`, `{"$numberLong": …}`) replaced by plain
 /// JSON: RFC 3339 strings, hex strings and numbers.
@@ -96,22 +91,11 @@ fn extended(key: &str, inner: &Value) -> Option<Value> {
             _ => None,
         }
     };
+    let time = |ms: i64| Some(Value::String(rfc3339(DateTime::from_millis(ms))));
     match key {
-        "$date" => {
-            let ms = match inner {
-                Value::String(s) => {
-                    return Some(Value::String(s.clone()));
-                }
-                other => number(other)?,
-            };
-            Some(Value::String(rfc3339(DateTime::from_millis(ms))))
-        }
-        "$timestamp" => {
-            let t = inner.as_object()?.get("t")?.as_u64()?;
-            Some(Value::String(rfc3339(DateTime::from_millis(
-                t as i64 * 1000,
-            ))))
-        }
+        "$date" if inner.is_string() => Some(inner.clone()),
+        "$date" => time(number(inner)?),
+        "$timestamp" => time(inner.as_object()?.get("t")?.as_i64()? * 1000),
         "$oid" => Some(Value::String(inner.as_str()?.to_string())),
         "$numberLong" | "$numberInt" => Some(Value::from(number(inner)?)),
         "$numberDouble" => inner.as_str()?.parse::<f64>().ok().map(Value::from),
@@ -184,6 +168,7 @@ fn walk(value: &Value, path: &str, problems: &mut Vec<String>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bson::Timestamp;
 
     #[test]
     fn extended_json_becomes_plain() {

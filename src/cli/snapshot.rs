@@ -161,13 +161,8 @@ async fn take(
         }
         match step {
             Step::Chunk { rows } => {
-                clock
-                    .sleep(
-                        snapshot_settings
-                            .pause_after(rows)
-                            .min(Duration::from_secs(5)),
-                    )
-                    .await
+                let pause = snapshot_settings.pause_after(rows);
+                clock.sleep(pause.min(Duration::from_secs(5))).await
             }
             Step::Done | Step::Idle => break,
         }

@@ -10,7 +10,7 @@
 use bson::{Bson, Document};
 use serde::{Deserialize, Serialize};
 
-use super::validate::collection_name_problem;
+use super::validate::{bad, collection_name_problem};
 use super::{ConfigError, Settings};
 use crate::core::condition::Condition;
 use crate::core::definition::{Definition, Definitions, Kind, DEFAULT_COUNTER, ROWS_SUFFIX};
@@ -97,28 +97,28 @@ impl Settings {
         entry: &CounterSetting,
         before: &[Definition],
     ) -> Result<(Definition, Option<Definition>), ConfigError> {
-        let bad =
-            |field: &str, value: String, message: String| entry_error(i, field, value, message);
         self.check_entry_name(i, entry, before)?;
         if bad_path(&entry.group_field) {
-            return Err(bad(
+            return Err(entry_error(
+                i,
                 "group_field",
-                entry.group_field.clone(),
-                "expected a field name or a dotted path: not empty, no empty part, no part starting with `$`".into(),
+                &entry.group_field,
+                "expected a field name or a dotted path: not empty, no empty part, no part starting with `$`",
             ));
         }
         let condition = condition_of(i, entry)?;
-        let kind =
-            entry_kind(entry).map_err(|(field, value, message)| bad(field, value, message))?;
+        let kind = entry_kind(entry)
+            .map_err(|(field, value, message)| entry_error(i, field, value, message))?;
         if entry.with_count
             && self.counters.iter().any(|e| {
                 e.name == format!("{}{ROWS_SUFFIX}", entry.name)
                     || e.name == format!("{}{ROWS_SUFFIX}", self.counter_name)
             })
         {
-            return Err(bad(
+            return Err(entry_error(
+                i,
                 "name",
-                entry.name.clone(),
+                &entry.name,
                 format!("with_count names the sum's row count `{}{ROWS_SUFFIX}`, which another counter uses", entry.name),
             ));
         }
@@ -149,20 +149,19 @@ impl Settings {
         entry: &CounterSetting,
         before: &[Definition],
     ) -> Result<(), ConfigError> {
-        let bad =
-            |field: &str, value: String, message: String| entry_error(i, field, value, message);
         if !valid_name(&entry.name) {
-            return Err(bad(
+            return Err(entry_error(
+                i,
                 "name",
-                entry.name.clone(),
-                "expected letters, digits, `_` or `-` (it is a metric label and a flag value)"
-                    .into(),
+                &entry.name,
+                "expected letters, digits, `_` or `-` (it is a metric label and a flag value)",
             ));
         }
         if entry.name == DEFAULT_COUNTER || before.iter().any(|d| d.name == entry.name) {
-            return Err(bad(
+            return Err(entry_error(
+                i,
                 "name",
-                entry.name.clone(),
+                &entry.name,
                 format!(
                     "another counter is already named `{}` (`{DEFAULT_COUNTER}` is the one of group_field and counters_collection)",
                     entry.name
@@ -180,20 +179,19 @@ impl Settings {
         entry: &CounterSetting,
         before: &[Definition],
     ) -> Result<(), ConfigError> {
-        let bad =
-            |field: &str, value: String, message: String| entry_error(i, field, value, message);
         if let Some(problem) = collection_name_problem(&entry.collection) {
-            return Err(bad("collection", entry.collection.clone(), problem.into()));
+            return Err(entry_error(i, "collection", &entry.collection, problem));
         }
         let taken = entry.collection == self.comments_collection
             || before.iter().any(|d| d.collection == entry.collection)
             || (!self.collection_prefix.is_empty()
                 && entry.collection.starts_with(&self.collection_prefix));
         if taken {
-            return Err(bad(
+            return Err(entry_error(
+                i,
                 "collection",
-                entry.collection.clone(),
-                "already used: by comments_collection, counters_collection, another counter, or counterd's own collections (collection_prefix)".into(),
+                &entry.collection,
+                "already used: by comments_collection, counters_collection, another counter, or counterd's own collections (collection_prefix)",
             ));
         }
         Ok(())
@@ -201,25 +199,25 @@ impl Settings {
 }
 
 /// A problem with `[[counters]]` entry `i`'s setting `field`.
-fn entry_error(i: usize, field: &str, value: String, message: String) -> ConfigError {
-    ConfigError::Invalid {
-        name: format!("counters[{i}].{field}"),
-        origin: "settings".into(),
-        value,
-        message,
-    }
+fn entry_error(
+    i: usize,
+    field: &str,
+    value: impl ToString,
+    message: impl Into<String>,
+) -> ConfigError {
+    bad(&format!("counters[{i}].{field}"), value, message)
 }
 
 /// Entry `i`'s condition (none: every row counts).
 fn condition_of(i: usize, entry: &CounterSetting) -> Result<Condition, ConfigError> {
-    let bad = |field: &str, value: String, message: String| entry_error(i, field, value, message);
     Ok(match &entry.condition {
         None => Condition::default(),
         Some(table) => {
             let shown = toml::Value::Table(table.clone()).to_string();
-            let filter =
-                to_document(table).map_err(|message| bad("condition", shown.clone(), message))?;
-            Condition::parse(&filter).map_err(|e| bad("condition", shown.clone(), e.to_string()))?
+            let filter = to_document(table)
+                .map_err(|message| entry_error(i, "condition", &shown, message))?;
+            Condition::parse(&filter)
+                .map_err(|e| entry_error(i, "condition", &shown, e.to_string()))?
         }
     })
 }
@@ -358,72 +356,38 @@ mod tests {
 
     #[test]
     fn bad_definitions_name_the_entry_and_the_setting() {
-        let entry = |name: &str, group: &str, condition: &str, collection: &str| {
-            format!(
-                "[[counters]]\nname = \"a\"\ngroup_field = \"post_id\"\ncollection = \"a_counters\"\n\
-                 [[counters]]\nname = \"{name}\"\ngroup_field = \"{group}\"\n{condition}\ncollection = \"{collection}\"\n"
-            )
+        // The second entry with one field (`key`) set to `value`, the others valid.
+        let entry = |key: &str, value: &str| {
+            let valid = [
+                ("name", r#""b""#),
+                ("group_field", r#""post_id""#),
+                ("collection", r#""b_counters""#),
+            ];
+            let mut text = "[[counters]]\nname = \"a\"\ngroup_field = \"post_id\"\ncollection = \"a_counters\"\n[[counters]]\n".to_string();
+            for (k, v) in valid.into_iter().filter(|(k, _)| *k != key) {
+                text += &format!("{k} = {v}\n");
+            }
+            text + &format!("{key} = {value}\n")
         };
         let cases = [
-            (entry("a", "post_id", "", "b_counters"), "counters[1].name"),
-            (
-                entry("default", "post_id", "", "b_counters"),
-                "counters[1].name",
-            ),
-            (
-                entry("b c", "post_id", "", "b_counters"),
-                "counters[1].name",
-            ),
-            (
-                entry("b", "a..b", "", "b_counters"),
-                "counters[1].group_field",
-            ),
-            (
-                entry("b", "$x", "", "b_counters"),
-                "counters[1].group_field",
-            ),
-            (
-                entry("b", "post_id", "condition = { \"$or\" = [] }", "b_counters"),
-                "counters[1].condition",
-            ),
-            (
-                entry(
-                    "b",
-                    "post_id",
-                    "condition = { x = { \"$regex\" = \"a\" } }",
-                    "b_counters",
-                ),
-                "counters[1].condition",
-            ),
-            (
-                entry(
-                    "b",
-                    "post_id",
-                    "condition = { x = { \"$gt\" = \"a\" } }",
-                    "b_counters",
-                ),
-                "counters[1].condition",
-            ),
-            (
-                entry("b", "post_id", "", "a_counters"),
-                "counters[1].collection",
-            ),
-            (
-                entry("b", "post_id", "", "comment_counters"),
-                "counters[1].collection",
-            ),
-            (
-                entry("b", "post_id", "", "comments"),
-                "counters[1].collection",
-            ),
-            (
-                entry("b", "post_id", "", "counterd_dirty"),
-                "counters[1].collection",
-            ),
-            (entry("b", "post_id", "", ""), "counters[1].collection"),
+            ("name", r#""a""#),
+            ("name", r#""default""#),
+            ("name", r#""b c""#),
+            ("group_field", r#""a..b""#),
+            ("group_field", r#""$x""#),
+            ("condition", r#"{ "$or" = [] }"#),
+            ("condition", r#"{ x = { "$regex" = "a" } }"#),
+            ("condition", r#"{ x = { "$gt" = "a" } }"#),
+            ("collection", r#""a_counters""#),
+            ("collection", r#""comment_counters""#),
+            ("collection", r#""comments""#),
+            ("collection", r#""counterd_dirty""#),
+            ("collection", r#""""#),
         ];
-        for (text, setting) in cases {
-            assert_eq!(invalid_name(with(&text)), setting, "{text}");
+        for (setting, value) in cases {
+            let text = entry(setting, value);
+            let name = invalid_name(with(&text));
+            assert_eq!(name, format!("counters[1].{setting}"), "{text}");
         }
     }
 

@@ -269,21 +269,17 @@ fn read_uri_file(
         .unwrap_or_else(|| "settings".into());
     let uri_origin = origins.get("mongodb_uri").map_or("default", String::as_str);
     if uri_origin != "default" {
-        return Err(ConfigError::Invalid {
-            name: "mongodb_uri_file".into(),
-            origin,
-            value: path,
-            message: format!(
-                "mongodb_uri is set as well (from {uri_origin}): set only one of them"
-            ),
-        });
+        let message =
+            format!("mongodb_uri is set as well (from {uri_origin}): set only one of them");
+        return Err(ConfigError::invalid(
+            "mongodb_uri_file",
+            &origin,
+            path,
+            message,
+        ));
     }
-    let uri = super::read_uri_file(&path).map_err(|message| ConfigError::Invalid {
-        name: "mongodb_uri_file".into(),
-        origin: origin.clone(),
-        value: path.clone(),
-        message,
-    })?;
+    let uri = super::read_uri_file(&path)
+        .map_err(|message| ConfigError::invalid("mongodb_uri_file", &origin, &path, message))?;
     table.insert("mongodb_uri".into(), toml::Value::String(uri));
     origins.insert(
         "mongodb_uri".into(),
@@ -335,12 +331,7 @@ fn check_one(
     toml::Value::Table(probe)
         .try_into::<Settings>()
         .map(|_| ())
-        .map_err(|e| ConfigError::Invalid {
-            name: name.into(),
-            origin: origin.into(),
-            value: shown.to_string(),
-            message: e.message().to_string(),
-        })
+        .map_err(|e| ConfigError::invalid(name, origin, shown, e.message()))
 }
 
 /// Parses a raw string into the TOML type of the existing (default) value.
@@ -350,28 +341,23 @@ fn typed_like(
     name: &str,
     origin: &str,
 ) -> Result<toml::Value, ConfigError> {
-    let invalid = |message: String| ConfigError::Invalid {
-        name: name.into(),
-        origin: origin.into(),
-        value: raw.into(),
-        message,
-    };
+    let invalid = |message: &str| ConfigError::invalid(name, origin, raw, message);
     let value = match existing {
         toml::Value::Integer(_) => raw
             .trim()
             .parse::<i64>()
             .map(toml::Value::Integer)
-            .map_err(|_| invalid("expected a whole number".into()))?,
+            .map_err(|_| invalid("expected a whole number"))?,
         toml::Value::Float(_) => raw
             .trim()
             .parse::<f64>()
             .map(toml::Value::Float)
-            .map_err(|_| invalid("expected a number".into()))?,
+            .map_err(|_| invalid("expected a number"))?,
         toml::Value::Boolean(_) => raw
             .trim()
             .parse::<bool>()
             .map(toml::Value::Boolean)
-            .map_err(|_| invalid("expected true or false".into()))?,
+            .map_err(|_| invalid("expected true or false"))?,
         // A list: TOML array syntax (`["removed", 3]`), or comma-separated words.
         toml::Value::Array(_) => match format!("v = {raw}").parse::<toml::Table>() {
             Ok(mut t) if t.get("v").is_some_and(toml::Value::is_array) => t.remove("v").unwrap(),

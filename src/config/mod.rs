@@ -252,13 +252,27 @@ pub enum ConfigError {
     },
 }
 
+impl ConfigError {
+    /// Setting `name` (given by `origin`) cannot be `value`: `message` says why.
+    pub fn invalid(
+        name: &str,
+        origin: &str,
+        value: impl ToString,
+        message: impl Into<String>,
+    ) -> ConfigError {
+        ConfigError::Invalid {
+            name: name.into(),
+            origin: origin.into(),
+            value: value.to_string(),
+            message: message.into(),
+        }
+    }
+}
+
 impl Settings {
     /// `start_at` as a cluster time.
     pub fn start_at_timestamp(&self) -> Option<bson::Timestamp> {
-        parse_time(&self.start_at).map(|secs| bson::Timestamp {
-            time: secs as u32,
-            increment: 0,
-        })
+        parse_time(&self.start_at)
     }
 
     /// The application's schema: field names, the soft-delete rule, and the counter
@@ -385,11 +399,13 @@ impl Settings {
     }
 }
 
-/// Parses an RFC 3339 time into seconds since the epoch.
-pub fn parse_time(text: &str) -> Option<i64> {
-    chrono::DateTime::parse_from_rfc3339(text)
-        .ok()
-        .map(|t| t.timestamp())
+/// Parses an RFC 3339 time into the cluster time of its second (the stream's positions).
+pub fn parse_time(text: &str) -> Option<bson::Timestamp> {
+    let secs = chrono::DateTime::parse_from_rfc3339(text).ok()?.timestamp();
+    Some(bson::Timestamp {
+        time: secs as u32,
+        increment: 0,
+    })
 }
 
 /// What to do when the checkpoint has fallen off the oplog.

@@ -76,19 +76,10 @@ impl Settings {
             comments_collection: entry.collection.clone(),
             counters_collection: entry.counters_collection.clone(),
             group_field: entry.group_field.clone(),
-            created_field: entry
-                .created_field
-                .clone()
-                .unwrap_or_else(|| self.created_field.clone()),
-            soft_delete: entry.soft_delete.unwrap_or(self.soft_delete),
-            soft_delete_field: entry
-                .soft_delete_field
-                .clone()
-                .unwrap_or_else(|| self.soft_delete_field.clone()),
-            soft_delete_values: entry
-                .soft_delete_values
-                .clone()
-                .unwrap_or_else(|| self.soft_delete_values.clone()),
+            created_field: own_or(&entry.created_field, &self.created_field),
+            soft_delete: own_or(&entry.soft_delete, &self.soft_delete),
+            soft_delete_field: own_or(&entry.soft_delete_field, &self.soft_delete_field),
+            soft_delete_values: own_or(&entry.soft_delete_values, &self.soft_delete_values),
             collection_prefix: format!("{}{}_", self.collection_prefix, entry.name),
             stream_name: entry.name.clone(),
             counter_name: entry.name.clone(),
@@ -106,11 +97,9 @@ impl Settings {
         sources
             .into_iter()
             .find(|s| s.stream_name == name)
-            .ok_or_else(|| ConfigError::Invalid {
-                name: "--source".into(),
-                origin: "flag --source".into(),
-                value: name.into(),
-                message: format!("no such source; configured: {}", names.join(", ")),
+            .ok_or_else(|| {
+                let message = format!("no such source; configured: {}", names.join(", "));
+                ConfigError::invalid("--source", "flag --source", name, message)
             })
     }
 
@@ -135,6 +124,11 @@ impl Settings {
         }
         Ok(names)
     }
+}
+
+/// A source's own value of a setting, or the shared one.
+fn own_or<T: Clone>(own: &Option<T>, shared: &T) -> T {
+    own.as_ref().unwrap_or(shared).clone()
 }
 
 /// The checks of `[[sources]]` entry `i` that its own settings cannot make: its name and
@@ -309,42 +303,33 @@ collection = "likes_by_user"
                 "[[sources]]\nname = \"{name}\"\ncollection = \"{collection}\"\ngroup_field = \"post_id\"\ncounters_collection = \"{counters}\"\n"
             )
         };
-        assert_eq!(
-            invalid(with(&entry("li kes", "likes", "lc"))).0,
-            "sources[0].name"
-        );
-        assert_eq!(
-            invalid(with(&entry("likes", "comments", "lc"))).0,
-            "sources[0].collection"
-        );
-        assert_eq!(
-            invalid(with(&entry("comments", "likes", "lc"))).0,
-            "sources[0].name",
-            "the comments' stream is named comments"
-        );
-        assert_eq!(
-            invalid(with(&entry("likes", "li$kes", "lc"))).0,
-            "sources[0].collection"
-        );
-        assert_eq!(
-            invalid(with(&entry("likes", "likes", "comment_counters"))),
-            ("sources".into(), "comment_counters".into())
-        );
-        assert_eq!(
-            invalid(with(&entry("likes", "likes", "comments"))),
-            ("sources".into(), "comments".into())
-        );
+        for (name, collection, counters, setting) in [
+            ("li kes", "likes", "lc", "name"),
+            ("likes", "comments", "lc", "collection"),
+            // The comments' stream is named comments.
+            ("comments", "likes", "lc", "name"),
+            ("likes", "li$kes", "lc", "collection"),
+        ] {
+            let text = entry(name, collection, counters);
+            let got = invalid(with(&text)).0;
+            assert_eq!(got, format!("sources[0].{setting}"), "{text}");
+        }
+        // Counter names and collections are one namespace: named as `sources`, with the value.
+        for (name, counters, value) in [
+            ("likes", "comment_counters", "comment_counters"),
+            ("likes", "comments", "comments"),
+            ("default", "lc", "default"),
+        ] {
+            let text = entry(name, "likes", counters);
+            let got = invalid(with(&text));
+            assert_eq!(got, ("sources".into(), value.into()), "{text}");
+        }
         let two = format!(
             "{}{}",
             entry("likes", "likes", "lc"),
             entry("likes2", "likes", "lc2")
         );
         assert_eq!(invalid(with(&two)).0, "sources[1].collection");
-        let default = entry("default", "likes", "lc");
-        assert_eq!(
-            invalid(with(&default)),
-            ("sources".into(), "default".into())
-        );
         let bad_field = format!("{}created_field = \"$x\"\n", entry("likes", "likes", "lc"));
         assert_eq!(invalid(with(&bad_field)).0, "sources[0].created_field");
     }

@@ -6,13 +6,8 @@ use super::{ConfigError, InitialSnapshot, Settings, SoftDeleteRule};
 use crate::redact::{redact_uri, URI_SHAPE};
 
 /// A setting's value is out of range: `message` says what is allowed.
-pub(super) fn bad(name: &str, value: impl Into<String>, message: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid {
-        name: name.into(),
-        origin: "settings".into(),
-        value: value.into(),
-        message: message.into(),
-    }
+pub(super) fn bad(name: &str, value: impl ToString, message: impl Into<String>) -> ConfigError {
+    ConfigError::invalid(name, "settings", value, message)
 }
 
 impl Settings {
@@ -39,16 +34,12 @@ impl Settings {
             ("counters_collection", &self.counters_collection),
         ] {
             if let Some(problem) = collection_name_problem(value) {
-                return Err(bad(name, value.clone(), problem));
+                return Err(bad(name, value, problem));
             }
         }
         if !self.collection_prefix.is_empty() {
             if let Some(problem) = collection_name_problem(&self.collection_prefix) {
-                return Err(bad(
-                    "collection_prefix",
-                    self.collection_prefix.clone(),
-                    problem,
-                ));
+                return Err(bad("collection_prefix", &self.collection_prefix, problem));
             }
         }
         if let Some((name, value)) = self.schema().problem() {
@@ -69,7 +60,7 @@ impl Settings {
         if self.counters_collection == self.comments_collection {
             return Err(bad(
                 "counters_collection",
-                self.counters_collection.clone(),
+                &self.counters_collection,
                 "must differ from comments_collection",
             ));
         }
@@ -81,7 +72,7 @@ impl Settings {
         if !(1..=10_000).contains(&self.snapshot_chunk_rows) {
             return Err(bad(
                 "snapshot_chunk_rows",
-                self.snapshot_chunk_rows.to_string(),
+                self.snapshot_chunk_rows,
                 "expected 1 to 10000 rows",
             ));
         }
@@ -96,7 +87,7 @@ impl Settings {
         if self.memory_budget != 0 && self.memory_budget < least as u64 {
             return Err(bad(
                 "memory_budget",
-                self.memory_budget.to_string(),
+                self.memory_budget,
                 format!(
                     "too small to hold one event beside a server reply per stream ({} streams): at least {least} bytes (or 0: derived from the container's memory limit)",
                     self.streams_per_process()
@@ -104,23 +95,19 @@ impl Settings {
             ));
         }
         if !(1..=100_000).contains(&self.batch_size) {
-            return Err(bad(
-                "batch_size",
-                self.batch_size.to_string(),
-                "allowed: 1 to 100000",
-            ));
+            return Err(bad("batch_size", self.batch_size, "allowed: 1 to 100000"));
         }
         if self.max_batch_size < self.batch_size || self.max_batch_size > 100_000 {
             return Err(bad(
                 "max_batch_size",
-                self.max_batch_size.to_string(),
+                self.max_batch_size,
                 "expected at least batch_size and at most 100000",
             ));
         }
         if self.bucket_width < Duration::from_secs(1) || self.bucket_width.subsec_nanos() != 0 {
             return Err(bad(
                 "bucket_width",
-                humantime::format_duration(self.bucket_width).to_string(),
+                humantime::format_duration(self.bucket_width),
                 "allowed: whole seconds, at least 1s",
             ));
         }
@@ -132,7 +119,7 @@ impl Settings {
         if !(0.0..=1.0).contains(&self.reconcile_jitter) {
             return Err(bad(
                 "reconcile_jitter",
-                self.reconcile_jitter.to_string(),
+                self.reconcile_jitter,
                 "allowed: 0.0 to 1.0",
             ));
         }
@@ -142,7 +129,7 @@ impl Settings {
         if self.catch_up_timeout < Duration::from_millis(100) {
             return Err(bad(
                 "catch_up_timeout",
-                humantime::format_duration(self.catch_up_timeout).to_string(),
+                humantime::format_duration(self.catch_up_timeout),
                 "allowed: at least 100ms",
             ));
         }
@@ -155,37 +142,29 @@ impl Settings {
     /// Logs, leases, partitions, the HTTP address, the start, the URI and readiness.
     fn check_process(&self) -> Result<(), ConfigError> {
         if !matches!(self.log_format.as_str(), "text" | "json") {
-            return Err(bad(
-                "log_format",
-                self.log_format.clone(),
-                "allowed: text, json",
-            ));
+            return Err(bad("log_format", &self.log_format, "allowed: text, json"));
         }
         if self.lease_renew >= self.lease_ttl {
             return Err(bad(
                 "lease_renew",
-                humantime::format_duration(self.lease_renew).to_string(),
+                humantime::format_duration(self.lease_renew),
                 "must be shorter than lease_ttl",
             ));
         }
         if !(1..=256).contains(&self.partitions) {
-            return Err(bad(
-                "partitions",
-                self.partitions.to_string(),
-                "allowed: 1 to 256",
-            ));
+            return Err(bad("partitions", self.partitions, "allowed: 1 to 256"));
         }
         if self.http_addr.parse::<std::net::SocketAddr>().is_err() {
             return Err(bad(
                 "http_addr",
-                self.http_addr.clone(),
+                &self.http_addr,
                 "expected host:port, e.g. 127.0.0.1:9187",
             ));
         }
         if !self.start_at.is_empty() && self.start_at_timestamp().is_none() {
             return Err(bad(
                 "start_at",
-                self.start_at.clone(),
+                &self.start_at,
                 "expected an RFC 3339 time, e.g. 2026-01-31T12:00:00Z",
             ));
         }
@@ -193,7 +172,7 @@ impl Settings {
         if self.ready_max_stall < Duration::from_secs(1) {
             return Err(bad(
                 "ready_max_stall",
-                humantime::format_duration(self.ready_max_stall).to_string(),
+                humantime::format_duration(self.ready_max_stall),
                 "allowed: at least 1s",
             ));
         }

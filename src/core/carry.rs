@@ -313,6 +313,12 @@ mod tests {
         CommentId::new(Bson::Int32(n))
     }
 
+    /// The cluster time every test batch ends at.
+    const END_TIME: Option<Timestamp> = Some(Timestamp {
+        time: 7,
+        increment: 1,
+    });
+
     fn delta(post: i64, buckets: &[(BucketStart, i64)], rows: &[i32]) -> CounterDelta {
         CounterDelta {
             key: CounterKey::new(CounterIx::DEFAULT, GroupValue::Int(post)),
@@ -336,14 +342,7 @@ mod tests {
                 .iter()
                 .filter(|d| d.key.group == GroupValue::Int(post))
             {
-                let w = CounterWrite::of_batch(
-                    d,
-                    end,
-                    Some(Timestamp {
-                        time: 7,
-                        increment: 1,
-                    }),
-                );
+                let w = CounterWrite::of_batch(d, end, END_TIME);
                 out = Some(match out {
                     None => w,
                     Some(mut acc) => {
@@ -382,15 +381,7 @@ mod tests {
         ];
         let mut carry = Carry::default();
         for (end, deltas) in &batches {
-            carry.push(
-                end.clone(),
-                Some(Timestamp {
-                    time: 7,
-                    increment: 1,
-                }),
-                deltas.clone(),
-                vec![],
-            );
+            carry.push(end.clone(), END_TIME, deltas.clone(), vec![]);
         }
         assert_eq!(carry.batches(), 4);
         assert_eq!(carry.end().map(|(t, _)| t.clone()), Some(token(4)));
@@ -478,14 +469,8 @@ mod tests {
         };
         let mut live = Carry::default();
         for n in 0..batches.len() {
-            let PendingBatch {
-                end,
-                end_time,
-                counters,
-                dirty,
-                ..
-            } = planned(n);
-            live.push(end, end_time, counters, dirty);
+            let batch = planned(n);
+            live.push(batch.end, batch.end_time, batch.counters, batch.dirty);
         }
         let (dirty, writes) = (live.take_dirty(), live.take_writes().collect::<Vec<_>>());
         // Each batch stored its counters and marks just before its own intent, which then

@@ -69,62 +69,46 @@ pub struct Finding {
 }
 
 impl Finding {
-    pub fn ok(check: &'static str, message: impl Into<String>) -> Finding {
+    fn new(check: &'static str, level: Level, message: String, fix: Option<String>) -> Finding {
         Finding {
             check,
-            level: Level::Ok,
-            message: message.into(),
-            fix: None,
+            level,
+            message,
+            fix,
         }
+    }
+    pub fn ok(check: &'static str, message: impl Into<String>) -> Finding {
+        Finding::new(check, Level::Ok, message.into(), None)
     }
     pub fn info(check: &'static str, message: impl Into<String>) -> Finding {
-        Finding {
-            level: Level::Info,
-            ..Finding::ok(check, message)
-        }
+        Finding::new(check, Level::Info, message.into(), None)
     }
     pub fn skipped(check: &'static str, why: impl Into<String>) -> Finding {
-        Finding {
-            level: Level::Skipped,
-            ..Finding::ok(check, why)
-        }
+        Finding::new(check, Level::Skipped, why.into(), None)
     }
     pub fn warning(
         check: &'static str,
         message: impl Into<String>,
         fix: impl Into<String>,
     ) -> Finding {
-        Finding {
-            check,
-            level: Level::Warning,
-            message: message.into(),
-            fix: Some(fix.into()),
-        }
+        Finding::new(check, Level::Warning, message.into(), Some(fix.into()))
     }
     pub fn problem(
         check: &'static str,
         message: impl Into<String>,
         fix: impl Into<String>,
     ) -> Finding {
-        Finding {
-            level: Level::Problem,
-            ..Finding::warning(check, message, fix)
-        }
+        Finding::new(check, Level::Problem, message.into(), Some(fix.into()))
     }
 
     /// The report line: `PROBLEM recount_index: ... — fix: ...`.
     pub fn line(&self) -> String {
-        let mut line = format!(
-            "{:<8} {:<14} {}",
-            self.level.label(),
-            self.check,
-            self.message
-        );
-        if let Some(fix) = &self.fix {
-            line.push_str(" -- fix: ");
-            line.push_str(fix);
-        }
-        line
+        let fix = self.fix.as_ref().map(|f| format!(" -- fix: {f}"));
+        let (level, check, message) = (self.level.label(), self.check, &self.message);
+        format!(
+            "{level:<8} {check:<14} {message}{}",
+            fix.unwrap_or_default()
+        )
     }
 }
 

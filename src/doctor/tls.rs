@@ -135,10 +135,7 @@ fn contains_label(bytes: &[u8], label: &str) -> bool {
 pub fn judge(plan: &TlsPlan, files: &TlsFiles) -> Result<(), TlsFileError> {
     let fail = |setting, path: &Option<PathBuf>, reason: String| TlsFileError {
         setting,
-        path: path
-            .as_ref()
-            .map(|p| p.display().to_string())
-            .unwrap_or_default(),
+        path: shown(path),
         reason,
     };
     if let Some(ca) = &files.ca {

@@ -25,6 +25,7 @@ use crate::cli::exit::UsageError;
 use crate::cli::{connect, print_json};
 use crate::config::{parse_time, Settings};
 use crate::core::event::Token;
+use crate::core::time::seconds_rfc3339;
 use crate::outln;
 use crate::store::prelude::*;
 use crate::store::{Fence, Lease, Position};
@@ -96,17 +97,11 @@ fn check_token_format(new: &Token, current: &Token) -> Result<(), UsageError> {
 pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     let position = match (&args.from_token, &args.from_time) {
         (Some(t), _) => Position::Token(check_token_shape(t)?),
-        (None, Some(time)) => {
-            let secs = parse_time(time).ok_or_else(|| {
-                UsageError(format!(
-                    "--from-time {time:?}: expected RFC 3339, e.g. 2026-01-31T12:00:00Z"
-                ))
-            })?;
-            Position::Time(bson::Timestamp {
-                time: secs as u32,
-                increment: 0,
-            })
-        }
+        (None, Some(time)) => Position::Time(parse_time(time).ok_or_else(|| {
+            UsageError(format!(
+                "--from-time {time:?}: expected RFC 3339, e.g. 2026-01-31T12:00:00Z"
+            ))
+        })?),
         (None, None) => unreachable!("clap requires one"),
     };
     let store = connect(&settings).await?;
@@ -209,7 +204,8 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
 fn describe(position: &Position) -> String {
     match position {
         Position::Token(t) => format!("after token {t}"),
-        Position::Time(t) => format!("at {}", crate::cli::output::cluster_time(*t)),
+        // Its seconds: the increment orders events within a second.
+        Position::Time(t) => format!("at {}", seconds_rfc3339(t.time.into())),
         Position::Unset => "unset (the configured start)".into(),
     }
 }
