@@ -9,6 +9,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
+use counterd::clock::Clock;
 use counterd::core::key::{CounterIx, CounterKey, GroupValue};
 use counterd::core::num::Num;
 use counterd::reconcile::{run_requested_sweeps, ReconcileSettings, Reconciler};
@@ -740,23 +741,7 @@ async fn the_top_n_read_is_served_by_the_count_index() {
 async fn posts_the_worker_has_not_reached_are_left_uncounted() {
     let t = TestDb::new("behind").await;
     let posts = settled_posts(&t, 20, 2).await;
-    // The outage: a backlog the worker has not read, while a worker holds the lease (alive,
-    // behind), and its first posts already marked dirty.
-    let old = now_secs() - 3600;
-    for n in 0..200 {
-        t.insert_comment(format!("b{n}"), &post(n % 20), old).await;
-    }
-    let owner = t
-        .store
-        .acquire_lease(
-            "comments",
-            "behind-worker",
-            Duration::from_secs(60),
-            DateTime::now(),
-        )
-        .await
-        .unwrap();
-    assert!(owner.is_some(), "the lease is free");
+    let owner = leave_the_worker_behind(&t, &posts).await;
     let fence = Fence {
         stream: "comments".into(),
         epoch: 0,
@@ -778,22 +763,6 @@ async fn posts_the_worker_has_not_reached_are_left_uncounted() {
         ..ReconcileSettings::default()
     };
     let quick = Reconciler::new(t.store.clone(), settings.clone());
-    // The server's clock moves past the worker's position by more than the wait covers.
-    let applied = t
-        .store
-        .load_checkpoint("comments")
-        .await
-        .unwrap()
-        .and_then(|c| counterd::recount::applied_before(&c))
-        .expect("the worker applied the settled rows");
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while t.store.read_position().await.unwrap().lower.time <= applied.time + 1 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the server's clock moves"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
     // A requested full sweep waits too, and its request stays for a later pass.
     t.store.set_sweep_requested("comments", true).await.unwrap();
     let reconcilers = [Reconciler::new(t.store.clone(), settings.clone())];
@@ -819,7 +788,7 @@ async fn posts_the_worker_has_not_reached_are_left_uncounted() {
     );
     // The worker comes back and catches up: every post is counted and folded.
     t.store
-        .release_lease("comments", "behind-worker", owner.unwrap())
+        .release_lease("comments", "behind-worker", owner)
         .await
         .unwrap();
     let worker = t.spawn_worker(t.worker_settings()).await;
@@ -850,6 +819,150 @@ async fn posts_the_worker_has_not_reached_are_left_uncounted() {
     assert_eq!(swept.len(), 1, "the requested sweep ran: {swept:?}");
     assert!(!sweep_requested(&t).await, "the request is cleared");
     t.wait_exact(&posts, Duration::from_secs(5)).await;
+}
+
+/// The outage: a backlog over `posts` the worker has not read, while a worker holds the lease
+/// (alive, behind: the lease's epoch is returned), and the server's clock past the worker's
+/// position by more than a count's wait covers.
+async fn leave_the_worker_behind(t: &TestDb, posts: &[GroupValue]) -> i64 {
+    let old = now_secs() - 3600;
+    for n in 0..200 {
+        t.insert_comment(format!("b{n}"), &posts[n % posts.len()], old)
+            .await;
+    }
+    let owner = t
+        .store
+        .acquire_lease(
+            "comments",
+            "behind-worker",
+            Duration::from_secs(60),
+            DateTime::now(),
+        )
+        .await
+        .unwrap()
+        .expect("the lease is free");
+    let applied = t
+        .store
+        .load_checkpoint("comments")
+        .await
+        .unwrap()
+        .and_then(|c| counterd::recount::applied_before(&c))
+        .expect("the worker applied the settled rows");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while t.store.read_position().await.unwrap().lower.time <= applied.time + 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server's clock moves"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    owner
+}
+
+/// A clock whose pauses pass at once and move it on by their length: the time a reconcile pass
+/// spends waiting for the worker reads off it exactly, however loaded the machine.
+struct PausesPassAtOnce(std::sync::Mutex<DateTime>);
+
+#[async_trait::async_trait]
+impl Clock for PausesPassAtOnce {
+    fn now(&self) -> DateTime {
+        *self.0.lock().unwrap()
+    }
+
+    async fn sleep(&self, delay: Duration) {
+        {
+            let mut now = self.0.lock().unwrap();
+            *now = DateTime::from_millis(now.timestamp_millis() + delay.as_millis() as i64);
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Two definitions beside the default, on the same stream.
+const TWO_MORE: &str = r#"
+[[counters]]
+name = "approved"
+group_field = "post_id"
+condition = { approved = true }
+collection = "approved_counters"
+
+[[counters]]
+name = "pinned"
+group_field = "post_id"
+condition = { pinned = true }
+collection = "pinned_counters"
+"#;
+
+#[tokio::test]
+async fn a_pass_waits_for_a_catching_up_worker_once_whatever_its_definitions() {
+    let t = TestDb::with_schema("behind_once", support::schema_of(TWO_MORE)).await;
+    let posts = settled_posts(&t, 5, 1).await;
+    let _owner = leave_the_worker_behind(&t, &posts).await;
+    // Every definition has dirty posts and a full sweep is requested: each step of the pass
+    // asks whether the worker is behind.
+    let names = ["default", "approved", "pinned"];
+    let marks: Vec<_> = (0..names.len())
+        .flat_map(|ix| {
+            posts
+                .iter()
+                .map(move |p| CounterKey::new(CounterIx(ix), p.clone()))
+        })
+        .map(counterd::core::batch::DirtyMark::settled)
+        .collect();
+    let fence = Fence {
+        stream: "comments".into(),
+        epoch: 0,
+    };
+    t.store
+        .mark_dirty(&fence, &marks, DateTime::now())
+        .await
+        .unwrap();
+    t.store.set_sweep_requested("comments", true).await.unwrap();
+    let timeout = Duration::from_secs(10);
+    let settings = ReconcileSettings {
+        settle_secs: 5,
+        catch_up: counterd::recount::CatchUp {
+            timeout,
+            poll: Duration::from_millis(50),
+            probe_without_worker: true,
+        },
+        ..ReconcileSettings::default()
+    };
+    let clock = Arc::new(PausesPassAtOnce(std::sync::Mutex::new(DateTime::now())));
+    let reconcilers: Vec<_> = names
+        .iter()
+        .enumerate()
+        .map(|(ix, name)| {
+            let settings = settings.clone().for_counter(CounterIx(ix), name);
+            Reconciler::with_clock(t.store.clone(), settings, clock.clone())
+        })
+        .collect();
+    let since = DateTime::now();
+    let started = clock.now().timestamp_millis();
+    let reports = counterd::reconcile::run_pass(&reconcilers, now_secs(), since, None)
+        .await
+        .unwrap();
+    let waited = Duration::from_millis((clock.now().timestamp_millis() - started) as u64);
+    let runs: Vec<_> = reports
+        .iter()
+        .map(|r| {
+            (
+                r.summary.kind.as_str(),
+                r.summary.counts,
+                r.summary.deferred,
+            )
+        })
+        .collect();
+    assert_eq!(
+        runs,
+        vec![("dirty", 0, posts.len() as u64); names.len()],
+        "every definition's dirty posts are left uncounted, and nothing else runs: {reports:?}"
+    );
+    assert!(sweep_requested(&t).await, "the requested sweep waits too");
+    assert!(
+        timeout <= waited && waited < 2 * timeout,
+        "the pass waited for the worker once ({timeout:?}), not once per step: {waited:?}"
+    );
 }
 
 async fn sweep_requested(t: &TestDb) -> bool {

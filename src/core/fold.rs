@@ -93,3 +93,42 @@ pub fn watermark_for(
     let horizon = applied_until.map_or(now, |t| t.min(now)) - settle_secs;
     crate::core::time::bucket_start(horizon, width_secs)
 }
+
+/// What a reconcile run went over: its stored record's `kind` and its metrics' `kind` label,
+/// which deployments and dashboards read, so the names never change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
+pub enum RunKind {
+    /// The dirty groups, oldest first (every pass).
+    Dirty,
+    /// A step of the slow background sweep over every group (every pass).
+    Background,
+    /// A full sweep: asked for, requested, or adopting a new definition.
+    Sweep,
+    /// The full sweep after lost history (a full recount of each group).
+    GapSweep,
+    /// One group, asked for by hand (`counterd reconcile --post`).
+    Post,
+}
+
+impl RunKind {
+    /// The kinds every pass runs on its own: their series are exported from the start, and a
+    /// run of theirs is logged at info only when it found something.
+    pub const EVERY_PASS: [RunKind; 2] = [RunKind::Dirty, RunKind::Background];
+
+    /// Its name: the record's `kind`, the metrics' `kind` label.
+    pub fn label(self) -> &'static str {
+        self.into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RunKind::*;
+
+    #[test]
+    fn run_kinds_keep_the_names_records_and_dashboards_read() {
+        let names = [Dirty, Background, Sweep, GapSweep, Post].map(|k| k.label());
+        assert_eq!(names, ["dirty", "background", "sweep", "gap_sweep", "post"]);
+    }
+}

@@ -17,9 +17,9 @@
 //!   becomes signed deltas and ledger states.
 //! - [`batch`]: coalescing into one write per counter, the batch's plan; [`carry`]: increments
 //!   carried from batch to batch while behind; [`partition`]: splitting groups across streams.
-//! - [`fold`]: installing a recount below a watermark; [`window`]: a row-level recount
-//!   settled against the stream; [`time`]: seconds and creation-time buckets; [`num`]: the
-//!   numbers a counter holds, with MongoDB's numeric rules.
+//! - [`fold`]: installing a recount below a watermark, and the kinds of run that do;
+//!   [`window`]: a row-level recount settled against the stream; [`time`]: seconds and
+//!   creation-time buckets; [`num`]: the numbers a counter holds, with MongoDB's numeric rules.
 //! - [`cost`]: what each buffer is charged against the memory budget.
 //! - [`deployment`]: which deployment a checkpoint belongs to.
 

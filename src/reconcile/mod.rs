@@ -28,10 +28,10 @@ use run::Run;
 
 use crate::clock::{Clock, SystemClock};
 use crate::core::definition::stored_name;
-use crate::core::fold::watermark_for;
+use crate::core::fold::{watermark_for, RunKind};
 use crate::core::key::CounterIx;
 use crate::core::key::GroupValue;
-use crate::recount::{CatchUp, Recounter};
+use crate::recount::{CatchUp, FoundBehind, Recounter};
 use crate::shutdown::{sleep_or_shutdown, Shutdown};
 use crate::store::{DirtyOrder, RunSummary, Store, StoreError, StoreResult};
 use crate::telemetry as m;
@@ -182,19 +182,12 @@ impl<S: Store + ?Sized> Reconciler<S> {
         // Everything before the newest applied event, or before the last time the stream was
         // found drained, whichever is later, has been applied; for a counter several
         // partitions write, by every one of them (the earliest of their positions).
-        let mut applied_until: Option<i64> = None;
-        for stream in self.recounter.writers() {
-            let Some(t) = self
-                .store
-                .load_checkpoint(&stream)
-                .await?
-                .and_then(|c| crate::recount::applied_before(&c))
-            else {
-                continue;
-            };
-            let t = t.time as i64;
-            applied_until = Some(applied_until.map_or(t, |u| u.min(t)));
-        }
+        let checkpoints = self.recounter.writer_checkpoints().await?;
+        let applied_until = checkpoints
+            .iter()
+            .filter_map(|c| crate::recount::applied_before(c.as_ref()?))
+            .map(|t| t.time as i64)
+            .min();
         Ok(watermark_for(
             now_secs,
             applied_until,
@@ -207,6 +200,16 @@ impl<S: Store + ?Sized> Reconciler<S> {
     /// version did not move meanwhile) only when the fold's watermark is above the newest
     /// change that dirtied it; otherwise it is requeued and folded again in a later run.
     pub async fn run_dirty(&self, now_secs: i64) -> StoreResult<RunReport> {
+        self.run_dirty_in_pass(now_secs, &mut FoundBehind::new())
+            .await
+    }
+
+    /// [`Reconciler::run_dirty`] in a pass that found the streams of `found_behind` behind.
+    async fn run_dirty_in_pass(
+        &self,
+        now_secs: i64,
+        found_behind: &mut FoundBehind,
+    ) -> StoreResult<RunReport> {
         let watermark = self.watermark(now_secs).await?;
         let dirty = self
             .store
@@ -216,7 +219,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
                 self.settings.max_posts,
             )
             .await?;
-        let mut run = Run::new(&self.settings, "dirty", watermark);
+        let mut run = Run::new(&self.settings, RunKind::Dirty, watermark);
         let passed = async {
             for (i, group) in dirty.chunks(self.settings.group_size.max(1)).enumerate() {
                 // A worker catching up a backlog has not reached the changes a count would
@@ -225,7 +228,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
                 // per post: the count's wait is for the whole stream's position, and the worker
                 // marks a post dirty only once it applies the change, so a post's dirty mark
                 // never shows the changes still ahead of the worker.
-                if self.recounter.worker_behind().await? {
+                if self.recounter.worker_behind(found_behind).await? {
                     let left = dirty.len() - i * self.settings.group_size.max(1);
                     run.summary.deferred += left as u64;
                     metrics::counter!(m::RECOUNTS_DEFERRED, "stream" => self.settings.stream.clone())
@@ -286,7 +289,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
             .await?
             .into_iter()
             .find(|d| d.post == *post);
-        let mut run = Run::new(&self.settings, "post", watermark).unpaced();
+        let mut run = Run::new(&self.settings, RunKind::Post, watermark).unpaced();
         let outcome = self
             .reconcile_posts(std::slice::from_ref(post), watermark, false, &mut run)
             .await?;
@@ -309,6 +312,11 @@ impl<S: Store + ?Sized> Reconciler<S> {
 /// ([`schedule::has_spare_time`]). Returns the report of every run it made. The definitions
 /// run one after another, so one stream's recounts never run side by side (their share of the
 /// memory budget is the stream's), and a sweep request is cleared only once every one swept.
+///
+/// A stream whose worker is found catching up stays so for the rest of the pass
+/// ([`FoundBehind`]): every later step that would count defers at once instead of waiting for
+/// the worker again, so a pass waits at most one `catch_up.timeout` per stream, however many
+/// definitions it has. A stream found caught up is asked again before each later step.
 pub async fn run_pass<S: Store + ?Sized>(
     reconcilers: &[Reconciler<S>],
     now: i64,
@@ -319,24 +327,24 @@ pub async fn run_pass<S: Store + ?Sized>(
         return Ok(Vec::new());
     };
     let started = first.clock.now();
-    let mut reports = adopt_new_definitions(reconcilers, now, since, shutdown.clone()).await?;
-    reports.extend(run_requested_sweeps(reconcilers, now, shutdown).await?);
-    let mut deferred = false;
+    let found_behind = &mut FoundBehind::new();
+    let mut reports =
+        adopt_new_definitions(reconcilers, now, since, shutdown.clone(), found_behind).await?;
+    reports
+        .extend(sweep::requested_sweeps_in_pass(reconcilers, now, shutdown, found_behind).await?);
     for reconciler in reconcilers {
-        let report = reconciler.run_dirty(now).await?;
-        deferred |= report.summary.deferred > 0;
-        reports.push(report);
-    }
-    if deferred {
-        // The worker is catching up: the background sweep's counts would be in flight too.
-        return Ok(reports);
+        reports.push(reconciler.run_dirty_in_pass(now, found_behind).await?);
     }
     let spare = schedule::has_spare_time(
         elapsed_since(first.clock.as_ref(), started),
         first.settings.interval,
     );
     for reconciler in reconcilers {
-        reports.extend(reconciler.background_step(now, spare).await?);
+        reports.extend(
+            reconciler
+                .background_step_in_pass(now, spare, found_behind)
+                .await?,
+        );
     }
     Ok(reports)
 }

@@ -4,7 +4,7 @@
 use bson::DateTime;
 
 use super::{Correction, Outcome, ReconcileSettings, Reconciler, RunReport};
-use crate::core::fold::{fold, Fold};
+use crate::core::fold::{fold, Fold, RunKind};
 use crate::core::key::GroupValue;
 use crate::recount::{Consistent, Pace, Recount, Request};
 use crate::store::{DirtyEntry, RunSummary, Store, StoreResult};
@@ -31,10 +31,9 @@ impl<S: Store + ?Sized> Reconciler<S> {
                 full,
             })
             .collect();
-        let recounts = self.recounter.recount(&requests, &mut run.pace).await;
-        let recounts = recounts?;
+        let recounts = self.recounter.recount(&requests, &mut run.pace).await?;
         run.summary.counts += recounts.len() as u64;
-        metrics::counter!(m::RECOUNTS, "stream" => self.settings.stream.clone(), "kind" => run.summary.kind.clone())
+        metrics::counter!(m::RECOUNTS, "stream" => self.settings.stream.clone(), "kind" => run.kind.label())
             .increment(recounts.len() as u64);
         let mut outcomes = Vec::with_capacity(recounts.len());
         for recount in recounts {
@@ -67,7 +66,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
     /// A recount that could not be installed (a change in flight): the post stays dirty.
     fn note_in_flight(&self, run: &mut Run) {
         run.summary.in_flight += 1;
-        metrics::counter!(m::RECOUNTS_IN_FLIGHT, "stream" => self.settings.stream.clone(), "kind" => run.summary.kind.clone())
+        metrics::counter!(m::RECOUNTS_IN_FLIGHT, "stream" => self.settings.stream.clone(), "kind" => run.kind.label())
             .increment(1);
     }
 
@@ -115,6 +114,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
         let Run {
             stream,
             counter,
+            kind,
             started,
             mut summary,
             corrections,
@@ -125,10 +125,9 @@ impl<S: Store + ?Sized> Reconciler<S> {
         self.store.record_run(&summary).await?;
         let backlog = self.store.dirty_summary().await?;
         m::record_dirty(backlog.size, backlog.oldest, &counter);
-        let kind = summary.kind.clone();
-        metrics::counter!(m::RECONCILE_RUNS, "stream" => stream.clone(), "kind" => kind.clone(), "counter" => counter.clone())
+        metrics::counter!(m::RECONCILE_RUNS, "stream" => stream.clone(), "kind" => kind.label(), "counter" => counter.clone())
             .increment(1);
-        metrics::histogram!(m::RECONCILE_DURATION, "kind" => kind)
+        metrics::histogram!(m::RECONCILE_DURATION, "kind" => kind.label())
             .record(started.elapsed().as_secs_f64());
         metrics::gauge!(m::LAST_RECONCILE_TIMESTAMP, "stream" => stream.clone()).set(m::unix_now());
         // One line per run: at info when it corrected something, left posts in flight or was
@@ -137,7 +136,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
         let notable = summary.corrected > 0
             || summary.in_flight > 0
             || summary.deferred > 0
-            || !matches!(summary.kind.as_str(), "dirty" | "background");
+            || !RunKind::EVERY_PASS.contains(&kind);
         let biggest = biggest_corrections(&corrections, 3);
         macro_rules! summary_line {
             ($level:ident) => {
@@ -197,6 +196,8 @@ pub(super) struct Run {
     stream: String,
     /// The counter definition whose counters it folds (the metrics' `counter` label).
     counter: String,
+    /// What it goes over (the record's `kind`, the metrics' `kind` label).
+    kind: RunKind,
     started: std::time::Instant,
     pub(super) summary: RunSummary,
     corrections: Vec<Correction>,
@@ -207,7 +208,7 @@ pub(super) struct Run {
 impl Run {
     /// A run of `kind` at `watermark` for the settings' stream and counter, paced at their
     /// `counts_per_second` (see [`Run::unpaced`]).
-    pub(super) fn new(settings: &ReconcileSettings, kind: &str, watermark: i64) -> Run {
+    pub(super) fn new(settings: &ReconcileSettings, kind: RunKind, watermark: i64) -> Run {
         let counter = settings.counter_name.clone();
         Run {
             stream: settings.stream.clone(),
@@ -217,7 +218,7 @@ impl Run {
                 // as before definitions existed.
                 counter: settings.stored_name().unwrap_or_default().to_string(),
                 started_at: Some(DateTime::now()),
-                kind: kind.into(),
+                kind: kind.label().into(),
                 watermark,
                 ..RunSummary::default()
             },
@@ -225,6 +226,7 @@ impl Run {
             contended: Vec::new(),
             pace: Pace::new(settings.counts_per_second),
             counter,
+            kind,
         }
     }
 

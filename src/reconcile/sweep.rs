@@ -3,7 +3,9 @@
 
 use super::run::Run;
 use super::{Outcome, Reconciler, RunReport};
+use crate::core::fold::RunKind;
 use crate::core::key::GroupValue;
+use crate::recount::FoundBehind;
 use crate::shutdown::Shutdown;
 use crate::store::{Store, StoreResult};
 use crate::telemetry as m;
@@ -58,10 +60,9 @@ impl<S: Store + ?Sized> Reconciler<S> {
         shutdown: Option<Shutdown>,
     ) -> StoreResult<(RunReport, bool)> {
         let watermark = self.watermark(now_secs).await?;
-        let kind = if after_gap.is_some() {
-            "gap_sweep"
-        } else {
-            "sweep"
+        let kind = match after_gap {
+            Some(_) => RunKind::GapSweep,
+            None => RunKind::Sweep,
         };
         let mut run = Run::new(&self.settings, kind, watermark);
         let pass = SweepPass {
@@ -168,7 +169,9 @@ impl<S: Store + ?Sized> Reconciler<S> {
         now_secs: i64,
         shutdown: Option<Shutdown>,
     ) -> StoreResult<Option<RunReport>> {
-        let swept = self.requested_sweep(now_secs, shutdown).await?;
+        let swept = self
+            .requested_sweep(now_secs, shutdown, &mut FoundBehind::new())
+            .await?;
         Ok(swept.map(|(report, _)| report))
     }
 
@@ -178,6 +181,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
         &self,
         now_secs: i64,
         shutdown: Option<Shutdown>,
+        found_behind: &mut FoundBehind,
     ) -> StoreResult<Option<(RunReport, bool)>> {
         let Some(checkpoint) = self.store.load_checkpoint(&self.settings.stream).await? else {
             return Ok(None);
@@ -201,7 +205,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
             return Ok(None);
         }
         if self
-            .deferred_while_catching_up("the requested full sweep")
+            .deferred_while_catching_up("the requested full sweep", found_behind)
             .await?
         {
             return Ok(None);
@@ -230,9 +234,14 @@ impl<S: Store + ?Sized> Reconciler<S> {
 
     /// Whether `what` (a sweep, or a step of one) waits for a later pass because the worker is
     /// catching up: it has not applied what these counts would see, so every one would be in
-    /// flight, and a sweep after lost history would only run again.
-    async fn deferred_while_catching_up(&self, what: &str) -> StoreResult<bool> {
-        let behind = self.recounter.worker_behind().await?;
+    /// flight, and a sweep after lost history would only run again. `found_behind`: the
+    /// pass's streams found behind already ([`FoundBehind`]).
+    async fn deferred_while_catching_up(
+        &self,
+        what: &str,
+        found_behind: &mut FoundBehind,
+    ) -> StoreResult<bool> {
+        let behind = self.recounter.worker_behind(found_behind).await?;
         if behind {
             tracing::debug!(stream = %self.settings.stream, counter = %self.settings.counter_name,
                 "the worker is catching up: {what} waits for a later pass");
@@ -250,12 +259,24 @@ impl<S: Store + ?Sized> Reconciler<S> {
         now_secs: i64,
         spare: bool,
     ) -> StoreResult<Option<RunReport>> {
+        self.background_step_in_pass(now_secs, spare, &mut FoundBehind::new())
+            .await
+    }
+
+    /// [`Reconciler::background_step`] in a pass that found the streams of `found_behind`
+    /// behind.
+    pub(super) async fn background_step_in_pass(
+        &self,
+        now_secs: i64,
+        spare: bool,
+        found_behind: &mut FoundBehind,
+    ) -> StoreResult<Option<RunReport>> {
         let Some(pass) = self.settings.background_pass else {
             return Ok(None);
         };
         // The step is taken in a later pass (the cursor stays).
         if self
-            .deferred_while_catching_up("the background sweep's step")
+            .deferred_while_catching_up("the background sweep's step", found_behind)
             .await?
         {
             return Ok(None);
@@ -274,16 +295,11 @@ impl<S: Store + ?Sized> Reconciler<S> {
         );
         let watermark = self.watermark(now_secs).await?;
         let window = self.store.posts_after(cursor.after.as_ref(), size).await?;
-        let mut run = Run::new(&self.settings, "background", watermark);
+        let mut run = Run::new(&self.settings, RunKind::Background, watermark);
         if cursor.pass_started.is_none() {
             cursor.pass_started = Some(self.clock.now());
         }
-        let owned: Vec<GroupValue> = window
-            .iter()
-            .filter(|p| self.settings.partition.is_none_or(|part| part.owns(p)))
-            .cloned()
-            .collect();
-        self.reconcile_posts(&owned, watermark, false, &mut run)
+        self.reconcile_posts(&self.owned(&window), watermark, false, &mut run)
             .await?;
         cursor.posts_done += window.len() as u64;
         match window.last() {
@@ -411,12 +427,14 @@ pub async fn sweep_all<S: Store + ?Sized>(
 /// stream above its watermark, and events applied before `since` did not count for the
 /// definition). While the stream has not started or its snapshot runs, adoption waits. A
 /// deployment that had definitions before markers existed sweeps each of them once; a sweep cut
-/// short (shutdown, restart) starts again.
+/// short (shutdown, restart) starts again. `found_behind`: the pass's streams found behind
+/// ([`FoundBehind`]).
 pub async fn adopt_new_definitions<S: Store + ?Sized>(
     reconcilers: &[Reconciler<S>],
     now_secs: i64,
     since: bson::DateTime,
     shutdown: Option<Shutdown>,
+    found_behind: &mut FoundBehind,
 ) -> StoreResult<Vec<RunReport>> {
     let mut reports = Vec::new();
     for reconciler in reconcilers {
@@ -454,7 +472,7 @@ pub async fn adopt_new_definitions<S: Store + ?Sized>(
             }
             // The stream's worker is catching up: every definition's adoption waits.
             if reconciler
-                .deferred_while_catching_up("adopting a new definition")
+                .deferred_while_catching_up("adopting a new definition", found_behind)
                 .await?
             {
                 break;
@@ -487,11 +505,21 @@ pub async fn run_requested_sweeps<S: Store + ?Sized>(
     now_secs: i64,
     shutdown: Option<Shutdown>,
 ) -> StoreResult<Vec<RunReport>> {
+    requested_sweeps_in_pass(reconcilers, now_secs, shutdown, &mut FoundBehind::new()).await
+}
+
+/// [`run_requested_sweeps`] in a pass that found the streams of `found_behind` behind.
+pub(super) async fn requested_sweeps_in_pass<S: Store + ?Sized>(
+    reconcilers: &[Reconciler<S>],
+    now_secs: i64,
+    shutdown: Option<Shutdown>,
+    found_behind: &mut FoundBehind,
+) -> StoreResult<Vec<RunReport>> {
     let mut reports = Vec::new();
     let mut every_one_swept = !reconcilers.is_empty();
     for reconciler in reconcilers {
         match reconciler
-            .requested_sweep(now_secs, shutdown.clone())
+            .requested_sweep(now_secs, shutdown.clone(), found_behind)
             .await?
         {
             Some((report, done)) => {

@@ -52,7 +52,7 @@ mod observe;
 mod wait;
 
 pub use observe::Observation;
-pub use wait::applied_before;
+pub use wait::{applied_before, FoundBehind};
 
 /// How long to wait for the worker, and how often to look.
 #[derive(Clone, Debug)]
@@ -420,7 +420,7 @@ impl<S: Store + ?Sized> Recounter<S> {
     }
 
     /// The checkpoints of [`Recounter::writers`], in order.
-    async fn writer_checkpoints(&self) -> StoreResult<Vec<Option<Checkpoint>>> {
+    pub async fn writer_checkpoints(&self) -> StoreResult<Vec<Option<Checkpoint>>> {
         let mut out = Vec::new();
         for stream in self.writers() {
             out.push(self.store.load_checkpoint(&stream).await?);

@@ -51,25 +51,18 @@ impl<S: Store + ?Sized> Recounter<S> {
         let recounts = self.recount(&requests, &mut Pace::new(0)).await?;
         let mut out = Vec::with_capacity(posts.len());
         for (post, recount) in posts.iter().zip(recounts) {
-            out.push(match recount {
-                Recount::Consistent(c) => Observation {
-                    post: post.clone(),
-                    displayed: c
-                        .counter
-                        .as_ref()
-                        .map_or(Num::ZERO, |c| c.state.displayed()),
-                    count: c.counter.as_ref().and_then(|c| c.count),
-                    truth: Some(c.count),
-                },
+            let (counter, truth) = match recount {
+                Recount::Consistent(c) => (c.counter, Some(c.count)),
+                // Not compared: the counter as it is now.
                 Recount::InFlight | Recount::SnapshotRunning => {
-                    let counter = self.store.read_counter(post).await?;
-                    Observation {
-                        post: post.clone(),
-                        displayed: counter.as_ref().map_or(Num::ZERO, |c| c.state.displayed()),
-                        count: counter.and_then(|c| c.count),
-                        truth: None,
-                    }
+                    (self.store.read_counter(post).await?, None)
                 }
+            };
+            out.push(Observation {
+                post: post.clone(),
+                displayed: counter.as_ref().map_or(Num::ZERO, |c| c.state.displayed()),
+                count: counter.and_then(|c| c.count),
+                truth,
             });
         }
         Ok(out)

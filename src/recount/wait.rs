@@ -79,9 +79,14 @@ impl<S: Store + ?Sized> Recounter<S> {
     /// reports that on its own).
     ///
     /// A counter several partitions write: any of their workers ([`Recounter::writers`]).
-    pub async fn worker_behind(&self) -> StoreResult<bool> {
+    ///
+    /// A stream found behind is added to `found_behind`, and one already there is behind
+    /// without another wait: one reconcile pass shares it across its definitions (see
+    /// [`FoundBehind`]).
+    pub async fn worker_behind(&self, found_behind: &mut FoundBehind) -> StoreResult<bool> {
         for stream in self.writers() {
-            if self.stream_behind(&stream).await? {
+            if found_behind.contains(&stream) || self.stream_behind(&stream).await? {
+                found_behind.insert(stream);
                 return Ok(true);
             }
         }
@@ -159,6 +164,14 @@ impl<S: Store + ?Sized> Recounter<S> {
         Ok(Some(batch.events.is_empty()))
     }
 }
+
+/// The streams whose workers one reconcile pass found behind ([`Recounter::worker_behind`]).
+/// A stream found behind stays behind for the rest of the pass: each answer "behind" cost a
+/// whole `catch_up.timeout` of waiting, so a pass over N definitions of a catching-up stream
+/// waited N times that before they all deferred, and the pass interval stretched with it.
+/// A stream found caught up is not kept: it is asked again, as a worker can fall behind
+/// during a pass.
+pub type FoundBehind = std::collections::BTreeSet<String>;
 
 /// How far (seconds of cluster time) the worker's applied position may trail the server's
 /// before [`Recounter::worker_behind`] waits for it: the server's position on a server without

@@ -238,10 +238,6 @@ impl SnapshotState {
     pub fn as_str(self) -> &'static str {
         self.into()
     }
-
-    pub fn parse(text: &str) -> Option<SnapshotState> {
-        text.parse().ok()
-    }
 }
 
 /// One chunk of the snapshot, planned: the ledger claims (comments the ledger did not know,

@@ -43,9 +43,10 @@ pub trait DirtySet: Send + Sync {
 }
 
 /// One post waiting for a recount.
+#[serde_with::serde_as]
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct DirtyEntry {
-    #[serde(serialize_with = "serialize_display")]
+    #[serde_as(as = "serde_with::DisplayFromStr")]
     pub post: GroupValue,
     pub first_dirty_at: DateTime,
     pub last_dirty_at: DateTime,
@@ -55,13 +56,6 @@ pub struct DirtyEntry {
     /// this was recorded; treated as covered by any fold). The entry is cleared only by a fold
     /// whose watermark is above it.
     pub newest_bucket: Option<BucketStart>,
-}
-
-fn serialize_display<S: serde::Serializer, T: std::fmt::Display>(
-    value: &T,
-    s: S,
-) -> Result<S::Ok, S::Error> {
-    s.collect_str(value)
 }
 
 /// Size and age of the dirty backlog.

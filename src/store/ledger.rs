@@ -18,12 +18,19 @@ pub trait Ledger: Send + Sync {
     /// unknown. `generation` is the number of history gaps the stream has recorded: an entry
     /// written under an older generation describes the row as it was before events were lost,
     /// so it is left out (unknown) until the worker or the sweep after the gap rewrites it.
+    /// [`Ledger::read_ledger_at`] without the tokens.
     async fn read_ledger(
         &self,
         stream: &str,
         comments: &[CommentId],
         generation: u64,
-    ) -> StoreResult<LedgerView>;
+    ) -> StoreResult<LedgerView> {
+        let entries = self.read_ledger_at(stream, comments, generation).await?;
+        Ok(entries
+            .into_iter()
+            .map(|(key, at)| (key, at.state))
+            .collect())
+    }
 
     /// [`Ledger::read_ledger`] with the token of the batch that wrote each entry (`None`:
     /// written by the snapshot or a rebuild): a row-level recount needs the entry as of the

@@ -69,10 +69,11 @@ pub struct RunSummary {
 }
 
 /// The background sweep's place in its pass over all posts, kept across restarts.
+#[serde_with::serde_as]
 #[derive(Clone, Debug, PartialEq, Default, Serialize)]
 pub struct SweepCursor {
     /// The last post finished (`None`: the pass starts from the first post).
-    #[serde(serialize_with = "serialize_opt_display")]
+    #[serde_as(as = "Option<serde_with::DisplayFromStr>")]
     pub after: Option<GroupValue>,
     /// When the current pass began.
     pub pass_started: Option<DateTime>,
@@ -82,14 +83,4 @@ pub struct SweepCursor {
     pub passes: u64,
     /// Posts seen by the last complete pass (sizes the steps of the next).
     pub last_pass_posts: u64,
-}
-
-fn serialize_opt_display<S: serde::Serializer, T: std::fmt::Display>(
-    value: &Option<T>,
-    s: S,
-) -> Result<S::Ok, S::Error> {
-    match value {
-        Some(v) => s.collect_str(v),
-        None => s.serialize_none(),
-    }
 }

@@ -45,8 +45,9 @@ pub fn register_stream(stream: &str) {
     }
     // By the run that counts (the two that run on their own; a sweep's appear when it runs).
     for counter in [RECOUNTS, RECOUNTS_IN_FLIGHT] {
-        for kind in ["dirty", "background"] {
-            metrics::counter!(counter, "stream" => stream.clone(), "kind" => kind).absolute(0);
+        for kind in crate::core::fold::RunKind::EVERY_PASS {
+            metrics::counter!(counter, "stream" => stream.clone(), "kind" => kind.label())
+                .absolute(0);
         }
     }
     for result in ["applied", "already_applied"] {

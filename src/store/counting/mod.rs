@@ -213,15 +213,6 @@ impl<S> CountingStore<S> {
         }
     }
 
-    async fn timed<T>(
-        &self,
-        concern: Concern,
-        statements: usize,
-        call: impl std::future::Future<Output = T>,
-    ) -> T {
-        self.tallies.timed(concern, statements, call).await
-    }
-
     /// One recount query about `posts` posts.
     fn count_query_of(&self, posts: usize) {
         self.tallies.count_queries.fetch_add(1, Ordering::Relaxed);
@@ -247,7 +238,7 @@ macro_rules! counted {
                 $(self.record(|| $write);)?
                 $(self.count_query_of($queries);)?
                 let call = self.inner.$name($($arg),*);
-                self.timed(Concern::$concern, $statements, call).await
+                self.tallies.timed(Concern::$concern, $statements, call).await
             })*
             $($extra)*
         }
@@ -288,25 +279,18 @@ impl EventSource for CountingEvents {
     }
 }
 
-#[async_trait]
-impl<S: ChangeStreams> ChangeStreams for CountingStore<S> {
+counted! {
+    impl ChangeStreams as Stream {
+        read_position() -> ServerNow, 0;
+        look_up(comments: &[CommentId]) -> HashMap<String, Document>, 0;
+    }
+
     async fn open_stream(&self, options: StreamOptions) -> StoreResult<Box<dyn EventSource>> {
-        let inner = self
-            .timed(Concern::Stream, 0, self.inner.open_stream(options))
-            .await?;
+        let call = self.inner.open_stream(options);
+        let inner = self.tallies.timed(Concern::Stream, 0, call).await?;
         Ok(Box::new(CountingEvents {
             inner,
             tallies: self.tallies.clone(),
         }))
-    }
-
-    async fn read_position(&self) -> StoreResult<ServerNow> {
-        self.timed(Concern::Stream, 0, self.inner.read_position())
-            .await
-    }
-
-    async fn look_up(&self, comments: &[CommentId]) -> StoreResult<HashMap<String, Document>> {
-        self.timed(Concern::Stream, 0, self.inner.look_up(comments))
-            .await
     }
 }

@@ -25,7 +25,7 @@ counted! {
         at: Timestamp,
     ) -> StoreResult<Option<Num>> {
         let call = self.inner.count_live_below_at(post, watermark, at);
-        let counted = self.timed(Concern::Truth, 0, call).await;
+        let counted = self.tallies.timed(Concern::Truth, 0, call).await;
         // `None`: the store has no snapshot reads here and issued no count.
         if matches!(counted, Ok(Some(_))) {
             self.count_query_of(1);

@@ -82,16 +82,6 @@ impl Write {
             Write::Dirty { fence, marks, now } => store.mark_dirty(fence, marks, *now).await,
         }
     }
-
-    /// The statements the write carries, as [`CountingStore`] counts them.
-    pub fn statements(&self) -> usize {
-        match self {
-            Write::Counters { writes, .. } => writes.len(),
-            Write::Ledger { updates, .. } => updates.len(),
-            Write::Dirty { marks, .. } => marks.len(),
-            _ => 1,
-        }
-    }
 }
 
 /// Where a recording store keeps its writes (shared by its clones and views).

@@ -169,9 +169,7 @@ impl Memory {
         self.owned_checkpoint_update(fence, |c, now| {
             c.token = Some(token.to_string());
             c.updated_at = Some(now);
-            if let Some(t) = token_time {
-                c.token_time = Some(t);
-            }
+            c.token_time = token_time.or(c.token_time);
             max_string(&mut c.high_water, token.as_str());
             c.pending = None;
         })
@@ -197,10 +195,9 @@ impl Memory {
     }
 
     pub fn record_caught_up(&mut self, fence: &Fence, at: Timestamp) -> StoreResult<()> {
+        // `$max`: a missing field is below any value.
         self.owned_checkpoint_update(fence, |c, _now| {
-            if c.caught_up_at.is_none_or(|t| t < at) {
-                c.caught_up_at = Some(at);
-            }
+            c.caught_up_at = c.caught_up_at.max(Some(at))
         })
     }
 

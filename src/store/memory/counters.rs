@@ -20,21 +20,16 @@ pub struct CounterRec {
     pub base_watermark: i64,
     pub live_delta: Num,
     pub buckets: BTreeMap<i64, Num>,
-    pub applied_through: Option<String>,
-    pub applied_time: Option<Timestamp>,
-    pub touched: BTreeMap<i64, String>,
     /// The log of recent batches, oldest first (at most [`LOG_ENTRIES`]).
     pub recent: Vec<Touch>,
     pub folds: i64,
-    /// The last initial-snapshot chunk added to it.
-    pub snapshot_chunk: Option<u64>,
     /// The readers' field: `base_count + live_delta`, kept in the same writes.
     pub count: Num,
-    pub epoch: Option<i64>,
     pub last_drift: Option<Num>,
     pub reconciled_at: Option<DateTime>,
-    /// The guards of partitions `n > 0` in a counter several partitions write (see
-    /// [`crate::store::Writer`]; partition 0's are the fields above).
+    /// Each writer's guard by its slot (see [`crate::store::Writer`]): slot 0's is the
+    /// document's own fields (`applied_through`, `epoch`, ...), a partition `n > 0`'s of a
+    /// counter several partitions write is `writers.p<n>`.
     pub writers: BTreeMap<u32, WriterRec>,
     /// Writes of every partition to a counter several partitions write.
     pub shared_writes: i64,
@@ -43,13 +38,14 @@ pub struct CounterRec {
 /// A writer's guard as stored: `(applied_through, epoch, snapshot_chunk)`.
 type Guard<'a> = (Option<&'a str>, Option<i64>, Option<u64>);
 
-/// One writer's guard in a counter several partitions write (`writers.p<n>`).
+/// One writer's guard.
 #[derive(Clone, Debug, Default)]
 pub struct WriterRec {
     pub applied_through: Option<String>,
     pub applied_time: Option<Timestamp>,
     pub touched: BTreeMap<i64, String>,
     pub epoch: Option<i64>,
+    /// The last initial-snapshot chunk added to the counter.
     pub snapshot_chunk: Option<u64>,
 }
 
@@ -70,42 +66,30 @@ impl CounterRec {
         if writer.shared {
             self.shared_writes += 1;
         }
-        match writer.slot {
-            0 => self.epoch = Some(fence.epoch),
-            n => self.writers.entry(n).or_default().epoch = Some(fence.epoch),
-        }
+        self.writer(writer).epoch = Some(fence.epoch);
     }
 
     /// The writer's guard as stored.
     fn guard(&self, writer: Writer) -> Guard<'_> {
-        match writer.slot {
-            0 => (
-                self.applied_through.as_deref(),
-                self.epoch,
-                self.snapshot_chunk,
-            ),
-            n => self.writers.get(&n).map_or((None, None, None), |w| {
+        self.writers
+            .get(&writer.slot)
+            .map_or((None, None, None), |w| {
                 (w.applied_through.as_deref(), w.epoch, w.snapshot_chunk)
-            }),
-        }
+            })
+    }
+
+    /// The writer's guard, to write (made when new).
+    fn writer(&mut self, writer: Writer) -> &mut WriterRec {
+        self.writers.entry(writer.slot).or_default()
     }
 
     /// Records a write's position in the writer's guard.
     fn advance(&mut self, writer: Writer, w: &CounterWrite) {
-        let touched = w.touched.iter().map(|(b, t)| (*b, t.to_string()));
-        match writer.slot {
-            0 => {
-                self.applied_through = Some(w.through.to_string());
-                self.applied_time = w.through_time;
-                self.touched.extend(touched);
-            }
-            n => {
-                let rec = self.writers.entry(n).or_default();
-                rec.applied_through = Some(w.through.to_string());
-                rec.applied_time = w.through_time;
-                rec.touched.extend(touched);
-            }
-        }
+        let rec = self.writer(writer);
+        rec.applied_through = Some(w.through.to_string());
+        rec.applied_time = w.through_time;
+        rec.touched
+            .extend(w.touched.iter().map(|(b, t)| (*b, t.to_string())));
     }
 }
 
@@ -167,10 +151,7 @@ impl Memory {
             return false;
         };
         c.add(w.delta, &w.buckets, fence, writer);
-        match writer.slot {
-            0 => c.snapshot_chunk = Some(chunk),
-            n => c.writers.entry(n).or_default().snapshot_chunk = Some(chunk),
-        }
+        c.writer(writer).snapshot_chunk = Some(chunk);
         true
     }
 
@@ -216,7 +197,14 @@ impl Memory {
     }
 
     pub fn read_counter(&self, counter: CounterIx, post: &GroupValue) -> Option<CounterDoc> {
-        self.tables(counter).counters.get(post).map(|c| CounterDoc {
+        let c = self.tables(counter).counters.get(post)?;
+        let position = |w: &WriterRec| WriterPosition {
+            applied_through: w.applied_through.clone(),
+            applied_time: w.applied_time,
+            touched: w.touched.clone(),
+        };
+        let own = c.writers.get(&0).map(position).unwrap_or_default();
+        Some(CounterDoc {
             post: Some(post.clone()),
             state: CounterState {
                 base_count: c.base_count,
@@ -224,22 +212,16 @@ impl Memory {
                 live_delta: c.live_delta,
                 buckets: c.buckets.clone(),
             },
-            applied_through: c.applied_through.clone(),
-            applied_time: c.applied_time,
-            touched: c.touched.clone(),
+            applied_through: own.applied_through,
+            applied_time: own.applied_time,
+            touched: own.touched,
             recent: c.recent.clone(),
             folds: c.folds,
             writers: c
                 .writers
                 .iter()
-                .map(|(n, w)| {
-                    let position = WriterPosition {
-                        applied_through: w.applied_through.clone(),
-                        applied_time: w.applied_time,
-                        touched: w.touched.clone(),
-                    };
-                    (*n, position)
-                })
+                .filter(|(n, _)| **n > 0)
+                .map(|(n, w)| (*n, position(w)))
                 .collect(),
             shared_writes: c.shared_writes,
             // Kept in the same single-document writes as its parts (hand edits too).
@@ -265,25 +247,26 @@ impl Memory {
             if counters.contains_key(post) {
                 return false;
             }
-            let rec = CounterRec {
+            let mut rec = CounterRec {
                 base_count: fold.base_count,
                 base_watermark: fold.watermark,
                 live_delta: fold.live_delta,
                 buckets: fold.kept.clone(),
-                applied_through: Some(String::new()),
                 folds: 1,
                 count: fold.base_count + fold.live_delta,
                 last_drift: Some(fold.drift),
                 reconciled_at: Some(now),
                 ..CounterRec::default()
             };
+            rec.writer(Writer::default()).applied_through = Some(String::new());
             counters.insert(post.clone(), rec);
             return true;
         };
         let Some(c) = counters.get_mut(post) else {
             return false;
         };
-        if c.applied_through != expected.applied_through
+        let own = c.writers.get(&0).and_then(|w| w.applied_through.as_ref());
+        if own != expected.applied_through.as_ref()
             || c.live_delta != expected.state.live_delta
             || c.base_count != expected.state.base_count
             || c.folds != expected.folds
@@ -300,12 +283,10 @@ impl Memory {
         for bucket in &fold.dropped {
             c.buckets.remove(bucket);
         }
-        for bucket in expected.touched.keys().filter(|b| **b < fold.watermark) {
-            c.touched.remove(bucket);
-        }
-        for (slot, position) in &expected.writers {
-            if let Some(rec) = c.writers.get_mut(slot) {
-                for bucket in position.touched.keys().filter(|b| **b < fold.watermark) {
+        let touched = expected.writers.iter().map(|(n, p)| (*n, &p.touched));
+        for (slot, touched) in std::iter::once((0, &expected.touched)).chain(touched) {
+            if let Some(rec) = c.writers.get_mut(&slot) {
+                for bucket in touched.keys().filter(|b| **b < fold.watermark) {
                     rec.touched.remove(bucket);
                 }
             }

@@ -8,15 +8,12 @@ use crate::core::key::CounterIx;
 use crate::core::key::GroupValue;
 use crate::store::{DirtyEntry, DirtyOrder, DirtySummary, Fence};
 
-/// A stored dirty entry.
+/// A stored dirty entry: the entry as the seam lists it, and who marked it last.
 #[derive(Clone, Debug)]
 pub struct DirtyRec {
-    pub first: DateTime,
-    pub last: DateTime,
-    pub version: i64,
+    pub entry: DirtyEntry,
     /// The stream that marked it last.
     pub stream: String,
-    pub newest_bucket: i64,
     /// The fencing epoch of the worker that marked it last.
     pub epoch: i64,
 }
@@ -34,19 +31,23 @@ impl Memory {
         {
             return;
         }
-        let entry = dirty.entry(m.key.group.clone()).or_insert(DirtyRec {
-            first: now,
-            last: now,
-            version: 0,
+        let rec = dirty.entry(m.key.group.clone()).or_insert(DirtyRec {
+            entry: DirtyEntry {
+                post: m.key.group.clone(),
+                first_dirty_at: now,
+                last_dirty_at: now,
+                version: 0,
+                newest_bucket: Some(m.newest_bucket),
+            },
             stream: fence.stream.clone(),
-            newest_bucket: m.newest_bucket,
             epoch: fence.epoch,
         });
-        entry.newest_bucket = entry.newest_bucket.max(m.newest_bucket);
+        let entry = &mut rec.entry;
+        entry.newest_bucket = entry.newest_bucket.max(Some(m.newest_bucket));
         entry.version += 1;
-        entry.last = now;
-        entry.stream = fence.stream.clone();
-        entry.epoch = fence.epoch;
+        entry.last_dirty_at = now;
+        rec.stream = fence.stream.clone();
+        rec.epoch = fence.epoch;
     }
 
     pub fn dirty_list(
@@ -61,13 +62,7 @@ impl Memory {
             .dirty
             .iter()
             .filter(|(_, d)| stream.is_none_or(|st| d.stream == st))
-            .map(|(p, d)| DirtyEntry {
-                post: p.clone(),
-                first_dirty_at: d.first,
-                last_dirty_at: d.last,
-                version: d.version,
-                newest_bucket: Some(d.newest_bucket),
-            })
+            .map(|(_, d)| d.entry.clone())
             .collect();
         match order {
             DirtyOrder::Oldest => {
@@ -85,7 +80,7 @@ impl Memory {
         let dirty = &self.tables(counter).dirty;
         DirtySummary {
             size: dirty.len() as u64,
-            oldest: dirty.values().map(|d| d.first).min(),
+            oldest: dirty.values().map(|d| d.entry.first_dirty_at).min(),
         }
     }
 
@@ -93,21 +88,15 @@ impl Memory {
         let Some(dirty) = self.tables_mut(counter).map(|t| &mut t.dirty) else {
             return false;
         };
-        let current = dirty.get(post).is_some_and(|d| d.version == version);
-        if current {
-            dirty.remove(post);
-        }
-        current
+        dirty.get(post).is_some_and(|d| d.entry.version == version) && dirty.remove(post).is_some()
     }
 
     pub fn requeue_dirty(&mut self, counter: CounterIx, post: &GroupValue, now: DateTime) -> bool {
-        match self.tables_mut(counter).and_then(|t| t.dirty.get_mut(post)) {
-            Some(d) => {
-                d.first = d.first.max(now);
-                true
-            }
-            None => false,
-        }
+        let Some(d) = self.tables_mut(counter).and_then(|t| t.dirty.get_mut(post)) else {
+            return false;
+        };
+        d.entry.first_dirty_at = d.entry.first_dirty_at.max(now);
+        true
     }
 
     pub fn dirty_posts(&self, counter: CounterIx) -> Vec<GroupValue> {

@@ -29,6 +29,8 @@ impl Memory {
         })
     }
 
+    /// A takeover where the lease is free, expired or already `owner`'s; held by another
+    /// owner, the upsert's insert hits its `_id` (a duplicate key): `None`.
     pub fn acquire_lease(
         &mut self,
         stream: &str,
@@ -36,25 +38,9 @@ impl Memory {
         ttl: Duration,
         now: DateTime,
     ) -> Option<i64> {
-        let expires_at = expiry(now, ttl);
-        match self.leases.get_mut(stream) {
-            Some(l) if l.expires_at < now || l.owner == owner => {
-                l.owner = owner.to_string();
-                l.expires_at = expires_at;
-                l.epoch += 1;
-                Some(l.epoch)
-            }
-            Some(_) => None, // the upsert's insert: duplicate key
-            None => {
-                let lease = LeaseRec {
-                    owner: owner.to_string(),
-                    expires_at,
-                    epoch: 1,
-                };
-                self.leases.insert(stream.to_string(), lease);
-                Some(1)
-            }
-        }
+        let lease = self.leases.get(stream);
+        let held = lease.is_some_and(|l| l.expires_at >= now && l.owner != owner);
+        (!held).then(|| self.seize_lease(stream, owner, ttl, now))
     }
 
     pub fn renew_lease(

@@ -63,20 +63,13 @@ impl Memory {
         generation: u64,
     ) -> HashMap<String, LedgerAt> {
         let collection = ledger_collection(stream);
-        let mut out = HashMap::new();
-        for c in comments {
-            let key = (collection.clone(), c.key.clone());
-            let current = self
-                .ledger
-                .get(&key)
-                .filter(|(_, e)| e.generation >= generation);
-            if let Some((_, entry)) = current {
-                let state = entry.state.clone();
-                let through = entry.applied_through.clone().filter(|t| !t.is_empty());
-                out.insert(c.key.clone(), LedgerAt { state, through });
-            }
-        }
-        out
+        let current = |c: &CommentId| {
+            let (_, entry) = self.ledger.get(&(collection.clone(), c.key.clone()))?;
+            let state = entry.state.clone();
+            let through = entry.applied_through.clone().filter(|t| !t.is_empty());
+            (entry.generation >= generation).then(|| (c.key.clone(), LedgerAt { state, through }))
+        };
+        comments.iter().filter_map(current).collect()
     }
 
     /// One statement of `write_ledger`: the state, if the entry's `applied_through` is below
@@ -175,7 +168,6 @@ impl Memory {
 }
 
 seam!(Ledger {
-    ok fn read_ledger(stream: &str, comments: &[CommentId], generation: u64) -> LedgerView;
     ok fn read_ledger_at(stream: &str, comments: &[CommentId], generation: u64) -> HashMap<String, LedgerAt>;
     ok fn write_ledger(fence: &Fence, updates: &[LedgerUpdate], through: &Token, generation: u64) -> ();
     ok fn rebuild_ledger(stream: &str, generation: u64, rows: &[(CommentId, Row)]) -> ();

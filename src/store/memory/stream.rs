@@ -60,7 +60,9 @@ pub struct OpenTxn {
     pub time: Timestamp,
 }
 
-#[derive(Clone, Debug)]
+/// A change's kind; its name is the event's `operationType`.
+#[derive(Clone, Debug, strum::IntoStaticStr)]
+#[strum(serialize_all = "lowercase")]
 pub enum OpKind {
     Insert(Document),
     Update {
@@ -73,12 +75,7 @@ pub enum OpKind {
 
 impl OpKind {
     pub fn name(&self) -> &'static str {
-        match self {
-            OpKind::Insert(_) => "insert",
-            OpKind::Update { .. } => "update",
-            OpKind::Replace(_) => "replace",
-            OpKind::Delete => "delete",
-        }
+        self.into()
     }
 }
 
@@ -293,6 +290,8 @@ impl Memory {
                 d.insert("fullDocument", row.clone());
             }
             OpKind::Update { updated, removed } => {
+                // `$unset`'s names, as the fake test server spells the removed fields.
+                let unset: Document = removed.iter().map(|f| (f.clone(), "".into())).collect();
                 if self.update_descriptions {
                     d.insert(
                         "updateDescription",
@@ -300,13 +299,9 @@ impl Memory {
                     );
                 } else {
                     // Like the fake test server: the update spec rides in `documentKey`.
-                    let mut unset = Document::new();
-                    for field in removed.iter() {
-                        unset.insert(field.as_str(), "");
-                    }
                     d.insert(
                         "documentKey",
-                        doc! {"_id": e.id, "$set": updated.clone(), "$unset": unset},
+                        doc! {"_id": e.id, "$set": updated.clone(), "$unset": unset.clone()},
                     );
                 }
                 if pre_images {
@@ -318,9 +313,7 @@ impl Memory {
                     // Without a lookup the fake test server sends the update's fields instead
                     // (`$set`'s values, `$unset`'s names): a fragment without `_id`.
                     let mut fragment = updated.clone();
-                    for field in removed {
-                        fragment.insert(field.as_str(), "");
-                    }
+                    fragment.extend(unset);
                     d.insert("fullDocument", fragment);
                 }
             }
@@ -356,11 +349,7 @@ impl Memory {
         comments
             .iter()
             .filter_map(|c| {
-                let id = match c.value {
-                    Bson::Int64(id) => id,
-                    Bson::Int32(id) => id as i64,
-                    _ => return None,
-                };
+                let id = c.value.as_i64().or(c.value.as_i32().map(i64::from))?;
                 let row = self.comments.get(&id)?;
                 let projected: Document = row
                     .iter()

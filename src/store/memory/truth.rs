@@ -34,10 +34,7 @@ fn facts_in(
 fn read_row(definitions: &[Definition], row: &Document) -> Row {
     Row {
         members: definitions.iter().map(|d| d.member(row)).collect(),
-        created_at: match row.get(CREATED_FIELD) {
-            Some(Bson::DateTime(d)) => Some(*d),
-            _ => None,
-        },
+        created_at: row.get(CREATED_FIELD).and_then(Bson::as_datetime).copied(),
         deleted: !matches!(row.get(DELETED_FIELD), None | Some(Bson::Null)),
     }
 }
@@ -138,17 +135,27 @@ impl Memory {
         Some(old)
     }
 
-    pub fn count_live_below(&self, counter: CounterIx, post: &GroupValue, watermark: i64) -> Num {
-        let below = watermark.saturating_mul(1000);
-        self.comments
-            .values()
-            .filter(|r| {
-                self.facts(counter, r).is_some_and(|(p, created, live)| {
-                    &p == post && live && created.is_none_or(|c| c.timestamp_millis() < below)
-                })
+    /// The rows of `post` that count for definition `counter`, those created before
+    /// `watermark` (seconds) when one is given: what the count queries select.
+    fn live_rows<'a>(
+        &'a self,
+        counter: CounterIx,
+        post: &'a GroupValue,
+        watermark: Option<i64>,
+    ) -> impl Iterator<Item = (&'a i64, &'a Document)> {
+        let below = watermark.map(|w| w.saturating_mul(1000));
+        self.comments.iter().filter(move |(_, r)| {
+            self.facts(counter, r).is_some_and(|(p, created, live)| {
+                &p == post
+                    && live
+                    && below.is_none_or(|b| created.is_none_or(|c| c.timestamp_millis() < b))
             })
-            .map(|r| self.amount(counter, r))
-            .sum()
+        })
+    }
+
+    pub fn count_live_below(&self, counter: CounterIx, post: &GroupValue, watermark: i64) -> Num {
+        let rows = self.live_rows(counter, post, Some(watermark));
+        rows.map(|(_, r)| self.amount(counter, r)).sum()
     }
 
     /// The ids of the rows `count_live_below` counts (`None`: more than `at_most`).
@@ -162,15 +169,8 @@ impl Memory {
         if self.sums(counter) {
             return None; // as the MongoDB store: a sum's recount is the `$sum` alone
         }
-        let below = watermark.saturating_mul(1000);
         let ids: Vec<CommentId> = self
-            .comments
-            .iter()
-            .filter(|(_, row)| {
-                self.facts(counter, row).is_some_and(|(p, created, live)| {
-                    &p == post && live && created.is_none_or(|c| c.timestamp_millis() < below)
-                })
-            })
+            .live_rows(counter, post, Some(watermark))
             .map(|(id, _)| comment_id(*id))
             .take(at_most.saturating_add(1))
             .collect();
@@ -188,14 +188,8 @@ impl Memory {
     }
 
     pub fn count_live(&self, counter: CounterIx, post: &GroupValue) -> Num {
-        self.comments
-            .values()
-            .filter(|r| {
-                self.facts(counter, r)
-                    .is_some_and(|(p, _, live)| &p == post && live)
-            })
-            .map(|r| self.amount(counter, r))
-            .sum()
+        let rows = self.live_rows(counter, post, None);
+        rows.map(|(_, r)| self.amount(counter, r)).sum()
     }
 
     pub fn rows_of_post(&self, counter: CounterIx, post: &GroupValue) -> Vec<(CommentId, Row)> {

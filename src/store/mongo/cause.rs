@@ -13,7 +13,8 @@ use mongodb::error::{Error as DriverError, ErrorKind, WriteFailure};
 /// command document).
 const MAX_MESSAGE: usize = 200;
 
-/// The driver error as one sentence, without the driver's debug text.
+/// The driver error as one credential-free sentence (the server's own words for a refused
+/// command or login), without the driver's debug text: what errors and logs say of it.
 pub(crate) fn sentence(e: &DriverError) -> String {
     match e.kind.as_ref() {
         ErrorKind::ServerSelection { message, .. } => selection_failure(message),
@@ -140,11 +141,8 @@ fn tls_reason(lower: &str) -> Option<String> {
         ("corrupt message", "the server did not answer in TLS (is TLS enabled on the server?)"),
         ("invalidcontenttype", "the server did not answer in TLS (is TLS enabled on the server?)"),
     ];
-    let is_tls = lower.contains("certificate")
-        || lower.contains("tls")
-        || lower.contains("handshake")
-        || lower.contains("invalidcontenttype");
-    if !is_tls {
+    let tls_words = ["certificate", "tls", "handshake", "invalidcontenttype"];
+    if !tls_words.iter().any(|w| lower.contains(w)) {
         return None;
     }
     let why = causes
@@ -166,10 +164,8 @@ fn login_refused(message: &str) -> String {
 /// A refused command or write: `Unauthorized` names the action and the namespace, others the
 /// server's words and code.
 pub(crate) fn command_failure(code: i32, code_name: &str, message: &str) -> String {
-    if code == 13 {
-        if let Some(said) = unauthorized(message) {
-            return said;
-        }
+    if let Some(said) = unauthorized(message).filter(|_| code == 13) {
+        return said;
     }
     if code == 18 {
         return login_refused(message);
@@ -209,10 +205,7 @@ fn unauthorized(message: &str) -> Option<String> {
 fn strip_io_noise(text: &str) -> &str {
     let text = text.trim();
     let text = text.strip_prefix("I/O error: ").unwrap_or(text);
-    match text.find(" (os error") {
-        Some(i) => &text[..i],
-        None => text,
-    }
+    text.split(" (os error").next().unwrap_or(text)
 }
 
 fn first_line(text: &str) -> &str {

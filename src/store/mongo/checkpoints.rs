@@ -189,17 +189,15 @@ impl Checkpoints for MongoStore {
         let replica_set = is_master.contains_key("setName");
         let sharded = is_master.get_str("msg") == Ok("isdbgrid");
         let repl_config = if replica_set {
-            optional(
-                "replSetGetConfig",
+            answered(
                 admin.run_command(doc! {"replSetGetConfig": 1}).await,
-            )
-            .await?
+                "replSetGetConfig",
+            )?
         } else {
             None
         };
         let cluster = if sharded {
-            optional(
-                "read config.version",
+            answered(
                 self.db
                     .client()
                     .database("config")
@@ -207,19 +205,18 @@ impl Checkpoints for MongoStore {
                     .find_one(doc! {})
                     .await
                     .map(Option::unwrap_or_default),
-            )
-            .await?
+                "read config.version",
+            )?
         } else {
             None
         };
         let status = if replica_set || sharded {
             None
         } else {
-            optional(
-                "serverStatus",
+            answered(
                 admin.run_command(doc! {"serverStatus": 1}).await,
-            )
-            .await?
+                "serverStatus",
+            )?
         };
         Ok(Deployment::from_replies(
             &is_master,
@@ -317,20 +314,5 @@ impl MongoStore {
             Err(e) if error_code(&e) == Some(DUPLICATE_KEY) => Err(StoreError::fenced(fence)),
             Err(e) => Err(map_err(op, e)),
         }
-    }
-}
-
-/// An optional reading: refused (not allowed, not supported) is "not reported", but a
-/// transient failure is retried rather than taken for a server that reports nothing.
-async fn optional(
-    op: &'static str,
-    reply: Result<Document, DriverError>,
-) -> StoreResult<Option<Document>> {
-    match reply {
-        Ok(d) => Ok(Some(d)),
-        Err(e) => match map_err(op, e) {
-            t if t.is_transient() => Err(t),
-            _ => Ok(None),
-        },
     }
 }

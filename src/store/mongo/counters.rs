@@ -45,19 +45,15 @@ impl Counters for MongoStore {
             let mut set = RawDocumentBuf::new();
             set.append(g("applied_through"), through);
             set.append(epoch_field(writer), fence.epoch);
-            match w.through_time {
-                Some(t) => set.append(g("applied_time"), t),
-                None => set.append(g("applied_time"), RawBson::Null),
-            };
+            let time = w.through_time.map_or(RawBson::Null, RawBson::Timestamp);
+            set.append(g("applied_time"), time);
             for (bucket, batch) in &w.touched {
                 set.append(g(&format!("touched.{bucket}")), batch.as_str());
             }
             let mut update = upsert(p, increments(p, w.delta, &w.buckets, writer), set);
             if !writer.shared {
-                let mut log = RawArrayBuf::new();
-                for touch in &w.log {
-                    log.push(touch_to_raw(op, touch)?);
-                }
+                let log = w.log.iter().map(|touch| touch_to_raw(op, touch));
+                let log = log.collect::<StoreResult<RawArrayBuf>>()?;
                 // Each batch's entry in the counter's log; the oldest fall off.
                 update.append(
                     "$push",
@@ -207,22 +203,16 @@ impl Counters for MongoStore {
         let from_comments: Vec<Document> = self
             .comments
             .aggregate(pipeline)
-            .observed("list posts")
-            .await?
-            .try_collect()
-            .await
-            .map_err(|e| map_err("list posts", e))?;
+            .collected("list posts")
+            .await?;
         let from_counters: Vec<Document> = self
             .coll(place.counters)
             .find(after_filter("_id", after))
             .projection(doc! {"_id": 1})
             .sort(doc! {"_id": 1})
             .limit(limit.min(i64::MAX as usize) as i64)
-            .observed("list counters")
-            .await?
-            .try_collect()
-            .await
-            .map_err(|e| map_err("list counters", e))?;
+            .collected("list counters")
+            .await?;
         let mut posts: Vec<GroupValue> = from_comments
             .iter()
             .chain(from_counters.iter())
@@ -245,20 +235,14 @@ impl Counters for MongoStore {
         let mut docs: Vec<Document> = self
             .coll(place.counters)
             .aggregate(sample("_id".into()))
-            .observed("sample counters")
-            .await?
-            .try_collect()
-            .await
-            .map_err(|e| map_err("sample counters", e))?;
+            .collected("sample counters")
+            .await?;
         // Comments too: a post with rows but no counter is as wrong as a counter that is off.
         let from_comments: Vec<Document> = self
             .comments
             .aggregate(sample(place.group.to_string()))
-            .observed("sample comments")
-            .await?
-            .try_collect()
-            .await
-            .map_err(|e| map_err("sample comments", e))?;
+            .collected("sample comments")
+            .await?;
         docs.extend(from_comments);
         let mut posts: Vec<GroupValue> = docs
             .iter()
@@ -356,12 +340,10 @@ fn with_epoch_field(q: RawDocumentBuf, writer: Writer, fence: &Fence) -> RawDocu
     if writer.slot == 0 {
         return q;
     }
-    let mut out = RawDocumentBuf::new();
-    for (key, value) in q.iter().flatten() {
-        if key != "epoch" {
-            out.append(key, value.to_raw_bson());
-        }
-    }
+    let others = q.iter().flatten().filter(|(key, _)| *key != "epoch");
+    let mut out: RawDocumentBuf = others
+        .map(|(key, value)| (key, value.to_raw_bson()))
+        .collect();
     out.append(epoch_field(writer), rawdoc! {"$not": {"$gt": fence.epoch}});
     out
 }
@@ -419,10 +401,7 @@ fn counter_part(doc: Document, prefix: &str) -> Document {
     if prefix.is_empty() {
         return doc;
     }
-    let mut part = match doc.get(ROWS_FIELD) {
-        Some(Bson::Document(d)) => d.clone(),
-        _ => Document::new(),
-    };
+    let mut part = doc.get_document(ROWS_FIELD).cloned().unwrap_or_default();
     if let Some(id) = doc.get("_id") {
         part.insert("_id", id.clone());
     }

@@ -74,11 +74,8 @@ impl DirtySet for MongoStore {
             .find(filter)
             .sort(sort)
             .limit(limit.min(i64::MAX as usize) as i64)
-            .observed("list dirty posts")
-            .await?
-            .try_collect()
-            .await
-            .map_err(|e| map_err("list dirty posts", e))?;
+            .collected("list dirty posts")
+            .await?;
         Ok(docs.iter().filter_map(dirty_from_doc).collect())
     }
 

@@ -17,11 +17,7 @@ pub(super) const DUPLICATE_KEY: i32 = 11000;
 /// `SnapshotUnavailable`, `StaleClusterTime`-like refusals): fall back to the row-level recount.
 pub(super) const SNAPSHOT_GONE: [i32; 3] = [239, 246, 209];
 
-/// A short, credential-free description of a driver error: one sentence, the server's own
-/// words for a refused command or login, never the driver's debug text (see [`super::cause`]).
-pub(super) fn short(e: &DriverError) -> String {
-    super::cause::sentence(e)
-}
+pub(super) use super::cause::sentence;
 
 pub(super) fn error_code(e: &DriverError) -> Option<i32> {
     match e.kind.as_ref() {
@@ -64,7 +60,7 @@ pub(crate) fn map_err(op: &'static str, e: DriverError) -> StoreError {
     StoreError::Driver {
         op,
         transient: transient_kind || labelled || code.is_some_and(|c| TRANSIENT_CODES.contains(&c)),
-        detail: short(&e),
+        detail: sentence(&e),
         source: Box::new(e),
     }
 }

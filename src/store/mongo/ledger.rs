@@ -4,26 +4,39 @@ use super::*;
 
 #[async_trait]
 impl Ledger for MongoStore {
-    async fn read_ledger(
-        &self,
-        stream: &str,
-        comments: &[CommentId],
-        generation: u64,
-    ) -> StoreResult<LedgerView> {
-        let entries = self.ledger_entries(stream, comments, generation).await?;
-        Ok(entries
-            .into_iter()
-            .map(|(key, entry)| (key, entry.state))
-            .collect())
-    }
-
     async fn read_ledger_at(
         &self,
         stream: &str,
         comments: &[CommentId],
         generation: u64,
     ) -> StoreResult<HashMap<String, LedgerAt>> {
-        self.ledger_entries(stream, comments, generation).await
+        let op = "read the ledger";
+        let mut out = HashMap::new();
+        for chunk in comments.chunks(5000) {
+            let ids: Vec<Bson> = chunk.iter().map(|c| c.value.clone()).collect();
+            let mut cursor = self
+                .coll(&self.names.ledger_of(stream))
+                .find(doc! {"_id": {"$in": ids}})
+                .observed(op)
+                .await?;
+            while let Some(entry) = cursor.try_next().await.map_err(|e| map_err(op, e))? {
+                if entry_generation(&entry) < generation {
+                    continue; // written before the latest history gap: unknown
+                }
+                if let Some(id) = entry.get("_id") {
+                    let at = LedgerAt {
+                        state: row_from_ledger(&entry, self.schema.definitions.extra()),
+                        through: entry
+                            .get_str("applied_through")
+                            .ok()
+                            .filter(|t| !t.is_empty())
+                            .map(String::from),
+                    };
+                    out.insert(CommentId::new(id.clone()).key, at);
+                }
+            }
+        }
+        Ok(out)
     }
 
     async fn write_ledger(
@@ -116,47 +129,5 @@ impl Ledger for MongoStore {
         self.update_many_statements(op, &self.names.ledger_of(&fence.stream), &claims, statement)
             .await?;
         Ok(())
-    }
-}
-
-impl MongoStore {
-    /// The ledger entries of `comments` (of `stream`, written under `generation` or later),
-    /// with the token of the batch that wrote each.
-    async fn ledger_entries(
-        &self,
-        stream: &str,
-        comments: &[CommentId],
-        generation: u64,
-    ) -> StoreResult<HashMap<String, LedgerAt>> {
-        let mut out = HashMap::new();
-        for chunk in comments.chunks(5000) {
-            let ids: Vec<Bson> = chunk.iter().map(|c| c.value.clone()).collect();
-            let mut cursor = self
-                .coll(&self.names.ledger_of(stream))
-                .find(doc! {"_id": {"$in": ids}})
-                .observed("read the ledger")
-                .await?;
-            while let Some(entry) = cursor
-                .try_next()
-                .await
-                .map_err(|e| map_err("read the ledger", e))?
-            {
-                if entry_generation(&entry) < generation {
-                    continue; // written before the latest history gap: unknown
-                }
-                if let Some(id) = entry.get("_id") {
-                    let at = LedgerAt {
-                        state: row_from_ledger(&entry, self.schema.definitions.extra()),
-                        through: entry
-                            .get_str("applied_through")
-                            .ok()
-                            .filter(|t| !t.is_empty())
-                            .map(String::from),
-                    };
-                    out.insert(CommentId::new(id.clone()).key, at);
-                }
-            }
-        }
-        Ok(out)
     }
 }

@@ -51,8 +51,8 @@ use self::errors::*;
 use self::observe::Observe;
 use crate::core::batch::{CounterDelta, CounterWrite, DirtyMark};
 use crate::core::definition::stored_name;
+use crate::core::event::LedgerUpdate;
 use crate::core::event::{CommentId, Row, Token};
-use crate::core::event::{LedgerUpdate, LedgerView};
 use crate::core::key::CounterIx;
 use crate::core::key::GroupValue;
 use crate::core::schema::{Schema, SoftDelete};
@@ -139,8 +139,6 @@ pub struct MongoStore {
     comments: Collection<Document>,
     names: Collections,
     schema: Schema,
-    /// Host list for error messages (never the credentials).
-    hosts: String,
     /// The counter definition this handle serves (see [`CounterViews`]).
     counter: CounterIx,
 }
@@ -189,10 +187,10 @@ async fn ping(db: &Database, hosts: &str, connect_timeout: Duration) -> StoreRes
             format!(
                 "cannot reach MongoDB at {hosts} within {}: {}",
                 humantime::format_duration(connect_timeout),
-                short(&e)
+                sentence(&e)
             )
         } else {
-            format!("MongoDB at {hosts} refused counterd: {}", short(&e))
+            format!("MongoDB at {hosts} refused counterd: {}", sentence(&e))
         };
         StoreError::Driver {
             op: "connect",
@@ -217,7 +215,7 @@ impl MongoStore {
                     transient: false,
                     detail: format!(
                         "{} (check `mongodb_uri`: {})",
-                        crate::redact::redact_text_for(&short(&e), &options.uri),
+                        crate::redact::redact_text_for(&sentence(&e), &options.uri),
                         crate::redact::URI_SHAPE
                     ),
                     source: Box::new(e),
@@ -236,7 +234,7 @@ impl MongoStore {
         let client = Client::with_options(client_options).map_err(|e| StoreError::Driver {
             op: "create the MongoDB client",
             transient: false,
-            detail: short(&e),
+            detail: sentence(&e),
             source: Box::new(e),
         })?;
         let db = client.database(&options.database);
@@ -248,17 +246,12 @@ impl MongoStore {
             comments,
             names: options.collections.clone(),
             schema: options.schema.clone(),
-            hosts,
             counter: CounterIx::default(),
         })
     }
 
     pub fn database(&self) -> &Database {
         &self.db
-    }
-
-    pub fn hosts(&self) -> &str {
-        &self.hosts
     }
 
     fn coll(&self, name: &str) -> Collection<Document> {
@@ -313,14 +306,10 @@ impl MongoStore {
         for place in self.places() {
             commands.push(doc! {"createIndexes": &place.dirty, "indexes": [{"key": {"first_dirty_at": 1}, "name": "first_dirty_at"}]});
             if count_index {
-                // A sum's row count indexes its own `count` beside the sum's, by another name.
-                let (key, name) = match place.prefix {
-                    "" => ("count".to_string(), "count_desc".to_string()),
-                    p => (
-                        format!("{p}count"),
-                        format!("{}count_desc", p.replace('.', "_")),
-                    ),
-                };
+                // A sum's row count indexes its own `count` beside the sum's, by another name
+                // (`rows.count`, `rows_count_desc`).
+                let key = format!("{}count", place.prefix);
+                let name = format!("{}count_desc", place.prefix.replace('.', "_"));
                 commands.push(doc! {"createIndexes": place.counters, "indexes": [{"key": {key: -1}, "name": name}]});
             }
         }
@@ -427,23 +416,18 @@ impl MongoStore {
     /// Whether `changeStreamPreAndPostImages` is enabled on the comments collection; a lost
     /// reply is an error (retried at start-up), never a "no".
     async fn pre_images_enabled(&self) -> StoreResult<bool> {
-        let listed = self
-            .db
-            .list_collections()
-            .filter(doc! {"name": self.comments.name()})
-            .await;
-        let mut cursor = match listed {
-            Ok(cursor) => cursor,
-            Err(e) => return answered(Err(e), "list collections").map(|_| false),
+        let name = self.comments.name();
+        let listed = async {
+            let mut cursor = self
+                .db
+                .list_collections()
+                .filter(doc! {"name": name})
+                .await?;
+            cursor.try_next().await
         };
-        match cursor.try_next().await {
-            Ok(Some(spec)) => Ok(spec
-                .options
-                .change_stream_pre_and_post_images
-                .is_some_and(|o| o.enabled)),
-            Ok(None) => Ok(false),
-            Err(e) => answered(Err(e), "list collections").map(|_| false),
-        }
+        let spec = answered(listed.await, "list collections")?.flatten();
+        let images = spec.and_then(|s| s.options.change_stream_pre_and_post_images);
+        Ok(images.is_some_and(|o| o.enabled))
     }
 
     /// Runs `update` commands of many statements, `ordered: false`, one statement per item;
@@ -468,10 +452,8 @@ impl MongoStore {
         for items in items.chunks(1000) {
             // Each statement goes to raw BSON as soon as it is built: a thousand statements
             // as document trees held megabytes (see `budget::cost`), as bytes a few hundred KB.
-            let mut chunk = RawArrayBuf::new();
-            for item in items {
-                chunk.push(statement(item).into_raw(op)?);
-            }
+            let chunk = items.iter().map(|item| statement(item).into_raw(op));
+            let chunk = chunk.collect::<StoreResult<RawArrayBuf>>()?;
             let sent = items.len() as u64;
             let reply = self
                 .db
@@ -496,10 +478,7 @@ pub(super) trait Statement {
 
 impl Statement for Document {
     fn into_raw(self, op: &'static str) -> StoreResult<RawDocumentBuf> {
-        RawDocumentBuf::from_document(&self).map_err(|e| StoreError::Fatal {
-            op,
-            message: e.to_string(),
-        })
+        RawDocumentBuf::from_document(&self).map_err(unencodable(op))
     }
 }
 
@@ -511,10 +490,15 @@ impl Statement for StoreResult<RawDocumentBuf> {
 
 /// A value as raw BSON, for statements built raw.
 pub(super) fn raw_value(op: &'static str, value: Bson) -> StoreResult<RawBson> {
-    RawBson::try_from(value).map_err(|e| StoreError::Fatal {
+    RawBson::try_from(value).map_err(unencodable(op))
+}
+
+/// A value `op` could not encode as BSON: a bug, reported as fatal rather than a panic.
+pub(super) fn unencodable<E: std::fmt::Display>(op: &'static str) -> impl Fn(E) -> StoreError {
+    move |e| StoreError::Fatal {
         op,
         message: e.to_string(),
-    })
+    }
 }
 
 /// The duplicate-key errors of a write command's reply (an upsert that raced, or hit an entry
@@ -551,12 +535,10 @@ fn write_errors(op: &'static str, reply: &Document) -> StoreResult<u64> {
     Ok(duplicates)
 }
 
-/// A probe's reply: `Some` when the server answered, `None` when it refused the command (it
-/// lacks it), an error when the reply was lost to a transient fault.
-fn answered(
-    reply: Result<Document, DriverError>,
-    op: &'static str,
-) -> StoreResult<Option<Document>> {
+/// A probe's or an optional reading's reply: `Some` when the server answered, `None` when it
+/// refused the command (it lacks it, or does not allow it: not reported), an error when the
+/// reply was lost to a transient fault (retried, never taken for a server that reports nothing).
+fn answered<T>(reply: Result<T, DriverError>, op: &'static str) -> StoreResult<Option<T>> {
     match reply {
         Ok(reply) => Ok(Some(reply)),
         Err(e) => match map_err(op, e) {

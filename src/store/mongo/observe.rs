@@ -17,6 +17,7 @@
 use std::future::IntoFuture;
 use std::time::Instant;
 
+use futures::{TryStream, TryStreamExt};
 use mongodb::error::Error as DriverError;
 
 use super::errors::map_err;
@@ -31,6 +32,16 @@ pub(crate) trait Observe<T>: IntoFuture<Output = Result<T, DriverError>> + Sized
         let result = self.into_future().await;
         record(op, result.is_ok(), started.elapsed());
         result.map_err(|e| map_err(op, e))
+    }
+
+    /// Like [`Observe::observed`] for a call that opens a cursor: reads the cursor to its end
+    /// (the advances unobserved, see above), a failed advance mapped under `op` too.
+    async fn collected<D>(self, op: &'static str) -> StoreResult<Vec<D>>
+    where
+        T: TryStream<Ok = D, Error = DriverError>,
+    {
+        let cursor = self.observed(op).await?;
+        cursor.try_collect().await.map_err(|e| map_err(op, e))
     }
 
     /// Like [`Observe::observed`], but hands the driver's error back unmapped (callers that

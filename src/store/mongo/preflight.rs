@@ -99,6 +99,6 @@ impl MongoStore {
 fn reply_error(e: DriverError) -> String {
     match e.kind.as_ref() {
         ErrorKind::Command(c) => format!("{} ({}): {}", c.code_name, c.code, c.message),
-        _ => short(&e),
+        _ => sentence(&e),
     }
 }

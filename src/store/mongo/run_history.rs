@@ -51,11 +51,8 @@ impl MongoStore {
             .find(doc! {})
             .sort(doc! {"finished_at": -1})
             .limit(limit.min(i64::MAX as usize) as i64)
-            .observed(op)
-            .await?
-            .try_collect()
-            .await
-            .map_err(|e| map_err(op, e))?;
+            .collected(op)
+            .await?;
         docs.into_iter().map(run_from_doc).collect()
     }
 

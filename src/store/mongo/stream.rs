@@ -71,32 +71,14 @@ fn positioned(options: &StreamOptions) -> bool {
     !matches!(options.start, StreamStart::Now)
 }
 
-/// An event taken from the pump, parsed, with its charge against the memory budget and, where
-/// it could not be parsed, what the reader still needs of it.
+/// An event taken from the pump, parsed, with its charge against the memory budget and what
+/// the reader needs of it whether or not it could be parsed: its token (the position to reopen
+/// after) and its transaction.
 struct Decoded {
     event: Result<ChangeEvent, EventError>,
     cost: usize,
-    /// Of an event that could not be parsed (a parsed one holds its own): its token, the
-    /// position to reopen after, and its transaction.
-    unparsed: Option<(Option<Token>, Option<TxnKey>)>,
-}
-
-impl Decoded {
-    fn token(&self) -> Option<&Token> {
-        match (&self.event, &self.unparsed) {
-            (Ok(event), _) => Some(&event.token),
-            (Err(_), Some((token, _))) => token.as_ref(),
-            (Err(_), None) => None,
-        }
-    }
-
-    fn txn(&self) -> Option<&TxnKey> {
-        match (&self.event, &self.unparsed) {
-            (Ok(event), _) => event.txn.as_ref(),
-            (Err(_), Some((_, txn))) => txn.as_ref(),
-            (Err(_), None) => None,
-        }
-    }
+    token: Option<Token>,
+    txn: Option<TxnKey>,
 }
 
 /// A raw event parsed straight into a [`ChangeEvent`], with its charge against the memory
@@ -115,13 +97,12 @@ fn decode(raw: &RawDocument) -> StoreResult<Decoded> {
         id: "(undecodable)".into(),
         detail: e.to_string(),
     })?;
-    let unparsed = (parts.token.clone(), parts.txn.clone());
-    let event = ChangeEvent::from_parts(parts);
-    let unparsed = event.is_err().then_some(unparsed);
+    let (token, txn) = (parts.token.clone(), parts.txn.clone());
     Ok(Decoded {
-        event,
+        event: ChangeEvent::from_parts(parts),
         cost,
-        unparsed,
+        token,
+        txn,
     })
 }
 
@@ -260,7 +241,7 @@ impl EventSource for MongoEvents {
                         }
                     };
                     let fits = within && limit.fits(taken.events.len(), taken.bytes, decoded.cost);
-                    if !txn::takes_next(fits, taken.last_txn.as_ref(), decoded.txn()) {
+                    if !txn::takes_next(fits, taken.last_txn.as_ref(), decoded.txn.as_ref()) {
                         carry = Some(decoded);
                         break;
                     }
@@ -295,12 +276,9 @@ impl EventSource for MongoEvents {
         }
         // The position to reopen after: the last event taken (carried or returned) that
         // names one.
-        if let Some(last) = carry
-            .as_ref()
-            .and_then(Decoded::token)
-            .or(taken.last_token())
-        {
-            self.last = Some(last.clone());
+        let last = carry.as_ref().and_then(|c| c.token.clone());
+        if let Some(last) = last.or(taken.last_token) {
+            self.last = Some(last);
         }
         self.carried = carry;
         Ok(RawBatch {
@@ -317,9 +295,8 @@ impl EventSource for MongoEvents {
 struct Taken {
     events: Vec<Result<ChangeEvent, EventError>>,
     costs: Vec<usize>,
-    /// The last event taken that names a position: a parsed event's index, or the token of
-    /// one that could not be parsed.
-    last_named: Option<Result<usize, Token>>,
+    /// The token of the last event taken that names one.
+    last_token: Option<Token>,
     bytes: usize,
     /// The transaction of the last event taken: the read does not end inside one.
     last_txn: Option<TxnKey>,
@@ -327,22 +304,13 @@ struct Taken {
 
 impl Taken {
     fn push(&mut self, decoded: Decoded) {
-        self.last_txn = decoded.txn().cloned();
-        match (&decoded.event, decoded.token()) {
-            (Ok(_), _) => self.last_named = Some(Ok(self.events.len())),
-            (Err(_), Some(token)) => self.last_named = Some(Err(token.clone())),
-            (Err(_), None) => {}
+        self.last_txn = decoded.txn;
+        if decoded.token.is_some() {
+            self.last_token = decoded.token;
         }
         self.bytes += decoded.cost;
         self.costs.push(decoded.cost);
         self.events.push(decoded.event);
-    }
-
-    fn last_token(&self) -> Option<&Token> {
-        match self.last_named.as_ref()? {
-            Ok(i) => self.events[*i].as_ref().ok().map(|e| &e.token),
-            Err(token) => Some(token),
-        }
     }
 }
 
@@ -399,14 +367,6 @@ impl ChangeStreams for MongoStore {
 const LOOK_UP_CHUNK: usize = 5000;
 
 impl MongoStore {
-    /// The stream's stages: the caller's (a partition's `$match` reads the full documents),
-    /// then the schema's `$project`, so that events carry only what counterd reads.
-    fn stream_pipeline(&self, options: &StreamOptions) -> Vec<Document> {
-        let mut pipeline = options.pipeline.clone();
-        pipeline.push(self.schema.stream_projection());
-        pipeline
-    }
-
     /// Opens a change stream on `comments`. With pre-images it asks for them and for
     /// `updateLookup` (a pre-image's after-state is derived from the description, and where it
     /// expired the lookup is the row to take); without, update events come without the row,
@@ -416,10 +376,14 @@ impl MongoStore {
         &self,
         options: &StreamOptions,
     ) -> StoreResult<ChangeStream<RawDocumentBuf>> {
+        // The stream's stages: the caller's (a partition's `$match` reads the full documents),
+        // then the schema's `$project`, so that events carry only what counterd reads.
+        let mut pipeline = options.pipeline.clone();
+        pipeline.push(self.schema.stream_projection());
         let mut watch = self
             .comments
             .watch()
-            .pipeline(self.stream_pipeline(options))
+            .pipeline(pipeline)
             .max_await_time(options.max_await)
             // A reply is decoded whole by the driver: MongoDB caps one at 16 MB, the fake
             // server does not (it answered a 100 000-event backlog in one reply). The budget

@@ -192,11 +192,8 @@ impl Truth for MongoStore {
             .sort(doc! {"_id": 1})
             .limit(limit as i64)
             .projection(self.schema.row_projection())
-            .observed("read a snapshot chunk")
-            .await?
-            .try_collect()
-            .await
-            .map_err(|e| map_err("read a snapshot chunk", e))?;
+            .collected("read a snapshot chunk")
+            .await?;
         Ok(found
             .into_iter()
             .filter_map(|d| {

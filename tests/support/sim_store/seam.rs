@@ -56,7 +56,7 @@ impl State {
                 .memory
                 .tables_mut(w.key.counter)
                 .and_then(|t| t.counters.get_mut(&w.key.group))
-                .and_then(|c| c.applied_through.take()),
+                .and_then(|c| c.writers.get_mut(&0)?.applied_through.take()),
             _ => None,
         };
         let applied = self.memory.apply_counter(fence, &w);
@@ -65,7 +65,8 @@ impl State {
             applied,
             after.and_then(|t| t.counters.get_mut(&w.key.group)),
         ) {
-            c.applied_through = c.applied_through.take().or(forgotten);
+            let own = c.writers.entry(0).or_default();
+            own.applied_through = own.applied_through.take().or(forgotten);
         }
         let outcome = if applied { "" } else { ": already applied" };
         let line = format!(

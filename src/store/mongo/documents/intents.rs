@@ -362,8 +362,10 @@ pub(in crate::store::mongo) fn snapshot_to_doc(p: &SnapshotProgress) -> StoreRes
 pub(in crate::store::mongo) fn snapshot_from_doc(d: &Document) -> Result<SnapshotProgress, String> {
     let s: SnapshotDoc = bson::from_document(d.clone()).map_err(|e| format!("snapshot: {e}"))?;
     Ok(SnapshotProgress {
-        state: SnapshotState::parse(&s.state)
-            .ok_or_else(|| format!("snapshot `state` is {:?}", s.state))?,
+        state: s
+            .state
+            .parse()
+            .map_err(|_| format!("snapshot `state` is {:?}", s.state))?,
         started_at: s.started_at,
         finished_at: s.finished_at,
         last_id: s.last_id.map(CommentId::new),

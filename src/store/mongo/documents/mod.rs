@@ -136,24 +136,18 @@ pub(super) fn counter_from_doc(doc: &Document) -> StoreResult<CounterDoc> {
 
 /// A writer's touched buckets (`touched: {<bucket>: token}`) in `doc`.
 fn touched_from(doc: &Document) -> BTreeMap<i64, String> {
-    match doc.get_document("touched") {
-        Ok(map) => map
-            .iter()
-            .filter_map(|(k, v)| Some((k.parse().ok()?, v.as_str()?.to_string())))
-            .collect(),
-        Err(_) => BTreeMap::new(),
-    }
+    let entries = doc.get_document("touched").ok().into_iter().flatten();
+    entries
+        .filter_map(|(k, v)| Some((k.parse().ok()?, v.as_str()?.to_string())))
+        .collect()
 }
 
 /// The positions of partitions `n > 0` in a counter several partitions write
 /// (`writers: {p<n>: {applied_through, applied_time, touched}}`, see
 /// [`crate::store::Writer`]).
 fn writers_from(doc: &Document) -> BTreeMap<u32, crate::store::WriterPosition> {
-    let Ok(writers) = doc.get_document(crate::store::WRITERS_FIELD) else {
-        return BTreeMap::new();
-    };
+    let writers = doc.get_document(WRITERS_FIELD).ok().into_iter().flatten();
     writers
-        .iter()
         .filter_map(|(key, value)| {
             let slot = key.strip_prefix('p')?.parse().ok()?;
             let w = value.as_document()?;
@@ -173,11 +167,8 @@ fn writers_from(doc: &Document) -> BTreeMap<u32, crate::store::WriterPosition> {
 /// that does not read is kept as unlisted, so a recount spanning it refuses rather than
 /// missing a row.
 fn recent_from(doc: &Document) -> Vec<Touch> {
-    let Ok(entries) = doc.get_array("recent") else {
-        return Vec::new();
-    };
+    let entries = doc.get_array("recent").ok().into_iter().flatten();
     entries
-        .iter()
         .filter_map(Bson::as_document)
         .filter_map(|e| {
             Some(Touch {
@@ -193,18 +184,15 @@ fn recent_from(doc: &Document) -> Vec<Touch> {
 
 /// A counter log entry as the counters' raw statements push it: `{t: through, c: [ids] | null}`.
 pub(super) fn touch_to_raw(op: &'static str, touch: &Touch) -> StoreResult<RawDocumentBuf> {
-    let mut raw = rawdoc! {"t": touch.through.as_str()};
-    match &touch.comments {
-        Some(ids) => {
-            let mut comments = RawArrayBuf::new();
-            for c in ids {
-                comments.push(raw_value(op, c.value.clone())?);
-            }
-            raw.append("c", comments);
-        }
-        None => raw.append("c", RawBson::Null),
-    }
-    Ok(raw)
+    let comments = match &touch.comments {
+        Some(ids) => RawBson::Array(
+            ids.iter()
+                .map(|c| raw_value(op, c.value.clone()))
+                .collect::<StoreResult<_>>()?,
+        ),
+        None => RawBson::Null,
+    };
+    Ok(rawdoc! {"t": touch.through.as_str(), "c": comments})
 }
 
 /// A malformed checkpoint's error, with the fix.
@@ -366,10 +354,7 @@ pub(super) fn ledger_members_to_bson(members: &[Member], definitions: &[Definiti
 
 /// [`ledger_members_to_bson`] read back, in the order of `definitions`.
 pub(super) fn ledger_members_from(value: Option<&Bson>, definitions: &[Definition]) -> Vec<Member> {
-    let by_name = match value {
-        Some(Bson::Document(d)) => Some(d),
-        _ => None,
-    };
+    let by_name = value.and_then(Bson::as_document);
     definitions
         .iter()
         .map(|d| member_from(by_name.and_then(|m| m.get(&d.name))))
@@ -414,31 +399,23 @@ pub(super) fn members_to_bson(members: &[Member]) -> Bson {
 
 /// [`members_to_bson`] read back.
 pub(super) fn members_from(value: Option<&Bson>) -> Vec<Member> {
-    match value {
-        Some(Bson::Array(list)) => list.iter().map(|m| member_from(Some(m))).collect(),
-        _ => Vec::new(),
-    }
+    let list = value.and_then(Bson::as_array).into_iter().flatten();
+    list.map(|m| member_from(Some(m))).collect()
 }
 
-/// A document serde writes: the record's stored shape, for `op` (a failure is a bug, reported
-/// as fatal rather than a panic).
 /// `value` serialized straight to BSON bytes, without the document tree `to_stored` builds (a
 /// tree of a large intent costs several times its bytes; see `checkpoints::record_intent`).
 pub(super) fn to_stored_raw<T: Serialize>(
     op: &'static str,
     value: &T,
 ) -> StoreResult<bson::RawDocumentBuf> {
-    bson::to_raw_document_buf(value).map_err(|e| StoreError::Fatal {
-        op,
-        message: e.to_string(),
-    })
+    bson::to_raw_document_buf(value).map_err(unencodable(op))
 }
 
+/// A document serde writes: the record's stored shape, for `op` (a failure is a bug, reported
+/// as fatal rather than a panic).
 pub(super) fn to_stored<T: Serialize>(op: &'static str, value: &T) -> StoreResult<Document> {
-    bson::to_document(value).map_err(|e| StoreError::Fatal {
-        op,
-        message: e.to_string(),
-    })
+    bson::to_document(value).map_err(unencodable(op))
 }
 
 /// A stored reconcile run: the document `record_run` wrote with serde, read back with serde
