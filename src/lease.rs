@@ -206,10 +206,7 @@ impl<S: Store + ?Sized> Lease<'_, S> {
     /// again from standby (a newer epoch already, or the store unreachable for now).
     async fn take_over(&self, epoch: i64) -> Result<bool, LeaseError> {
         let stream = &self.settings.stream;
-        let fence = Fence {
-            stream: stream.clone(),
-            epoch,
-        };
+        let fence = Fence::new(stream, epoch);
         match self.store.adopt_checkpoint(&fence).await {
             Ok(()) => Ok(true),
             Err(StoreError::Fenced { .. }) => Ok(false),

@@ -105,10 +105,7 @@ async fn snapshot_stream(
         ))
         .into());
     };
-    let fence = Fence {
-        stream: stream.to_string(),
-        epoch,
-    };
+    let fence = Fence::new(stream, epoch);
     let result = take(store, settings, &fence, owner, partition).await;
     if let Err(e) = store.release_lease(stream, owner, epoch).await {
         tracing::warn!(%stream, error = %e, "could not release the lease; it lapses by itself");

@@ -325,6 +325,11 @@ impl Settings {
         crate::core::partition::stream_names(&self.stream_name, self.partitions)
     }
 
+    /// The names of [`Settings::streams`].
+    pub fn stream_names(&self) -> Vec<String> {
+        self.streams().into_iter().map(|(name, _)| name).collect()
+    }
+
     /// The most streams (partitions, of every source) one process works on at once.
     pub fn streams_per_process(&self) -> usize {
         let partitions = self.partitions.max(1);

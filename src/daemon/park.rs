@@ -27,8 +27,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use backon::{BackoffBuilder, ExponentialBuilder};
-
 use super::DaemonError;
 use crate::clock::SystemClock;
 use crate::config::Settings;
@@ -117,18 +115,6 @@ pub(super) fn advice(
 /// `text` without the URI's password, should a message quote the URI.
 fn redacted(text: &str, settings: &Settings) -> String {
     text.replace(&settings.mongodb_uri, &redact_uri(&settings.mongodb_uri))
-}
-
-/// The pauses between a parked stream's re-checks: from `retry_min_delay` up to
-/// `park_recheck_interval`, jittered so replicas parked together do not knock in step.
-pub(super) fn recheck_backoff(settings: &Settings) -> backon::ExponentialBackoff {
-    let max = settings.park_recheck_interval.max(Duration::from_millis(1));
-    ExponentialBuilder::default()
-        .with_jitter()
-        .with_min_delay(settings.retry_min_delay.min(max))
-        .with_max_delay(max)
-        .without_max_times()
-        .build()
 }
 
 /// The position an operator's `counterd replay` moves: a change means "try again".

@@ -122,30 +122,20 @@ impl From<&Settings> for ConnectOptions {
     }
 }
 
-/// Each component's defaults: the configuration's.
+/// Each component's defaults: the configuration's (`component => how it is made of them`).
 macro_rules! defaults_from_settings {
-    ($($component:ty),*) => {$(
+    ($($component:ty => $make:path),*) => {$(
         impl Default for $component {
             fn default() -> Self {
-                Self::from(&Settings::default())
+                $make(&Settings::default())
             }
         }
     )*};
 }
 
-defaults_from_settings!(WorkerSettings, SnapshotSettings, ReconcileSettings, CatchUp);
-
-impl Default for Schema {
-    fn default() -> Self {
-        Settings::default().schema()
-    }
-}
-
-impl Default for Collections {
-    fn default() -> Self {
-        Settings::default().collections()
-    }
-}
+defaults_from_settings!(WorkerSettings => Self::from, SnapshotSettings => Self::from);
+defaults_from_settings!(ReconcileSettings => Self::from, CatchUp => Self::from);
+defaults_from_settings!(Schema => Settings::schema, Collections => Settings::collections);
 
 #[cfg(test)]
 mod tests {

@@ -56,12 +56,7 @@ where
     Fut: Future<Output = StoreResult<T>>,
 {
     let max_delay = settings.retry_max_delay.max(Duration::from_millis(1));
-    let mut backoff = ExponentialBuilder::default()
-        .with_jitter()
-        .with_min_delay(settings.retry_min_delay.min(max_delay))
-        .with_max_delay(max_delay)
-        .without_max_times()
-        .build();
+    let mut backoff = backoff_up_to(settings, max_delay);
     // The connect step bounds itself (`connect_timeout` for server selection); the others get
     // the operation timeout, and never less than the connect timeout.
     let bound = settings.operation_timeout.max(settings.connect_timeout);
@@ -92,6 +87,18 @@ where
             return Ok(None);
         }
     }
+}
+
+/// Pauses from `retry_min_delay` up to `max` (a start-up step's retries, a parked stream's
+/// re-checks), jittered so replicas restarted or parked together do not knock in step.
+pub(super) fn backoff_up_to(settings: &Settings, max: Duration) -> backon::ExponentialBackoff {
+    let max = max.max(Duration::from_millis(1));
+    ExponentialBuilder::default()
+        .with_jitter()
+        .with_min_delay(settings.retry_min_delay.min(max))
+        .with_max_delay(max)
+        .without_max_times()
+        .build()
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use tokio::sync::Semaphore;
 
+use super::startup::backoff_up_to;
 use super::{connect_patiently, park, patiently, step, DaemonError};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{OnFatal, Settings};
@@ -247,7 +248,7 @@ async fn prepare_or_park(
     statuses: &[Arc<WorkerStatus>],
     shutdown: &Shutdown,
 ) -> Result<Option<Prepared>, DaemonError> {
-    let mut backoff = park::recheck_backoff(&settings);
+    let mut backoff = backoff_up_to(&settings, settings.park_recheck_interval);
     loop {
         let error = match prepare(&settings, shutdown).await {
             Ok(Some((store, abilities))) => return Ok(Some((settings, store, abilities))),
@@ -258,11 +259,7 @@ async fn prepare_or_park(
         else {
             return Err(error);
         };
-        let names: Vec<String> = settings
-            .streams()
-            .into_iter()
-            .map(|(name, _)| name)
-            .collect();
+        let names = settings.stream_names();
         let mut newly = false;
         for (name, status) in names.iter().zip(statuses) {
             newly |= status.parked(name, reason, SystemClock.now());
@@ -321,7 +318,7 @@ impl StreamJob {
     /// [`park::until_worth_trying`]) and tries again. Any other error ends it.
     async fn supervise(self, store: Arc<MongoStore>, stop: Shutdown) -> Result<(), DaemonError> {
         let mut store = store;
-        let mut backoff = park::recheck_backoff(&self.settings);
+        let mut backoff = backoff_up_to(&self.settings, self.settings.park_recheck_interval);
         loop {
             let (job, active_store) = (self.clone(), store.clone());
             let held = hold(
@@ -341,7 +338,7 @@ impl StreamJob {
                 return Err(error);
             };
             if self.park(&store, reason, &error).await {
-                backoff = park::recheck_backoff(&self.settings);
+                backoff = backoff_up_to(&self.settings, self.settings.park_recheck_interval);
             }
             let wait = park::Wait {
                 reason,

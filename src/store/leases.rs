@@ -66,6 +66,11 @@ pub struct Fence {
 }
 
 impl Fence {
+    pub fn new(stream: impl Into<String>, epoch: i64) -> Fence {
+        let stream = stream.into();
+        Fence { stream, epoch }
+    }
+
     /// The partition this fence writes for, read from its stream's name (`None`: an
     /// unpartitioned stream).
     pub fn partition(&self) -> Option<crate::core::partition::Partition> {

@@ -100,7 +100,7 @@ fn render_stream_ages(out: &mut String, streams: &[(String, Arc<WorkerStatus>)],
         }
         family(out, name, help, "gauge");
         for (stream, a) in &ages {
-            let _ = writeln!(out, "{name}{{stream=\"{}\"}} {}", escape(stream), value(a));
+            sample(out, name, ("stream", stream), value(a));
         }
     }
 }
@@ -116,12 +116,8 @@ fn render_progress(out: &mut String, streams: &[(String, Arc<WorkerStatus>)]) {
     if !progress.is_empty() {
         family(out, PROGRESS_TIMESTAMP, "Wall-clock time (Unix seconds) of the worker's last read the server answered (or batch it applied).", "gauge");
         for (stream, ms) in progress {
-            let _ = writeln!(
-                out,
-                "{PROGRESS_TIMESTAMP}{{stream=\"{}\"}} {}",
-                escape(stream),
-                ms as f64 / 1000.0
-            );
+            let secs = ms as f64 / 1000.0;
+            sample(out, PROGRESS_TIMESTAMP, ("stream", stream), secs);
         }
     }
 }
@@ -146,17 +142,18 @@ fn render_dirty_age(out: &mut String, now_ms: i64) {
         } else {
             0.0
         };
-        let _ = writeln!(
-            out,
-            "{DIRTY_OLDEST_AGE}{{counter=\"{}\"}} {age}",
-            escape(&counter)
-        );
+        sample(out, DIRTY_OLDEST_AGE, ("counter", &counter), age);
     }
 }
 
 fn family(out: &mut String, name: &str, help: &str, kind: &str) {
     let _ = writeln!(out, "# HELP {name} {help}");
     let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+/// One series of the family `name`: its one label (name, value) and its value.
+fn sample(out: &mut String, name: &str, (label, value): (&str, &str), sample: f64) {
+    let _ = writeln!(out, "{name}{{{label}=\"{}\"}} {sample}", escape(value));
 }
 
 fn escape(value: &str) -> String {

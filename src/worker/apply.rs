@@ -136,21 +136,13 @@ impl<S: Store + ?Sized> Worker<S> {
         may_carry: bool,
     ) -> Result<Vec<LedgerUpdate>, SessionError> {
         let Planned {
-            plan,
+            batch,
             ended,
-            last,
             report,
         } = self.plan(fence, checkpoint, batch).await?;
         let mut written = Vec::new();
-        if let Some((end, end_time)) = last {
-            let batch = PendingBatch {
-                end,
-                end_time,
-                counters: plan.counters,
-                ledger: plan.ledger,
-                dirty: plan.dirty,
-                carry: None,
-            };
+        if let Some(batch) = batch {
+            let end_time = batch.end_time;
             let seen = checkpoint
                 .high_water
                 .as_ref()
@@ -203,15 +195,18 @@ impl<S: Store + ?Sized> Worker<S> {
         self.keep_own(&mut plan, divided, &ledger);
         let report = BatchReport::of(&plan, &events, &self.settings.schema);
         // The batch's guard token: its last event before any stream end.
-        let last = plan
-            .events
-            .checked_sub(1)
-            .map(|i| (events[i].token.clone(), events[i].cluster_time));
+        let batch = plan.events.checked_sub(1).map(|i| PendingBatch {
+            end: events[i].token.clone(),
+            end_time: events[i].cluster_time,
+            counters: plan.counters,
+            ledger: plan.ledger,
+            dirty: plan.dirty,
+            carry: None,
+        });
         drop((events, ledger, rows_grant));
         Ok(Planned {
-            plan,
+            batch,
             ended,
-            last,
             report,
         })
     }
@@ -649,12 +644,10 @@ pub(super) struct Batch {
 
 /// A batch planned, its events dropped.
 struct Planned {
-    plan: BatchPlan,
+    /// What the batch writes, up to its guard token (`None`: nothing planned).
+    batch: Option<PendingBatch>,
     /// A stream-ending event, after the planned ones.
     ended: Option<StreamEnded>,
-    /// The batch's guard token and its time: its last event before any stream end (`None`:
-    /// nothing planned).
-    last: Option<(Token, Option<bson::Timestamp>)>,
     report: BatchReport,
 }
 
@@ -728,13 +721,8 @@ impl SkippedReport {
             crate::core::classify::Problem::Bad(_) => "bad",
             crate::core::classify::Problem::Unattributable(_) => "unattributable",
         };
-        let SkippedReport {
-            token,
-            comment,
-            post,
-            problem,
-        } = self;
-        tracing::warn!(%stream, %comment, %post, %token, kind, %problem,
+        tracing::warn!(%stream, comment = %self.comment, post = %self.post, token = %self.token,
+            kind, problem = %self.problem,
             "event not counted; its known posts are marked dirty and recounted");
     }
 }

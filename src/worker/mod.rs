@@ -165,10 +165,7 @@ impl<S: Store + ?Sized> Worker<S> {
     /// from the checkpoint after an exponential, jittered backoff.
     pub async fn run(&self, epoch: i64, shutdown: impl Into<Shutdown>) -> Result<(), WorkerError> {
         let shutdown = shutdown.into();
-        let fence = Fence {
-            stream: self.settings.stream.clone(),
-            epoch,
-        };
+        let fence = Fence::new(&self.settings.stream, epoch);
         self.check_checkpoint(&fence).await?;
         let mut backoff = self.backoff();
         loop {

@@ -759,15 +759,12 @@ fn stream_start(checkpoint: &Checkpoint, configured_start: Option<Timestamp>) ->
 /// one inside a transaction can only come from a version before that rule or an operator's
 /// replay to a token inside one, and cutting there keeps what the counters already hold.
 fn take_batch(pending: &mut VecDeque<ChangeEvent>, high_water: Option<&Token>) -> Vec<ChangeEvent> {
-    let Some(high) = high_water else {
-        return pending.drain(..).collect();
-    };
-    let below = pending.iter().take_while(|e| e.token <= *high).count();
-    if below == 0 {
-        pending.drain(..).collect()
-    } else {
-        pending.drain(..below).collect()
-    }
+    let below = high_water.map_or(0, |high| {
+        pending.iter().take_while(|e| e.token <= *high).count()
+    });
+    // Nothing at or below the high water (or none): everything read is one batch.
+    let end = if below == 0 { pending.len() } else { below };
+    pending.drain(..end).collect()
 }
 
 #[cfg(test)]

@@ -26,10 +26,7 @@ pub(super) async fn take_lease(
     args: &Args,
 ) -> anyhow::Result<(Fence, Option<Lease>)> {
     let ttl = settings.lease_ttl;
-    let fence = |epoch| Fence {
-        stream: stream.to_string(),
-        epoch,
-    };
+    let fence = |epoch| Fence::new(stream, epoch);
     let held = |lease: Option<Lease>| lease.filter(|l| l.expires_at > DateTime::now());
     if let Some(l) = &held(store.read_lease(stream).await?) {
         if args.force {

@@ -106,11 +106,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     };
     let store = connect(&settings).await?;
     // Every stream of the configuration (one, or one per partition) moves together.
-    let streams: Vec<String> = settings
-        .streams()
-        .into_iter()
-        .map(|(name, _)| name)
-        .collect();
+    let streams = settings.stream_names();
     let stream = streams[0].clone();
     let checkpoint = store.load_checkpoint(&stream).await?.unwrap_or_default();
     if let (Position::Token(new), Some(current)) = (&position, &checkpoint.token) {
@@ -147,19 +143,17 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    let mut moved = Vec::new();
-    let mut outcome = Ok(());
-    for (fence, fenced) in &taken {
-        match move_stream(&settings, &store, fence, &owner, &position).await {
-            Ok(resolved) => moved.push((fence.stream.clone(), fenced.clone(), resolved)),
-            Err(e) => {
-                outcome = Err(e);
-                break;
-            }
+    let moved = async {
+        let mut moved = Vec::new();
+        for (fence, fenced) in &taken {
+            let resolved = move_stream(&settings, &store, fence, &owner, &position).await?;
+            moved.push((fence.stream.clone(), fenced.clone(), resolved));
         }
-    }
+        anyhow::Ok(moved)
+    };
+    let moved = moved.await;
     release_all(&store, &owner, &taken).await;
-    outcome?;
+    let moved = moved?;
 
     let fenced: Vec<&Lease> = moved.iter().filter_map(|(_, l, _)| l.as_ref()).collect();
     report["fenced"] = fenced
