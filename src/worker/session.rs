@@ -87,7 +87,12 @@ impl Pending {
             events: VecDeque::new(),
             costs: VecDeque::new(),
             held: settings.budget.none(),
-            idle: true,
+            // Not idle until a read comes back empty: an empty answer proves the stream drained
+            // only after an empty one before it (see `Session::read`). The first read of a
+            // stream just opened may answer nothing while events wait (the fake test server
+            // did, loaded, after a reopen): trusted, it recorded "everything before now is
+            // applied" in front of a whole backlog, and the reconciler counted it all in flight.
+            idle: false,
             applied_since_drained: true,
             idle_reads: 0,
             resumed_after: checkpoint.token.as_ref().and(checkpoint.token_time),

@@ -24,7 +24,13 @@ pub(super) struct SimEvents {
     /// "Nothing new" answers given instead of stopping because some stream's initial snapshot
     /// runs (bounded: the snapshot may be another partition's, whose worker is not running).
     pub(super) snapshot_waits: u32,
+    /// Not read yet: its first read may answer "nothing new" while events wait, as the fake
+    /// test server's did, loaded, after a reopen (with no post-batch token).
+    pub(super) fresh: bool,
 }
+
+/// Probability that a stream's first read answers nothing while events wait.
+const EMPTY_FIRST_READS: f64 = 0.1;
 
 /// The drained answer, noted in the trace.
 fn drained(s: &mut State, why: &str) -> RawBatch {
@@ -67,6 +73,14 @@ impl SimEvents {
             if let Some(lost) = self.cursor.history_lost() {
                 s.stat("history lost");
                 return Read::Answer(Err(lost));
+            }
+        }
+        if std::mem::take(&mut self.fresh) {
+            let mut s = self.store.lock();
+            if s.memory.available(&self.cursor) > 0 && s.rng.random_bool(EMPTY_FIRST_READS) {
+                s.stat("empty first read while events wait");
+                s.note("  read: none (first read of the stream, events waiting)".into());
+                return Read::Answer(Ok(RawBatch::default()));
             }
         }
         // Like an awaitData getMore: while writers may still write, wait for events, or now and

@@ -47,7 +47,7 @@ use counterd::clock::Clock;
 use counterd::core::key::CounterIx;
 use counterd::core::key::GroupValue;
 use counterd::shutdown::{Shutdown, ShutdownTrigger};
-use counterd::store::memory::Memory;
+use counterd::store::memory::{Memory, OplogEntry};
 use counterd::store::CounterViews;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -211,6 +211,13 @@ impl State {
     /// Only one worker is left and nothing else runs: sleeping on a real timer is harmless now.
     pub fn alone(&self) -> bool {
         self.others_running == 0 && self.workers_running <= 1
+    }
+
+    /// The first oplog event `stream`'s checkpoint has not applied (`None`: all are, or the
+    /// stream has not applied one yet).
+    pub fn first_unapplied(&self, stream: &str) -> Option<&OplogEntry> {
+        let token = self.memory.checkpoints.get(stream)?.token.as_ref()?;
+        self.memory.oplog.get(self.memory.index_after(token))
     }
 
     pub fn stat(&mut self, key: impl Into<String>) {

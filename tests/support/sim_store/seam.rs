@@ -102,6 +102,7 @@ impl ChangeStreams for SimStore {
             cursor,
             idled: false,
             snapshot_waits: 0,
+            fresh: true,
         }))
     }
 
@@ -245,7 +246,18 @@ impl Checkpoints for SimStore {
     async fn record_caught_up(&self, fence: &Fence, at: Timestamp) -> StoreResult<()> {
         self.single("record_caught_up", true, |s| {
             s.note(format!("  drained at {at:?}"));
-            s.memory.record_caught_up(fence, at)
+            s.memory.record_caught_up(fence, at)?;
+            // A worker's claim (the harness records its own where it knows nothing is in
+            // flight, `record_drained`): every event before `at` is applied.
+            let unapplied = s.first_unapplied(&fence.stream).filter(|e| e.time < at);
+            if let Some(e) = unapplied.filter(|_| s.workers_running > 0) {
+                let failure = format!(
+                    "{} recorded its stream drained before {at:?}, but event {} (at {:?}) is not applied",
+                    fence.stream, e.seq, e.time
+                );
+                s.probe_failures.push(failure);
+            }
+            Ok(())
         })
         .await
     }
