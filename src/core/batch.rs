@@ -241,7 +241,7 @@ impl<'a> Planner<'a> {
         *self
             .plan
             .by_source
-            .entry(source_name(classified.source))
+            .entry(classified.source.into())
             .or_default() += 1;
         let newest = self.add_deltas(event, &classified);
         // Without a delta, the rows known before and after say which bucket the post's change
@@ -573,15 +573,6 @@ fn counter_name(schema: &crate::core::schema::Schema, counter: CounterIx) -> Str
         .definitions
         .get(counter)
         .map_or_else(|| format!("#{}", counter.0), |d| d.name.clone())
-}
-
-fn source_name(source: Source) -> &'static str {
-    match source {
-        Source::PreImage => "pre_image",
-        Source::Ledger => "ledger",
-        Source::Insert => "insert",
-        Source::BestEffort => "best_effort",
-    }
 }
 
 /// The writes of one batch, recorded as its intent before any of them is issued. Replaying the

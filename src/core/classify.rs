@@ -61,8 +61,9 @@ pub enum Before {
     Complete(Option<Row>),
 }
 
-/// Which source the before-state came from (reported in metrics).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// Which source the before-state came from (reported in metrics, by its snake_case name).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum Source {
     PreImage,
     Ledger,
