@@ -155,6 +155,19 @@ pub struct Classification {
     pub problem: Option<Problem>,
 }
 
+impl Classification {
+    /// No delta, no counter dirty, no problem: what each way of classifying starts from.
+    fn of(after: After, source: Source) -> Classification {
+        Classification {
+            deltas: Vec::new(),
+            dirty: Vec::new(),
+            after,
+            source,
+            problem: None,
+        }
+    }
+}
+
 /// The stream can no longer be followed: the collection was dropped or renamed, or the stream
 /// was invalidated. Never guessed past. The message says how to recover, with the time to
 /// replay from.
@@ -195,13 +208,7 @@ pub fn classify(
     if matches!(event.operation, Operation::Update { .. }) && event.comment.is_none() {
         // Only the fake server does this: an update whose row was deleted before the lookup, so
         // the event names no comment. The delete event that follows carries the whole change.
-        return Ok(Classification {
-            deltas: Vec::new(),
-            dirty: Vec::new(),
-            after: After::Unchanged,
-            source: Source::BestEffort,
-            problem: None,
-        });
+        return Ok(Classification::of(After::Unchanged, Source::BestEffort));
     }
     let (before, source) = before_state(event, ledger, attribution, schema);
     let (after, bad) = match after_state(event, &before, source, schema) {
@@ -312,18 +319,26 @@ fn after_state(event: &ChangeEvent, before: &Before, source: Source, schema: &Sc
     }
 }
 
-/// An inserted or replaced row (a document that shows the whole row).
+/// An inserted or replaced row (a document that shows the whole row): one without the group
+/// field is reported too.
 fn read_document(doc: &Document, schema: &Schema) -> (After, Option<Problem>) {
+    let read = schema.read_row(doc);
+    let no_post = matches!(read, RowRead::NoPost).then(|| {
+        Problem::Bad(Malformed::NoPost {
+            field: schema.group().to_string(),
+        })
+    });
+    let (after, bad) = row_after(read, doc, schema);
+    (after, bad.or(no_post))
+}
+
+/// The row a document shows whole (`read` of `doc`): without a usable post id it exists but
+/// does not count, and a malformed post id is reported.
+fn row_after(read: RowRead, doc: &Document, schema: &Schema) -> (After, Option<Problem>) {
     let existing = || After::Known(Some(schema.read_existing_row(doc)));
-    match schema.read_row(doc) {
+    match read {
         RowRead::Row(row) => (After::Known(Some(row)), None),
-        RowRead::NoPost => (
-            existing(),
-            Some(Problem::Bad(Malformed::NoPost {
-                field: schema.group().to_string(),
-            })),
-        ),
-        // The row exists but does not count: a malformed post id.
+        RowRead::NoPost => (existing(), None),
         RowRead::BadPost(kind) => (existing(), Some(bad_post_type(schema, &kind))),
     }
 }
@@ -350,14 +365,7 @@ fn after_update(
     if let (Some(summary), Source::PreImage) = (complete, source) {
         let pre = event.pre_image.as_ref().expect("source is the pre-image");
         let after = Schema::apply_to_document(summary, pre);
-        return match schema.read_row(&after) {
-            RowRead::Row(row) => (After::Known(Some(row)), None),
-            RowRead::NoPost => (After::Known(Some(schema.read_existing_row(&after))), None),
-            RowRead::BadPost(kind) => (
-                After::Known(Some(schema.read_existing_row(&after))),
-                Some(bad_post_type(schema, &kind)),
-            ),
-        };
+        return row_after(schema.read_row(&after), &after, schema);
     }
     if let (Some(summary), Before::Known(Some(row))) = (complete, before) {
         if schema.derives(summary, row) {
@@ -374,16 +382,8 @@ fn after_update(
     // row was deleted since) or the fake server's fragment (no `_id`) says nothing: the delete
     // event that follows settles it.
     let looked_up = event.full_document.as_ref();
-    match looked_up.and_then(|d| schema.read_looked_up_row(d)) {
-        Some(RowRead::Row(row)) => (After::Known(Some(row)), None),
-        Some(RowRead::BadPost(kind)) => (
-            After::Known(looked_up.map(|d| schema.read_existing_row(d))),
-            Some(bad_post_type(schema, &kind)),
-        ),
-        Some(RowRead::NoPost) => (
-            After::Known(looked_up.map(|d| schema.read_existing_row(d))),
-            None,
-        ),
+    match looked_up.and_then(|d| Some((schema.read_looked_up_row(d)?, d))) {
+        Some((read, doc)) => row_after(read, doc, schema),
         None => (After::Unchanged, None),
     }
 }
@@ -401,9 +401,7 @@ fn exact(before: Option<Row>, after: After, source: Source) -> Classification {
     Classification {
         deltas: transition(before.as_ref(), after_row.as_ref()),
         dirty,
-        after,
-        source,
-        problem: None,
+        ..Classification::of(after, source)
     }
 }
 
@@ -461,13 +459,7 @@ fn best_effort(event: &ChangeEvent, after: After, schema: &Schema) -> Classifica
         After::Known(row) => row.clone(),
         After::Unchanged => None,
     };
-    let mut c = Classification {
-        deltas: Vec::new(),
-        dirty: Vec::new(),
-        after,
-        source: Source::BestEffort,
-        problem: None,
-    };
+    let mut c = Classification::of(after, Source::BestEffort);
     let key_post = schema.post_in(&event.document_key);
     let row_post = || after_row.as_ref().and_then(|r| r.group().cloned());
     // The post, and what its counter gains by the guess (`None`: nothing, it is only dirty).
@@ -560,11 +552,9 @@ fn problem_only(before: &Before, source: Source, problem: Problem) -> Classifica
         push_groups(&mut dirty, Some(row));
     }
     Classification {
-        deltas: Vec::new(),
         dirty,
-        after: After::Unchanged,
-        source,
         problem: Some(problem),
+        ..Classification::of(After::Unchanged, source)
     }
 }
 
