@@ -19,7 +19,7 @@
 
 use std::fmt;
 
-use bson::{Bson, Document};
+use bson::{doc, Bson, Document};
 
 use crate::core::condition::Condition;
 use crate::core::key::{value_at, CounterIx, GroupValue, Member};
@@ -134,16 +134,11 @@ impl Definition {
     /// schema's, added by the caller). Built from the same [`Condition`] the classifier
     /// evaluates, so a recount and the stream agree on every row.
     pub fn filter(&self, group: &GroupValue) -> Document {
-        let mut filter = Document::new();
-        filter.insert(self.group.clone(), group.to_bson());
+        let own = doc! {self.group.clone(): group.to_bson()};
         if self.condition.is_empty() {
-            return filter;
+            return own;
         }
-        let mut all = vec![Bson::Document(filter)];
-        all.push(Bson::Document(self.condition.to_filter()));
-        let mut both = Document::new();
-        both.insert("$and", all);
-        both
+        doc! {"$and": [own, self.condition.to_filter()]}
     }
 }
 
@@ -241,7 +236,6 @@ impl fmt::Display for Definition {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bson::doc;
 
     fn approved() -> Definition {
         Definition {
