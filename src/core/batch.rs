@@ -388,13 +388,35 @@ impl<'a> Planner<'a> {
     /// The plan of the events added so far.
     fn finish(mut self) -> BatchPlan {
         self.named.attach(&mut self.counters);
-        finish(
-            self.plan,
-            self.counters,
-            (self.dirty_order, self.dirty),
-            self.ledger_order,
-            &self.known,
-        )
+        self.plan.counters = self
+            .counters
+            .into_values()
+            .map(|mut c| {
+                // A sum's changes that cancel out leave no bucket and no double behind (a row
+                // with 2.5 inserted and deleted in one batch leaves an integer sum an integer).
+                c.buckets.retain(|_, amount| !amount.is_zero());
+                c.delta = c.buckets.values().sum();
+                c
+            })
+            .filter(|c| !c.touched.is_empty())
+            .collect();
+        self.plan.dirty = self
+            .dirty_order
+            .into_iter()
+            .map(|key| DirtyMark {
+                newest_bucket: self.dirty[&key],
+                key,
+            })
+            .collect();
+        self.plan.ledger = self
+            .ledger_order
+            .into_iter()
+            .map(|comment| LedgerUpdate {
+                state: self.known[&comment.key].clone(),
+                comment,
+            })
+            .collect();
+        self.plan
     }
 }
 
@@ -530,41 +552,6 @@ pub(crate) fn counter_of<'a>(
         touched: BTreeSet::new(),
         comments: Some(Vec::new()),
     })
-}
-
-fn finish(
-    mut plan: BatchPlan,
-    counters: BTreeMap<CounterKey, CounterDelta>,
-    (dirty_order, dirty): (Vec<CounterKey>, BTreeMap<CounterKey, BucketStart>),
-    ledger_order: Vec<CommentId>,
-    known: &LedgerView,
-) -> BatchPlan {
-    plan.counters = counters
-        .into_values()
-        .map(|mut c| {
-            // A sum's changes that cancel out leave no bucket and no double behind (a row
-            // with 2.5 inserted and deleted in one batch leaves an integer sum an integer).
-            c.buckets.retain(|_, amount| !amount.is_zero());
-            c.delta = c.buckets.values().sum();
-            c
-        })
-        .filter(|c| !c.touched.is_empty())
-        .collect();
-    plan.dirty = dirty_order
-        .into_iter()
-        .map(|key| DirtyMark {
-            newest_bucket: dirty[&key],
-            key,
-        })
-        .collect();
-    plan.ledger = ledger_order
-        .into_iter()
-        .map(|comment| LedgerUpdate {
-            state: known[&comment.key].clone(),
-            comment,
-        })
-        .collect();
-    plan
 }
 
 /// The name of definition `counter` (for a report).
