@@ -206,13 +206,10 @@ impl Carry {
 
     /// The merged entry of a counter, made (and charged) when it is new.
     fn entry(&mut self, key: CounterKey) -> &mut Merged {
-        match self.merged.entry(key) {
-            std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::btree_map::Entry::Vacant(e) => {
-                self.charge += cost::CARRIED_COUNTER;
-                e.insert(Merged::default())
-            }
-        }
+        self.merged.entry(key).or_insert_with(|| {
+            self.charge += cost::CARRIED_COUNTER;
+            Merged::default()
+        })
     }
 
     /// The end of the newest batch: where the checkpoint moves once the carry is written.
