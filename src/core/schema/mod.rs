@@ -181,6 +181,12 @@ impl Schema {
     }
 }
 
+/// What is left of the dotted `path` under `parent` (`post` of `meta.post` under `meta`), if
+/// it is under it (`meta.postx` is not under `meta.post`).
+pub(super) fn below<'a>(path: &'a str, parent: &str) -> Option<&'a str> {
+    path.strip_prefix(parent)?.strip_prefix('.')
+}
+
 /// Whether `path` cannot name a field: empty, an empty part (`a..b`), a part starting with `$`.
 pub fn bad_path(path: &str) -> bool {
     path.is_empty()
@@ -225,23 +231,7 @@ mod tests {
 
     #[test]
     fn every_soft_delete_rule() {
-        let present = Schema::default();
-        assert!(
-            matches!(present.read_row(&doc! {"post_id": 1, "deleted_at": bson::DateTime::now()}), RowRead::Row(r) if r.deleted)
-        );
-        assert!(
-            matches!(present.read_row(&doc! {"post_id": 1, "deleted_at": null}), RowRead::Row(r) if !r.deleted)
-        );
-        let boolean = js();
-        assert!(
-            matches!(boolean.read_row(&doc! {"postId": 1, "deleted": true}), RowRead::Row(r) if r.deleted)
-        );
-        assert!(
-            matches!(boolean.read_row(&doc! {"postId": 1, "deleted": false}), RowRead::Row(r) if !r.deleted)
-        );
-        assert!(
-            matches!(boolean.read_row(&doc! {"postId": 1, "deleted": "yes"}), RowRead::Row(r) if !r.deleted)
-        );
+        let (present, boolean) = (Schema::default(), js());
         let status = Schema {
             soft_delete: SoftDelete::OneOf {
                 field: "status".into(),
@@ -249,20 +239,32 @@ mod tests {
             },
             ..Schema::default()
         };
-        assert!(
-            matches!(status.read_row(&doc! {"post_id": 1, "status": "spam"}), RowRead::Row(r) if r.deleted)
-        );
-        assert!(
-            matches!(status.read_row(&doc! {"post_id": 1, "status": "ok"}), RowRead::Row(r) if !r.deleted)
-        );
-        assert!(matches!(status.read_row(&doc! {"post_id": 1}), RowRead::Row(r) if !r.deleted));
         let never = Schema {
             soft_delete: SoftDelete::Never,
             ..Schema::default()
         };
-        assert!(
-            matches!(never.read_row(&doc! {"post_id": 1, "deleted_at": 1}), RowRead::Row(r) if !r.deleted)
-        );
+        let cases = [
+            (
+                &present,
+                doc! {"post_id": 1, "deleted_at": bson::DateTime::now()},
+                true,
+            ),
+            (&present, doc! {"post_id": 1, "deleted_at": null}, false),
+            (&boolean, doc! {"postId": 1, "deleted": true}, true),
+            (&boolean, doc! {"postId": 1, "deleted": false}, false),
+            (&boolean, doc! {"postId": 1, "deleted": "yes"}, false),
+            (&status, doc! {"post_id": 1, "status": "spam"}, true),
+            (&status, doc! {"post_id": 1, "status": "ok"}, false),
+            (&status, doc! {"post_id": 1}, false),
+            (&never, doc! {"post_id": 1, "deleted_at": 1}, false),
+        ];
+        for (schema, row, deleted) in cases {
+            let read = schema.read_row(&row);
+            assert!(
+                matches!(read, RowRead::Row(r) if r.deleted == deleted),
+                "{row}"
+            );
+        }
     }
 
     #[test]

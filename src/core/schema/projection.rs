@@ -23,7 +23,7 @@
 
 use bson::{doc, Bson, Document};
 
-use super::Schema;
+use super::{below, Schema};
 
 /// The change-event fields counterd reads besides the documents: the resume token, the
 /// operation, its cluster time and the document key (on a sharded cluster it holds the shard
@@ -62,10 +62,8 @@ impl Schema {
             .collect();
         paths.sort();
         paths.dedup();
-        let covered =
-            |p: &str, by: &str| p != by && p.starts_with(by) && p[by.len()..].starts_with('.');
         let all = paths.clone();
-        paths.retain(|p| !all.iter().any(|other| covered(p, other)));
+        paths.retain(|p| !all.iter().any(|other| below(p, other).is_some()));
         paths
     }
 

@@ -4,7 +4,7 @@
 use bson::{Bson, Document};
 
 use super::write::{remove_path, set_path};
-use super::Schema;
+use super::{below, Schema};
 use crate::core::definition::{amount_of, Definition};
 use crate::core::event::{Row, UpdateSummary};
 use crate::core::key::GroupValue;
@@ -80,25 +80,18 @@ impl Schema {
         for (key, value) in &update.set {
             if key == path {
                 change = FieldChange::Set(Some(value.clone()));
-            } else if let Some(rest) = path
-                .strip_prefix(key.as_str())
-                .and_then(|r| r.strip_prefix('.'))
-            {
+            } else if let Some(rest) = below(path, key) {
                 // A parent was replaced: the field is whatever the new parent holds there.
                 let inner = value.as_document().and_then(|d| Self::get(d, rest));
                 change = FieldChange::Set(inner.cloned());
-            } else if key.strip_prefix(path).is_some_and(|r| r.starts_with('.')) {
+            } else if below(key, path).is_some() {
                 return FieldChange::Unknown;
             }
         }
         for key in &update.removed {
-            let covers = key == path
-                || path
-                    .strip_prefix(key.as_str())
-                    .is_some_and(|r| r.starts_with('.'));
-            if covers {
+            if key == path || below(path, key).is_some() {
                 change = FieldChange::Set(None);
-            } else if key.strip_prefix(path).is_some_and(|r| r.starts_with('.')) {
+            } else if below(key, path).is_some() {
                 return FieldChange::Unknown;
             }
         }
@@ -176,13 +169,10 @@ impl Schema {
             FieldChange::Set(Some(Bson::DateTime(d))) => Some(d),
             FieldChange::Set(_) | FieldChange::Unknown => None,
         };
-        let deleted = match self.soft_delete.field() {
+        let deleted = match self.soft_delete.field().map(|f| Self::change(update, f)) {
             None => false,
-            Some(field) => match Self::change(update, field) {
-                FieldChange::Unchanged => before.deleted,
-                FieldChange::Set(value) => self.soft_delete.is_deleted(value.as_ref()),
-                FieldChange::Unknown => before.deleted,
-            },
+            Some(FieldChange::Set(value)) => self.soft_delete.is_deleted(value.as_ref()),
+            Some(FieldChange::Unchanged | FieldChange::Unknown) => before.deleted,
         };
         let members = self.definitions.iter().map(|(counter, definition)| {
             let before = before.members.get(counter.0).cloned().unwrap_or_default();
