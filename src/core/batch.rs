@@ -12,7 +12,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use bson::{DateTime, Timestamp};
 
 use crate::core::classify::{
-    classify, After, Attribution, Before, Classification, Problem, Source, StreamEnded,
+    classify, known_before, After, Attribution, Before, Classification, Malformed, Problem, Source,
+    StreamEnded,
 };
 use crate::core::event::{
     ChangeEvent, CommentId, LedgerUpdate, LedgerView, Operation, Row, Seen, Token,
@@ -20,7 +21,9 @@ use crate::core::event::{
 use crate::core::key::{CounterIx, CounterKey};
 use crate::core::num::Num;
 use crate::core::partition::Partition;
+use crate::core::schema::Schema;
 use crate::core::time::{bucket_of, BucketStart};
+use crate::core::window::Touch;
 
 /// One coalesced counter write: `$inc` of `delta` on `live_delta` and of each bucket's amount.
 #[derive(Clone, Debug, PartialEq)]
@@ -63,7 +66,7 @@ pub struct CounterWrite {
     /// Every bucket a batch changed, with the end of the last batch that changed it.
     pub touched: BTreeMap<BucketStart, Token>,
     /// One entry per batch, oldest first (the newest [`crate::core::window::LOG_ENTRIES`]).
-    pub log: Vec<crate::core::window::Touch>,
+    pub log: Vec<Touch>,
 }
 
 impl CounterWrite {
@@ -76,10 +79,7 @@ impl CounterWrite {
             through: end.clone(),
             through_time: end_time,
             touched: d.touched.iter().map(|b| (*b, end.clone())).collect(),
-            log: vec![crate::core::window::Touch::new(
-                end.as_str(),
-                d.comments.as_deref(),
-            )],
+            log: vec![Touch::new(end.as_str(), d.comments.as_deref())],
         }
     }
 }
@@ -151,7 +151,7 @@ pub fn plan_batch(
     events: &[ChangeEvent],
     ledger: &LedgerView,
     attribution: Attribution,
-    schema: &crate::core::schema::Schema,
+    schema: &Schema,
     bucket_width_secs: i64,
 ) -> (BatchPlan, Option<StreamEnded>) {
     plan_batch_covering(PlanInput {
@@ -174,7 +174,7 @@ pub struct PlanInput<'a> {
     /// What an absent ledger entry means.
     pub coverage: Coverage,
     pub attribution: Attribution,
-    pub schema: &'a crate::core::schema::Schema,
+    pub schema: &'a Schema,
     pub bucket_width_secs: i64,
     /// Plan only this partition's part of each change (see [`own_part`]); `ledger` is then
     /// the partition's own view of it ([`Partition::own_view`]).
@@ -299,7 +299,7 @@ impl<'a> Planner<'a> {
     fn add_deltas(
         &mut self,
         event: &ChangeEvent,
-        classified: &crate::core::classify::Classification,
+        classified: &Classification,
     ) -> BTreeMap<CounterKey, BucketStart> {
         let PlanInput {
             schema,
@@ -315,7 +315,7 @@ impl<'a> Planner<'a> {
                 // Never wrapped: the sum goes on as a double, and the event is reported.
                 self.plan.skipped.push(Skipped {
                     token: event.token.clone(),
-                    problem: Problem::Bad(crate::core::classify::Malformed::Overflow {
+                    problem: Problem::Bad(Malformed::Overflow {
                         counter: counter_name(schema, key.counter),
                     }),
                 });
@@ -330,11 +330,7 @@ impl<'a> Planner<'a> {
     }
 
     /// Notes the event's row under every counter it named (see [`Named`]).
-    fn name_rows(
-        &mut self,
-        event: &ChangeEvent,
-        classified: &crate::core::classify::Classification,
-    ) {
+    fn name_rows(&mut self, event: &ChangeEvent, classified: &Classification) {
         let keys_named = classified
             .deltas
             .iter()
@@ -431,9 +427,9 @@ impl<'a> Planner<'a> {
 /// all (the fake server's update of a row gone before its lookup).
 fn hidden_states(
     event: &ChangeEvent,
-    classified: &crate::core::classify::Classification,
+    classified: &Classification,
     before: Option<&Row>,
-    schema: &crate::core::schema::Schema,
+    schema: &Schema,
 ) -> bool {
     match &event.operation {
         // Derived at event time only from a complete description applied to a known row
@@ -555,7 +551,7 @@ pub(crate) fn counter_of<'a>(
 }
 
 /// The name of definition `counter` (for a report).
-fn counter_name(schema: &crate::core::schema::Schema, counter: CounterIx) -> String {
+fn counter_name(schema: &Schema, counter: CounterIx) -> String {
     schema
         .definitions
         .get(counter)

@@ -16,8 +16,7 @@ use bson::{DateTime, Document};
 use serde::{Deserialize, Serialize};
 
 use crate::core::event::{ChangeEvent, Operation, Row, RowRead, Token, UpdateSummary};
-use crate::core::key::GroupValue;
-use crate::core::key::{CounterIx, CounterKey};
+use crate::core::key::{CounterIx, CounterKey, GroupValue};
 use crate::core::num::Num;
 use crate::core::schema::Schema;
 use crate::core::time::seconds_rfc3339;

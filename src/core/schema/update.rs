@@ -7,8 +7,7 @@ use super::write::{remove_path, set_path};
 use super::{below, Schema};
 use crate::core::definition::{amount_of, Definition};
 use crate::core::event::{Row, UpdateSummary};
-use crate::core::key::GroupValue;
-use crate::core::key::{CounterIx, CounterKey, Member};
+use crate::core::key::{CounterIx, CounterKey, GroupValue, Member};
 use crate::core::num::Num;
 
 /// What an update did to one field, as far as its description says.
