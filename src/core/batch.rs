@@ -251,10 +251,7 @@ impl<'a> Planner<'a> {
                 Before::Known(row) | Before::Complete(row) => row.as_ref(),
                 Before::Unknown => None,
             },
-            match &classified.after {
-                After::Known(row) => row.as_ref(),
-                After::Unchanged => None,
-            },
+            classified.after.known().and_then(Option::as_ref),
         ];
         if hidden_states(event, &classified, rows[0], schema) {
             for post in &classified.dirty {
@@ -464,14 +461,10 @@ fn own_part(
     mut classified: Classification,
     event: &ChangeEvent,
     ledger: Before,
-    (attribution, schema): (Attribution, &crate::core::schema::Schema),
+    (attribution, schema): (Attribution, &Schema),
 ) -> Classification {
-    let before = crate::core::classify::known_before(event, ledger, attribution, schema);
-    let after = match (&classified.after, &before) {
-        (After::Known(row), _) => Some(row.clone()),
-        (After::Unchanged, Some(before)) => Some(before.clone()),
-        (After::Unchanged, None) => None,
-    };
+    let before = known_before(event, ledger, attribution, schema);
+    let after = classified.after.known().or(before.as_ref()).cloned();
     let event_is_mine = match (&before, &after) {
         (Some(b), Some(a)) => partition.owns_row(b.as_ref()) || partition.owns_row(a.as_ref()),
         (_, Some(Some(row))) => partition.applies_row(row),

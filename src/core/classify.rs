@@ -91,6 +91,16 @@ pub enum After {
     Unchanged,
 }
 
+impl After {
+    /// The row's state after the event, where the event told it (`None`: unchanged).
+    pub fn known(&self) -> Option<&Option<Row>> {
+        match self {
+            After::Known(row) => Some(row),
+            After::Unchanged => None,
+        }
+    }
+}
+
 /// Something about the event that the operator should hear of. The event's known posts are still
 /// marked dirty, so the reconciler repairs whatever was not counted.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -391,11 +401,8 @@ fn after_update(
 fn exact(before: Option<Row>, after: After, source: Source) -> Classification {
     let mut dirty = Vec::new();
     push_groups(&mut dirty, before.as_ref());
-    let after_row = match &after {
-        After::Known(row) => row.clone(),
-        // No information: assume unchanged, so no delta; the post is still touched.
-        After::Unchanged => before.clone(),
-    };
+    // No information: assume unchanged, so no delta; the post is still touched.
+    let after_row = after.known().unwrap_or(&before).clone();
     push_groups(&mut dirty, after_row.as_ref());
     Classification {
         deltas: transition(before.as_ref(), after_row.as_ref()),
@@ -454,10 +461,7 @@ fn transition_in(
 /// made for the schema's own counter of the post ([`own_key`]); the groups the after-state
 /// names are dirty, and the reconciler recounts them.
 fn best_effort(event: &ChangeEvent, after: After, schema: &Schema) -> Classification {
-    let after_row = match &after {
-        After::Known(row) => row.clone(),
-        After::Unchanged => None,
-    };
+    let after_row = after.known().cloned().flatten();
     let mut c = Classification::of(after, Source::BestEffort);
     let key_post = schema.post_in(&event.document_key);
     let row_post = || after_row.as_ref().and_then(|r| r.group().cloned());
