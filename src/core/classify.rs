@@ -221,7 +221,7 @@ pub fn classify(
     }
     let (before, source) = before_state(event, ledger, attribution, schema);
     let (after, bad) = match after_state(event, &before, source, schema) {
-        Reading::After(after, bad) => (after, bad),
+        Reading::After(read) => read,
         Reading::Ended(end) => return Err(end),
         Reading::Refused(problem) => return Ok(problem_only(&before, source, problem)),
     };
@@ -296,7 +296,7 @@ fn before_state(
 enum Reading {
     /// The after-state, and a malformed group field in it (the row exists but no longer
     /// counts, and the event is reported as bad input).
-    After(After, Option<Problem>),
+    After((After, Option<Problem>)),
     /// The stream ended: never guessed past.
     Ended(StreamEnded),
     /// Nothing can be read from the event: reported, its known posts marked dirty.
@@ -314,17 +314,14 @@ fn after_state(event: &ChangeEvent, before: &Before, source: Source, schema: &Sc
             Reading::Refused(Problem::Bad(Malformed::UnknownOperation(op.clone())))
         }
         Operation::Insert | Operation::Replace => match event.full_document.as_ref() {
-            Some(doc) => {
-                let (after, bad) = read_document(doc, schema);
-                Reading::After(after, bad)
-            }
+            Some(doc) => Reading::After(read_document(doc, schema)),
             None => Reading::Refused(Problem::Bad(Malformed::NoFullDocument)),
         },
         Operation::Update { summary } => {
-            let (after, bad) = after_update(event, summary.as_ref(), before, source, schema);
-            Reading::After(after, bad)
+            let read = after_update(event, summary.as_ref(), before, source, schema);
+            Reading::After(read)
         }
-        Operation::Delete => Reading::After(After::Known(None), None),
+        Operation::Delete => Reading::After((After::Known(None), None)),
     }
 }
 
