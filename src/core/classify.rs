@@ -428,12 +428,13 @@ fn transition_in(
     out: &mut Vec<Delta>,
 ) {
     let start = out.len();
+    let delta = |row: &Row, post: &GroupValue, amount| Delta {
+        key: CounterKey::new(counter, post.clone()),
+        created_at: row.created_at,
+        amount,
+    };
     if let Some((row, (post, amount))) = before.and_then(|r| Some((r, r.contribution(counter)?))) {
-        out.push(Delta {
-            key: CounterKey::new(counter, post.clone()),
-            created_at: row.created_at,
-            amount: -amount,
-        });
+        out.push(delta(row, post, -amount));
     }
     if let Some((row, (post, amount))) = after.and_then(|r| Some((r, r.contribution(counter)?))) {
         let same = out[start..]
@@ -445,11 +446,7 @@ fn transition_in(
                 out.remove(start + pos);
             }
             Some((pos, net)) => out[start + pos].amount = net,
-            None => out.push(Delta {
-                key: CounterKey::new(counter, post.clone()),
-                created_at: row.created_at,
-                amount,
-            }),
+            None => out.push(delta(row, post, amount)),
         }
     }
 }
