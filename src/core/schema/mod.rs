@@ -166,18 +166,15 @@ impl Schema {
 
     /// Why the schema cannot be used (`None`: it can): an empty field name, a `$` in one.
     pub fn problem(&self) -> Option<(&'static str, String)> {
-        if bad_path(self.group()) {
-            return Some(("group_field", self.group().to_string()));
-        }
-        if bad_path(&self.created) {
-            return Some(("created_field", self.created.clone()));
-        }
-        if let Some(field) = self.soft_delete.field() {
-            if bad_path(field) {
-                return Some(("soft_delete_field", field.to_string()));
-            }
-        }
-        None
+        let fields = [
+            ("group_field", Some(self.group())),
+            ("created_field", Some(self.created.as_str())),
+            ("soft_delete_field", self.soft_delete.field()),
+        ];
+        fields.into_iter().find_map(|(setting, path)| {
+            let path = path.filter(|p| bad_path(p))?;
+            Some((setting, path.to_string()))
+        })
     }
 }
 
