@@ -215,17 +215,13 @@ pub fn stored_name(counter: CounterIx, name: &str) -> Option<&str> {
 
 impl fmt::Display for Definition {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: ", self.name)?;
         match &self.kind {
-            Kind::Count => write!(f, "{}: per `{}`", self.name, self.group)?,
-            Kind::Sum { field } => {
-                write!(f, "{}: sum of `{field}` per `{}`", self.name, self.group)?
-            }
-            Kind::Rows { of } => write!(
-                f,
-                "{}: the rows `{of}` adds up, per `{}`",
-                self.name, self.group
-            )?,
+            Kind::Count => {}
+            Kind::Sum { field } => write!(f, "sum of `{field}` ")?,
+            Kind::Rows { of } => write!(f, "the rows `{of}` adds up, ")?,
         }
+        write!(f, "per `{}`", self.group)?;
         if !self.condition.is_empty() {
             write!(f, " where {}", self.condition.to_filter())?;
         }
