@@ -477,24 +477,18 @@ mod tests {
 
     #[test]
     fn integers_of_every_numeric_type_are_one_post() {
-        let eight = Some(GroupValue::Int(8));
-        assert_eq!(GroupValue::from_bson(&Bson::Int32(8)), eight);
-        assert_eq!(GroupValue::from_bson(&Bson::Int64(8)), eight);
-        assert_eq!(GroupValue::from_bson(&Bson::Double(8.0)), eight);
-        assert_eq!(
-            GroupValue::from_bson(&Bson::Double(-0.0)),
-            Some(GroupValue::Int(0))
-        );
-        // Node.js stores integers beyond 2^31 as doubles.
-        let big = 3_000_000_000_i64;
-        assert_eq!(
-            GroupValue::from_bson(&Bson::Double(big as f64)),
-            Some(GroupValue::Int(big))
-        );
-        assert_eq!(
-            GroupValue::from_bson(&Bson::Double(-9_223_372_036_854_775_808.0)),
-            Some(GroupValue::Int(i64::MIN))
-        );
+        for (value, post) in [
+            (Bson::Int32(8), 8),
+            (Bson::Int64(8), 8),
+            (Bson::Double(8.0), 8),
+            (Bson::Double(-0.0), 0),
+            // Node.js stores integers beyond 2^31 as doubles.
+            (Bson::Double(3_000_000_000.0), 3_000_000_000),
+            (Bson::Double(-9_223_372_036_854_775_808.0), i64::MIN),
+        ] {
+            let read = GroupValue::from_bson(&value);
+            assert_eq!(read, Some(GroupValue::Int(post)), "{value:?}");
+        }
     }
 
     #[test]
