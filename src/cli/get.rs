@@ -209,7 +209,7 @@ async fn resolve_post(
     match found.as_slice() {
         [one] => Ok(one.clone()),
         [] => Ok(readings[0].clone()),
-        several => Err(UsageError(format!(
+        several => anyhow::bail!(UsageError(format!(
             "`{text}` names {} posts here: {}; say which one",
             several.len(),
             several
@@ -217,8 +217,7 @@ async fn resolve_post(
                 .map(|p| format!("`counterd get {}`", typed(p)))
                 .collect::<Vec<_>>()
                 .join(" or ")
-        ))
-        .into()),
+        ))),
     }
 }
 

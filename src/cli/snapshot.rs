@@ -88,10 +88,9 @@ async fn snapshot_stream(
             return Ok("the snapshot is already done (see `counterd status`)");
         }
     } else if checkpoint.token.is_some() || checkpoint.high_water.is_some() {
-        return Err(CheckFailed(format!(
+        anyhow::bail!(CheckFailed(format!(
             "stream `{stream}` already counts (it has applied events without a snapshot), so a snapshot now would count rows its reconciles already folded: run `counterd reconcile --sweep` instead, which recounts every post and rebuilds the comment ledger"
-        ))
-        .into());
+        )));
     }
     let ttl = settings.lease_ttl;
     let Some(epoch) = store
@@ -99,11 +98,10 @@ async fn snapshot_stream(
         .await?
     else {
         let holder = store.read_lease(stream).await?;
-        return Err(CheckFailed(format!(
+        anyhow::bail!(CheckFailed(format!(
             "worker {} holds stream `{stream}` and takes the snapshot itself (`initial_snapshot = \"auto\"`), or is about to: follow it with `counterd status`",
             holder.map(|l| l.owner).unwrap_or_else(|| "?".into())
-        ))
-        .into());
+        )));
     };
     let fence = Fence::new(stream, epoch);
     let result = take(store, settings, &fence, owner, partition).await;
@@ -150,11 +148,10 @@ async fn take(
     loop {
         let step = snapshotter.step(&mut checkpoint).await?;
         if !crate::cli::still_ours(store, settings, fence, owner).await? {
-            return Err(CheckFailed(format!(
+            anyhow::bail!(CheckFailed(format!(
                 "lost the lease of stream `{}` to another worker; it resumes the snapshot from its last chunk",
                 fence.stream
-            ))
-            .into());
+            )));
         }
         match step {
             Step::Chunk { rows } => {
