@@ -111,11 +111,6 @@ impl Cli {
         }
     }
 
-    /// Settings from file, environment and these flags.
-    pub fn settings(&self) -> Result<Settings, ConfigError> {
-        self.load().map(|l| l.settings)
-    }
-
     /// Settings with where each came from.
     pub fn load(&self) -> Result<Loaded, ConfigError> {
         let mut overrides = Vec::new();
