@@ -141,16 +141,11 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
             w.applied_through.as_deref().unwrap_or("-")
         );
     }
-    outln!(
-        "last drift      {}",
-        counter
-            .last_drift
-            .map(|d| format!(
-                "{d:+} at {}",
-                counter.reconciled_at.map(rfc3339).unwrap_or_default()
-            ))
-            .unwrap_or_else(|| "-".into())
-    );
+    let at = counter.reconciled_at.map(rfc3339).unwrap_or_default();
+    let drift = counter
+        .last_drift
+        .map_or("-".into(), |d| format!("{d:+} at {at}"));
+    outln!("last drift      {drift}");
     Ok(code)
 }
 

@@ -313,11 +313,8 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         }
         outln!("  checkpoint token {}", or_none(&s.checkpoint_token));
         outln!("  checkpoint time {}", or_none(&s.checkpoint_time));
-        let lag = s.lag_seconds.map(|l| format!("{l}s"));
-        outln!(
-            "  stream lag      {}",
-            lag.unwrap_or_else(|| "unknown".into())
-        );
+        let lag = s.lag_seconds.map_or("unknown".into(), |l| format!("{l}s"));
+        outln!("  stream lag      {lag}");
         outln!("  high water      {}", or_none(&s.high_water));
         outln!("  pending batch   {}", or_none(&s.pending_batch));
         outln!("  initial snapshot {}", s.initial_snapshot_summary);
@@ -350,13 +347,11 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
             None => outln!("  background sweep not started"),
         }
     }
+    let oldest = status.dirty_oldest_age_seconds;
+    let oldest = oldest.map_or("-".into(), |s| format!("{s}s ago"));
     outln!(
-        "dirty backlog     {} posts, oldest {}{}",
+        "dirty backlog     {} posts, oldest {oldest}{}",
         status.dirty.size,
-        status
-            .dirty_oldest_age_seconds
-            .map(|s| format!("{s}s ago"))
-            .unwrap_or_else(|| "-".into()),
         in_flight_note(status.dirty_marks_in_flight)
     );
     if status.recent_reconciles.is_empty() {
