@@ -94,11 +94,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         state.live_delta
     );
     // A sum's truth is the `$sum` of its rows' field, not a number of rows.
-    let truth_label = if summed.is_some() {
-        "true sum  "
-    } else {
-        "true count"
-    };
+    let truth_label = summed.as_ref().map_or("true count", |_| "true sum  ");
     match (observation.truth, observation.mismatch()) {
         (None, _) if snapshotting => outln!(
             "{truth_label}      not compared: the initial snapshot is still counting the rows that existed before the stream's start (see `counterd status`)"
