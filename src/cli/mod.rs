@@ -28,9 +28,6 @@ use crate::store::mongo::MongoStore;
 
 pub use output::{print_json, rfc3339};
 
-/// Exit code for configuration errors (as for usage errors).
-pub const EXIT_CONFIG: u8 = exit::USAGE;
-
 /// counterd keeps per-post comment counters in MongoDB honest: it tails the `comments` change
 /// stream into idempotent counter increments and recounts dirty posts in the background.
 #[derive(Debug, Parser)]
@@ -200,11 +197,11 @@ pub async fn main(cli: Cli) -> ExitCode {
     }
 }
 
-/// Says why the command cannot start (secrets redacted) and ends it with the configuration
-/// error's exit code.
+/// Says why the command cannot start (secrets redacted) and ends it with the exit code of
+/// configuration errors, as of usage errors.
 fn refused(why: &str) -> ExitCode {
     eprintln!("counterd: {}", redact_text(why));
-    ExitCode::from(EXIT_CONFIG)
+    ExitCode::from(exit::USAGE)
 }
 
 /// Connects to the configured database (one-shot commands fail fast with a clear error).
