@@ -472,14 +472,11 @@ fn summary(
     outln!("drift injected by hand:   {injected}");
     outln!("drift the reconciler reported: {reported}");
     let matched = injected.matches(reported);
-    outln!(
-        "{}",
-        if matched {
-            "they match: every correction was real, none was missed"
-        } else {
-            "they DIFFER: a correction was invented or missed"
-        }
-    );
+    if matched {
+        outln!("they match: every correction was real, none was missed");
+    } else {
+        outln!("they DIFFER: a correction was invented or missed");
+    }
     if exact && matched {
         outln!(
             "converged: all {} counters of each of {} definitions ({}) equal the truth",
