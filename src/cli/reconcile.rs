@@ -4,8 +4,7 @@ use std::process::ExitCode;
 
 use crate::cli::exit::NotYet;
 use crate::cli::{connect, print_json};
-use crate::config::InitialSnapshot;
-use crate::config::Settings;
+use crate::config::{InitialSnapshot, Settings};
 use crate::core::key::GroupValue;
 use crate::outln;
 use crate::reconcile::{ReconcileSettings, Reconciler, RunReport};

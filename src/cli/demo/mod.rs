@@ -24,8 +24,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::task::JoinHandle;
 
-use crate::config::InitialSnapshot;
-use crate::config::{CounterKind, CounterSetting, Settings};
+use crate::config::{CounterKind, CounterSetting, InitialSnapshot, Settings};
 use crate::core::definition::{Definitions, Kind};
 use crate::core::key::GroupValue;
 use crate::daemon::{run_sources, shutdown_on_signals, statuses_for, DaemonError};
@@ -34,10 +33,9 @@ use crate::outln;
 use crate::reconcile::{ReconcileSettings, Reconciler};
 use crate::shutdown::Shutdown;
 use crate::status::WorkerStatus;
-use crate::store::displayed_and_truth;
 use crate::store::mongo::MongoStore;
 use crate::store::prelude::*;
-use crate::store::{SnapshotProgress, SnapshotState};
+use crate::store::{displayed_and_truth, SnapshotProgress, SnapshotState};
 use load::{reported_drift, DriftTally, Load};
 
 #[derive(Debug, clap::Args)]
