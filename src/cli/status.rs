@@ -358,12 +358,8 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         outln!("last reconcile    never");
     }
     for (i, run) in status.recent_reconciles.iter().enumerate() {
-        let label = if i == 0 {
-            "last reconcile   "
-        } else {
-            "                 "
-        };
-        outln!("{label} {}", describe_run(run));
+        let label = if i == 0 { "last reconcile" } else { "" };
+        outln!("{label:17} {}", describe_run(run));
     }
     match &status.last_correction {
         Some(run) => outln!("last correction   {}", describe_run(run)),
