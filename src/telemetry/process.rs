@@ -35,9 +35,7 @@ impl ProcessStats {
         let resident_bytes = status_kb("VmRSS") * 1024.0;
         let virtual_bytes = status_kb("VmSize") * 1024.0;
         let threads = status_kb("Threads");
-        let open_fds = std::fs::read_dir("/proc/self/fd")
-            .map(|d| d.count() as f64)
-            .unwrap_or(f64::NAN);
+        let open_fds = std::fs::read_dir("/proc/self/fd").map_or(f64::NAN, |d| d.count() as f64);
         Some(ProcessStats {
             cpu_seconds,
             resident_bytes,

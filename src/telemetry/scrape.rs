@@ -12,8 +12,7 @@ use crate::status::WorkerStatus;
 pub fn unix_now() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
+        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 /// The dirty backlogs as this process's last reconcile runs saw them, per counter definition
