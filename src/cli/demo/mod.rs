@@ -279,13 +279,11 @@ async fn create_recount_index(
     let mut key = Document::new();
     key.insert(schema.group(), 1);
     key.insert(&schema.created, 1);
-    for (_, d) in definitions
+    let same_group = definitions
         .iter()
-        .filter(|(_, d)| d.group == schema.group())
-    {
-        if let Some(field) = d.kind.field() {
-            key.insert(field, 1);
-        }
+        .filter(|(_, d)| d.group == schema.group());
+    for field in same_group.filter_map(|(_, d)| d.kind.field()) {
+        key.insert(field, 1);
     }
     db.run_command(bson::doc! {
         "createIndexes": &settings.comments_collection,
