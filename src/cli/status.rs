@@ -349,10 +349,14 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     }
     let oldest = status.dirty_oldest_age_seconds;
     let oldest = oldest.map_or("-".into(), |s| format!("{s}s ago"));
+    // The marks a batch in flight is still writing.
+    let marking = match status.dirty_marks_in_flight {
+        0 => String::new(),
+        marks => format!(", and {marks} more being marked by the batch in flight"),
+    };
     outln!(
-        "dirty backlog     {} posts, oldest {oldest}{}",
-        status.dirty.size,
-        in_flight_note(status.dirty_marks_in_flight)
+        "dirty backlog     {} posts, oldest {oldest}{marking}",
+        status.dirty.size
     );
     if status.recent_reconciles.is_empty() {
         outln!("last reconcile    never");
@@ -366,15 +370,6 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         None => outln!("last correction   none recorded (runs are kept 30 days)"),
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// The part of the backlog line for marks a batch in flight is still writing.
-fn in_flight_note(marks: usize) -> String {
-    if marks == 0 {
-        String::new()
-    } else {
-        format!(", and {marks} more being marked by the batch in flight")
-    }
 }
 
 /// One reconcile run on one line; a run of another definition than the default names it (a
