@@ -32,7 +32,7 @@ fn is_default<T: Default + PartialEq>(value: &T) -> bool {
 }
 
 /// One `[[counters]]` entry.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CounterSetting {
     /// Its name: `--counter NAME`, the `counter` label of metrics, a line of `status` (letters,

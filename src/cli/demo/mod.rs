@@ -214,26 +214,23 @@ fn demo_counters(settings: &Settings) -> Vec<CounterSetting> {
 
 /// The demo's own definitions beside the default: approved comments and the rating sum.
 fn added_counters(settings: &Settings) -> Vec<CounterSetting> {
-    let mut approved = toml::Table::new();
-    approved.insert("approved".into(), toml::Value::Boolean(true));
+    let approved = toml::Table::from_iter([("approved".into(), toml::Value::Boolean(true))]);
     vec![
         CounterSetting {
             name: "approved".into(),
             group_field: settings.group_field.clone(),
             condition: Some(approved),
             collection: "approved_comment_counters".into(),
-            kind: CounterKind::Count,
-            field: None,
-            with_count: false,
+            ..CounterSetting::default()
         },
         CounterSetting {
             name: "rating".into(),
             group_field: settings.group_field.clone(),
-            condition: None,
             collection: RATINGS.into(),
             kind: CounterKind::Sum,
             field: Some("rating".into()),
             with_count: true,
+            ..CounterSetting::default()
         },
     ]
 }
