@@ -81,16 +81,13 @@ fn check_group(
             ),
         );
     }
-    let specs = match indexes {
-        Ok(s) => s,
-        Err(e) => {
-            return Finding::skipped(
-                CHECK,
-                format!("listIndexes on {} failed ({e})", expect.comments),
-            )
-        }
-    };
-    judge_indexes(specs, expect, group, sums)
+    match indexes {
+        Ok(specs) => judge_indexes(specs, expect, group, sums),
+        Err(e) => Finding::skipped(
+            CHECK,
+            format!("listIndexes on {} failed ({e})", expect.comments),
+        ),
+    }
 }
 
 /// The best of `specs` for recounts by `group` adding up `sums`: led by the group, then the
