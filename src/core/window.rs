@@ -109,11 +109,9 @@ pub fn changed_since(
     since: Option<&str>,
     until: Option<&str>,
 ) -> Result<BTreeMap<String, (CommentId, String)>, Unsettled> {
-    let moved = match (since, until) {
-        (_, None) => false,
-        (None, Some(_)) => true,
-        (Some(s), Some(u)) => u > s,
-    };
+    // The counter moved since the first read (`None` sorts first: no counter now never
+    // moved; a counter now that was not there at the first read did).
+    let moved = until > since;
     if moved && log.last().map(|t| t.through.as_str()) != until {
         return Err(Unsettled::Truncated);
     }
