@@ -556,10 +556,8 @@ fn problem_only(before: &Before, source: Source, problem: Problem) -> Classifica
 }
 
 fn push_unique(list: &mut Vec<CounterKey>, key: Option<CounterKey>) {
-    if let Some(key) = key {
-        if !list.contains(&key) {
-            list.push(key);
-        }
+    if let Some(key) = key.filter(|key| !list.contains(key)) {
+        list.push(key);
     }
 }
 
