@@ -132,10 +132,9 @@ impl Schema {
     /// Reads a document that shows an existing row (a pre-image, a looked-up row), counted or
     /// not: without a usable post id the row exists but does not count (`post: None`).
     pub fn read_existing_row(&self, doc: &Document) -> Row {
-        let created_at = match Self::get(doc, &self.created) {
-            Some(Bson::DateTime(d)) => Some(*d),
-            _ => None,
-        };
+        let created_at = Self::get(doc, &self.created)
+            .and_then(Bson::as_datetime)
+            .copied();
         let deleted = self
             .soft_delete
             .field()
