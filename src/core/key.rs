@@ -162,14 +162,8 @@ impl Member {
 /// not a document): how a group field is read, so a group field inside an array has no single
 /// key.
 pub fn value_at<'a>(doc: &'a Document, path: &str) -> Option<&'a Bson> {
-    let mut current = doc;
-    let mut parts = path.split('.').peekable();
-    while let Some(part) = parts.next() {
-        let value = current.get(part)?;
-        if parts.peek().is_none() {
-            return Some(value);
-        }
-        current = value.as_document()?;
+    match path.split_once('.') {
+        None => doc.get(path),
+        Some((head, rest)) => value_at(doc.get(head)?.as_document()?, rest),
     }
-    None
 }
