@@ -330,8 +330,7 @@ fn update_summary(description: Option<Document>, document_key: &Document) -> Opt
             });
         }
     }
-    let has_operators = document_key.keys().any(|k| k.starts_with('$'));
-    if !has_operators {
+    if !document_key.keys().any(|k| k.starts_with('$')) {
         return None;
     }
     let set = document_key
