@@ -302,17 +302,13 @@ impl MongoStore {
         filter: Document,
         update: Document,
     ) -> StoreResult<()> {
-        match self
+        let updated = self
             .coll(&self.names.checkpoints)
             .update_one(filter, update)
             .upsert(true)
-            .observed_raw(op)
-            .await
-        {
-            Ok(_) => Ok(()),
-            // The checkpoint exists with another epoch: a successor took the stream.
-            Err(e) if error_code(&e) == Some(DUPLICATE_KEY) => Err(StoreError::fenced(fence)),
-            Err(e) => Err(map_err(op, e)),
-        }
+            .unless_duplicate(op)
+            .await?;
+        // A duplicate: the checkpoint exists with another epoch, a successor took the stream.
+        updated.map(drop).ok_or_else(|| StoreError::fenced(fence))
     }
 }

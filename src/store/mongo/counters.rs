@@ -125,13 +125,8 @@ impl Counters for MongoStore {
             }
             let inserted = counters
                 .insert_one(new)
-                .observed_raw("create a counter")
-                .await;
-            return match inserted {
-                Ok(_) => Ok(true),
-                Err(e) if error_code(&e) == Some(DUPLICATE_KEY) => Ok(false),
-                Err(e) => Err(map_err("create a counter", e)),
-            };
+                .unless_duplicate("create a counter");
+            return Ok(inserted.await?.is_some());
         };
         let mut filter = doc! {"_id": post.to_bson()};
         match &expected.applied_through {
