@@ -18,15 +18,7 @@ pub(super) const DUPLICATE_KEY: i32 = 11000;
 pub(super) const SNAPSHOT_GONE: [i32; 3] = [239, 246, 209];
 
 pub(super) use super::cause::sentence;
-
-pub(super) fn error_code(e: &DriverError) -> Option<i32> {
-    match e.kind.as_ref() {
-        ErrorKind::Command(c) => Some(c.code),
-        ErrorKind::Write(WriteFailure::WriteError(w)) => Some(w.code),
-        ErrorKind::Write(WriteFailure::WriteConcernError(w)) => Some(w.code),
-        _ => None,
-    }
-}
+pub(super) use crate::store::error::error_code;
 
 /// Server error codes that no retry mends when connecting: `Unauthorized` (13),
 /// `AuthenticationFailed` (18), and Atlas's `AtlasError` for a refused login (8000).

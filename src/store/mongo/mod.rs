@@ -37,7 +37,7 @@ use mongodb::bson::{
 };
 use mongodb::change_stream::event::ResumeToken;
 use mongodb::change_stream::ChangeStream;
-use mongodb::error::{Error as DriverError, ErrorKind, WriteFailure};
+use mongodb::error::{Error as DriverError, ErrorKind};
 use mongodb::options::{
     ClientOptions, FullDocumentBeforeChangeType, FullDocumentType, ReadPreference,
     SelectionCriteria,
