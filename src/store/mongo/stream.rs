@@ -133,13 +133,7 @@ fn event_parts(raw: &RawDocument) -> bson::raw::Result<EventParts<'_>> {
             }
             "updateDescription" => parts.update_description = None,
             "lsid" => lsid = value.as_document(),
-            "txnNumber" => {
-                number = match value {
-                    RawBsonRef::Int64(n) => Some(n),
-                    RawBsonRef::Int32(n) => Some(i64::from(n)),
-                    _ => None,
-                }
-            }
+            "txnNumber" => number = value.as_i64().or(value.as_i32().map(i64::from)),
             _ => {}
         }
     }
