@@ -273,7 +273,7 @@ impl Counters for MongoStore {
 impl MongoStore {
     /// Sends a batch's counter writes to their definitions' collections, one `update` command
     /// (or more, past the statement cap) per definition the batch touches.
-    async fn per_definition<T, S, F>(
+    async fn per_definition<T, F>(
         &self,
         op: &'static str,
         fence: &Fence,
@@ -283,8 +283,7 @@ impl MongoStore {
     ) -> StoreResult<ApplyOutcome>
     where
         T: Sync,
-        S: Statement,
-        F: Fn(&&T, &'static str, Writer) -> S + Sync,
+        F: Fn(&&T, &'static str, Writer) -> StoreResult<RawDocumentBuf> + Sync,
     {
         let mut outcome = ApplyOutcome::default();
         // Every definition is looked up before anything is written: a write for an unknown one

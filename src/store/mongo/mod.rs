@@ -433,8 +433,9 @@ impl MongoStore {
     /// Runs `update` commands of many statements, `ordered: false`, one statement per item;
     /// returns (statements that wrote, statements rejected by a
     /// duplicate key). Each command's statements are built just before it is sent, so a large
-    /// batch never holds all of its statements at once.
-    async fn update_many_statements<T, S, F>(
+    /// batch never holds all of its statements at once; each is built straight as raw BSON,
+    /// which skips building a document tree and encoding it.
+    async fn update_many_statements<T, F>(
         &self,
         op: &'static str,
         collection: &str,
@@ -443,8 +444,7 @@ impl MongoStore {
     ) -> StoreResult<(u64, u64)>
     where
         T: Sync,
-        S: Statement,
-        F: Fn(&T) -> S + Sync,
+        F: Fn(&T) -> StoreResult<RawDocumentBuf> + Sync,
     {
         let mut wrote = 0;
         let mut duplicates = 0;
@@ -452,7 +452,7 @@ impl MongoStore {
         for items in items.chunks(1000) {
             // Each statement goes to raw BSON as soon as it is built: a thousand statements
             // as document trees held megabytes (see `budget::cost`), as bytes a few hundred KB.
-            let chunk = items.iter().map(|item| statement(item).into_raw(op));
+            let chunk = items.iter().map(&statement);
             let chunk = chunk.collect::<StoreResult<RawArrayBuf>>()?;
             let sent = items.len() as u64;
             let reply = self
@@ -467,24 +467,6 @@ impl MongoStore {
             wrote += sent - refused;
         }
         Ok((wrote, duplicates))
-    }
-}
-
-/// One statement of an `update` command: built as a document, or (the worker's per-event
-/// writes) straight as raw BSON, which skips building a document tree and encoding it.
-pub(super) trait Statement {
-    fn into_raw(self, op: &'static str) -> StoreResult<RawDocumentBuf>;
-}
-
-impl Statement for Document {
-    fn into_raw(self, op: &'static str) -> StoreResult<RawDocumentBuf> {
-        RawDocumentBuf::from_document(&self).map_err(unencodable(op))
-    }
-}
-
-impl Statement for StoreResult<RawDocumentBuf> {
-    fn into_raw(self, _op: &'static str) -> StoreResult<RawDocumentBuf> {
-        self
     }
 }
 
