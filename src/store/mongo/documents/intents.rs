@@ -72,7 +72,7 @@ mod buckets {
     use serde::de::Error as _;
     use serde::{Deserialize, Deserializer, Serializer};
 
-    use super::{number, BTreeMap, BucketStart, Document, Num};
+    use super::{bucket_amounts, BTreeMap, BucketStart, Document, Num};
 
     pub fn serialize<S: Serializer>(
         buckets: &BTreeMap<BucketStart, Num>,
@@ -84,18 +84,7 @@ mod buckets {
     pub fn deserialize<'de, D: Deserializer<'de>>(
         d: D,
     ) -> Result<BTreeMap<BucketStart, Num>, D::Error> {
-        Document::deserialize(d)?
-            .iter()
-            .map(|(key, value)| {
-                let start = key.parse().map_err(|_| {
-                    D::Error::custom(format!("bucket key `{key}` is not a number of seconds"))
-                })?;
-                let amount = number(Some(value))
-                    .map_err(|e| D::Error::custom(format!("bucket `{key}` is {e}")))?
-                    .ok_or_else(|| D::Error::custom(format!("bucket `{key}` is null")))?;
-                Ok((start, amount))
-            })
-            .collect()
+        bucket_amounts(&Document::deserialize(d)?, None).map_err(D::Error::custom)
     }
 }
 

@@ -14,6 +14,7 @@ use serde::Serialize;
 use super::*;
 use crate::core::definition::Definition;
 use crate::core::key::Member;
+use crate::core::num::Num;
 
 mod entries;
 mod fields;
@@ -40,13 +41,27 @@ pub(super) fn integer(value: Option<&Bson>) -> Result<Option<i64>, String> {
 
 /// A counter's number (a base, a delta, a bucket's amount, a drift): an integer stays an
 /// integer, a double stays a double (a sum that turned into one); `Err` for anything else.
-pub(super) fn number(value: Option<&Bson>) -> Result<Option<crate::core::num::Num>, String> {
+pub(super) fn number(value: Option<&Bson>) -> Result<Option<Num>, String> {
     match value {
         None | Some(Bson::Null) => Ok(None),
-        Some(v) => crate::core::num::Num::from_bson(v)
+        Some(v) => Num::from_bson(v)
             .map(Some)
             .ok_or_else(|| format!("{v:?}, expected a number")),
     }
+}
+
+/// Amounts by bucket, as a counter and an intent store them: a document keyed by the bucket's
+/// start in seconds (BSON keys are strings), each amount by the [`number`] rule; a null amount
+/// reads as `null_is` (`None`: an error).
+fn bucket_amounts(map: &Document, null_is: Option<Num>) -> Result<BTreeMap<i64, Num>, String> {
+    let bucket = |(key, value): (&String, &Bson)| {
+        let start = key.parse();
+        let start = start.map_err(|_| format!("bucket key `{key}` is not a number of seconds"))?;
+        let amount = number(Some(value)).map_err(|e| format!("bucket `{key}` is {e}"))?;
+        let null = || format!("bucket `{key}` is null");
+        Ok((start, amount.or(null_is).ok_or_else(null)?))
+    };
+    map.iter().map(bucket).collect()
 }
 
 /// A stored count (progress numbers, generations): [`integer`], where a missing, malformed or
@@ -92,24 +107,14 @@ pub(super) fn counter_from_doc(doc: &Document) -> StoreResult<CounterDoc> {
     };
     let int = |field: &str| -> StoreResult<i64> { Ok(int_or_none(field)?.unwrap_or(0)) };
     // A counter's numbers: integers for a count, a sum's integers or doubles.
-    let num_or_none = |field: &str| -> StoreResult<Option<crate::core::num::Num>> {
+    let num_or_none = |field: &str| -> StoreResult<Option<Num>> {
         number(doc.get(field)).map_err(|e| malformed(format!("`{field}` is {e}")))
     };
-    let num = |field: &str| -> StoreResult<crate::core::num::Num> {
-        Ok(num_or_none(field)?.unwrap_or_default())
+    let num = |field: &str| -> StoreResult<Num> { Ok(num_or_none(field)?.unwrap_or_default()) };
+    let buckets = match doc.get_document("live_by_bucket") {
+        Ok(map) => bucket_amounts(map, Some(Num::default())).map_err(malformed)?,
+        Err(_) => BTreeMap::new(),
     };
-    let mut buckets = BTreeMap::new();
-    if let Ok(map) = doc.get_document("live_by_bucket") {
-        for (key, value) in map {
-            let start: i64 = key
-                .parse()
-                .map_err(|_| malformed(format!("bucket key `{key}` is not a number of seconds")))?;
-            let amount = number(Some(value))
-                .map_err(|e| malformed(format!("bucket `{key}` is {e}")))?
-                .unwrap_or_default();
-            buckets.insert(start, amount);
-        }
-    }
     Ok(CounterDoc {
         post: doc.get("_id").and_then(GroupValue::from_bson),
         state: CounterState {
@@ -368,7 +373,7 @@ fn member_to_bson(member: &Member) -> Bson {
     if let Some(group) = &member.group {
         d.insert("group", group.to_bson());
     }
-    if member.amount != crate::core::num::Num::ONE {
+    if member.amount != Num::ONE {
         d.insert("amount", member.amount.to_bson());
     }
     Bson::Document(d)
@@ -381,8 +386,8 @@ fn member_from(value: Option<&Bson>) -> Member {
             group: d.get("group").and_then(GroupValue::from_bson),
             matches: d.get_bool("matches").unwrap_or(false),
             amount: match d.get("amount") {
-                None => crate::core::num::Num::ONE,
-                Some(v) => crate::core::num::Num::from_bson(v).unwrap_or_default(),
+                None => Num::ONE,
+                Some(v) => Num::from_bson(v).unwrap_or_default(),
             },
             not_a_number: None,
         },
@@ -443,7 +448,7 @@ mod tests {
         let run = RunSummary {
             kind: "sweep".into(),
             posts: 3,
-            drift_low: crate::core::num::Num::Int(-2),
+            drift_low: Num::Int(-2),
             finished_at: Some(DateTime::from_millis(5_000)),
             ..RunSummary::default()
         };
