@@ -261,18 +261,11 @@ pub(super) fn checkpoint_from_doc(stream: &str, doc: &Document) -> StoreResult<C
     let epoch = integer(doc.get("epoch"))
         .map_err(|e| malformed(format!("`epoch` is {e}")))?
         .unwrap_or(0);
-    let gaps = doc
-        .get_array("gaps")
-        .map(|gaps| {
-            gaps.iter()
-                .filter_map(|g| g.as_document())
-                .map(|g| Gap {
-                    from: g.get_datetime("from").ok().copied(),
-                    to: g.get_datetime("to").ok().copied().unwrap_or(DateTime::MIN),
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let gaps = doc.get_array("gaps").ok().into_iter().flatten();
+    let gaps = gaps.filter_map(Bson::as_document).map(|g| Gap {
+        from: g.get_datetime("from").ok().copied(),
+        to: g.get_datetime("to").ok().copied().unwrap_or(DateTime::MIN),
+    });
     // An optional sub-document: absent or null is none, anything but a document malformed.
     let sub = |field: &str| match doc.get(field) {
         None | Some(Bson::Null) => Ok(None),
@@ -295,7 +288,7 @@ pub(super) fn checkpoint_from_doc(stream: &str, doc: &Document) -> StoreResult<C
         epoch,
         deployment: sub("deployment")?.map(Deployment::from_document),
         updated_at: doc.get_datetime("updated_at").ok().copied(),
-        gaps,
+        gaps: gaps.collect(),
         sweep_requested: doc.get_bool("sweep_requested").unwrap_or(false),
     })
 }
@@ -350,11 +343,9 @@ pub(super) fn joined(post: Option<GroupValue>, more: Vec<Member>) -> Vec<Member>
 /// definitions are added, removed or reordered (a definition it does not name reads as "counts
 /// nowhere", as for a row written before the definition existed; removed ones are ignored).
 pub(super) fn ledger_members_to_bson(members: &[Member], definitions: &[Definition]) -> Bson {
-    let mut by_name = Document::new();
-    for (member, definition) in members.iter().zip(definitions) {
-        by_name.insert(definition.name.clone(), member_to_bson(member));
-    }
-    Bson::Document(by_name)
+    let by_name = members.iter().zip(definitions);
+    let by_name = by_name.map(|(m, d)| (d.name.clone(), member_to_bson(m)));
+    Bson::Document(by_name.collect())
 }
 
 /// [`ledger_members_to_bson`] read back, in the order of `definitions`.
