@@ -416,18 +416,10 @@ impl MongoStore {
     /// Whether `changeStreamPreAndPostImages` is enabled on the comments collection; a lost
     /// reply is an error (retried at start-up), never a "no".
     async fn pre_images_enabled(&self) -> StoreResult<bool> {
-        let name = self.comments.name();
-        let listed = async {
-            let mut cursor = self
-                .db
-                .list_collections()
-                .filter(doc! {"name": name})
-                .await?;
-            cursor.try_next().await
-        };
-        let spec = answered(listed.await, "list collections")?.flatten();
-        let images = spec.and_then(|s| s.options.change_stream_pre_and_post_images);
-        Ok(images.is_some_and(|o| o.enabled))
+        let entry = answered(self.comments_entry().await, "list collections")?.flatten();
+        let options = entry.as_ref().and_then(|e| e.get_document("options").ok());
+        let images = options.and_then(|o| o.get_document("changeStreamPreAndPostImages").ok());
+        Ok(images.is_some_and(|i| i.get_bool("enabled") == Ok(true)))
     }
 
     /// Runs `update` commands of many statements, `ordered: false`, one statement per item;
