@@ -49,11 +49,25 @@ pub(crate) fn map_err(op: &'static str, e: DriverError) -> StoreError {
     .iter()
     .any(|l| e.contains_label(l));
     let code = error_code(&e);
+    let transient =
+        transient_kind || labelled || code.is_some_and(|c| TRANSIENT_CODES.contains(&c));
+    driver_error(op, transient, sentence(&e), e)
+}
+
+/// The driver's error `e` as `op`'s failure, with the one sentence that describes it (see
+/// [`StoreError::Driver`]).
+pub(super) fn driver_error(
+    op: &'static str,
+    transient: bool,
+    detail: impl Into<String>,
+    e: DriverError,
+) -> StoreError {
+    let (detail, source) = (detail.into(), Box::new(e));
     StoreError::Driver {
         op,
-        transient: transient_kind || labelled || code.is_some_and(|c| TRANSIENT_CODES.contains(&c)),
-        detail: sentence(&e),
-        source: Box::new(e),
+        transient,
+        detail,
+        source,
     }
 }
 
@@ -63,12 +77,7 @@ pub(super) fn stream_err(e: DriverError, resumed_after: Option<&Token>) -> Store
             code,
             token: resumed_after.map(|t| t.to_string()).unwrap_or_default(),
         },
-        Some(40573) => StoreError::Driver {
-            op: "open the change stream",
-            transient: false,
-            detail: "the server is a standalone: change streams need a replica set or a sharded cluster (start mongod with --replSet and run rs.initiate())".into(),
-            source: Box::new(e),
-        },
+        Some(40573) => driver_error("open the change stream", false, "the server is a standalone: change streams need a replica set or a sharded cluster (start mongod with --replSet and run rs.initiate())", e),
         _ => map_err("read the change stream", e),
     }
 }

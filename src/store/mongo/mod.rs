@@ -192,12 +192,7 @@ async fn ping(db: &Database, hosts: &str, connect_timeout: Duration) -> StoreRes
         } else {
             format!("MongoDB at {hosts} refused counterd: {}", sentence(&e))
         };
-        StoreError::Driver {
-            op: "connect",
-            transient,
-            detail,
-            source: Box::new(e),
-        }
+        driver_error("connect", transient, detail, e)
     })?;
     Ok(())
 }
@@ -207,19 +202,11 @@ impl MongoStore {
     /// failed and what to check.
     pub async fn connect(options: &ConnectOptions) -> StoreResult<MongoStore> {
         crate::redact::remember_secrets(&options.uri);
-        let mut client_options =
-            ClientOptions::parse(&options.uri)
-                .await
-                .map_err(|e| StoreError::Driver {
-                    op: "parse the MongoDB URI",
-                    transient: false,
-                    detail: format!(
-                        "{} (check `mongodb_uri`: {})",
-                        crate::redact::redact_text_for(&sentence(&e), &options.uri),
-                        crate::redact::URI_SHAPE
-                    ),
-                    source: Box::new(e),
-                })?;
+        let mut client_options = ClientOptions::parse(&options.uri).await.map_err(|e| {
+            let said = crate::redact::redact_text_for(&sentence(&e), &options.uri);
+            let detail = format!("{said} (check `mongodb_uri`: {})", crate::redact::URI_SHAPE);
+            driver_error("parse the MongoDB URI", false, detail, e)
+        })?;
         client_options.server_selection_timeout = Some(options.connect_timeout);
         client_options.connect_timeout = Some(options.connect_timeout);
         client_options.app_name = Some("counterd".to_string());
@@ -231,12 +218,8 @@ impl MongoStore {
             .map(|h| h.to_string())
             .collect::<Vec<_>>()
             .join(",");
-        let client = Client::with_options(client_options).map_err(|e| StoreError::Driver {
-            op: "create the MongoDB client",
-            transient: false,
-            detail: sentence(&e),
-            source: Box::new(e),
-        })?;
+        let client = Client::with_options(client_options)
+            .map_err(|e| driver_error("create the MongoDB client", false, sentence(&e), e))?;
         let db = client.database(&options.database);
         ping(&db, &hosts, options.connect_timeout).await?;
         let comments = db.collection(&options.comments);
