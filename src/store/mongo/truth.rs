@@ -341,16 +341,13 @@ impl MongoStore {
             let n = self.comments.count_documents(filter).observed(op).await?;
             return Ok(Num::Int(n as i64));
         }
-        let op = "sum live comments";
-        let first: Option<Document> = self
+        // One document at most: the `$group` of every matched row.
+        let found: Vec<Document> = self
             .comments
             .aggregate(vec![doc! {"$match": filter}, self.tally_stage()])
-            .observed(op)
-            .await?
-            .try_next()
-            .await
-            .map_err(|e| map_err(op, e))?;
-        Ok(tallied(first.as_ref()))
+            .collected("sum live comments")
+            .await?;
+        Ok(tallied(found.first()))
     }
 
     /// The `$group` stage that adds up the matched rows into `n`: 1 each, or a sum's field.
