@@ -188,11 +188,12 @@ impl Checkpoints for MongoStore {
             .await?;
         let replica_set = is_master.contains_key("setName");
         let sharded = is_master.get_str("msg") == Ok("isdbgrid");
+        // An optional reading: a refusal is "unknown", a lost reply an error (see `answered`).
+        let admin = &admin;
+        let ask =
+            |command: Document, op| async move { answered(admin.run_command(command).await, op) };
         let repl_config = if replica_set {
-            answered(
-                admin.run_command(doc! {"replSetGetConfig": 1}).await,
-                "replSetGetConfig",
-            )?
+            ask(doc! {"replSetGetConfig": 1}, "replSetGetConfig").await?
         } else {
             None
         };
@@ -213,10 +214,7 @@ impl Checkpoints for MongoStore {
         let status = if replica_set || sharded {
             None
         } else {
-            answered(
-                admin.run_command(doc! {"serverStatus": 1}).await,
-                "serverStatus",
-            )?
+            ask(doc! {"serverStatus": 1}, "serverStatus").await?
         };
         Ok(Deployment::from_replies(
             &is_master,
