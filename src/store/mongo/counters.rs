@@ -208,13 +208,7 @@ impl Counters for MongoStore {
             .limit(limit.min(i64::MAX as usize) as i64)
             .collected("list counters")
             .await?;
-        let mut posts: Vec<GroupValue> = from_comments
-            .iter()
-            .chain(from_counters.iter())
-            .filter_map(|d| d.get("_id").and_then(GroupValue::from_bson))
-            .collect();
-        posts.sort();
-        posts.dedup();
+        let mut posts = posts_in(from_comments.iter().chain(&from_counters), "_id");
         posts.truncate(limit);
         Ok(posts)
     }
@@ -239,13 +233,7 @@ impl Counters for MongoStore {
             .collected("sample comments")
             .await?;
         docs.extend(from_comments);
-        let mut posts: Vec<GroupValue> = docs
-            .iter()
-            .filter_map(|d| d.get("post").and_then(GroupValue::from_bson))
-            .collect();
-        posts.sort();
-        posts.dedup();
-        Ok(posts)
+        Ok(posts_in(&docs, "post"))
     }
 
     async fn apply_snapshot_counters(
@@ -268,6 +256,15 @@ impl Counters for MongoStore {
         self.per_definition(op, fence, writes, |w| w.key.counter, statement)
             .await
     }
+}
+
+/// The posts that `field` of `docs` names, in order, each once.
+fn posts_in<'a>(docs: impl IntoIterator<Item = &'a Document>, field: &str) -> Vec<GroupValue> {
+    let posts = docs.into_iter().filter_map(|d| d.get(field));
+    let mut posts: Vec<GroupValue> = posts.filter_map(GroupValue::from_bson).collect();
+    posts.sort();
+    posts.dedup();
+    posts
 }
 
 impl MongoStore {
