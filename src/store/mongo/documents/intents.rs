@@ -249,11 +249,13 @@ struct PendingIn(#[serde(with = "PendingDoc")] PendingBatch);
 
 /// The pending batch as the checkpoint stores it, as raw BSON: a batch's intent names every
 /// counter, ledger state and dirty mark it plans (thousands while behind), which as a document
-/// tree held several megabytes beside the batch's other state.
+/// tree held several megabytes beside the batch's other state: serde writes it straight to
+/// bytes, without the document tree `to_stored` builds (see `checkpoints::record_intent`).
 pub(in crate::store::mongo) fn pending_to_raw(
     batch: &PendingBatch,
 ) -> StoreResult<bson::RawDocumentBuf> {
-    to_stored_raw("record the batch intent", &PendingOut(batch))
+    let stored = bson::to_raw_document_buf(&PendingOut(batch));
+    stored.map_err(unencodable("record the batch intent"))
 }
 
 pub(in crate::store::mongo) fn pending_from_doc(d: &Document) -> Result<PendingBatch, String> {

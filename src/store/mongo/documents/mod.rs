@@ -399,15 +399,6 @@ pub(super) fn members_from(value: Option<&Bson>) -> Vec<Member> {
     list.map(|m| member_from(Some(m))).collect()
 }
 
-/// `value` serialized straight to BSON bytes, without the document tree `to_stored` builds (a
-/// tree of a large intent costs several times its bytes; see `checkpoints::record_intent`).
-pub(super) fn to_stored_raw<T: Serialize>(
-    op: &'static str,
-    value: &T,
-) -> StoreResult<bson::RawDocumentBuf> {
-    bson::to_raw_document_buf(value).map_err(unencodable(op))
-}
-
 /// A document serde writes: the record's stored shape, for `op` (a failure is a bug, reported
 /// as fatal rather than a panic).
 pub(super) fn to_stored<T: Serialize>(op: &'static str, value: &T) -> StoreResult<Document> {
