@@ -4,23 +4,20 @@ use super::*;
 use crate::core::definition::ROWS_FIELD;
 use crate::core::num::Num;
 
-/// Type brackets of BSON sort order that post ids may have, in order.
-pub(super) fn later_types(post: &GroupValue) -> Vec<&'static str> {
-    match post {
-        GroupValue::Int(_) => vec!["string", "objectId"],
-        GroupValue::Str(_) => vec!["objectId"],
-        GroupValue::Oid(_) => vec![],
-    }
-}
-
 /// Posts strictly after `after` in BSON order, across type brackets (`$gt` alone stays within
 /// one type).
 pub(super) fn after_filter(field: &str, after: Option<&GroupValue>) -> Document {
     match after {
         None => doc! {field: {"$type": ["int", "long", "double", "string", "objectId"]}},
         Some(post) => {
+            // The type brackets of BSON sort order that post ids may have, after `post`'s.
+            let later: &[&str] = match post {
+                GroupValue::Int(_) => &["string", "objectId"],
+                GroupValue::Str(_) => &["objectId"],
+                GroupValue::Oid(_) => &[],
+            };
             let mut or = vec![Bson::Document(doc! {field: {"$gt": post.to_bson()}})];
-            for t in later_types(post) {
+            for t in later {
                 or.push(Bson::Document(doc! {field: {"$type": t}}));
             }
             doc! {"$or": or}
