@@ -462,11 +462,7 @@ pub(super) fn unencodable<E: std::fmt::Display>(op: &'static str) -> impl Fn(E) 
 /// of a newer epoch); any other write error, or a write concern error, is the command's error.
 fn write_errors(op: &'static str, reply: &Document) -> StoreResult<u64> {
     let mut duplicates = 0;
-    for error in reply
-        .get_array("writeErrors")
-        .map(Vec::as_slice)
-        .unwrap_or_default()
-    {
+    for error in reply.get_array("writeErrors").ok().into_iter().flatten() {
         let error = error.as_document().cloned().unwrap_or_default();
         let code = error.get_i32("code").unwrap_or(0);
         if code == DUPLICATE_KEY {
