@@ -352,14 +352,8 @@ impl MongoStore {
 
     /// The `$group` stage that adds up the matched rows into `n`: 1 each, or a sum's field.
     fn tally_stage(&self) -> Document {
-        let each = match self
-            .place("sum live comments", self.counter)
-            .ok()
-            .and_then(|p| p.sum)
-        {
-            Some(field) => Bson::String(format!("${field}")),
-            None => Bson::Int32(1),
-        };
+        let sum = self.here("sum live comments").ok().and_then(|p| p.sum);
+        let each = sum.map_or(Bson::Int32(1), |field| Bson::String(format!("${field}")));
         doc! {"$group": {"_id": Bson::Null, "n": {"$sum": each}}}
     }
 }
