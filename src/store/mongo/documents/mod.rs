@@ -234,9 +234,7 @@ pub(super) fn checkpoint_from_raw(
         }
     }
     let mut checkpoint = checkpoint_from_doc(stream, &doc)?;
-    if pending.is_some() {
-        checkpoint.pending = pending;
-    }
+    checkpoint.pending = pending.or(checkpoint.pending.take());
     Ok(checkpoint)
 }
 
