@@ -56,15 +56,11 @@ pub(crate) trait Observe<T>: IntoFuture<Output = Result<T, DriverError>> + Sized
     async fn observed_raw(self, op: &'static str) -> Result<T, DriverError> {
         let started = Instant::now();
         let result = self.into_future().await;
-        record(op, result.is_ok(), started.elapsed());
+        let outcome = if result.is_ok() { "ok" } else { "error" };
+        metrics::histogram!(m::MONGODB_OPERATION_DURATION, "op" => op, "outcome" => outcome)
+            .record(started.elapsed().as_secs_f64());
         result
     }
 }
 
 impl<T, F: IntoFuture<Output = Result<T, DriverError>>> Observe<T> for F {}
-
-fn record(op: &'static str, ok: bool, took: std::time::Duration) {
-    let outcome = if ok { "ok" } else { "error" };
-    metrics::histogram!(m::MONGODB_OPERATION_DURATION, "op" => op, "outcome" => outcome)
-        .record(took.as_secs_f64());
-}
