@@ -188,12 +188,8 @@ impl Checkpoints for MongoStore {
             .await?;
         let replica_set = is_master.contains_key("setName");
         let sharded = is_master.get_str("msg") == Ok("isdbgrid");
-        // An optional reading: a refusal is "unknown", a lost reply an error (see `answered`).
-        let admin = &admin;
-        let ask =
-            |command: Document, op| async move { answered(admin.run_command(command).await, op) };
         let repl_config = if replica_set {
-            ask(doc! {"replSetGetConfig": 1}, "replSetGetConfig").await?
+            ask(&admin, doc! {"replSetGetConfig": 1}, "replSetGetConfig").await?
         } else {
             None
         };
@@ -214,7 +210,7 @@ impl Checkpoints for MongoStore {
         let status = if replica_set || sharded {
             None
         } else {
-            ask(doc! {"serverStatus": 1}, "serverStatus").await?
+            ask(&admin, doc! {"serverStatus": 1}, "serverStatus").await?
         };
         Ok(Deployment::from_replies(
             &is_master,

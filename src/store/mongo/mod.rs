@@ -361,11 +361,8 @@ impl MongoStore {
             .await?;
         // A server that refuses `hello` or `buildInfo` lacks it; one whose reply was lost says
         // nothing either way, so the probe fails and is retried rather than taken as a "no".
-        let hello = answered(self.db.run_command(doc! {"hello": 1}).await, "hello")?.is_some();
-        let build = answered(
-            self.db.run_command(doc! {"buildInfo": 1}).await,
-            "buildInfo",
-        )?;
+        let hello = ask(&self.db, doc! {"hello": 1}, "hello").await?.is_some();
+        let build = ask(&self.db, doc! {"buildInfo": 1}, "buildInfo").await?;
         let version = build
             .as_ref()
             .and_then(|b| b.get_str("version").ok())
@@ -499,6 +496,11 @@ fn answered<T>(reply: Result<T, DriverError>, op: &'static str) -> StoreResult<O
             _ => Ok(None),
         },
     }
+}
+
+/// An optional reading or a probe: `command`'s reply by [`answered`]'s rule.
+async fn ask(db: &Database, command: Document, op: &'static str) -> StoreResult<Option<Document>> {
+    answered(db.run_command(command).await, op)
 }
 
 /// `field` is not `>= value`: matches a smaller value, a missing field, or another type.
