@@ -71,11 +71,15 @@ pub(super) fn driver_error(
     }
 }
 
-pub(super) fn stream_err(e: DriverError, resumed_after: Option<&Token>) -> StoreError {
+/// A change stream's error; history lost names the token the stream resumed after, if any.
+pub(super) fn stream_err(e: DriverError, start: &StreamStart) -> StoreError {
     match error_code(&e) {
         Some(code) if HISTORY_LOST_CODES.contains(&code) => StoreError::HistoryLost {
             code,
-            token: resumed_after.map(|t| t.to_string()).unwrap_or_default(),
+            token: match start {
+                StreamStart::After(token) => token.to_string(),
+                _ => String::new(),
+            },
         },
         Some(40573) => driver_error("open the change stream", false, "the server is a standalone: change streams need a replica set or a sharded cluster (start mongod with --replSet and run rs.initiate())", e),
         _ => map_err("read the change stream", e),
