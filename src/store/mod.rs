@@ -70,9 +70,11 @@ pub fn unknown_counter(op: &'static str, counter: CounterIx) -> StoreError {
 /// batch carries every definition's deltas; every other counter, dirty-set and truth call
 /// reads the view's definition. Views share everything else (connection, tables, leases,
 /// checkpoints, the ledger).
-pub trait CounterViews: Sized {
+pub trait CounterViews {
     /// This store as definition `counter` sees it (a cheap handle on the same store).
-    fn for_counter(&self, counter: CounterIx) -> Self;
+    fn for_counter(&self, counter: CounterIx) -> Self
+    where
+        Self: Sized;
 
     /// The definition this handle serves ([`CounterIx::DEFAULT`] unless made by
     /// [`CounterViews::for_counter`]).
