@@ -363,16 +363,13 @@ impl MongoStore {
         // nothing either way, so the probe fails and is retried rather than taken as a "no".
         let hello = ask(&self.db, doc! {"hello": 1}, "hello").await?.is_some();
         let build = ask(&self.db, doc! {"buildInfo": 1}, "buildInfo").await?;
-        let version = build
-            .as_ref()
-            .and_then(|b| b.get_str("version").ok())
-            .unwrap_or("unknown")
-            .to_string();
-        let major: i32 = version
+        let version = build.as_ref().and_then(|b| b.get_str("version").ok());
+        let version = version.unwrap_or("unknown").to_string();
+        let major = version
             .split('.')
             .next()
-            .and_then(|m| m.parse().ok())
-            .unwrap_or(0);
+            .and_then(|m| m.parse::<i32>().ok());
+        let major = major.unwrap_or(0);
         let wire_version = is_master.get_i32("maxWireVersion").unwrap_or(0);
         let replica_set =
             is_master.contains_key("setName") || is_master.get_str("msg") == Ok("isdbgrid");
