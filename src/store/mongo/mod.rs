@@ -394,9 +394,7 @@ impl MongoStore {
     /// reply is an error (retried at start-up), never a "no".
     async fn pre_images_enabled(&self) -> StoreResult<bool> {
         let entry = answered(self.comments_entry().await, "list collections")?.flatten();
-        let options = entry.as_ref().and_then(|e| e.get_document("options").ok());
-        let images = options.and_then(|o| o.get_document("changeStreamPreAndPostImages").ok());
-        Ok(images.is_some_and(|i| i.get_bool("enabled") == Ok(true)))
+        Ok(entry.as_ref().is_some_and(crate::doctor::pre_images_on))
     }
 
     /// Runs `update` commands of many statements, `ordered: false`, one statement per item;
