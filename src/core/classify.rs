@@ -60,7 +60,8 @@ pub enum Before {
     Complete(Option<Row>),
 }
 
-/// Which source the before-state came from (reported in metrics, by its snake_case name).
+/// Which source the before-state came from (counted per batch in `BatchPlan::by_source`, by
+/// its snake_case name).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, strum::IntoStaticStr)]
 #[strum(serialize_all = "snake_case")]
 pub enum Source {
