@@ -2,7 +2,7 @@
 
 use bson::{DateTime, Timestamp};
 
-use super::{fence_ok, max_string, seam, CarriedCopy, Memory, MemoryStore};
+use super::{fence_ok, max_string, seam, upsert, CarriedCopy, Memory, MemoryStore};
 use crate::core::batch::PendingBatch;
 use crate::core::deployment::Deployment;
 use crate::core::event::Token;
@@ -56,26 +56,17 @@ impl Memory {
     fn checkpoint_update(
         &mut self,
         fence: &Fence,
-        matches: impl Fn(&CheckpointRec) -> bool,
+        matches: impl FnOnce(&CheckpointRec) -> bool,
         update: impl FnOnce(&mut CheckpointRec, DateTime),
     ) -> StoreResult<()> {
         let now = self.now();
-        match self.checkpoints.get_mut(&fence.stream) {
-            Some(c) if matches(c) => {
-                update(c, now);
-                Ok(())
-            }
-            Some(_) => Err(StoreError::fenced(fence)),
-            None => {
-                let mut c = CheckpointRec {
-                    epoch: Some(fence.epoch),
-                    ..CheckpointRec::default()
-                };
-                update(&mut c, now);
-                self.checkpoints.insert(fence.stream.clone(), c);
-                Ok(())
-            }
-        }
+        let new = || CheckpointRec {
+            epoch: Some(fence.epoch),
+            ..CheckpointRec::default()
+        };
+        let c = upsert(&mut self.checkpoints, fence.stream.clone(), matches, new);
+        update(c.ok_or_else(|| StoreError::fenced(fence))?, now);
+        Ok(())
     }
 
     /// A checkpoint write by the worker that owns the stream's current epoch.

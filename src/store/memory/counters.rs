@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use bson::{DateTime, Timestamp};
 use rand::Rng;
 
-use super::{fence_ok, mongo_limit, not_gte, seam, Memory, MemoryStore};
+use super::{fence_ok, mongo_limit, not_gte, seam, upsert, Memory, MemoryStore};
 use crate::core::batch::{CounterDelta, CounterWrite};
 use crate::core::fold::{CounterState, Fold};
 use crate::core::key::{CounterIx, CounterKey, GroupValue};
@@ -125,13 +125,9 @@ impl Memory {
     ) -> Option<(&mut CounterRec, Writer)> {
         let writer = fence.writer(self.shared(key.counter));
         let counters = &mut self.tables_mut(key.counter)?.counters;
-        if counters
-            .get(&key.group)
-            .is_some_and(|c| !admits(c.guard(writer)))
-        {
-            return None;
-        }
-        Some((counters.entry(key.group.clone()).or_default(), writer))
+        let admits = |c: &CounterRec| admits(c.guard(writer));
+        let c = upsert(counters, key.group.clone(), admits, CounterRec::default)?;
+        Some((c, writer))
     }
 
     /// Whether definition `counter` groups by another field than the post (its counters
