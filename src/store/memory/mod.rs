@@ -42,7 +42,6 @@ use rand::SeedableRng;
 pub use self::checkpoints::CheckpointRec;
 pub use self::counters::CounterRec;
 pub use self::dirty::DirtyRec;
-pub use self::leases::LeaseRec;
 pub use self::ledger::LedgerRec;
 pub use self::stream::{
     drained_token, event_token, Cursor, MemoryEvents, OpKind, OpenTxn, OplogEntry, OplogTxn,
@@ -97,7 +96,7 @@ pub struct Memory {
     pub checkpoints: BTreeMap<String, CheckpointRec>,
     /// Carried batches by stream and end (the carried collection).
     pub carried: BTreeMap<(String, String), CarriedCopy>,
-    pub leases: BTreeMap<String, LeaseRec>,
+    pub leases: BTreeMap<String, crate::store::Lease>,
     pub runs: Vec<RunSummary>,
     pub sweeps: BTreeMap<String, SweepCursor>,
     /// `$sample`'s randomness (seeded, so a test's sample replays).
