@@ -23,14 +23,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
         if posts.is_empty() {
             return Ok(Vec::new());
         }
-        let requests: Vec<Request> = posts
-            .iter()
-            .map(|post| Request {
-                post: post.clone(),
-                watermark: proposed,
-                full,
-            })
-            .collect();
+        let requests = Request::each(posts, proposed, full);
         let recounts = self.recounter.recount(&requests, &mut run.pace).await?;
         run.summary.counts += recounts.len() as u64;
         metrics::counter!(m::RECOUNTS, "stream" => self.settings.stream.clone(), "kind" => run.kind.label())

@@ -78,6 +78,18 @@ pub struct Request {
     pub full: bool,
 }
 
+impl Request {
+    /// One request per post, each below `watermark`.
+    pub fn each(posts: &[GroupValue], watermark: i64, full: bool) -> Vec<Request> {
+        let request = |post: &GroupValue| Request {
+            post: post.clone(),
+            watermark,
+            full,
+        };
+        posts.iter().map(request).collect()
+    }
+}
+
 /// The outcome of one recount.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Recount {
