@@ -138,9 +138,27 @@ impl Consistent {
         let Some(c) = counter else {
             return self.since.is_none() && self.counter.is_none();
         };
-        !self.voided_by_fold(c)
-            && !touched_after(c, self.since.as_deref(), self.watermark)
-            && !writers_touched_after(c, &self.since_writers, self.watermark)
+        !self.voided_by_fold(c) && !self.touched_after(c)
+    }
+
+    /// Whether an event changed a row of the post in a bucket below the watermark in a batch
+    /// after `since` (every touch counts when `since` is `None`); for the other writers of a
+    /// counter several partitions write, each after its own position when first read
+    /// (`since_writers`; a writer absent then: every touch counts). Positions of different
+    /// partitions are not compared: a lagging partition writes older tokens after another's
+    /// newer ones.
+    fn touched_after(&self, c: &CounterDoc) -> bool {
+        let others = c.writers.iter().map(|(slot, w)| {
+            let since = self.since_writers.get(slot).map(String::as_str);
+            (since, &w.touched)
+        });
+        let since = self.since.as_deref();
+        std::iter::once((since, &c.touched))
+            .chain(others)
+            .any(|(since, touched)| {
+                let mut settled = touched.range(..self.watermark);
+                settled.any(|(_, token)| since.is_none_or(|s| token.as_str() > s))
+            })
     }
 
     /// Whether `c`, a later state of the counter, was refolded or hand-edited in a way that voids
@@ -153,6 +171,25 @@ impl Consistent {
         let observation = self.watermark >= EVERYTHING;
         !observation && (c.folds != self.folds || c.state.base_count != self.base_count)
     }
+
+    /// A recount of `post` below `watermark` that starts from its counter as first read
+    /// (`None`: no counter document); nothing counted yet.
+    fn first(post: GroupValue, counter: Option<CounterDoc>, watermark: i64) -> Consistent {
+        let writers = counter.iter().flat_map(|c| &c.writers);
+        let since_writers = writers.filter_map(|(n, w)| Some((*n, w.applied_through.clone()?)));
+        Consistent {
+            post,
+            since: counter.as_ref().and_then(|c| c.applied_through.clone()),
+            since_writers: since_writers.collect(),
+            folds: counter.as_ref().map_or(0, |c| c.folds),
+            base_count: counter.as_ref().map_or(Num::ZERO, |c| c.state.base_count),
+            counter,
+            watermark,
+            count: Num::ZERO,
+            snapshot: false,
+            read: None,
+        }
+    }
 }
 
 /// Each row once, even if a cursor returned one twice while the collection moved.
@@ -160,33 +197,6 @@ fn each_row_once(mut read: Vec<CommentId>) -> Vec<CommentId> {
     read.sort_unstable_by(|a, b| a.key.cmp(&b.key));
     read.dedup_by(|a, b| a.key == b.key);
     read
-}
-
-/// Whether an event changed a row of `counter`'s post in a bucket below `watermark` in a batch
-/// after `since` (every touch counts when `since` is `None`).
-pub fn touched_after(counter: &CounterDoc, since: Option<&str>, watermark: i64) -> bool {
-    counter
-        .touched
-        .range(..watermark)
-        .any(|(_, token)| since.is_none_or(|s| token.as_str() > s))
-}
-
-/// [`touched_after`] for the other writers of a counter several partitions write, each
-/// against its own position when first read (`since`; a writer absent then: every touch
-/// counts). Positions of different partitions are not compared: a lagging partition writes
-/// older tokens after another's newer ones.
-pub fn writers_touched_after(
-    counter: &CounterDoc,
-    since: &BTreeMap<u32, String>,
-    watermark: i64,
-) -> bool {
-    counter.writers.iter().any(|(slot, position)| {
-        let since = since.get(slot).map(String::as_str);
-        position
-            .touched
-            .range(..watermark)
-            .any(|(_, token)| since.is_none_or(|s| token.as_str() > s))
-    })
 }
 
 /// Whether the stream's initial snapshot claimed rows between two looks at its progress (it
@@ -222,15 +232,6 @@ impl Pace {
             i.tick().await;
         }
     }
-}
-
-/// The other writers' positions in `counter` (see [`Consistent::since_writers`]).
-fn since_writers(counter: &CounterDoc) -> BTreeMap<u32, String> {
-    counter
-        .writers
-        .iter()
-        .filter_map(|(slot, w)| Some((*slot, w.applied_through.clone()?)))
-        .collect()
 }
 
 /// Each checkpoint's snapshot progress.
@@ -373,18 +374,7 @@ impl<S: Store + ?Sized> Recounter<S> {
     async fn first_read(&self, request: &Request) -> StoreResult<Consistent> {
         let counter = self.store.read_counter(&request.post).await?;
         let watermark = self.watermark_for(request, counter.as_ref()).await?;
-        Ok(Consistent {
-            post: request.post.clone(),
-            since: counter.as_ref().and_then(|c| c.applied_through.clone()),
-            since_writers: counter.as_ref().map(since_writers).unwrap_or_default(),
-            folds: counter.as_ref().map_or(0, |c| c.folds),
-            base_count: counter.as_ref().map_or(Num::ZERO, |c| c.state.base_count),
-            counter,
-            watermark,
-            count: Num::ZERO,
-            snapshot: false,
-            read: None,
-        })
+        Ok(Consistent::first(request.post.clone(), counter, watermark))
     }
 
     /// A snapshot that began (or took a chunk) in any writer's stream since the first look
@@ -630,16 +620,8 @@ mod tests {
 
     fn recount(first: Option<CounterDoc>, watermark: i64) -> Consistent {
         Consistent {
-            post: GroupValue::Int(1),
-            since: first.as_ref().and_then(|c| c.applied_through.clone()),
-            since_writers: first.as_ref().map(since_writers).unwrap_or_default(),
-            folds: first.as_ref().map_or(0, |c| c.folds),
-            base_count: first.as_ref().map_or(Num::ZERO, |c| c.state.base_count),
-            counter: first,
-            watermark,
             count: Num::Int(3),
-            snapshot: false,
-            read: None,
+            ..Consistent::first(GroupValue::Int(1), first, watermark)
         }
     }
 
