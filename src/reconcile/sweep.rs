@@ -358,10 +358,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
                 return Ok(false);
             }
         }
-        if rows.is_empty() {
-            return Ok(true);
-        }
-        self.rebuild_rows(rows, generation).await
+        Ok(rows.is_empty() || self.rebuild_rows(rows, generation).await?)
     }
 
     /// One part of [`Reconciler::rebuild_ledger`]: rows just read, written as ledger entries
