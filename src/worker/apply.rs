@@ -384,9 +384,7 @@ impl<S: Store + ?Sized> Worker<S> {
         if let Some(t) = end_time {
             metrics::gauge!(m::LAST_EVENT_TIMESTAMP, "stream" => stream).set(t.time as f64);
         }
-        if let Some(t) = crate::recount::applied_before(checkpoint) {
-            self.report_checkpoint(&fence.stream, t.time as i64);
-        }
+        self.report_checkpoint(&fence.stream, crate::recount::applied_before(checkpoint));
     }
 
     /// Writes what `carry` holds, (a) its counters and (c) dirty marks, with `batch`'s (b)

@@ -155,10 +155,14 @@ impl<S: Store + ?Sized> Worker<S> {
         }
     }
 
-    /// Exports the checkpointed position's time (cluster seconds) for the scrape-time age.
-    fn report_checkpoint(&self, stream: &str, secs: i64) {
-        self.status.checkpointed(secs);
-        metrics::gauge!(m::CHECKPOINT_TIMESTAMP, "stream" => stream.to_string()).set(secs as f64);
+    /// Exports the checkpointed position's time (cluster seconds), where there is one, for the
+    /// scrape-time age.
+    fn report_checkpoint(&self, stream: &str, at: Option<Timestamp>) {
+        if let Some(secs) = at.map(|t| t.time as i64) {
+            self.status.checkpointed(secs);
+            metrics::gauge!(m::CHECKPOINT_TIMESTAMP, "stream" => stream.to_string())
+                .set(secs as f64);
+        }
     }
 
     /// Runs until shutdown (Ok) or a non-transient error. Transient errors reopen the stream

@@ -266,15 +266,11 @@ impl<S: Store + ?Sized> Worker<S> {
         let resumes_from = crate::recount::applied_before(checkpoint)
             .or(checkpoint.start_time)
             .or(configured_start);
+        self.report_checkpoint(&fence.stream, resumes_from);
         if let Some(t) = resumes_from {
-            self.report_checkpoint(&fence.stream, t.time as i64);
             self.status.caught_up_to(t.time as i64);
         }
-        let or_none = |t: &Option<Token>| {
-            t.as_ref()
-                .map(|t| t.to_string())
-                .unwrap_or_else(|| "none".into())
-        };
+        let or_none = |t: &Option<Token>| t.as_ref().map_or("none".into(), Token::to_string);
         tracing::info!(stream = %fence.stream, token = %or_none(&checkpoint.token), high_water = %or_none(&checkpoint.high_water), "change stream open");
         Ok(source)
     }
@@ -664,9 +660,7 @@ impl<S: Store + ?Sized> Worker<S> {
                 pending.idle_reads = 0;
             }
         }
-        if let Some(t) = crate::recount::applied_before(checkpoint) {
-            self.report_checkpoint(&fence.stream, t.time as i64);
-        }
+        self.report_checkpoint(&fence.stream, crate::recount::applied_before(checkpoint));
         Ok(())
     }
 }
