@@ -160,10 +160,7 @@ impl<S: Store + ?Sized> Worker<S> {
             }
             self.report_batch(fence, checkpoint, &report, end_time, started);
         }
-        match ended {
-            Some(end) => Err(SessionError::Ended(end)),
-            None => Ok(written),
-        }
+        ended.map_or(Ok(written), |end| Err(SessionError::Ended(end)))
     }
 
     /// Plans a batch: its ledger entries (read ahead or read now) and the rows its updates

@@ -207,11 +207,11 @@ impl<S: Store + ?Sized> Worker<S> {
             Err(e) if e.is_transient() => {
                 metrics::counter!(m::RETRIES, "op" => "worker").increment(1);
                 tracing::warn!(stream = %fence.stream, error = %e, "cannot read the checkpoint yet; the session reads it again");
+                Ok(())
             }
-            Err(e) => return Err(WorkerError::Startup(e)),
-            Ok(_) => {}
+            Err(e) => Err(WorkerError::Startup(e)),
+            Ok(_) => Ok(()),
         }
-        Ok(())
     }
 
     /// History lost: stop (`fail`), or record the gap and start again from now (`resweep`).
