@@ -527,20 +527,15 @@ impl<S: Store + ?Sized> Recounter<S> {
             }
             return Ok(holds);
         };
-        let Some(c) = now.as_ref() else {
+        let until = now.as_ref().and_then(|c| c.applied_through.as_deref());
+        let changed = match now.as_ref() {
             // No counter now: only fine if there was none at the first read either.
-            if recount.since.is_none() && recount.counter.is_none() {
-                recount.count = Num::Int(read.len() as i64);
-                recount.counter = None;
-                return Ok(true);
-            }
-            return Ok(false);
+            None if recount.holds_for(None) => Ok(BTreeMap::new()),
+            None => return Ok(false),
+            Some(c) if recount.voided_by_fold(c) => return Ok(false),
+            Some(c) => window::changed_since(&c.recent, recount.since.as_deref(), until),
         };
-        if recount.voided_by_fold(c) {
-            return Ok(false);
-        }
-        let until = c.applied_through.as_deref();
-        let settled = match window::changed_since(&c.recent, recount.since.as_deref(), until) {
+        let settled = match changed {
             Err(why) => Err(why),
             Ok(changed) if changed.is_empty() => Ok(read.len() as i64),
             Ok(changed) => {
