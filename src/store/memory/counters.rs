@@ -186,10 +186,8 @@ impl Memory {
         op: &'static str,
         mut counters: impl Iterator<Item = CounterIx>,
     ) -> StoreResult<()> {
-        match counters.find(|c| c.0 >= self.tables.len()) {
-            None => Ok(()),
-            Some(unknown) => Err(crate::store::unknown_counter(op, unknown)),
-        }
+        let unknown = counters.find(|c| c.0 >= self.tables.len());
+        unknown.map_or(Ok(()), |c| Err(crate::store::unknown_counter(op, c)))
     }
 
     pub fn read_counter(&self, counter: CounterIx, post: &GroupValue) -> Option<CounterDoc> {
