@@ -79,12 +79,8 @@ impl<S: Store + ?Sized> Worker<S> {
             .collect();
         let mut ledger = prefetched.entries;
         if !missing.is_empty() {
-            ledger.extend(
-                self.store
-                    .read_ledger(stream, &missing, generation)
-                    .await?
-                    .0,
-            );
+            let read = self.store.read_ledger(stream, &missing, generation).await?;
+            ledger.extend(read.0);
         }
         Ok(ledger)
     }
