@@ -202,11 +202,10 @@ impl<S: Store + ?Sized> Worker<S> {
         }
         self.check_deployment(fence, &mut checkpoint).await?;
         // A configured start applies once: after a history gap it is lost too, so "now" then.
-        let configured_start = if checkpoint.gaps.is_empty() {
-            self.settings.start_at
-        } else {
-            None
-        };
+        let configured_start = self
+            .settings
+            .start_at
+            .filter(|_| checkpoint.gaps.is_empty());
         // A stream that never applied anything first snapshots the rows that exist; a chunk a
         // previous run left in flight is finished before the stream is read.
         let snapshotter = self.snapshotter(fence);
@@ -607,12 +606,8 @@ impl<S: Store + ?Sized> Worker<S> {
             self.settings.max_batch_size,
         );
         pending.events.extend(read.events);
-        if let Some(first) = pending
-            .events
-            .front()
-            .filter(|_| pending.resumed_after.is_some())
-        {
-            let since = pending.resumed_after.take().expect("checked");
+        if let (Some(first), Some(since)) = (pending.events.front(), pending.resumed_after) {
+            pending.resumed_after = None;
             if let Some(at) = first.cluster_time.filter(|at| *at < since) {
                 return Err(StoreError::HistoryMismatch {
                     position: position_of(checkpoint),
@@ -638,9 +633,7 @@ impl<S: Store + ?Sized> Worker<S> {
             if checkpoint.token.as_ref().is_none_or(|t| *t < token) {
                 self.store.save_checkpoint(fence, &token, None).await?;
                 checkpoint.token = Some(token.clone());
-                if checkpoint.high_water.as_ref().is_none_or(|h| *h < token) {
-                    checkpoint.high_water = Some(token);
-                }
+                checkpoint.high_water = checkpoint.high_water.take().max(Some(token));
             }
         }
         // Drained: every event before `at` is applied. Recorded after every applied batch and
@@ -653,9 +646,7 @@ impl<S: Store + ?Sized> Worker<S> {
             if pending.applied_since_drained || pending.idle_reads >= IDLE_READS_PER_DRAINED_RECORD
             {
                 self.store.record_caught_up(fence, at).await?;
-                if checkpoint.caught_up_at.is_none_or(|c| c < at) {
-                    checkpoint.caught_up_at = Some(at);
-                }
+                checkpoint.caught_up_at = checkpoint.caught_up_at.max(Some(at));
                 pending.applied_since_drained = false;
                 pending.idle_reads = 0;
             }
