@@ -494,8 +494,7 @@ impl<S: Store + ?Sized> Worker<S> {
         taken: Taken,
     ) -> Result<(), SessionError> {
         let ahead = self.read_ahead_limit(checkpoint, pending);
-        let mut grant = ahead.grant;
-        let read_ahead = self.read_ahead(fence, source, &ahead.limit, ahead.asked, ahead.prefetch);
+        let read_ahead = self.read_ahead(fence, source, &ahead);
         let may_carry = !checkpoint.snapshot_running();
         let carrying = &mut pending.carrying;
         let applied = self.apply(fence, checkpoint, taken.batch, carrying, may_carry);
@@ -503,6 +502,7 @@ impl<S: Store + ?Sized> Worker<S> {
         drop(taken.grant);
         let written = applied?;
         let (read, ledger) = read?;
+        let mut grant = ahead.grant;
         self.settle(&mut grant, &read);
         self.take_in(checkpoint, pending, read, grant)?;
         pending.prefetched = ledger.map(|mut ledger| {
@@ -541,26 +541,24 @@ impl<S: Store + ?Sized> Worker<S> {
     }
 
     /// The read ahead itself, with the ledger entries of what it read (of generation
-    /// `prefetch`, where given).
+    /// `ahead.prefetch`, where given).
     async fn read_ahead(
         &self,
         fence: &Fence,
         source: &mut dyn EventSource,
-        limit: &ReadLimit,
-        asked: usize,
-        prefetch: Option<u64>,
+        ahead: &ReadAhead,
     ) -> Result<(Read, Option<Prefetched>), StoreError> {
-        if limit.events == 0 {
+        if ahead.limit.events == 0 {
             return Ok((Read::default(), None));
         }
         // The read runs while the batch is written, so it may take about as long: a
         // backlog is then read in full batches (coalescing needs them) rather than cut
         // at `max_batch_wait`, which bounds the latency of a caught-up worker's reads.
         let raw = source
-            .read(*limit, self.settings.max_batch_wait * READ_AHEAD_WAITS)
+            .read(ahead.limit, self.settings.max_batch_wait * READ_AHEAD_WAITS)
             .await?;
-        let read = Read::parse(&fence.stream, limit, asked, raw);
-        let ledger = match prefetch {
+        let read = Read::parse(&fence.stream, &ahead.limit, ahead.asked, raw);
+        let ledger = match ahead.prefetch {
             Some(generation) if !read.events.is_empty() => Some(
                 self.prefetch_ledger(&fence.stream, generation, &read.events)
                     .await?,
