@@ -682,10 +682,8 @@ impl SkippedReport {
         schema: &crate::core::schema::Schema,
     ) -> SkippedReport {
         let event = events.iter().find(|e| e.token == skipped.token);
-        let comment = event
-            .and_then(|e| e.comment.as_ref())
-            .map(|c| c.key.clone())
-            .unwrap_or_else(|| "unknown".into());
+        let comment = event.and_then(|e| e.comment.as_ref());
+        let comment = comment.map_or_else(|| "unknown".into(), |c| c.key.clone());
         let post = event
             .and_then(|e| {
                 [
