@@ -183,12 +183,10 @@ impl<S: Store + ?Sized> Reconciler<S> {
         shutdown: Option<Shutdown>,
         found_behind: &mut FoundBehind,
     ) -> StoreResult<Option<(RunReport, bool)>> {
-        let Some(checkpoint) = self.store.load_checkpoint(&self.settings.stream).await? else {
+        let checkpoint = self.store.load_checkpoint(&self.settings.stream).await?;
+        let Some(checkpoint) = checkpoint.filter(|c| c.sweep_requested) else {
             return Ok(None);
         };
-        if !checkpoint.sweep_requested {
-            return Ok(None);
-        }
         let gap_end = checkpoint
             .gaps
             .iter()
@@ -450,12 +448,11 @@ pub async fn adopt_new_definitions<S: Store + ?Sized>(
             continue;
         }
         let stream = &reconciler.settings.stream;
-        let Some(checkpoint) = store.load_checkpoint(stream).await? else {
+        let checkpoint = store.load_checkpoint(stream).await?;
+        let Some(checkpoint) = checkpoint.filter(|c| !c.untouched() && !c.snapshot_running())
+        else {
             continue;
         };
-        if checkpoint.untouched() || checkpoint.snapshot_running() {
-            continue;
-        }
         let counted_by_snapshot = checkpoint
             .snapshot
             .as_ref()
