@@ -576,7 +576,7 @@ pub(super) struct Carrying {
     since: Option<bson::DateTime>,
     /// Every carried batch's own writes (intent, ledger states) landed: the carry may be
     /// written. False from a batch's intent until its writes are acknowledged.
-    settled: bool,
+    pub(super) settled: bool,
 }
 
 impl Carrying {
@@ -604,11 +604,6 @@ impl Carrying {
             }
         }
         young && self.held.bytes() >= want
-    }
-
-    /// Whether every carried batch's own writes landed (see [`Carrying::settled`]).
-    pub(super) fn settled(&self) -> bool {
-        self.settled
     }
 
     /// Whether the carry is older than [`CARRY_FOR`] at `now`.

@@ -362,7 +362,7 @@ impl<S: Store + ?Sized> Worker<S> {
     /// within [`STOP_FLUSH`] (a stop is not held up by a slow server: the intent holds the
     /// carry, and the next start writes it).
     async fn stop(&self, fence: &Fence, checkpoint: &mut Checkpoint, carrying: &mut Carrying) {
-        if !carrying.settled() {
+        if !carrying.settled {
             return;
         }
         let limit = STOP_FLUSH.min(self.settings.operation_timeout);
