@@ -349,15 +349,13 @@ impl<S: Store + ?Sized> Recounter<S> {
             let after = self.store.read_position().await?.upper;
             let caught_up = self.wait_until_applied(after).await?;
             for (i, mut recount) in rows {
-                out[i] = Some(if !caught_up {
-                    Recount::InFlight
-                } else {
+                let settled = caught_up && {
                     let now = self.store.read_counter(&recount.post).await?;
-                    if self.settle(&mut recount, now).await? {
-                        Recount::Consistent(Box::new(recount))
-                    } else {
-                        Recount::InFlight
-                    }
+                    self.settle(&mut recount, now).await?
+                };
+                out[i] = Some(match settled {
+                    true => Recount::Consistent(Box::new(recount)),
+                    false => Recount::InFlight,
                 });
             }
         }
