@@ -63,12 +63,8 @@ impl Memory {
             .map(|(_, d)| d.entry.clone())
             .collect();
         match order {
-            DirtyOrder::Oldest => {
-                list.sort_by(|a, b| (a.first_dirty_at, &a.post).cmp(&(b.first_dirty_at, &b.post)))
-            }
-            DirtyOrder::ByVersion => {
-                list.sort_by(|a, b| (-a.version, &a.post).cmp(&(-b.version, &b.post)))
-            }
+            DirtyOrder::Oldest => list.sort_by_key(|d| (d.first_dirty_at, d.post.clone())),
+            DirtyOrder::ByVersion => list.sort_by_key(|d| (-d.version, d.post.clone())),
         }
         list.truncate(mongo_limit(limit));
         list
