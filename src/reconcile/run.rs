@@ -29,7 +29,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
         metrics::counter!(m::RECOUNTS, "stream" => self.settings.stream.clone(), "kind" => run.kind.label())
             .increment(recounts.len() as u64);
         let mut outcomes = Vec::with_capacity(recounts.len());
-        for recount in recounts {
+        for (post, recount) in posts.iter().zip(recounts) {
             let outcome = match recount {
                 Recount::SnapshotRunning => {
                     run.summary.waiting_for_snapshot += 1;
@@ -47,9 +47,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
                 }
             };
             if outcome == Outcome::NotNow {
-                if let Some(post) = posts.get(outcomes.len()) {
-                    run.contended.push(post.to_string());
-                }
+                run.contended.push(post.to_string());
             }
             outcomes.push(outcome);
         }
