@@ -436,13 +436,18 @@ impl<S: Store + ?Sized> Recounter<S> {
     ) -> StoreResult<Vec<(usize, Consistent)>> {
         let mut out = Vec::with_capacity(pending.len());
         for (i, first) in pending {
-            let count = self
-                .store
-                .count_live_below(&first.post, first.watermark)
-                .await?;
-            out.push((i, Consistent { count, ..first }));
+            out.push((i, self.counted_alone(first).await?));
         }
         Ok(out)
+    }
+
+    /// A post's count by the server alone, after its counter's first read (`first`).
+    async fn counted_alone(&self, first: Consistent) -> StoreResult<Consistent> {
+        let count = self
+            .store
+            .count_live_below(&first.post, first.watermark)
+            .await?;
+        Ok(Consistent { count, ..first })
     }
 
     /// The row-level reads of a group's posts, each after its counter's first read: one query
@@ -492,13 +497,7 @@ impl<S: Store + ?Sized> Recounter<S> {
                         ..first
                     }
                 }
-                None => Consistent {
-                    count: self
-                        .store
-                        .count_live_below(&first.post, first.watermark)
-                        .await?,
-                    ..first
-                },
+                None => self.counted_alone(first).await?,
             };
             rows.push((i, recount));
         }
