@@ -232,9 +232,8 @@ impl Run {
         let waited_ms = (now.timestamp_millis() - entry.first_dirty_at.timestamp_millis()).max(0);
         metrics::histogram!(m::DIRTY_TO_FOLD, "stream" => self.stream.clone(), "counter" => self.counter.clone())
             .record(waited_ms as f64 / 1000.0);
-        let secs = waited_ms / 1000;
         let longest = &mut self.summary.longest_dirty_to_fold_secs;
-        *longest = Some(longest.map_or(secs, |l| l.max(secs)));
+        *longest = (*longest).max(Some(waited_ms / 1000));
     }
 
     fn record(&mut self, post: &GroupValue, folded: &Fold) {

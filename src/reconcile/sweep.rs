@@ -294,9 +294,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
         let watermark = self.watermark(now_secs).await?;
         let window = self.store.posts_after(cursor.after.as_ref(), size).await?;
         let mut run = Run::new(&self.settings, RunKind::Background, watermark);
-        if cursor.pass_started.is_none() {
-            cursor.pass_started = Some(self.clock.now());
-        }
+        cursor.pass_started.get_or_insert_with(|| self.clock.now());
         self.reconcile_posts(&self.owned(&window), watermark, false, &mut run)
             .await?;
         cursor.posts_done += window.len() as u64;
