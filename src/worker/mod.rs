@@ -319,13 +319,11 @@ impl<S: Store + ?Sized> Worker<S> {
     }
 }
 
+/// Why a session ended: the stream's end, or a store error (`run` retries a transient one).
+#[derive(Debug, thiserror::Error)]
 enum SessionError {
+    #[error(transparent)]
     Ended(StreamEnded),
-    Store(StoreError),
-}
-
-impl From<StoreError> for SessionError {
-    fn from(e: StoreError) -> Self {
-        SessionError::Store(e)
-    }
+    #[error(transparent)]
+    Store(#[from] StoreError),
 }
