@@ -242,6 +242,9 @@ fn snapshots(checkpoints: &[Option<Checkpoint>]) -> Vec<Option<SnapshotProgress>
         .collect()
 }
 
+/// Recounts of a group's posts, each with its post's place in the group.
+type Placed = Vec<(usize, Consistent)>;
+
 /// A watermark above everything: counts every live row.
 pub const EVERYTHING: i64 = i64::MAX / 2000;
 
@@ -311,7 +314,7 @@ impl<S: Store + ?Sized> Recounter<S> {
             .filter(|_| !shared);
         let mut out: Vec<Option<Recount>> = vec![None; requests.len()];
         // The posts counted at row level, read after every counter of the group was.
-        let mut pending: Vec<(usize, Consistent)> = Vec::new();
+        let mut pending: Placed = Vec::new();
         for (i, request) in requests.iter().enumerate() {
             let first = self.first_read(request).await?;
             let at = first
@@ -430,10 +433,7 @@ impl<S: Store + ?Sized> Recounter<S> {
 
     /// Counts of a group's posts by the server alone, each after its counter's first read
     /// (settled like a snapshot count, [`Consistent::holds_for`]).
-    async fn count_alone(
-        &self,
-        pending: Vec<(usize, Consistent)>,
-    ) -> StoreResult<Vec<(usize, Consistent)>> {
+    async fn count_alone(&self, pending: Placed) -> StoreResult<Placed> {
         let mut out = Vec::with_capacity(pending.len());
         for (i, first) in pending {
             out.push((i, self.counted_alone(first).await?));
@@ -455,10 +455,7 @@ impl<S: Store + ?Sized> Recounter<S> {
     /// would scan the collection once per post where no index serves it), else one per post,
     /// a post with more rows than the room left counted by the server alone (settled like a
     /// snapshot count: nothing below the watermark may change meanwhile).
-    async fn read_rows(
-        &self,
-        pending: Vec<(usize, Consistent)>,
-    ) -> StoreResult<Vec<(usize, Consistent)>> {
+    async fn read_rows(&self, pending: Placed) -> StoreResult<Placed> {
         if pending.len() > 1 {
             let wanted: Vec<(GroupValue, i64)> = pending
                 .iter()
