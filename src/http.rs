@@ -17,7 +17,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::shutdown::Shutdown;
 use crate::status::WorkerStatus;
-use crate::telemetry::{stream_ages, unix_now_ms};
+use crate::telemetry::stream_ages;
 
 /// The paths counterd serves.
 pub const ROUTES: [&str; 3] = ["/metrics", "/healthz", "/readyz"];
@@ -103,7 +103,8 @@ async fn metrics_text(
 
 async fn ready(State(state): State<AppState>) -> (StatusCode, String) {
     let statuses: Vec<&Arc<WorkerStatus>> = state.streams.iter().map(|(_, s)| s).collect();
-    readiness(&statuses, state.bounds, unix_now_ms())
+    let now_ms = bson::DateTime::now().timestamp_millis();
+    readiness(&statuses, state.bounds, now_ms)
 }
 
 /// The `/readyz` answer for these streams at `now_ms`.

@@ -136,8 +136,7 @@ impl LocalServer {
     pub fn start_mongod() -> Result<LocalServer, String> {
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
+            .map_or(0, |d| d.subsec_nanos());
         let dir =
             std::env::temp_dir().join(format!("counterd-mongod-{}-{nanos}", std::process::id()));
         std::fs::create_dir_all(&dir)
@@ -206,14 +205,12 @@ async fn initiate(uri: &str, port: u16) -> Result<(), String> {
 /// Whether `program` is an executable file on PATH.
 pub fn on_path(program: &str) -> bool {
     std::env::var_os("PATH")
-        .map(|paths| std::env::split_paths(&paths).any(|p| p.join(program).is_file()))
-        .unwrap_or(false)
+        .is_some_and(|paths| std::env::split_paths(&paths).any(|p| p.join(program).is_file()))
 }
 
 /// A port that was free a moment ago.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or(27117)
+        .map_or(27117, |a| a.port())
 }

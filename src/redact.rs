@@ -12,7 +12,7 @@
 //! Everything here is pure, except [`remember_secrets`], which records a configured URI's
 //! secret values so that [`redact_text`] also removes them where they appear outside a URI.
 
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 
 /// What a connection string looks like, said without writing one (a URI-shaped example would
 /// itself be redacted in the message).
@@ -337,16 +337,13 @@ pub fn secrets_of(uri: &str) -> Vec<String> {
 }
 
 /// Secrets of the configured URIs, kept for the life of the process.
-fn store() -> &'static Mutex<Vec<String>> {
-    static SECRETS: OnceLock<Mutex<Vec<String>>> = OnceLock::new();
-    SECRETS.get_or_init(Mutex::default)
-}
+static SECRETS: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
 /// Records the secrets of a URI counterd is configured with, so that [`redact_text`] removes
 /// them wherever they appear (a driver message that quotes a password outside any URI).
 /// Called where a URI enters the process: settings loaded, a URI file read, a connection made.
 pub fn remember_secrets(uri: &str) {
-    let mut known = store().lock().unwrap_or_else(|p| p.into_inner());
+    let mut known = SECRETS.lock().unwrap_or_else(|p| p.into_inner());
     for secret in secrets_of(uri) {
         if scrubbable(&secret) && !known.contains(&secret) {
             known.push(secret);
@@ -355,7 +352,7 @@ pub fn remember_secrets(uri: &str) {
 }
 
 fn remembered() -> Vec<String> {
-    store().lock().unwrap_or_else(|p| p.into_inner()).clone()
+    SECRETS.lock().unwrap_or_else(|p| p.into_inner()).clone()
 }
 
 #[cfg(test)]

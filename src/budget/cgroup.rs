@@ -42,17 +42,16 @@ fn smallest_up(
     let mut dir: PathBuf = mount.join(path.trim_start_matches('/'));
     let mut smallest: Option<u64> = None;
     loop {
-        if let Some(limit) = read(&dir.join(file)).and_then(|t| parse(&t)) {
+        if let Some(limit) = std::fs::read_to_string(dir.join(file))
+            .ok()
+            .and_then(|t| parse(&t))
+        {
             smallest = Some(smallest.map_or(limit, |s| s.min(limit)));
         }
         if dir.as_path() == mount || !dir.pop() || !dir.starts_with(mount) {
             return smallest;
         }
     }
-}
-
-fn read(path: &Path) -> Option<String> {
-    std::fs::read_to_string(path).ok()
 }
 
 /// The v2 group (`0::<path>`) of a `/proc/self/cgroup`.
@@ -100,51 +99,37 @@ mod tests {
 
     #[test]
     fn the_smallest_limit_of_the_group_and_its_parents_counts() {
-        let root = tempdir();
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
         let group = root.join("kubepods/pod1/ctr");
         std::fs::create_dir_all(&group).unwrap();
         std::fs::write(root.join("kubepods/memory.max"), "max\n").unwrap();
         std::fs::write(root.join("kubepods/pod1/memory.max"), "100663296\n").unwrap();
         std::fs::write(group.join("memory.max"), "max\n").unwrap();
-        assert_eq!(
-            limit_under(&root, "0::/kubepods/pod1/ctr\n"),
-            Some(96 << 20)
-        );
+        assert_eq!(limit_under(root, "0::/kubepods/pod1/ctr\n"), Some(96 << 20));
         // Inside a cgroup namespace: the group is the root.
         std::fs::write(root.join("memory.max"), "50000000\n").unwrap();
-        assert_eq!(limit_under(&root, "0::/\n"), Some(50_000_000));
-        std::fs::remove_dir_all(&root).unwrap();
+        assert_eq!(limit_under(root, "0::/\n"), Some(50_000_000));
     }
 
     #[test]
     fn v1_reads_the_memory_controllers_group() {
-        let root = tempdir();
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
         let group = root.join("memory/docker/abc");
         std::fs::create_dir_all(&group).unwrap();
         std::fs::write(group.join("memory.limit_in_bytes"), "67108864\n").unwrap();
         // A hybrid host: `0::/` names a v2 group without a memory controller.
         let own = "12:cpu,cpuacct:/docker/abc\n4:memory:/docker/abc\n0::/\n";
-        assert_eq!(limit_under(&root, own), Some(64 << 20));
+        assert_eq!(limit_under(root, own), Some(64 << 20));
         std::fs::write(group.join("memory.limit_in_bytes"), "9223372036854771712\n").unwrap();
-        assert_eq!(limit_under(&root, own), None);
+        assert_eq!(limit_under(root, own), None);
         // A limit on a parent counts.
         std::fs::write(
             root.join("memory/docker/memory.limit_in_bytes"),
             "104857600\n",
         )
         .unwrap();
-        assert_eq!(limit_under(&root, own), Some(100 << 20));
-        std::fs::remove_dir_all(&root).unwrap();
-    }
-
-    fn tempdir() -> PathBuf {
-        let dir = std::env::temp_dir().join(format!(
-            "counterd-cgroup-{}-{:?}",
-            std::process::id(),
-            std::thread::current().id()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
+        assert_eq!(limit_under(root, own), Some(100 << 20));
     }
 }

@@ -75,11 +75,7 @@ pub async fn run(loaded: Loaded, args: Args) -> anyhow::Result<ExitCode> {
     }
     outln!("# counterd's effective settings; each line says where its value came from.");
     for (name, value) in &table {
-        let origin = loaded
-            .origins
-            .get(name)
-            .map(String::as_str)
-            .unwrap_or("default");
+        let origin = loaded.origins.get(name).map_or("default", String::as_str);
         // Read from `mongodb_uri_file`: shown, but commented out, so that the output stays a
         // settings file counterd accepts (the two settings exclude each other).
         let from_file = name == "mongodb_uri" && !loaded.settings.mongodb_uri_file.is_empty();

@@ -32,12 +32,11 @@ impl CounterArg {
     pub fn resolve(&self, settings: Settings) -> anyhow::Result<(Settings, CounterIx)> {
         match settings.source_of_counter(self.name())? {
             Some(found) => Ok(found),
-            None => Err(UsageError(format!(
+            None => anyhow::bail!(UsageError(format!(
                 "--counter {}: no such counter; configured: {}",
                 self.name(),
                 settings.counter_names()?.join(", ")
-            ))
-            .into()),
+            ))),
         }
     }
 

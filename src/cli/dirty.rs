@@ -40,21 +40,17 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         )?;
         return Ok(ExitCode::SUCCESS);
     }
+    let oldest = summary
+        .oldest
+        .map(|t| format!(", oldest {} ago", age_text(age_secs(t))));
+    let more = marking.len();
+    let marking_note =
+        (more > 0).then(|| format!("; {more} more being marked by the batch in flight"));
     outln!(
         "{} dirty posts{}{}",
         summary.size,
-        summary
-            .oldest
-            .map(|t| format!(", oldest {} ago", age_text(age_secs(t))))
-            .unwrap_or_default(),
-        if marking.is_empty() {
-            String::new()
-        } else {
-            format!(
-                "; {} more being marked by the batch in flight",
-                marking.len()
-            )
-        }
+        oldest.unwrap_or_default(),
+        marking_note.unwrap_or_default()
     );
     if !entries.is_empty() {
         outln!(

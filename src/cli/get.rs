@@ -94,11 +94,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         state.live_delta
     );
     // A sum's truth is the `$sum` of its rows' field, not a number of rows.
-    let truth_label = if summed.is_some() {
-        "true sum  "
-    } else {
-        "true count"
-    };
+    let truth_label = summed.as_ref().map_or("true count", |_| "true sum  ");
     match (observation.truth, observation.mismatch()) {
         (None, _) if snapshotting => outln!(
             "{truth_label}      not compared: the initial snapshot is still counting the rows that existed before the stream's start (see `counterd status`)"
@@ -141,16 +137,11 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
             w.applied_through.as_deref().unwrap_or("-")
         );
     }
-    outln!(
-        "last drift      {}",
-        counter
-            .last_drift
-            .map(|d| format!(
-                "{d:+} at {}",
-                counter.reconciled_at.map(rfc3339).unwrap_or_default()
-            ))
-            .unwrap_or_else(|| "-".into())
-    );
+    let at = counter.reconciled_at.map(rfc3339).unwrap_or_default();
+    let drift = counter
+        .last_drift
+        .map_or("-".into(), |d| format!("{d:+} at {at}"));
+    outln!("last drift      {drift}");
     Ok(code)
 }
 
@@ -209,7 +200,7 @@ async fn resolve_post(
     match found.as_slice() {
         [one] => Ok(one.clone()),
         [] => Ok(readings[0].clone()),
-        several => Err(UsageError(format!(
+        several => anyhow::bail!(UsageError(format!(
             "`{text}` names {} posts here: {}; say which one",
             several.len(),
             several
@@ -217,8 +208,7 @@ async fn resolve_post(
                 .map(|p| format!("`counterd get {}`", typed(p)))
                 .collect::<Vec<_>>()
                 .join(" or ")
-        ))
-        .into()),
+        ))),
     }
 }
 

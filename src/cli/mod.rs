@@ -28,9 +28,6 @@ use crate::store::mongo::MongoStore;
 
 pub use output::{print_json, rfc3339};
 
-/// Exit code for configuration errors (as for usage errors).
-pub const EXIT_CONFIG: u8 = exit::USAGE;
-
 /// counterd keeps per-post comment counters in MongoDB honest: it tails the `comments` change
 /// stream into idempotent counter increments and recounts dirty posts in the background.
 #[derive(Debug, Parser)]
@@ -111,11 +108,6 @@ impl Cli {
         }
     }
 
-    /// Settings from file, environment and these flags.
-    pub fn settings(&self) -> Result<Settings, ConfigError> {
-        self.load().map(|l| l.settings)
-    }
-
     /// Settings with where each came from.
     pub fn load(&self) -> Result<Loaded, ConfigError> {
         let mut overrides = Vec::new();
@@ -126,32 +118,24 @@ impl Cli {
         };
         // Flags of one subcommand that override a setting (only `run` serves HTTP).
         let http_addr = match &self.command {
-            Command::Run(args) => args.http_addr.clone(),
+            Command::Run(args) => args.http_addr.as_deref(),
             _ => None,
         };
         for (name, flag, value) in [
-            ("mongodb_uri", "--mongodb-uri", &self.mongodb_uri),
-            ("database", "--database", &self.database),
-            ("http_addr", "--http-addr", &http_addr),
+            ("mongodb_uri", "--mongodb-uri", self.mongodb_uri.as_deref()),
+            ("database", "--database", self.database.as_deref()),
+            ("http_addr", "--http-addr", http_addr),
+            ("log_format", "--log-json", self.log_json.then_some("json")),
+            ("log_level", "--verbose", self.verbose.then_some("debug")),
         ] {
-            overrides.extend(value.as_deref().map(|v| named(name, flag, v)));
-        }
-        if self.log_json {
-            overrides.push(named("log_format", "--log-json", "json"));
-        }
-        if self.verbose {
-            overrides.push(named("log_level", "--verbose", "debug"));
+            overrides.extend(value.map(|v| named(name, flag, v)));
         }
         for pair in &self.set {
             let Some((name, value)) = pair.split_once('=') else {
                 let message = "expected --set name=value";
                 return Err(ConfigError::invalid(pair, "flag --set", pair, message));
             };
-            overrides.push(Override {
-                name: name.trim().to_string(),
-                value: value.to_string(),
-                origin: "flag --set".into(),
-            });
+            overrides.push(named(name.trim(), "--set", value));
         }
         Settings::load_traced(self.config.as_deref(), std::env::vars(), &overrides)
     }
@@ -162,23 +146,12 @@ pub async fn main(cli: Cli) -> ExitCode {
     cli.remember_secrets();
     let loaded = match cli.load() {
         Ok(l) => l,
-        Err(e) => {
-            eprintln!(
-                "counterd: configuration error: {}",
-                redact_text(&e.to_string())
-            );
-            return ExitCode::from(EXIT_CONFIG);
-        }
+        Err(e) => return refused(&format!("configuration error: {e}")),
     };
-    let settings = match &cli.source {
+    let settings = match cli.source.as_ref().map(|s| loaded.settings.source_named(s)) {
         None => loaded.settings.clone(),
-        Some(name) => match loaded.settings.source_named(name) {
-            Ok(source) => source,
-            Err(e) => {
-                eprintln!("counterd: {}", redact_text(&e.to_string()));
-                return ExitCode::from(EXIT_CONFIG);
-            }
-        },
+        Some(Ok(source)) => source,
+        Some(Err(e)) => return refused(&e.to_string()),
     };
     crate::redact::remember_secrets(&settings.mongodb_uri);
     let json_logs = settings.log_format == "json";
@@ -189,11 +162,8 @@ pub async fn main(cli: Cli) -> ExitCode {
             if let Err(e) =
                 crate::telemetry::init_logging_to_file(json_logs, &settings.log_level, &path)
             {
-                eprintln!(
-                    "counterd: cannot write the demo's log to {}: {e}",
-                    path.display()
-                );
-                return ExitCode::from(EXIT_CONFIG);
+                let path = path.display();
+                return refused(&format!("cannot write the demo's log to {path}: {e}"));
             }
         }
         _ => crate::telemetry::init_logging(json_logs, &settings.log_level),
@@ -225,6 +195,13 @@ pub async fn main(cli: Cli) -> ExitCode {
             ExitCode::from(exit::code_for(&e))
         }
     }
+}
+
+/// Says why the command cannot start (secrets redacted) and ends it with the exit code of
+/// configuration errors, as of usage errors.
+fn refused(why: &str) -> ExitCode {
+    eprintln!("counterd: {}", redact_text(why));
+    ExitCode::from(exit::USAGE)
 }
 
 /// Connects to the configured database (one-shot commands fail fast with a clear error).

@@ -38,7 +38,6 @@ pub fn write_raw(text: &str) {
 /// `println!` for command output: quiet on a broken pipe.
 #[macro_export]
 macro_rules! outln {
-    () => { $crate::cli::output::write_line(format_args!("")) };
     ($($arg:tt)*) => { $crate::cli::output::write_line(format_args!($($arg)*)) };
 }
 

@@ -4,8 +4,7 @@ use std::process::ExitCode;
 
 use crate::cli::exit::NotYet;
 use crate::cli::{connect, print_json};
-use crate::config::InitialSnapshot;
-use crate::config::Settings;
+use crate::config::{InitialSnapshot, Settings};
 use crate::core::key::GroupValue;
 use crate::outln;
 use crate::reconcile::{ReconcileSettings, Reconciler, RunReport};
@@ -106,10 +105,9 @@ async fn refuse_before_the_initial_snapshot(
             .await?
             .is_none_or(|c| c.untouched());
         if untouched {
-            return Err(NotYet(format!(
+            anyhow::bail!(NotYet(format!(
                 "nothing reconciled: counterd has not started on stream '{stream}' yet, and the initial snapshot of its first `counterd run` counts every post (a recount now would be counted twice); start `counterd run`, or set initial_snapshot = \"never\" if counters are kept some other way"
-            ))
-            .into());
+            )));
         }
     }
     Ok(())

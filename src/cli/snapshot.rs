@@ -19,8 +19,7 @@ use bson::DateTime;
 use crate::cli::exit::CheckFailed;
 use crate::cli::{connect, print_json};
 use crate::clock::{Clock, SystemClock};
-use crate::config::InitialSnapshot;
-use crate::config::Settings;
+use crate::config::{InitialSnapshot, Settings};
 use crate::outln;
 use crate::snapshot::{SnapshotSettings, Snapshotter, Step};
 use crate::store::mongo::MongoStore;
@@ -88,10 +87,9 @@ async fn snapshot_stream(
             return Ok("the snapshot is already done (see `counterd status`)");
         }
     } else if checkpoint.token.is_some() || checkpoint.high_water.is_some() {
-        return Err(CheckFailed(format!(
+        anyhow::bail!(CheckFailed(format!(
             "stream `{stream}` already counts (it has applied events without a snapshot), so a snapshot now would count rows its reconciles already folded: run `counterd reconcile --sweep` instead, which recounts every post and rebuilds the comment ledger"
-        ))
-        .into());
+        )));
     }
     let ttl = settings.lease_ttl;
     let Some(epoch) = store
@@ -99,11 +97,10 @@ async fn snapshot_stream(
         .await?
     else {
         let holder = store.read_lease(stream).await?;
-        return Err(CheckFailed(format!(
+        anyhow::bail!(CheckFailed(format!(
             "worker {} holds stream `{stream}` and takes the snapshot itself (`initial_snapshot = \"auto\"`), or is about to: follow it with `counterd status`",
             holder.map(|l| l.owner).unwrap_or_else(|| "?".into())
-        ))
-        .into());
+        )));
     };
     let fence = Fence::new(stream, epoch);
     let result = take(store, settings, &fence, owner, partition).await;
@@ -150,11 +147,10 @@ async fn take(
     loop {
         let step = snapshotter.step(&mut checkpoint).await?;
         if !crate::cli::still_ours(store, settings, fence, owner).await? {
-            return Err(CheckFailed(format!(
+            anyhow::bail!(CheckFailed(format!(
                 "lost the lease of stream `{}` to another worker; it resumes the snapshot from its last chunk",
                 fence.stream
-            ))
-            .into());
+            )));
         }
         match step {
             Step::Chunk { rows } => {

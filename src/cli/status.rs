@@ -313,11 +313,8 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         }
         outln!("  checkpoint token {}", or_none(&s.checkpoint_token));
         outln!("  checkpoint time {}", or_none(&s.checkpoint_time));
-        let lag = s.lag_seconds.map(|l| format!("{l}s"));
-        outln!(
-            "  stream lag      {}",
-            lag.unwrap_or_else(|| "unknown".into())
-        );
+        let lag = s.lag_seconds.map_or("unknown".into(), |l| format!("{l}s"));
+        outln!("  stream lag      {lag}");
         outln!("  high water      {}", or_none(&s.high_water));
         outln!("  pending batch   {}", or_none(&s.pending_batch));
         outln!("  initial snapshot {}", s.initial_snapshot_summary);
@@ -350,40 +347,29 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
             None => outln!("  background sweep not started"),
         }
     }
+    let oldest = status.dirty_oldest_age_seconds;
+    let oldest = oldest.map_or("-".into(), |s| format!("{s}s ago"));
+    // The marks a batch in flight is still writing.
+    let marking = match status.dirty_marks_in_flight {
+        0 => String::new(),
+        marks => format!(", and {marks} more being marked by the batch in flight"),
+    };
     outln!(
-        "dirty backlog     {} posts, oldest {}{}",
-        status.dirty.size,
-        status
-            .dirty_oldest_age_seconds
-            .map(|s| format!("{s}s ago"))
-            .unwrap_or_else(|| "-".into()),
-        in_flight_note(status.dirty_marks_in_flight)
+        "dirty backlog     {} posts, oldest {oldest}{marking}",
+        status.dirty.size
     );
     if status.recent_reconciles.is_empty() {
         outln!("last reconcile    never");
     }
     for (i, run) in status.recent_reconciles.iter().enumerate() {
-        let label = if i == 0 {
-            "last reconcile   "
-        } else {
-            "                 "
-        };
-        outln!("{label} {}", describe_run(run));
+        let label = if i == 0 { "last reconcile" } else { "" };
+        outln!("{label:17} {}", describe_run(run));
     }
     match &status.last_correction {
         Some(run) => outln!("last correction   {}", describe_run(run)),
         None => outln!("last correction   none recorded (runs are kept 30 days)"),
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// The part of the backlog line for marks a batch in flight is still writing.
-fn in_flight_note(marks: usize) -> String {
-    if marks == 0 {
-        String::new()
-    } else {
-        format!(", and {marks} more being marked by the batch in flight")
-    }
 }
 
 /// One reconcile run on one line; a run of another definition than the default names it (a

@@ -10,7 +10,7 @@
 use bson::{Bson, Document};
 use serde::{Deserialize, Serialize};
 
-use super::validate::{bad, collection_name_problem};
+use super::validate::{bad, collection_name_problem, PATH_SHAPE};
 use super::{ConfigError, Settings};
 use crate::core::condition::Condition;
 use crate::core::definition::{Definition, Definitions, Kind, DEFAULT_COUNTER, ROWS_SUFFIX};
@@ -32,7 +32,7 @@ fn is_default<T: Default + PartialEq>(value: &T) -> bool {
 }
 
 /// One `[[counters]]` entry.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CounterSetting {
     /// Its name: `--counter NAME`, the `counter` label of metrics, a line of `status` (letters,
@@ -103,7 +103,7 @@ impl Settings {
                 i,
                 "group_field",
                 &entry.group_field,
-                "expected a field name or a dotted path: not empty, no empty part, no part starting with `$`",
+                PATH_SHAPE,
             ));
         }
         let condition = condition_of(i, entry)?;
@@ -242,11 +242,9 @@ fn entry_kind(entry: &CounterSetting) -> Result<Kind, (&'static str, String, Str
             String::new(),
             "kind = \"sum\" needs the field to add up (field = \"rating\")".into(),
         )),
-        (CounterKind::Sum, Some(field)) if bad_path(field) => Err((
-            "field",
-            field.clone(),
-            "expected a field name or a dotted path: not empty, no empty part, no part starting with `$`".into(),
-        )),
+        (CounterKind::Sum, Some(field)) if bad_path(field) => {
+            Err(("field", field.clone(), PATH_SHAPE.into()))
+        }
         (CounterKind::Sum, Some(field)) => Ok(Kind::Sum {
             field: field.clone(),
         }),

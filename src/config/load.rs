@@ -107,19 +107,15 @@ impl Settings {
         }
         layers.env(env)?;
         layers.overrides(overrides)?;
-        let Layers {
-            mut table,
-            mut origins,
-            ignored_env,
-        } = layers;
-        read_uri_file(&mut table, &mut origins)?;
-        let settings = settings_of(table)?;
+        read_uri_file(&mut layers.table, &mut layers.origins)?;
+        let settings = settings_of(layers.table)?;
         settings.validate().map_err(|mut e| {
             // Name where the offending value came from, not just "settings"; `counters[1].
             // condition` came from wherever `counters` did.
             if let ConfigError::Invalid { name, origin, .. } = &mut e {
                 let setting = name.split('[').next().unwrap_or(name);
-                *origin = origins
+                *origin = layers
+                    .origins
                     .get(setting)
                     .cloned()
                     .unwrap_or_else(|| "settings".into());
@@ -128,8 +124,8 @@ impl Settings {
         })?;
         Ok(Loaded {
             settings,
-            origins,
-            ignored_env,
+            origins: layers.origins,
+            ignored_env: layers.ignored_env,
         })
     }
 }

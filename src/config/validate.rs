@@ -5,6 +5,10 @@ use std::time::Duration;
 use super::{ConfigError, InitialSnapshot, Settings, SoftDeleteRule};
 use crate::redact::{redact_uri, URI_SHAPE};
 
+/// What a field setting must look like.
+pub(super) const PATH_SHAPE: &str =
+    "expected a field name or a dotted path: not empty, no empty part, no part starting with `$`";
+
 /// A setting's value is out of range: `message` says what is allowed.
 pub(super) fn bad(name: &str, value: impl ToString, message: impl Into<String>) -> ConfigError {
     ConfigError::invalid(name, "settings", value, message)
@@ -43,11 +47,7 @@ impl Settings {
             }
         }
         if let Some((name, value)) = self.schema().problem() {
-            return Err(bad(
-                name,
-                value,
-                "expected a field name or a dotted path: not empty, no empty part, no part starting with `$`",
-            ));
+            return Err(bad(name, value, PATH_SHAPE));
         }
         self.definitions()?;
         if self.soft_delete == SoftDeleteRule::OneOf && self.soft_delete_values.is_empty() {

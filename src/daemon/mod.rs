@@ -17,7 +17,7 @@ mod streams;
 
 use crate::config::Settings;
 use crate::lease::{ActiveError, LeaseError};
-use crate::shutdown::{Shutdown, ShutdownTrigger};
+use crate::shutdown::Shutdown;
 use crate::store::StoreError;
 use crate::worker::WorkerError;
 
@@ -101,17 +101,15 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<(), DaemonErr
 /// A shutdown requested by SIGTERM or ctrl-c (the trigger stays with the signal handler).
 pub fn shutdown_on_signals() -> Shutdown {
     let (trigger, shutdown) = Shutdown::new();
-    tokio::spawn(request_on_signals(trigger));
+    tokio::spawn(async move {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("install the SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        tracing::info!("shutdown requested");
+        trigger.request();
+    });
     shutdown
-}
-
-async fn request_on_signals(trigger: ShutdownTrigger) {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("install the SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
-    tracing::info!("shutdown requested");
-    trigger.request();
 }

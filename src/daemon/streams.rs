@@ -13,8 +13,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::{OnFatal, Settings};
 use crate::lease::{default_owner, hold, LeaseError, LeaseSettings};
 use crate::reconcile::{run_loop, ReconcileSettings, Reconciler};
-use crate::shutdown::sleep_or_shutdown;
-use crate::shutdown::Shutdown;
+use crate::shutdown::{sleep_or_shutdown, Shutdown};
 use crate::status::WorkerStatus;
 use crate::store::mongo::MongoStore;
 use crate::store::prelude::*;
@@ -24,16 +23,10 @@ use crate::worker::{Worker, WorkerSettings};
 /// Every stream of the configuration with its status: each source's (the comments first, then
 /// `[[sources]]`), one per partition, in the order [`run_sources`] runs them.
 pub fn statuses_for(settings: &Settings) -> Result<Vec<(String, Arc<WorkerStatus>)>, DaemonError> {
-    let mut all = Vec::new();
-    for source in settings.sources()? {
-        for (name, _) in source.streams() {
-            all.push((
-                name,
-                Arc::new(WorkerStatus::exporting(crate::telemetry::export_parked)),
-            ));
-        }
-    }
-    Ok(all)
+    let sources = settings.sources()?;
+    let names = sources.iter().flat_map(Settings::stream_names);
+    let status = || Arc::new(WorkerStatus::exporting(crate::telemetry::export_parked));
+    Ok(names.map(|name| (name, status())).collect())
 }
 
 /// What the sources of one process share.

@@ -21,7 +21,7 @@ mod scrape;
 pub use logging::{init_logging, init_logging_to_file};
 pub use process::ProcessStats;
 pub use register::{export_parked, install_recorder, register_definition, register_stream};
-pub use scrape::{record_dirty, render_scrape_time, stream_ages, unix_now, unix_now_ms};
+pub use scrape::{record_dirty, render_scrape_time, stream_ages, unix_now};
 
 /// Defines each metric name as a constant, documented by its Prometheus help text; lists them
 /// all in [`ALL`]; and registers each help text, with the metric's kind and unit, in

@@ -28,62 +28,35 @@ impl ProcessStats {
                 .and_then(|v| v.parse::<f64>().ok())
                 .unwrap_or(f64::NAN)
         };
+        let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
         let cpu_seconds = (field(14) + field(15)) / TICKS;
-        let start_time_seconds = boot_time() + field(22) / TICKS;
-        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let start_time_seconds = status_value(&read("/proc/stat"), "btime") + field(22) / TICKS;
+        let status = read("/proc/self/status");
         let status_kb = |key: &str| status_value(&status, key);
         let resident_bytes = status_kb("VmRSS") * 1024.0;
         let virtual_bytes = status_kb("VmSize") * 1024.0;
         let threads = status_kb("Threads");
-        let open_fds = std::fs::read_dir("/proc/self/fd")
-            .map(|d| d.count() as f64)
-            .unwrap_or(f64::NAN);
+        let open_fds = std::fs::read_dir("/proc/self/fd").map_or(f64::NAN, |d| d.count() as f64);
         Some(ProcessStats {
             cpu_seconds,
             resident_bytes,
             virtual_bytes,
             open_fds,
-            max_fds: max_open_files(),
+            max_fds: status_value(&read("/proc/self/limits"), "Max open files"),
             start_time_seconds,
             threads,
         })
     }
 }
 
-/// The system's boot time (Unix seconds), from /proc/stat's `btime`.
-fn boot_time() -> f64 {
-    std::fs::read_to_string("/proc/stat")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("btime ")?.trim().parse::<f64>().ok())
-        })
-        .unwrap_or(f64::NAN)
-}
-
-/// The number after `key:` in /proc/self/status (`status`), e.g. kB for `VmRSS`.
-fn status_value(status: &str, key: &str) -> f64 {
-    status
-        .lines()
+/// The first number after `key` (and a `:`) at the start of a line of a /proc file's `text`:
+/// kB for `VmRSS` in /proc/self/status, the soft limit of `Max open files` in
+/// /proc/self/limits, the boot time (Unix seconds) of `btime` in /proc/stat.
+fn status_value(text: &str, key: &str) -> f64 {
+    text.lines()
         .find_map(|l| {
             let v = l.strip_prefix(key)?.trim_start_matches(':').trim();
             v.split_whitespace().next()?.parse::<f64>().ok()
-        })
-        .unwrap_or(f64::NAN)
-}
-
-/// The soft limit of open files, from /proc/self/limits.
-fn max_open_files() -> f64 {
-    std::fs::read_to_string("/proc/self/limits")
-        .ok()
-        .and_then(|s| {
-            s.lines().find_map(|l| {
-                l.strip_prefix("Max open files")?
-                    .split_whitespace()
-                    .next()?
-                    .parse::<f64>()
-                    .ok()
-            })
         })
         .unwrap_or(f64::NAN)
 }

@@ -12,13 +12,7 @@ use crate::status::WorkerStatus;
 pub fn unix_now() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
-}
-
-/// Milliseconds since the Unix epoch, now.
-pub fn unix_now_ms() -> i64 {
-    (unix_now() * 1000.0) as i64
+        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 /// The dirty backlogs as this process's last reconcile runs saw them, per counter definition
@@ -70,7 +64,7 @@ type AgeFamily = (&'static str, &'static str, fn(&StreamAges) -> f64);
 /// Appends the series computed at scrape time: the per-stream ages (for the streams this
 /// process works on), the dirty backlog's age, build information and process metrics.
 pub fn render_scrape_time(out: &mut String, streams: &[(String, Arc<WorkerStatus>)]) {
-    let now_ms = unix_now_ms();
+    let now_ms = bson::DateTime::now().timestamp_millis();
     render_stream_ages(out, streams, now_ms);
     render_progress(out, streams);
     render_dirty_age(out, now_ms);
@@ -229,7 +223,7 @@ mod tests {
 
     #[test]
     fn the_oldest_dirty_age_is_rendered_per_counter() {
-        let now = bson::DateTime::from_millis(unix_now_ms());
+        let now = bson::DateTime::now();
         let old = bson::DateTime::from_millis(now.timestamp_millis() - 120_000);
         record_dirty(3, Some(old), "scrape_test_likes");
         record_dirty(0, None, "scrape_test_empty");

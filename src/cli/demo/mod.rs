@@ -24,8 +24,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::task::JoinHandle;
 
-use crate::config::InitialSnapshot;
-use crate::config::{CounterKind, CounterSetting, Settings};
+use crate::config::{CounterKind, CounterSetting, InitialSnapshot, Settings};
 use crate::core::definition::{Definitions, Kind};
 use crate::core::key::GroupValue;
 use crate::daemon::{run_sources, shutdown_on_signals, statuses_for, DaemonError};
@@ -34,10 +33,9 @@ use crate::outln;
 use crate::reconcile::{ReconcileSettings, Reconciler};
 use crate::shutdown::Shutdown;
 use crate::status::WorkerStatus;
-use crate::store::displayed_and_truth;
 use crate::store::mongo::MongoStore;
 use crate::store::prelude::*;
-use crate::store::{SnapshotProgress, SnapshotState};
+use crate::store::{displayed_and_truth, SnapshotProgress, SnapshotState};
 use load::{reported_drift, DriftTally, Load};
 
 #[derive(Debug, clap::Args)]
@@ -216,26 +214,23 @@ fn demo_counters(settings: &Settings) -> Vec<CounterSetting> {
 
 /// The demo's own definitions beside the default: approved comments and the rating sum.
 fn added_counters(settings: &Settings) -> Vec<CounterSetting> {
-    let mut approved = toml::Table::new();
-    approved.insert("approved".into(), toml::Value::Boolean(true));
+    let approved = toml::Table::from_iter([("approved".into(), toml::Value::Boolean(true))]);
     vec![
         CounterSetting {
             name: "approved".into(),
             group_field: settings.group_field.clone(),
             condition: Some(approved),
             collection: "approved_comment_counters".into(),
-            kind: CounterKind::Count,
-            field: None,
-            with_count: false,
+            ..CounterSetting::default()
         },
         CounterSetting {
             name: "rating".into(),
             group_field: settings.group_field.clone(),
-            condition: None,
             collection: RATINGS.into(),
             kind: CounterKind::Sum,
             field: Some("rating".into()),
             with_count: true,
+            ..CounterSetting::default()
         },
     ]
 }
@@ -281,13 +276,11 @@ async fn create_recount_index(
     let mut key = Document::new();
     key.insert(schema.group(), 1);
     key.insert(&schema.created, 1);
-    for (_, d) in definitions
+    let same_group = definitions
         .iter()
-        .filter(|(_, d)| d.group == schema.group())
-    {
-        if let Some(field) = d.kind.field() {
-            key.insert(field, 1);
-        }
+        .filter(|(_, d)| d.group == schema.group());
+    for field in same_group.filter_map(|(_, d)| d.kind.field()) {
+        key.insert(field, 1);
     }
     db.run_command(bson::doc! {
         "createIndexes": &settings.comments_collection,
@@ -472,14 +465,11 @@ fn summary(
     outln!("drift injected by hand:   {injected}");
     outln!("drift the reconciler reported: {reported}");
     let matched = injected.matches(reported);
-    outln!(
-        "{}",
-        if matched {
-            "they match: every correction was real, none was missed"
-        } else {
-            "they DIFFER: a correction was invented or missed"
-        }
-    );
+    if matched {
+        outln!("they match: every correction was real, none was missed");
+    } else {
+        outln!("they DIFFER: a correction was invented or missed");
+    }
     if exact && matched {
         outln!(
             "converged: all {} counters of each of {} definitions ({}) equal the truth",

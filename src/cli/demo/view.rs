@@ -7,8 +7,7 @@ use std::sync::Arc;
 
 use crate::config::Settings;
 use crate::core::definition::{Definition, Definitions, Kind};
-use crate::core::key::CounterIx;
-use crate::core::key::GroupValue;
+use crate::core::key::{CounterIx, GroupValue};
 use crate::core::num::Num;
 use crate::outln;
 use crate::recount::Observation;

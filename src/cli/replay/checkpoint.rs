@@ -49,11 +49,10 @@ pub(super) async fn move_stream(
         });
     // A full lease for the move itself, and proof that nobody took the stream meanwhile.
     if !crate::cli::still_ours(store, settings, fence, owner).await? {
-        return Err(CheckFailed(format!(
+        anyhow::bail!(CheckFailed(format!(
             "{}: another worker took the lease while the batch left in flight was re-applied; nothing was moved, run replay again",
             context("lost the lease")
-        ))
-        .into());
+        )));
     }
     store
         .move_checkpoint(&fence.stream, position)

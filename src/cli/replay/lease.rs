@@ -36,13 +36,12 @@ pub(super) async fn take_lease(
             return Ok((fence(epoch), Some(l.clone())));
         }
         if !args.wait {
-            return Err(CheckFailed(format!(
+            anyhow::bail!(CheckFailed(format!(
                 "worker {} (epoch {}) holds stream `{stream}`; its lease expires in {} unless renewed. A running worker keeps renewing it: stop it first, or pass --force to fence it out (it steps down, and it or a standby resumes from the moved position). A worker that was killed stops renewing: pass --wait to wait for the lease to lapse (or --force)",
                 l.owner,
                 l.epoch,
                 remaining(l)
-            ))
-            .into());
+            )));
         }
         // --wait: until the observed expiry; a renewal meanwhile means the worker runs.
         let observed = l.expires_at;
@@ -60,7 +59,7 @@ pub(super) async fn take_lease(
         tokio::time::sleep_until((until + Duration::from_millis(100)).into()).await;
         if let Some(now) = &held(store.read_lease(stream).await?) {
             let renewed = now.owner == l.owner && now.epoch == l.epoch;
-            return Err(CheckFailed(if renewed {
+            anyhow::bail!(CheckFailed(if renewed {
                 format!(
                     "worker {} renewed its lease on `{stream}` while replay waited: it is running. Stop it first, or pass --force to fence it out",
                     now.owner
@@ -70,16 +69,14 @@ pub(super) async fn take_lease(
                     "worker {} (epoch {}) took stream `{stream}` when the lease lapsed (a standby): stop it first, or pass --force to fence it out",
                     now.owner, now.epoch
                 )
-            })
-            .into());
+            }));
         }
     }
     match store.acquire_lease(stream, owner, ttl, DateTime::now()).await? {
         Some(epoch) => Ok((fence(epoch), None)),
-        None => Err(CheckFailed(format!(
+        None => anyhow::bail!(CheckFailed(format!(
             "a worker took stream `{stream}` just now: run replay again (with --force to fence it out)"
-        ))
-        .into()),
+        ))),
     }
 }
 

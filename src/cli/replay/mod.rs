@@ -131,19 +131,14 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         return dry_run(planned, report, &args).await;
     }
 
-    // Take every stream's lease first (refusing, waiting or fencing), then move each.
+    // Take every stream's lease first (refusing, waiting or fencing), then move each; the
+    // leases taken are given back either way.
     let owner = format!("counterd-replay@{}", crate::lease::default_owner());
     let mut taken: Vec<(Fence, Option<Lease>)> = Vec::new();
-    for stream in &streams {
-        match take_lease(&store, stream, &owner, &settings, &args).await {
-            Ok(took) => taken.push(took),
-            Err(e) => {
-                release_all(&store, &owner, &taken).await;
-                return Err(e);
-            }
-        }
-    }
     let moved = async {
+        for stream in &streams {
+            taken.push(take_lease(&store, stream, &owner, &settings, &args).await?);
+        }
         let mut moved = Vec::new();
         for (fence, fenced) in &taken {
             let resolved = move_stream(&settings, &store, fence, &owner, &position).await?;
