@@ -627,12 +627,11 @@ impl<S: Store + ?Sized> Worker<S> {
         drained_at: Option<Timestamp>,
         pending: &mut Pending,
     ) -> Result<(), SessionError> {
-        if let Some(token) = post_batch {
-            if checkpoint.token.as_ref().is_none_or(|t| *t < token) {
-                self.store.save_checkpoint(fence, &token, None).await?;
-                checkpoint.token = Some(token.clone());
-                checkpoint.high_water = checkpoint.high_water.take().max(Some(token));
-            }
+        let newer = |token: &Token| checkpoint.token.as_ref().is_none_or(|t| t < token);
+        if let Some(token) = post_batch.filter(newer) {
+            self.store.save_checkpoint(fence, &token, None).await?;
+            checkpoint.token = Some(token.clone());
+            checkpoint.high_water = checkpoint.high_water.take().max(Some(token));
         }
         // Drained: every event before `at` is applied. Recorded after every applied batch and
         // about once a second while idle, so the reconciler's watermark advances on a quiet
