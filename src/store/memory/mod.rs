@@ -247,12 +247,12 @@ fn mongo_limit(limit: usize) -> usize {
 /// `update_one({_id: key, <filter>}, .., upsert: true)` on a table: the document to update,
 /// made by `new` where there is none, or `None` where the one there fails the filter `admits`
 /// (the upsert's insert hits its `_id`: a duplicate key).
-fn upsert<'t, K: Ord, V>(
-    table: &'t mut BTreeMap<K, V>,
+fn upsert<K: Ord, V>(
+    table: &mut BTreeMap<K, V>,
     key: K,
     admits: impl FnOnce(&V) -> bool,
     new: impl FnOnce() -> V,
-) -> Option<&'t mut V> {
+) -> Option<&mut V> {
     match table.entry(key) {
         Entry::Occupied(doc) => admits(doc.get()).then(|| doc.into_mut()),
         Entry::Vacant(slot) => Some(slot.insert(new())),
