@@ -36,12 +36,7 @@ pub fn pre_images(
         }
         Err(e) => return Finding::skipped(CHECK, format!("listCollections failed ({e})")),
     };
-    let enabled = entry
-        .get_document("options")
-        .and_then(|o| o.get_document("changeStreamPreAndPostImages"))
-        .and_then(|p| p.get_bool("enabled"))
-        .unwrap_or(false);
-    match (enabled, major >= 6) {
+    match (pre_images_on(entry), major >= 6) {
         (true, true) => Finding::ok(CHECK, "on for the comments collection"),
         (true, false) => Finding::info(CHECK, format!("the option is set but the server is older than 6.0; {cost}")),
         (false, true) => Finding::info(
@@ -50,6 +45,16 @@ pub fn pre_images(
         ),
         (false, false) => Finding::info(CHECK, format!("unavailable before MongoDB 6.0; {cost}")),
     }
+}
+
+/// Whether a collection's `listCollections` entry has `changeStreamPreAndPostImages` enabled:
+/// the one reading of it, for this check and for the store's choice to read pre-images (so
+/// the doctor's tests on real-shaped entries, `fixtures/doctor/`, cover both).
+pub fn pre_images_on(entry: &Document) -> bool {
+    let images = entry
+        .get_document("options")
+        .and_then(|o| o.get_document("changeStreamPreAndPostImages"));
+    images.and_then(|p| p.get_bool("enabled")).unwrap_or(false)
 }
 
 /// Reads at a cluster time (`readConcern: snapshot` with `atClusterTime`), detected by a real

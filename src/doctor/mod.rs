@@ -25,6 +25,7 @@ use bson::Document;
 
 use crate::core::schema::Schema;
 
+pub use abilities::pre_images_on;
 pub use index::create_index_command;
 pub use privileges::create_role_command;
 

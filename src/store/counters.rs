@@ -129,15 +129,11 @@ pub struct ApplyOutcome {
 impl ApplyOutcome {
     /// The outcome of statements that each applied (`true`) or were already applied.
     pub fn count(statements: impl IntoIterator<Item = bool>) -> ApplyOutcome {
-        let mut outcome = ApplyOutcome::default();
-        for applied in statements {
-            if applied {
-                outcome.applied += 1;
-            } else {
-                outcome.already_applied += 1;
-            }
+        let (applied, already): (Vec<bool>, Vec<bool>) = statements.into_iter().partition(|a| *a);
+        ApplyOutcome {
+            applied: applied.len() as u64,
+            already_applied: already.len() as u64,
         }
-        outcome
     }
 }
 

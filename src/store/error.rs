@@ -92,7 +92,6 @@ impl StoreError {
     /// `UserNotFound`, or the driver's own authentication failure): no retry mends it until
     /// someone fixes the credentials or grants the role.
     pub fn is_refused_credentials(&self) -> bool {
-        use mongodb::error::{ErrorKind, WriteFailure};
         let StoreError::Driver {
             transient: false,
             source,
@@ -101,14 +100,9 @@ impl StoreError {
         else {
             return false;
         };
-        let code = match source.kind.as_ref() {
-            ErrorKind::Authentication { .. } => return true,
-            ErrorKind::Command(c) => c.code,
-            ErrorKind::Write(WriteFailure::WriteError(w)) => w.code,
-            ErrorKind::Write(WriteFailure::WriteConcernError(w)) => w.code,
-            _ => return false,
-        };
-        REFUSED_CODES.contains(&code)
+        use mongodb::error::ErrorKind;
+        matches!(source.kind.as_ref(), ErrorKind::Authentication { .. })
+            || error_code(source).is_some_and(|c| REFUSED_CODES.contains(&c))
     }
 
     /// The checkpoint's history is gone: the server refused it, or counterd found it belongs
@@ -118,6 +112,17 @@ impl StoreError {
             self,
             StoreError::HistoryLost { .. } | StoreError::HistoryMismatch { .. }
         )
+    }
+}
+
+/// The server's code of a refused command or write (`None`: the driver failed otherwise).
+pub(crate) fn error_code(e: &mongodb::error::Error) -> Option<i32> {
+    use mongodb::error::{ErrorKind, WriteFailure};
+    match e.kind.as_ref() {
+        ErrorKind::Command(c) => Some(c.code),
+        ErrorKind::Write(WriteFailure::WriteError(w)) => Some(w.code),
+        ErrorKind::Write(WriteFailure::WriteConcernError(w)) => Some(w.code),
+        _ => None,
     }
 }
 

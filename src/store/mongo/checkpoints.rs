@@ -189,10 +189,7 @@ impl Checkpoints for MongoStore {
         let replica_set = is_master.contains_key("setName");
         let sharded = is_master.get_str("msg") == Ok("isdbgrid");
         let repl_config = if replica_set {
-            answered(
-                admin.run_command(doc! {"replSetGetConfig": 1}).await,
-                "replSetGetConfig",
-            )?
+            ask(&admin, doc! {"replSetGetConfig": 1}, "replSetGetConfig").await?
         } else {
             None
         };
@@ -213,10 +210,7 @@ impl Checkpoints for MongoStore {
         let status = if replica_set || sharded {
             None
         } else {
-            answered(
-                admin.run_command(doc! {"serverStatus": 1}).await,
-                "serverStatus",
-            )?
+            ask(&admin, doc! {"serverStatus": 1}, "serverStatus").await?
         };
         Ok(Deployment::from_replies(
             &is_master,
@@ -302,17 +296,13 @@ impl MongoStore {
         filter: Document,
         update: Document,
     ) -> StoreResult<()> {
-        match self
+        let updated = self
             .coll(&self.names.checkpoints)
             .update_one(filter, update)
             .upsert(true)
-            .observed_raw(op)
-            .await
-        {
-            Ok(_) => Ok(()),
-            // The checkpoint exists with another epoch: a successor took the stream.
-            Err(e) if error_code(&e) == Some(DUPLICATE_KEY) => Err(StoreError::fenced(fence)),
-            Err(e) => Err(map_err(op, e)),
-        }
+            .unless_duplicate(op)
+            .await?;
+        // A duplicate: the checkpoint exists with another epoch, a successor took the stream.
+        updated.map(drop).ok_or_else(|| StoreError::fenced(fence))
     }
 }

@@ -4,23 +4,20 @@ use super::*;
 use crate::core::definition::ROWS_FIELD;
 use crate::core::num::Num;
 
-/// Type brackets of BSON sort order that post ids may have, in order.
-pub(super) fn later_types(post: &GroupValue) -> Vec<&'static str> {
-    match post {
-        GroupValue::Int(_) => vec!["string", "objectId"],
-        GroupValue::Str(_) => vec!["objectId"],
-        GroupValue::Oid(_) => vec![],
-    }
-}
-
 /// Posts strictly after `after` in BSON order, across type brackets (`$gt` alone stays within
 /// one type).
 pub(super) fn after_filter(field: &str, after: Option<&GroupValue>) -> Document {
     match after {
         None => doc! {field: {"$type": ["int", "long", "double", "string", "objectId"]}},
         Some(post) => {
+            // The type brackets of BSON sort order that post ids may have, after `post`'s.
+            let later: &[&str] = match post {
+                GroupValue::Int(_) => &["string", "objectId"],
+                GroupValue::Str(_) => &["objectId"],
+                GroupValue::Oid(_) => &[],
+            };
             let mut or = vec![Bson::Document(doc! {field: {"$gt": post.to_bson()}})];
-            for t in later_types(post) {
+            for t in later {
                 or.push(Bson::Document(doc! {field: {"$type": t}}));
             }
             doc! {"$or": or}
@@ -125,13 +122,8 @@ impl Counters for MongoStore {
             }
             let inserted = counters
                 .insert_one(new)
-                .observed_raw("create a counter")
-                .await;
-            return match inserted {
-                Ok(_) => Ok(true),
-                Err(e) if error_code(&e) == Some(DUPLICATE_KEY) => Ok(false),
-                Err(e) => Err(map_err("create a counter", e)),
-            };
+                .unless_duplicate("create a counter");
+            return Ok(inserted.await?.is_some());
         };
         let mut filter = doc! {"_id": post.to_bson()};
         match &expected.applied_through {
@@ -213,13 +205,7 @@ impl Counters for MongoStore {
             .limit(limit.min(i64::MAX as usize) as i64)
             .collected("list counters")
             .await?;
-        let mut posts: Vec<GroupValue> = from_comments
-            .iter()
-            .chain(from_counters.iter())
-            .filter_map(|d| d.get("_id").and_then(GroupValue::from_bson))
-            .collect();
-        posts.sort();
-        posts.dedup();
+        let mut posts = posts_in(from_comments.iter().chain(&from_counters), "_id");
         posts.truncate(limit);
         Ok(posts)
     }
@@ -244,13 +230,7 @@ impl Counters for MongoStore {
             .collected("sample comments")
             .await?;
         docs.extend(from_comments);
-        let mut posts: Vec<GroupValue> = docs
-            .iter()
-            .filter_map(|d| d.get("post").and_then(GroupValue::from_bson))
-            .collect();
-        posts.sort();
-        posts.dedup();
-        Ok(posts)
+        Ok(posts_in(&docs, "post"))
     }
 
     async fn apply_snapshot_counters(
@@ -275,10 +255,19 @@ impl Counters for MongoStore {
     }
 }
 
+/// The posts that `field` of `docs` names, in order, each once.
+fn posts_in<'a>(docs: impl IntoIterator<Item = &'a Document>, field: &str) -> Vec<GroupValue> {
+    let posts = docs.into_iter().filter_map(|d| d.get(field));
+    let mut posts: Vec<GroupValue> = posts.filter_map(GroupValue::from_bson).collect();
+    posts.sort();
+    posts.dedup();
+    posts
+}
+
 impl MongoStore {
     /// Sends a batch's counter writes to their definitions' collections, one `update` command
     /// (or more, past the statement cap) per definition the batch touches.
-    async fn per_definition<T, S, F>(
+    async fn per_definition<T, F>(
         &self,
         op: &'static str,
         fence: &Fence,
@@ -288,8 +277,7 @@ impl MongoStore {
     ) -> StoreResult<ApplyOutcome>
     where
         T: Sync,
-        S: Statement,
-        F: Fn(&&T, &'static str, Writer) -> S + Sync,
+        F: Fn(&&T, &'static str, Writer) -> StoreResult<RawDocumentBuf> + Sync,
     {
         let mut outcome = ApplyOutcome::default();
         // Every definition is looked up before anything is written: a write for an unknown one

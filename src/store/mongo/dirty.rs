@@ -61,10 +61,7 @@ impl DirtySet for MongoStore {
         order: DirtyOrder,
         limit: usize,
     ) -> StoreResult<Vec<DirtyEntry>> {
-        let filter = match stream {
-            Some(s) => doc! {"stream": s},
-            None => doc! {},
-        };
+        let filter = stream.map_or_else(Document::new, |s| doc! {"stream": s});
         let sort = match order {
             DirtyOrder::Oldest => doc! {"first_dirty_at": 1, "_id": 1},
             DirtyOrder::ByVersion => doc! {"version": -1, "_id": 1},

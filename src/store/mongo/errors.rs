@@ -18,15 +18,7 @@ pub(super) const DUPLICATE_KEY: i32 = 11000;
 pub(super) const SNAPSHOT_GONE: [i32; 3] = [239, 246, 209];
 
 pub(super) use super::cause::sentence;
-
-pub(super) fn error_code(e: &DriverError) -> Option<i32> {
-    match e.kind.as_ref() {
-        ErrorKind::Command(c) => Some(c.code),
-        ErrorKind::Write(WriteFailure::WriteError(w)) => Some(w.code),
-        ErrorKind::Write(WriteFailure::WriteConcernError(w)) => Some(w.code),
-        _ => None,
-    }
-}
+pub(super) use crate::store::error::error_code;
 
 /// Server error codes that no retry mends when connecting: `Unauthorized` (13),
 /// `AuthenticationFailed` (18), and Atlas's `AtlasError` for a refused login (8000).
@@ -57,26 +49,39 @@ pub(crate) fn map_err(op: &'static str, e: DriverError) -> StoreError {
     .iter()
     .any(|l| e.contains_label(l));
     let code = error_code(&e);
+    let transient =
+        transient_kind || labelled || code.is_some_and(|c| TRANSIENT_CODES.contains(&c));
+    driver_error(op, transient, sentence(&e), e)
+}
+
+/// The driver's error `e` as `op`'s failure, with the one sentence that describes it (see
+/// [`StoreError::Driver`]).
+pub(super) fn driver_error(
+    op: &'static str,
+    transient: bool,
+    detail: impl Into<String>,
+    e: DriverError,
+) -> StoreError {
+    let (detail, source) = (detail.into(), Box::new(e));
     StoreError::Driver {
         op,
-        transient: transient_kind || labelled || code.is_some_and(|c| TRANSIENT_CODES.contains(&c)),
-        detail: sentence(&e),
-        source: Box::new(e),
+        transient,
+        detail,
+        source,
     }
 }
 
-pub(super) fn stream_err(e: DriverError, resumed_after: Option<&Token>) -> StoreError {
+/// A change stream's error; history lost names the token the stream resumed after, if any.
+pub(super) fn stream_err(e: DriverError, start: &StreamStart) -> StoreError {
     match error_code(&e) {
         Some(code) if HISTORY_LOST_CODES.contains(&code) => StoreError::HistoryLost {
             code,
-            token: resumed_after.map(|t| t.to_string()).unwrap_or_default(),
+            token: match start {
+                StreamStart::After(token) => token.to_string(),
+                _ => String::new(),
+            },
         },
-        Some(40573) => StoreError::Driver {
-            op: "open the change stream",
-            transient: false,
-            detail: "the server is a standalone: change streams need a replica set or a sharded cluster (start mongod with --replSet and run rs.initiate())".into(),
-            source: Box::new(e),
-        },
+        Some(40573) => driver_error("open the change stream", false, "the server is a standalone: change streams need a replica set or a sharded cluster (start mongod with --replSet and run rs.initiate())", e),
         _ => map_err("read the change stream", e),
     }
 }

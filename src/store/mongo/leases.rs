@@ -29,14 +29,10 @@ impl Leases for MongoStore {
             .find_one_and_update(filter, update)
             .upsert(true)
             .return_document(mongodb::options::ReturnDocument::After)
-            .observed_raw("acquire the lease")
-            .await;
-        match result {
-            Ok(Some(d)) => Ok(Some(d.get_i64("epoch").unwrap_or(1))),
-            Ok(None) => Ok(None),
-            Err(e) if error_code(&e) == Some(DUPLICATE_KEY) => Ok(None),
-            Err(e) => Err(map_err("acquire the lease", e)),
-        }
+            .unless_duplicate("acquire the lease")
+            .await?;
+        // A duplicate: another owner holds the lease unexpired (the upsert hit its `_id`).
+        Ok(result.flatten().map(|d| d.get_i64("epoch").unwrap_or(1)))
     }
 
     async fn renew_lease(

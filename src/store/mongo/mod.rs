@@ -37,7 +37,7 @@ use mongodb::bson::{
 };
 use mongodb::change_stream::event::ResumeToken;
 use mongodb::change_stream::ChangeStream;
-use mongodb::error::{Error as DriverError, ErrorKind, WriteFailure};
+use mongodb::error::{Error as DriverError, ErrorKind};
 use mongodb::options::{
     ClientOptions, FullDocumentBeforeChangeType, FullDocumentType, ReadPreference,
     SelectionCriteria,
@@ -192,12 +192,7 @@ async fn ping(db: &Database, hosts: &str, connect_timeout: Duration) -> StoreRes
         } else {
             format!("MongoDB at {hosts} refused counterd: {}", sentence(&e))
         };
-        StoreError::Driver {
-            op: "connect",
-            transient,
-            detail,
-            source: Box::new(e),
-        }
+        driver_error("connect", transient, detail, e)
     })?;
     Ok(())
 }
@@ -207,19 +202,11 @@ impl MongoStore {
     /// failed and what to check.
     pub async fn connect(options: &ConnectOptions) -> StoreResult<MongoStore> {
         crate::redact::remember_secrets(&options.uri);
-        let mut client_options =
-            ClientOptions::parse(&options.uri)
-                .await
-                .map_err(|e| StoreError::Driver {
-                    op: "parse the MongoDB URI",
-                    transient: false,
-                    detail: format!(
-                        "{} (check `mongodb_uri`: {})",
-                        crate::redact::redact_text_for(&sentence(&e), &options.uri),
-                        crate::redact::URI_SHAPE
-                    ),
-                    source: Box::new(e),
-                })?;
+        let mut client_options = ClientOptions::parse(&options.uri).await.map_err(|e| {
+            let said = crate::redact::redact_text_for(&sentence(&e), &options.uri);
+            let detail = format!("{said} (check `mongodb_uri`: {})", crate::redact::URI_SHAPE);
+            driver_error("parse the MongoDB URI", false, detail, e)
+        })?;
         client_options.server_selection_timeout = Some(options.connect_timeout);
         client_options.connect_timeout = Some(options.connect_timeout);
         client_options.app_name = Some("counterd".to_string());
@@ -231,12 +218,8 @@ impl MongoStore {
             .map(|h| h.to_string())
             .collect::<Vec<_>>()
             .join(",");
-        let client = Client::with_options(client_options).map_err(|e| StoreError::Driver {
-            op: "create the MongoDB client",
-            transient: false,
-            detail: sentence(&e),
-            source: Box::new(e),
-        })?;
+        let client = Client::with_options(client_options)
+            .map_err(|e| driver_error("create the MongoDB client", false, sentence(&e), e))?;
         let db = client.database(&options.database);
         ping(&db, &hosts, options.connect_timeout).await?;
         let comments = db.collection(&options.comments);
@@ -378,21 +361,15 @@ impl MongoStore {
             .await?;
         // A server that refuses `hello` or `buildInfo` lacks it; one whose reply was lost says
         // nothing either way, so the probe fails and is retried rather than taken as a "no".
-        let hello = answered(self.db.run_command(doc! {"hello": 1}).await, "hello")?.is_some();
-        let build = answered(
-            self.db.run_command(doc! {"buildInfo": 1}).await,
-            "buildInfo",
-        )?;
-        let version = build
-            .as_ref()
-            .and_then(|b| b.get_str("version").ok())
-            .unwrap_or("unknown")
-            .to_string();
-        let major: i32 = version
+        let hello = ask(&self.db, doc! {"hello": 1}, "hello").await?.is_some();
+        let build = ask(&self.db, doc! {"buildInfo": 1}, "buildInfo").await?;
+        let version = build.as_ref().and_then(|b| b.get_str("version").ok());
+        let version = version.unwrap_or("unknown").to_string();
+        let major = version
             .split('.')
             .next()
-            .and_then(|m| m.parse().ok())
-            .unwrap_or(0);
+            .and_then(|m| m.parse::<i32>().ok());
+        let major = major.unwrap_or(0);
         let wire_version = is_master.get_i32("maxWireVersion").unwrap_or(0);
         let replica_set =
             is_master.contains_key("setName") || is_master.get_str("msg") == Ok("isdbgrid");
@@ -416,25 +393,16 @@ impl MongoStore {
     /// Whether `changeStreamPreAndPostImages` is enabled on the comments collection; a lost
     /// reply is an error (retried at start-up), never a "no".
     async fn pre_images_enabled(&self) -> StoreResult<bool> {
-        let name = self.comments.name();
-        let listed = async {
-            let mut cursor = self
-                .db
-                .list_collections()
-                .filter(doc! {"name": name})
-                .await?;
-            cursor.try_next().await
-        };
-        let spec = answered(listed.await, "list collections")?.flatten();
-        let images = spec.and_then(|s| s.options.change_stream_pre_and_post_images);
-        Ok(images.is_some_and(|o| o.enabled))
+        let entry = answered(self.comments_entry().await, "list collections")?.flatten();
+        Ok(entry.as_ref().is_some_and(crate::doctor::pre_images_on))
     }
 
     /// Runs `update` commands of many statements, `ordered: false`, one statement per item;
     /// returns (statements that wrote, statements rejected by a
     /// duplicate key). Each command's statements are built just before it is sent, so a large
-    /// batch never holds all of its statements at once.
-    async fn update_many_statements<T, S, F>(
+    /// batch never holds all of its statements at once; each is built straight as raw BSON,
+    /// which skips building a document tree and encoding it.
+    async fn update_many_statements<T, F>(
         &self,
         op: &'static str,
         collection: &str,
@@ -443,8 +411,7 @@ impl MongoStore {
     ) -> StoreResult<(u64, u64)>
     where
         T: Sync,
-        S: Statement,
-        F: Fn(&T) -> S + Sync,
+        F: Fn(&T) -> StoreResult<RawDocumentBuf> + Sync,
     {
         let mut wrote = 0;
         let mut duplicates = 0;
@@ -452,7 +419,7 @@ impl MongoStore {
         for items in items.chunks(1000) {
             // Each statement goes to raw BSON as soon as it is built: a thousand statements
             // as document trees held megabytes (see `budget::cost`), as bytes a few hundred KB.
-            let chunk = items.iter().map(|item| statement(item).into_raw(op));
+            let chunk = items.iter().map(&statement);
             let chunk = chunk.collect::<StoreResult<RawArrayBuf>>()?;
             let sent = items.len() as u64;
             let reply = self
@@ -467,24 +434,6 @@ impl MongoStore {
             wrote += sent - refused;
         }
         Ok((wrote, duplicates))
-    }
-}
-
-/// One statement of an `update` command: built as a document, or (the worker's per-event
-/// writes) straight as raw BSON, which skips building a document tree and encoding it.
-pub(super) trait Statement {
-    fn into_raw(self, op: &'static str) -> StoreResult<RawDocumentBuf>;
-}
-
-impl Statement for Document {
-    fn into_raw(self, op: &'static str) -> StoreResult<RawDocumentBuf> {
-        RawDocumentBuf::from_document(&self).map_err(unencodable(op))
-    }
-}
-
-impl Statement for StoreResult<RawDocumentBuf> {
-    fn into_raw(self, _op: &'static str) -> StoreResult<RawDocumentBuf> {
-        self
     }
 }
 
@@ -505,11 +454,7 @@ pub(super) fn unencodable<E: std::fmt::Display>(op: &'static str) -> impl Fn(E) 
 /// of a newer epoch); any other write error, or a write concern error, is the command's error.
 fn write_errors(op: &'static str, reply: &Document) -> StoreResult<u64> {
     let mut duplicates = 0;
-    for error in reply
-        .get_array("writeErrors")
-        .map(Vec::as_slice)
-        .unwrap_or_default()
-    {
+    for error in reply.get_array("writeErrors").ok().into_iter().flatten() {
         let error = error.as_document().cloned().unwrap_or_default();
         let code = error.get_i32("code").unwrap_or(0);
         if code == DUPLICATE_KEY {
@@ -546,6 +491,11 @@ fn answered<T>(reply: Result<T, DriverError>, op: &'static str) -> StoreResult<O
             _ => Ok(None),
         },
     }
+}
+
+/// An optional reading or a probe: `command`'s reply by [`answered`]'s rule.
+async fn ask(db: &Database, command: Document, op: &'static str) -> StoreResult<Option<Document>> {
+    answered(db.run_command(command).await, op)
 }
 
 /// `field` is not `>= value`: matches a smaller value, a missing field, or another type.

@@ -20,7 +20,7 @@ use std::time::Instant;
 use futures::{TryStream, TryStreamExt};
 use mongodb::error::Error as DriverError;
 
-use super::errors::map_err;
+use super::errors::{error_code, map_err, DUPLICATE_KEY};
 use crate::store::StoreResult;
 use crate::telemetry as m;
 
@@ -28,10 +28,7 @@ use crate::telemetry as m;
 pub(crate) trait Observe<T>: IntoFuture<Output = Result<T, DriverError>> + Sized {
     /// Awaits the call, records its latency under `op` and maps its error.
     async fn observed(self, op: &'static str) -> StoreResult<T> {
-        let started = Instant::now();
-        let result = self.into_future().await;
-        record(op, result.is_ok(), started.elapsed());
-        result.map_err(|e| map_err(op, e))
+        self.observed_raw(op).await.map_err(|e| map_err(op, e))
     }
 
     /// Like [`Observe::observed`] for a call that opens a cursor: reads the cursor to its end
@@ -44,20 +41,26 @@ pub(crate) trait Observe<T>: IntoFuture<Output = Result<T, DriverError>> + Sized
         cursor.try_collect().await.map_err(|e| map_err(op, e))
     }
 
+    /// Like [`Observe::observed`] for a guarded insert or upsert: a duplicate key (its guard
+    /// failed on an existing document) is `Ok(None)`, for the caller to say what that means.
+    async fn unless_duplicate(self, op: &'static str) -> StoreResult<Option<T>> {
+        match self.observed_raw(op).await {
+            Ok(reply) => Ok(Some(reply)),
+            Err(e) if error_code(&e) == Some(DUPLICATE_KEY) => Ok(None),
+            Err(e) => Err(map_err(op, e)),
+        }
+    }
+
     /// Like [`Observe::observed`], but hands the driver's error back unmapped (callers that
     /// read the error's code themselves).
     async fn observed_raw(self, op: &'static str) -> Result<T, DriverError> {
         let started = Instant::now();
         let result = self.into_future().await;
-        record(op, result.is_ok(), started.elapsed());
+        let outcome = if result.is_ok() { "ok" } else { "error" };
+        metrics::histogram!(m::MONGODB_OPERATION_DURATION, "op" => op, "outcome" => outcome)
+            .record(started.elapsed().as_secs_f64());
         result
     }
 }
 
 impl<T, F: IntoFuture<Output = Result<T, DriverError>>> Observe<T> for F {}
-
-fn record(op: &'static str, ok: bool, took: std::time::Duration) {
-    let outcome = if ok { "ok" } else { "error" };
-    metrics::histogram!(m::MONGODB_OPERATION_DURATION, "op" => op, "outcome" => outcome)
-        .record(took.as_secs_f64());
-}

@@ -77,7 +77,7 @@ impl MongoStore {
     /// The comments collection's `listCollections` entry (`None`: it does not exist), found by
     /// name: a server may answer with more than the filter asks (the test server lists every
     /// collection).
-    async fn comments_entry(&self) -> Result<Option<Document>, DriverError> {
+    pub(super) async fn comments_entry(&self) -> Result<Option<Document>, DriverError> {
         let name = self.comments.name();
         let command = doc! {"listCollections": 1, "filter": {"name": name}};
         let reply = self.db.run_command(command).await?;

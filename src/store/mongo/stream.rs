@@ -133,13 +133,7 @@ fn event_parts(raw: &RawDocument) -> bson::raw::Result<EventParts<'_>> {
             }
             "updateDescription" => parts.update_description = None,
             "lsid" => lsid = value.as_document(),
-            "txnNumber" => {
-                number = match value {
-                    RawBsonRef::Int64(n) => Some(n),
-                    RawBsonRef::Int32(n) => Some(i64::from(n)),
-                    _ => None,
-                }
-            }
+            "txnNumber" => number = value.as_i64().or(value.as_i32().map(i64::from)),
             _ => {}
         }
     }
@@ -196,10 +190,6 @@ impl EventSource for MongoEvents {
     async fn read(&mut self, limit: ReadLimit, max_wait: Duration) -> StoreResult<RawBatch> {
         let started = Instant::now();
         let deadline = tokio::time::Instant::from_std(started + max_wait);
-        let resumed_after = match &self.options.start {
-            StreamStart::After(t) => Some(t.clone()),
-            _ => None,
-        };
         let mut taken = Taken::default();
         if let Some(carried) = self.carried.take() {
             if !limit.fits(0, 0, carried.cost) {
@@ -263,7 +253,7 @@ impl EventSource for MongoEvents {
                 }
                 Some(Pumped::Failed(e)) => {
                     self.pump = None;
-                    return Err(stream_err(e, resumed_after.as_ref()));
+                    return Err(stream_err(e, &self.options.start));
                 }
                 None => {
                     self.pump = None;
@@ -395,19 +385,15 @@ impl MongoStore {
                 .full_document(FullDocumentType::UpdateLookup)
                 .full_document_before_change(FullDocumentBeforeChangeType::WhenAvailable);
         }
-        let mut resumed_after = None;
         match &options.start {
-            StreamStart::After(token) => {
-                watch = watch.resume_after(token_to_resume(token)?);
-                resumed_after = Some(token.clone());
-            }
+            StreamStart::After(token) => watch = watch.resume_after(token_to_resume(token)?),
             StreamStart::AtTime(t) => watch = watch.start_at_operation_time(*t),
             StreamStart::Now => {}
         }
         Ok(watch
             .observed_raw("open the change stream")
             .await
-            .map_err(|e| stream_err(e, resumed_after.as_ref()))?
+            .map_err(|e| stream_err(e, &options.start))?
             .with_type::<RawDocumentBuf>())
     }
 }

@@ -140,22 +140,13 @@ impl Truth for MongoStore {
     async fn rows_of_post(&self, post: &GroupValue) -> StoreResult<Vec<(CommentId, Row)>> {
         let op = "read the rows of a post";
         let group = self.here(op)?.group;
-        let mut cursor = self
+        let found: Vec<Document> = self
             .comments
             .find(doc! {group: post.to_bson()})
             .projection(self.schema.row_projection())
-            .observed(op)
+            .collected(op)
             .await?;
-        let mut rows = Vec::new();
-        while let Some(doc) = cursor.try_next().await.map_err(|e| map_err(op, e))? {
-            if let Some(id) = doc.get("_id") {
-                rows.push((
-                    CommentId::new(id.clone()),
-                    self.schema.read_existing_row(&doc),
-                ));
-            }
-        }
-        Ok(rows)
+        Ok(self.rows(found))
     }
 
     async fn comments_extent(&self) -> StoreResult<CommentsExtent> {
@@ -194,17 +185,20 @@ impl Truth for MongoStore {
             .projection(self.schema.row_projection())
             .collected("read a snapshot chunk")
             .await?;
-        Ok(found
-            .into_iter()
-            .filter_map(|d| {
-                let id = CommentId::new(d.get("_id")?.clone());
-                Some((id, self.schema.read_existing_row(&d)))
-            })
-            .collect())
+        Ok(self.rows(found))
     }
 }
 
 impl MongoStore {
+    /// Rows read with the schema's row projection, each with its comment id.
+    fn rows(&self, found: Vec<Document>) -> Vec<(CommentId, Row)> {
+        let rows = found.into_iter().filter_map(|d| {
+            let id = CommentId::new(d.get("_id")?.clone());
+            Some((id, self.schema.read_existing_row(&d)))
+        });
+        rows.collect()
+    }
+
     /// The rows of `post` that count for the definition this handle serves: its group field
     /// names it, the soft-delete rule does not say the row is deleted (the schema's, as the
     /// worker applies it), and the definition's condition holds (the same [`Condition`] the
@@ -212,14 +206,7 @@ impl MongoStore {
     ///
     /// [`Condition`]: crate::core::condition::Condition
     pub(super) fn live(&self, post: &GroupValue) -> StoreResult<Document> {
-        let place = self.here("count live comments")?;
-        let mut filter = doc! {place.group: {
-            "$eq": post.to_bson(),
-            "$type": post_types(post).to_vec(),
-            "$not": {"$type": "array"},
-        }};
-        self.only_live(&mut filter, &place);
-        Ok(filter)
+        self.counted_rows(doc! {"$eq": post.to_bson(), "$type": post_types(post).to_vec()})
     }
 
     /// The rows of any of `posts` that count and whose creation time is not `>= watermark`:
@@ -227,23 +214,21 @@ impl MongoStore {
     /// allowed are those of every post asked, and a row of one type matches only the values
     /// of its own, as MongoDB compares them).
     fn live_below_any(&self, posts: &[GroupValue], watermark: i64) -> StoreResult<Document> {
-        let place = self.here("count live comments")?;
         let mut types: Vec<&str> = posts.iter().flat_map(post_types).copied().collect();
         types.sort_unstable();
         types.dedup();
         let values: Vec<Bson> = posts.iter().map(GroupValue::to_bson).collect();
-        let mut filter = doc! {place.group: {
-            "$in": values,
-            "$type": types,
-            "$not": {"$type": "array"},
-        }};
-        self.only_live(&mut filter, &place);
+        let mut filter = self.counted_rows(doc! {"$in": values, "$type": types})?;
         filter.insert(&self.schema.created, not_gte(to_date(watermark)));
         Ok(filter)
     }
 
-    /// Adds to a filter the soft-delete rule's "not deleted" and the definition's condition.
-    fn only_live(&self, filter: &mut Document, place: &Place<'_>) {
+    /// The rows whose group field matches `group` (never an array holding a match) that count
+    /// for the viewed definition: the soft-delete rule's "not deleted" and its condition.
+    fn counted_rows(&self, mut group: Document) -> StoreResult<Document> {
+        let place = self.here("count live comments")?;
+        group.insert("$not", doc! {"$type": "array"});
+        let mut filter = doc! {place.group: group};
         match &self.schema.soft_delete {
             SoftDelete::Present { field } => {
                 filter.insert(field, Bson::Null);
@@ -259,6 +244,7 @@ impl MongoStore {
         if let Some(condition) = place.condition {
             filter.insert("$and", vec![Bson::Document(condition.to_filter())]);
         }
+        Ok(filter)
     }
 
     /// The rows of `post` that count and whose creation time is not `>= watermark`.
@@ -355,28 +341,19 @@ impl MongoStore {
             let n = self.comments.count_documents(filter).observed(op).await?;
             return Ok(Num::Int(n as i64));
         }
-        let op = "sum live comments";
-        let first: Option<Document> = self
+        // One document at most: the `$group` of every matched row.
+        let found: Vec<Document> = self
             .comments
             .aggregate(vec![doc! {"$match": filter}, self.tally_stage()])
-            .observed(op)
-            .await?
-            .try_next()
-            .await
-            .map_err(|e| map_err(op, e))?;
-        Ok(tallied(first.as_ref()))
+            .collected("sum live comments")
+            .await?;
+        Ok(tallied(found.first()))
     }
 
     /// The `$group` stage that adds up the matched rows into `n`: 1 each, or a sum's field.
     fn tally_stage(&self) -> Document {
-        let each = match self
-            .place("sum live comments", self.counter)
-            .ok()
-            .and_then(|p| p.sum)
-        {
-            Some(field) => Bson::String(format!("${field}")),
-            None => Bson::Int32(1),
-        };
+        let sum = self.here("sum live comments").ok().and_then(|p| p.sum);
+        let each = sum.map_or(Bson::Int32(1), |field| Bson::String(format!("${field}")));
         doc! {"$group": {"_id": Bson::Null, "n": {"$sum": each}}}
     }
 }

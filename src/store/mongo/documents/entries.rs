@@ -5,19 +5,19 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::fields::{counted, integer_or_none, integer_or_zero, lenient, post_or_none};
+use super::fields::{counted, integer_or_none, integer_or_zero, lenient, post, post_or_none};
 use super::*;
 use crate::core::time::BucketStart;
 
-/// A dirty entry as stored: an entry without a post id or either time is not one.
+/// A dirty entry as stored, read straight into a [`DirtyEntry`]: an entry without a post id or
+/// either time (or with one of another type) does not read, and is not one.
 #[derive(Deserialize)]
+#[serde(remote = "DirtyEntry")]
 struct DirtyDoc {
-    #[serde(rename = "_id", default, with = "post_or_none")]
-    post: Option<GroupValue>,
-    #[serde(default, deserialize_with = "lenient")]
-    first_dirty_at: Option<DateTime>,
-    #[serde(default, deserialize_with = "lenient")]
-    last_dirty_at: Option<DateTime>,
+    #[serde(rename = "_id", deserialize_with = "post::deserialize")]
+    post: GroupValue,
+    first_dirty_at: DateTime,
+    last_dirty_at: DateTime,
     #[serde(default, deserialize_with = "integer_or_zero")]
     version: i64,
     /// `None`: an entry written before the newest bucket was recorded.
@@ -26,14 +26,7 @@ struct DirtyDoc {
 }
 
 pub(in crate::store::mongo) fn dirty_from_doc(doc: &Document) -> Option<DirtyEntry> {
-    let d: DirtyDoc = bson::from_document(doc.clone()).ok()?;
-    Some(DirtyEntry {
-        post: d.post?,
-        first_dirty_at: d.first_dirty_at?,
-        last_dirty_at: d.last_dirty_at?,
-        version: d.version,
-        newest_bucket: d.newest_bucket,
-    })
+    DirtyDoc::deserialize(bson::Deserializer::new(doc.clone().into())).ok()
 }
 
 /// A lease as stored under the stream's `_id`; what is missing reads as expired long ago,
@@ -59,8 +52,9 @@ pub(in crate::store::mongo) fn lease_from_doc(stream: &str, doc: &Document) -> L
 }
 
 /// The sweep cursor as stored under the stream's `_id` (every field written, the unset ones as
-/// null).
-#[derive(Serialize, Deserialize, Default)]
+/// null): a [`SweepCursor`] by the stored shape's rules.
+#[derive(Serialize, Deserialize)]
+#[serde(remote = "SweepCursor")]
 struct SweepDoc {
     #[serde(default, with = "post_or_none")]
     after: Option<GroupValue>,
@@ -75,28 +69,14 @@ struct SweepDoc {
 }
 
 pub(in crate::store::mongo) fn sweep_from_doc(doc: &Document) -> SweepCursor {
-    let d: SweepDoc = bson::from_document(doc.clone()).unwrap_or_default();
-    SweepCursor {
-        after: d.after,
-        pass_started: d.pass_started,
-        posts_done: d.posts_done,
-        passes: d.passes,
-        last_pass_posts: d.last_pass_posts,
-    }
+    SweepDoc::deserialize(bson::Deserializer::new(doc.clone().into())).unwrap_or_default()
 }
 
 /// The `$set` that saves the cursor (with the time it was saved).
 pub(in crate::store::mongo) fn sweep_to_set(cursor: &SweepCursor) -> StoreResult<Document> {
-    let mut set = to_stored(
-        "save the sweep cursor",
-        &SweepDoc {
-            after: cursor.after.clone(),
-            pass_started: cursor.pass_started,
-            posts_done: cursor.posts_done,
-            passes: cursor.passes,
-            last_pass_posts: cursor.last_pass_posts,
-        },
-    )?;
+    let op = "save the sweep cursor";
+    let stored = SweepDoc::serialize(cursor, bson::Serializer::new()).map_err(unencodable(op))?;
+    let mut set = bson::from_bson::<Document>(stored).map_err(unencodable(op))?;
     set.insert("updated_at", DateTime::now());
     Ok(set)
 }

@@ -3,6 +3,7 @@
 //! increments and ledger states both carry.
 
 use serde::{Deserialize, Serialize};
+use serde_with::FromIntoRef;
 
 use super::fields::{self, counted, document_if_any, document_or_none, lenient};
 use super::*;
@@ -72,7 +73,7 @@ mod buckets {
     use serde::de::Error as _;
     use serde::{Deserialize, Deserializer, Serializer};
 
-    use super::{number, BTreeMap, BucketStart, Document, Num};
+    use super::{bucket_amounts, BTreeMap, BucketStart, Document, Num};
 
     pub fn serialize<S: Serializer>(
         buckets: &BTreeMap<BucketStart, Num>,
@@ -84,18 +85,7 @@ mod buckets {
     pub fn deserialize<'de, D: Deserializer<'de>>(
         d: D,
     ) -> Result<BTreeMap<BucketStart, Num>, D::Error> {
-        Document::deserialize(d)?
-            .iter()
-            .map(|(key, value)| {
-                let start = key.parse().map_err(|_| {
-                    D::Error::custom(format!("bucket key `{key}` is not a number of seconds"))
-                })?;
-                let amount = number(Some(value))
-                    .map_err(|e| D::Error::custom(format!("bucket `{key}` is {e}")))?
-                    .ok_or_else(|| D::Error::custom(format!("bucket `{key}` is null")))?;
-                Ok((start, amount))
-            })
-            .collect()
+        bucket_amounts(&Document::deserialize(d)?, None).map_err(D::Error::custom)
     }
 }
 
@@ -174,6 +164,28 @@ struct MarkDoc {
     bucket: BucketStart,
 }
 
+impl From<&DirtyMark> for MarkDoc {
+    fn from(m: &DirtyMark) -> Self {
+        let (counter, post) = (m.key.counter.0, m.key.group.clone());
+        let bucket = m.newest_bucket;
+        MarkDoc {
+            counter,
+            post,
+            bucket,
+        }
+    }
+}
+
+impl From<MarkDoc> for DirtyMark {
+    fn from(m: MarkDoc) -> Self {
+        let key = CounterKey::new(CounterIx(m.counter), m.post);
+        DirtyMark {
+            key,
+            newest_bucket: m.bucket,
+        }
+    }
+}
+
 fn is_default_counter(counter: &usize) -> bool {
     crate::core::definition::keeps_historical_names(CounterIx(*counter))
 }
@@ -205,13 +217,20 @@ impl TryFrom<Bson> for MarkDoc {
     }
 }
 
-/// A batch's intent, as `pending` in the checkpoint document.
+/// A batch's intent, as `pending` in the checkpoint document: a [`PendingBatch`] by the stored
+/// shape's rules, each planned item through its stored form, converted as it is written or
+/// read (no copy of the batch in between).
+#[serde_with::serde_as]
 #[derive(Serialize, Deserialize)]
+#[serde(remote = "PendingBatch")]
 struct PendingDoc {
-    end: String,
-    counters: Vec<CounterDeltaDoc>,
-    ledger: Vec<LedgerUpdateDoc>,
-    dirty: Vec<MarkDoc>,
+    end: Token,
+    #[serde_as(as = "Vec<FromIntoRef<CounterDeltaDoc>>")]
+    counters: Vec<CounterDelta>,
+    #[serde_as(as = "Vec<FromIntoRef<LedgerUpdateDoc>>")]
+    ledger: Vec<LedgerUpdate>,
+    #[serde_as(as = "Vec<FromIntoRef<MarkDoc>>")]
+    dirty: Vec<DirtyMark>,
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
@@ -219,67 +238,37 @@ struct PendingDoc {
     )]
     end_time: Option<Timestamp>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    carry: Option<String>,
+    carry: Option<Token>,
 }
+
+/// A pending batch written, and read, as [`PendingDoc`].
+#[derive(Serialize)]
+struct PendingOut<'a>(#[serde(with = "PendingDoc")] &'a PendingBatch);
+#[derive(Deserialize)]
+struct PendingIn(#[serde(with = "PendingDoc")] PendingBatch);
 
 /// The pending batch as the checkpoint stores it, as raw BSON: a batch's intent names every
 /// counter, ledger state and dirty mark it plans (thousands while behind), which as a document
-/// tree held several megabytes beside the batch's other state.
+/// tree held several megabytes beside the batch's other state: serde writes it straight to
+/// bytes, without the document tree `to_stored` builds (see `checkpoints::record_intent`).
 pub(in crate::store::mongo) fn pending_to_raw(
     batch: &PendingBatch,
 ) -> StoreResult<bson::RawDocumentBuf> {
-    to_stored_raw(
-        "record the batch intent",
-        &PendingDoc {
-            end: batch.end.as_str().to_string(),
-            counters: batch.counters.iter().map(CounterDeltaDoc::from).collect(),
-            ledger: batch.ledger.iter().map(LedgerUpdateDoc::from).collect(),
-            dirty: batch
-                .dirty
-                .iter()
-                .map(|m| MarkDoc {
-                    counter: m.key.counter.0,
-                    post: m.key.group.clone(),
-                    bucket: m.newest_bucket,
-                })
-                .collect(),
-            end_time: batch.end_time,
-            carry: batch.carry.as_ref().map(|c| c.as_str().to_string()),
-        },
-    )
+    let stored = bson::to_raw_document_buf(&PendingOut(batch));
+    stored.map_err(unencodable("record the batch intent"))
 }
 
 pub(in crate::store::mongo) fn pending_from_doc(d: &Document) -> Result<PendingBatch, String> {
-    let p: PendingDoc =
-        bson::from_document(d.clone()).map_err(|e| format!("pending batch: {e}"))?;
-    Ok(pending_from_stored(p))
+    let p: PendingIn = bson::from_document(d.clone()).map_err(|e| format!("pending batch: {e}"))?;
+    Ok(p.0)
 }
 
 /// [`pending_from_doc`] from the intent's bytes, without a document tree of it.
 pub(in crate::store::mongo) fn pending_from_raw(
     d: &bson::RawDocument,
 ) -> Result<PendingBatch, String> {
-    let p: PendingDoc =
-        bson::from_slice(d.as_bytes()).map_err(|e| format!("pending batch: {e}"))?;
-    Ok(pending_from_stored(p))
-}
-
-fn pending_from_stored(p: PendingDoc) -> PendingBatch {
-    PendingBatch {
-        end: Token(p.end),
-        end_time: p.end_time,
-        counters: p.counters.into_iter().map(CounterDelta::from).collect(),
-        ledger: p.ledger.into_iter().map(LedgerUpdate::from).collect(),
-        dirty: p
-            .dirty
-            .into_iter()
-            .map(|m| DirtyMark {
-                key: CounterKey::new(CounterIx(m.counter), m.post),
-                newest_bucket: m.bucket,
-            })
-            .collect(),
-        carry: p.carry.map(Token),
-    }
+    let p: PendingIn = bson::from_slice(d.as_bytes()).map_err(|e| format!("pending batch: {e}"))?;
+    Ok(p.0)
 }
 
 /// The snapshot's progress, as `snapshot` in the checkpoint document. Every field is written,

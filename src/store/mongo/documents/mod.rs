@@ -14,6 +14,7 @@ use serde::Serialize;
 use super::*;
 use crate::core::definition::Definition;
 use crate::core::key::Member;
+use crate::core::num::Num;
 
 mod entries;
 mod fields;
@@ -40,13 +41,27 @@ pub(super) fn integer(value: Option<&Bson>) -> Result<Option<i64>, String> {
 
 /// A counter's number (a base, a delta, a bucket's amount, a drift): an integer stays an
 /// integer, a double stays a double (a sum that turned into one); `Err` for anything else.
-pub(super) fn number(value: Option<&Bson>) -> Result<Option<crate::core::num::Num>, String> {
+pub(super) fn number(value: Option<&Bson>) -> Result<Option<Num>, String> {
     match value {
         None | Some(Bson::Null) => Ok(None),
-        Some(v) => crate::core::num::Num::from_bson(v)
+        Some(v) => Num::from_bson(v)
             .map(Some)
             .ok_or_else(|| format!("{v:?}, expected a number")),
     }
+}
+
+/// Amounts by bucket, as a counter and an intent store them: a document keyed by the bucket's
+/// start in seconds (BSON keys are strings), each amount by the [`number`] rule; a null amount
+/// reads as `null_is` (`None`: an error).
+fn bucket_amounts(map: &Document, null_is: Option<Num>) -> Result<BTreeMap<i64, Num>, String> {
+    let bucket = |(key, value): (&String, &Bson)| {
+        let start = key.parse();
+        let start = start.map_err(|_| format!("bucket key `{key}` is not a number of seconds"))?;
+        let amount = number(Some(value)).map_err(|e| format!("bucket `{key}` is {e}"))?;
+        let null = || format!("bucket `{key}` is null");
+        Ok((start, amount.or(null_is).ok_or_else(null)?))
+    };
+    map.iter().map(bucket).collect()
 }
 
 /// A stored count (progress numbers, generations): [`integer`], where a missing, malformed or
@@ -92,24 +107,14 @@ pub(super) fn counter_from_doc(doc: &Document) -> StoreResult<CounterDoc> {
     };
     let int = |field: &str| -> StoreResult<i64> { Ok(int_or_none(field)?.unwrap_or(0)) };
     // A counter's numbers: integers for a count, a sum's integers or doubles.
-    let num_or_none = |field: &str| -> StoreResult<Option<crate::core::num::Num>> {
+    let num_or_none = |field: &str| -> StoreResult<Option<Num>> {
         number(doc.get(field)).map_err(|e| malformed(format!("`{field}` is {e}")))
     };
-    let num = |field: &str| -> StoreResult<crate::core::num::Num> {
-        Ok(num_or_none(field)?.unwrap_or_default())
+    let num = |field: &str| -> StoreResult<Num> { Ok(num_or_none(field)?.unwrap_or_default()) };
+    let buckets = match doc.get_document("live_by_bucket") {
+        Ok(map) => bucket_amounts(map, Some(Num::default())).map_err(malformed)?,
+        Err(_) => BTreeMap::new(),
     };
-    let mut buckets = BTreeMap::new();
-    if let Ok(map) = doc.get_document("live_by_bucket") {
-        for (key, value) in map {
-            let start: i64 = key
-                .parse()
-                .map_err(|_| malformed(format!("bucket key `{key}` is not a number of seconds")))?;
-            let amount = number(Some(value))
-                .map_err(|e| malformed(format!("bucket `{key}` is {e}")))?
-                .unwrap_or_default();
-            buckets.insert(start, amount);
-        }
-    }
     Ok(CounterDoc {
         post: doc.get("_id").and_then(GroupValue::from_bson),
         state: CounterState {
@@ -229,9 +234,7 @@ pub(super) fn checkpoint_from_raw(
         }
     }
     let mut checkpoint = checkpoint_from_doc(stream, &doc)?;
-    if pending.is_some() {
-        checkpoint.pending = pending;
-    }
+    checkpoint.pending = pending.or(checkpoint.pending.take());
     Ok(checkpoint)
 }
 
@@ -256,18 +259,11 @@ pub(super) fn checkpoint_from_doc(stream: &str, doc: &Document) -> StoreResult<C
     let epoch = integer(doc.get("epoch"))
         .map_err(|e| malformed(format!("`epoch` is {e}")))?
         .unwrap_or(0);
-    let gaps = doc
-        .get_array("gaps")
-        .map(|gaps| {
-            gaps.iter()
-                .filter_map(|g| g.as_document())
-                .map(|g| Gap {
-                    from: g.get_datetime("from").ok().copied(),
-                    to: g.get_datetime("to").ok().copied().unwrap_or(DateTime::MIN),
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let gaps = doc.get_array("gaps").ok().into_iter().flatten();
+    let gaps = gaps.filter_map(Bson::as_document).map(|g| Gap {
+        from: g.get_datetime("from").ok().copied(),
+        to: g.get_datetime("to").ok().copied().unwrap_or(DateTime::MIN),
+    });
     // An optional sub-document: absent or null is none, anything but a document malformed.
     let sub = |field: &str| match doc.get(field) {
         None | Some(Bson::Null) => Ok(None),
@@ -290,7 +286,7 @@ pub(super) fn checkpoint_from_doc(stream: &str, doc: &Document) -> StoreResult<C
         epoch,
         deployment: sub("deployment")?.map(Deployment::from_document),
         updated_at: doc.get_datetime("updated_at").ok().copied(),
-        gaps,
+        gaps: gaps.collect(),
         sweep_requested: doc.get_bool("sweep_requested").unwrap_or(false),
     })
 }
@@ -345,11 +341,9 @@ pub(super) fn joined(post: Option<GroupValue>, more: Vec<Member>) -> Vec<Member>
 /// definitions are added, removed or reordered (a definition it does not name reads as "counts
 /// nowhere", as for a row written before the definition existed; removed ones are ignored).
 pub(super) fn ledger_members_to_bson(members: &[Member], definitions: &[Definition]) -> Bson {
-    let mut by_name = Document::new();
-    for (member, definition) in members.iter().zip(definitions) {
-        by_name.insert(definition.name.clone(), member_to_bson(member));
-    }
-    Bson::Document(by_name)
+    let by_name = members.iter().zip(definitions);
+    let by_name = by_name.map(|(m, d)| (d.name.clone(), member_to_bson(m)));
+    Bson::Document(by_name.collect())
 }
 
 /// [`ledger_members_to_bson`] read back, in the order of `definitions`.
@@ -368,7 +362,7 @@ fn member_to_bson(member: &Member) -> Bson {
     if let Some(group) = &member.group {
         d.insert("group", group.to_bson());
     }
-    if member.amount != crate::core::num::Num::ONE {
+    if member.amount != Num::ONE {
         d.insert("amount", member.amount.to_bson());
     }
     Bson::Document(d)
@@ -381,8 +375,8 @@ fn member_from(value: Option<&Bson>) -> Member {
             group: d.get("group").and_then(GroupValue::from_bson),
             matches: d.get_bool("matches").unwrap_or(false),
             amount: match d.get("amount") {
-                None => crate::core::num::Num::ONE,
-                Some(v) => crate::core::num::Num::from_bson(v).unwrap_or_default(),
+                None => Num::ONE,
+                Some(v) => Num::from_bson(v).unwrap_or_default(),
             },
             not_a_number: None,
         },
@@ -401,15 +395,6 @@ pub(super) fn members_to_bson(members: &[Member]) -> Bson {
 pub(super) fn members_from(value: Option<&Bson>) -> Vec<Member> {
     let list = value.and_then(Bson::as_array).into_iter().flatten();
     list.map(|m| member_from(Some(m))).collect()
-}
-
-/// `value` serialized straight to BSON bytes, without the document tree `to_stored` builds (a
-/// tree of a large intent costs several times its bytes; see `checkpoints::record_intent`).
-pub(super) fn to_stored_raw<T: Serialize>(
-    op: &'static str,
-    value: &T,
-) -> StoreResult<bson::RawDocumentBuf> {
-    bson::to_raw_document_buf(value).map_err(unencodable(op))
 }
 
 /// A document serde writes: the record's stored shape, for `op` (a failure is a bug, reported
@@ -443,7 +428,7 @@ mod tests {
         let run = RunSummary {
             kind: "sweep".into(),
             posts: 3,
-            drift_low: crate::core::num::Num::Int(-2),
+            drift_low: Num::Int(-2),
             finished_at: Some(DateTime::from_millis(5_000)),
             ..RunSummary::default()
         };
