@@ -296,9 +296,8 @@ impl<S: Store + ?Sized> Snapshotter<'_, S> {
                 seconds_left = ?seconds_left(&progress, self.settings.rows_per_second),
                 "initial snapshot progress");
         }
-        let rows = chunk.rows;
         checkpoint.snapshot = Some(progress);
-        Ok(Step::Chunk { rows })
+        Ok(Step::Chunk { rows: chunk.rows })
     }
 
     async fn finish(

@@ -97,18 +97,15 @@ impl ReconcileSettings {
 }
 
 /// One corrected counter: what it displayed and what is true.
+#[serde_with::serde_as]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Correction {
-    #[serde(serialize_with = "display")]
+    #[serde_as(as = "serde_with::DisplayFromStr")]
     pub post: GroupValue,
     pub wrong: crate::core::num::Num,
     pub right: crate::core::num::Num,
     /// `wrong - right`: positive ran high, negative ran low (a sum's field units).
     pub drift: crate::core::num::Num,
-}
-
-fn display<S: serde::Serializer>(post: &GroupValue, s: S) -> Result<S::Ok, S::Error> {
-    s.collect_str(post)
 }
 
 /// The outcome of one run.

@@ -23,20 +23,13 @@ impl<S: Store + ?Sized> Reconciler<S> {
         if posts.is_empty() {
             return Ok(Vec::new());
         }
-        let requests: Vec<Request> = posts
-            .iter()
-            .map(|post| Request {
-                post: post.clone(),
-                watermark: proposed,
-                full,
-            })
-            .collect();
+        let requests = Request::each(posts, proposed, full);
         let recounts = self.recounter.recount(&requests, &mut run.pace).await?;
         run.summary.counts += recounts.len() as u64;
         metrics::counter!(m::RECOUNTS, "stream" => self.settings.stream.clone(), "kind" => run.kind.label())
             .increment(recounts.len() as u64);
         let mut outcomes = Vec::with_capacity(recounts.len());
-        for recount in recounts {
+        for (post, recount) in posts.iter().zip(recounts) {
             let outcome = match recount {
                 Recount::SnapshotRunning => {
                     run.summary.waiting_for_snapshot += 1;
@@ -54,9 +47,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
                 }
             };
             if outcome == Outcome::NotNow {
-                if let Some(post) = posts.get(outcomes.len()) {
-                    run.contended.push(post.to_string());
-                }
+                run.contended.push(post.to_string());
             }
             outcomes.push(outcome);
         }
@@ -241,9 +232,8 @@ impl Run {
         let waited_ms = (now.timestamp_millis() - entry.first_dirty_at.timestamp_millis()).max(0);
         metrics::histogram!(m::DIRTY_TO_FOLD, "stream" => self.stream.clone(), "counter" => self.counter.clone())
             .record(waited_ms as f64 / 1000.0);
-        let secs = waited_ms / 1000;
         let longest = &mut self.summary.longest_dirty_to_fold_secs;
-        *longest = Some(longest.map_or(secs, |l| l.max(secs)));
+        *longest = (*longest).max(Some(waited_ms / 1000));
     }
 
     fn record(&mut self, post: &GroupValue, folded: &Fold) {

@@ -183,12 +183,10 @@ impl<S: Store + ?Sized> Reconciler<S> {
         shutdown: Option<Shutdown>,
         found_behind: &mut FoundBehind,
     ) -> StoreResult<Option<(RunReport, bool)>> {
-        let Some(checkpoint) = self.store.load_checkpoint(&self.settings.stream).await? else {
+        let checkpoint = self.store.load_checkpoint(&self.settings.stream).await?;
+        let Some(checkpoint) = checkpoint.filter(|c| c.sweep_requested) else {
             return Ok(None);
         };
-        if !checkpoint.sweep_requested {
-            return Ok(None);
-        }
         let gap_end = checkpoint
             .gaps
             .iter()
@@ -296,9 +294,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
         let watermark = self.watermark(now_secs).await?;
         let window = self.store.posts_after(cursor.after.as_ref(), size).await?;
         let mut run = Run::new(&self.settings, RunKind::Background, watermark);
-        if cursor.pass_started.is_none() {
-            cursor.pass_started = Some(self.clock.now());
-        }
+        cursor.pass_started.get_or_insert_with(|| self.clock.now());
         self.reconcile_posts(&self.owned(&window), watermark, false, &mut run)
             .await?;
         cursor.posts_done += window.len() as u64;
@@ -358,10 +354,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
                 return Ok(false);
             }
         }
-        if rows.is_empty() {
-            return Ok(true);
-        }
-        self.rebuild_rows(rows, generation).await
+        Ok(rows.is_empty() || self.rebuild_rows(rows, generation).await?)
     }
 
     /// One part of [`Reconciler::rebuild_ledger`]: rows just read, written as ledger entries
@@ -453,12 +446,11 @@ pub async fn adopt_new_definitions<S: Store + ?Sized>(
             continue;
         }
         let stream = &reconciler.settings.stream;
-        let Some(checkpoint) = store.load_checkpoint(stream).await? else {
+        let checkpoint = store.load_checkpoint(stream).await?;
+        let Some(checkpoint) = checkpoint.filter(|c| !c.untouched() && !c.snapshot_running())
+        else {
             continue;
         };
-        if checkpoint.untouched() || checkpoint.snapshot_running() {
-            continue;
-        }
         let counted_by_snapshot = checkpoint
             .snapshot
             .as_ref()

@@ -78,6 +78,18 @@ pub struct Request {
     pub full: bool,
 }
 
+impl Request {
+    /// One request per post, each below `watermark`.
+    pub fn each(posts: &[GroupValue], watermark: i64, full: bool) -> Vec<Request> {
+        let request = |post: &GroupValue| Request {
+            post: post.clone(),
+            watermark,
+            full,
+        };
+        posts.iter().map(request).collect()
+    }
+}
+
 /// The outcome of one recount.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Recount {
@@ -126,9 +138,27 @@ impl Consistent {
         let Some(c) = counter else {
             return self.since.is_none() && self.counter.is_none();
         };
-        !self.voided_by_fold(c)
-            && !touched_after(c, self.since.as_deref(), self.watermark)
-            && !writers_touched_after(c, &self.since_writers, self.watermark)
+        !self.voided_by_fold(c) && !self.touched_after(c)
+    }
+
+    /// Whether an event changed a row of the post in a bucket below the watermark in a batch
+    /// after `since` (every touch counts when `since` is `None`); for the other writers of a
+    /// counter several partitions write, each after its own position when first read
+    /// (`since_writers`; a writer absent then: every touch counts). Positions of different
+    /// partitions are not compared: a lagging partition writes older tokens after another's
+    /// newer ones.
+    fn touched_after(&self, c: &CounterDoc) -> bool {
+        let others = c.writers.iter().map(|(slot, w)| {
+            let since = self.since_writers.get(slot).map(String::as_str);
+            (since, &w.touched)
+        });
+        let since = self.since.as_deref();
+        std::iter::once((since, &c.touched))
+            .chain(others)
+            .any(|(since, touched)| {
+                let mut settled = touched.range(..self.watermark);
+                settled.any(|(_, token)| since.is_none_or(|s| token.as_str() > s))
+            })
     }
 
     /// Whether `c`, a later state of the counter, was refolded or hand-edited in a way that voids
@@ -141,6 +171,25 @@ impl Consistent {
         let observation = self.watermark >= EVERYTHING;
         !observation && (c.folds != self.folds || c.state.base_count != self.base_count)
     }
+
+    /// A recount of `post` below `watermark` that starts from its counter as first read
+    /// (`None`: no counter document); nothing counted yet.
+    fn first(post: GroupValue, counter: Option<CounterDoc>, watermark: i64) -> Consistent {
+        let writers = counter.iter().flat_map(|c| &c.writers);
+        let since_writers = writers.filter_map(|(n, w)| Some((*n, w.applied_through.clone()?)));
+        Consistent {
+            post,
+            since: counter.as_ref().and_then(|c| c.applied_through.clone()),
+            since_writers: since_writers.collect(),
+            folds: counter.as_ref().map_or(0, |c| c.folds),
+            base_count: counter.as_ref().map_or(Num::ZERO, |c| c.state.base_count),
+            counter,
+            watermark,
+            count: Num::ZERO,
+            snapshot: false,
+            read: None,
+        }
+    }
 }
 
 /// Each row once, even if a cursor returned one twice while the collection moved.
@@ -148,33 +197,6 @@ fn each_row_once(mut read: Vec<CommentId>) -> Vec<CommentId> {
     read.sort_unstable_by(|a, b| a.key.cmp(&b.key));
     read.dedup_by(|a, b| a.key == b.key);
     read
-}
-
-/// Whether an event changed a row of `counter`'s post in a bucket below `watermark` in a batch
-/// after `since` (every touch counts when `since` is `None`).
-pub fn touched_after(counter: &CounterDoc, since: Option<&str>, watermark: i64) -> bool {
-    counter
-        .touched
-        .range(..watermark)
-        .any(|(_, token)| since.is_none_or(|s| token.as_str() > s))
-}
-
-/// [`touched_after`] for the other writers of a counter several partitions write, each
-/// against its own position when first read (`since`; a writer absent then: every touch
-/// counts). Positions of different partitions are not compared: a lagging partition writes
-/// older tokens after another's newer ones.
-pub fn writers_touched_after(
-    counter: &CounterDoc,
-    since: &BTreeMap<u32, String>,
-    watermark: i64,
-) -> bool {
-    counter.writers.iter().any(|(slot, position)| {
-        let since = since.get(slot).map(String::as_str);
-        position
-            .touched
-            .range(..watermark)
-            .any(|(_, token)| since.is_none_or(|s| token.as_str() > s))
-    })
 }
 
 /// Whether the stream's initial snapshot claimed rows between two looks at its progress (it
@@ -212,15 +234,6 @@ impl Pace {
     }
 }
 
-/// The other writers' positions in `counter` (see [`Consistent::since_writers`]).
-fn since_writers(counter: &CounterDoc) -> BTreeMap<u32, String> {
-    counter
-        .writers
-        .iter()
-        .filter_map(|(slot, w)| Some((*slot, w.applied_through.clone()?)))
-        .collect()
-}
-
 /// Each checkpoint's snapshot progress.
 fn snapshots(checkpoints: &[Option<Checkpoint>]) -> Vec<Option<SnapshotProgress>> {
     checkpoints
@@ -228,6 +241,9 @@ fn snapshots(checkpoints: &[Option<Checkpoint>]) -> Vec<Option<SnapshotProgress>
         .map(|c| c.as_ref().and_then(|c| c.snapshot.clone()))
         .collect()
 }
+
+/// Recounts of a group's posts, each with its post's place in the group.
+type Placed = Vec<(usize, Consistent)>;
 
 /// A watermark above everything: counts every live row.
 pub const EVERYTHING: i64 = i64::MAX / 2000;
@@ -298,7 +314,7 @@ impl<S: Store + ?Sized> Recounter<S> {
             .filter(|_| !shared);
         let mut out: Vec<Option<Recount>> = vec![None; requests.len()];
         // The posts counted at row level, read after every counter of the group was.
-        let mut pending: Vec<(usize, Consistent)> = Vec::new();
+        let mut pending: Placed = Vec::new();
         for (i, request) in requests.iter().enumerate() {
             let first = self.first_read(request).await?;
             let at = first
@@ -336,15 +352,13 @@ impl<S: Store + ?Sized> Recounter<S> {
             let after = self.store.read_position().await?.upper;
             let caught_up = self.wait_until_applied(after).await?;
             for (i, mut recount) in rows {
-                out[i] = Some(if !caught_up {
-                    Recount::InFlight
-                } else {
+                let settled = caught_up && {
                     let now = self.store.read_counter(&recount.post).await?;
-                    if self.settle(&mut recount, now).await? {
-                        Recount::Consistent(Box::new(recount))
-                    } else {
-                        Recount::InFlight
-                    }
+                    self.settle(&mut recount, now).await?
+                };
+                out[i] = Some(match settled {
+                    true => Recount::Consistent(Box::new(recount)),
+                    false => Recount::InFlight,
                 });
             }
         }
@@ -361,18 +375,7 @@ impl<S: Store + ?Sized> Recounter<S> {
     async fn first_read(&self, request: &Request) -> StoreResult<Consistent> {
         let counter = self.store.read_counter(&request.post).await?;
         let watermark = self.watermark_for(request, counter.as_ref()).await?;
-        Ok(Consistent {
-            post: request.post.clone(),
-            since: counter.as_ref().and_then(|c| c.applied_through.clone()),
-            since_writers: counter.as_ref().map(since_writers).unwrap_or_default(),
-            folds: counter.as_ref().map_or(0, |c| c.folds),
-            base_count: counter.as_ref().map_or(Num::ZERO, |c| c.state.base_count),
-            counter,
-            watermark,
-            count: Num::ZERO,
-            snapshot: false,
-            read: None,
-        })
+        Ok(Consistent::first(request.post.clone(), counter, watermark))
     }
 
     /// A snapshot that began (or took a chunk) in any writer's stream since the first look
@@ -430,19 +433,21 @@ impl<S: Store + ?Sized> Recounter<S> {
 
     /// Counts of a group's posts by the server alone, each after its counter's first read
     /// (settled like a snapshot count, [`Consistent::holds_for`]).
-    async fn count_alone(
-        &self,
-        pending: Vec<(usize, Consistent)>,
-    ) -> StoreResult<Vec<(usize, Consistent)>> {
+    async fn count_alone(&self, pending: Placed) -> StoreResult<Placed> {
         let mut out = Vec::with_capacity(pending.len());
         for (i, first) in pending {
-            let count = self
-                .store
-                .count_live_below(&first.post, first.watermark)
-                .await?;
-            out.push((i, Consistent { count, ..first }));
+            out.push((i, self.counted_alone(first).await?));
         }
         Ok(out)
+    }
+
+    /// A post's count by the server alone, after its counter's first read (`first`).
+    async fn counted_alone(&self, first: Consistent) -> StoreResult<Consistent> {
+        let count = self
+            .store
+            .count_live_below(&first.post, first.watermark)
+            .await?;
+        Ok(Consistent { count, ..first })
     }
 
     /// The row-level reads of a group's posts, each after its counter's first read: one query
@@ -450,10 +455,7 @@ impl<S: Store + ?Sized> Recounter<S> {
     /// would scan the collection once per post where no index serves it), else one per post,
     /// a post with more rows than the room left counted by the server alone (settled like a
     /// snapshot count: nothing below the watermark may change meanwhile).
-    async fn read_rows(
-        &self,
-        pending: Vec<(usize, Consistent)>,
-    ) -> StoreResult<Vec<(usize, Consistent)>> {
+    async fn read_rows(&self, pending: Placed) -> StoreResult<Placed> {
         if pending.len() > 1 {
             let wanted: Vec<(GroupValue, i64)> = pending
                 .iter()
@@ -492,13 +494,7 @@ impl<S: Store + ?Sized> Recounter<S> {
                         ..first
                     }
                 }
-                None => Consistent {
-                    count: self
-                        .store
-                        .count_live_below(&first.post, first.watermark)
-                        .await?,
-                    ..first
-                },
+                None => self.counted_alone(first).await?,
             };
             rows.push((i, recount));
         }
@@ -525,20 +521,15 @@ impl<S: Store + ?Sized> Recounter<S> {
             }
             return Ok(holds);
         };
-        let Some(c) = now.as_ref() else {
+        let until = now.as_ref().and_then(|c| c.applied_through.as_deref());
+        let changed = match now.as_ref() {
             // No counter now: only fine if there was none at the first read either.
-            if recount.since.is_none() && recount.counter.is_none() {
-                recount.count = Num::Int(read.len() as i64);
-                recount.counter = None;
-                return Ok(true);
-            }
-            return Ok(false);
+            None if recount.holds_for(None) => Ok(BTreeMap::new()),
+            None => return Ok(false),
+            Some(c) if recount.voided_by_fold(c) => return Ok(false),
+            Some(c) => window::changed_since(&c.recent, recount.since.as_deref(), until),
         };
-        if recount.voided_by_fold(c) {
-            return Ok(false);
-        }
-        let until = c.applied_through.as_deref();
-        let settled = match window::changed_since(&c.recent, recount.since.as_deref(), until) {
+        let settled = match changed {
             Err(why) => Err(why),
             Ok(changed) if changed.is_empty() => Ok(read.len() as i64),
             Ok(changed) => {
@@ -618,16 +609,8 @@ mod tests {
 
     fn recount(first: Option<CounterDoc>, watermark: i64) -> Consistent {
         Consistent {
-            post: GroupValue::Int(1),
-            since: first.as_ref().and_then(|c| c.applied_through.clone()),
-            since_writers: first.as_ref().map(since_writers).unwrap_or_default(),
-            folds: first.as_ref().map_or(0, |c| c.folds),
-            base_count: first.as_ref().map_or(Num::ZERO, |c| c.state.base_count),
-            counter: first,
-            watermark,
             count: Num::Int(3),
-            snapshot: false,
-            read: None,
+            ..Consistent::first(GroupValue::Int(1), first, watermark)
         }
     }
 

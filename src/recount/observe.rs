@@ -40,14 +40,7 @@ impl<S: Store + ?Sized> Recounter<S> {
     /// Compares each post's displayed value with its true count of every live row, consistently
     /// with the stream: a post with a change in flight is reported as such, never as a mismatch.
     pub async fn observe(&self, posts: &[GroupValue]) -> StoreResult<Vec<Observation>> {
-        let requests: Vec<Request> = posts
-            .iter()
-            .map(|post| Request {
-                post: post.clone(),
-                watermark: EVERYTHING,
-                full: false,
-            })
-            .collect();
+        let requests = Request::each(posts, EVERYTHING, false);
         let recounts = self.recount(&requests, &mut Pace::new(0)).await?;
         let mut out = Vec::with_capacity(posts.len());
         for (post, recount) in posts.iter().zip(recounts) {

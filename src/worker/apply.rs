@@ -79,12 +79,8 @@ impl<S: Store + ?Sized> Worker<S> {
             .collect();
         let mut ledger = prefetched.entries;
         if !missing.is_empty() {
-            ledger.extend(
-                self.store
-                    .read_ledger(stream, &missing, generation)
-                    .await?
-                    .0,
-            );
+            let read = self.store.read_ledger(stream, &missing, generation).await?;
+            ledger.extend(read.0);
         }
         Ok(ledger)
     }
@@ -160,10 +156,7 @@ impl<S: Store + ?Sized> Worker<S> {
             }
             self.report_batch(fence, checkpoint, &report, end_time, started);
         }
-        match ended {
-            Some(end) => Err(SessionError::Ended(end)),
-            None => Ok(written),
-        }
+        ended.map_or(Ok(written), |end| Err(SessionError::Ended(end)))
     }
 
     /// Plans a batch: its ledger entries (read ahead or read now) and the rows its updates
@@ -384,9 +377,7 @@ impl<S: Store + ?Sized> Worker<S> {
         if let Some(t) = end_time {
             metrics::gauge!(m::LAST_EVENT_TIMESTAMP, "stream" => stream).set(t.time as f64);
         }
-        if let Some(t) = crate::recount::applied_before(checkpoint) {
-            self.report_checkpoint(&fence.stream, t.time as i64);
-        }
+        self.report_checkpoint(&fence.stream, crate::recount::applied_before(checkpoint));
     }
 
     /// Writes what `carry` holds, (a) its counters and (c) dirty marks, with `batch`'s (b)
@@ -585,7 +576,7 @@ pub(super) struct Carrying {
     since: Option<bson::DateTime>,
     /// Every carried batch's own writes (intent, ledger states) landed: the carry may be
     /// written. False from a batch's intent until its writes are acknowledged.
-    settled: bool,
+    pub(super) settled: bool,
 }
 
 impl Carrying {
@@ -613,11 +604,6 @@ impl Carrying {
             }
         }
         young && self.held.bytes() >= want
-    }
-
-    /// Whether every carried batch's own writes landed (see [`Carrying::settled`]).
-    pub(super) fn settled(&self) -> bool {
-        self.settled
     }
 
     /// Whether the carry is older than [`CARRY_FOR`] at `now`.
@@ -691,10 +677,8 @@ impl SkippedReport {
         schema: &crate::core::schema::Schema,
     ) -> SkippedReport {
         let event = events.iter().find(|e| e.token == skipped.token);
-        let comment = event
-            .and_then(|e| e.comment.as_ref())
-            .map(|c| c.key.clone())
-            .unwrap_or_else(|| "unknown".into());
+        let comment = event.and_then(|e| e.comment.as_ref());
+        let comment = comment.map_or_else(|| "unknown".into(), |c| c.key.clone());
         let post = event
             .and_then(|e| {
                 [

@@ -155,10 +155,14 @@ impl<S: Store + ?Sized> Worker<S> {
         }
     }
 
-    /// Exports the checkpointed position's time (cluster seconds) for the scrape-time age.
-    fn report_checkpoint(&self, stream: &str, secs: i64) {
-        self.status.checkpointed(secs);
-        metrics::gauge!(m::CHECKPOINT_TIMESTAMP, "stream" => stream.to_string()).set(secs as f64);
+    /// Exports the checkpointed position's time (cluster seconds), where there is one, for the
+    /// scrape-time age.
+    fn report_checkpoint(&self, stream: &str, at: Option<Timestamp>) {
+        if let Some(secs) = at.map(|t| t.time as i64) {
+            self.status.checkpointed(secs);
+            metrics::gauge!(m::CHECKPOINT_TIMESTAMP, "stream" => stream.to_string())
+                .set(secs as f64);
+        }
     }
 
     /// Runs until shutdown (Ok) or a non-transient error. Transient errors reopen the stream
@@ -203,11 +207,11 @@ impl<S: Store + ?Sized> Worker<S> {
             Err(e) if e.is_transient() => {
                 metrics::counter!(m::RETRIES, "op" => "worker").increment(1);
                 tracing::warn!(stream = %fence.stream, error = %e, "cannot read the checkpoint yet; the session reads it again");
+                Ok(())
             }
-            Err(e) => return Err(WorkerError::Startup(e)),
-            Ok(_) => {}
+            Err(e) => Err(WorkerError::Startup(e)),
+            Ok(_) => Ok(()),
         }
-        Ok(())
     }
 
     /// History lost: stop (`fail`), or record the gap and start again from now (`resweep`).
@@ -315,13 +319,11 @@ impl<S: Store + ?Sized> Worker<S> {
     }
 }
 
+/// Why a session ended: the stream's end, or a store error (`run` retries a transient one).
+#[derive(Debug, thiserror::Error)]
 enum SessionError {
+    #[error(transparent)]
     Ended(StreamEnded),
-    Store(StoreError),
-}
-
-impl From<StoreError> for SessionError {
-    fn from(e: StoreError) -> Self {
-        SessionError::Store(e)
-    }
+    #[error(transparent)]
+    Store(#[from] StoreError),
 }

@@ -202,11 +202,10 @@ impl<S: Store + ?Sized> Worker<S> {
         }
         self.check_deployment(fence, &mut checkpoint).await?;
         // A configured start applies once: after a history gap it is lost too, so "now" then.
-        let configured_start = if checkpoint.gaps.is_empty() {
-            self.settings.start_at
-        } else {
-            None
-        };
+        let configured_start = self
+            .settings
+            .start_at
+            .filter(|_| checkpoint.gaps.is_empty());
         // A stream that never applied anything first snapshots the rows that exist; a chunk a
         // previous run left in flight is finished before the stream is read.
         let snapshotter = self.snapshotter(fence);
@@ -266,15 +265,11 @@ impl<S: Store + ?Sized> Worker<S> {
         let resumes_from = crate::recount::applied_before(checkpoint)
             .or(checkpoint.start_time)
             .or(configured_start);
+        self.report_checkpoint(&fence.stream, resumes_from);
         if let Some(t) = resumes_from {
-            self.report_checkpoint(&fence.stream, t.time as i64);
             self.status.caught_up_to(t.time as i64);
         }
-        let or_none = |t: &Option<Token>| {
-            t.as_ref()
-                .map(|t| t.to_string())
-                .unwrap_or_else(|| "none".into())
-        };
+        let or_none = |t: &Option<Token>| t.as_ref().map_or("none".into(), Token::to_string);
         tracing::info!(stream = %fence.stream, token = %or_none(&checkpoint.token), high_water = %or_none(&checkpoint.high_water), "change stream open");
         Ok(source)
     }
@@ -367,7 +362,7 @@ impl<S: Store + ?Sized> Worker<S> {
     /// within [`STOP_FLUSH`] (a stop is not held up by a slow server: the intent holds the
     /// carry, and the next start writes it).
     async fn stop(&self, fence: &Fence, checkpoint: &mut Checkpoint, carrying: &mut Carrying) {
-        if !carrying.settled() {
+        if !carrying.settled {
             return;
         }
         let limit = STOP_FLUSH.min(self.settings.operation_timeout);
@@ -499,8 +494,7 @@ impl<S: Store + ?Sized> Worker<S> {
         taken: Taken,
     ) -> Result<(), SessionError> {
         let ahead = self.read_ahead_limit(checkpoint, pending);
-        let mut grant = ahead.grant;
-        let read_ahead = self.read_ahead(fence, source, &ahead.limit, ahead.asked, ahead.prefetch);
+        let read_ahead = self.read_ahead(fence, source, &ahead);
         let may_carry = !checkpoint.snapshot_running();
         let carrying = &mut pending.carrying;
         let applied = self.apply(fence, checkpoint, taken.batch, carrying, may_carry);
@@ -508,6 +502,7 @@ impl<S: Store + ?Sized> Worker<S> {
         drop(taken.grant);
         let written = applied?;
         let (read, ledger) = read?;
+        let mut grant = ahead.grant;
         self.settle(&mut grant, &read);
         self.take_in(checkpoint, pending, read, grant)?;
         pending.prefetched = ledger.map(|mut ledger| {
@@ -546,26 +541,24 @@ impl<S: Store + ?Sized> Worker<S> {
     }
 
     /// The read ahead itself, with the ledger entries of what it read (of generation
-    /// `prefetch`, where given).
+    /// `ahead.prefetch`, where given).
     async fn read_ahead(
         &self,
         fence: &Fence,
         source: &mut dyn EventSource,
-        limit: &ReadLimit,
-        asked: usize,
-        prefetch: Option<u64>,
+        ahead: &ReadAhead,
     ) -> Result<(Read, Option<Prefetched>), StoreError> {
-        if limit.events == 0 {
+        if ahead.limit.events == 0 {
             return Ok((Read::default(), None));
         }
         // The read runs while the batch is written, so it may take about as long: a
         // backlog is then read in full batches (coalescing needs them) rather than cut
         // at `max_batch_wait`, which bounds the latency of a caught-up worker's reads.
         let raw = source
-            .read(*limit, self.settings.max_batch_wait * READ_AHEAD_WAITS)
+            .read(ahead.limit, self.settings.max_batch_wait * READ_AHEAD_WAITS)
             .await?;
-        let read = Read::parse(&fence.stream, limit, asked, raw);
-        let ledger = match prefetch {
+        let read = Read::parse(&fence.stream, &ahead.limit, ahead.asked, raw);
+        let ledger = match ahead.prefetch {
             Some(generation) if !read.events.is_empty() => Some(
                 self.prefetch_ledger(&fence.stream, generation, &read.events)
                     .await?,
@@ -611,12 +604,8 @@ impl<S: Store + ?Sized> Worker<S> {
             self.settings.max_batch_size,
         );
         pending.events.extend(read.events);
-        if let Some(first) = pending
-            .events
-            .front()
-            .filter(|_| pending.resumed_after.is_some())
-        {
-            let since = pending.resumed_after.take().expect("checked");
+        if let (Some(first), Some(since)) = (pending.events.front(), pending.resumed_after) {
+            pending.resumed_after = None;
             if let Some(at) = first.cluster_time.filter(|at| *at < since) {
                 return Err(StoreError::HistoryMismatch {
                     position: position_of(checkpoint),
@@ -638,14 +627,11 @@ impl<S: Store + ?Sized> Worker<S> {
         drained_at: Option<Timestamp>,
         pending: &mut Pending,
     ) -> Result<(), SessionError> {
-        if let Some(token) = post_batch {
-            if checkpoint.token.as_ref().is_none_or(|t| *t < token) {
-                self.store.save_checkpoint(fence, &token, None).await?;
-                checkpoint.token = Some(token.clone());
-                if checkpoint.high_water.as_ref().is_none_or(|h| *h < token) {
-                    checkpoint.high_water = Some(token);
-                }
-            }
+        let newer = |token: &Token| checkpoint.token.as_ref().is_none_or(|t| t < token);
+        if let Some(token) = post_batch.filter(newer) {
+            self.store.save_checkpoint(fence, &token, None).await?;
+            checkpoint.token = Some(token.clone());
+            checkpoint.high_water = checkpoint.high_water.take().max(Some(token));
         }
         // Drained: every event before `at` is applied. Recorded after every applied batch and
         // about once a second while idle, so the reconciler's watermark advances on a quiet
@@ -657,16 +643,12 @@ impl<S: Store + ?Sized> Worker<S> {
             if pending.applied_since_drained || pending.idle_reads >= IDLE_READS_PER_DRAINED_RECORD
             {
                 self.store.record_caught_up(fence, at).await?;
-                if checkpoint.caught_up_at.is_none_or(|c| c < at) {
-                    checkpoint.caught_up_at = Some(at);
-                }
+                checkpoint.caught_up_at = checkpoint.caught_up_at.max(Some(at));
                 pending.applied_since_drained = false;
                 pending.idle_reads = 0;
             }
         }
-        if let Some(t) = crate::recount::applied_before(checkpoint) {
-            self.report_checkpoint(&fence.stream, t.time as i64);
-        }
+        self.report_checkpoint(&fence.stream, crate::recount::applied_before(checkpoint));
         Ok(())
     }
 }

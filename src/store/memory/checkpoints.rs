@@ -2,7 +2,7 @@
 
 use bson::{DateTime, Timestamp};
 
-use super::{fence_ok, max_string, seam, CarriedCopy, Memory, MemoryStore};
+use super::{fence_ok, max_string, seam, upsert, CarriedCopy, Memory, MemoryStore};
 use crate::core::batch::PendingBatch;
 use crate::core::deployment::Deployment;
 use crate::core::event::Token;
@@ -56,35 +56,39 @@ impl Memory {
     fn checkpoint_update(
         &mut self,
         fence: &Fence,
-        matches: impl Fn(&CheckpointRec) -> bool,
+        matches: impl FnOnce(&CheckpointRec) -> bool,
         update: impl FnOnce(&mut CheckpointRec, DateTime),
     ) -> StoreResult<()> {
         let now = self.now();
-        match self.checkpoints.get_mut(&fence.stream) {
-            Some(c) if matches(c) => {
-                update(c, now);
-                Ok(())
-            }
-            Some(_) => Err(StoreError::fenced(fence)),
-            None => {
-                let mut c = CheckpointRec {
-                    epoch: Some(fence.epoch),
-                    ..CheckpointRec::default()
-                };
-                update(&mut c, now);
-                self.checkpoints.insert(fence.stream.clone(), c);
-                Ok(())
-            }
-        }
+        let new = || CheckpointRec {
+            epoch: Some(fence.epoch),
+            ..CheckpointRec::default()
+        };
+        let c = upsert(&mut self.checkpoints, fence.stream.clone(), matches, new);
+        update(c.ok_or_else(|| StoreError::fenced(fence))?, now);
+        Ok(())
     }
 
     /// A checkpoint write by the worker that owns the stream's current epoch.
-    fn owned_checkpoint_update(
+    fn owned_update(
         &mut self,
         fence: &Fence,
         update: impl FnOnce(&mut CheckpointRec, DateTime),
     ) -> StoreResult<()> {
         self.checkpoint_update(fence, |c| c.epoch == Some(fence.epoch), update)
+    }
+
+    /// [`Memory::owned_update`] that sets `updated_at` too, like every worker write but
+    /// `record_caught_up`.
+    fn stamped_update(
+        &mut self,
+        fence: &Fence,
+        update: impl FnOnce(&mut CheckpointRec),
+    ) -> StoreResult<()> {
+        self.owned_update(fence, |c, now| {
+            update(c);
+            c.updated_at = Some(now);
+        })
     }
 
     pub fn load_checkpoint(&self, stream: &str) -> StoreResult<Option<Checkpoint>> {
@@ -124,10 +128,9 @@ impl Memory {
             };
             self.carried.insert(key, copy);
         }
-        self.owned_checkpoint_update(fence, |c, now| {
+        self.stamped_update(fence, |c| {
             max_string(&mut c.high_water, batch.end.as_str());
             c.pending = Some(batch.clone());
-            c.updated_at = Some(now);
         })
     }
 
@@ -166,9 +169,8 @@ impl Memory {
         token: &Token,
         token_time: Option<Timestamp>,
     ) -> StoreResult<()> {
-        self.owned_checkpoint_update(fence, |c, now| {
+        self.stamped_update(fence, |c| {
             c.token = Some(token.to_string());
-            c.updated_at = Some(now);
             c.token_time = token_time.or(c.token_time);
             max_string(&mut c.high_water, token.as_str());
             c.pending = None;
@@ -188,24 +190,18 @@ impl Memory {
     }
 
     pub fn record_start(&mut self, fence: &Fence, at: Timestamp) -> StoreResult<()> {
-        self.owned_checkpoint_update(fence, |c, now| {
-            c.start_time = Some(at);
-            c.updated_at = Some(now);
-        })
+        self.stamped_update(fence, |c| c.start_time = Some(at))
     }
 
     pub fn record_caught_up(&mut self, fence: &Fence, at: Timestamp) -> StoreResult<()> {
         // `$max`: a missing field is below any value.
-        self.owned_checkpoint_update(fence, |c, _now| {
-            c.caught_up_at = c.caught_up_at.max(Some(at))
-        })
+        self.owned_update(fence, |c, _| c.caught_up_at = c.caught_up_at.max(Some(at)))
     }
 
     pub fn record_gap(&mut self, fence: &Fence, gap: &Gap) -> StoreResult<()> {
-        self.owned_checkpoint_update(fence, |c, now| {
+        self.stamped_update(fence, |c| {
             c.gaps.push(gap.clone());
             c.sweep_requested = Some(true);
-            c.updated_at = Some(now);
             c.token = None;
             c.token_time = None;
             // The new stream starts exactly where the gap ends.
@@ -217,10 +213,7 @@ impl Memory {
     }
 
     pub fn record_deployment(&mut self, fence: &Fence, deployment: &Deployment) -> StoreResult<()> {
-        self.owned_checkpoint_update(fence, |c, now| {
-            c.deployment = Some(deployment.clone());
-            c.updated_at = Some(now);
-        })
+        self.stamped_update(fence, |c| c.deployment = Some(deployment.clone()))
     }
 
     pub fn set_sweep_requested(&mut self, stream: &str, requested: bool) -> StoreResult<()> {
@@ -230,10 +223,7 @@ impl Memory {
     }
 
     pub fn save_snapshot(&mut self, fence: &Fence, progress: &SnapshotProgress) -> StoreResult<()> {
-        self.owned_checkpoint_update(fence, |c, now| {
-            c.snapshot = Some(progress.clone());
-            c.updated_at = Some(now);
-        })
+        self.stamped_update(fence, |c| c.snapshot = Some(progress.clone()))
     }
 
     pub fn adopt_checkpoint(&mut self, fence: &Fence) -> StoreResult<()> {

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use bson::{DateTime, Timestamp};
 use rand::Rng;
 
-use super::{fence_ok, mongo_limit, not_gte, seam, Memory, MemoryStore};
+use super::{fence_ok, mongo_limit, not_gte, seam, upsert, Memory, MemoryStore};
 use crate::core::batch::{CounterDelta, CounterWrite};
 use crate::core::fold::{CounterState, Fold};
 use crate::core::key::{CounterIx, CounterKey, GroupValue};
@@ -125,13 +125,9 @@ impl Memory {
     ) -> Option<(&mut CounterRec, Writer)> {
         let writer = fence.writer(self.shared(key.counter));
         let counters = &mut self.tables_mut(key.counter)?.counters;
-        if counters
-            .get(&key.group)
-            .is_some_and(|c| !admits(c.guard(writer)))
-        {
-            return None;
-        }
-        Some((counters.entry(key.group.clone()).or_default(), writer))
+        let admits = |c: &CounterRec| admits(c.guard(writer));
+        let c = upsert(counters, key.group.clone(), admits, CounterRec::default)?;
+        Some((c, writer))
     }
 
     /// Whether definition `counter` groups by another field than the post (its counters
@@ -190,10 +186,8 @@ impl Memory {
         op: &'static str,
         mut counters: impl Iterator<Item = CounterIx>,
     ) -> StoreResult<()> {
-        match counters.find(|c| c.0 >= self.tables.len()) {
-            None => Ok(()),
-            Some(unknown) => Err(crate::store::unknown_counter(op, unknown)),
-        }
+        let unknown = counters.find(|c| c.0 >= self.tables.len());
+        unknown.map_or(Ok(()), |c| Err(crate::store::unknown_counter(op, c)))
     }
 
     pub fn read_counter(&self, counter: CounterIx, post: &GroupValue) -> Option<CounterDoc> {

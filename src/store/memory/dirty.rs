@@ -2,7 +2,7 @@
 
 use bson::DateTime;
 
-use super::{mongo_limit, seam, Memory, MemoryStore};
+use super::{mongo_limit, seam, upsert, Memory, MemoryStore};
 use crate::core::batch::DirtyMark;
 use crate::core::key::CounterIx;
 use crate::core::key::GroupValue;
@@ -25,13 +25,8 @@ impl Memory {
         let Some(dirty) = self.tables_mut(m.key.counter).map(|t| &mut t.dirty) else {
             return; // refused up front by `mark_dirty`
         };
-        if dirty
-            .get(&m.key.group)
-            .is_some_and(|d| d.stream == fence.stream && d.epoch > fence.epoch)
-        {
-            return;
-        }
-        let rec = dirty.entry(m.key.group.clone()).or_insert(DirtyRec {
+        let admits = |d: &DirtyRec| d.stream != fence.stream || d.epoch <= fence.epoch;
+        let new = || DirtyRec {
             entry: DirtyEntry {
                 post: m.key.group.clone(),
                 first_dirty_at: now,
@@ -41,7 +36,10 @@ impl Memory {
             },
             stream: fence.stream.clone(),
             epoch: fence.epoch,
-        });
+        };
+        let Some(rec) = upsert(dirty, m.key.group.clone(), admits, new) else {
+            return;
+        };
         let entry = &mut rec.entry;
         entry.newest_bucket = entry.newest_bucket.max(Some(m.newest_bucket));
         entry.version += 1;
@@ -65,12 +63,8 @@ impl Memory {
             .map(|(_, d)| d.entry.clone())
             .collect();
         match order {
-            DirtyOrder::Oldest => {
-                list.sort_by(|a, b| (a.first_dirty_at, &a.post).cmp(&(b.first_dirty_at, &b.post)))
-            }
-            DirtyOrder::ByVersion => {
-                list.sort_by(|a, b| (-a.version, &a.post).cmp(&(-b.version, &b.post)))
-            }
+            DirtyOrder::Oldest => list.sort_by_key(|d| (d.first_dirty_at, d.post.clone())),
+            DirtyOrder::ByVersion => list.sort_by_key(|d| (-d.version, d.post.clone())),
         }
         list.truncate(mongo_limit(limit));
         list

@@ -7,26 +7,13 @@ use bson::DateTime;
 use super::{seam, Memory, MemoryStore};
 use crate::store::Lease;
 
-/// A stored lease (the stream is its key).
-#[derive(Clone, Debug)]
-pub struct LeaseRec {
-    pub owner: String,
-    pub expires_at: DateTime,
-    pub epoch: i64,
-}
-
 fn expiry(now: DateTime, ttl: Duration) -> DateTime {
     DateTime::from_millis(now.timestamp_millis() + ttl.as_millis() as i64)
 }
 
 impl Memory {
     pub fn read_lease(&self, stream: &str) -> Option<Lease> {
-        self.leases.get(stream).map(|l| Lease {
-            stream: stream.to_string(),
-            owner: l.owner.clone(),
-            expires_at: l.expires_at,
-            epoch: l.epoch,
-        })
+        self.leases.get(stream).cloned()
     }
 
     /// A takeover where the lease is free, expired or already `owner`'s; held by another
@@ -62,7 +49,8 @@ impl Memory {
 
     pub fn seize_lease(&mut self, stream: &str, owner: &str, ttl: Duration, now: DateTime) -> i64 {
         let expires_at = expiry(now, ttl);
-        let lease = self.leases.entry(stream.to_string()).or_insert(LeaseRec {
+        let lease = self.leases.entry(stream.to_string()).or_insert(Lease {
+            stream: stream.to_string(),
             owner: String::new(),
             expires_at,
             epoch: 0,

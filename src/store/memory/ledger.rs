@@ -2,14 +2,14 @@
 
 use std::collections::HashMap;
 
-use super::{fence_ok, not_gte, seam, Memory, MemoryStore};
+use super::{fence_ok, not_gte, seam, upsert, Memory, MemoryStore};
 use crate::core::event::{CommentId, Row, Token};
 use crate::core::event::{LedgerUpdate, LedgerView};
 use crate::core::window::LedgerAt;
 use crate::store::Fence;
 
 /// A stored ledger entry.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct LedgerRec {
     /// The row's last known state (`None`: the comment is gone).
     pub state: Option<Row>,
@@ -38,13 +38,14 @@ impl LedgerRec {
     }
 }
 
-/// The ledger collection of a stream: partitions (`<base>/pNofM`) keep their own, named like
-/// the MongoDB store names them.
-fn ledger_collection(stream: &str) -> String {
-    match stream.split_once('/') {
+/// A ledger entry's key: the stream's ledger collection (partitions, `<base>/pNofM`, keep their
+/// own, named like the MongoDB store names them) and the comment's key.
+fn ledger_key(stream: &str, comment: &CommentId) -> (String, String) {
+    let collection = match stream.split_once('/') {
         Some((_, partition)) => format!("counterd_comment_state_{partition}"),
         None => "counterd_comment_state".to_string(),
-    }
+    };
+    (collection, comment.key.clone())
 }
 
 impl Memory {
@@ -62,9 +63,8 @@ impl Memory {
         comments: &[CommentId],
         generation: u64,
     ) -> HashMap<String, LedgerAt> {
-        let collection = ledger_collection(stream);
         let current = |c: &CommentId| {
-            let (_, entry) = self.ledger.get(&(collection.clone(), c.key.clone()))?;
+            let entry = self.ledger.get(&ledger_key(stream, c))?;
             let state = entry.state.clone();
             let through = entry.applied_through.clone().filter(|t| !t.is_empty());
             (entry.generation >= generation).then(|| (c.key.clone(), LedgerAt { state, through }))
@@ -81,21 +81,15 @@ impl Memory {
         through: &Token,
         generation: u64,
     ) -> bool {
-        let key = (ledger_collection(&fence.stream), u.comment.key.clone());
-        if let Some((_, e)) = self.ledger.get(&key) {
-            if !(not_gte(e.applied_through.as_deref(), through.as_str())
-                && fence_ok(e.epoch, fence))
-            {
-                return false;
-            }
-        }
-        let entry = LedgerRec::new(
-            u.state.as_ref(),
-            Some(through.to_string()),
-            Some(fence.epoch),
-            generation,
-        );
-        self.ledger.insert(key, (u.comment.value.clone(), entry));
+        let key = ledger_key(&fence.stream, &u.comment);
+        let admits = |e: &LedgerRec| {
+            not_gte(e.applied_through.as_deref(), through.as_str()) && fence_ok(e.epoch, fence)
+        };
+        let Some(entry) = upsert(&mut self.ledger, key, admits, LedgerRec::default) else {
+            return false;
+        };
+        let (applied_through, epoch) = (Some(through.to_string()), Some(fence.epoch));
+        *entry = LedgerRec::new(u.state.as_ref(), applied_through, epoch, generation);
         true
     }
 
@@ -108,13 +102,12 @@ impl Memory {
         comment: &CommentId,
         row: &Row,
     ) -> bool {
-        let key = (ledger_collection(stream), comment.key.clone());
-        let old = self.ledger.get(&key).map(|(_, e)| e.clone());
-        if old.as_ref().is_some_and(|e| e.generation >= generation) {
+        let key = ledger_key(stream, comment);
+        let older = |e: &LedgerRec| e.generation < generation;
+        let Some(entry) = upsert(&mut self.ledger, key, older, LedgerRec::default) else {
             return false;
-        }
-        let entry = LedgerRec::new(Some(row), None, old.and_then(|e| e.epoch), generation);
-        self.ledger.insert(key, (comment.value.clone(), entry));
+        };
+        *entry = LedgerRec::new(Some(row), None, entry.epoch, generation);
         true
     }
 
@@ -129,14 +122,9 @@ impl Memory {
         let Some(row) = &claim.state else {
             return false;
         };
-        let key = (ledger_collection(&fence.stream), claim.comment.key.clone());
-        if self.ledger.contains_key(&key) {
-            return false;
-        }
-        let entry = LedgerRec::new(Some(row), None, Some(fence.epoch), generation);
-        self.ledger
-            .insert(key, (claim.comment.value.clone(), entry));
-        true
+        let key = ledger_key(&fence.stream, &claim.comment);
+        let entry = || LedgerRec::new(Some(row), None, Some(fence.epoch), generation);
+        upsert(&mut self.ledger, key, |_| false, entry).is_some()
     }
 
     /// `write_ledger`: its statements, each on its own.

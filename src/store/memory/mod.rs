@@ -31,17 +31,17 @@ mod run_history;
 mod stream;
 mod truth;
 
+use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use bson::{Bson, DateTime, Document, Timestamp};
+use bson::{DateTime, Document, Timestamp};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 pub use self::checkpoints::CheckpointRec;
 pub use self::counters::CounterRec;
 pub use self::dirty::DirtyRec;
-pub use self::leases::LeaseRec;
 pub use self::ledger::LedgerRec;
 pub use self::stream::{
     drained_token, event_token, Cursor, MemoryEvents, OpKind, OpenTxn, OplogEntry, OplogTxn,
@@ -87,7 +87,7 @@ pub struct Memory {
     /// Reads carry a post-batch resume token (a real server); some servers send none.
     pub post_batch_tokens: bool,
     /// Ledger entries by (collection, comment key): each partition keeps its own collection.
-    pub ledger: BTreeMap<(String, String), (Bson, LedgerRec)>,
+    pub ledger: BTreeMap<(String, String), LedgerRec>,
     /// The counter definitions, in order: the default ([`default_definition`]) and the
     /// worker's `Schema::counters` after it. Counts read rows through them.
     pub definitions: Vec<Definition>,
@@ -96,7 +96,7 @@ pub struct Memory {
     pub checkpoints: BTreeMap<String, CheckpointRec>,
     /// Carried batches by stream and end (the carried collection).
     pub carried: BTreeMap<(String, String), CarriedCopy>,
-    pub leases: BTreeMap<String, LeaseRec>,
+    pub leases: BTreeMap<String, crate::store::Lease>,
     pub runs: Vec<RunSummary>,
     pub sweeps: BTreeMap<String, SweepCursor>,
     /// `$sample`'s randomness (seeded, so a test's sample replays).
@@ -241,6 +241,21 @@ fn mongo_limit(limit: usize) -> usize {
     match limit.min(i64::MAX as usize) as i64 {
         0 => usize::MAX,
         n => n.unsigned_abs() as usize,
+    }
+}
+
+/// `update_one({_id: key, <filter>}, .., upsert: true)` on a table: the document to update,
+/// made by `new` where there is none, or `None` where the one there fails the filter `admits`
+/// (the upsert's insert hits its `_id`: a duplicate key).
+fn upsert<K: Ord, V>(
+    table: &mut BTreeMap<K, V>,
+    key: K,
+    admits: impl FnOnce(&V) -> bool,
+    new: impl FnOnce() -> V,
+) -> Option<&mut V> {
+    match table.entry(key) {
+        Entry::Occupied(doc) => admits(doc.get()).then(|| doc.into_mut()),
+        Entry::Vacant(slot) => Some(slot.insert(new())),
     }
 }
 

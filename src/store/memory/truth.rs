@@ -14,17 +14,17 @@ use crate::core::key::GroupValue;
 use crate::core::num::Num;
 use crate::store::CommentsExtent;
 
+/// What the count queries read of a row document: (group, created_at, counts).
+pub type Facts = (GroupValue, Option<DateTime>, bool);
+
 /// (post, created_at, live) of a row document, when it counts at all (it has a post).
-pub fn row_facts(row: &Document) -> Option<(GroupValue, Option<DateTime>, bool)> {
+pub fn row_facts(row: &Document) -> Option<Facts> {
     facts_in(&super::default_definition(), row)
 }
 
 /// (group, created_at, counts) of a row document for `definition`, when it has a group there:
 /// `counts` is live (not soft-deleted) and satisfying the definition's condition.
-fn facts_in(
-    definition: &Definition,
-    row: &Document,
-) -> Option<(GroupValue, Option<DateTime>, bool)> {
+fn facts_in(definition: &Definition, row: &Document) -> Option<Facts> {
     let row = read_row(std::slice::from_ref(definition), row);
     let counts = row.counted_in(CounterIx(0)).is_some();
     Some((row.group()?.clone(), row.created_at, counts))
@@ -46,11 +46,7 @@ fn comment_id(id: i64) -> CommentId {
 impl Memory {
     /// (group, created_at, counts) of a row document for definition `counter`, when it has a
     /// group there (see [`facts_in`]).
-    pub fn facts(
-        &self,
-        counter: CounterIx,
-        row: &Document,
-    ) -> Option<(GroupValue, Option<DateTime>, bool)> {
+    pub fn facts(&self, counter: CounterIx, row: &Document) -> Option<Facts> {
         facts_in(self.definitions.get(counter.0)?, row)
     }
 
