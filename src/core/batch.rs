@@ -12,7 +12,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use bson::{DateTime, Timestamp};
 
 use crate::core::classify::{
-    classify, After, Attribution, Before, Classification, Problem, Source, StreamEnded,
+    classify, known_before, After, Attribution, Before, Classification, Malformed, Problem, Source,
+    StreamEnded,
 };
 use crate::core::event::{
     ChangeEvent, CommentId, LedgerUpdate, LedgerView, Operation, Row, Seen, Token,
@@ -20,7 +21,9 @@ use crate::core::event::{
 use crate::core::key::{CounterIx, CounterKey};
 use crate::core::num::Num;
 use crate::core::partition::Partition;
+use crate::core::schema::Schema;
 use crate::core::time::{bucket_of, BucketStart};
+use crate::core::window::Touch;
 
 /// One coalesced counter write: `$inc` of `delta` on `live_delta` and of each bucket's amount.
 #[derive(Clone, Debug, PartialEq)]
@@ -63,7 +66,7 @@ pub struct CounterWrite {
     /// Every bucket a batch changed, with the end of the last batch that changed it.
     pub touched: BTreeMap<BucketStart, Token>,
     /// One entry per batch, oldest first (the newest [`crate::core::window::LOG_ENTRIES`]).
-    pub log: Vec<crate::core::window::Touch>,
+    pub log: Vec<Touch>,
 }
 
 impl CounterWrite {
@@ -76,10 +79,7 @@ impl CounterWrite {
             through: end.clone(),
             through_time: end_time,
             touched: d.touched.iter().map(|b| (*b, end.clone())).collect(),
-            log: vec![crate::core::window::Touch::new(
-                end.as_str(),
-                d.comments.as_deref(),
-            )],
+            log: vec![Touch::new(end.as_str(), d.comments.as_deref())],
         }
     }
 }
@@ -151,7 +151,7 @@ pub fn plan_batch(
     events: &[ChangeEvent],
     ledger: &LedgerView,
     attribution: Attribution,
-    schema: &crate::core::schema::Schema,
+    schema: &Schema,
     bucket_width_secs: i64,
 ) -> (BatchPlan, Option<StreamEnded>) {
     plan_batch_covering(PlanInput {
@@ -174,7 +174,7 @@ pub struct PlanInput<'a> {
     /// What an absent ledger entry means.
     pub coverage: Coverage,
     pub attribution: Attribution,
-    pub schema: &'a crate::core::schema::Schema,
+    pub schema: &'a Schema,
     pub bucket_width_secs: i64,
     /// Plan only this partition's part of each change (see [`own_part`]); `ledger` is then
     /// the partition's own view of it ([`Partition::own_view`]).
@@ -241,7 +241,7 @@ impl<'a> Planner<'a> {
         *self
             .plan
             .by_source
-            .entry(source_name(classified.source))
+            .entry(classified.source.into())
             .or_default() += 1;
         let newest = self.add_deltas(event, &classified);
         // Without a delta, the rows known before and after say which bucket the post's change
@@ -251,10 +251,7 @@ impl<'a> Planner<'a> {
                 Before::Known(row) | Before::Complete(row) => row.as_ref(),
                 Before::Unknown => None,
             },
-            match &classified.after {
-                After::Known(row) => row.as_ref(),
-                After::Unchanged => None,
-            },
+            classified.after.known().and_then(Option::as_ref),
         ];
         if hidden_states(event, &classified, rows[0], schema) {
             for post in &classified.dirty {
@@ -299,7 +296,7 @@ impl<'a> Planner<'a> {
     fn add_deltas(
         &mut self,
         event: &ChangeEvent,
-        classified: &crate::core::classify::Classification,
+        classified: &Classification,
     ) -> BTreeMap<CounterKey, BucketStart> {
         let PlanInput {
             schema,
@@ -315,7 +312,7 @@ impl<'a> Planner<'a> {
                 // Never wrapped: the sum goes on as a double, and the event is reported.
                 self.plan.skipped.push(Skipped {
                     token: event.token.clone(),
-                    problem: Problem::Bad(crate::core::classify::Malformed::Overflow {
+                    problem: Problem::Bad(Malformed::Overflow {
                         counter: counter_name(schema, key.counter),
                     }),
                 });
@@ -330,11 +327,7 @@ impl<'a> Planner<'a> {
     }
 
     /// Notes the event's row under every counter it named (see [`Named`]).
-    fn name_rows(
-        &mut self,
-        event: &ChangeEvent,
-        classified: &crate::core::classify::Classification,
-    ) {
+    fn name_rows(&mut self, event: &ChangeEvent, classified: &Classification) {
         let keys_named = classified
             .deltas
             .iter()
@@ -388,13 +381,35 @@ impl<'a> Planner<'a> {
     /// The plan of the events added so far.
     fn finish(mut self) -> BatchPlan {
         self.named.attach(&mut self.counters);
-        finish(
-            self.plan,
-            self.counters,
-            (self.dirty_order, self.dirty),
-            self.ledger_order,
-            &self.known,
-        )
+        self.plan.counters = self
+            .counters
+            .into_values()
+            .map(|mut c| {
+                // A sum's changes that cancel out leave no bucket and no double behind (a row
+                // with 2.5 inserted and deleted in one batch leaves an integer sum an integer).
+                c.buckets.retain(|_, amount| !amount.is_zero());
+                c.delta = c.buckets.values().sum();
+                c
+            })
+            .filter(|c| !c.touched.is_empty())
+            .collect();
+        self.plan.dirty = self
+            .dirty_order
+            .into_iter()
+            .map(|key| DirtyMark {
+                newest_bucket: self.dirty[&key],
+                key,
+            })
+            .collect();
+        self.plan.ledger = self
+            .ledger_order
+            .into_iter()
+            .map(|comment| LedgerUpdate {
+                state: self.known[&comment.key].clone(),
+                comment,
+            })
+            .collect();
+        self.plan
     }
 }
 
@@ -409,9 +424,9 @@ impl<'a> Planner<'a> {
 /// all (the fake server's update of a row gone before its lookup).
 fn hidden_states(
     event: &ChangeEvent,
-    classified: &crate::core::classify::Classification,
+    classified: &Classification,
     before: Option<&Row>,
-    schema: &crate::core::schema::Schema,
+    schema: &Schema,
 ) -> bool {
     match &event.operation {
         // Derived at event time only from a complete description applied to a known row
@@ -446,14 +461,10 @@ fn own_part(
     mut classified: Classification,
     event: &ChangeEvent,
     ledger: Before,
-    (attribution, schema): (Attribution, &crate::core::schema::Schema),
+    (attribution, schema): (Attribution, &Schema),
 ) -> Classification {
-    let before = crate::core::classify::known_before(event, ledger, attribution, schema);
-    let after = match (&classified.after, &before) {
-        (After::Known(row), _) => Some(row.clone()),
-        (After::Unchanged, Some(before)) => Some(before.clone()),
-        (After::Unchanged, None) => None,
-    };
+    let before = known_before(event, ledger, attribution, schema);
+    let after = classified.after.known().or(before.as_ref()).cloned();
     let event_is_mine = match (&before, &after) {
         (Some(b), Some(a)) => partition.owns_row(b.as_ref()) || partition.owns_row(a.as_ref()),
         (_, Some(Some(row))) => partition.applies_row(row),
@@ -532,56 +543,12 @@ pub(crate) fn counter_of<'a>(
     })
 }
 
-fn finish(
-    mut plan: BatchPlan,
-    counters: BTreeMap<CounterKey, CounterDelta>,
-    (dirty_order, dirty): (Vec<CounterKey>, BTreeMap<CounterKey, BucketStart>),
-    ledger_order: Vec<CommentId>,
-    known: &LedgerView,
-) -> BatchPlan {
-    plan.counters = counters
-        .into_values()
-        .map(|mut c| {
-            // A sum's changes that cancel out leave no bucket and no double behind (a row
-            // with 2.5 inserted and deleted in one batch leaves an integer sum an integer).
-            c.buckets.retain(|_, amount| !amount.is_zero());
-            c.delta = c.buckets.values().sum();
-            c
-        })
-        .filter(|c| !c.touched.is_empty())
-        .collect();
-    plan.dirty = dirty_order
-        .into_iter()
-        .map(|key| DirtyMark {
-            newest_bucket: dirty[&key],
-            key,
-        })
-        .collect();
-    plan.ledger = ledger_order
-        .into_iter()
-        .map(|comment| LedgerUpdate {
-            state: known[&comment.key].clone(),
-            comment,
-        })
-        .collect();
-    plan
-}
-
 /// The name of definition `counter` (for a report).
-fn counter_name(schema: &crate::core::schema::Schema, counter: CounterIx) -> String {
+fn counter_name(schema: &Schema, counter: CounterIx) -> String {
     schema
         .definitions
         .get(counter)
         .map_or_else(|| format!("#{}", counter.0), |d| d.name.clone())
-}
-
-fn source_name(source: Source) -> &'static str {
-    match source {
-        Source::PreImage => "pre_image",
-        Source::Ledger => "ledger",
-        Source::Insert => "insert",
-        Source::BestEffort => "best_effort",
-    }
 }
 
 /// The writes of one batch, recorded as its intent before any of them is issued. Replaying the

@@ -38,15 +38,13 @@ use std::collections::BTreeMap;
 use bson::{Bson, RawArrayBuf, RawBson, RawDocument, Timestamp};
 use smallvec::SmallVec;
 
-use crate::core::batch::PendingBatch;
-use crate::core::batch::{CounterDelta, CounterWrite, DirtyMark};
+use crate::core::batch::{CounterDelta, CounterWrite, DirtyMark, PendingBatch};
 use crate::core::cost;
 use crate::core::event::{CommentId, Token};
 use crate::core::key::CounterKey;
 use crate::core::num::Num;
 use crate::core::time::BucketStart;
-use crate::core::window::LOG_COMMENTS;
-use crate::core::window::{Touch, LOG_ENTRIES};
+use crate::core::window::{Touch, LOG_COMMENTS, LOG_ENTRIES};
 
 /// The counters of the batches applied since the checkpoint, not written yet.
 #[derive(Debug, Default)]
@@ -206,13 +204,10 @@ impl Carry {
 
     /// The merged entry of a counter, made (and charged) when it is new.
     fn entry(&mut self, key: CounterKey) -> &mut Merged {
-        match self.merged.entry(key) {
-            std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::btree_map::Entry::Vacant(e) => {
-                self.charge += cost::CARRIED_COUNTER;
-                e.insert(Merged::default())
-            }
-        }
+        self.merged.entry(key).or_insert_with(|| {
+            self.charge += cost::CARRIED_COUNTER;
+            Merged::default()
+        })
     }
 
     /// The end of the newest batch: where the checkpoint moves once the carry is written.

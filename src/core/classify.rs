@@ -16,8 +16,7 @@ use bson::{DateTime, Document};
 use serde::{Deserialize, Serialize};
 
 use crate::core::event::{ChangeEvent, Operation, Row, RowRead, Token, UpdateSummary};
-use crate::core::key::GroupValue;
-use crate::core::key::{CounterIx, CounterKey};
+use crate::core::key::{CounterIx, CounterKey, GroupValue};
 use crate::core::num::Num;
 use crate::core::schema::Schema;
 use crate::core::time::seconds_rfc3339;
@@ -61,8 +60,10 @@ pub enum Before {
     Complete(Option<Row>),
 }
 
-/// Which source the before-state came from (reported in metrics).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// Which source the before-state came from (counted per batch in `BatchPlan::by_source`, by
+/// its snake_case name).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum Source {
     PreImage,
     Ledger,
@@ -89,6 +90,16 @@ pub enum After {
     Known(Option<Row>),
     /// The event told nothing reliable about the row's state; keep what the ledger had.
     Unchanged,
+}
+
+impl After {
+    /// The row's state after the event, where the event told it (`None`: unchanged).
+    pub fn known(&self) -> Option<&Option<Row>> {
+        match self {
+            After::Known(row) => Some(row),
+            After::Unchanged => None,
+        }
+    }
 }
 
 /// Something about the event that the operator should hear of. The event's known posts are still
@@ -154,6 +165,19 @@ pub struct Classification {
     pub problem: Option<Problem>,
 }
 
+impl Classification {
+    /// No delta, no counter dirty, no problem: what each way of classifying starts from.
+    fn of(after: After, source: Source) -> Classification {
+        Classification {
+            deltas: Vec::new(),
+            dirty: Vec::new(),
+            after,
+            source,
+            problem: None,
+        }
+    }
+}
+
 /// The stream can no longer be followed: the collection was dropped or renamed, or the stream
 /// was invalidated. Never guessed past. The message says how to recover, with the time to
 /// replay from.
@@ -194,17 +218,11 @@ pub fn classify(
     if matches!(event.operation, Operation::Update { .. }) && event.comment.is_none() {
         // Only the fake server does this: an update whose row was deleted before the lookup, so
         // the event names no comment. The delete event that follows carries the whole change.
-        return Ok(Classification {
-            deltas: Vec::new(),
-            dirty: Vec::new(),
-            after: After::Unchanged,
-            source: Source::BestEffort,
-            problem: None,
-        });
+        return Ok(Classification::of(After::Unchanged, Source::BestEffort));
     }
     let (before, source) = before_state(event, ledger, attribution, schema);
     let (after, bad) = match after_state(event, &before, source, schema) {
-        Reading::After(after, bad) => (after, bad),
+        Reading::After(read) => read,
         Reading::Ended(end) => return Err(end),
         Reading::Refused(problem) => return Ok(problem_only(&before, source, problem)),
     };
@@ -279,7 +297,7 @@ fn before_state(
 enum Reading {
     /// The after-state, and a malformed group field in it (the row exists but no longer
     /// counts, and the event is reported as bad input).
-    After(After, Option<Problem>),
+    After((After, Option<Problem>)),
     /// The stream ended: never guessed past.
     Ended(StreamEnded),
     /// Nothing can be read from the event: reported, its known posts marked dirty.
@@ -297,32 +315,37 @@ fn after_state(event: &ChangeEvent, before: &Before, source: Source, schema: &Sc
             Reading::Refused(Problem::Bad(Malformed::UnknownOperation(op.clone())))
         }
         Operation::Insert | Operation::Replace => match event.full_document.as_ref() {
-            Some(doc) => {
-                let (after, bad) = read_document(doc, schema);
-                Reading::After(after, bad)
-            }
+            Some(doc) => Reading::After(read_document(doc, schema)),
             None => Reading::Refused(Problem::Bad(Malformed::NoFullDocument)),
         },
         Operation::Update { summary } => {
-            let (after, bad) = after_update(event, summary.as_ref(), before, source, schema);
-            Reading::After(after, bad)
+            let read = after_update(event, summary.as_ref(), before, source, schema);
+            Reading::After(read)
         }
-        Operation::Delete => Reading::After(After::Known(None), None),
+        Operation::Delete => Reading::After((After::Known(None), None)),
     }
 }
 
-/// An inserted or replaced row (a document that shows the whole row).
+/// An inserted or replaced row (a document that shows the whole row): one without the group
+/// field is reported too.
 fn read_document(doc: &Document, schema: &Schema) -> (After, Option<Problem>) {
+    let read = schema.read_row(doc);
+    let no_post = matches!(read, RowRead::NoPost).then(|| {
+        Problem::Bad(Malformed::NoPost {
+            field: schema.group().to_string(),
+        })
+    });
+    let (after, bad) = row_after(read, doc, schema);
+    (after, bad.or(no_post))
+}
+
+/// The row a document shows whole (`read` of `doc`): without a usable post id it exists but
+/// does not count, and a malformed post id is reported.
+fn row_after(read: RowRead, doc: &Document, schema: &Schema) -> (After, Option<Problem>) {
     let existing = || After::Known(Some(schema.read_existing_row(doc)));
-    match schema.read_row(doc) {
+    match read {
         RowRead::Row(row) => (After::Known(Some(row)), None),
-        RowRead::NoPost => (
-            existing(),
-            Some(Problem::Bad(Malformed::NoPost {
-                field: schema.group().to_string(),
-            })),
-        ),
-        // The row exists but does not count: a malformed post id.
+        RowRead::NoPost => (existing(), None),
         RowRead::BadPost(kind) => (existing(), Some(bad_post_type(schema, &kind))),
     }
 }
@@ -349,14 +372,7 @@ fn after_update(
     if let (Some(summary), Source::PreImage) = (complete, source) {
         let pre = event.pre_image.as_ref().expect("source is the pre-image");
         let after = Schema::apply_to_document(summary, pre);
-        return match schema.read_row(&after) {
-            RowRead::Row(row) => (After::Known(Some(row)), None),
-            RowRead::NoPost => (After::Known(Some(schema.read_existing_row(&after))), None),
-            RowRead::BadPost(kind) => (
-                After::Known(Some(schema.read_existing_row(&after))),
-                Some(bad_post_type(schema, &kind)),
-            ),
-        };
+        return row_after(schema.read_row(&after), &after, schema);
     }
     if let (Some(summary), Before::Known(Some(row))) = (complete, before) {
         if schema.derives(summary, row) {
@@ -373,16 +389,8 @@ fn after_update(
     // row was deleted since) or the fake server's fragment (no `_id`) says nothing: the delete
     // event that follows settles it.
     let looked_up = event.full_document.as_ref();
-    match looked_up.and_then(|d| schema.read_looked_up_row(d)) {
-        Some(RowRead::Row(row)) => (After::Known(Some(row)), None),
-        Some(RowRead::BadPost(kind)) => (
-            After::Known(looked_up.map(|d| schema.read_existing_row(d))),
-            Some(bad_post_type(schema, &kind)),
-        ),
-        Some(RowRead::NoPost) => (
-            After::Known(looked_up.map(|d| schema.read_existing_row(d))),
-            None,
-        ),
+    match looked_up.and_then(|d| Some((schema.read_looked_up_row(d)?, d))) {
+        Some((read, doc)) => row_after(read, doc, schema),
         None => (After::Unchanged, None),
     }
 }
@@ -391,18 +399,13 @@ fn after_update(
 fn exact(before: Option<Row>, after: After, source: Source) -> Classification {
     let mut dirty = Vec::new();
     push_groups(&mut dirty, before.as_ref());
-    let after_row = match &after {
-        After::Known(row) => row.clone(),
-        // No information: assume unchanged, so no delta; the post is still touched.
-        After::Unchanged => before.clone(),
-    };
+    // No information: assume unchanged, so no delta; the post is still touched.
+    let after_row = after.known().unwrap_or(&before).clone();
     push_groups(&mut dirty, after_row.as_ref());
     Classification {
         deltas: transition(before.as_ref(), after_row.as_ref()),
         dirty,
-        after,
-        source,
-        problem: None,
+        ..Classification::of(after, source)
     }
 }
 
@@ -426,12 +429,13 @@ fn transition_in(
     out: &mut Vec<Delta>,
 ) {
     let start = out.len();
+    let delta = |row: &Row, post: &GroupValue, amount| Delta {
+        key: CounterKey::new(counter, post.clone()),
+        created_at: row.created_at,
+        amount,
+    };
     if let Some((row, (post, amount))) = before.and_then(|r| Some((r, r.contribution(counter)?))) {
-        out.push(Delta {
-            key: CounterKey::new(counter, post.clone()),
-            created_at: row.created_at,
-            amount: -amount,
-        });
+        out.push(delta(row, post, -amount));
     }
     if let Some((row, (post, amount))) = after.and_then(|r| Some((r, r.contribution(counter)?))) {
         let same = out[start..]
@@ -443,11 +447,7 @@ fn transition_in(
                 out.remove(start + pos);
             }
             Some((pos, net)) => out[start + pos].amount = net,
-            None => out.push(Delta {
-                key: CounterKey::new(counter, post.clone()),
-                created_at: row.created_at,
-                amount,
-            }),
+            None => out.push(delta(row, post, amount)),
         }
     }
 }
@@ -456,17 +456,8 @@ fn transition_in(
 /// made for the schema's own counter of the post ([`own_key`]); the groups the after-state
 /// names are dirty, and the reconciler recounts them.
 fn best_effort(event: &ChangeEvent, after: After, schema: &Schema) -> Classification {
-    let after_row = match &after {
-        After::Known(row) => row.clone(),
-        After::Unchanged => None,
-    };
-    let mut c = Classification {
-        deltas: Vec::new(),
-        dirty: Vec::new(),
-        after,
-        source: Source::BestEffort,
-        problem: None,
-    };
+    let after_row = after.known().cloned().flatten();
+    let mut c = Classification::of(after, Source::BestEffort);
     let key_post = schema.post_in(&event.document_key);
     let row_post = || after_row.as_ref().and_then(|r| r.group().cloned());
     // The post, and what its counter gains by the guess (`None`: nothing, it is only dirty).
@@ -559,19 +550,15 @@ fn problem_only(before: &Before, source: Source, problem: Problem) -> Classifica
         push_groups(&mut dirty, Some(row));
     }
     Classification {
-        deltas: Vec::new(),
         dirty,
-        after: After::Unchanged,
-        source,
         problem: Some(problem),
+        ..Classification::of(After::Unchanged, source)
     }
 }
 
 fn push_unique(list: &mut Vec<CounterKey>, key: Option<CounterKey>) {
-    if let Some(key) = key {
-        if !list.contains(&key) {
-            list.push(key);
-        }
+    if let Some(key) = key.filter(|key| !list.contains(key)) {
+        list.push(key);
     }
 }
 

@@ -24,7 +24,7 @@
 
 use std::cmp::Ordering;
 
-use bson::{Bson, Document};
+use bson::{doc, Bson, Document};
 
 /// A condition that could not be accepted, with the reason and the part that was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -120,16 +120,10 @@ impl Condition {
                     Test::Lt(v) => ("$lt", v.clone()),
                     Test::Lte(v) => ("$lte", v.clone()),
                 };
-                let mut inner = Document::new();
-                inner.insert(op, operand);
-                let mut clause = Document::new();
-                clause.insert(field.clone(), inner);
-                Bson::Document(clause)
+                Bson::Document(doc! {field.clone(): {op: operand}})
             })
             .collect();
-        let mut filter = Document::new();
-        filter.insert("$and", all);
-        filter
+        doc! {"$and": all}
     }
 }
 
@@ -338,7 +332,6 @@ fn int_vs_float(i: i64, f: f64) -> Option<Ordering> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bson::doc;
 
     fn cond(filter: Document) -> Condition {
         Condition::parse(&filter).unwrap()

@@ -108,13 +108,8 @@ pub fn recount_rows(budget: usize, streams: usize) -> usize {
 /// process, half of it so that estimates and allocator slack stay inside the limit, and never
 /// less than the minimum for `streams` streams.
 pub fn budget_for_limit(limit: Option<u64>, streams: usize) -> usize {
-    let budget = match limit {
-        None => DEFAULT_BUDGET,
-        Some(limit) => {
-            let usable = limit.saturating_sub(OUTSIDE_BUDGET) / 2;
-            usable.min(u32::MAX as u64) as usize
-        }
-    };
+    let usable = |limit: u64| limit.saturating_sub(OUTSIDE_BUDGET) / 2;
+    let budget = limit.map_or(DEFAULT_BUDGET, |l| usable(l).min(u32::MAX as u64) as usize);
     budget.max(min_budget(streams))
 }
 

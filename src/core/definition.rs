@@ -19,7 +19,7 @@
 
 use std::fmt;
 
-use bson::{Bson, Document};
+use bson::{doc, Bson, Document};
 
 use crate::core::condition::Condition;
 use crate::core::key::{value_at, CounterIx, GroupValue, Member};
@@ -134,16 +134,11 @@ impl Definition {
     /// schema's, added by the caller). Built from the same [`Condition`] the classifier
     /// evaluates, so a recount and the stream agree on every row.
     pub fn filter(&self, group: &GroupValue) -> Document {
-        let mut filter = Document::new();
-        filter.insert(self.group.clone(), group.to_bson());
+        let own = doc! {self.group.clone(): group.to_bson()};
         if self.condition.is_empty() {
-            return filter;
+            return own;
         }
-        let mut all = vec![Bson::Document(filter)];
-        all.push(Bson::Document(self.condition.to_filter()));
-        let mut both = Document::new();
-        both.insert("$and", all);
-        both
+        doc! {"$and": [own, self.condition.to_filter()]}
     }
 }
 
@@ -220,17 +215,13 @@ pub fn stored_name(counter: CounterIx, name: &str) -> Option<&str> {
 
 impl fmt::Display for Definition {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: ", self.name)?;
         match &self.kind {
-            Kind::Count => write!(f, "{}: per `{}`", self.name, self.group)?,
-            Kind::Sum { field } => {
-                write!(f, "{}: sum of `{field}` per `{}`", self.name, self.group)?
-            }
-            Kind::Rows { of } => write!(
-                f,
-                "{}: the rows `{of}` adds up, per `{}`",
-                self.name, self.group
-            )?,
+            Kind::Count => {}
+            Kind::Sum { field } => write!(f, "sum of `{field}` ")?,
+            Kind::Rows { of } => write!(f, "the rows `{of}` adds up, ")?,
         }
+        write!(f, "per `{}`", self.group)?;
         if !self.condition.is_empty() {
             write!(f, " where {}", self.condition.to_filter())?;
         }
@@ -241,7 +232,6 @@ impl fmt::Display for Definition {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bson::doc;
 
     fn approved() -> Definition {
         Definition {

@@ -120,11 +120,9 @@ impl Deployment {
         } else {
             None
         };
-        let process = if replica_set.is_none() && !sharded {
-            server_status.and_then(process_of)
-        } else {
-            None
-        };
+        let process = server_status
+            .filter(|_| replica_set.is_none() && !sharded)
+            .and_then(process_of);
         Deployment {
             replica_set,
             id,

@@ -31,13 +31,10 @@ impl Token {
         Token(String::new())
     }
 
-    /// Reads `_data` out of a resume-token document `{_data: "<hex>"}`.
+    /// Reads `_data` out of a resume-token document `{_data: "<hex>"}` (a string: very old
+    /// servers used BinData tokens, which do not sort, so they are refused).
     pub fn from_resume_document(doc: &Document) -> Option<Token> {
-        match doc.get("_data")? {
-            Bson::String(s) => Some(Token(s.clone())),
-            // Very old servers used BinData tokens; they do not sort, so they are refused.
-            _ => None,
-        }
+        doc.get_str("_data").ok().map(|s| Token(s.to_string()))
     }
 
     pub fn as_str(&self) -> &str {
@@ -241,29 +238,20 @@ impl ChangeEvent {
 
     /// Parses a raw change event document, moving its rows into the event.
     pub fn from_document(mut doc: Document) -> Result<ChangeEvent, EventError> {
-        let token = doc
-            .get_document("_id")
-            .ok()
-            .and_then(Token::from_resume_document);
-        let cluster_time = doc.get_timestamp("clusterTime").ok();
-        let txn = TxnKey::of_event(&doc);
         let mut take = |field: &str| match doc.remove(field) {
             Some(Bson::Document(d)) => Some(d),
             _ => None,
         };
-        let document_key = take("documentKey");
-        let full_document = take("fullDocument");
-        let pre_image = take("fullDocumentBeforeChange");
-        let update_description = take("updateDescription");
+        // The rows are moved out first; the rest is read from what remains.
         ChangeEvent::from_parts(EventParts {
-            token,
+            document_key: take("documentKey"),
+            full_document: take("fullDocument"),
+            pre_image: take("fullDocumentBeforeChange"),
+            update_description: take("updateDescription"),
+            token: (doc.get_document("_id").ok()).and_then(Token::from_resume_document),
             operation_type: doc.get_str("operationType").ok(),
-            cluster_time,
-            txn,
-            document_key,
-            full_document,
-            pre_image,
-            update_description,
+            cluster_time: doc.get_timestamp("clusterTime").ok(),
+            txn: TxnKey::of_event(&doc),
         })
     }
 
@@ -342,8 +330,7 @@ fn update_summary(description: Option<Document>, document_key: &Document) -> Opt
             });
         }
     }
-    let has_operators = document_key.keys().any(|k| k.starts_with('$'));
-    if !has_operators {
+    if !document_key.keys().any(|k| k.starts_with('$')) {
         return None;
     }
     let set = document_key
@@ -489,24 +476,18 @@ mod tests {
 
     #[test]
     fn integers_of_every_numeric_type_are_one_post() {
-        let eight = Some(GroupValue::Int(8));
-        assert_eq!(GroupValue::from_bson(&Bson::Int32(8)), eight);
-        assert_eq!(GroupValue::from_bson(&Bson::Int64(8)), eight);
-        assert_eq!(GroupValue::from_bson(&Bson::Double(8.0)), eight);
-        assert_eq!(
-            GroupValue::from_bson(&Bson::Double(-0.0)),
-            Some(GroupValue::Int(0))
-        );
-        // Node.js stores integers beyond 2^31 as doubles.
-        let big = 3_000_000_000_i64;
-        assert_eq!(
-            GroupValue::from_bson(&Bson::Double(big as f64)),
-            Some(GroupValue::Int(big))
-        );
-        assert_eq!(
-            GroupValue::from_bson(&Bson::Double(-9_223_372_036_854_775_808.0)),
-            Some(GroupValue::Int(i64::MIN))
-        );
+        for (value, post) in [
+            (Bson::Int32(8), 8),
+            (Bson::Int64(8), 8),
+            (Bson::Double(8.0), 8),
+            (Bson::Double(-0.0), 0),
+            // Node.js stores integers beyond 2^31 as doubles.
+            (Bson::Double(3_000_000_000.0), 3_000_000_000),
+            (Bson::Double(-9_223_372_036_854_775_808.0), i64::MIN),
+        ] {
+            let read = GroupValue::from_bson(&value);
+            assert_eq!(read, Some(GroupValue::Int(post)), "{value:?}");
+        }
     }
 
     #[test]

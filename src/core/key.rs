@@ -64,25 +64,13 @@ impl GroupValue {
         if let Some(rest) = text.strip_prefix("str:") {
             return GroupValue::Str(rest.to_string());
         }
-        if let Some(rest) = text.strip_prefix("int:") {
-            if let Ok(i) = rest.parse() {
-                return GroupValue::Int(i);
-            }
-        }
-        if let Some(rest) = text.strip_prefix("oid:") {
-            if let Ok(o) = ObjectId::parse_str(rest) {
-                return GroupValue::Oid(o);
-            }
-        }
-        if let Ok(i) = text.parse() {
-            return GroupValue::Int(i);
-        }
-        if text.len() == 24 {
-            if let Ok(o) = ObjectId::parse_str(text) {
-                return GroupValue::Oid(o);
-            }
-        }
-        GroupValue::Str(text.to_string())
+        let int = |t: &str| t.parse().ok().map(GroupValue::Int);
+        let oid = |t: &str| ObjectId::parse_str(t).ok().map(GroupValue::Oid);
+        (text.strip_prefix("int:").and_then(int))
+            .or_else(|| text.strip_prefix("oid:").and_then(oid))
+            .or_else(|| int(text))
+            .or_else(|| oid(text).filter(|_| text.len() == 24))
+            .unwrap_or_else(|| GroupValue::Str(text.to_string()))
     }
 
     /// A stable 64-bit hash, the same on every machine and release, used to split posts across
@@ -174,14 +162,8 @@ impl Member {
 /// not a document): how a group field is read, so a group field inside an array has no single
 /// key.
 pub fn value_at<'a>(doc: &'a Document, path: &str) -> Option<&'a Bson> {
-    let mut current = doc;
-    let mut parts = path.split('.').peekable();
-    while let Some(part) = parts.next() {
-        let value = current.get(part)?;
-        if parts.peek().is_none() {
-            return Some(value);
-        }
-        current = value.as_document()?;
+    match path.split_once('.') {
+        None => doc.get(path),
+        Some((head, rest)) => value_at(doc.get(head)?.as_document()?, rest),
     }
-    None
 }

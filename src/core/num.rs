@@ -16,10 +16,12 @@ use std::fmt;
 use std::ops::{Add, AddAssign, Neg, Sub, SubAssign};
 
 use bson::Bson;
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 
 /// A counter's number: an exact 64-bit integer, or a double once any double was added.
-#[derive(Clone, Copy, Debug)]
+/// Serialized as the bare number; read back as an integer where it is one, else a double.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+#[serde(untagged)]
 pub enum Num {
     Int(i64),
     Double(f64),
@@ -230,30 +232,6 @@ impl fmt::Display for Num {
             (Num::Double(d), false) => write!(f, "{d:?}"),
             (Num::Double(d), true) => write!(f, "{d:+?}"),
         }
-    }
-}
-
-impl Serialize for Num {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self {
-            Num::Int(i) => s.serialize_i64(*i),
-            Num::Double(d) => s.serialize_f64(*d),
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for Num {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Num, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Either {
-            Int(i64),
-            Double(f64),
-        }
-        Ok(match Either::deserialize(d)? {
-            Either::Int(i) => Num::Int(i),
-            Either::Double(f) => Num::Double(f),
-        })
     }
 }
 

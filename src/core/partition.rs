@@ -120,9 +120,7 @@ impl Partition {
     pub fn stream_name(&self, base: &str) -> String {
         format!("{base}/p{}of{}", self.index, self.count)
     }
-}
 
-impl Partition {
     /// The partition a stream name names (`<base>/p<index>of<count>`, count > 1), if any: the
     /// stream's name is its identity in every store record (checkpoint, lease, ledger), so the
     /// store and the reconciler read a writer's partition from it.

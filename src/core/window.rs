@@ -109,11 +109,9 @@ pub fn changed_since(
     since: Option<&str>,
     until: Option<&str>,
 ) -> Result<BTreeMap<String, (CommentId, String)>, Unsettled> {
-    let moved = match (since, until) {
-        (_, None) => false,
-        (None, Some(_)) => true,
-        (Some(s), Some(u)) => u > s,
-    };
+    // The counter moved since the first read (`None` sorts first: no counter now never
+    // moved; a counter now that was not there at the first read did).
+    let moved = until > since;
     if moved && log.last().map(|t| t.through.as_str()) != until {
         return Err(Unsettled::Truncated);
     }
@@ -138,15 +136,10 @@ pub fn changed_since(
 /// Whether `row` is one of `scope`'s rows: the count's own filter (`created_at` not `>= W`, so
 /// a row without a creation date counts below any).
 pub fn counts_below(row: &Row, scope: CountScope<'_>) -> bool {
-    let CountScope {
-        counter,
-        post,
-        watermark,
-    } = scope;
-    row.counted_in(counter) == Some(post)
+    row.counted_in(scope.counter) == Some(scope.post)
         && row
             .created_at
-            .is_none_or(|t| crate::core::time::secs(t) < watermark)
+            .is_none_or(|t| crate::core::time::secs(t) < scope.watermark)
 }
 
 /// What a recount counts: the rows that count in definition `counter`'s `post` below

@@ -132,10 +132,9 @@ impl Schema {
     /// Reads a document that shows an existing row (a pre-image, a looked-up row), counted or
     /// not: without a usable post id the row exists but does not count (`post: None`).
     pub fn read_existing_row(&self, doc: &Document) -> Row {
-        let created_at = match Self::get(doc, &self.created) {
-            Some(Bson::DateTime(d)) => Some(*d),
-            _ => None,
-        };
+        let created_at = Self::get(doc, &self.created)
+            .and_then(Bson::as_datetime)
+            .copied();
         let deleted = self
             .soft_delete
             .field()
@@ -166,19 +165,22 @@ impl Schema {
 
     /// Why the schema cannot be used (`None`: it can): an empty field name, a `$` in one.
     pub fn problem(&self) -> Option<(&'static str, String)> {
-        if bad_path(self.group()) {
-            return Some(("group_field", self.group().to_string()));
-        }
-        if bad_path(&self.created) {
-            return Some(("created_field", self.created.clone()));
-        }
-        if let Some(field) = self.soft_delete.field() {
-            if bad_path(field) {
-                return Some(("soft_delete_field", field.to_string()));
-            }
-        }
-        None
+        let fields = [
+            ("group_field", Some(self.group())),
+            ("created_field", Some(self.created.as_str())),
+            ("soft_delete_field", self.soft_delete.field()),
+        ];
+        fields.into_iter().find_map(|(setting, path)| {
+            let path = path.filter(|p| bad_path(p))?;
+            Some((setting, path.to_string()))
+        })
     }
+}
+
+/// What is left of the dotted `path` under `parent` (`post` of `meta.post` under `meta`), if
+/// it is under it (`meta.postx` is not under `meta.post`).
+pub(super) fn below<'a>(path: &'a str, parent: &str) -> Option<&'a str> {
+    path.strip_prefix(parent)?.strip_prefix('.')
 }
 
 /// Whether `path` cannot name a field: empty, an empty part (`a..b`), a part starting with `$`.
@@ -225,23 +227,7 @@ mod tests {
 
     #[test]
     fn every_soft_delete_rule() {
-        let present = Schema::default();
-        assert!(
-            matches!(present.read_row(&doc! {"post_id": 1, "deleted_at": bson::DateTime::now()}), RowRead::Row(r) if r.deleted)
-        );
-        assert!(
-            matches!(present.read_row(&doc! {"post_id": 1, "deleted_at": null}), RowRead::Row(r) if !r.deleted)
-        );
-        let boolean = js();
-        assert!(
-            matches!(boolean.read_row(&doc! {"postId": 1, "deleted": true}), RowRead::Row(r) if r.deleted)
-        );
-        assert!(
-            matches!(boolean.read_row(&doc! {"postId": 1, "deleted": false}), RowRead::Row(r) if !r.deleted)
-        );
-        assert!(
-            matches!(boolean.read_row(&doc! {"postId": 1, "deleted": "yes"}), RowRead::Row(r) if !r.deleted)
-        );
+        let (present, boolean) = (Schema::default(), js());
         let status = Schema {
             soft_delete: SoftDelete::OneOf {
                 field: "status".into(),
@@ -249,20 +235,32 @@ mod tests {
             },
             ..Schema::default()
         };
-        assert!(
-            matches!(status.read_row(&doc! {"post_id": 1, "status": "spam"}), RowRead::Row(r) if r.deleted)
-        );
-        assert!(
-            matches!(status.read_row(&doc! {"post_id": 1, "status": "ok"}), RowRead::Row(r) if !r.deleted)
-        );
-        assert!(matches!(status.read_row(&doc! {"post_id": 1}), RowRead::Row(r) if !r.deleted));
         let never = Schema {
             soft_delete: SoftDelete::Never,
             ..Schema::default()
         };
-        assert!(
-            matches!(never.read_row(&doc! {"post_id": 1, "deleted_at": 1}), RowRead::Row(r) if !r.deleted)
-        );
+        let cases = [
+            (
+                &present,
+                doc! {"post_id": 1, "deleted_at": bson::DateTime::now()},
+                true,
+            ),
+            (&present, doc! {"post_id": 1, "deleted_at": null}, false),
+            (&boolean, doc! {"postId": 1, "deleted": true}, true),
+            (&boolean, doc! {"postId": 1, "deleted": false}, false),
+            (&boolean, doc! {"postId": 1, "deleted": "yes"}, false),
+            (&status, doc! {"post_id": 1, "status": "spam"}, true),
+            (&status, doc! {"post_id": 1, "status": "ok"}, false),
+            (&status, doc! {"post_id": 1}, false),
+            (&never, doc! {"post_id": 1, "deleted_at": 1}, false),
+        ];
+        for (schema, row, deleted) in cases {
+            let read = schema.read_row(&row);
+            assert!(
+                matches!(read, RowRead::Row(r) if r.deleted == deleted),
+                "{row}"
+            );
+        }
     }
 
     #[test]

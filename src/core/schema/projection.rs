@@ -23,7 +23,7 @@
 
 use bson::{doc, Bson, Document};
 
-use super::Schema;
+use super::{below, Schema};
 
 /// The change-event fields counterd reads besides the documents: the resume token, the
 /// operation, its cluster time and the document key (on a sharded cluster it holds the shard
@@ -62,10 +62,8 @@ impl Schema {
             .collect();
         paths.sort();
         paths.dedup();
-        let covered =
-            |p: &str, by: &str| p != by && p.starts_with(by) && p[by.len()..].starts_with('.');
         let all = paths.clone();
-        paths.retain(|p| !all.iter().any(|other| covered(p, other)));
+        paths.retain(|p| !all.iter().any(|other| below(p, other).is_some()));
         paths
     }
 
@@ -119,25 +117,18 @@ impl Schema {
     /// of one, or a part of one.
     fn bears_on_schema(&self, key: &str) -> Document {
         let paths = self.read_paths();
-        let mut itself_or_parent: Vec<Bson> = Vec::new();
-        for path in &paths {
-            let mut prefix = String::new();
-            for part in path.split('.') {
-                if !prefix.is_empty() {
-                    prefix.push('.');
-                }
-                prefix.push_str(part);
-                itself_or_parent.push(Bson::String(prefix.clone()));
-            }
-        }
-        let mut any: Vec<Bson> = vec![Bson::Document(
-            doc! {"$in": [key, Bson::Array(itself_or_parent)]},
-        )];
-        for path in &paths {
-            any.push(Bson::Document(doc! {
-                "$eq": [{"$indexOfBytes": [key, format!("{path}.")]}, 0]
-            }));
-        }
+        // Each path's parents, shortest first, then the path itself.
+        let itself_or_parent: Vec<Bson> = paths
+            .iter()
+            .flat_map(|path| {
+                let parents = path.match_indices('.').map(|(at, _)| &path[..at]);
+                parents.chain([path.as_str()]).map(Bson::from)
+            })
+            .collect();
+        let mut any = vec![Bson::from(doc! {"$in": [key, itself_or_parent]})];
+        any.extend(paths.iter().map(|path| {
+            Bson::from(doc! {"$eq": [{"$indexOfBytes": [key, format!("{path}.")]}, 0]})
+        }));
         doc! {"$or": any}
     }
 }

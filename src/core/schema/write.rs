@@ -18,32 +18,27 @@ impl Schema {
         let mut doc = bson::doc! {"_id": id.into()};
         set_path(&mut doc, self.group(), post.to_bson());
         set_path(&mut doc, &self.created, Bson::DateTime(created_at));
-        if deleted {
-            match &self.soft_delete {
-                SoftDelete::Present { field } => {
-                    set_path(&mut doc, field, Bson::DateTime(created_at))
-                }
-                SoftDelete::True { field } => set_path(&mut doc, field, Bson::Boolean(true)),
-                SoftDelete::OneOf { field, values } => {
-                    if let Some(v) = values.first() {
-                        set_path(&mut doc, field, v.clone())
-                    }
-                }
-                SoftDelete::Never => {}
-            }
+        if let Some((field, value)) = self.deleted_value(created_at).filter(|_| deleted) {
+            set_path(&mut doc, field, value);
         }
         doc
     }
 
     /// The update that soft-deletes a row at `now` (`None`: the rule has no soft deletes).
     pub fn soft_delete_update(&self, now: DateTime) -> Option<Document> {
-        let (field, value) = match &self.soft_delete {
-            SoftDelete::Present { field } => (field, Bson::DateTime(now)),
-            SoftDelete::True { field } => (field, Bson::Boolean(true)),
-            SoftDelete::OneOf { field, values } => (field, values.first()?.clone()),
-            SoftDelete::Never => return None,
-        };
+        let (field, value) = self.deleted_value(now)?;
         Some(bson::doc! {"$set": {field: value}})
+    }
+
+    /// The rule's field and the value that marks a row deleted at `now` (`None`: the rule has
+    /// no soft deletes).
+    fn deleted_value(&self, now: DateTime) -> Option<(&str, Bson)> {
+        match &self.soft_delete {
+            SoftDelete::Present { field } => Some((field, Bson::DateTime(now))),
+            SoftDelete::True { field } => Some((field, Bson::Boolean(true))),
+            SoftDelete::OneOf { field, values } => Some((field, values.first()?.clone())),
+            SoftDelete::Never => None,
+        }
     }
 
     /// The update that undeletes a soft-deleted row (`None`: the rule has no soft deletes).
