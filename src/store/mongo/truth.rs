@@ -140,13 +140,13 @@ impl Truth for MongoStore {
     async fn rows_of_post(&self, post: &GroupValue) -> StoreResult<Vec<(CommentId, Row)>> {
         let op = "read the rows of a post";
         let group = self.here(op)?.group;
-        let found: Vec<Document> = self
+        let found = self
             .comments
             .find(doc! {group: post.to_bson()})
             .projection(self.schema.row_projection())
-            .collected(op)
+            .observed(op)
             .await?;
-        Ok(self.rows(found))
+        self.rows(op, found).await
     }
 
     async fn comments_extent(&self) -> StoreResult<CommentsExtent> {
@@ -177,26 +177,35 @@ impl Truth for MongoStore {
         if let Some(after) = after {
             range.insert("$gt", after.value.clone());
         }
-        let found: Vec<Document> = self
+        let op = "read a snapshot chunk";
+        let found = self
             .comments
             .find(doc! {"_id": range})
             .sort(doc! {"_id": 1})
             .limit(limit as i64)
             .projection(self.schema.row_projection())
-            .collected("read a snapshot chunk")
+            .observed(op)
             .await?;
-        Ok(self.rows(found))
+        self.rows(op, found).await
     }
 }
 
 impl MongoStore {
-    /// Rows read with the schema's row projection, each with its comment id.
-    fn rows(&self, found: Vec<Document>) -> Vec<(CommentId, Row)> {
-        let rows = found.into_iter().filter_map(|d| {
-            let id = CommentId::new(d.get("_id")?.clone());
-            Some((id, self.schema.read_existing_row(&d)))
-        });
-        rows.collect()
+    /// Rows read with the schema's row projection, each with its comment id, converted as the
+    /// cursor yields them: the documents are never held as a list beside the rows (a snapshot
+    /// chunk's charge to the memory budget is for its rows).
+    async fn rows(
+        &self,
+        op: &'static str,
+        found: mongodb::Cursor<Document>,
+    ) -> StoreResult<Vec<(CommentId, Row)>> {
+        let row = |d: Document| {
+            let id = d.get("_id").cloned().map(CommentId::new);
+            let row = id.map(|id| (id, self.schema.read_existing_row(&d)));
+            futures::future::ready(Ok(row))
+        };
+        let rows = found.try_filter_map(row).try_collect().await;
+        rows.map_err(|e| map_err(op, e))
     }
 
     /// The rows of `post` that count for the definition this handle serves: its group field
