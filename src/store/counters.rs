@@ -129,11 +129,15 @@ pub struct ApplyOutcome {
 impl ApplyOutcome {
     /// The outcome of statements that each applied (`true`) or were already applied.
     pub fn count(statements: impl IntoIterator<Item = bool>) -> ApplyOutcome {
-        let (applied, already): (Vec<bool>, Vec<bool>) = statements.into_iter().partition(|a| *a);
-        ApplyOutcome {
-            applied: applied.len() as u64,
-            already_applied: already.len() as u64,
-        }
+        let tally = |mut outcome: ApplyOutcome, applied: bool| {
+            if applied {
+                outcome.applied += 1;
+            } else {
+                outcome.already_applied += 1;
+            }
+            outcome
+        };
+        statements.into_iter().fold(ApplyOutcome::default(), tally)
     }
 }
 
