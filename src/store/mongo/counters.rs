@@ -16,11 +16,9 @@ pub(super) fn after_filter(field: &str, after: Option<&GroupValue>) -> Document 
                 GroupValue::Str(_) => &["objectId"],
                 GroupValue::Oid(_) => &[],
             };
-            let mut or = vec![Bson::Document(doc! {field: {"$gt": post.to_bson()}})];
-            for t in later {
-                or.push(Bson::Document(doc! {field: {"$type": t}}));
-            }
-            doc! {"$or": or}
+            let types = later.iter().map(|t| doc! {field: {"$type": *t}});
+            let or = std::iter::once(doc! {field: {"$gt": post.to_bson()}}).chain(types);
+            doc! {"$or": or.collect::<Vec<_>>()}
         }
     }
 }
@@ -38,9 +36,9 @@ impl Counters for MongoStore {
             let f = |name: &str| format!("{p}{name}");
             // The writer's own guard fields (see `Writer`).
             let g = |name: &str| format!("{p}{}{name}", writer.path());
-            let through = w.through.as_str();
+            let (guard, through) = (g("applied_through"), w.through.as_str());
             let mut set = RawDocumentBuf::new();
-            set.append(g("applied_through"), through);
+            set.append(&guard, through);
             set.append(epoch_field(writer), fence.epoch);
             let time = w.through_time.map_or(RawBson::Null, RawBson::Timestamp);
             set.append(g("applied_time"), time);
@@ -57,15 +55,9 @@ impl Counters for MongoStore {
                     rawdoc! {f("recent"): {"$each": log, "$slice": -(LOG_ENTRIES as i64)}},
                 );
             }
-            let q = guarded_raw(
-                op,
-                w.key.group.to_bson(),
-                &g("applied_through"),
-                through,
-                fence,
-            )?;
+            let id = raw_value(op, w.key.group.to_bson())?;
             Ok(rawdoc! {
-                "q": with_epoch_field(q, writer, fence),
+                "q": guarded_raw(id, &guard, through, &epoch_field(writer), fence),
                 "u": update,
                 "upsert": true,
             })
@@ -243,9 +235,9 @@ impl Counters for MongoStore {
         let statement = |w: &&CounterDelta, p: &'static str, writer: Writer| {
             let done = format!("{p}{}snapshot_chunk", writer.path());
             let set = rawdoc! {&done: chunk as i64, epoch_field(writer): fence.epoch};
-            let q = guarded_raw(op, w.key.group.to_bson(), &done, chunk as i64, fence)?;
+            let id = raw_value(op, w.key.group.to_bson())?;
             Ok(rawdoc! {
-                "q": with_epoch_field(q, writer, fence),
+                "q": guarded_raw(id, &done, chunk as i64, &epoch_field(writer), fence),
                 "u": upsert(p, increments(p, w.delta, &w.buckets, writer), set),
                 "upsert": true,
             })
@@ -315,25 +307,11 @@ pub(super) fn by_counter<T>(
     groups
 }
 
-/// Where a writer's epoch lives: the document's `epoch` for slot 0, its own under
-/// `writers.p<n>.` else (one per document, shared by a sum and its row count, which the same
-/// batch writes).
+/// Where a writer's epoch lives, and what its writes are fenced on: the document's `epoch` for
+/// slot 0, its own under `writers.p<n>.` else, as a partition's lease epoch says nothing of
+/// another's (one per document, shared by a sum and its row count, which the same batch writes).
 fn epoch_field(writer: Writer) -> String {
     format!("{}epoch", writer.path())
-}
-
-/// A guard filter ([`guarded_raw`], which fences on the document's `epoch`) fenced on the
-/// writer's own epoch instead: a partition's lease epoch says nothing of another's.
-fn with_epoch_field(q: RawDocumentBuf, writer: Writer, fence: &Fence) -> RawDocumentBuf {
-    if writer.slot == 0 {
-        return q;
-    }
-    let others = q.iter().flatten().filter(|(key, _)| *key != "epoch");
-    let mut out: RawDocumentBuf = others
-        .map(|(key, value)| (key, value.to_raw_bson()))
-        .collect();
-    out.append(epoch_field(writer), rawdoc! {"$not": {"$gt": fence.epoch}});
-    out
 }
 
 /// The `$inc` of one counter write: `live_delta`, each bucket, and `count`, which moves with

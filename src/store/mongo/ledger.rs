@@ -50,13 +50,8 @@ impl Ledger for MongoStore {
         let op = "write the comment ledger";
         // Raw from the start: one statement per event, the worker's most numerous write.
         let statement = |u: &LedgerUpdate| {
-            let filter = guarded_raw(
-                op,
-                u.comment.value.clone(),
-                "applied_through",
-                through.as_str(),
-                fence,
-            )?;
+            let id = raw_value(op, u.comment.value.clone())?;
+            let filter = guarded_raw(id, "applied_through", through.as_str(), "epoch", fence);
             let update = match &u.state {
                 Some(row) => {
                     let (mut set, unset) =

@@ -504,19 +504,21 @@ fn not_gte(value: impl Into<Bson>) -> Document {
 }
 
 /// The filter of a guarded, fenced worker write, as raw BSON: the document `id` whose `guard`
-/// is not `>= through` (as [`not_gte`]), and whose `epoch` is not newer than ours: the fencing
-/// condition every worker write carries.
+/// is not `>= through` (as [`not_gte`]), and whose `epoch` field (the document's, or a
+/// partition's own: see `Writer`) is not newer than ours: the fencing condition every worker
+/// write carries.
 fn guarded_raw(
-    op: &'static str,
-    id: Bson,
+    id: RawBson,
     guard: &str,
     through: impl Into<RawBson>,
+    epoch: &str,
     fence: &Fence,
-) -> StoreResult<RawDocumentBuf> {
-    let mut filter = rawdoc! {"_id": raw_value(op, id)?};
-    filter.append(guard, rawdoc! {"$not": {"$gte": through.into()}});
-    filter.append("epoch", rawdoc! {"$not": {"$gt": fence.epoch}});
-    Ok(filter)
+) -> RawDocumentBuf {
+    rawdoc! {
+        "_id": id,
+        guard: {"$not": {"$gte": through.into()}},
+        epoch: {"$not": {"$gt": fence.epoch}},
+    }
 }
 
 fn to_date(secs: i64) -> DateTime {
