@@ -17,10 +17,7 @@ pub(super) fn token_to_resume(token: &Token) -> StoreResult<ResumeToken> {
 }
 
 pub(super) fn resume_to_token(token: &ResumeToken) -> Option<Token> {
-    match bson::to_bson(token).ok()? {
-        Bson::Document(d) => Token::from_resume_document(&d),
-        _ => None,
-    }
+    Token::from_resume_document(&bson::to_document(token).ok()?)
 }
 
 /// The open change stream over `comments`, read ahead by a [`Pump`].

@@ -166,21 +166,18 @@ struct MarkDoc {
 
 impl From<&DirtyMark> for MarkDoc {
     fn from(m: &DirtyMark) -> Self {
-        let (counter, post) = (m.key.counter.0, m.key.group.clone());
-        let bucket = m.newest_bucket;
         MarkDoc {
-            counter,
-            post,
-            bucket,
+            counter: m.key.counter.0,
+            post: m.key.group.clone(),
+            bucket: m.newest_bucket,
         }
     }
 }
 
 impl From<MarkDoc> for DirtyMark {
     fn from(m: MarkDoc) -> Self {
-        let key = CounterKey::new(CounterIx(m.counter), m.post);
         DirtyMark {
-            key,
+            key: CounterKey::new(CounterIx(m.counter), m.post),
             newest_bucket: m.bucket,
         }
     }
