@@ -381,12 +381,8 @@ impl MongoStore {
             hello,
             sessions,
             pre_images,
-            // Only real servers (which answer `hello`) send update descriptions and post-batch
-            // tokens; the fake server answers `isMaster` only.
-            update_description: hello,
             // Probed for real (see `snapshot_reads`): never assumed from the version.
             snapshot_reads: replica_set && self.snapshot_reads().await,
-            post_batch_token: hello,
         })
     }
 
