@@ -117,29 +117,26 @@ impl Counters for MongoStore {
                 .unless_duplicate("create a counter");
             return Ok(inserted.await?.is_some());
         };
-        let mut filter = doc! {"_id": post.to_bson()};
-        match &expected.applied_through {
-            Some(t) => filter.insert(f("applied_through"), t.as_str()),
-            None => filter.insert(f("applied_through"), doc! {"$exists": false}),
+        let applied = match &expected.applied_through {
+            Some(t) => Bson::from(t.as_str()),
+            None => Bson::Document(doc! {"$exists": false}),
         };
-        // Also pin the numbers read, so a hand edit (or another reconciler) between read and
-        // write is not overwritten with stale arithmetic. A zero may be a field not written
-        // yet (a sum's document whose row count was never written).
-        filter.insert(f("live_delta"), pinned(expected.state.live_delta));
-        // Every writer of a counter several partitions write moves this (see `Writer`).
-        filter.insert(
-            f(SHARED_WRITES_FIELD),
-            pinned(Num::Int(expected.shared_writes)),
-        );
-        filter.insert(f("base_count"), pinned(expected.state.base_count));
-        filter.insert(
-            f("folds"),
-            if expected.folds == 0 {
-                not_gte(1_i64)
-            } else {
-                doc! {"$eq": expected.folds}
-            },
-        );
+        let folds = match expected.folds {
+            0 => not_gte(1_i64),
+            n => doc! {"$eq": n},
+        };
+        let filter = doc! {
+            "_id": post.to_bson(),
+            f("applied_through"): applied,
+            // Also pin the numbers read, so a hand edit (or another reconciler) between read and
+            // write is not overwritten with stale arithmetic. A zero may be a field not written
+            // yet (a sum's document whose row count was never written).
+            f("live_delta"): pinned(expected.state.live_delta),
+            // Every writer of a counter several partitions write moves this (see `Writer`).
+            f(SHARED_WRITES_FIELD): pinned(Num::Int(expected.shared_writes)),
+            f("base_count"): pinned(expected.state.base_count),
+            f("folds"): folds,
+        };
         let mut set = Document::new();
         set.insert(f("base_count"), fold.base_count);
         set.insert(f("base_watermark"), fold.watermark);
