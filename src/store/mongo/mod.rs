@@ -393,6 +393,29 @@ impl MongoStore {
         Ok(entry.as_ref().is_some_and(crate::doctor::pre_images_on))
     }
 
+    /// The documents `find` finds by `_id` among `ids`, read [`IDS_PER_READ`] ids per `$in`, each
+    /// kept as `keep` makes it (`None`: left out) under its comment key.
+    async fn by_ids<'a, T>(
+        &self,
+        op: &'static str,
+        ids: &[CommentId],
+        find: impl Fn(Document) -> mongodb::action::Find<'a, Document>,
+        mut keep: impl FnMut(Document) -> Option<T>,
+    ) -> StoreResult<HashMap<String, T>> {
+        let mut out = HashMap::with_capacity(ids.len());
+        for chunk in ids.chunks(IDS_PER_READ) {
+            let values: Vec<Bson> = chunk.iter().map(|c| c.value.clone()).collect();
+            let mut cursor = find(doc! {"_id": {"$in": values}}).observed(op).await?;
+            while let Some(found) = cursor.try_next().await.map_err(|e| map_err(op, e))? {
+                let key = found.get("_id").map(|id| CommentId::new(id.clone()).key);
+                if let Some((key, kept)) = key.zip(keep(found)) {
+                    out.insert(key, kept);
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// Runs `update` commands of many statements, `ordered: false`, one statement per item;
     /// returns (statements that wrote, statements rejected by a
     /// duplicate key). Each command's statements are built just before it is sent, so a large
@@ -432,6 +455,9 @@ impl MongoStore {
         Ok((wrote, duplicates))
     }
 }
+
+/// Ids per batched read by `_id`: one command for a batch of any size the budget allows.
+const IDS_PER_READ: usize = 5000;
 
 /// A value as raw BSON, for statements built raw.
 pub(super) fn raw_value(op: &'static str, value: Bson) -> StoreResult<RawBson> {

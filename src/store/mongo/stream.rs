@@ -327,31 +327,17 @@ impl ChangeStreams for MongoStore {
 
     async fn look_up(&self, comments: &[CommentId]) -> StoreResult<HashMap<String, Document>> {
         let op = "read the rows the stream does not carry";
-        let mut out = HashMap::with_capacity(comments.len());
-        for chunk in comments.chunks(LOOK_UP_CHUNK) {
-            let ids: Vec<Bson> = chunk.iter().map(|c| c.value.clone()).collect();
-            // From the primary, like the lookup it replaces: a secondary may lag behind the
-            // events just read.
-            let mut cursor = self
-                .comments
-                .find(doc! {"_id": {"$in": ids}})
-                .projection(self.schema.row_projection())
-                .selection_criteria(SelectionCriteria::ReadPreference(ReadPreference::Primary))
-                .observed(op)
-                .await?;
-            while let Some(row) = cursor.try_next().await.map_err(|e| map_err(op, e))? {
-                if let Some(id) = row.get("_id") {
-                    out.insert(CommentId::new(id.clone()).key, row);
-                }
-            }
-        }
-        Ok(out)
+        // From the primary, like the lookup it replaces: a secondary may lag behind the events
+        // just read.
+        let primary = SelectionCriteria::ReadPreference(ReadPreference::Primary);
+        let projection = self.schema.row_projection();
+        let find = |ids| {
+            let found = self.comments.find(ids).projection(projection.clone());
+            found.selection_criteria(primary.clone())
+        };
+        self.by_ids(op, comments, find, Some).await
     }
 }
-
-/// Ids per batched row read (the ledger reads take 5 000 per `$in` too): one command for a
-/// batch of any size the budget allows.
-const LOOK_UP_CHUNK: usize = 5000;
 
 impl MongoStore {
     /// Opens a change stream on `comments`. With pre-images it asks for them and for
