@@ -269,39 +269,35 @@ impl MongoStore {
         F: Fn(&&T, &'static str, Writer) -> StoreResult<RawDocumentBuf> + Sync,
     {
         let mut outcome = ApplyOutcome::default();
-        // Every definition is looked up before anything is written: a write for an unknown one
-        // refuses the whole batch.
-        let groups = by_counter(writes, counter)
-            .into_iter()
-            .map(|(counter, writes)| {
-                let place = self.place(op, counter)?;
-                let writer = fence.writer(self.schema.shared(counter));
-                Ok((place.counters, place.prefix, writer, writes))
-            })
-            .collect::<StoreResult<Vec<_>>>()?;
-        for (collection, prefix, writer, writes) in groups {
-            let statement = |w: &&T| statement(w, prefix, writer);
+        for (counter, place, writes) in self.placed(op, writes, counter)? {
+            let writer = fence.writer(self.schema.shared(counter));
+            let statement = |w: &&T| statement(w, place.prefix, writer);
             let (applied, already_applied) = self
-                .update_many_statements(op, collection, &writes, &statement)
+                .update_many_statements(op, place.counters, &writes, &statement)
                 .await?;
             outcome.applied += applied;
             outcome.already_applied += already_applied;
         }
         Ok(outcome)
     }
-}
 
-/// `items` grouped by their counter definition, in definition order, each group in the order
-/// given (the statements' order within a definition's collection is the batch's).
-pub(super) fn by_counter<T>(
-    items: &[T],
-    counter: impl Fn(&T) -> CounterIx,
-) -> BTreeMap<CounterIx, Vec<&T>> {
-    let mut groups: BTreeMap<CounterIx, Vec<&T>> = BTreeMap::new();
-    for item in items {
-        groups.entry(counter(item)).or_default().push(item);
+    /// `items` grouped by their counter definition, in definition order, each group in the
+    /// order given (the statements' order within a definition's collection is the batch's),
+    /// with the definition's place. Every definition is looked up before anything is written:
+    /// a write for an unknown one refuses the whole batch.
+    pub(super) fn placed<'i, T>(
+        &self,
+        op: &'static str,
+        items: &'i [T],
+        counter: impl Fn(&T) -> CounterIx,
+    ) -> StoreResult<Vec<(CounterIx, Place<'_>, Vec<&'i T>)>> {
+        let mut groups: BTreeMap<CounterIx, Vec<&T>> = BTreeMap::new();
+        for item in items {
+            groups.entry(counter(item)).or_default().push(item);
+        }
+        let place = |(counter, items)| Ok((counter, self.place(op, counter)?, items));
+        groups.into_iter().map(place).collect()
     }
-    groups
 }
 
 /// Where a writer's epoch lives, and what its writes are fenced on: the document's `epoch` for
