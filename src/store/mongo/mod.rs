@@ -51,12 +51,12 @@ use self::errors::*;
 use self::observe::Observe;
 use crate::core::batch::{CounterDelta, CounterWrite, DirtyMark};
 use crate::core::definition::stored_name;
-use crate::core::event::LedgerUpdate;
-use crate::core::event::{CommentId, Row, Token};
-use crate::core::key::CounterIx;
-use crate::core::key::GroupValue;
+use crate::core::event::{CommentId, LedgerUpdate, Row, Token};
+use crate::core::fold::{CounterState, Fold};
+use crate::core::key::{CounterIx, GroupValue};
 use crate::core::schema::{Schema, SoftDelete};
 use crate::core::time::BucketStart;
+use crate::core::window::{Touch, LOG_ENTRIES};
 
 /// Field names of counterd's own ledger and pending-batch documents (not the application's:
 /// those come from the [`Schema`]).
@@ -64,8 +64,6 @@ const LEDGER_POST: &str = "post_id";
 const LEDGER_CREATED: &str = "created_at";
 /// A ledger entry's verdicts per counter definition beyond the default.
 const LEDGER_MEMBERS: &str = "members";
-use crate::core::fold::{CounterState, Fold};
-use crate::core::window::{Touch, LOG_ENTRIES};
 
 /// The names of counterd's own collections: a prefix (default `counterd_`) for its bookkeeping,
 /// and the counters collection that readers query (default `comment_counters`).
@@ -212,16 +210,11 @@ impl MongoStore {
         client_options.app_name = Some("counterd".to_string());
         // No command monitor: latency is observed per store call (see `observe`), because the
         // driver copies every command and reply into a document for a monitor.
-        let hosts = client_options
-            .hosts
-            .iter()
-            .map(|h| h.to_string())
-            .collect::<Vec<_>>()
-            .join(",");
+        let hosts: Vec<String> = client_options.hosts.iter().map(|h| h.to_string()).collect();
         let client = Client::with_options(client_options)
             .map_err(|e| driver_error("create the MongoDB client", false, sentence(&e), e))?;
         let db = client.database(&options.database);
-        ping(&db, &hosts, options.connect_timeout).await?;
+        ping(&db, &hosts.join(","), options.connect_timeout).await?;
         let comments = db.collection(&options.comments);
         Ok(MongoStore {
             snapshot_reads: Arc::default(),
