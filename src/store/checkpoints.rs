@@ -9,8 +9,7 @@ use super::error::StoreResult;
 use super::leases::Fence;
 use crate::core::batch::{CounterDelta, PendingBatch};
 use crate::core::deployment::Deployment;
-use crate::core::event::LedgerUpdate;
-use crate::core::event::{CommentId, Token};
+use crate::core::event::{CommentId, LedgerUpdate, Token};
 
 /// Where each stream stands: resume position, pending batch, gaps, deployment, fencing epoch
 /// and snapshot progress.
