@@ -272,10 +272,10 @@ impl MongoStore {
         for (counter, place, writes) in self.placed(op, writes, counter)? {
             let writer = fence.writer(self.schema.shared(counter));
             let statement = |w: &&T| statement(w, place.prefix, writer);
-            let (applied, already_applied) = self
+            let already_applied = self
                 .update_many_statements(op, place.counters, &writes, &statement)
                 .await?;
-            outcome.applied += applied;
+            outcome.applied += writes.len() as u64 - already_applied;
             outcome.already_applied += already_applied;
         }
         Ok(outcome)

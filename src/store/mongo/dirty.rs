@@ -39,8 +39,7 @@ impl DirtySet for MongoStore {
         for (_, place, marks) in self.placed(op, marks, |m| m.key.counter)? {
             duplicates += self
                 .update_many_statements(op, &place.dirty, &marks, &statement)
-                .await?
-                .1;
+                .await?;
         }
         if duplicates > 0 {
             // Two upserts raced on a new entry (another marker or a reconcile clear), or the

@@ -410,8 +410,8 @@ impl MongoStore {
     }
 
     /// Runs `update` commands of many statements, `ordered: false`, one statement per item;
-    /// returns (statements that wrote, statements rejected by a
-    /// duplicate key). Each command's statements are built just before it is sent, so a large
+    /// returns the statements rejected by a duplicate key (every other write error fails the
+    /// command, so the others wrote). Each command's statements are built just before it is sent, so a large
     /// batch never holds all of its statements at once; each is built straight as raw BSON,
     /// which skips building a document tree and encoding it.
     async fn update_many_statements<T, F>(
@@ -420,12 +420,11 @@ impl MongoStore {
         collection: &str,
         items: &[T],
         statement: F,
-    ) -> StoreResult<(u64, u64)>
+    ) -> StoreResult<u64>
     where
         T: Sync,
         F: Fn(&T) -> StoreResult<RawDocumentBuf> + Sync,
     {
-        let mut wrote = 0;
         let mut duplicates = 0;
         // Servers cap a command at maxWriteBatchSize statements (1000 on old ones).
         for items in items.chunks(1000) {
@@ -433,19 +432,14 @@ impl MongoStore {
             // as document trees held megabytes (see `budget::cost`), as bytes a few hundred KB.
             let chunk = items.iter().map(&statement);
             let chunk = chunk.collect::<StoreResult<RawArrayBuf>>()?;
-            let sent = items.len() as u64;
             let reply = self
                 .db
                 .run_raw_command(rawdoc! {"update": collection, "updates": chunk, "ordered": false})
                 .observed(op)
                 .await?;
-            // Every other write error fails the command, so the statements that did not
-            // write are the duplicates.
-            let refused = write_errors(op, &reply)?;
-            duplicates += refused;
-            wrote += sent - refused;
+            duplicates += write_errors(op, &reply)?;
         }
-        Ok((wrote, duplicates))
+        Ok(duplicates)
     }
 }
 
