@@ -322,7 +322,7 @@ pub(in crate::store::mongo) fn snapshot_to_doc(p: &SnapshotProgress) -> StoreRes
     to_stored(
         "record the snapshot's progress",
         &SnapshotDoc {
-            state: p.state.as_str().to_string(),
+            state: p.state.as_ref().to_string(),
             started_at: p.started_at,
             finished_at: p.finished_at,
             last_id: comment_value(&p.last_id),
