@@ -90,16 +90,13 @@ impl Counters for MongoStore {
         let f = |name: &str| format!("{p}{name}");
         let counters = self.coll(place.counters);
         let Some(expected) = expected else {
-            let mut buckets = Document::new();
-            for (k, v) in &fold.kept {
-                buckets.insert(k.to_string(), *v);
-            }
+            let kept = fold.kept.iter().map(|(k, v)| (k.to_string(), v.to_bson()));
             let fields = doc! {
                 "base_count": fold.base_count,
                 "base_watermark": fold.watermark,
                 "live_delta": fold.live_delta,
                 "count": fold.base_count + fold.live_delta,
-                "live_by_bucket": buckets,
+                "live_by_bucket": kept.collect::<Document>(),
                 "applied_through": "",
                 "folds": 1_i64,
                 "last_drift": fold.drift,
@@ -108,9 +105,7 @@ impl Counters for MongoStore {
             let mut new = doc! {"_id": post.to_bson()};
             match p {
                 "" => new.extend(fields),
-                _ => {
-                    new.insert(ROWS_FIELD, fields);
-                }
+                _ => new.extend(doc! {ROWS_FIELD: fields}),
             }
             let inserted = counters
                 .insert_one(new)
