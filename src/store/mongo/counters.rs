@@ -33,13 +33,10 @@ impl Counters for MongoStore {
         let op = "apply counter increments";
         // Raw from the start, like the ledger's statements: one per counter of every flush.
         let statement = |w: &&CounterWrite, p: &'static str, writer: Writer| {
-            let f = |name: &str| format!("{p}{name}");
             // The writer's own guard fields (see `Writer`).
             let g = |name: &str| format!("{p}{}{name}", writer.path());
             let (guard, through) = (g("applied_through"), w.through.as_str());
-            let mut set = RawDocumentBuf::new();
-            set.append(&guard, through);
-            set.append(epoch_field(writer), fence.epoch);
+            let mut set = rawdoc! {&guard: through, epoch_field(writer): fence.epoch};
             let time = w.through_time.map_or(RawBson::Null, RawBson::Timestamp);
             set.append(g("applied_time"), time);
             for (bucket, batch) in &w.touched {
@@ -52,7 +49,7 @@ impl Counters for MongoStore {
                 // Each batch's entry in the counter's log; the oldest fall off.
                 update.append(
                     "$push",
-                    rawdoc! {f("recent"): {"$each": log, "$slice": -(LOG_ENTRIES as i64)}},
+                    rawdoc! {format!("{p}recent"): {"$each": log, "$slice": -(LOG_ENTRIES as i64)}},
                 );
             }
             let id = raw_value(op, w.key.group.to_bson())?;
