@@ -507,6 +507,14 @@ async fn ask(db: &Database, command: Document, op: &'static str) -> StoreResult<
     answered(db.run_command(command).await, op)
 }
 
+/// The documents of a cursor command's reply (its `cursor.firstBatch`).
+fn first_batch(reply: &Document) -> impl Iterator<Item = &Document> {
+    let batch = reply
+        .get_document("cursor")
+        .and_then(|c| c.get_array("firstBatch"));
+    batch.into_iter().flatten().filter_map(Bson::as_document)
+}
+
 /// `field` is not `>= value`: matches a smaller value, a missing field, or another type.
 fn not_gte(value: impl Into<Bson>) -> Document {
     doc! {"$not": {"$gte": value.into()}}

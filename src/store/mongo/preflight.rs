@@ -71,16 +71,10 @@ impl MongoStore {
         let name = self.comments.name();
         let command = doc! {"listCollections": 1, "filter": {"name": name}};
         let reply = self.db.run_command(command).await?;
-        Ok(reply
-            .get_document("cursor")
-            .ok()
-            .and_then(|c| c.get_array("firstBatch").ok())
-            .and_then(|batch| {
-                let mut entries = batch.iter().filter_map(Bson::as_document);
-                entries
-                    .find(|entry| entry.get_str("name") == Ok(name))
-                    .cloned()
-            }))
+        let mut entries = first_batch(&reply);
+        Ok(entries
+            .find(|entry| entry.get_str("name") == Ok(name))
+            .cloned())
     }
 }
 

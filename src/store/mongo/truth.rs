@@ -327,14 +327,8 @@ impl MongoStore {
                 "readConcern": {"level": "snapshot", "atClusterTime": at},
             })
             .await?;
-        let first = reply
-            .get_document("cursor")
-            .ok()
-            .and_then(|c| c.get_array("firstBatch").ok())
-            .and_then(|b| b.first())
-            .and_then(Bson::as_document)
-            .cloned();
-        Ok(tallied(first.as_ref()))
+        let n = tallied(first_batch(&reply).next());
+        Ok(n)
     }
 
     /// What the rows `filter` selects add up to for the viewed definition: their number, or
