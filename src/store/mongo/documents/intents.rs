@@ -26,7 +26,7 @@ struct CounterDeltaDoc {
     /// `None`: a batch recorded before `touched` existed, which touched exactly its non-zero
     /// buckets.
     #[serde(default)]
-    touched: Option<Vec<BucketStart>>,
+    touched: Option<std::collections::BTreeSet<BucketStart>>,
     /// The rows the batch named for the post (`None`: not listed, or a batch recorded before
     /// the counter's log existed; a recount spanning it refuses).
     #[serde(default)]
@@ -40,7 +40,7 @@ impl From<&CounterDelta> for CounterDeltaDoc {
             post: c.key.group.clone(),
             delta: c.delta,
             buckets: c.buckets.clone(),
-            touched: Some(c.touched.iter().copied().collect()),
+            touched: Some(c.touched.clone()),
             comments: c
                 .comments
                 .as_ref()
@@ -51,10 +51,8 @@ impl From<&CounterDelta> for CounterDeltaDoc {
 
 impl From<CounterDeltaDoc> for CounterDelta {
     fn from(c: CounterDeltaDoc) -> Self {
-        let touched = match c.touched {
-            Some(list) => list.into_iter().collect(),
-            None => c.buckets.keys().copied().collect(),
-        };
+        let nonzero = || c.buckets.keys().copied().collect();
+        let touched = c.touched.unwrap_or_else(nonzero);
         CounterDelta {
             key: CounterKey::new(CounterIx(c.counter), c.post),
             delta: c.delta,
