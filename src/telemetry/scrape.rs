@@ -159,11 +159,11 @@ fn escape(value: &str) -> String {
 
 /// The standard `process_*` metrics, read from /proc (Linux; nothing elsewhere).
 fn render_process(out: &mut String) {
-    let Some(p) = ProcessStats::read() else {
+    let Some(values) = super::process::read() else {
         return;
     };
-    for (name, kind, help) in PROCESS_FAMILIES {
-        let value = process_value(&p, name);
+    for ((name, kind, help), (read, value)) in PROCESS_FAMILIES.into_iter().zip(values) {
+        debug_assert_eq!(name, read, "the values come in the families' order");
         if value.is_nan() {
             continue;
         }
@@ -202,20 +202,6 @@ const PROCESS_FAMILIES: [(&str, &str, &str); 7] = [
         "Number of OS threads in the process.",
     ),
 ];
-
-/// The value of the family `name` (NaN: not known here).
-fn process_value(p: &ProcessStats, name: &str) -> f64 {
-    match name {
-        PROCESS_CPU => p.cpu_seconds,
-        PROCESS_RSS => p.resident_bytes,
-        PROCESS_VIRTUAL => p.virtual_bytes,
-        PROCESS_OPEN_FDS => p.open_fds,
-        PROCESS_MAX_FDS => p.max_fds,
-        PROCESS_START_TIME => p.start_time_seconds,
-        PROCESS_THREADS => p.threads,
-        _ => f64::NAN,
-    }
-}
 
 #[cfg(test)]
 mod tests {
