@@ -210,16 +210,13 @@ fn entry_error(
 
 /// Entry `i`'s condition (none: every row counts).
 fn condition_of(i: usize, entry: &CounterSetting) -> Result<Condition, ConfigError> {
-    Ok(match &entry.condition {
-        None => Condition::default(),
-        Some(table) => {
-            let shown = toml::Value::Table(table.clone()).to_string();
-            let filter = to_document(table)
-                .map_err(|message| entry_error(i, "condition", &shown, message))?;
-            Condition::parse(&filter)
-                .map_err(|e| entry_error(i, "condition", &shown, e.to_string()))?
-        }
-    })
+    let Some(table) = &entry.condition else {
+        return Ok(Condition::default());
+    };
+    let shown = toml::Value::Table(table.clone()).to_string();
+    let invalid = |message: String| entry_error(i, "condition", &shown, message);
+    let filter = to_document(table).map_err(invalid)?;
+    Condition::parse(&filter).map_err(|e| invalid(e.to_string()))
 }
 
 /// The [`Kind`] an entry asks for; `Err((setting, value, message))` when `kind`, `field` and
