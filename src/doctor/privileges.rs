@@ -91,20 +91,15 @@ fn covers(resource: &Document, database: &str, collection: &str) -> bool {
 
 /// `user@db` of every authenticated user in `authInfo`.
 fn authenticated_users(auth: &Document) -> Vec<String> {
-    auth.get_array("authenticatedUsers")
-        .map(|a| {
-            a.iter()
-                .filter_map(Bson::as_document)
-                .map(|u| {
-                    format!(
-                        "{}@{}",
-                        u.get_str("user").unwrap_or("?"),
-                        u.get_str("db").unwrap_or("?")
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default()
+    let users = auth
+        .get_array("authenticatedUsers")
+        .map_or(&[][..], Vec::as_slice);
+    let part = |user: &Document, key: &str| user.get_str(key).unwrap_or("?").to_string();
+    users
+        .iter()
+        .filter_map(Bson::as_document)
+        .map(|u| format!("{}@{}", part(u, "user"), part(u, "db")))
+        .collect()
 }
 
 /// What [`required_privileges`] asks that the `granted` privileges (`authenticatedUserPrivileges`)
