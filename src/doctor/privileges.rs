@@ -144,44 +144,34 @@ fn missing_privileges(granted: &[Bson], expect: &Expectations) -> Vec<Privilege>
 /// The user's privileges against [`required_privileges`].
 pub fn check(connection_status: &Reply, expect: &Expectations) -> Finding {
     const CHECK: &str = "privileges";
+    let skipped = |why: String| Finding::skipped(CHECK, why);
     let status = match connection_status {
         Ok(s) => s,
-        Err(e) => {
-            return Finding::skipped(
-                CHECK,
-                format!("the server does not answer connectionStatus ({e})"),
-            )
-        }
+        Err(e) => return skipped(format!("the server does not answer connectionStatus ({e})")),
     };
     let auth = status.get_document("authInfo").cloned().unwrap_or_default();
-    let users = authenticated_users(&auth);
+    let users = authenticated_users(&auth).join(", ");
     if users.is_empty() {
-        return Finding::skipped(
-            CHECK,
-            "no authenticated user (access control is off, or the URI has no credentials): every action is allowed",
-        );
+        return skipped("no authenticated user (access control is off, or the URI has no credentials): every action is allowed".into());
     }
     let Ok(granted) = auth.get_array("authenticatedUserPrivileges") else {
-        return Finding::skipped(
-            CHECK,
-            format!(
-                "authenticated as {}, but the server lists no privileges",
-                users.join(", ")
-            ),
-        );
+        return skipped(format!(
+            "authenticated as {users}, but the server lists no privileges"
+        ));
     };
     let missing = missing_privileges(granted, expect);
     if missing.is_empty() {
         return Finding::ok(
             CHECK,
-            format!("{} holds every privilege counterd needs", users.join(", ")),
+            format!("{users} holds every privilege counterd needs"),
         );
     }
     lacking(&users, &missing, expect)
 }
 
-/// The finding for `users` lacking the `missing` privileges, with the grant that adds them.
-fn lacking(users: &[String], missing: &[Privilege], expect: &Expectations) -> Finding {
+/// The finding for `users` (`user@db, ...`) lacking the `missing` privileges, with the grant
+/// that adds them.
+fn lacking(users: &str, missing: &[Privilege], expect: &Expectations) -> Finding {
     const CHECK: &str = "privileges";
     let described: Vec<String> = missing
         .iter()
@@ -196,7 +186,7 @@ fn lacking(users: &[String], missing: &[Privilege], expect: &Expectations) -> Fi
         .collect();
     Finding::problem(
         CHECK,
-        format!("{} lacks {}", users.join(", "), described.join("; ")),
+        format!("{users} lacks {}", described.join("; ")),
         format!(
             "{}.grantPrivilegesToRole(\"counterd\", [{}]) (with the role of README.md's production checklist, step 1; {} names its database)",
             db_expr("admin"),
