@@ -205,7 +205,6 @@ struct Planner<'a> {
     counters: BTreeMap<CounterKey, CounterDelta>,
     dirty: BTreeMap<CounterKey, BucketStart>,
     dirty_order: Vec<CounterKey>,
-    named: Named,
 }
 
 impl<'a> Planner<'a> {
@@ -218,7 +217,6 @@ impl<'a> Planner<'a> {
             counters: BTreeMap::new(),
             dirty: BTreeMap::new(),
             dirty_order: Vec::new(),
-            named: Named::default(),
         }
     }
 
@@ -326,7 +324,8 @@ impl<'a> Planner<'a> {
         newest
     }
 
-    /// Notes the event's row under every counter it named (see [`Named`]).
+    /// Notes the event's row under every counter it named ([`CounterDelta::comments`]: in
+    /// stream order without repeats; `None` once an event named the counter without a row id).
     fn name_rows(&mut self, event: &ChangeEvent, classified: &Classification) {
         let keys_named = classified
             .deltas
@@ -334,7 +333,16 @@ impl<'a> Planner<'a> {
             .map(|d| &d.key)
             .chain(&classified.dirty);
         for key in keys_named {
-            self.named.add(key, event.comment.as_ref());
+            let named = &mut counter_of(&mut self.counters, key).comments;
+            match (named.as_mut(), event.comment.as_ref()) {
+                (Some(list), Some(c)) => {
+                    if !list.iter().any(|known| known.key == c.key) {
+                        list.push(c.clone());
+                    }
+                }
+                (Some(_), None) => *named = None,
+                (None, _) => {}
+            }
         }
     }
 
@@ -380,7 +388,6 @@ impl<'a> Planner<'a> {
 
     /// The plan of the events added so far.
     fn finish(mut self) -> BatchPlan {
-        self.named.attach(&mut self.counters);
         self.plan.counters = self
             .counters
             .into_values()
@@ -391,6 +398,9 @@ impl<'a> Planner<'a> {
                 c.delta = c.buckets.values().sum();
                 c
             })
+            // A counter only named (a change that moved no count, such as a body edit of a
+            // known row) is not written: its rows count as before for every watermark, and
+            // their ledger entries stay at or before the counter's position.
             .filter(|c| !c.touched.is_empty())
             .collect();
         self.plan.dirty = self
@@ -492,41 +502,6 @@ fn own_part(
     };
     classified.dirty.retain(|key| mine(key));
     classified
-}
-
-/// The rows the batch's events named per post, in stream order without repeats (`None`: an
-/// event named the post without a row id).
-#[derive(Default)]
-struct Named(BTreeMap<CounterKey, Option<Vec<CommentId>>>);
-
-impl Named {
-    fn add(&mut self, key: &CounterKey, comment: Option<&CommentId>) {
-        let list = self
-            .0
-            .entry(key.clone())
-            .or_insert_with(|| Some(Vec::new()));
-        match (list.as_mut(), comment) {
-            (Some(list), Some(c)) => {
-                if !list.iter().any(|known| known.key == c.key) {
-                    list.push(c.clone());
-                }
-            }
-            (Some(_), None) => *list = None,
-            (None, _) => {}
-        }
-    }
-
-    /// Gives each counter write the rows named for its post. Posts named without a write (a
-    /// change that moved no count, such as a body edit of a known row) get none: their rows
-    /// count as before for every watermark, and their ledger entries stay at or before the
-    /// counter's position.
-    fn attach(self, counters: &mut BTreeMap<CounterKey, CounterDelta>) {
-        for (key, comments) in self.0 {
-            if let Some(c) = counters.get_mut(&key) {
-                c.comments = comments;
-            }
-        }
-    }
 }
 
 /// The batch's write for the counter `key`, empty until an event adds to it.
