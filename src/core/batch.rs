@@ -10,6 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use bson::{DateTime, Timestamp};
+use indexmap::IndexMap;
 
 use crate::core::classify::{
     classify, known_before, After, Attribution, Before, Classification, Malformed, Problem, Source,
@@ -199,12 +200,13 @@ pub fn plan_batch_covering(input: PlanInput<'_>) -> (BatchPlan, Option<StreamEnd
 struct Planner<'a> {
     input: PlanInput<'a>,
     plan: BatchPlan,
-    /// Each comment's state after the batch's events so far (the next event's before-state).
-    known: LedgerView,
-    ledger_order: Vec<CommentId>,
+    /// Each comment's state after the batch's events so far (the next event's before-state),
+    /// in the order the batch first changed it: its ledger writes.
+    known: IndexMap<String, LedgerUpdate>,
     counters: BTreeMap<CounterKey, CounterDelta>,
-    dirty: BTreeMap<CounterKey, BucketStart>,
-    dirty_order: Vec<CounterKey>,
+    /// The counters to mark dirty, in the order the batch first named them, each with the
+    /// newest bucket the change may belong to.
+    dirty: IndexMap<CounterKey, BucketStart>,
 }
 
 impl<'a> Planner<'a> {
@@ -212,11 +214,9 @@ impl<'a> Planner<'a> {
         Planner {
             input,
             plan: BatchPlan::default(),
-            known: LedgerView::default(),
-            ledger_order: Vec::new(),
+            known: IndexMap::new(),
             counters: BTreeMap::new(),
-            dirty: BTreeMap::new(),
-            dirty_order: Vec::new(),
+            dirty: IndexMap::new(),
         }
     }
 
@@ -259,9 +259,13 @@ impl<'a> Planner<'a> {
         self.name_rows(event, &classified);
         self.mark_dirty(event, &classified.dirty, rows, &newest);
         if let (After::Known(state), Some(comment)) = (classified.after, event.comment.as_ref()) {
-            if self.known.insert(comment.key.clone(), state).is_none() {
-                self.ledger_order.push(comment.clone());
-            }
+            let known = self.known.entry(comment.key.clone());
+            known
+                .or_insert_with(|| LedgerUpdate {
+                    comment: comment.clone(),
+                    state: None,
+                })
+                .state = state;
         }
         if let Some(problem) = classified.problem {
             self.plan.skipped.push(Skipped {
@@ -278,9 +282,9 @@ impl<'a> Planner<'a> {
         let Some(key) = event.comment.as_ref().map(|c| c.key.as_str()) else {
             return Before::Unknown;
         };
-        let seen = match self.known.before(key) {
-            Seen::Unknown => self.input.ledger.before(key),
-            known => known,
+        let seen = match self.known.get(key) {
+            Some(known) => known.state.as_ref().map_or(Seen::Gone, Seen::Row),
+            None => self.input.ledger.before(key),
         };
         match (seen, self.input.coverage) {
             (seen, Coverage::Complete) => Before::Complete(seen.row().cloned()),
@@ -376,13 +380,8 @@ impl<'a> Planner<'a> {
                 .copied()
                 .or(known_rows)
                 .unwrap_or(event_bucket);
-            match self.dirty.get_mut(key) {
-                Some(b) => *b = (*b).max(bucket),
-                None => {
-                    self.dirty.insert(key.clone(), bucket);
-                    self.dirty_order.push(key.clone());
-                }
-            }
+            let newest = self.dirty.entry(key.clone()).or_insert(bucket);
+            *newest = (*newest).max(bucket);
         }
     }
 
@@ -404,21 +403,11 @@ impl<'a> Planner<'a> {
             .filter(|c| !c.touched.is_empty())
             .collect();
         self.plan.dirty = self
-            .dirty_order
+            .dirty
             .into_iter()
-            .map(|key| DirtyMark {
-                newest_bucket: self.dirty[&key],
-                key,
-            })
+            .map(|(key, newest_bucket)| DirtyMark { key, newest_bucket })
             .collect();
-        self.plan.ledger = self
-            .ledger_order
-            .into_iter()
-            .map(|comment| LedgerUpdate {
-                state: self.known[&comment.key].clone(),
-                comment,
-            })
-            .collect();
+        self.plan.ledger = self.known.into_values().collect();
         self.plan
     }
 }
