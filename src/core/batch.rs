@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use bson::{DateTime, Timestamp};
+use bson::Timestamp;
 use indexmap::IndexMap;
 
 use crate::core::classify::{
@@ -23,7 +23,7 @@ use crate::core::key::{CounterIx, CounterKey};
 use crate::core::num::Num;
 use crate::core::partition::Partition;
 use crate::core::schema::Schema;
-use crate::core::time::{bucket_of, BucketStart};
+use crate::core::time::{bucket_of, bucket_start, BucketStart};
 use crate::core::window::Touch;
 
 /// One coalesced counter write: `$inc` of `delta` on `live_delta` and of each bucket's amount.
@@ -362,12 +362,9 @@ impl<'a> Planner<'a> {
         let bucket_width_secs = self.input.bucket_width_secs;
         // A post named by the event without a delta (an unattributable change) is taken as
         // changed at the event's own time: only a recount above it covers the change.
-        let event_bucket = event.cluster_time.map_or(0, |t| {
-            bucket_of(
-                Some(DateTime::from_millis(t.time as i64 * 1000)),
-                bucket_width_secs,
-            )
-        });
+        let event_bucket = event
+            .cluster_time
+            .map_or(0, |t| bucket_start(t.time as i64, bucket_width_secs));
         for key in named_dirty {
             let known_rows = rows
                 .iter()
@@ -432,11 +429,10 @@ fn hidden_states(
         // (the pre-image's or the ledger's); a partition that knows the row only as "not
         // here" takes the looked-up one.
         Operation::Update { summary } => {
-            let derived = summary.as_ref().is_some_and(|s| s.complete)
-                && (classified.source == Source::PreImage
-                    || before.is_some_and(|row| {
-                        summary.as_ref().is_some_and(|s| schema.derives(s, row))
-                    }));
+            let derived = summary.as_ref().filter(|s| s.complete).is_some_and(|s| {
+                classified.source == Source::PreImage
+                    || before.is_some_and(|row| schema.derives(s, row))
+            });
             !derived || classified.source == Source::BestEffort
         }
         Operation::Delete => classified.source != Source::PreImage,
