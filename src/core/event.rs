@@ -304,6 +304,15 @@ impl ChangeEvent {
             txn: parts.txn,
         })
     }
+
+    /// The looked-up row an update event carries (`fullDocument` with `_id`). A document
+    /// without `_id` is no row but the fragment of the update that the fake server's update
+    /// events carry without a lookup, or when the row is already gone: no information.
+    pub fn looked_up(&self) -> Option<&Document> {
+        self.full_document
+            .as_ref()
+            .filter(|d| d.contains_key("_id"))
+    }
 }
 
 /// Reads the update description of a real server, or the update spec the fake server puts into
