@@ -284,16 +284,18 @@ mod tests {
             .is_err());
     }
 
-    fn with_definitions() -> Schema {
-        use crate::core::condition::Condition;
-        use crate::core::definition::Definition;
-        let definition = |name: &str, group: &str, condition: Document| Definition {
+    /// A count named `name`, grouped by `group`, of the rows that satisfy `condition`.
+    fn definition(name: &str, group: &str, condition: Document) -> Definition {
+        Definition {
             name: name.into(),
             group: group.into(),
-            condition: Condition::parse(&condition).unwrap(),
+            condition: crate::core::condition::Condition::parse(&condition).unwrap(),
             kind: crate::core::definition::Kind::Count,
             collection: format!("{name}_counters"),
-        };
+        }
+    }
+
+    fn with_definitions() -> Schema {
         js().with_more(vec![
             definition("approved", "postId", doc! {"approved": true}),
             definition("per_author", "author.id", doc! {}),
@@ -321,16 +323,8 @@ mod tests {
             "a part of a condition's field changed"
         );
         // A condition over two fields, one of them not named: the other's value is unknown.
-        let two = js().with_more(vec![Definition {
-            name: "approved_recent".into(),
-            group: "postId".into(),
-            condition: crate::core::condition::Condition::parse(
-                &doc! {"approved": true, "score": {"$gt": 3}},
-            )
-            .unwrap(),
-            kind: crate::core::definition::Kind::Count,
-            collection: "x".into(),
-        }]);
+        let recent = doc! {"approved": true, "score": {"$gt": 3}};
+        let two = js().with_more(vec![definition("approved_recent", "postId", recent)]);
         let before = two.read_existing_row(&doc! {"postId": 1, "approved": false, "score": 5});
         assert!(!two.derives(&update(doc! {"approved": true}, &[]), &before));
         let both = update(doc! {"approved": true, "score": 1}, &[]);
