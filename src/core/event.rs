@@ -322,22 +322,21 @@ impl ChangeEvent {
 /// (see `crate::core::schema::Schema::stream_projection`) turns a missing description into
 /// `{updatedFields: null, removedFields: null}`, which says nothing.
 fn update_summary(description: Option<Document>, document_key: &Document) -> Option<UpdateSummary> {
-    if let Some(mut desc) = description {
-        if let Some(Bson::Document(set)) = desc.remove("updatedFields") {
-            let removed = desc
-                .get_array("removedFields")
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|v| v.as_str().map(String::from))
-                        .collect()
-                })
-                .unwrap_or_default();
-            return Some(UpdateSummary {
-                set,
-                removed,
-                complete: true,
-            });
-        }
+    let mut desc = description.unwrap_or_default();
+    if let Some(Bson::Document(set)) = desc.remove("updatedFields") {
+        let removed = desc
+            .get_array("removedFields")
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default();
+        return Some(UpdateSummary {
+            set,
+            removed,
+            complete: true,
+        });
     }
     if !document_key.keys().any(|k| k.starts_with('$')) {
         return None;
