@@ -46,14 +46,11 @@ impl Schema {
     /// soft-delete field alone (`-1`: deleted, `+1`: undeleted; a re-stamp is miscounted, a
     /// documented drift source). `None`: the update did not touch it.
     pub fn soft_delete_guess(&self, update: &UpdateSummary) -> Option<i64> {
-        match Self::change(update, self.soft_delete.field()?) {
-            FieldChange::Set(value) => Some(if self.soft_delete.is_deleted(value.as_ref()) {
-                -1
-            } else {
-                1
-            }),
-            FieldChange::Unchanged | FieldChange::Unknown => None,
-        }
+        let FieldChange::Set(value) = Self::change(update, self.soft_delete.field()?) else {
+            return None;
+        };
+        let deleted = self.soft_delete.is_deleted(value.as_ref());
+        Some(if deleted { -1 } else { 1 })
     }
 
     /// Whether an update names the group field (moves the row, or changes part of it).
