@@ -223,15 +223,10 @@ impl<'a> Planner<'a> {
     /// Classifies one event against what is known before it and adds it to the plan; a
     /// stream-ending event adds nothing.
     fn add(&mut self, event: &ChangeEvent) -> Result<(), StreamEnded> {
-        let PlanInput {
-            attribution,
-            schema,
-            partition,
-            ..
-        } = self.input;
+        let (attribution, schema) = (self.input.attribution, self.input.schema);
         let before = self.before(event);
         let classified = classify(event, before.clone(), attribution, schema)?;
-        let classified = match partition {
+        let classified = match self.input.partition {
             Some(p) => own_part(p, classified, event, before.clone(), (attribution, schema)),
             None => classified,
         };
@@ -300,11 +295,7 @@ impl<'a> Planner<'a> {
         event: &ChangeEvent,
         classified: &Classification,
     ) -> BTreeMap<CounterKey, BucketStart> {
-        let PlanInput {
-            schema,
-            bucket_width_secs,
-            ..
-        } = self.input;
+        let (schema, bucket_width_secs) = (self.input.schema, self.input.bucket_width_secs);
         let mut newest: BTreeMap<CounterKey, BucketStart> = BTreeMap::new();
         for delta in &classified.deltas {
             let bucket = bucket_of(delta.created_at, bucket_width_secs);
