@@ -225,7 +225,8 @@ impl Memory {
         })
     }
 
-    /// Installs `fold` if the counter is still as `expected` (`None`: it must not exist).
+    /// Installs `fold` if the counter is still as `expected` (`None`: it must not exist, and
+    /// the insert of an existing one is a duplicate key).
     pub fn install_fold(
         &mut self,
         counter: CounterIx,
@@ -237,37 +238,28 @@ impl Memory {
         let Some(counters) = self.tables_mut(counter).map(|t| &mut t.counters) else {
             return false;
         };
-        let Some(expected) = expected else {
-            if counters.contains_key(post) {
-                return false;
-            }
+        let new = || {
             let mut rec = CounterRec {
-                base_count: fold.base_count,
-                base_watermark: fold.watermark,
-                live_delta: fold.live_delta,
                 buckets: fold.kept.clone(),
-                folds: 1,
-                count: fold.base_count + fold.live_delta,
-                last_drift: Some(fold.drift),
-                reconciled_at: Some(now),
                 ..CounterRec::default()
             };
             rec.writer(Writer::default()).applied_through = Some(String::new());
-            counters.insert(post.clone(), rec);
-            return true;
+            rec
         };
-        let Some(c) = counters.get_mut(post) else {
+        let installed = match expected {
+            None => upsert(counters, post.clone(), |_| false, new),
+            Some(expected) => counters.get_mut(post).filter(|c| {
+                let own = c.writers.get(&0).and_then(|w| w.applied_through.as_ref());
+                own == expected.applied_through.as_ref()
+                    && c.live_delta == expected.state.live_delta
+                    && c.base_count == expected.state.base_count
+                    && c.folds == expected.folds
+                    && c.shared_writes == expected.shared_writes
+            }),
+        };
+        let Some(c) = installed else {
             return false;
         };
-        let own = c.writers.get(&0).and_then(|w| w.applied_through.as_ref());
-        if own != expected.applied_through.as_ref()
-            || c.live_delta != expected.state.live_delta
-            || c.base_count != expected.state.base_count
-            || c.folds != expected.folds
-            || c.shared_writes != expected.shared_writes
-        {
-            return false;
-        }
         c.live_delta = fold.live_delta;
         c.base_count = fold.base_count;
         c.count = c.displayed();
@@ -277,8 +269,11 @@ impl Memory {
         for bucket in &fold.dropped {
             c.buckets.remove(bucket);
         }
-        let touched = expected.writers.iter().map(|(n, p)| (*n, &p.touched));
-        for (slot, touched) in std::iter::once((0, &expected.touched)).chain(touched) {
+        let touched = expected.iter().flat_map(|e| {
+            let others = e.writers.iter().map(|(n, p)| (*n, &p.touched));
+            std::iter::once((0, &e.touched)).chain(others)
+        });
+        for (slot, touched) in touched {
             if let Some(rec) = c.writers.get_mut(&slot) {
                 for bucket in touched.keys().filter(|b| **b < fold.watermark) {
                     rec.touched.remove(bucket);
