@@ -314,7 +314,7 @@ impl Checkpoints for SimStore {
                 progress.pending.as_ref().map(|c| c.number)
             ));
             let old = s.memory.checkpoints.get(&fence.stream);
-            let old = old.and_then(|c| c.snapshot.clone());
+            let old = old.and_then(|c| c.doc.snapshot.clone());
             let was = |f: fn(&SnapshotProgress) -> u64| old.as_ref().map_or(0, f);
             if progress.pending.is_some() && old.as_ref().is_none_or(|o| o.pending.is_none()) {
                 s.stat("snapshot chunk planned");

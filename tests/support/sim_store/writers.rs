@@ -524,8 +524,9 @@ impl State {
             .into_iter()
             .any(|c| c.batch.counters.iter().any(|w| w.key.group == *post))
             || self.memory.checkpoints.values().any(|c| {
-                let chunk = c.snapshot.as_ref().and_then(|s| s.pending.as_ref());
-                c.pending
+                let chunk = c.doc.snapshot.as_ref().and_then(|s| s.pending.as_ref());
+                c.doc
+                    .pending
                     .iter()
                     .any(|p| p.counters.iter().any(|w| w.key.group == *post))
                     || chunk.is_some_and(|p| p.counters.iter().any(|w| w.key.group == *post))
