@@ -16,10 +16,7 @@ use crate::store::{ApplyOutcome, CounterDoc, Fence, StoreResult, Writer, WriterP
 /// A stored counter document.
 #[derive(Clone, Debug, Default)]
 pub struct CounterRec {
-    pub base_count: Num,
-    pub base_watermark: i64,
-    pub live_delta: Num,
-    pub buckets: BTreeMap<i64, Num>,
+    pub state: CounterState,
     /// The log of recent batches, oldest first (at most [`LOG_ENTRIES`]).
     pub recent: Vec<Touch>,
     pub folds: i64,
@@ -50,18 +47,13 @@ pub struct WriterRec {
 }
 
 impl CounterRec {
-    /// What readers see.
-    pub fn displayed(&self) -> Num {
-        self.base_count + self.live_delta
-    }
-
     /// Adds one write's increments (`live_delta`, `count`, each bucket) under the writer's
     /// epoch, by `$inc`'s numeric rules ([`Num`]).
     fn add(&mut self, delta: Num, buckets: &BTreeMap<i64, Num>, fence: &Fence, writer: Writer) {
-        self.live_delta += delta;
+        self.state.live_delta += delta;
         self.count += delta;
         for (bucket, amount) in buckets {
-            *self.buckets.entry(*bucket).or_default() += *amount;
+            *self.state.buckets.entry(*bucket).or_default() += *amount;
         }
         if writer.shared {
             self.shared_writes += 1;
@@ -200,12 +192,7 @@ impl Memory {
         let own = c.writers.get(&0).map(position).unwrap_or_default();
         Some(CounterDoc {
             post: Some(post.clone()),
-            state: CounterState {
-                base_count: c.base_count,
-                base_watermark: c.base_watermark,
-                live_delta: c.live_delta,
-                buckets: c.buckets.clone(),
-            },
+            state: c.state.clone(),
             applied_through: own.applied_through,
             applied_time: own.applied_time,
             touched: own.touched,
@@ -239,10 +226,8 @@ impl Memory {
             return false;
         };
         let new = || {
-            let mut rec = CounterRec {
-                buckets: fold.kept.clone(),
-                ..CounterRec::default()
-            };
+            let mut rec = CounterRec::default();
+            rec.state.buckets = fold.kept.clone();
             rec.writer(Writer::default()).applied_through = Some(String::new());
             rec
         };
@@ -251,8 +236,8 @@ impl Memory {
             Some(expected) => counters.get_mut(post).filter(|c| {
                 let own = c.writers.get(&0).and_then(|w| w.applied_through.as_ref());
                 own == expected.applied_through.as_ref()
-                    && c.live_delta == expected.state.live_delta
-                    && c.base_count == expected.state.base_count
+                    && c.state.live_delta == expected.state.live_delta
+                    && c.state.base_count == expected.state.base_count
                     && c.folds == expected.folds
                     && c.shared_writes == expected.shared_writes
             }),
@@ -260,14 +245,14 @@ impl Memory {
         let Some(c) = installed else {
             return false;
         };
-        c.live_delta = fold.live_delta;
-        c.base_count = fold.base_count;
-        c.count = c.displayed();
-        c.base_watermark = fold.watermark;
+        c.state.live_delta = fold.live_delta;
+        c.state.base_count = fold.base_count;
+        c.count = c.state.displayed();
+        c.state.base_watermark = fold.watermark;
         c.last_drift = Some(fold.drift);
         c.reconciled_at = Some(now);
         for bucket in &fold.dropped {
-            c.buckets.remove(bucket);
+            c.state.buckets.remove(bucket);
         }
         let touched = expected.iter().flat_map(|e| {
             let others = e.writers.iter().map(|(n, p)| (*n, &p.touched));
