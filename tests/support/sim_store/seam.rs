@@ -633,16 +633,6 @@ impl Truth for SimStore {
         .await
     }
 
-    async fn count_live_below_at(
-        &self,
-        _post: &GroupValue,
-        _watermark: i64,
-        _at: Timestamp,
-    ) -> StoreResult<Option<Num>> {
-        // Like the fake server: no snapshot reads, so every recount is a row-level one.
-        Ok(None)
-    }
-
     async fn latest_created(&self, post: &GroupValue) -> StoreResult<Option<i64>> {
         let counter = self.counter;
         self.single("latest_created", false, |s| {
