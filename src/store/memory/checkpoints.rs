@@ -219,11 +219,6 @@ impl Memory {
         )
     }
 
-    /// Like the fake test server without `serverStatus`: nothing identifies the deployment.
-    pub fn deployment(&self) -> Deployment {
-        Deployment::default()
-    }
-
     /// Whether some stream's initial snapshot is still running.
     pub fn snapshot_running(&self) -> bool {
         self.checkpoints.values().any(|c| c.doc.snapshot_running())
@@ -245,7 +240,6 @@ seam!(Checkpoints {
     try fn record_start(fence: &Fence, at: Timestamp) -> ();
     try fn record_caught_up(fence: &Fence, at: Timestamp) -> ();
     try fn record_gap(fence: &Fence, gap: &Gap) -> ();
-    ok fn deployment() -> Deployment;
     try fn record_deployment(fence: &Fence, deployment: &Deployment) -> ();
     try fn set_sweep_requested(stream: &str, requested: bool) -> ();
     try fn adopt_checkpoint(fence: &Fence) -> ();

@@ -279,10 +279,6 @@ impl Checkpoints for SimStore {
 
     /// Like the fake test server without `serverStatus`: nothing identifies the deployment
     /// (and no store call is made, so the simulation's interleavings are unchanged).
-    async fn deployment(&self) -> StoreResult<Deployment> {
-        Ok(Deployment::default())
-    }
-
     async fn record_deployment(&self, fence: &Fence, deployment: &Deployment) -> StoreResult<()> {
         self.single("record_deployment", true, |s| {
             s.memory.record_deployment(fence, deployment)
