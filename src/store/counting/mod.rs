@@ -14,7 +14,7 @@ mod reads;
 mod recording;
 mod writes;
 
-pub use recording::Write;
+pub use recording::{Call, Write};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -207,18 +207,18 @@ impl<S> CountingStore<S> {
 
 /// Implements a store trait for [`CountingStore`] by delegating each listed method to the
 /// store underneath, unchanged, timed as one call of `$concern` carrying `$statements` write
-/// statements (an expression over the arguments). `records` keeps the write when recording;
-/// `queries` counts recount queries about that many posts. Methods with logic of their own
-/// follow the list as ordinary items.
+/// statements (an expression over the arguments). `records fence => call` keeps the write made
+/// under the argument `fence` when recording; `queries` counts recount queries about that many
+/// posts. Methods with logic of their own follow the list as ordinary items.
 macro_rules! counted {
     (impl $trait:ident as $concern:ident {
         $($name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty, $statements:expr
-            $(, records $write:expr)? $(, queries $queries:expr)?;)*
+            $(, records $fence:ident => $call:expr)? $(, queries $queries:expr)?;)*
     } $($extra:item)*) => {
         #[async_trait]
         impl<S: $trait> $trait for CountingStore<S> {
             $(async fn $name(&self, $($arg: $ty),*) -> StoreResult<$ret> {
-                $(self.record(|| $write);)?
+                $(self.record(|| Write { fence: $fence.clone(), call: $call });)?
                 $(self.count_query_of($queries);)?
                 let call = self.inner.$name($($arg),*);
                 self.tallies.timed(Concern::$concern, $statements, call).await
