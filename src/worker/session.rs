@@ -156,7 +156,6 @@ impl<S: Store + ?Sized> Worker<S> {
         backoff: &mut backon::ExponentialBackoff,
     ) -> Result<(), SessionError> {
         let (checkpoint, configured_start) = self.resume(fence).await?;
-        let snapshotter = self.snapshotter(fence);
         let Some(_reply) = self.reserve_reply(shutdown).await else {
             return Ok(());
         };
@@ -167,7 +166,7 @@ impl<S: Store + ?Sized> Worker<S> {
                 self.stop(fence, &mut session).await;
                 return Ok(());
             }
-            let chunk = self.snapshot_chunk(fence, &snapshotter, &mut session, shutdown);
+            let chunk = self.snapshot_chunk(fence, &mut session, shutdown);
             if let Flow::Stopped = chunk.await? {
                 return Ok(());
             }
@@ -283,7 +282,6 @@ impl<S: Store + ?Sized> Worker<S> {
     async fn snapshot_chunk(
         &self,
         fence: &Fence,
-        snapshotter: &crate::snapshot::Snapshotter<'_, S>,
         session: &mut Session,
         shutdown: &Shutdown,
     ) -> Result<Flow<()>, SessionError> {
@@ -307,7 +305,9 @@ impl<S: Store + ?Sized> Worker<S> {
             if max_rows == 0 {
                 return Ok(crate::snapshot::Step::Idle);
             }
-            snapshotter.step_within(checkpoint, max_rows).await
+            self.snapshotter(fence)
+                .step_within(checkpoint, max_rows)
+                .await
         });
         let step = tokio::select! {
             biased;
