@@ -301,13 +301,12 @@ impl<S: Store + ?Sized> Worker<S> {
             _ = shutdown.wait() => return Ok(Flow::Stopped),
         };
         let max_rows = rows.bytes() / cost::ROW_COST;
+        let snapshotter = self.snapshotter(fence);
         let chunk = tokio::time::timeout(self.settings.operation_timeout, async {
             if max_rows == 0 {
                 return Ok(crate::snapshot::Step::Idle);
             }
-            self.snapshotter(fence)
-                .step_within(checkpoint, max_rows)
-                .await
+            snapshotter.step_within(checkpoint, max_rows).await
         });
         let step = tokio::select! {
             biased;
