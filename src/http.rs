@@ -86,19 +86,12 @@ pub async fn upkeep(metrics: PrometheusHandle, shutdown: Shutdown) {
     }
 }
 
-async fn metrics_text(
-    State(state): State<AppState>,
-) -> ([(axum::http::header::HeaderName, &'static str); 1], String) {
+async fn metrics_text(State(state): State<AppState>) -> impl axum::response::IntoResponse {
     state.metrics.run_upkeep();
     let mut text = state.metrics.render();
     crate::telemetry::render_scrape_time(&mut text, &state.streams);
-    (
-        [(
-            axum::http::header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        text,
-    )
+    let content_type = "text/plain; version=0.0.4; charset=utf-8";
+    ([(axum::http::header::CONTENT_TYPE, content_type)], text)
 }
 
 async fn ready(State(state): State<AppState>) -> (StatusCode, String) {

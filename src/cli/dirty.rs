@@ -52,23 +52,17 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         oldest.unwrap_or_default(),
         marking_note.unwrap_or_default()
     );
+    let row = |post: &str, version: &str, dirty_for: &str, marked: &str| {
+        outln!("{post:<32} {version:>8} {dirty_for:>12} {marked:>12}")
+    };
     if !entries.is_empty() {
-        outln!(
-            "{:<32} {:>8} {:>12} {:>12}",
-            "post",
-            "version",
-            "dirty for",
-            "last marked"
-        );
+        row("post", "version", "dirty for", "last marked");
     }
     for e in entries {
-        outln!(
-            "{:<32} {:>8} {:>12} {:>12}",
-            e.post.to_string(),
-            e.version,
-            age_text(age_secs(e.first_dirty_at)),
-            format!("{} ago", age_text(age_secs(e.last_dirty_at)))
-        );
+        let (post, version) = (e.post.to_string(), e.version.to_string());
+        let marked = format!("{} ago", age_text(age_secs(e.last_dirty_at)));
+        let dirty_for = age_text(age_secs(e.first_dirty_at));
+        row(&post, &version, &dirty_for, &marked);
     }
     Ok(ExitCode::SUCCESS)
 }

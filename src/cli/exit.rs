@@ -146,10 +146,6 @@ mod tests {
     use super::*;
     use crate::core::event::Token;
 
-    fn code(e: impl Into<anyhow::Error>) -> u8 {
-        code_for(&e.into())
-    }
-
     #[test]
     fn every_failure_maps_to_its_documented_code() {
         let transient = || StoreError::Transient {
@@ -165,63 +161,54 @@ mod tests {
             operation: "drop".into(),
             at: None,
         };
-        assert_eq!(code(CheckFailed("mismatch".into())), 1);
-        assert_eq!(
-            code(anyhow::anyhow!("something else")),
-            70,
-            "unclassified: a bug"
-        );
-        assert_eq!(code(NotYet("snapshot running".into())), 5);
-        assert_eq!(
-            code(anyhow::Error::from(NotYet("x".into())).context("verify")),
-            5
-        );
-        assert_eq!(
-            code(DaemonError::Listen {
-                addr: "127.0.0.1:1".into(),
-                source: std::io::Error::from(std::io::ErrorKind::AddrInUse),
-            }),
-            6
-        );
-        assert_eq!(
-            code(ConfigError::Unknown {
-                name: "x".into(),
-                origin: "flag --set".into()
-            }),
-            2
-        );
-        assert_eq!(code(UsageError("--from-token".into())), 2);
-        assert_eq!(code(transient()), 3);
-        assert_eq!(code(WorkerError::Startup(transient())), 3);
-        assert_eq!(
-            code(anyhow::Error::from(transient()).context("status: read the checkpoint")),
-            3,
-            "a cause further down the chain"
-        );
-        assert_eq!(code(lost()), 4);
-        assert_eq!(code(WorkerError::HistoryLost { source: lost() }), 4);
-        assert_eq!(code(WorkerError::StreamEnded(ended.clone())), 4);
-        assert_eq!(code(ended), 4);
-        let lost_again = anyhow::Error::from(WorkerError::HistoryLost { source: lost() });
+        let listen = DaemonError::Listen {
+            addr: "127.0.0.1:1".into(),
+            source: std::io::Error::from(std::io::ErrorKind::AddrInUse),
+        };
+        let unknown = ConfigError::Unknown {
+            name: "x".into(),
+            origin: "flag --set".into(),
+        };
+        let panicked = || LeaseError::Panicked {
+            stream: "comments".into(),
+            message: "boom".into(),
+        };
+        let history_lost = || WorkerError::HistoryLost { source: lost() };
+        let cases: Vec<(anyhow::Error, u8)> = vec![
+            (CheckFailed("mismatch".into()).into(), 1),
+            // Unclassified: a bug.
+            (anyhow::anyhow!("something else"), 70),
+            (NotYet("snapshot running".into()).into(), 5),
+            (anyhow::Error::from(NotYet("x".into())).context("verify"), 5),
+            (listen.into(), 6),
+            (unknown.into(), 2),
+            (UsageError("--from-token".into()).into(), 2),
+            (transient().into(), 3),
+            (WorkerError::Startup(transient()).into(), 3),
+            // A cause further down the chain.
+            (
+                anyhow::Error::from(transient()).context("status: read the checkpoint"),
+                3,
+            ),
+            (lost().into(), 4),
+            (history_lost().into(), 4),
+            (WorkerError::StreamEnded(ended.clone()).into(), 4),
+            (ended.into(), 4),
+            (DaemonError::Startup(transient()).into(), 3),
+            (DaemonError::Worker(history_lost()).into(), 4),
+            (DaemonError::from(panicked()).into(), 70),
+        ];
+        for (error, expected) in cases {
+            assert_eq!(code_for(&error), expected, "{error:#}");
+        }
+        let lost_again = anyhow::Error::from(history_lost());
         assert_eq!(
             describe(&lost_again).matches("history lost").count(),
             1,
             "a source its parent shows is not repeated"
         );
-        assert_eq!(code(DaemonError::Startup(transient())), 3);
-        assert_eq!(
-            code(DaemonError::Worker(WorkerError::HistoryLost {
-                source: lost()
-            })),
-            4
-        );
-        let panicked = || LeaseError::Panicked {
-            stream: "comments".into(),
-            message: "boom".into(),
-        };
         assert!(DaemonError::from(panicked())
             .to_string()
             .contains("panicked: boom"));
-        assert_eq!(code(DaemonError::from(panicked())), 70);
     }
 }

@@ -68,20 +68,15 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     }
     let settings_for = ReconcileSettings::from(&settings).for_counter(counter, args.counter.name());
     let reconciler = Reconciler::new(store, settings_for);
+    let progress = |done| {
+        if !quiet {
+            eprintln!("sweep: {done} posts recounted")
+        }
+    };
     let report = if let Some(post) = &args.post {
         reconciler.run_post(&GroupValue::parse(post), now).await?
     } else if args.sweep {
-        reconciler
-            .sweep(
-                now,
-                |done| {
-                    if !quiet {
-                        eprintln!("sweep: {done} posts recounted")
-                    }
-                },
-                None,
-            )
-            .await?
+        reconciler.sweep(now, progress, None).await?
     } else {
         reconciler.run_dirty(now).await?
     };

@@ -10,7 +10,7 @@
 use bson::{Bson, Document};
 use serde::{Deserialize, Serialize};
 
-use super::validate::{bad, collection_name_problem, PATH_SHAPE};
+use super::validate::{bad, collection_name_problem, in_entry, PATH_SHAPE};
 use super::{ConfigError, Settings};
 use crate::core::condition::Condition;
 use crate::core::definition::{Definition, Definitions, Kind, DEFAULT_COUNTER, ROWS_SUFFIX};
@@ -67,7 +67,8 @@ impl Settings {
     pub fn definitions(&self) -> Result<Definitions, ConfigError> {
         let mut all = vec![self.first_definition()];
         for (i, entry) in self.counters.iter().enumerate() {
-            let (definition, rows) = self.definition_of(i, entry, &all)?;
+            let named = |e| in_entry("counters", i, e);
+            let (definition, rows) = self.definition_of(entry, &all).map_err(named)?;
             all.push(definition);
             // The row count right after its sum: its counters share the sum's documents.
             all.extend(rows);
@@ -88,41 +89,34 @@ impl Settings {
         }
     }
 
-    /// The definition of `[[counters]]` entry `i` (after the definitions `before` it, the
+    /// The definition of a `[[counters]]` entry (after the definitions `before` it, the
     /// default first), and its sum's row count where it asks for one (`with_count`). `Err`
-    /// names the entry's setting that is wrong.
+    /// names the setting that is wrong (the caller names the entry).
     fn definition_of(
         &self,
-        i: usize,
         entry: &CounterSetting,
         before: &[Definition],
     ) -> Result<(Definition, Option<Definition>), ConfigError> {
-        self.check_entry_name(i, entry, before)?;
+        self.check_entry_name(entry, before)?;
         if bad_path(&entry.group_field) {
-            return Err(entry_error(
-                i,
-                "group_field",
-                &entry.group_field,
-                PATH_SHAPE,
-            ));
+            return Err(bad("group_field", &entry.group_field, PATH_SHAPE));
         }
-        let condition = condition_of(i, entry)?;
-        let kind = entry_kind(entry)
-            .map_err(|(field, value, message)| entry_error(i, field, value, message))?;
+        let condition = condition_of(entry)?;
+        let kind =
+            entry_kind(entry).map_err(|(field, value, message)| bad(field, value, message))?;
         if entry.with_count
             && self.counters.iter().any(|e| {
                 e.name == format!("{}{ROWS_SUFFIX}", entry.name)
                     || e.name == format!("{}{ROWS_SUFFIX}", self.counter_name)
             })
         {
-            return Err(entry_error(
-                i,
+            return Err(bad(
                 "name",
                 &entry.name,
                 format!("with_count names the sum's row count `{}{ROWS_SUFFIX}`, which another counter uses", entry.name),
             ));
         }
-        self.check_entry_collection(i, entry, before)?;
+        self.check_entry_collection(entry, before)?;
         let definition = Definition {
             name: entry.name.clone(),
             group: entry.group_field.clone(),
@@ -141,25 +135,22 @@ impl Settings {
         Ok((definition, rows))
     }
 
-    /// Entry `i`'s name: well formed, and no other counter's (`before`: the definitions
+    /// The entry's name: well formed, and no other counter's (`before`: the definitions
     /// before it).
     fn check_entry_name(
         &self,
-        i: usize,
         entry: &CounterSetting,
         before: &[Definition],
     ) -> Result<(), ConfigError> {
         if !valid_name(&entry.name) {
-            return Err(entry_error(
-                i,
+            return Err(bad(
                 "name",
                 &entry.name,
                 "expected letters, digits, `_` or `-` (it is a metric label and a flag value)",
             ));
         }
         if entry.name == DEFAULT_COUNTER || before.iter().any(|d| d.name == entry.name) {
-            return Err(entry_error(
-                i,
+            return Err(bad(
                 "name",
                 &entry.name,
                 format!(
@@ -171,24 +162,22 @@ impl Settings {
         Ok(())
     }
 
-    /// Entry `i`'s collection: a valid name, used by nothing else (`before`: the definitions
+    /// The entry's collection: a valid name, used by nothing else (`before`: the definitions
     /// before it).
     fn check_entry_collection(
         &self,
-        i: usize,
         entry: &CounterSetting,
         before: &[Definition],
     ) -> Result<(), ConfigError> {
         if let Some(problem) = collection_name_problem(&entry.collection) {
-            return Err(entry_error(i, "collection", &entry.collection, problem));
+            return Err(bad("collection", &entry.collection, problem));
         }
         let taken = entry.collection == self.comments_collection
             || before.iter().any(|d| d.collection == entry.collection)
             || (!self.collection_prefix.is_empty()
                 && entry.collection.starts_with(&self.collection_prefix));
         if taken {
-            return Err(entry_error(
-                i,
+            return Err(bad(
                 "collection",
                 &entry.collection,
                 "already used: by comments_collection, counters_collection, another counter, or counterd's own collections (collection_prefix)",
@@ -198,28 +187,15 @@ impl Settings {
     }
 }
 
-/// A problem with `[[counters]]` entry `i`'s setting `field`.
-fn entry_error(
-    i: usize,
-    field: &str,
-    value: impl ToString,
-    message: impl Into<String>,
-) -> ConfigError {
-    bad(&format!("counters[{i}].{field}"), value, message)
-}
-
-/// Entry `i`'s condition (none: every row counts).
-fn condition_of(i: usize, entry: &CounterSetting) -> Result<Condition, ConfigError> {
-    Ok(match &entry.condition {
-        None => Condition::default(),
-        Some(table) => {
-            let shown = toml::Value::Table(table.clone()).to_string();
-            let filter = to_document(table)
-                .map_err(|message| entry_error(i, "condition", &shown, message))?;
-            Condition::parse(&filter)
-                .map_err(|e| entry_error(i, "condition", &shown, e.to_string()))?
-        }
-    })
+/// The entry's condition (none: every row counts).
+fn condition_of(entry: &CounterSetting) -> Result<Condition, ConfigError> {
+    let Some(table) = &entry.condition else {
+        return Ok(Condition::default());
+    };
+    let shown = toml::Value::Table(table.clone()).to_string();
+    let invalid = |message: String| bad("condition", &shown, message);
+    let filter = to_document(table).map_err(invalid)?;
+    Condition::parse(&filter).map_err(|e| invalid(e.to_string()))
 }
 
 /// The [`Kind`] an entry asks for; `Err((setting, value, message))` when `kind`, `field` and

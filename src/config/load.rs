@@ -107,7 +107,7 @@ impl Settings {
         }
         layers.env(env)?;
         layers.overrides(overrides)?;
-        read_uri_file(&mut layers.table, &mut layers.origins)?;
+        layers.uri_file()?;
         let settings = settings_of(layers.table)?;
         settings.validate().map_err(|mut e| {
             // Name where the offending value came from, not just "settings"; `counters[1].
@@ -186,9 +186,9 @@ impl Layers {
             .filter(|(k, _)| k.starts_with("COUNTERD_") && !k.starts_with("COUNTERD_TEST"))
             .collect();
         env.sort();
-        for (key, raw) in env {
+        let mut given = Vec::new();
+        for (key, value) in env {
             let name = key["COUNTERD_".len()..].to_ascii_lowercase();
-            let origin = format!("environment variable {key}");
             if !self.table.contains_key(&name) {
                 if NOT_SETTINGS.contains(&name.as_str())
                     || name.starts_with("test_")
@@ -196,20 +196,23 @@ impl Layers {
                 {
                     continue;
                 }
-                if is_service_link(&name, &raw) {
+                if is_service_link(&name, &value) {
                     self.ignored_env.push(key);
                     continue;
                 }
-                return Err(ConfigError::Unknown { name, origin });
             }
-            let value = typed_like(&self.table[&name], &raw, &name, &origin)?;
-            self.origins.insert(name.clone(), origin);
-            self.table.insert(name, value);
+            let origin = format!("environment variable {key}");
+            given.push(Override {
+                name,
+                value,
+                origin,
+            });
         }
-        Ok(())
+        // Typed, checked and recorded as flags are; an unknown name is refused likewise.
+        self.overrides(&given)
     }
 
-    /// Flags (`--set name=value` and the named ones).
+    /// Flags (`--set name=value` and the named ones), and the environment's values.
     fn overrides(&mut self, overrides: &[Override]) -> Result<(), ConfigError> {
         let Layers { table, origins, .. } = self;
         for o in overrides {
@@ -223,6 +226,35 @@ impl Layers {
             origins.insert(o.name.clone(), o.origin.clone());
             table.insert(o.name.clone(), value);
         }
+        Ok(())
+    }
+
+    /// `mongodb_uri_file` given: the URI is read from that file into `mongodb_uri` (whose origin
+    /// then names the file). Setting `mongodb_uri` as well is refused: which one wins would be a
+    /// guess.
+    fn uri_file(&mut self) -> Result<(), ConfigError> {
+        let Layers { table, origins, .. } = self;
+        let path = match table.get("mongodb_uri_file") {
+            Some(toml::Value::String(p)) if !p.is_empty() => p.clone(),
+            _ => return Ok(()),
+        };
+        let origin = origins
+            .get("mongodb_uri_file")
+            .cloned()
+            .unwrap_or_else(|| "settings".into());
+        let invalid = |message| ConfigError::invalid("mongodb_uri_file", &origin, &path, message);
+        let uri_origin = origins.get("mongodb_uri").map_or("default", String::as_str);
+        if uri_origin != "default" {
+            let message =
+                format!("mongodb_uri is set as well (from {uri_origin}): set only one of them");
+            return Err(invalid(message));
+        }
+        let uri = super::read_uri_file(&path).map_err(invalid)?;
+        table.insert("mongodb_uri".into(), toml::Value::String(uri));
+        origins.insert(
+            "mongodb_uri".into(),
+            format!("file {path} (mongodb_uri_file, {origin})"),
+        );
         Ok(())
     }
 }
@@ -246,42 +278,6 @@ fn settings_of(table: toml::Table) -> Result<Settings, ConfigError> {
         settings.sources = reread("sources", sources)?;
     }
     Ok(settings)
-}
-
-/// `mongodb_uri_file` given: the URI is read from that file into `mongodb_uri` (whose origin
-/// then names the file). Setting `mongodb_uri` as well is refused: which one wins would be a
-/// guess.
-fn read_uri_file(
-    table: &mut toml::Table,
-    origins: &mut BTreeMap<String, String>,
-) -> Result<(), ConfigError> {
-    let path = match table.get("mongodb_uri_file") {
-        Some(toml::Value::String(p)) if !p.is_empty() => p.clone(),
-        _ => return Ok(()),
-    };
-    let origin = origins
-        .get("mongodb_uri_file")
-        .cloned()
-        .unwrap_or_else(|| "settings".into());
-    let uri_origin = origins.get("mongodb_uri").map_or("default", String::as_str);
-    if uri_origin != "default" {
-        let message =
-            format!("mongodb_uri is set as well (from {uri_origin}): set only one of them");
-        return Err(ConfigError::invalid(
-            "mongodb_uri_file",
-            &origin,
-            path,
-            message,
-        ));
-    }
-    let uri = super::read_uri_file(&path)
-        .map_err(|message| ConfigError::invalid("mongodb_uri_file", &origin, &path, message))?;
-    table.insert("mongodb_uri".into(), toml::Value::String(uri));
-    origins.insert(
-        "mongodb_uri".into(),
-        format!("file {path} (mongodb_uri_file, {origin})"),
-    );
-    Ok(())
 }
 
 /// The `[[counters]]` (or `[[sources]]`) entries read again from their TOML text: a

@@ -295,7 +295,7 @@ impl Settings {
                     values: self
                         .soft_delete_values
                         .iter()
-                        .map(SoftDeleteValue::to_bson)
+                        .map(|v| bson::to_bson(v).expect("a whole number or a string"))
                         .collect(),
                 },
                 SoftDeleteRule::Never => SoftDelete::Never,
@@ -445,21 +445,13 @@ pub enum SoftDeleteRule {
     Never,
 }
 
-/// A value that marks a comment deleted under `soft_delete = "one_of"`.
+/// A value that marks a comment deleted under `soft_delete = "one_of"` (untagged: in BSON, the
+/// value itself, an Int64 or a string).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum SoftDeleteValue {
     Int(i64),
     Str(String),
-}
-
-impl SoftDeleteValue {
-    fn to_bson(&self) -> bson::Bson {
-        match self {
-            SoftDeleteValue::Int(i) => bson::Bson::Int64(*i),
-            SoftDeleteValue::Str(s) => bson::Bson::String(s.clone()),
-        }
-    }
 }
 
 /// Whether a stream without a checkpoint first counts the rows that already exist (the

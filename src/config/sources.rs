@@ -16,7 +16,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::validate::{bad, collection_name_problem};
+use super::validate::{bad, collection_name_problem, in_entry};
 use super::{ConfigError, CounterSetting, Settings, SoftDeleteRule, SoftDeleteValue};
 
 /// One `[[sources]]` entry: another collection whose rows are counted.
@@ -60,10 +60,11 @@ impl Settings {
             ..self.clone()
         }];
         for (i, entry) in self.sources.iter().enumerate() {
-            check_entry(i, entry, &all)?;
+            // Its checks, and the source's own, named as its entry's.
+            let named = |e| in_entry("sources", i, e);
+            check_entry(entry, &all).map_err(named)?;
             let source = self.source_of(entry);
-            // The source's own checks, named as its entry's.
-            source.validate_own().map_err(|e| renamed(i, e))?;
+            source.validate_own().map_err(named)?;
             all.push(source);
         }
         check_namespace(&all)?;
@@ -131,12 +132,9 @@ fn own_or<T: Clone>(own: &Option<T>, shared: &T) -> T {
     own.as_ref().unwrap_or(shared).clone()
 }
 
-/// The checks of `[[sources]]` entry `i` that its own settings cannot make: its name and
+/// The checks of a `[[sources]]` entry that its own settings cannot make: its name and
 /// collections, and that no source before it (`all`) uses them.
-fn check_entry(i: usize, entry: &SourceSetting, all: &[Settings]) -> Result<(), ConfigError> {
-    let bad = |field: &str, value: &str, message: &str| {
-        bad(&format!("sources[{i}].{field}"), value, message)
-    };
+fn check_entry(entry: &SourceSetting, all: &[Settings]) -> Result<(), ConfigError> {
     if !super::counters::valid_name(&entry.name) {
         return Err(bad(
             "name",
@@ -170,14 +168,6 @@ fn check_entry(i: usize, entry: &SourceSetting, all: &[Settings]) -> Result<(), 
         ));
     }
     Ok(())
-}
-
-/// A source's own error, named as its entry's setting (`sources[i].name`).
-fn renamed(i: usize, mut e: ConfigError) -> ConfigError {
-    if let ConfigError::Invalid { name, .. } = &mut e {
-        *name = format!("sources[{i}].{name}");
-    }
-    e
 }
 
 /// Counter names and collections are one namespace across sources: `--counter NAME`

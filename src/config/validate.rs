@@ -14,6 +14,15 @@ pub(super) fn bad(name: &str, value: impl ToString, message: impl Into<String>) 
     ConfigError::invalid(name, "settings", value, message)
 }
 
+/// An entry's problem named as its setting (`counters[1].name`, `sources[0].collection`): the
+/// entry `i` of the list `list`.
+pub(super) fn in_entry(list: &str, i: usize, mut e: ConfigError) -> ConfigError {
+    if let ConfigError::Invalid { name, .. } = &mut e {
+        *name = format!("{list}[{i}].{name}");
+    }
+    e
+}
+
 impl Settings {
     /// Range checks that types alone cannot express, for these settings and every source
     /// derived from them (`[[sources]]`).

@@ -111,7 +111,7 @@ async fn run_streams(
     for status in &statuses {
         status.connected();
     }
-    let jobs = Jobs::of(settings, &abilities, shared)?;
+    let jobs = Jobs::of(settings, &abilities, shared);
     let mut streams = tokio::task::JoinSet::new();
     let mut names = HashMap::new();
     let partitions = jobs.source.streams();
@@ -166,11 +166,7 @@ struct Jobs {
 }
 
 impl Jobs {
-    fn of(
-        settings: Settings,
-        abilities: &ServerAbilities,
-        shared: Shared,
-    ) -> Result<Jobs, DaemonError> {
+    fn of(settings: Settings, abilities: &ServerAbilities, shared: Shared) -> Jobs {
         let owner = match settings.owner_id.as_str() {
             "" => default_owner(),
             id => id.to_string(),
@@ -181,13 +177,13 @@ impl Jobs {
         }));
         // Pre-images are asked for only where the server keeps them and the attribution uses them.
         let pre_images = abilities.pre_images && settings.attribution.uses_pre_images();
-        Ok(Jobs {
+        Jobs {
             source: Arc::new(settings),
             owner,
             slots,
             pre_images,
             shared,
-        })
+        }
     }
 
     /// The job of `stream` (of `partition`), reporting to `status`.

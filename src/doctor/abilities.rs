@@ -26,24 +26,21 @@ pub fn pre_images(
         .and_then(|b| b.get_str("version").ok())
         .and_then(|v| v.split('.').next()?.parse::<u32>().ok())
         .unwrap_or(0);
+    let info = |message: String| Finding::info(CHECK, message);
     let entry = match collection {
         Ok(Some(entry)) => entry,
         Ok(None) => {
-            return Finding::info(
-                CHECK,
-                format!("the comments collection does not exist yet; {cost}"),
-            )
+            return info(format!(
+                "the comments collection does not exist yet; {cost}"
+            ))
         }
         Err(e) => return Finding::skipped(CHECK, format!("listCollections failed ({e})")),
     };
     match (pre_images_on(entry), major >= 6) {
         (true, true) => Finding::ok(CHECK, "on for the comments collection"),
-        (true, false) => Finding::info(CHECK, format!("the option is set but the server is older than 6.0; {cost}")),
-        (false, true) => Finding::info(
-            CHECK,
-            format!("off ({cost}); to turn them on: db.runCommand({{collMod: \"{}\", changeStreamPreAndPostImages: {{enabled: true}}}})", expect.comments),
-        ),
-        (false, false) => Finding::info(CHECK, format!("unavailable before MongoDB 6.0; {cost}")),
+        (true, false) => info(format!("the option is set but the server is older than 6.0; {cost}")),
+        (false, true) => info(format!("off ({cost}); to turn them on: db.runCommand({{collMod: \"{}\", changeStreamPreAndPostImages: {{enabled: true}}}})", expect.comments)),
+        (false, false) => info(format!("unavailable before MongoDB 6.0; {cost}")),
     }
 }
 

@@ -91,20 +91,15 @@ fn covers(resource: &Document, database: &str, collection: &str) -> bool {
 
 /// `user@db` of every authenticated user in `authInfo`.
 fn authenticated_users(auth: &Document) -> Vec<String> {
-    auth.get_array("authenticatedUsers")
-        .map(|a| {
-            a.iter()
-                .filter_map(Bson::as_document)
-                .map(|u| {
-                    format!(
-                        "{}@{}",
-                        u.get_str("user").unwrap_or("?"),
-                        u.get_str("db").unwrap_or("?")
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default()
+    let users = auth
+        .get_array("authenticatedUsers")
+        .map_or(&[][..], Vec::as_slice);
+    let part = |user: &Document, key: &str| user.get_str(key).unwrap_or("?").to_string();
+    users
+        .iter()
+        .filter_map(Bson::as_document)
+        .map(|u| format!("{}@{}", part(u, "user"), part(u, "db")))
+        .collect()
 }
 
 /// What [`required_privileges`] asks that the `granted` privileges (`authenticatedUserPrivileges`)
@@ -149,44 +144,34 @@ fn missing_privileges(granted: &[Bson], expect: &Expectations) -> Vec<Privilege>
 /// The user's privileges against [`required_privileges`].
 pub fn check(connection_status: &Reply, expect: &Expectations) -> Finding {
     const CHECK: &str = "privileges";
+    let skipped = |why: String| Finding::skipped(CHECK, why);
     let status = match connection_status {
         Ok(s) => s,
-        Err(e) => {
-            return Finding::skipped(
-                CHECK,
-                format!("the server does not answer connectionStatus ({e})"),
-            )
-        }
+        Err(e) => return skipped(format!("the server does not answer connectionStatus ({e})")),
     };
     let auth = status.get_document("authInfo").cloned().unwrap_or_default();
-    let users = authenticated_users(&auth);
+    let users = authenticated_users(&auth).join(", ");
     if users.is_empty() {
-        return Finding::skipped(
-            CHECK,
-            "no authenticated user (access control is off, or the URI has no credentials): every action is allowed",
-        );
+        return skipped("no authenticated user (access control is off, or the URI has no credentials): every action is allowed".into());
     }
     let Ok(granted) = auth.get_array("authenticatedUserPrivileges") else {
-        return Finding::skipped(
-            CHECK,
-            format!(
-                "authenticated as {}, but the server lists no privileges",
-                users.join(", ")
-            ),
-        );
+        return skipped(format!(
+            "authenticated as {users}, but the server lists no privileges"
+        ));
     };
     let missing = missing_privileges(granted, expect);
     if missing.is_empty() {
         return Finding::ok(
             CHECK,
-            format!("{} holds every privilege counterd needs", users.join(", ")),
+            format!("{users} holds every privilege counterd needs"),
         );
     }
     lacking(&users, &missing, expect)
 }
 
-/// The finding for `users` lacking the `missing` privileges, with the grant that adds them.
-fn lacking(users: &[String], missing: &[Privilege], expect: &Expectations) -> Finding {
+/// The finding for `users` (`user@db, ...`) lacking the `missing` privileges, with the grant
+/// that adds them.
+fn lacking(users: &str, missing: &[Privilege], expect: &Expectations) -> Finding {
     const CHECK: &str = "privileges";
     let described: Vec<String> = missing
         .iter()
@@ -201,7 +186,7 @@ fn lacking(users: &[String], missing: &[Privilege], expect: &Expectations) -> Fi
         .collect();
     Finding::problem(
         CHECK,
-        format!("{} lacks {}", users.join(", "), described.join("; ")),
+        format!("{users} lacks {}", described.join("; ")),
         format!(
             "{}.grantPrivilegesToRole(\"counterd\", [{}]) (with the role of README.md's production checklist, step 1; {} names its database)",
             db_expr("admin"),

@@ -16,21 +16,13 @@ const CHECK: &str = "fields";
 /// One finding per configured field: the group field, the creation field, the soft-delete
 /// field (if the rule reads one).
 pub fn check(sample: &Result<Vec<Document>, String>, expect: &Expectations) -> Vec<Finding> {
+    let comments = &expect.comments;
+    let skipped = |why: String| vec![Finding::skipped(CHECK, why)];
     let rows = match sample {
-        Ok(rows) => rows,
-        Err(e) => {
-            return vec![Finding::skipped(
-                CHECK,
-                format!("could not read a sample of {} ({e})", expect.comments),
-            )]
-        }
+        Ok(rows) if !rows.is_empty() => rows,
+        Ok(_) => return skipped(format!("{comments} has no rows to sample yet")),
+        Err(e) => return skipped(format!("could not read a sample of {comments} ({e})")),
     };
-    if rows.is_empty() {
-        return vec![Finding::skipped(
-            CHECK,
-            format!("{} has no rows to sample yet", expect.comments),
-        )];
-    }
     let schema = &expect.schema;
     let mut out = vec![group_field(rows, schema), created_field(rows, schema)];
     out.extend(soft_delete_field(rows, schema));

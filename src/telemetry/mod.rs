@@ -19,7 +19,6 @@ mod register;
 mod scrape;
 
 pub use logging::{init_logging, init_logging_to_file};
-pub use process::ProcessStats;
 pub use register::{export_parked, install_recorder, register_definition, register_stream};
 pub use scrape::{record_dirty, render_scrape_time, stream_ages, unix_now};
 

@@ -89,31 +89,21 @@ fn render_stream_ages(out: &mut String, streams: &[(String, Arc<WorkerStatus>)],
         (STREAM_STALL, "At scrape time: seconds since the worker's last answered read; /readyz is unready above ready_max_stall.", |a| a.stall),
     ];
     for (name, help, value) in families {
-        if ages.is_empty() {
-            continue;
-        }
-        family(out, name, help, "gauge");
-        for (stream, a) in &ages {
-            sample(out, name, ("stream", stream), value(a));
-        }
+        let series = ages.iter().map(|(stream, a)| (*stream, value(a)));
+        gauges(out, name, help, "stream", series);
     }
 }
 
 /// When each active stream's worker last progressed.
 fn render_progress(out: &mut String, streams: &[(String, Arc<WorkerStatus>)]) {
-    let progress: Vec<(&str, i64)> = streams
+    let progress = streams
         .iter()
         .filter(|(_, s)| s.is_active())
         .map(|(name, s)| (name.as_str(), s.progress_at_ms()))
         .filter(|(_, ms)| *ms > 0)
-        .collect();
-    if !progress.is_empty() {
-        family(out, PROGRESS_TIMESTAMP, "Wall-clock time (Unix seconds) of the worker's last read the server answered (or batch it applied).", "gauge");
-        for (stream, ms) in progress {
-            let secs = ms as f64 / 1000.0;
-            sample(out, PROGRESS_TIMESTAMP, ("stream", stream), secs);
-        }
-    }
+        .map(|(stream, ms)| (stream, ms as f64 / 1000.0));
+    let help = "Wall-clock time (Unix seconds) of the worker's last read the server answered (or batch it applied).";
+    gauges(out, PROGRESS_TIMESTAMP, help, "stream", progress);
 }
 
 /// The age of each counter's oldest dirty entry.
@@ -122,22 +112,16 @@ fn render_dirty_age(out: &mut String, now_ms: i64) {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .clone();
-    if !dirty.is_empty() {
-        family(
-            out,
-            DIRTY_OLDEST_AGE,
-            "At scrape time: age of the oldest dirty entry seen by this process's last reconcile run of the counter (0: none).",
-            "gauge",
-        );
-    }
-    for (counter, oldest) in dirty {
+    let ages = dirty.iter().map(|(counter, &oldest)| {
         let age = if oldest > 0 {
             ((now_ms - oldest) as f64 / 1000.0).max(0.0).floor()
         } else {
             0.0
         };
-        sample(out, DIRTY_OLDEST_AGE, ("counter", &counter), age);
-    }
+        (counter.as_str(), age)
+    });
+    let help = "At scrape time: age of the oldest dirty entry seen by this process's last reconcile run of the counter (0: none).";
+    gauges(out, DIRTY_OLDEST_AGE, help, "counter", ages);
 }
 
 fn family(out: &mut String, name: &str, help: &str, kind: &str) {
@@ -145,9 +129,22 @@ fn family(out: &mut String, name: &str, help: &str, kind: &str) {
     let _ = writeln!(out, "# TYPE {name} {kind}");
 }
 
-/// One series of the family `name`: its one label (name, value) and its value.
-fn sample(out: &mut String, name: &str, (label, value): (&str, &str), sample: f64) {
-    let _ = writeln!(out, "{name}{{{label}=\"{}\"}} {sample}", escape(value));
+/// The gauge family `name` with its series, each labelled `label` = its first part: nothing at
+/// all when it has none.
+fn gauges<'a>(
+    out: &mut String,
+    name: &str,
+    help: &str,
+    label: &str,
+    series: impl IntoIterator<Item = (&'a str, f64)>,
+) {
+    let mut series = series.into_iter().peekable();
+    if series.peek().is_some() {
+        family(out, name, help, "gauge");
+    }
+    for (value, sample) in series {
+        let _ = writeln!(out, "{name}{{{label}=\"{}\"}} {sample}", escape(value));
+    }
 }
 
 fn escape(value: &str) -> String {
@@ -159,11 +156,11 @@ fn escape(value: &str) -> String {
 
 /// The standard `process_*` metrics, read from /proc (Linux; nothing elsewhere).
 fn render_process(out: &mut String) {
-    let Some(p) = ProcessStats::read() else {
+    let Some(values) = super::process::read() else {
         return;
     };
-    for (name, kind, help) in PROCESS_FAMILIES {
-        let value = process_value(&p, name);
+    for ((name, kind, help), (read, value)) in PROCESS_FAMILIES.into_iter().zip(values) {
+        debug_assert_eq!(name, read, "the values come in the families' order");
         if value.is_nan() {
             continue;
         }
@@ -202,20 +199,6 @@ const PROCESS_FAMILIES: [(&str, &str, &str); 7] = [
         "Number of OS threads in the process.",
     ),
 ];
-
-/// The value of the family `name` (NaN: not known here).
-fn process_value(p: &ProcessStats, name: &str) -> f64 {
-    match name {
-        PROCESS_CPU => p.cpu_seconds,
-        PROCESS_RSS => p.resident_bytes,
-        PROCESS_VIRTUAL => p.virtual_bytes,
-        PROCESS_OPEN_FDS => p.open_fds,
-        PROCESS_MAX_FDS => p.max_fds,
-        PROCESS_START_TIME => p.start_time_seconds,
-        PROCESS_THREADS => p.threads,
-        _ => f64::NAN,
-    }
-}
 
 #[cfg(test)]
 mod tests {
