@@ -203,7 +203,7 @@ impl<S: Store + ?Sized> Snapshotter<'_, S> {
         let progress = begin(&extent, self.clock.now());
         self.store.save_snapshot(self.fence, &progress).await?;
         tracing::info!(stream = %self.fence.stream, estimated_rows = extent.estimated_rows,
-            state = progress.state.as_str(), "initial snapshot: counting the rows that exist before the stream's start");
+            state = progress.state.as_ref(), "initial snapshot: counting the rows that exist before the stream's start");
         self.report(&progress);
         checkpoint.snapshot = Some(progress);
         Ok(true)

@@ -9,7 +9,8 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use bson::{DateTime, Timestamp};
+use bson::Timestamp;
+use indexmap::IndexMap;
 
 use crate::core::classify::{
     classify, known_before, After, Attribution, Before, Classification, Malformed, Problem, Source,
@@ -22,7 +23,7 @@ use crate::core::key::{CounterIx, CounterKey};
 use crate::core::num::Num;
 use crate::core::partition::Partition;
 use crate::core::schema::Schema;
-use crate::core::time::{bucket_of, BucketStart};
+use crate::core::time::{bucket_of, bucket_start, BucketStart};
 use crate::core::window::Touch;
 
 /// One coalesced counter write: `$inc` of `delta` on `live_delta` and of each bucket's amount.
@@ -199,13 +200,13 @@ pub fn plan_batch_covering(input: PlanInput<'_>) -> (BatchPlan, Option<StreamEnd
 struct Planner<'a> {
     input: PlanInput<'a>,
     plan: BatchPlan,
-    /// Each comment's state after the batch's events so far (the next event's before-state).
-    known: LedgerView,
-    ledger_order: Vec<CommentId>,
+    /// Each comment's state after the batch's events so far (the next event's before-state),
+    /// in the order the batch first changed it: its ledger writes.
+    known: IndexMap<String, LedgerUpdate>,
     counters: BTreeMap<CounterKey, CounterDelta>,
-    dirty: BTreeMap<CounterKey, BucketStart>,
-    dirty_order: Vec<CounterKey>,
-    named: Named,
+    /// The counters to mark dirty, in the order the batch first named them, each with the
+    /// newest bucket the change may belong to.
+    dirty: IndexMap<CounterKey, BucketStart>,
 }
 
 impl<'a> Planner<'a> {
@@ -213,27 +214,19 @@ impl<'a> Planner<'a> {
         Planner {
             input,
             plan: BatchPlan::default(),
-            known: LedgerView::default(),
-            ledger_order: Vec::new(),
+            known: IndexMap::new(),
             counters: BTreeMap::new(),
-            dirty: BTreeMap::new(),
-            dirty_order: Vec::new(),
-            named: Named::default(),
+            dirty: IndexMap::new(),
         }
     }
 
     /// Classifies one event against what is known before it and adds it to the plan; a
     /// stream-ending event adds nothing.
     fn add(&mut self, event: &ChangeEvent) -> Result<(), StreamEnded> {
-        let PlanInput {
-            attribution,
-            schema,
-            partition,
-            ..
-        } = self.input;
+        let (attribution, schema) = (self.input.attribution, self.input.schema);
         let before = self.before(event);
         let classified = classify(event, before.clone(), attribution, schema)?;
-        let classified = match partition {
+        let classified = match self.input.partition {
             Some(p) => own_part(p, classified, event, before.clone(), (attribution, schema)),
             None => classified,
         };
@@ -261,9 +254,13 @@ impl<'a> Planner<'a> {
         self.name_rows(event, &classified);
         self.mark_dirty(event, &classified.dirty, rows, &newest);
         if let (After::Known(state), Some(comment)) = (classified.after, event.comment.as_ref()) {
-            if self.known.insert(comment.key.clone(), state).is_none() {
-                self.ledger_order.push(comment.clone());
-            }
+            let known = self.known.entry(comment.key.clone());
+            known
+                .or_insert_with(|| LedgerUpdate {
+                    comment: comment.clone(),
+                    state: None,
+                })
+                .state = state;
         }
         if let Some(problem) = classified.problem {
             self.plan.skipped.push(Skipped {
@@ -280,9 +277,9 @@ impl<'a> Planner<'a> {
         let Some(key) = event.comment.as_ref().map(|c| c.key.as_str()) else {
             return Before::Unknown;
         };
-        let seen = match self.known.before(key) {
-            Seen::Unknown => self.input.ledger.before(key),
-            known => known,
+        let seen = match self.known.get(key) {
+            Some(known) => known.state.as_ref().map_or(Seen::Gone, Seen::Row),
+            None => self.input.ledger.before(key),
         };
         match (seen, self.input.coverage) {
             (seen, Coverage::Complete) => Before::Complete(seen.row().cloned()),
@@ -298,11 +295,7 @@ impl<'a> Planner<'a> {
         event: &ChangeEvent,
         classified: &Classification,
     ) -> BTreeMap<CounterKey, BucketStart> {
-        let PlanInput {
-            schema,
-            bucket_width_secs,
-            ..
-        } = self.input;
+        let (schema, bucket_width_secs) = (self.input.schema, self.input.bucket_width_secs);
         let mut newest: BTreeMap<CounterKey, BucketStart> = BTreeMap::new();
         for delta in &classified.deltas {
             let bucket = bucket_of(delta.created_at, bucket_width_secs);
@@ -326,7 +319,8 @@ impl<'a> Planner<'a> {
         newest
     }
 
-    /// Notes the event's row under every counter it named (see [`Named`]).
+    /// Notes the event's row under every counter it named ([`CounterDelta::comments`]: in
+    /// stream order without repeats; `None` once an event named the counter without a row id).
     fn name_rows(&mut self, event: &ChangeEvent, classified: &Classification) {
         let keys_named = classified
             .deltas
@@ -334,7 +328,16 @@ impl<'a> Planner<'a> {
             .map(|d| &d.key)
             .chain(&classified.dirty);
         for key in keys_named {
-            self.named.add(key, event.comment.as_ref());
+            let named = &mut counter_of(&mut self.counters, key).comments;
+            match (named.as_mut(), event.comment.as_ref()) {
+                (Some(list), Some(c)) => {
+                    if !list.iter().any(|known| known.key == c.key) {
+                        list.push(c.clone());
+                    }
+                }
+                (Some(_), None) => *named = None,
+                (None, _) => {}
+            }
         }
     }
 
@@ -350,12 +353,9 @@ impl<'a> Planner<'a> {
         let bucket_width_secs = self.input.bucket_width_secs;
         // A post named by the event without a delta (an unattributable change) is taken as
         // changed at the event's own time: only a recount above it covers the change.
-        let event_bucket = event.cluster_time.map_or(0, |t| {
-            bucket_of(
-                Some(DateTime::from_millis(t.time as i64 * 1000)),
-                bucket_width_secs,
-            )
-        });
+        let event_bucket = event
+            .cluster_time
+            .map_or(0, |t| bucket_start(t.time as i64, bucket_width_secs));
         for key in named_dirty {
             let known_rows = rows
                 .iter()
@@ -368,19 +368,13 @@ impl<'a> Planner<'a> {
                 .copied()
                 .or(known_rows)
                 .unwrap_or(event_bucket);
-            match self.dirty.get_mut(key) {
-                Some(b) => *b = (*b).max(bucket),
-                None => {
-                    self.dirty.insert(key.clone(), bucket);
-                    self.dirty_order.push(key.clone());
-                }
-            }
+            let newest = self.dirty.entry(key.clone()).or_insert(bucket);
+            *newest = (*newest).max(bucket);
         }
     }
 
     /// The plan of the events added so far.
     fn finish(mut self) -> BatchPlan {
-        self.named.attach(&mut self.counters);
         self.plan.counters = self
             .counters
             .into_values()
@@ -391,24 +385,17 @@ impl<'a> Planner<'a> {
                 c.delta = c.buckets.values().sum();
                 c
             })
+            // A counter only named (a change that moved no count, such as a body edit of a
+            // known row) is not written: its rows count as before for every watermark, and
+            // their ledger entries stay at or before the counter's position.
             .filter(|c| !c.touched.is_empty())
             .collect();
         self.plan.dirty = self
-            .dirty_order
+            .dirty
             .into_iter()
-            .map(|key| DirtyMark {
-                newest_bucket: self.dirty[&key],
-                key,
-            })
+            .map(|(key, newest_bucket)| DirtyMark { key, newest_bucket })
             .collect();
-        self.plan.ledger = self
-            .ledger_order
-            .into_iter()
-            .map(|comment| LedgerUpdate {
-                state: self.known[&comment.key].clone(),
-                comment,
-            })
-            .collect();
+        self.plan.ledger = self.known.into_values().collect();
         self.plan
     }
 }
@@ -433,11 +420,10 @@ fn hidden_states(
         // (the pre-image's or the ledger's); a partition that knows the row only as "not
         // here" takes the looked-up one.
         Operation::Update { summary } => {
-            let derived = summary.as_ref().is_some_and(|s| s.complete)
-                && (classified.source == Source::PreImage
-                    || before.is_some_and(|row| {
-                        summary.as_ref().is_some_and(|s| schema.derives(s, row))
-                    }));
+            let derived = summary.as_ref().filter(|s| s.complete).is_some_and(|s| {
+                classified.source == Source::PreImage
+                    || before.is_some_and(|row| schema.derives(s, row))
+            });
             !derived || classified.source == Source::BestEffort
         }
         Operation::Delete => classified.source != Source::PreImage,
@@ -492,41 +478,6 @@ fn own_part(
     };
     classified.dirty.retain(|key| mine(key));
     classified
-}
-
-/// The rows the batch's events named per post, in stream order without repeats (`None`: an
-/// event named the post without a row id).
-#[derive(Default)]
-struct Named(BTreeMap<CounterKey, Option<Vec<CommentId>>>);
-
-impl Named {
-    fn add(&mut self, key: &CounterKey, comment: Option<&CommentId>) {
-        let list = self
-            .0
-            .entry(key.clone())
-            .or_insert_with(|| Some(Vec::new()));
-        match (list.as_mut(), comment) {
-            (Some(list), Some(c)) => {
-                if !list.iter().any(|known| known.key == c.key) {
-                    list.push(c.clone());
-                }
-            }
-            (Some(_), None) => *list = None,
-            (None, _) => {}
-        }
-    }
-
-    /// Gives each counter write the rows named for its post. Posts named without a write (a
-    /// change that moved no count, such as a body edit of a known row) get none: their rows
-    /// count as before for every watermark, and their ledger entries stay at or before the
-    /// counter's position.
-    fn attach(self, counters: &mut BTreeMap<CounterKey, CounterDelta>) {
-        for (key, comments) in self.0 {
-            if let Some(c) = counters.get_mut(&key) {
-                c.comments = comments;
-            }
-        }
-    }
 }
 
 /// The batch's write for the counter `key`, empty until an event adds to it.

@@ -315,7 +315,7 @@ fn after_state(event: &ChangeEvent, before: &Before, source: Source, schema: &Sc
             Reading::Refused(Problem::Bad(Malformed::UnknownOperation(op.clone())))
         }
         Operation::Insert | Operation::Replace => match event.full_document.as_ref() {
-            Some(doc) => Reading::After(read_document(doc, schema)),
+            Some(doc) => Reading::After(row_after(doc, schema, true)),
             None => Reading::Refused(Problem::Bad(Malformed::NoFullDocument)),
         },
         Operation::Update { summary } => {
@@ -326,28 +326,20 @@ fn after_state(event: &ChangeEvent, before: &Before, source: Source, schema: &Sc
     }
 }
 
-/// An inserted or replaced row (a document that shows the whole row): one without the group
-/// field is reported too.
-fn read_document(doc: &Document, schema: &Schema) -> (After, Option<Problem>) {
-    let read = schema.read_row(doc);
-    let no_post = matches!(read, RowRead::NoPost).then(|| {
-        Problem::Bad(Malformed::NoPost {
-            field: schema.group().to_string(),
-        })
-    });
-    let (after, bad) = row_after(read, doc, schema);
-    (after, bad.or(no_post))
-}
-
-/// The row a document shows whole (`read` of `doc`): without a usable post id it exists but
-/// does not count, and a malformed post id is reported.
-fn row_after(read: RowRead, doc: &Document, schema: &Schema) -> (After, Option<Problem>) {
-    let existing = || After::Known(Some(schema.read_existing_row(doc)));
-    match read {
-        RowRead::Row(row) => (After::Known(Some(row)), None),
-        RowRead::NoPost => (existing(), None),
-        RowRead::BadPost(kind) => (existing(), Some(bad_post_type(schema, &kind))),
-    }
+/// The row a document shows whole: without a usable post id it exists but does not count, and
+/// a malformed post id is reported, a missing one too where the document is an inserted or
+/// replaced row (`inserted`).
+fn row_after(doc: &Document, schema: &Schema, inserted: bool) -> (After, Option<Problem>) {
+    let problem = match schema.read_row(doc) {
+        RowRead::Row(row) => return (After::Known(Some(row)), None),
+        RowRead::NoPost => inserted.then(|| {
+            Problem::Bad(Malformed::NoPost {
+                field: schema.group().to_string(),
+            })
+        }),
+        RowRead::BadPost(kind) => Some(bad_post_type(schema, &kind)),
+    };
+    (After::Known(Some(schema.read_existing_row(doc))), problem)
 }
 
 /// The row after an update.
@@ -372,7 +364,7 @@ fn after_update(
     if let (Some(summary), Source::PreImage) = (complete, source) {
         let pre = event.pre_image.as_ref().expect("source is the pre-image");
         let after = Schema::apply_to_document(summary, pre);
-        return row_after(schema.read_row(&after), &after, schema);
+        return row_after(&after, schema, false);
     }
     if let (Some(summary), Before::Known(Some(row))) = (complete, before) {
         if schema.derives(summary, row) {
@@ -388,9 +380,8 @@ fn after_update(
     // A looked-up row without `post_id` exists but no longer counts; no document at all (the
     // row was deleted since) or the fake server's fragment (no `_id`) says nothing: the delete
     // event that follows settles it.
-    let looked_up = event.full_document.as_ref();
-    match looked_up.and_then(|d| Some((schema.read_looked_up_row(d)?, d))) {
-        Some((read, doc)) => row_after(read, doc, schema),
+    match event.looked_up() {
+        Some(doc) => row_after(doc, schema, false),
         None => (After::Unchanged, None),
     }
 }

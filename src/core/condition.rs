@@ -25,6 +25,7 @@
 use std::cmp::Ordering;
 
 use bson::{doc, Bson, Document};
+use indexmap::IndexSet;
 
 /// A condition that could not be accepted, with the reason and the part that was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -81,21 +82,18 @@ impl Condition {
 
     /// The dotted paths the condition reads, in clause order, without repeats (what the stream's
     /// projection must keep for the classifier to evaluate it).
-    pub fn paths(&self) -> Vec<&str> {
-        let mut paths: Vec<&str> = Vec::new();
-        for (field, _) in &self.clauses {
-            if !paths.contains(&field.as_str()) {
-                paths.push(field);
-            }
-        }
-        paths
+    pub fn paths(&self) -> IndexSet<&str> {
+        self.clauses
+            .iter()
+            .map(|(field, _)| field.as_str())
+            .collect()
     }
 
     /// Whether `row` satisfies the condition, exactly as the server's query would decide.
     pub fn matches(&self, row: &Document) -> bool {
         self.clauses.iter().all(|(field, test)| {
             let mut values = Vec::new();
-            resolve(Some(row), field, &mut values);
+            resolve(row, field, &mut values);
             holds(test, &values)
         })
     }
@@ -224,8 +222,7 @@ fn scalar(field: &str, value: &Bson) -> Result<Bson, ConditionError> {
 
 /// Collects the values at a dotted `path`, looking into the documents of arrays it meets on the
 /// way (as the server does); nothing is collected for a missing field.
-fn resolve<'a>(doc: Option<&'a Document>, path: &str, out: &mut Vec<&'a Bson>) {
-    let Some(doc) = doc else { return };
+fn resolve<'a>(doc: &'a Document, path: &str, out: &mut Vec<&'a Bson>) {
     let (head, rest) = match path.split_once('.') {
         Some((head, rest)) => (head, Some(rest)),
         None => (path, None),
@@ -234,11 +231,11 @@ fn resolve<'a>(doc: Option<&'a Document>, path: &str, out: &mut Vec<&'a Bson>) {
     match rest {
         None => out.push(value),
         Some(rest) => match value {
-            Bson::Document(inner) => resolve(Some(inner), rest, out),
+            Bson::Document(inner) => resolve(inner, rest, out),
             Bson::Array(items) => {
                 for item in items {
                     if let Bson::Document(inner) = item {
-                        resolve(Some(inner), rest, out);
+                        resolve(inner, rest, out);
                     }
                 }
             }

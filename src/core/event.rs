@@ -304,6 +304,15 @@ impl ChangeEvent {
             txn: parts.txn,
         })
     }
+
+    /// The looked-up row an update event carries (`fullDocument` with `_id`). A document
+    /// without `_id` is no row but the fragment of the update that the fake server's update
+    /// events carry without a lookup, or when the row is already gone: no information.
+    pub fn looked_up(&self) -> Option<&Document> {
+        self.full_document
+            .as_ref()
+            .filter(|d| d.contains_key("_id"))
+    }
 }
 
 /// Reads the update description of a real server, or the update spec the fake server puts into
@@ -313,22 +322,21 @@ impl ChangeEvent {
 /// (see `crate::core::schema::Schema::stream_projection`) turns a missing description into
 /// `{updatedFields: null, removedFields: null}`, which says nothing.
 fn update_summary(description: Option<Document>, document_key: &Document) -> Option<UpdateSummary> {
-    if let Some(mut desc) = description {
-        if let Some(Bson::Document(set)) = desc.remove("updatedFields") {
-            let removed = desc
-                .get_array("removedFields")
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|v| v.as_str().map(String::from))
-                        .collect()
-                })
-                .unwrap_or_default();
-            return Some(UpdateSummary {
-                set,
-                removed,
-                complete: true,
-            });
-        }
+    let mut desc = description.unwrap_or_default();
+    if let Some(Bson::Document(set)) = desc.remove("updatedFields") {
+        let removed = desc
+            .get_array("removedFields")
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default();
+        return Some(UpdateSummary {
+            set,
+            removed,
+            complete: true,
+        });
     }
     if !document_key.keys().any(|k| k.starts_with('$')) {
         return None;

@@ -27,15 +27,6 @@ use crate::core::classify::Attribution;
 use crate::core::event::{ChangeEvent, CommentId, LedgerView, Operation, Row};
 use crate::core::schema::Schema;
 
-/// Whether an event carries a looked-up row (a document with `_id`; the fake server's update
-/// events without a lookup carry a fragment of the update instead).
-fn looked_up(event: &ChangeEvent) -> bool {
-    event
-        .full_document
-        .as_ref()
-        .is_some_and(|d| d.contains_key("_id"))
-}
-
 /// The comments whose rows the batch must read: those of the update events whose after-state
 /// [`crate::core::classify`] cannot derive and whose event carries no looked-up row. Walks the batch
 /// as the planner does ([`crate::core::batch::plan_batch_covering`]): an event's before-state is the
@@ -89,7 +80,7 @@ pub fn rows_to_read(
                     .zip(before.as_ref())
                     .filter(|(s, row)| schema.derives(s, row))
                     .map(|(s, row)| schema.apply(s, row).unwrap_or_else(|(row, _)| row));
-                if derived.is_none() && !looked_up(event) && asked.insert(key) {
+                if derived.is_none() && event.looked_up().is_none() && asked.insert(key) {
                     wanted.push(comment.clone());
                 }
                 derived
@@ -107,7 +98,7 @@ pub fn rows_to_read(
 pub fn attach(events: &mut [ChangeEvent], wanted: &[CommentId], rows: &HashMap<String, Document>) {
     let wanted: HashSet<&str> = wanted.iter().map(|c| c.key.as_str()).collect();
     for event in events.iter_mut() {
-        if !matches!(event.operation, Operation::Update { .. }) || looked_up(event) {
+        if !matches!(event.operation, Operation::Update { .. }) || event.looked_up().is_some() {
             continue;
         }
         let Some(comment) = &event.comment else {

@@ -4,9 +4,9 @@
 //! same types.
 //!
 //! Nothing in this folder imports from outside it (only `std` and the data crates: bson, serde,
-//! smallvec, xxhash). The layers above it, bottom up: the [`crate::store`] seam, the settings
-//! ([`crate::config`]), the engine loops over the seam (worker, recount, reconcile, snapshot,
-//! lease, budget), and the operator edges (daemon, http, telemetry, cli).
+//! smallvec, indexmap, xxhash). The layers above it, bottom up: the [`crate::store`] seam, the
+//! settings ([`crate::config`]), the engine loops over the seam (worker, recount, reconcile,
+//! snapshot, lease, budget), and the operator edges (daemon, http, telemetry, cli).
 //!
 //! One event's way through the core, top to bottom:
 //! - [`event`]: the change-event model, parsed leniently; [`txn`]: where a transaction ends.

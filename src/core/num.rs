@@ -91,10 +91,7 @@ impl Num {
     }
 
     pub fn is_zero(self) -> bool {
-        match self {
-            Num::Int(i) => i == 0,
-            Num::Double(d) => d == 0.0,
-        }
+        self == 0
     }
 
     /// Whether two values of one counter differ by more than a double's rounding: exact

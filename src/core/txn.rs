@@ -40,7 +40,7 @@
 //! one; the cut there keeps exactly what the counters already hold, and every later batch ends
 //! at a transaction end again.
 
-use bson::{Bson, Document};
+use bson::Document;
 
 /// The identity of one multi-document transaction: its session (`lsid`) and the transaction's
 /// number within it (`txnNumber`). Events outside a transaction carry neither.
@@ -60,11 +60,8 @@ impl TxnKey {
     /// of a server or a stream without transactions is.
     pub fn of_event(event: &Document) -> Option<TxnKey> {
         let lsid = event.get_document("lsid").ok()?;
-        let number = match event.get("txnNumber")? {
-            Bson::Int64(n) => *n,
-            Bson::Int32(n) => i64::from(*n),
-            _ => return None,
-        };
+        let number = event.get("txnNumber")?;
+        let number = number.as_i64().or(number.as_i32().map(i64::from))?;
         let session = bson::to_vec(lsid).ok()?;
         Some(TxnKey { session, number })
     }

@@ -257,26 +257,20 @@ mod tests {
             .map(|i| touch(&format!("{:04x}", i + 16), &[1]))
             .collect();
         let last = full.last().unwrap().through.clone();
-        // The oldest entry kept is after the first read: batches in between were dropped.
-        assert_eq!(
-            changed_since(&full, Some("0001"), Some(&last)),
-            Err(Unsettled::Truncated)
-        );
-        assert_eq!(
-            changed_since(&full, None, Some(&last)),
-            Err(Unsettled::Truncated)
-        );
+        let truncated: [(&[Touch], Option<&str>, &str); 4] = [
+            // The oldest entry kept is after the first read: batches in between were dropped.
+            (&full, Some("0001"), &last),
+            (&full, None, &last),
+            // The counter moved but its last batch left no entry (a worker without the log).
+            (&[touch("05", &[1])], Some("03"), "07"),
+            (&[], None, "07"),
+        ];
+        for (log, since, until) in truncated {
+            let got = changed_since(log, since, Some(until));
+            assert_eq!(got, Err(Unsettled::Truncated), "{since:?} to {until}");
+        }
         // It reaches back to the first read: fine even when full.
         assert!(changed_since(&full, Some("0010"), Some(&last)).is_ok());
-        // The counter moved but its last batch left no entry (a worker without the log).
-        assert_eq!(
-            changed_since(&[touch("05", &[1])], Some("03"), Some("07")),
-            Err(Unsettled::Truncated)
-        );
-        assert_eq!(
-            changed_since(&[], None, Some("07")),
-            Err(Unsettled::Truncated)
-        );
     }
 
     #[test]

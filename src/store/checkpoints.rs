@@ -9,8 +9,7 @@ use super::error::StoreResult;
 use super::leases::Fence;
 use crate::core::batch::{CounterDelta, PendingBatch};
 use crate::core::deployment::Deployment;
-use crate::core::event::LedgerUpdate;
-use crate::core::event::{CommentId, Token};
+use crate::core::event::{CommentId, LedgerUpdate, Token};
 
 /// Where each stream stands: resume position, pending batch, gaps, deployment, fencing epoch
 /// and snapshot progress.
@@ -223,7 +222,7 @@ pub struct SnapshotProgress {
 }
 
 /// The snapshot's lifecycle.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, strum::IntoStaticStr, strum::EnumString)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, strum::AsRefStr, strum::EnumString)]
 #[serde(rename_all = "snake_case")]
 #[strum(serialize_all = "snake_case")]
 pub enum SnapshotState {
@@ -232,12 +231,6 @@ pub enum SnapshotState {
     /// History was lost while it ran: the sweep after the gap recounts every post and rebuilds
     /// the ledger instead.
     Abandoned,
-}
-
-impl SnapshotState {
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
 }
 
 /// One chunk of the snapshot, planned: the ledger claims (comments the ledger did not know,

@@ -129,15 +129,12 @@ pub struct ApplyOutcome {
 impl ApplyOutcome {
     /// The outcome of statements that each applied (`true`) or were already applied.
     pub fn count(statements: impl IntoIterator<Item = bool>) -> ApplyOutcome {
-        let tally = |mut outcome: ApplyOutcome, applied: bool| {
-            if applied {
-                outcome.applied += 1;
-            } else {
-                outcome.already_applied += 1;
-            }
-            outcome
-        };
-        statements.into_iter().fold(ApplyOutcome::default(), tally)
+        let mut outcome = ApplyOutcome::default();
+        for applied in statements {
+            outcome.applied += u64::from(applied);
+            outcome.already_applied += u64::from(!applied);
+        }
+        outcome
     }
 }
 

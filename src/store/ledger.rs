@@ -6,8 +6,7 @@ use async_trait::async_trait;
 
 use super::error::StoreResult;
 use super::leases::Fence;
-use crate::core::event::{CommentId, Row, Token};
-use crate::core::event::{LedgerUpdate, LedgerView};
+use crate::core::event::{CommentId, LedgerUpdate, LedgerView, Row, Token};
 use crate::core::window::LedgerAt;
 
 /// The comment ledger: the last known state of each comment, per stream.

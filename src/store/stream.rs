@@ -97,10 +97,10 @@ pub trait EventSource: Send {
 pub struct ServerAbilities {
     pub version: String,
     pub wire_version: i32,
+    /// The server answers `hello`, as real servers do (the fake answers `isMaster` only); they
+    /// also send update descriptions and post-batch tokens.
     pub hello: bool,
     pub sessions: bool,
     pub pre_images: bool,
-    pub update_description: bool,
     pub snapshot_reads: bool,
-    pub post_batch_token: bool,
 }

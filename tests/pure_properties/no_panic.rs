@@ -275,7 +275,6 @@ proptest! {
         let _ = GroupValue::from_bson(&value);
         if let Bson::Document(doc) = value {
             let _ = Schema::default().read_row(&doc);
-            let _ = Schema::default().read_looked_up_row(&doc);
         }
     }
 }

@@ -150,13 +150,6 @@ impl Schema {
         }
     }
 
-    /// Reads a looked-up `fullDocument` of an update event. A document without `_id` is not a
-    /// row but the fragment the fake server returns when the row is already gone: no
-    /// information.
-    pub fn read_looked_up_row(&self, doc: &Document) -> Option<RowRead> {
-        doc.contains_key("_id").then(|| self.read_row(doc))
-    }
-
     /// The post id an event document names in the group field, if any (a `documentKey` on a
     /// collection sharded on it, a looked-up row, an update's new value).
     pub fn post_in(&self, doc: &Document) -> Option<GroupValue> {

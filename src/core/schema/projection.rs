@@ -21,6 +21,8 @@
 //! `updateDescription` (an insert; every update of the fake server) they yield null, which the
 //! event parser reads as no description (see `crate::core::event`).
 
+use std::collections::BTreeSet;
+
 use bson::{doc, Bson, Document};
 
 use super::{below, Schema};
@@ -54,26 +56,22 @@ impl Schema {
     /// that another one already covers (`meta` covers `meta.post`): a projection naming both
     /// a path and its parent is refused by the server.
     pub fn read_paths(&self) -> Vec<String> {
-        let mut paths: Vec<String> = [Some(self.created.as_str()), self.soft_delete.field()]
+        let all: BTreeSet<&str> = [Some(self.created.as_str()), self.soft_delete.field()]
             .into_iter()
             .flatten()
             .chain(self.definitions.iter().flat_map(|(_, d)| d.read_paths()))
-            .map(String::from)
             .collect();
-        paths.sort();
-        paths.dedup();
-        let all = paths.clone();
-        paths.retain(|p| !all.iter().any(|other| below(p, other).is_some()));
-        paths
+        let covered = |p: &str| all.iter().any(|other| below(p, other).is_some());
+        all.iter()
+            .filter(|p| !covered(p))
+            .map(|p| p.to_string())
+            .collect()
     }
 
     /// The projection of a comment row: its `_id` and the fields counterd reads.
     pub fn row_projection(&self) -> Document {
-        let mut projection = doc! {"_id": 1};
-        for path in self.read_paths() {
-            projection.insert(path, 1);
-        }
-        projection
+        let paths = ["_id".to_string()].into_iter().chain(self.read_paths());
+        paths.map(|path| (path, Bson::Int32(1))).collect()
     }
 
     /// The `$project` stage that ends the change-stream pipeline (see the module doc).

@@ -46,14 +46,11 @@ impl Schema {
     /// soft-delete field alone (`-1`: deleted, `+1`: undeleted; a re-stamp is miscounted, a
     /// documented drift source). `None`: the update did not touch it.
     pub fn soft_delete_guess(&self, update: &UpdateSummary) -> Option<i64> {
-        match Self::change(update, self.soft_delete.field()?) {
-            FieldChange::Set(value) => Some(if self.soft_delete.is_deleted(value.as_ref()) {
-                -1
-            } else {
-                1
-            }),
-            FieldChange::Unchanged | FieldChange::Unknown => None,
-        }
+        let FieldChange::Set(value) = Self::change(update, self.soft_delete.field()?) else {
+            return None;
+        };
+        let deleted = self.soft_delete.is_deleted(value.as_ref());
+        Some(if deleted { -1 } else { 1 })
     }
 
     /// Whether an update names the group field (moves the row, or changes part of it).
@@ -284,16 +281,18 @@ mod tests {
             .is_err());
     }
 
-    fn with_definitions() -> Schema {
-        use crate::core::condition::Condition;
-        use crate::core::definition::Definition;
-        let definition = |name: &str, group: &str, condition: Document| Definition {
+    /// A count named `name`, grouped by `group`, of the rows that satisfy `condition`.
+    fn definition(name: &str, group: &str, condition: Document) -> Definition {
+        Definition {
             name: name.into(),
             group: group.into(),
-            condition: Condition::parse(&condition).unwrap(),
+            condition: crate::core::condition::Condition::parse(&condition).unwrap(),
             kind: crate::core::definition::Kind::Count,
             collection: format!("{name}_counters"),
-        };
+        }
+    }
+
+    fn with_definitions() -> Schema {
         js().with_more(vec![
             definition("approved", "postId", doc! {"approved": true}),
             definition("per_author", "author.id", doc! {}),
@@ -321,16 +320,8 @@ mod tests {
             "a part of a condition's field changed"
         );
         // A condition over two fields, one of them not named: the other's value is unknown.
-        let two = js().with_more(vec![Definition {
-            name: "approved_recent".into(),
-            group: "postId".into(),
-            condition: crate::core::condition::Condition::parse(
-                &doc! {"approved": true, "score": {"$gt": 3}},
-            )
-            .unwrap(),
-            kind: crate::core::definition::Kind::Count,
-            collection: "x".into(),
-        }]);
+        let recent = doc! {"approved": true, "score": {"$gt": 3}};
+        let two = js().with_more(vec![definition("approved_recent", "postId", recent)]);
         let before = two.read_existing_row(&doc! {"postId": 1, "approved": false, "score": 5});
         assert!(!two.derives(&update(doc! {"approved": true}, &[]), &before));
         let both = update(doc! {"approved": true, "score": 1}, &[]);

@@ -171,11 +171,8 @@ pub(crate) fn command_failure(code: i32, code_name: &str, message: &str) -> Stri
         return login_refused(message);
     }
     let message = message.split(" {").next().unwrap_or(message);
-    let name = if code_name.is_empty() {
-        String::new()
-    } else {
-        format!(" {code_name}")
-    };
+    let name = Some(code_name).filter(|n| !n.is_empty());
+    let name = name.map(|n| format!(" {n}")).unwrap_or_default();
     format!("{} (code {code}{name})", clip(message))
 }
 

@@ -16,11 +16,9 @@ pub(super) fn after_filter(field: &str, after: Option<&GroupValue>) -> Document 
                 GroupValue::Str(_) => &["objectId"],
                 GroupValue::Oid(_) => &[],
             };
-            let mut or = vec![Bson::Document(doc! {field: {"$gt": post.to_bson()}})];
-            for t in later {
-                or.push(Bson::Document(doc! {field: {"$type": t}}));
-            }
-            doc! {"$or": or}
+            let types = later.iter().map(|t| doc! {field: {"$type": *t}});
+            let or = std::iter::once(doc! {field: {"$gt": post.to_bson()}}).chain(types);
+            doc! {"$or": or.collect::<Vec<_>>()}
         }
     }
 }
@@ -35,13 +33,10 @@ impl Counters for MongoStore {
         let op = "apply counter increments";
         // Raw from the start, like the ledger's statements: one per counter of every flush.
         let statement = |w: &&CounterWrite, p: &'static str, writer: Writer| {
-            let f = |name: &str| format!("{p}{name}");
             // The writer's own guard fields (see `Writer`).
             let g = |name: &str| format!("{p}{}{name}", writer.path());
-            let through = w.through.as_str();
-            let mut set = RawDocumentBuf::new();
-            set.append(g("applied_through"), through);
-            set.append(epoch_field(writer), fence.epoch);
+            let (guard, through) = (g("applied_through"), w.through.as_str());
+            let mut set = rawdoc! {&guard: through, epoch_field(writer): fence.epoch};
             let time = w.through_time.map_or(RawBson::Null, RawBson::Timestamp);
             set.append(g("applied_time"), time);
             for (bucket, batch) in &w.touched {
@@ -54,18 +49,12 @@ impl Counters for MongoStore {
                 // Each batch's entry in the counter's log; the oldest fall off.
                 update.append(
                     "$push",
-                    rawdoc! {f("recent"): {"$each": log, "$slice": -(LOG_ENTRIES as i64)}},
+                    rawdoc! {format!("{p}recent"): {"$each": log, "$slice": -(LOG_ENTRIES as i64)}},
                 );
             }
-            let q = guarded_raw(
-                op,
-                w.key.group.to_bson(),
-                &g("applied_through"),
-                through,
-                fence,
-            )?;
+            let id = raw_value(op, w.key.group.to_bson())?;
             Ok(rawdoc! {
-                "q": with_epoch_field(q, writer, fence),
+                "q": guarded_raw(id, &guard, through, &epoch_field(writer), fence),
                 "u": update,
                 "upsert": true,
             })
@@ -98,16 +87,13 @@ impl Counters for MongoStore {
         let f = |name: &str| format!("{p}{name}");
         let counters = self.coll(place.counters);
         let Some(expected) = expected else {
-            let mut buckets = Document::new();
-            for (k, v) in &fold.kept {
-                buckets.insert(k.to_string(), *v);
-            }
+            let kept = fold.kept.iter().map(|(k, v)| (k.to_string(), v.to_bson()));
             let fields = doc! {
                 "base_count": fold.base_count,
                 "base_watermark": fold.watermark,
                 "live_delta": fold.live_delta,
                 "count": fold.base_count + fold.live_delta,
-                "live_by_bucket": buckets,
+                "live_by_bucket": kept.collect::<Document>(),
                 "applied_through": "",
                 "folds": 1_i64,
                 "last_drift": fold.drift,
@@ -116,38 +102,33 @@ impl Counters for MongoStore {
             let mut new = doc! {"_id": post.to_bson()};
             match p {
                 "" => new.extend(fields),
-                _ => {
-                    new.insert(ROWS_FIELD, fields);
-                }
+                _ => new.extend(doc! {ROWS_FIELD: fields}),
             }
             let inserted = counters
                 .insert_one(new)
                 .unless_duplicate("create a counter");
             return Ok(inserted.await?.is_some());
         };
-        let mut filter = doc! {"_id": post.to_bson()};
-        match &expected.applied_through {
-            Some(t) => filter.insert(f("applied_through"), t.as_str()),
-            None => filter.insert(f("applied_through"), doc! {"$exists": false}),
+        let applied = match &expected.applied_through {
+            Some(t) => Bson::from(t.as_str()),
+            None => Bson::Document(doc! {"$exists": false}),
         };
-        // Also pin the numbers read, so a hand edit (or another reconciler) between read and
-        // write is not overwritten with stale arithmetic. A zero may be a field not written
-        // yet (a sum's document whose row count was never written).
-        filter.insert(f("live_delta"), pinned(expected.state.live_delta));
-        // Every writer of a counter several partitions write moves this (see `Writer`).
-        filter.insert(
-            f(SHARED_WRITES_FIELD),
-            pinned(Num::Int(expected.shared_writes)),
-        );
-        filter.insert(f("base_count"), pinned(expected.state.base_count));
-        filter.insert(
-            f("folds"),
-            if expected.folds == 0 {
-                not_gte(1_i64)
-            } else {
-                doc! {"$eq": expected.folds}
-            },
-        );
+        let folds = match expected.folds {
+            0 => not_gte(1_i64),
+            n => doc! {"$eq": n},
+        };
+        let filter = doc! {
+            "_id": post.to_bson(),
+            f("applied_through"): applied,
+            // Also pin the numbers read, so a hand edit (or another reconciler) between read and
+            // write is not overwritten with stale arithmetic. A zero may be a field not written
+            // yet (a sum's document whose row count was never written).
+            f("live_delta"): pinned(expected.state.live_delta),
+            // Every writer of a counter several partitions write moves this (see `Writer`).
+            f(SHARED_WRITES_FIELD): pinned(Num::Int(expected.shared_writes)),
+            f("base_count"): pinned(expected.state.base_count),
+            f("folds"): folds,
+        };
         let mut set = Document::new();
         set.insert(f("base_count"), fold.base_count);
         set.insert(f("base_watermark"), fold.watermark);
@@ -243,9 +224,9 @@ impl Counters for MongoStore {
         let statement = |w: &&CounterDelta, p: &'static str, writer: Writer| {
             let done = format!("{p}{}snapshot_chunk", writer.path());
             let set = rawdoc! {&done: chunk as i64, epoch_field(writer): fence.epoch};
-            let q = guarded_raw(op, w.key.group.to_bson(), &done, chunk as i64, fence)?;
+            let id = raw_value(op, w.key.group.to_bson())?;
             Ok(rawdoc! {
-                "q": with_epoch_field(q, writer, fence),
+                "q": guarded_raw(id, &done, chunk as i64, &epoch_field(writer), fence),
                 "u": upsert(p, increments(p, w.delta, &w.buckets, writer), set),
                 "upsert": true,
             })
@@ -280,60 +261,42 @@ impl MongoStore {
         F: Fn(&&T, &'static str, Writer) -> StoreResult<RawDocumentBuf> + Sync,
     {
         let mut outcome = ApplyOutcome::default();
-        // Every definition is looked up before anything is written: a write for an unknown one
-        // refuses the whole batch.
-        let groups = by_counter(writes, counter)
-            .into_iter()
-            .map(|(counter, writes)| {
-                let place = self.place(op, counter)?;
-                let writer = fence.writer(self.schema.shared(counter));
-                Ok((place.counters, place.prefix, writer, writes))
-            })
-            .collect::<StoreResult<Vec<_>>>()?;
-        for (collection, prefix, writer, writes) in groups {
-            let statement = |w: &&T| statement(w, prefix, writer);
-            let (applied, already_applied) = self
-                .update_many_statements(op, collection, &writes, &statement)
+        for (counter, place, writes) in self.placed(op, writes, counter)? {
+            let writer = fence.writer(self.schema.shared(counter));
+            let statement = |w: &&T| statement(w, place.prefix, writer);
+            let already_applied = self
+                .update_many_statements(op, place.counters, &writes, &statement)
                 .await?;
-            outcome.applied += applied;
+            outcome.applied += writes.len() as u64 - already_applied;
             outcome.already_applied += already_applied;
         }
         Ok(outcome)
     }
-}
 
-/// `items` grouped by their counter definition, in definition order, each group in the order
-/// given (the statements' order within a definition's collection is the batch's).
-pub(super) fn by_counter<T>(
-    items: &[T],
-    counter: impl Fn(&T) -> CounterIx,
-) -> BTreeMap<CounterIx, Vec<&T>> {
-    let mut groups: BTreeMap<CounterIx, Vec<&T>> = BTreeMap::new();
-    for item in items {
-        groups.entry(counter(item)).or_default().push(item);
+    /// `items` grouped by their counter definition, in definition order, each group in the
+    /// order given (the statements' order within a definition's collection is the batch's),
+    /// with the definition's place. Every definition is looked up before anything is written:
+    /// a write for an unknown one refuses the whole batch.
+    pub(super) fn placed<'i, T>(
+        &self,
+        op: &'static str,
+        items: &'i [T],
+        counter: impl Fn(&T) -> CounterIx,
+    ) -> StoreResult<Vec<(CounterIx, Place<'_>, Vec<&'i T>)>> {
+        let mut groups: BTreeMap<CounterIx, Vec<&T>> = BTreeMap::new();
+        for item in items {
+            groups.entry(counter(item)).or_default().push(item);
+        }
+        let place = |(counter, items)| Ok((counter, self.place(op, counter)?, items));
+        groups.into_iter().map(place).collect()
     }
-    groups
 }
 
-/// Where a writer's epoch lives: the document's `epoch` for slot 0, its own under
-/// `writers.p<n>.` else (one per document, shared by a sum and its row count, which the same
-/// batch writes).
+/// Where a writer's epoch lives, and what its writes are fenced on: the document's `epoch` for
+/// slot 0, its own under `writers.p<n>.` else, as a partition's lease epoch says nothing of
+/// another's (one per document, shared by a sum and its row count, which the same batch writes).
 fn epoch_field(writer: Writer) -> String {
     format!("{}epoch", writer.path())
-}
-
-/// A guard filter ([`guarded_raw`], which fences on the document's `epoch`) fenced on the
-/// writer's own epoch instead: a partition's lease epoch says nothing of another's.
-fn with_epoch_field(q: RawDocumentBuf, writer: Writer, fence: &Fence) -> RawDocumentBuf {
-    if writer.slot == 0 {
-        return q;
-    }
-    let others = q.iter().flatten().filter(|(key, _)| *key != "epoch");
-    let mut out: RawDocumentBuf = others
-        .map(|(key, value)| (key, value.to_raw_bson()))
-        .collect();
-    out.append(epoch_field(writer), rawdoc! {"$not": {"$gt": fence.epoch}});
-    out
 }
 
 /// The `$inc` of one counter write: `live_delta`, each bucket, and `count`, which moves with

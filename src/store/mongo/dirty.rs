@@ -36,15 +36,10 @@ impl DirtySet for MongoStore {
         };
         let mut duplicates = 0;
         // Each definition's marks go to its own dirty set.
-        let groups = super::counters::by_counter(marks, |m| m.key.counter)
-            .into_iter()
-            .map(|(counter, marks)| Ok((self.place(op, counter)?.dirty, marks)))
-            .collect::<StoreResult<Vec<_>>>()?;
-        for (dirty, marks) in groups {
+        for (_, place, marks) in self.placed(op, marks, |m| m.key.counter)? {
             duplicates += self
-                .update_many_statements(op, &dirty, &marks, &statement)
-                .await?
-                .1;
+                .update_many_statements(op, &place.dirty, &marks, &statement)
+                .await?;
         }
         if duplicates > 0 {
             // Two upserts raced on a new entry (another marker or a reconcile clear), or the

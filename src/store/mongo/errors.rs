@@ -62,12 +62,11 @@ pub(super) fn driver_error(
     detail: impl Into<String>,
     e: DriverError,
 ) -> StoreError {
-    let (detail, source) = (detail.into(), Box::new(e));
     StoreError::Driver {
         op,
         transient,
-        detail,
-        source,
+        detail: detail.into(),
+        source: Box::new(e),
     }
 }
 

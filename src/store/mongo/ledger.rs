@@ -10,33 +10,20 @@ impl Ledger for MongoStore {
         comments: &[CommentId],
         generation: u64,
     ) -> StoreResult<HashMap<String, LedgerAt>> {
-        let op = "read the ledger";
-        let mut out = HashMap::new();
-        for chunk in comments.chunks(5000) {
-            let ids: Vec<Bson> = chunk.iter().map(|c| c.value.clone()).collect();
-            let mut cursor = self
-                .coll(&self.names.ledger_of(stream))
-                .find(doc! {"_id": {"$in": ids}})
-                .observed(op)
-                .await?;
-            while let Some(entry) = cursor.try_next().await.map_err(|e| map_err(op, e))? {
-                if entry_generation(&entry) < generation {
-                    continue; // written before the latest history gap: unknown
-                }
-                if let Some(id) = entry.get("_id") {
-                    let at = LedgerAt {
-                        state: row_from_ledger(&entry, self.schema.definitions.extra()),
-                        through: entry
-                            .get_str("applied_through")
-                            .ok()
-                            .filter(|t| !t.is_empty())
-                            .map(String::from),
-                    };
-                    out.insert(CommentId::new(id.clone()).key, at);
-                }
-            }
-        }
-        Ok(out)
+        let ledger = self.coll(&self.names.ledger_of(stream));
+        let at = |entry: Document| {
+            // Written before the latest history gap: unknown.
+            (entry_generation(&entry) >= generation).then(|| LedgerAt {
+                state: row_from_ledger(&entry, self.schema.definitions.extra()),
+                through: entry
+                    .get_str("applied_through")
+                    .ok()
+                    .filter(|t| !t.is_empty())
+                    .map(String::from),
+            })
+        };
+        self.by_ids("read the ledger", comments, |ids| ledger.find(ids), at)
+            .await
     }
 
     async fn write_ledger(
@@ -50,13 +37,8 @@ impl Ledger for MongoStore {
         let op = "write the comment ledger";
         // Raw from the start: one statement per event, the worker's most numerous write.
         let statement = |u: &LedgerUpdate| {
-            let filter = guarded_raw(
-                op,
-                u.comment.value.clone(),
-                "applied_through",
-                through.as_str(),
-                fence,
-            )?;
+            let id = raw_value(op, u.comment.value.clone())?;
+            let filter = guarded_raw(id, "applied_through", through.as_str(), "epoch", fence);
             let update = match &u.state {
                 Some(row) => {
                     let (mut set, unset) =

@@ -51,12 +51,12 @@ use self::errors::*;
 use self::observe::Observe;
 use crate::core::batch::{CounterDelta, CounterWrite, DirtyMark};
 use crate::core::definition::stored_name;
-use crate::core::event::LedgerUpdate;
-use crate::core::event::{CommentId, Row, Token};
-use crate::core::key::CounterIx;
-use crate::core::key::GroupValue;
+use crate::core::event::{CommentId, LedgerUpdate, Row, Token};
+use crate::core::fold::{CounterState, Fold};
+use crate::core::key::{CounterIx, GroupValue};
 use crate::core::schema::{Schema, SoftDelete};
 use crate::core::time::BucketStart;
+use crate::core::window::{Touch, LOG_ENTRIES};
 
 /// Field names of counterd's own ledger and pending-batch documents (not the application's:
 /// those come from the [`Schema`]).
@@ -64,8 +64,6 @@ const LEDGER_POST: &str = "post_id";
 const LEDGER_CREATED: &str = "created_at";
 /// A ledger entry's verdicts per counter definition beyond the default.
 const LEDGER_MEMBERS: &str = "members";
-use crate::core::fold::{CounterState, Fold};
-use crate::core::window::{Touch, LOG_ENTRIES};
 
 /// The names of counterd's own collections: a prefix (default `counterd_`) for its bookkeeping,
 /// and the counters collection that readers query (default `comment_counters`).
@@ -212,16 +210,11 @@ impl MongoStore {
         client_options.app_name = Some("counterd".to_string());
         // No command monitor: latency is observed per store call (see `observe`), because the
         // driver copies every command and reply into a document for a monitor.
-        let hosts = client_options
-            .hosts
-            .iter()
-            .map(|h| h.to_string())
-            .collect::<Vec<_>>()
-            .join(",");
+        let hosts: Vec<String> = client_options.hosts.iter().map(|h| h.to_string()).collect();
         let client = Client::with_options(client_options)
             .map_err(|e| driver_error("create the MongoDB client", false, sentence(&e), e))?;
         let db = client.database(&options.database);
-        ping(&db, &hosts, options.connect_timeout).await?;
+        ping(&db, &hosts.join(","), options.connect_timeout).await?;
         let comments = db.collection(&options.comments);
         Ok(MongoStore {
             snapshot_reads: Arc::default(),
@@ -381,12 +374,8 @@ impl MongoStore {
             hello,
             sessions,
             pre_images,
-            // Only real servers (which answer `hello`) send update descriptions and post-batch
-            // tokens; the fake server answers `isMaster` only.
-            update_description: hello,
             // Probed for real (see `snapshot_reads`): never assumed from the version.
             snapshot_reads: replica_set && self.snapshot_reads().await,
-            post_batch_token: hello,
         })
     }
 
@@ -397,9 +386,32 @@ impl MongoStore {
         Ok(entry.as_ref().is_some_and(crate::doctor::pre_images_on))
     }
 
+    /// The documents `find` finds by `_id` among `ids`, read [`IDS_PER_READ`] ids per `$in`, each
+    /// kept as `keep` makes it (`None`: left out) under its comment key.
+    async fn by_ids<'a, T>(
+        &self,
+        op: &'static str,
+        ids: &[CommentId],
+        find: impl Fn(Document) -> mongodb::action::Find<'a, Document>,
+        mut keep: impl FnMut(Document) -> Option<T>,
+    ) -> StoreResult<HashMap<String, T>> {
+        let mut out = HashMap::with_capacity(ids.len());
+        for chunk in ids.chunks(IDS_PER_READ) {
+            let values: Vec<Bson> = chunk.iter().map(|c| c.value.clone()).collect();
+            let mut cursor = find(doc! {"_id": {"$in": values}}).observed(op).await?;
+            while let Some(found) = cursor.try_next().await.map_err(|e| map_err(op, e))? {
+                let key = found.get("_id").map(|id| CommentId::new(id.clone()).key);
+                if let Some((key, kept)) = key.zip(keep(found)) {
+                    out.insert(key, kept);
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// Runs `update` commands of many statements, `ordered: false`, one statement per item;
-    /// returns (statements that wrote, statements rejected by a
-    /// duplicate key). Each command's statements are built just before it is sent, so a large
+    /// returns the statements rejected by a duplicate key (every other write error fails the
+    /// command, so the others wrote). Each command's statements are built just before it is sent, so a large
     /// batch never holds all of its statements at once; each is built straight as raw BSON,
     /// which skips building a document tree and encoding it.
     async fn update_many_statements<T, F>(
@@ -408,12 +420,11 @@ impl MongoStore {
         collection: &str,
         items: &[T],
         statement: F,
-    ) -> StoreResult<(u64, u64)>
+    ) -> StoreResult<u64>
     where
         T: Sync,
         F: Fn(&T) -> StoreResult<RawDocumentBuf> + Sync,
     {
-        let mut wrote = 0;
         let mut duplicates = 0;
         // Servers cap a command at maxWriteBatchSize statements (1000 on old ones).
         for items in items.chunks(1000) {
@@ -421,21 +432,19 @@ impl MongoStore {
             // as document trees held megabytes (see `budget::cost`), as bytes a few hundred KB.
             let chunk = items.iter().map(&statement);
             let chunk = chunk.collect::<StoreResult<RawArrayBuf>>()?;
-            let sent = items.len() as u64;
             let reply = self
                 .db
                 .run_raw_command(rawdoc! {"update": collection, "updates": chunk, "ordered": false})
                 .observed(op)
                 .await?;
-            // Every other write error fails the command, so the statements that did not
-            // write are the duplicates.
-            let refused = write_errors(op, &reply)?;
-            duplicates += refused;
-            wrote += sent - refused;
+            duplicates += write_errors(op, &reply)?;
         }
-        Ok((wrote, duplicates))
+        Ok(duplicates)
     }
 }
+
+/// Ids per batched read by `_id`: one command for a batch of any size the budget allows.
+const IDS_PER_READ: usize = 5000;
 
 /// A value as raw BSON, for statements built raw.
 pub(super) fn raw_value(op: &'static str, value: Bson) -> StoreResult<RawBson> {
@@ -498,25 +507,35 @@ async fn ask(db: &Database, command: Document, op: &'static str) -> StoreResult<
     answered(db.run_command(command).await, op)
 }
 
+/// The documents of a cursor command's reply (its `cursor.firstBatch`).
+fn first_batch(reply: &Document) -> impl Iterator<Item = &Document> {
+    let batch = reply
+        .get_document("cursor")
+        .and_then(|c| c.get_array("firstBatch"));
+    batch.into_iter().flatten().filter_map(Bson::as_document)
+}
+
 /// `field` is not `>= value`: matches a smaller value, a missing field, or another type.
 fn not_gte(value: impl Into<Bson>) -> Document {
     doc! {"$not": {"$gte": value.into()}}
 }
 
 /// The filter of a guarded, fenced worker write, as raw BSON: the document `id` whose `guard`
-/// is not `>= through` (as [`not_gte`]), and whose `epoch` is not newer than ours: the fencing
-/// condition every worker write carries.
+/// is not `>= through` (as [`not_gte`]), and whose `epoch` field (the document's, or a
+/// partition's own: see `Writer`) is not newer than ours: the fencing condition every worker
+/// write carries.
 fn guarded_raw(
-    op: &'static str,
-    id: Bson,
+    id: RawBson,
     guard: &str,
     through: impl Into<RawBson>,
+    epoch: &str,
     fence: &Fence,
-) -> StoreResult<RawDocumentBuf> {
-    let mut filter = rawdoc! {"_id": raw_value(op, id)?};
-    filter.append(guard, rawdoc! {"$not": {"$gte": through.into()}});
-    filter.append("epoch", rawdoc! {"$not": {"$gt": fence.epoch}});
-    Ok(filter)
+) -> RawDocumentBuf {
+    rawdoc! {
+        "_id": id,
+        guard: {"$not": {"$gte": through.into()}},
+        epoch: {"$not": {"$gt": fence.epoch}},
+    }
 }
 
 fn to_date(secs: i64) -> DateTime {

@@ -43,22 +43,12 @@ impl MongoStore {
         }
     }
 
-    /// The comments collection's indexes, each as `{key, name, partialFilterExpression}`.
+    /// The comments collection's indexes, each as the server describes it (`key`, `name`,
+    /// `partialFilterExpression`, ...), as the doctor reads them.
     async fn index_specs(&self) -> Result<Vec<Document>, String> {
         let cursor = self.comments.list_indexes().await.map_err(reply_error)?;
-        let models: Vec<_> = cursor.try_collect().await.map_err(reply_error)?;
-        let spec = |m: mongodb::IndexModel| {
-            let mut spec = doc! {"key": m.keys};
-            let options = m.options.unwrap_or_default();
-            if let Some(name) = options.name {
-                spec.insert("name", name);
-            }
-            if let Some(p) = options.partial_filter_expression {
-                spec.insert("partialFilterExpression", p);
-            }
-            spec
-        };
-        Ok(models.into_iter().map(spec).collect())
+        let specs = cursor.with_type::<Document>().try_collect().await;
+        specs.map_err(reply_error)
     }
 
     /// The newest `sample` rows of the comments collection (by `_id`).
@@ -81,16 +71,10 @@ impl MongoStore {
         let name = self.comments.name();
         let command = doc! {"listCollections": 1, "filter": {"name": name}};
         let reply = self.db.run_command(command).await?;
-        Ok(reply
-            .get_document("cursor")
-            .ok()
-            .and_then(|c| c.get_array("firstBatch").ok())
-            .and_then(|batch| {
-                let mut entries = batch.iter().filter_map(Bson::as_document);
-                entries
-                    .find(|entry| entry.get_str("name") == Ok(name))
-                    .cloned()
-            }))
+        let mut entries = first_batch(&reply);
+        Ok(entries
+            .find(|entry| entry.get_str("name") == Ok(name))
+            .cloned())
     }
 }
 

@@ -177,24 +177,18 @@ impl Room {
 
 /// The pump's task: takes events from the stream as long as the queue has room, stops at an
 /// empty reply until asked again (or for good, see [`Dry::ended`]) and at an error.
-async fn run(mut stream: ChangeStream<RawDocumentBuf>, producer: Producer, mut positioned: bool) {
-    let Producer {
-        queue,
-        mut room,
-        reads,
-        demand,
-    } = producer;
+async fn run(mut stream: ChangeStream<RawDocumentBuf>, mut to: Producer, mut positioned: bool) {
     loop {
         // Taken before the request: a reply asked for now answers this read and later ones.
-        let asked_by = reads.load(Ordering::SeqCst);
+        let asked_by = to.reads.load(Ordering::SeqCst);
         match stream.next_if_any().await {
             Ok(Some(raw)) => {
                 positioned = true;
                 let bytes = (raw.as_bytes().len() + QUEUED_EVENT).min(STREAM_QUEUE);
-                let Some(room) = room.take(bytes).await else {
+                let Some(room) = to.room.take(bytes).await else {
                     return;
                 };
-                if queue.send(Pumped::Event { raw, _room: room }).is_err() {
+                if to.queue.send(Pumped::Event { raw, _room: room }).is_err() {
                     return;
                 }
             }
@@ -206,13 +200,13 @@ async fn run(mut stream: ChangeStream<RawDocumentBuf>, producer: Producer, mut p
                     post_batch,
                     ended,
                 };
-                if queue.send(Pumped::Dry(dry)).is_err() || ended {
+                if to.queue.send(Pumped::Dry(dry)).is_err() || ended {
                     return;
                 }
-                demand.notified().await;
+                to.demand.notified().await;
             }
             Err(e) => {
-                let _ = queue.send(Pumped::Failed(e));
+                let _ = to.queue.send(Pumped::Failed(e));
                 return;
             }
         }

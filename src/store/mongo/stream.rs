@@ -17,10 +17,7 @@ pub(super) fn token_to_resume(token: &Token) -> StoreResult<ResumeToken> {
 }
 
 pub(super) fn resume_to_token(token: &ResumeToken) -> Option<Token> {
-    match bson::to_bson(token).ok()? {
-        Bson::Document(d) => Token::from_resume_document(&d),
-        _ => None,
-    }
+    Token::from_resume_document(&bson::to_document(token).ok()?)
 }
 
 /// The open change stream over `comments`, read ahead by a [`Pump`].
@@ -62,6 +59,89 @@ impl MongoEvents {
         let pump = Pump::start(stream, positioned(&options), 1);
         self.pump = Some(pump);
         Ok(1)
+    }
+
+    /// [`EventSource::read`], but for closing the stream when it fails.
+    async fn take(&mut self, limit: ReadLimit, max_wait: Duration) -> StoreResult<RawBatch> {
+        let started = Instant::now();
+        let deadline = tokio::time::Instant::from_std(started + max_wait);
+        let mut taken = Taken::default();
+        if let Some(carried) = self.carried.take() {
+            if !limit.fits(0, 0, carried.cost) {
+                self.carried = Some(carried);
+                return Ok(RawBatch::default());
+            }
+            taken.push(carried);
+        }
+        let mut carry = None;
+        let mut post_batch = None;
+        let mut this_read = self.begin_read().await?;
+        loop {
+            let within = taken.events.len() < limit.events
+                && (taken.events.is_empty() || started.elapsed() < max_wait);
+            // Beyond its limit a read still looks at the next event while the last one taken
+            // belongs to a transaction: it ends only at the transaction's end (`crate::core::txn`).
+            let looks_further = txn::must_look_further(taken.last_txn.as_ref());
+            if !within && !looks_further {
+                break;
+            }
+            let pump = self.pump.as_mut().expect("open while a read goes on");
+            // With events in hand (and not inside a transaction) the read waits for more only
+            // until `max_wait`.
+            let next = if taken.events.is_empty() || looks_further {
+                pump.next().await
+            } else {
+                match tokio::time::timeout_at(deadline, pump.next()).await {
+                    Ok(next) => next,
+                    Err(_) => break,
+                }
+            };
+            match next {
+                Some(Pumped::Event { raw, .. }) => {
+                    let decoded = decode(&raw)?;
+                    let fits = within && limit.fits(taken.events.len(), taken.bytes, decoded.cost);
+                    if !txn::takes_next(fits, taken.last_txn.as_ref(), decoded.txn.as_ref()) {
+                        carry = Some(decoded);
+                        break;
+                    }
+                    taken.push(decoded);
+                }
+                // Nothing more ready: a transaction's events become visible together, so one
+                // the read was in is complete.
+                Some(Pumped::Dry(dry)) => {
+                    post_batch = dry.post_batch.as_ref().and_then(resume_to_token);
+                    if dry.ended {
+                        self.pump = None;
+                    }
+                    if !taken.events.is_empty() || dry.asked_by >= this_read {
+                        break;
+                    }
+                    // An empty reply asked for before this read began answers an earlier
+                    // question: ask again.
+                    this_read = self.begin_read().await?;
+                }
+                Some(Pumped::Failed(e)) => return Err(stream_err(e, &self.options.start)),
+                None => {
+                    return Err(StoreError::Transient {
+                        op: "read the change stream",
+                        message: "the stream's reader stopped".into(),
+                    })
+                }
+            }
+        }
+        // The position to reopen after: the last event taken (carried or returned) that
+        // names one.
+        let last = carry.as_ref().and_then(|c| c.token.clone());
+        if let Some(last) = last.or(taken.last_token) {
+            self.last = Some(last);
+        }
+        self.carried = carry;
+        Ok(RawBatch {
+            events: taken.events,
+            costs: taken.costs,
+            // Only a read that took everything up to an empty reply stands at its token.
+            post_batch_token: post_batch.filter(|_| self.carried.is_none()),
+        })
     }
 }
 
@@ -188,95 +268,9 @@ fn bson_of(value: RawBsonRef<'_>) -> bson::raw::Result<Bson> {
 #[async_trait]
 impl EventSource for MongoEvents {
     async fn read(&mut self, limit: ReadLimit, max_wait: Duration) -> StoreResult<RawBatch> {
-        let started = Instant::now();
-        let deadline = tokio::time::Instant::from_std(started + max_wait);
-        let mut taken = Taken::default();
-        if let Some(carried) = self.carried.take() {
-            if !limit.fits(0, 0, carried.cost) {
-                self.carried = Some(carried);
-                return Ok(RawBatch::default());
-            }
-            taken.push(carried);
-        }
-        let mut carry = None;
-        let mut post_batch = None;
-        let mut this_read = self.begin_read().await?;
-        loop {
-            let within = taken.events.len() < limit.events
-                && (taken.events.is_empty() || started.elapsed() < max_wait);
-            // Beyond its limit a read still looks at the next event while the last one taken
-            // belongs to a transaction: it ends only at the transaction's end (`crate::core::txn`).
-            let looks_further = txn::must_look_further(taken.last_txn.as_ref());
-            if !within && !looks_further {
-                break;
-            }
-            let pump = self.pump.as_mut().expect("open while a read goes on");
-            // With events in hand (and not inside a transaction) the read waits for more only
-            // until `max_wait`.
-            let next = if taken.events.is_empty() || looks_further {
-                pump.next().await
-            } else {
-                match tokio::time::timeout_at(deadline, pump.next()).await {
-                    Ok(next) => next,
-                    Err(_) => break,
-                }
-            };
-            match next {
-                Some(Pumped::Event { raw, .. }) => {
-                    let decoded = match decode(&raw) {
-                        Ok(decoded) => decoded,
-                        Err(e) => {
-                            self.pump = None;
-                            return Err(e);
-                        }
-                    };
-                    let fits = within && limit.fits(taken.events.len(), taken.bytes, decoded.cost);
-                    if !txn::takes_next(fits, taken.last_txn.as_ref(), decoded.txn.as_ref()) {
-                        carry = Some(decoded);
-                        break;
-                    }
-                    taken.push(decoded);
-                }
-                // Nothing more ready: a transaction's events become visible together, so one
-                // the read was in is complete.
-                Some(Pumped::Dry(dry)) => {
-                    post_batch = dry.post_batch.as_ref().and_then(resume_to_token);
-                    if dry.ended {
-                        self.pump = None;
-                    }
-                    if !taken.events.is_empty() || dry.asked_by >= this_read {
-                        break;
-                    }
-                    // An empty reply asked for before this read began answers an earlier
-                    // question: ask again.
-                    this_read = self.begin_read().await?;
-                }
-                Some(Pumped::Failed(e)) => {
-                    self.pump = None;
-                    return Err(stream_err(e, &self.options.start));
-                }
-                None => {
-                    self.pump = None;
-                    return Err(StoreError::Transient {
-                        op: "read the change stream",
-                        message: "the stream's reader stopped".into(),
-                    });
-                }
-            }
-        }
-        // The position to reopen after: the last event taken (carried or returned) that
-        // names one.
-        let last = carry.as_ref().and_then(|c| c.token.clone());
-        if let Some(last) = last.or(taken.last_token) {
-            self.last = Some(last);
-        }
-        self.carried = carry;
-        Ok(RawBatch {
-            events: taken.events,
-            costs: taken.costs,
-            // Only a read that took everything up to an empty reply stands at its token.
-            post_batch_token: post_batch.filter(|_| self.carried.is_none()),
-        })
+        // A failed read closes the stream: the next opens it again after the last event taken.
+        let read = self.take(limit, max_wait).await;
+        read.inspect_err(|_| self.pump = None)
     }
 }
 
@@ -330,31 +324,17 @@ impl ChangeStreams for MongoStore {
 
     async fn look_up(&self, comments: &[CommentId]) -> StoreResult<HashMap<String, Document>> {
         let op = "read the rows the stream does not carry";
-        let mut out = HashMap::with_capacity(comments.len());
-        for chunk in comments.chunks(LOOK_UP_CHUNK) {
-            let ids: Vec<Bson> = chunk.iter().map(|c| c.value.clone()).collect();
-            // From the primary, like the lookup it replaces: a secondary may lag behind the
-            // events just read.
-            let mut cursor = self
-                .comments
-                .find(doc! {"_id": {"$in": ids}})
-                .projection(self.schema.row_projection())
-                .selection_criteria(SelectionCriteria::ReadPreference(ReadPreference::Primary))
-                .observed(op)
-                .await?;
-            while let Some(row) = cursor.try_next().await.map_err(|e| map_err(op, e))? {
-                if let Some(id) = row.get("_id") {
-                    out.insert(CommentId::new(id.clone()).key, row);
-                }
-            }
-        }
-        Ok(out)
+        // From the primary, like the lookup it replaces: a secondary may lag behind the events
+        // just read.
+        let primary = SelectionCriteria::ReadPreference(ReadPreference::Primary);
+        let projection = self.schema.row_projection();
+        let find = |ids| {
+            let found = self.comments.find(ids).projection(projection.clone());
+            found.selection_criteria(primary.clone())
+        };
+        self.by_ids(op, comments, find, Some).await
     }
 }
-
-/// Ids per batched row read (the ledger reads take 5 000 per `$in` too): one command for a
-/// batch of any size the budget allows.
-const LOOK_UP_CHUNK: usize = 5000;
 
 impl MongoStore {
     /// Opens a change stream on `comments`. With pre-images it asks for them and for

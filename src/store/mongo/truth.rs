@@ -15,30 +15,16 @@ impl Truth for MongoStore {
         watermark: i64,
         at_most: usize,
     ) -> StoreResult<Option<Vec<CommentId>>> {
-        // One more than allowed tells "too many" without reading the rest.
         let op = "read the ids of live comments";
         if self.here(op)?.sum.is_some() {
             return Ok(None); // a sum's recount is the server's `$sum` (see the trait)
         }
-        let limit = i64::try_from(at_most).unwrap_or(i64::MAX - 1) + 1;
-        let mut cursor = self
-            .comments
-            .find(self.live_below(post, watermark)?)
-            .projection(doc! {"_id": 1})
-            .limit(limit)
-            .batch_size(ID_READ_BATCH)
-            .observed(op)
-            .await?;
-        let mut ids = Vec::new();
-        while let Some(doc) = cursor.try_next().await.map_err(|e| map_err(op, e))? {
-            if ids.len() == at_most {
-                return Ok(None);
-            }
-            if let Some(id) = doc.get("_id") {
-                ids.push(CommentId::new(id.clone()));
-            }
-        }
-        Ok(Some(ids))
+        let (filter, mut ids) = (self.live_below(post, watermark)?, Vec::new());
+        let all = self.read_ids(op, filter, doc! {"_id": 1}, at_most, |_, id| {
+            ids.push(id);
+            true
+        });
+        Ok(all.await?.then_some(ids))
     }
 
     async fn live_ids_below_each(
@@ -51,6 +37,11 @@ impl Truth for MongoStore {
             .enumerate()
             .map(|(i, (p, _))| (p, i))
             .collect();
+        let here = self.here("read the ids of live comments")?;
+        if place.len() < wanted.len() || here.sum.is_some() {
+            // A post asked twice: no single read can say which watermark a row was read for.
+            return crate::store::live_ids_below_one_by_one(self, wanted, at_most).await;
+        }
         let mut by_watermark: BTreeMap<i64, Vec<GroupValue>> = BTreeMap::new();
         for (post, watermark) in wanted {
             by_watermark
@@ -58,42 +49,21 @@ impl Truth for MongoStore {
                 .or_default()
                 .push(post.clone());
         }
-        if place.len() < wanted.len() || self.here("read the ids of live comments")?.sum.is_some() {
-            // A post asked twice: no single read can say which watermark a row was read for.
-            return crate::store::live_ids_below_one_by_one(self, wanted, at_most).await;
-        }
         let branches = by_watermark
             .iter()
             .map(|(watermark, posts)| self.live_below_any(posts, *watermark))
             .collect::<StoreResult<Vec<Document>>>()?;
-        let group = self.here("read the ids of live comments")?.group;
-        let limit = i64::try_from(at_most).unwrap_or(i64::MAX - 1) + 1;
         let op = "read the ids of live comments of a group of posts";
-        let mut cursor = self
-            .comments
-            .find(doc! {"$or": branches})
-            .projection(doc! {"_id": 1, group: 1})
-            .limit(limit)
-            .batch_size(ID_READ_BATCH)
-            .observed(op)
-            .await?;
         let mut reads = vec![Vec::new(); wanted.len()];
-        let mut held = 0;
-        while let Some(doc) = cursor.try_next().await.map_err(|e| map_err(op, e))? {
-            if held == at_most {
-                return Ok(None);
-            }
-            let Some(id) = doc.get("_id") else { continue };
+        let (filter, projection) = (doc! {"$or": branches}, doc! {"_id": 1, here.group: 1});
+        let all = self.read_ids(op, filter, projection, at_most, |doc, id| {
             // The row's post as the worker reads it: the filter's `$in` matches by MongoDB's
             // equality, and the post read here is the one that equality names.
-            let post =
-                crate::core::schema::Schema::get(&doc, group).and_then(GroupValue::from_bson);
-            if let Some(&i) = post.and_then(|p| place.get(&p)) {
-                reads[i].push(CommentId::new(id.clone()));
-                held += 1;
-            }
-        }
-        Ok(Some(reads))
+            let post = Schema::get(doc, here.group).and_then(GroupValue::from_bson);
+            let i = post.and_then(|p| place.get(&p).copied());
+            i.map(|i| reads[i].push(id)).is_some()
+        });
+        Ok(all.await?.then_some(reads))
     }
 
     async fn count_live_below_at(
@@ -191,6 +161,32 @@ impl Truth for MongoStore {
 }
 
 impl MongoStore {
+    /// Reads the rows `filter` selects (their `projection`), handing each one's id to `hold`,
+    /// which says whether it kept it; `false` once more than `at_most` are kept, without
+    /// reading the rest (one more than allowed tells "too many").
+    async fn read_ids(
+        &self,
+        op: &'static str,
+        filter: Document,
+        projection: Document,
+        at_most: usize,
+        mut hold: impl FnMut(&Document, CommentId) -> bool,
+    ) -> StoreResult<bool> {
+        let limit = i64::try_from(at_most).unwrap_or(i64::MAX - 1) + 1;
+        let found = self.comments.find(filter).projection(projection);
+        let found = found.limit(limit).batch_size(ID_READ_BATCH);
+        let mut cursor = found.observed(op).await?;
+        let mut held = 0;
+        while let Some(doc) = cursor.try_next().await.map_err(|e| map_err(op, e))? {
+            if held == at_most {
+                return Ok(false);
+            }
+            let Some(id) = doc.get("_id") else { continue };
+            held += usize::from(hold(&doc, CommentId::new(id.clone())));
+        }
+        Ok(true)
+    }
+
     /// Rows read with the schema's row projection, each with its comment id, converted as the
     /// cursor yields them: the documents are never held as a list beside the rows (a snapshot
     /// chunk's charge to the memory budget is for its rows).
@@ -331,14 +327,8 @@ impl MongoStore {
                 "readConcern": {"level": "snapshot", "atClusterTime": at},
             })
             .await?;
-        let first = reply
-            .get_document("cursor")
-            .ok()
-            .and_then(|c| c.get_array("firstBatch").ok())
-            .and_then(|b| b.first())
-            .and_then(Bson::as_document)
-            .cloned();
-        Ok(tallied(first.as_ref()))
+        let n = tallied(first_batch(&reply).next());
+        Ok(n)
     }
 
     /// What the rows `filter` selects add up to for the viewed definition: their number, or

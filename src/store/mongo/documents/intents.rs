@@ -26,7 +26,7 @@ struct CounterDeltaDoc {
     /// `None`: a batch recorded before `touched` existed, which touched exactly its non-zero
     /// buckets.
     #[serde(default)]
-    touched: Option<Vec<BucketStart>>,
+    touched: Option<std::collections::BTreeSet<BucketStart>>,
     /// The rows the batch named for the post (`None`: not listed, or a batch recorded before
     /// the counter's log existed; a recount spanning it refuses).
     #[serde(default)]
@@ -40,7 +40,7 @@ impl From<&CounterDelta> for CounterDeltaDoc {
             post: c.key.group.clone(),
             delta: c.delta,
             buckets: c.buckets.clone(),
-            touched: Some(c.touched.iter().copied().collect()),
+            touched: Some(c.touched.clone()),
             comments: c
                 .comments
                 .as_ref()
@@ -51,10 +51,8 @@ impl From<&CounterDelta> for CounterDeltaDoc {
 
 impl From<CounterDeltaDoc> for CounterDelta {
     fn from(c: CounterDeltaDoc) -> Self {
-        let touched = match c.touched {
-            Some(list) => list.into_iter().collect(),
-            None => c.buckets.keys().copied().collect(),
-        };
+        let nonzero = || c.buckets.keys().copied().collect();
+        let touched = c.touched.unwrap_or_else(nonzero);
         CounterDelta {
             key: CounterKey::new(CounterIx(c.counter), c.post),
             delta: c.delta,
@@ -166,21 +164,18 @@ struct MarkDoc {
 
 impl From<&DirtyMark> for MarkDoc {
     fn from(m: &DirtyMark) -> Self {
-        let (counter, post) = (m.key.counter.0, m.key.group.clone());
-        let bucket = m.newest_bucket;
         MarkDoc {
-            counter,
-            post,
-            bucket,
+            counter: m.key.counter.0,
+            post: m.key.group.clone(),
+            bucket: m.newest_bucket,
         }
     }
 }
 
 impl From<MarkDoc> for DirtyMark {
     fn from(m: MarkDoc) -> Self {
-        let key = CounterKey::new(CounterIx(m.counter), m.post);
         DirtyMark {
-            key,
+            key: CounterKey::new(CounterIx(m.counter), m.post),
             newest_bucket: m.bucket,
         }
     }
@@ -325,7 +320,7 @@ pub(in crate::store::mongo) fn snapshot_to_doc(p: &SnapshotProgress) -> StoreRes
     to_stored(
         "record the snapshot's progress",
         &SnapshotDoc {
-            state: p.state.as_str().to_string(),
+            state: p.state.as_ref().to_string(),
             started_at: p.started_at,
             finished_at: p.finished_at,
             last_id: comment_value(&p.last_id),
