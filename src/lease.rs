@@ -58,23 +58,17 @@ impl LeaseError {
     /// The failure of a task that ended without returning.
     pub fn from_join(stream: &str, error: tokio::task::JoinError) -> LeaseError {
         let stream = stream.to_string();
-        match error.try_into_panic() {
-            Ok(payload) => LeaseError::Panicked {
-                stream,
-                message: panic_message(payload.as_ref()),
-            },
-            Err(_) => LeaseError::Cancelled { stream },
-        }
+        let Ok(payload) = error.try_into_panic() else {
+            return LeaseError::Cancelled { stream };
+        };
+        // `panic!` hands over a `&str` or a `String`.
+        let message = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "(no message)".into());
+        LeaseError::Panicked { stream, message }
     }
-}
-
-/// A panic's message (`panic!` hands over a `&str` or a `String`).
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "(no message)".into())
 }
 
 /// The active work's error, as the lease needs to see it.

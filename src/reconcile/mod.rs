@@ -31,7 +31,7 @@ use crate::core::definition::stored_name;
 use crate::core::fold::{watermark_for, RunKind};
 use crate::core::key::CounterIx;
 use crate::core::key::GroupValue;
-use crate::recount::{CatchUp, FoundBehind, Recounter};
+use crate::recount::{CatchUp, FoundBehind, Pace, Recounter};
 use crate::shutdown::{sleep_or_shutdown, Shutdown};
 use crate::store::{DirtyOrder, RunSummary, Store, StoreError, StoreResult};
 use crate::telemetry as m;
@@ -286,7 +286,8 @@ impl<S: Store + ?Sized> Reconciler<S> {
             .await?
             .into_iter()
             .find(|d| d.post == *post);
-        let mut run = Run::new(&self.settings, RunKind::Post, watermark).unpaced();
+        let mut run = Run::new(&self.settings, RunKind::Post, watermark);
+        run.pace = Pace::new(0); // one post, asked for by hand: not paced
         let outcome = self
             .reconcile_posts(std::slice::from_ref(post), watermark, false, &mut run)
             .await?;

@@ -193,12 +193,12 @@ pub(super) struct Run {
     pub(super) summary: RunSummary,
     corrections: Vec<Correction>,
     contended: Vec<String>,
-    pace: Pace,
+    pub(super) pace: Pace,
 }
 
 impl Run {
     /// A run of `kind` at `watermark` for the settings' stream and counter, paced at their
-    /// `counts_per_second` (see [`Run::unpaced`]).
+    /// `counts_per_second`.
     pub(super) fn new(settings: &ReconcileSettings, kind: RunKind, watermark: i64) -> Run {
         let counter = settings.counter_name.clone();
         Run {
@@ -219,12 +219,6 @@ impl Run {
             counter,
             kind,
         }
-    }
-
-    /// The same run without pacing (one post, asked for by hand).
-    pub(super) fn unpaced(mut self) -> Run {
-        self.pace = Pace::new(0);
-        self
     }
 
     /// A fold covered the settled changes of a dirty entry: how long they waited.
