@@ -114,28 +114,17 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         outln!("dirty           yes (waiting for a recount)");
     }
     outln!("base watermark  {}", state.base_watermark);
-    let buckets: Vec<String> = state
-        .buckets
-        .iter()
-        .map(|(k, v)| format!("{k}:{v:+}"))
-        .collect();
+    let buckets = state.buckets.iter().map(|(k, v)| format!("{k}:{v:+}"));
+    let buckets = buckets.collect::<Vec<_>>().join(" ");
     outln!(
         "buckets         {}",
-        if buckets.is_empty() {
-            "none".into()
-        } else {
-            buckets.join(" ")
-        }
+        if buckets.is_empty() { "none" } else { &buckets }
     );
-    outln!(
-        "applied through {}",
-        counter.applied_through.unwrap_or_else(|| "-".into())
-    );
+    let through = counter.applied_through.as_deref().unwrap_or("-");
+    outln!("applied through {through}");
     for (n, w) in &counter.writers {
-        outln!(
-            "  by p{n}        {}",
-            w.applied_through.as_deref().unwrap_or("-")
-        );
+        let through = w.applied_through.as_deref().unwrap_or("-");
+        outln!("  by p{n}        {through}");
     }
     let at = counter.reconciled_at.map(rfc3339).unwrap_or_default();
     let drift = counter

@@ -47,10 +47,8 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     let mut outcomes = Vec::new();
     for (stream, partition) in settings.streams() {
         let result = snapshot_stream(&store, &settings, &owner, &stream, partition).await;
-        let snapshot = store
-            .load_checkpoint(&stream)
-            .await?
-            .and_then(|c| c.snapshot);
+        let checkpoint = store.load_checkpoint(&stream).await?;
+        let snapshot = checkpoint.and_then(|c| c.snapshot);
         outcomes.push(Outcome {
             stream,
             result: result?,

@@ -268,8 +268,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         counters,
     };
     if args.json {
-        print_json(&status)?;
-        return Ok(ExitCode::SUCCESS);
+        return print_json(&status).map(|_| ExitCode::SUCCESS);
     }
     let or_none = |v: &Option<String>| v.clone().unwrap_or_else(|| "none".into());
     // Which source a line is about, where there is more than one.

@@ -32,10 +32,8 @@ impl<S: Store + ?Sized> Reconciler<S> {
         progress: impl FnMut(u64) + Send,
         shutdown: Option<Shutdown>,
     ) -> StoreResult<RunReport> {
-        Ok(self
-            .sweep_posts(now_secs, None, progress, shutdown)
-            .await?
-            .0)
+        let swept = self.sweep_posts(now_secs, None, progress, shutdown).await;
+        swept.map(|(report, _)| report)
     }
 
     /// Clears the stream's sweep request.

@@ -42,14 +42,17 @@ pub trait Truth: Send + Sync {
     }
 
     /// The same count as of cluster time `at` (a snapshot read), on servers whose snapshot
-    /// reads were detected for real. `None`: no snapshot reads here, or `at` is older than the
-    /// server's snapshot window; the caller falls back to the row-level recount.
+    /// reads were detected for real. `None`: no snapshot reads here (the default: the in-process
+    /// store has none, like the fake test server), or `at` is older than the server's snapshot
+    /// window; the caller falls back to the row-level recount.
     async fn count_live_below_at(
         &self,
-        post: &GroupValue,
-        watermark: i64,
-        at: Timestamp,
-    ) -> StoreResult<Option<Num>>;
+        _post: &GroupValue,
+        _watermark: i64,
+        _at: Timestamp,
+    ) -> StoreResult<Option<Num>> {
+        Ok(None)
+    }
 
     /// Seconds of the latest `created_at` among all rows of `post`, live or not (`None`: no
     /// dated row). Used by the sweep after lost history to fold above every known row.

@@ -27,8 +27,12 @@ use crate::telemetry as m;
 /// a drained position after its read.
 const IDLE_READS_PER_DRAINED_RECORD: u32 = 10;
 
-/// Session-local state: events read but not yet applied, and the drained-position throttle.
-struct Pending {
+/// One open session's state: the worker's view of the checkpoint, the open stream, events read
+/// but not yet applied, and the drained-position throttle.
+struct Session {
+    /// The stream's checkpoint as this worker last wrote or read it.
+    checkpoint: Checkpoint,
+    source: Box<dyn EventSource>,
     events: VecDeque<ChangeEvent>,
     /// What each of `events` is charged against the memory budget, in their order.
     costs: VecDeque<usize>,
@@ -80,10 +84,16 @@ pub fn next_batch_limit(current: usize, asked: usize, got: usize, min: usize, ma
     next.clamp(min, max)
 }
 
-impl Pending {
-    /// Nothing read yet, at `checkpoint`'s position; a snapshot chunk is due `now`.
-    fn new(settings: &super::WorkerSettings, checkpoint: &Checkpoint, now: DateTime) -> Pending {
-        Pending {
+impl Session {
+    /// Nothing read yet from `source`, opened at `checkpoint`'s position; a snapshot chunk is
+    /// due `now`.
+    fn new(
+        settings: &super::WorkerSettings,
+        checkpoint: Checkpoint,
+        source: Box<dyn EventSource>,
+        now: DateTime,
+    ) -> Session {
+        Session {
             events: VecDeque::new(),
             costs: VecDeque::new(),
             held: settings.budget.none(),
@@ -101,13 +111,15 @@ impl Pending {
             prefetched: None,
             carrying: Carrying::new(&settings.budget),
             next_chunk_at: now,
+            checkpoint,
+            source,
         }
     }
 
     /// Takes the next batch (see [`take_batch`]), with its share of the budget, held until it
     /// is written, and the ledger entries read ahead for it.
-    fn take_batch(&mut self, high_water: Option<&Token>) -> Taken {
-        let events = take_batch(&mut self.events, high_water);
+    fn take_batch(&mut self) -> Taken {
+        let events = take_batch(&mut self.events, self.checkpoint.high_water.as_ref());
         let batch_bytes: usize = self.costs.drain(..events.len()).sum();
         let grant = self.held.split(batch_bytes);
         let prefetched = self.prefetched.take();
@@ -143,31 +155,22 @@ impl<S: Store + ?Sized> Worker<S> {
         shutdown: &Shutdown,
         backoff: &mut backon::ExponentialBackoff,
     ) -> Result<(), SessionError> {
-        let (mut checkpoint, configured_start) = self.resume(fence).await?;
-        let snapshotter = self.snapshotter(fence);
+        let (checkpoint, configured_start) = self.resume(fence).await?;
         let Some(_reply) = self.reserve_reply(shutdown).await else {
             return Ok(());
         };
-        let mut source = self.open(fence, &checkpoint, configured_start).await?;
-        let mut pending = Pending::new(&self.settings, &checkpoint, self.clock.now());
+        let source = self.open(fence, &checkpoint, configured_start).await?;
+        let mut session = Session::new(&self.settings, checkpoint, source, self.clock.now());
         loop {
             if shutdown.requested() {
-                self.stop(fence, &mut checkpoint, &mut pending.carrying)
-                    .await;
+                self.stop(fence, &mut session).await;
                 return Ok(());
             }
-            let chunk =
-                self.snapshot_chunk(fence, &snapshotter, &mut checkpoint, &mut pending, shutdown);
+            let chunk = self.snapshot_chunk(fence, &mut session, shutdown);
             if let Flow::Stopped = chunk.await? {
                 return Ok(());
             }
-            let step = self.timed_step(
-                fence,
-                &mut checkpoint,
-                source.as_mut(),
-                &mut pending,
-                shutdown,
-            );
+            let step = self.timed_step(fence, &mut session, shutdown);
             let idle = match step.await? {
                 Flow::Go(idle) => idle,
                 Flow::Stopped => return Ok(()),
@@ -279,26 +282,26 @@ impl<S: Store + ?Sized> Worker<S> {
     async fn snapshot_chunk(
         &self,
         fence: &Fence,
-        snapshotter: &crate::snapshot::Snapshotter<'_, S>,
-        checkpoint: &mut Checkpoint,
-        pending: &mut Pending,
+        session: &mut Session,
         shutdown: &Shutdown,
     ) -> Result<Flow<()>, SessionError> {
-        if !checkpoint.snapshot_running() || self.clock.now() < pending.next_chunk_at {
+        let checkpoint = &mut session.checkpoint;
+        if !checkpoint.snapshot_running() || self.clock.now() < session.next_chunk_at {
             return Ok(Flow::Go(()));
         }
         // One chunk between two batches, at the configured rate, of as many rows as the
         // memory budget has room for (waiting for room only while this worker holds
         // no events: see `crate::budget`). Carried counters are written first: the
         // chunk's counts are added beside the stream's (see `crate::snapshot`).
-        self.flush(fence, checkpoint, &mut pending.carrying).await?;
+        self.flush(fence, checkpoint, &mut session.carrying).await?;
         let want = self.settings.snapshot.chunk_rows * cost::ROW_COST;
         let rows = tokio::select! {
             biased;
-            grant = self.settings.budget.take_for(&pending.held, cost::ROW_COST, want) => grant,
+            grant = self.settings.budget.take_for(&session.held, cost::ROW_COST, want) => grant,
             _ = shutdown.wait() => return Ok(Flow::Stopped),
         };
         let max_rows = rows.bytes() / cost::ROW_COST;
+        let snapshotter = self.snapshotter(fence);
         let chunk = tokio::time::timeout(self.settings.operation_timeout, async {
             if max_rows == 0 {
                 return Ok(crate::snapshot::Step::Idle);
@@ -315,7 +318,7 @@ impl<S: Store + ?Sized> Worker<S> {
         };
         if let crate::snapshot::Step::Chunk { rows } = step {
             let pause = self.settings.snapshot.pause_after(rows);
-            pending.next_chunk_at = DateTime::from_millis(
+            session.next_chunk_at = DateTime::from_millis(
                 self.clock.now().timestamp_millis() + pause.as_millis() as i64,
             );
         }
@@ -327,15 +330,10 @@ impl<S: Store + ?Sized> Worker<S> {
     async fn timed_step(
         &self,
         fence: &Fence,
-        checkpoint: &mut Checkpoint,
-        source: &mut dyn EventSource,
-        pending: &mut Pending,
+        session: &mut Session,
         shutdown: &Shutdown,
     ) -> Result<Flow<bool>, SessionError> {
-        let step = tokio::time::timeout(
-            self.settings.operation_timeout,
-            self.step(fence, checkpoint, source, pending),
-        );
+        let step = tokio::time::timeout(self.settings.operation_timeout, self.step(fence, session));
         // `biased`: the branches are polled in this order, never in a random one, so a
         // stop requested while a step runs ends it at the same point every time (the
         // simulation replays a seed exactly).
@@ -349,7 +347,7 @@ impl<S: Store + ?Sized> Worker<S> {
             // recorded intent is re-applied exactly, as planned, by the next session.
             // What is carried is still written when the batches it holds are settled.
             _ = shutdown.wait() => {
-                self.stop(fence, checkpoint, &mut pending.carrying).await;
+                self.stop(fence, session).await;
                 return Ok(Flow::Stopped);
             }
         };
@@ -361,12 +359,12 @@ impl<S: Store + ?Sized> Worker<S> {
     /// abandoned a batch mid-way leaves it, as planned, to whoever resumes the stream), and
     /// within [`STOP_FLUSH`] (a stop is not held up by a slow server: the intent holds the
     /// carry, and the next start writes it).
-    async fn stop(&self, fence: &Fence, checkpoint: &mut Checkpoint, carrying: &mut Carrying) {
-        if !carrying.settled {
+    async fn stop(&self, fence: &Fence, session: &mut Session) {
+        if !session.carrying.settled {
             return;
         }
         let limit = STOP_FLUSH.min(self.settings.operation_timeout);
-        let flush = self.flush(fence, checkpoint, carrying);
+        let flush = self.flush(fence, &mut session.checkpoint, &mut session.carrying);
         let outcome = tokio::time::timeout(limit, flush).await;
         if let Err(error) = outcome.unwrap_or_else(|_| {
             Err(StoreError::Transient {
@@ -384,77 +382,66 @@ impl<S: Store + ?Sized> Worker<S> {
     /// within the budget ([`Worker::read`]) unless a batch is already waiting; then the batch
     /// is applied (see [`Worker::apply`]), while behind with the next one read ahead
     /// ([`Worker::apply_reading_ahead`]).
-    async fn step(
-        &self,
-        fence: &Fence,
-        checkpoint: &mut Checkpoint,
-        source: &mut dyn EventSource,
-        pending: &mut Pending,
-    ) -> Result<bool, SessionError> {
+    async fn step(&self, fence: &Fence, session: &mut Session) -> Result<bool, SessionError> {
         // Counters are carried only while more events are read and waiting (see
         // `crate::core::carry`): otherwise what is carried is written now, before the stream is read
         // on caught up (a read that waits for events holds nothing else; `crate::budget`).
-        let carry_on = pending.behind
-            && !pending.events.is_empty()
-            && !checkpoint.snapshot_running()
-            && !pending.carrying.expired(self.clock.now());
+        let carry_on = session.behind
+            && !session.events.is_empty()
+            && !session.checkpoint.snapshot_running()
+            && !session.carrying.expired(self.clock.now());
         if !carry_on {
-            self.flush(fence, checkpoint, &mut pending.carrying).await?;
+            self.flush(fence, &mut session.checkpoint, &mut session.carrying)
+                .await?;
         }
-        if self.wants_read(pending) && self.read(fence, checkpoint, source, pending).await? {
+        if self.wants_read(session) && self.read(fence, session).await? {
             return Ok(true);
         }
-        pending.idle = false;
-        let taken = pending.take_batch(checkpoint.high_water.as_ref());
-        if pending.behind {
-            self.apply_reading_ahead(fence, checkpoint, source, pending, taken)
-                .await?;
+        session.idle = false;
+        let taken = session.take_batch();
+        if session.behind {
+            self.apply_reading_ahead(fence, session, taken).await?;
         } else {
             let Taken { batch, grant } = taken;
-            self.apply(fence, checkpoint, batch, &mut pending.carrying, false)
+            let (checkpoint, carrying) = (&mut session.checkpoint, &mut session.carrying);
+            self.apply(fence, checkpoint, batch, carrying, false)
                 .await?;
             drop(grant);
         }
-        pending.applied_since_drained = true;
+        session.applied_since_drained = true;
         Ok(false)
     }
 
     /// Whether the next batch needs a read: it is not full by count, nor by bytes.
-    fn wants_read(&self, pending: &Pending) -> bool {
+    fn wants_read(&self, session: &Session) -> bool {
         // Events read ahead that already fill a read's share of the budget are a whole batch:
         // a read topping them up would be cut to nothing and look like a caught-up stream
         // (which would halve the next batch and stop the read ahead and the carry).
-        let full_by_bytes = !pending.events.is_empty()
-            && cost::read_share(self.budget_total()).saturating_sub(pending.held.bytes())
+        let full_by_bytes = !session.events.is_empty()
+            && cost::read_share(self.budget_total()).saturating_sub(session.held.bytes())
                 < cost::MIN_READ;
-        pending.events.len() < pending.batch_limit && !full_by_bytes
+        session.events.len() < session.batch_limit && !full_by_bytes
     }
 
     /// Reads the stream within the memory budget, and takes what it read in. Returns true
     /// when nothing waits to be applied (the stream was idle; its position is checkpointed).
-    async fn read(
-        &self,
-        fence: &Fence,
-        checkpoint: &mut Checkpoint,
-        source: &mut dyn EventSource,
-        pending: &mut Pending,
-    ) -> Result<bool, SessionError> {
+    async fn read(&self, fence: &Fence, session: &mut Session) -> Result<bool, SessionError> {
         // On an idle stream, note where the server stands before reading: an empty answer
         // then proves that every event before that position is applied.
-        let before_read = if pending.events.is_empty() && pending.idle {
+        let before_read = if session.events.is_empty() && session.idle {
             Some(self.store.read_position().await?.lower)
         } else {
             None
         };
-        let asked = pending.batch_limit - pending.events.len();
+        let asked = session.batch_limit - session.events.len();
         // Holding nothing, the read waits for room in the budget; topping up a batch it
         // takes what is free.
-        let holding = pending.held.bytes() > 0;
-        let want = cost::read_share(self.budget_total()).saturating_sub(pending.held.bytes());
+        let holding = session.held.bytes() > 0;
+        let want = cost::read_share(self.budget_total()).saturating_sub(session.held.bytes());
         let mut grant = self
             .settings
             .budget
-            .take_for(&pending.held, cost::MIN_READ, want)
+            .take_for(&session.held, cost::MIN_READ, want)
             .await;
         let limit = ReadLimit {
             events: if grant.bytes() == 0 { 0 } else { asked },
@@ -464,19 +451,22 @@ impl<S: Store + ?Sized> Worker<S> {
         let read = if limit.events == 0 {
             Read::default()
         } else {
-            let raw = source.read(limit, self.settings.max_batch_wait).await?;
+            let raw = session
+                .source
+                .read(limit, self.settings.max_batch_wait)
+                .await?;
             Read::parse(&fence.stream, &limit, asked, raw)
         };
         self.settle(&mut grant, &read);
         let (got, post_batch) = (read.got, read.post_batch_token.clone());
-        self.take_in(checkpoint, pending, read, grant)?;
-        if !pending.events.is_empty() {
+        self.take_in(session, read, grant)?;
+        if !session.events.is_empty() {
             return Ok(false);
         }
         self.status.drained();
-        let idle_before = std::mem::replace(&mut pending.idle, true);
+        let idle_before = std::mem::replace(&mut session.idle, true);
         let drained_at = before_read.filter(|_| idle_before && got == 0);
-        self.checkpoint_idle(fence, checkpoint, post_batch, drained_at, pending)
+        self.checkpoint_idle(fence, session, post_batch, drained_at)
             .await?;
         Ok(true)
     }
@@ -488,15 +478,13 @@ impl<S: Store + ?Sized> Worker<S> {
     async fn apply_reading_ahead(
         &self,
         fence: &Fence,
-        checkpoint: &mut Checkpoint,
-        source: &mut dyn EventSource,
-        pending: &mut Pending,
+        session: &mut Session,
         taken: Taken,
     ) -> Result<(), SessionError> {
-        let ahead = self.read_ahead_limit(checkpoint, pending);
-        let read_ahead = self.read_ahead(fence, source, &ahead);
-        let may_carry = !checkpoint.snapshot_running();
-        let carrying = &mut pending.carrying;
+        let ahead = self.read_ahead_limit(session);
+        let read_ahead = self.read_ahead(fence, session.source.as_mut(), &ahead);
+        let may_carry = !session.checkpoint.snapshot_running();
+        let (checkpoint, carrying) = (&mut session.checkpoint, &mut session.carrying);
         let applied = self.apply(fence, checkpoint, taken.batch, carrying, may_carry);
         let (applied, read) = tokio::join!(applied, read_ahead);
         drop(taken.grant);
@@ -504,8 +492,8 @@ impl<S: Store + ?Sized> Worker<S> {
         let (read, ledger) = read?;
         let mut grant = ahead.grant;
         self.settle(&mut grant, &read);
-        self.take_in(checkpoint, pending, read, grant)?;
-        pending.prefetched = ledger.map(|mut ledger| {
+        self.take_in(session, read, grant)?;
+        session.prefetched = ledger.map(|mut ledger| {
             ledger.overlay(written);
             ledger
         });
@@ -515,14 +503,14 @@ impl<S: Store + ?Sized> Worker<S> {
     /// Sizes the read ahead: the events the next batch still wants, within what the budget
     /// has free now (the read ahead holds the batch being written: it is cut to what is free,
     /// or not made at all).
-    fn read_ahead_limit(&self, checkpoint: &Checkpoint, pending: &Pending) -> ReadAhead {
-        let asked = pending.batch_limit.saturating_sub(pending.events.len());
+    fn read_ahead_limit(&self, session: &Session) -> ReadAhead {
+        let asked = session.batch_limit.saturating_sub(session.events.len());
         // Only when the read ahead is the whole next batch, and no snapshot chunk can
         // claim entries between the two batches.
-        let prefetch = pending.events.is_empty()
+        let prefetch = session.events.is_empty()
             && self.settings.attribution.uses_ledger()
-            && !checkpoint.snapshot_running();
-        let generation = checkpoint.ledger_generation();
+            && !session.checkpoint.snapshot_running();
+        let generation = session.checkpoint.ledger_generation();
         let grant = self
             .settings
             .budget
@@ -585,30 +573,24 @@ impl<S: Store + ?Sized> Worker<S> {
 
     /// Takes a read in (its events, with the budget they hold), and sizes the next read by how
     /// full this one came back.
-    fn take_in(
-        &self,
-        checkpoint: &Checkpoint,
-        pending: &mut Pending,
-        read: Read,
-        grant: Grant,
-    ) -> Result<(), SessionError> {
+    fn take_in(&self, session: &mut Session, read: Read, grant: Grant) -> Result<(), SessionError> {
         self.status.progressed(self.clock.now());
-        pending.held.merge(grant);
-        pending.costs.extend(read.costs);
-        pending.behind = read.got >= read.asked;
-        pending.batch_limit = next_batch_limit(
-            pending.batch_limit,
+        session.held.merge(grant);
+        session.costs.extend(read.costs);
+        session.behind = read.got >= read.asked;
+        session.batch_limit = next_batch_limit(
+            session.batch_limit,
             read.asked,
             read.got,
             self.settings.batch_size,
             self.settings.max_batch_size,
         );
-        pending.events.extend(read.events);
-        if let (Some(first), Some(since)) = (pending.events.front(), pending.resumed_after) {
-            pending.resumed_after = None;
+        session.events.extend(read.events);
+        if let (Some(first), Some(since)) = (session.events.front(), session.resumed_after) {
+            session.resumed_after = None;
             if let Some(at) = first.cluster_time.filter(|at| *at < since) {
                 return Err(StoreError::HistoryMismatch {
-                    position: position_of(checkpoint),
+                    position: position_of(&session.checkpoint),
                     reason: format!("the first event after it ({} at {}) is older than the checkpoint's own event (at {}): this stream is not the history the checkpoint came from", first.token, rfc3339(at), rfc3339(since)),
                 }
                 .into());
@@ -622,11 +604,11 @@ impl<S: Store + ?Sized> Worker<S> {
     async fn checkpoint_idle(
         &self,
         fence: &Fence,
-        checkpoint: &mut Checkpoint,
+        session: &mut Session,
         post_batch: Option<Token>,
         drained_at: Option<Timestamp>,
-        pending: &mut Pending,
     ) -> Result<(), SessionError> {
+        let checkpoint = &mut session.checkpoint;
         let newer = |token: &Token| checkpoint.token.as_ref().is_none_or(|t| t < token);
         if let Some(token) = post_batch.filter(newer) {
             self.store.save_checkpoint(fence, &token, None).await?;
@@ -639,13 +621,13 @@ impl<S: Store + ?Sized> Worker<S> {
         if let Some(at) = drained_at {
             // Every event before `at` is applied: the lag is measured from here.
             self.status.caught_up_to(at.time as i64);
-            pending.idle_reads += 1;
-            if pending.applied_since_drained || pending.idle_reads >= IDLE_READS_PER_DRAINED_RECORD
+            session.idle_reads += 1;
+            if session.applied_since_drained || session.idle_reads >= IDLE_READS_PER_DRAINED_RECORD
             {
                 self.store.record_caught_up(fence, at).await?;
                 checkpoint.caught_up_at = checkpoint.caught_up_at.max(Some(at));
-                pending.applied_since_drained = false;
-                pending.idle_reads = 0;
+                session.applied_since_drained = false;
+                session.idle_reads = 0;
             }
         }
         self.report_checkpoint(&fence.stream, crate::recount::applied_before(checkpoint));

@@ -109,13 +109,13 @@ impl Sim {
         }
         for counter in s.memory.counter_ixs().into_iter().skip(1) {
             for (group, c) in &s.memory.tables(counter).counters {
-                let sum: counterd::core::num::Num = c.buckets.values().sum();
-                if c.count.differs(c.displayed())
-                    || (sum.differs(c.live_delta) && !self.seed_fold())
+                let sum: counterd::core::num::Num = c.state.buckets.values().sum();
+                if c.count.differs(c.state.displayed())
+                    || (sum.differs(c.state.live_delta) && !self.seed_fold())
                 {
                     return Err(format!(
                         "definition #{} counter {group}: count {}, base_count {} + live_delta {}, buckets {:?}",
-                        counter.0, c.count, c.base_count, c.live_delta, c.buckets
+                        counter.0, c.count, c.state.base_count, c.state.live_delta, c.state.buckets
                     ));
                 }
             }

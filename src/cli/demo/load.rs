@@ -165,20 +165,14 @@ impl Load {
             80..=89 => self.schema.undelete_update(),
             _ => {
                 ids.retain(|i| *i != id);
-                return self
-                    .comments
-                    .delete_one(doc! {"_id": &id})
-                    .await
-                    .map(|_| ());
+                self.comments.delete_one(doc! {"_id": &id}).await?;
+                return Ok(());
             }
         };
-        let Some(update) = update else {
-            return Ok(());
-        };
-        self.comments
-            .update_one(doc! {"_id": &id}, update)
-            .await
-            .map(|_| ())
+        if let Some(update) = update {
+            self.comments.update_one(doc! {"_id": &id}, update).await?;
+        }
+        Ok(())
     }
 
     /// Edits one counter's `base_count` (and `count`) by +3 or -2: exactly what a fold

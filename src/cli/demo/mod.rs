@@ -100,11 +100,12 @@ impl Counterd {
         })
     }
 
-    /// Fails when counterd stopped (an error, or ctrl-c) before `what`.
-    fn check(&self, what: &str) -> anyhow::Result<()> {
+    /// Fails when counterd stopped (an error, or ctrl-c) before `what`; else waits a moment.
+    async fn wait_for(&self, what: &str) -> anyhow::Result<()> {
         if self.task.is_finished() || self.shutdown.requested() {
             anyhow::bail!("counterd stopped before {what}");
         }
+        tokio::time::sleep(Duration::from_millis(50)).await;
         Ok(())
     }
 }
@@ -300,8 +301,7 @@ async fn count_the_seed(
     counterd: &Counterd,
 ) -> anyhow::Result<()> {
     while !counterd.statuses.iter().all(|(_, s)| s.is_stream_open()) {
-        counterd.check("its stream opened")?;
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        counterd.wait_for("its stream opened").await?;
     }
     match finished_snapshot(settings, store, counterd).await? {
         Some(s) => outln!(
@@ -340,8 +340,7 @@ async fn finished_snapshot(
             None if settings.initial_snapshot == InitialSnapshot::Never => return Ok(None),
             None => {}
         }
-        counterd.check("its initial snapshot was done")?;
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        counterd.wait_for("its initial snapshot was done").await?;
     }
 }
 

@@ -161,8 +161,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
         .map(|(stream, r)| serde_json::json!({"stream": stream, "end": r.end, "counters": r.counters}))
         .collect();
     if args.json {
-        print_json(&report)?;
-        return Ok(ExitCode::SUCCESS);
+        return print_json(&report).map(|_| ExitCode::SUCCESS);
     }
     for (stream, _, resolved) in &moved {
         if let Some(r) = resolved {

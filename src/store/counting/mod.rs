@@ -14,11 +14,10 @@ mod reads;
 mod recording;
 mod writes;
 
-pub use recording::Write;
+pub use recording::{Call, Write};
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -113,16 +112,15 @@ impl Counts {
     }
 }
 
+/// The tallies of a store, its clones and views, and the streams they open.
 #[derive(Default)]
-struct Tallies {
-    calls: [AtomicU64; Concern::ALL.len()],
-    statements: [AtomicU64; Concern::ALL.len()],
-    micros: [AtomicU64; Concern::ALL.len()],
-    count_queries: AtomicU64,
-    posts_counted: AtomicU64,
-}
+struct Tallies(Mutex<Counts>);
 
 impl Tallies {
+    fn lock(&self) -> MutexGuard<'_, Counts> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Counts one call of `concern` carrying `statements` writes, and the time it took.
     async fn timed<T>(
         &self,
@@ -130,13 +128,16 @@ impl Tallies {
         statements: usize,
         call: impl std::future::Future<Output = T>,
     ) -> T {
-        let i = concern as usize;
-        self.calls[i].fetch_add(1, Ordering::Relaxed);
-        self.statements[i].fetch_add(statements as u64, Ordering::Relaxed);
+        {
+            let mut counts = self.lock();
+            let tally = counts.by_concern.entry(concern).or_default();
+            tally.calls += 1;
+            tally.statements += statements as u64;
+        }
         let started = Instant::now();
         let result = call.await;
         let micros = started.elapsed().as_micros() as u64;
-        self.micros[i].fetch_add(micros, Ordering::Relaxed);
+        self.lock().by_concern.entry(concern).or_default().micros += micros;
         result
     }
 }
@@ -193,49 +194,31 @@ impl<S> CountingStore<S> {
 
     /// Everything counted so far through this store and its clones.
     pub fn counts(&self) -> Counts {
-        let t = &self.tallies;
-        let by_concern = Concern::ALL
-            .iter()
-            .map(|&c| {
-                let i = c as usize;
-                let tally = Tally {
-                    calls: t.calls[i].load(Ordering::Relaxed),
-                    statements: t.statements[i].load(Ordering::Relaxed),
-                    micros: t.micros[i].load(Ordering::Relaxed),
-                };
-                (c, tally)
-            })
-            .collect();
-        Counts {
-            by_concern,
-            count_queries: t.count_queries.load(Ordering::Relaxed),
-            posts_counted: t.posts_counted.load(Ordering::Relaxed),
-        }
+        self.tallies.lock().clone()
     }
 
     /// One recount query about `posts` posts.
     fn count_query_of(&self, posts: usize) {
-        self.tallies.count_queries.fetch_add(1, Ordering::Relaxed);
-        self.tallies
-            .posts_counted
-            .fetch_add(posts as u64, Ordering::Relaxed);
+        let mut counts = self.tallies.lock();
+        counts.count_queries += 1;
+        counts.posts_counted += posts as u64;
     }
 }
 
 /// Implements a store trait for [`CountingStore`] by delegating each listed method to the
 /// store underneath, unchanged, timed as one call of `$concern` carrying `$statements` write
-/// statements (an expression over the arguments). `records` keeps the write when recording;
-/// `queries` counts recount queries about that many posts. Methods with logic of their own
-/// follow the list as ordinary items.
+/// statements (an expression over the arguments). `records fence => call` keeps the write made
+/// under the argument `fence` when recording; `queries` counts recount queries about that many
+/// posts. Methods with logic of their own follow the list as ordinary items.
 macro_rules! counted {
     (impl $trait:ident as $concern:ident {
         $($name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty, $statements:expr
-            $(, records $write:expr)? $(, queries $queries:expr)?;)*
+            $(, records $fence:ident => $call:expr)? $(, queries $queries:expr)?;)*
     } $($extra:item)*) => {
         #[async_trait]
         impl<S: $trait> $trait for CountingStore<S> {
             $(async fn $name(&self, $($arg: $ty),*) -> StoreResult<$ret> {
-                $(self.record(|| $write);)?
+                $(self.record(|| Write { fence: $fence.clone(), call: $call });)?
                 $(self.count_query_of($queries);)?
                 let call = self.inner.$name($($arg),*);
                 self.tallies.timed(Concern::$concern, $statements, call).await

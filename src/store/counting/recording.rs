@@ -5,46 +5,44 @@
 
 use super::*;
 
-/// One write call, as made (see [`CountingStore::recording`]).
+/// One write call, as made (see [`CountingStore::recording`]): the fence it was made under,
+/// and the call.
 #[derive(Clone, Debug)]
-pub enum Write {
-    Adopt {
-        fence: Fence,
-    },
+pub struct Write {
+    pub fence: Fence,
+    pub call: Call,
+}
+
+/// A recorded write call's other arguments.
+#[derive(Clone, Debug)]
+pub enum Call {
+    Adopt,
     Intent {
-        fence: Fence,
         batch: Box<PendingBatch>,
         carried: Option<Box<PendingBatch>>,
     },
     ClearCarried {
-        fence: Fence,
         carry: Token,
     },
     Checkpoint {
-        fence: Fence,
         token: Token,
         time: Option<Timestamp>,
     },
     Start {
-        fence: Fence,
         at: Timestamp,
     },
     CaughtUp {
-        fence: Fence,
         at: Timestamp,
     },
     Counters {
-        fence: Fence,
         writes: Vec<CounterWrite>,
     },
     Ledger {
-        fence: Fence,
         updates: Vec<LedgerUpdate>,
         through: Token,
         generation: u64,
     },
     Dirty {
-        fence: Fence,
         marks: Vec<DirtyMark>,
         now: DateTime,
     },
@@ -53,24 +51,18 @@ pub enum Write {
 impl Write {
     /// Makes the write again, through `store`.
     pub async fn replay<S: Store + ?Sized>(&self, store: &S) -> StoreResult<()> {
-        match self {
-            Write::Adopt { fence } => store.adopt_checkpoint(fence).await,
-            Write::Intent {
-                fence,
-                batch,
-                carried,
-            } => store.record_intent(fence, batch, carried.as_deref()).await,
-            Write::ClearCarried { fence, carry } => store.clear_carried(fence, carry).await,
-            Write::Checkpoint { fence, token, time } => {
-                store.save_checkpoint(fence, token, *time).await
+        let fence = &self.fence;
+        match &self.call {
+            Call::Adopt => store.adopt_checkpoint(fence).await,
+            Call::Intent { batch, carried } => {
+                store.record_intent(fence, batch, carried.as_deref()).await
             }
-            Write::Start { fence, at } => store.record_start(fence, *at).await,
-            Write::CaughtUp { fence, at } => store.record_caught_up(fence, *at).await,
-            Write::Counters { fence, writes } => {
-                store.write_counters(fence, writes).await.map(|_| ())
-            }
-            Write::Ledger {
-                fence,
+            Call::ClearCarried { carry } => store.clear_carried(fence, carry).await,
+            Call::Checkpoint { token, time } => store.save_checkpoint(fence, token, *time).await,
+            Call::Start { at } => store.record_start(fence, *at).await,
+            Call::CaughtUp { at } => store.record_caught_up(fence, *at).await,
+            Call::Counters { writes } => store.write_counters(fence, writes).await.map(|_| ()),
+            Call::Ledger {
                 updates,
                 through,
                 generation,
@@ -79,7 +71,7 @@ impl Write {
                     .write_ledger(fence, updates, through, *generation)
                     .await
             }
-            Write::Dirty { fence, marks, now } => store.mark_dirty(fence, marks, *now).await,
+            Call::Dirty { marks, now } => store.mark_dirty(fence, marks, *now).await,
         }
     }
 }

@@ -7,8 +7,7 @@ counted! {
     impl Checkpoints as Checkpoints {
         load_checkpoint(stream: &str) -> Option<Checkpoint>, 0;
         record_intent(fence: &Fence, batch: &PendingBatch, carried: Option<&PendingBatch>) -> (),
-            1, records Write::Intent {
-                fence: fence.clone(),
+            1, records fence => Call::Intent {
                 batch: Box::new(batch.clone()),
                 carried: carried.cloned().map(Box::new),
             };
@@ -20,23 +19,19 @@ counted! {
             limit: usize,
         ) -> Vec<PendingBatch>, 0;
         clear_carried(fence: &Fence, carry: &Token) -> (), 1,
-            records Write::ClearCarried { fence: fence.clone(), carry: carry.clone() };
+            records fence => Call::ClearCarried { carry: carry.clone() };
         save_checkpoint(fence: &Fence, token: &Token, token_time: Option<Timestamp>) -> (), 1,
-            records Write::Checkpoint {
-                fence: fence.clone(),
-                token: token.clone(),
-                time: token_time,
-            };
+            records fence => Call::Checkpoint { token: token.clone(), time: token_time };
         move_checkpoint(stream: &str, to: &Position) -> (), 1;
         record_start(fence: &Fence, at: Timestamp) -> (), 1,
-            records Write::Start { fence: fence.clone(), at };
+            records fence => Call::Start { at };
         record_caught_up(fence: &Fence, at: Timestamp) -> (), 1,
-            records Write::CaughtUp { fence: fence.clone(), at };
+            records fence => Call::CaughtUp { at };
         record_gap(fence: &Fence, gap: &Gap) -> (), 1;
         deployment() -> Deployment, 0;
         record_deployment(fence: &Fence, deployment: &Deployment) -> (), 1;
         set_sweep_requested(stream: &str, requested: bool) -> (), 1;
-        adopt_checkpoint(fence: &Fence) -> (), 1, records Write::Adopt { fence: fence.clone() };
+        adopt_checkpoint(fence: &Fence) -> (), 1, records fence => Call::Adopt;
         save_snapshot(fence: &Fence, progress: &SnapshotProgress) -> (), 1;
     }
 }
@@ -44,7 +39,7 @@ counted! {
 counted! {
     impl Counters as Counters {
         write_counters(fence: &Fence, writes: &[CounterWrite]) -> ApplyOutcome, writes.len(),
-            records Write::Counters { fence: fence.clone(), writes: writes.to_vec() };
+            records fence => Call::Counters { writes: writes.to_vec() };
         read_counter(post: &GroupValue) -> Option<CounterDoc>, 0;
         install_fold(
             post: &GroupValue,
@@ -66,8 +61,7 @@ counted! {
         read_ledger_at(stream: &str, comments: &[CommentId], generation: u64)
             -> HashMap<String, LedgerAt>, 0;
         write_ledger(fence: &Fence, updates: &[LedgerUpdate], through: &Token, generation: u64)
-            -> (), updates.len(), records Write::Ledger {
-                fence: fence.clone(),
+            -> (), updates.len(), records fence => Call::Ledger {
                 updates: updates.to_vec(),
                 through: through.clone(),
                 generation,
@@ -80,7 +74,7 @@ counted! {
 counted! {
     impl DirtySet as Dirty {
         mark_dirty(fence: &Fence, marks: &[DirtyMark], now: DateTime) -> (), marks.len(),
-            records Write::Dirty { fence: fence.clone(), marks: marks.to_vec(), now };
+            records fence => Call::Dirty { marks: marks.to_vec(), now };
         dirty_list(stream: Option<&str>, order: DirtyOrder, limit: usize) -> Vec<DirtyEntry>, 0;
         dirty_summary() -> DirtySummary, 0;
         clear_dirty(post: &GroupValue, version: i64) -> bool, 1;

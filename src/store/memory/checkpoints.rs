@@ -2,27 +2,18 @@
 
 use bson::{DateTime, Timestamp};
 
-use super::{fence_ok, max_string, seam, upsert, CarriedCopy, Memory, MemoryStore};
+use super::{fence_ok, seam, upsert, CarriedCopy, Memory, MemoryStore};
 use crate::core::batch::PendingBatch;
 use crate::core::deployment::Deployment;
 use crate::core::event::Token;
 use crate::store::{Checkpoint, Fence, Gap, Position, SnapshotProgress, StoreError, StoreResult};
 
-/// A stored checkpoint (the stream is its key).
+/// A stored checkpoint (the stream is its key): the seam's record, with its epoch as stored
+/// (`None`: written by an operator, which no fence's `{epoch: n}` filter matches).
 #[derive(Clone, Debug, Default)]
 pub struct CheckpointRec {
     pub epoch: Option<i64>,
-    pub deployment: Option<Deployment>,
-    pub token: Option<String>,
-    pub token_time: Option<Timestamp>,
-    pub start_time: Option<Timestamp>,
-    pub caught_up_at: Option<Timestamp>,
-    pub high_water: Option<String>,
-    pub pending: Option<PendingBatch>,
-    pub updated_at: Option<DateTime>,
-    pub gaps: Vec<Gap>,
-    pub sweep_requested: Option<bool>,
-    pub snapshot: Option<SnapshotProgress>,
+    pub doc: Checkpoint,
 }
 
 impl CheckpointRec {
@@ -30,18 +21,8 @@ impl CheckpointRec {
     pub fn view(&self, stream: &str) -> Checkpoint {
         Checkpoint {
             stream: stream.to_string(),
-            token: self.token.clone().map(Token),
-            token_time: self.token_time,
-            start_time: self.start_time,
-            caught_up_at: self.caught_up_at,
-            high_water: self.high_water.clone().map(Token),
-            pending: self.pending.clone(),
             epoch: self.epoch.unwrap_or(0),
-            deployment: self.deployment.clone(),
-            updated_at: self.updated_at,
-            gaps: self.gaps.clone(),
-            sweep_requested: self.sweep_requested.unwrap_or(false),
-            snapshot: self.snapshot.clone(),
+            ..self.doc.clone()
         }
     }
 }
@@ -73,9 +54,10 @@ impl Memory {
     fn owned_update(
         &mut self,
         fence: &Fence,
-        update: impl FnOnce(&mut CheckpointRec, DateTime),
+        update: impl FnOnce(&mut Checkpoint, DateTime),
     ) -> StoreResult<()> {
-        self.checkpoint_update(fence, |c| c.epoch == Some(fence.epoch), update)
+        let owned = |c: &CheckpointRec| c.epoch == Some(fence.epoch);
+        self.checkpoint_update(fence, owned, |c, now| update(&mut c.doc, now))
     }
 
     /// [`Memory::owned_update`] that sets `updated_at` too, like every worker write but
@@ -83,7 +65,7 @@ impl Memory {
     fn stamped_update(
         &mut self,
         fence: &Fence,
-        update: impl FnOnce(&mut CheckpointRec),
+        update: impl FnOnce(&mut Checkpoint),
     ) -> StoreResult<()> {
         self.owned_update(fence, |c, now| {
             update(c);
@@ -93,7 +75,7 @@ impl Memory {
 
     pub fn load_checkpoint(&self, stream: &str) -> StoreResult<Option<Checkpoint>> {
         let c = self.checkpoints.get(stream);
-        if let Some(t) = c.and_then(|c| c.token.as_ref()) {
+        if let Some(t) = c.and_then(|c| c.doc.token.as_ref()).map(Token::as_str) {
             if t.is_empty() || !t.chars().all(|c| c.is_ascii_hexdigit()) {
                 return Err(StoreError::Malformed {
                     what: "checkpoint",
@@ -129,7 +111,7 @@ impl Memory {
             self.carried.insert(key, copy);
         }
         self.stamped_update(fence, |c| {
-            max_string(&mut c.high_water, batch.end.as_str());
+            c.high_water = c.high_water.take().max(Some(batch.end.clone()));
             c.pending = Some(batch.clone());
         })
     }
@@ -170,19 +152,19 @@ impl Memory {
         token_time: Option<Timestamp>,
     ) -> StoreResult<()> {
         self.stamped_update(fence, |c| {
-            c.token = Some(token.to_string());
+            c.token = Some(token.clone());
             c.token_time = token_time.or(c.token_time);
-            max_string(&mut c.high_water, token.as_str());
+            c.high_water = c.high_water.take().max(Some(token.clone()));
             c.pending = None;
         })
     }
 
     pub fn move_checkpoint(&mut self, stream: &str, to: &Position) -> StoreResult<()> {
         let now = self.now();
-        let c = self.checkpoints.entry(stream.to_string()).or_default();
+        let c = &mut self.checkpoints.entry(stream.to_string()).or_default().doc;
         c.updated_at = Some(now);
         (c.token, c.token_time, c.start_time) = match to {
-            Position::Token(t) => (Some(t.to_string()), None, None),
+            Position::Token(t) => (Some(t.clone()), None, None),
             Position::Time(t) => (None, None, Some(*t)),
             Position::Unset => (None, None, None),
         };
@@ -201,7 +183,7 @@ impl Memory {
     pub fn record_gap(&mut self, fence: &Fence, gap: &Gap) -> StoreResult<()> {
         self.stamped_update(fence, |c| {
             c.gaps.push(gap.clone());
-            c.sweep_requested = Some(true);
+            c.sweep_requested = true;
             c.token = None;
             c.token_time = None;
             // The new stream starts exactly where the gap ends.
@@ -218,7 +200,7 @@ impl Memory {
 
     pub fn set_sweep_requested(&mut self, stream: &str, requested: bool) -> StoreResult<()> {
         let c = self.checkpoints.entry(stream.to_string()).or_default();
-        c.sweep_requested = Some(requested);
+        c.doc.sweep_requested = requested;
         Ok(())
     }
 
@@ -232,26 +214,19 @@ impl Memory {
             |c| fence_ok(c.epoch, fence),
             |c, now| {
                 c.epoch = Some(fence.epoch);
-                c.updated_at = Some(now);
+                c.doc.updated_at = Some(now);
             },
         )
     }
 
-    /// Like the fake test server without `serverStatus`: nothing identifies the deployment.
-    pub fn deployment(&self) -> Deployment {
-        Deployment::default()
-    }
-
     /// Whether some stream's initial snapshot is still running.
     pub fn snapshot_running(&self) -> bool {
-        self.checkpoints
-            .iter()
-            .any(|(stream, c)| c.view(stream).snapshot_running())
+        self.checkpoints.values().any(|c| c.doc.snapshot_running())
     }
 
     /// Whether a history gap was recorded on any stream.
     pub fn has_gaps(&self) -> bool {
-        self.checkpoints.values().any(|c| !c.gaps.is_empty())
+        self.checkpoints.values().any(|c| !c.doc.gaps.is_empty())
     }
 }
 
@@ -265,7 +240,6 @@ seam!(Checkpoints {
     try fn record_start(fence: &Fence, at: Timestamp) -> ();
     try fn record_caught_up(fence: &Fence, at: Timestamp) -> ();
     try fn record_gap(fence: &Fence, gap: &Gap) -> ();
-    ok fn deployment() -> Deployment;
     try fn record_deployment(fence: &Fence, deployment: &Deployment) -> ();
     try fn set_sweep_requested(stream: &str, requested: bool) -> ();
     try fn adopt_checkpoint(fence: &Fence) -> ();

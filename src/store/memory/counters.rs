@@ -16,10 +16,7 @@ use crate::store::{ApplyOutcome, CounterDoc, Fence, StoreResult, Writer, WriterP
 /// A stored counter document.
 #[derive(Clone, Debug, Default)]
 pub struct CounterRec {
-    pub base_count: Num,
-    pub base_watermark: i64,
-    pub live_delta: Num,
-    pub buckets: BTreeMap<i64, Num>,
+    pub state: CounterState,
     /// The log of recent batches, oldest first (at most [`LOG_ENTRIES`]).
     pub recent: Vec<Touch>,
     pub folds: i64,
@@ -50,18 +47,13 @@ pub struct WriterRec {
 }
 
 impl CounterRec {
-    /// What readers see.
-    pub fn displayed(&self) -> Num {
-        self.base_count + self.live_delta
-    }
-
     /// Adds one write's increments (`live_delta`, `count`, each bucket) under the writer's
     /// epoch, by `$inc`'s numeric rules ([`Num`]).
     fn add(&mut self, delta: Num, buckets: &BTreeMap<i64, Num>, fence: &Fence, writer: Writer) {
-        self.live_delta += delta;
+        self.state.live_delta += delta;
         self.count += delta;
         for (bucket, amount) in buckets {
-            *self.buckets.entry(*bucket).or_default() += *amount;
+            *self.state.buckets.entry(*bucket).or_default() += *amount;
         }
         if writer.shared {
             self.shared_writes += 1;
@@ -200,12 +192,7 @@ impl Memory {
         let own = c.writers.get(&0).map(position).unwrap_or_default();
         Some(CounterDoc {
             post: Some(post.clone()),
-            state: CounterState {
-                base_count: c.base_count,
-                base_watermark: c.base_watermark,
-                live_delta: c.live_delta,
-                buckets: c.buckets.clone(),
-            },
+            state: c.state.clone(),
             applied_through: own.applied_through,
             applied_time: own.applied_time,
             touched: own.touched,
@@ -225,7 +212,8 @@ impl Memory {
         })
     }
 
-    /// Installs `fold` if the counter is still as `expected` (`None`: it must not exist).
+    /// Installs `fold` if the counter is still as `expected` (`None`: it must not exist, and
+    /// the insert of an existing one is a duplicate key).
     pub fn install_fold(
         &mut self,
         counter: CounterIx,
@@ -237,48 +225,40 @@ impl Memory {
         let Some(counters) = self.tables_mut(counter).map(|t| &mut t.counters) else {
             return false;
         };
-        let Some(expected) = expected else {
-            if counters.contains_key(post) {
-                return false;
-            }
-            let mut rec = CounterRec {
-                base_count: fold.base_count,
-                base_watermark: fold.watermark,
-                live_delta: fold.live_delta,
-                buckets: fold.kept.clone(),
-                folds: 1,
-                count: fold.base_count + fold.live_delta,
-                last_drift: Some(fold.drift),
-                reconciled_at: Some(now),
-                ..CounterRec::default()
-            };
+        let new = || {
+            let mut rec = CounterRec::default();
+            rec.state.buckets = fold.kept.clone();
             rec.writer(Writer::default()).applied_through = Some(String::new());
-            counters.insert(post.clone(), rec);
-            return true;
+            rec
         };
-        let Some(c) = counters.get_mut(post) else {
+        let installed = match expected {
+            None => upsert(counters, post.clone(), |_| false, new),
+            Some(expected) => counters.get_mut(post).filter(|c| {
+                let own = c.writers.get(&0).and_then(|w| w.applied_through.as_ref());
+                own == expected.applied_through.as_ref()
+                    && c.state.live_delta == expected.state.live_delta
+                    && c.state.base_count == expected.state.base_count
+                    && c.folds == expected.folds
+                    && c.shared_writes == expected.shared_writes
+            }),
+        };
+        let Some(c) = installed else {
             return false;
         };
-        let own = c.writers.get(&0).and_then(|w| w.applied_through.as_ref());
-        if own != expected.applied_through.as_ref()
-            || c.live_delta != expected.state.live_delta
-            || c.base_count != expected.state.base_count
-            || c.folds != expected.folds
-            || c.shared_writes != expected.shared_writes
-        {
-            return false;
-        }
-        c.live_delta = fold.live_delta;
-        c.base_count = fold.base_count;
-        c.count = c.displayed();
-        c.base_watermark = fold.watermark;
+        c.state.live_delta = fold.live_delta;
+        c.state.base_count = fold.base_count;
+        c.count = c.state.displayed();
+        c.state.base_watermark = fold.watermark;
         c.last_drift = Some(fold.drift);
         c.reconciled_at = Some(now);
         for bucket in &fold.dropped {
-            c.buckets.remove(bucket);
+            c.state.buckets.remove(bucket);
         }
-        let touched = expected.writers.iter().map(|(n, p)| (*n, &p.touched));
-        for (slot, touched) in std::iter::once((0, &expected.touched)).chain(touched) {
+        let touched = expected.iter().flat_map(|e| {
+            let others = e.writers.iter().map(|(n, p)| (*n, &p.touched));
+            std::iter::once((0, &e.touched)).chain(others)
+        });
+        for (slot, touched) in touched {
             if let Some(rec) = c.writers.get_mut(&slot) {
                 for bucket in touched.keys().filter(|b| **b < fold.watermark) {
                     rec.touched.remove(bucket);

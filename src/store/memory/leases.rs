@@ -48,17 +48,15 @@ impl Memory {
     }
 
     pub fn seize_lease(&mut self, stream: &str, owner: &str, ttl: Duration, now: DateTime) -> i64 {
-        let expires_at = expiry(now, ttl);
-        let lease = self.leases.entry(stream.to_string()).or_insert(Lease {
+        let epoch = self.leases.get(stream).map_or(0, |l| l.epoch) + 1;
+        let lease = Lease {
             stream: stream.to_string(),
-            owner: String::new(),
-            expires_at,
-            epoch: 0,
-        });
-        lease.owner = owner.to_string();
-        lease.expires_at = expires_at;
-        lease.epoch += 1;
-        lease.epoch
+            owner: owner.to_string(),
+            expires_at: expiry(now, ttl),
+            epoch,
+        };
+        self.leases.insert(stream.to_string(), lease);
+        epoch
     }
 
     pub fn release_lease(&mut self, stream: &str, owner: &str, epoch: i64) {

@@ -228,13 +228,6 @@ pub fn not_gte(field: Option<&str>, value: &str) -> bool {
     field.is_none_or(|f| f < value)
 }
 
-/// `$max` on an optional string field.
-fn max_string(field: &mut Option<String>, value: &str) {
-    if not_gte(field.as_deref(), value) {
-        *field = Some(value.to_string());
-    }
-}
-
 /// Mongo's `limit(n)` as the MongoDB store sends it (`limit.min(i64::MAX) as i64`): 0 is no
 /// limit, a negative limit is one batch of `|n|`.
 fn mongo_limit(limit: usize) -> usize {

@@ -368,31 +368,28 @@ impl Memory {
     /// (it has yet to find its history lost).
     pub fn caught_up(&self, streams: &[String], start_at: Option<Timestamp>) -> bool {
         streams.iter().all(|stream| {
-            let Some(c) = self.checkpoints.get(stream) else {
+            let Some(c) = self.checkpoints.get(stream).map(|c| &c.doc) else {
                 return self.oplog.is_empty();
             };
             let from = match (&c.token, c.start_time.or(start_at)) {
-                (Some(token), _) => self.index_after(token),
+                (Some(token), _) => self.index_after(token.as_str()),
                 (None, Some(at)) => self.oplog.partition_point(|e| e.time < at),
                 (None, None) => self.oplog.len(),
             };
             let from = from.min(self.oplog.len());
-            let snapshotting = c.view(stream).snapshot_running();
             // A stream that has applied nothing yet, beside existing rows, is about to snapshot
             // them (with `initial_snapshot = never` the test writes none before it).
-            let to_snapshot = c.gaps.is_empty()
-                && c.snapshot.is_none()
-                && c.token.is_none()
-                && c.high_water.is_none()
-                && !self.comments.is_empty();
+            let to_snapshot = c.untouched() && !self.comments.is_empty();
             // Tokens grow along the oplog: the last event after `from` is the newest.
-            !snapshotting
+            !c.snapshot_running()
                 && !to_snapshot
                 && c.pending.is_none()
                 && (from == self.oplog.len()
-                    || c.high_water
-                        .as_deref()
-                        .is_some_and(|h| self.oplog.last().is_some_and(|e| e.token.as_str() <= h)))
+                    || c.high_water.as_ref().is_some_and(|h| {
+                        self.oplog
+                            .last()
+                            .is_some_and(|e| e.token.as_str() <= h.as_str())
+                    }))
         })
     }
 }

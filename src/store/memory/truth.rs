@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::ops::Bound;
 
-use bson::{Bson, DateTime, Document, Timestamp};
+use bson::{Bson, DateTime, Document};
 
 use super::{seam, Memory, MemoryStore, OpKind, CREATED_FIELD, DELETED_FIELD};
 use crate::core::definition::Definition;
@@ -222,23 +222,11 @@ impl Memory {
             .map(|(id, row)| (comment_id(*id), read_row(&self.definitions, row)))
             .collect()
     }
-
-    /// Like the fake server: no snapshot reads, so every recount is a row-level one.
-    pub fn count_live_below_at(
-        &self,
-        _counter: CounterIx,
-        _post: &GroupValue,
-        _watermark: i64,
-        _at: Timestamp,
-    ) -> Option<Num> {
-        None
-    }
 }
 
 seam!(Truth {
     view fn count_live_below(post: &GroupValue, watermark: i64) -> Num;
     view fn live_ids_below(post: &GroupValue, watermark: i64, at_most: usize) -> Option<Vec<CommentId>>;
-    view fn count_live_below_at(post: &GroupValue, watermark: i64, at: Timestamp) -> Option<Num>;
     view fn latest_created(post: &GroupValue) -> Option<i64>;
     view fn count_live(post: &GroupValue) -> Num;
     view fn rows_of_post(post: &GroupValue) -> Vec<(CommentId, Row)>;

@@ -216,8 +216,10 @@ impl State {
     /// The first oplog event `stream`'s checkpoint has not applied (`None`: all are, or the
     /// stream has not applied one yet).
     pub fn first_unapplied(&self, stream: &str) -> Option<&OplogEntry> {
-        let token = self.memory.checkpoints.get(stream)?.token.as_ref()?;
-        self.memory.oplog.get(self.memory.index_after(token))
+        let token = self.memory.checkpoints.get(stream)?.doc.token.as_ref()?;
+        self.memory
+            .oplog
+            .get(self.memory.index_after(token.as_str()))
     }
 
     pub fn stat(&mut self, key: impl Into<String>) {

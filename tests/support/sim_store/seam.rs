@@ -279,10 +279,6 @@ impl Checkpoints for SimStore {
 
     /// Like the fake test server without `serverStatus`: nothing identifies the deployment
     /// (and no store call is made, so the simulation's interleavings are unchanged).
-    async fn deployment(&self) -> StoreResult<Deployment> {
-        Ok(Deployment::default())
-    }
-
     async fn record_deployment(&self, fence: &Fence, deployment: &Deployment) -> StoreResult<()> {
         self.single("record_deployment", true, |s| {
             s.memory.record_deployment(fence, deployment)
@@ -314,7 +310,7 @@ impl Checkpoints for SimStore {
                 progress.pending.as_ref().map(|c| c.number)
             ));
             let old = s.memory.checkpoints.get(&fence.stream);
-            let old = old.and_then(|c| c.snapshot.clone());
+            let old = old.and_then(|c| c.doc.snapshot.clone());
             let was = |f: fn(&SnapshotProgress) -> u64| old.as_ref().map_or(0, f);
             if progress.pending.is_some() && old.as_ref().is_none_or(|o| o.pending.is_none()) {
                 s.stat("snapshot chunk planned");
@@ -631,16 +627,6 @@ impl Truth for SimStore {
             Ok(ids)
         })
         .await
-    }
-
-    async fn count_live_below_at(
-        &self,
-        _post: &GroupValue,
-        _watermark: i64,
-        _at: Timestamp,
-    ) -> StoreResult<Option<Num>> {
-        // Like the fake server: no snapshot reads, so every recount is a row-level one.
-        Ok(None)
     }
 
     async fn latest_created(&self, post: &GroupValue) -> StoreResult<Option<i64>> {

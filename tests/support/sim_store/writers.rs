@@ -401,7 +401,7 @@ impl State {
         let counters = &self.memory.tables[0].counters;
         counters
             .iter()
-            .map(|(p, c)| (p.clone(), c.displayed().as_i64()))
+            .map(|(p, c)| (p.clone(), c.state.displayed().as_i64()))
             .collect()
     }
 
@@ -424,7 +424,7 @@ impl State {
             .tables(counter)
             .counters
             .iter()
-            .map(|(p, c)| (p.clone(), (c.displayed(), c.count)))
+            .map(|(p, c)| (p.clone(), (c.state.displayed(), c.count)))
             .collect()
     }
 
@@ -433,7 +433,7 @@ impl State {
         let counters = &self.memory.tables[0].counters;
         counters
             .iter()
-            .map(|(p, c)| (p.clone(), c.count.as_i64(), c.displayed().as_i64()))
+            .map(|(p, c)| (p.clone(), c.count.as_i64(), c.state.displayed().as_i64()))
             .collect()
     }
 
@@ -443,6 +443,7 @@ impl State {
         counters
             .iter()
             .map(|(p, c)| {
+                let c = &c.state;
                 let state = (
                     c.base_count.as_i64(),
                     c.base_watermark,
@@ -457,7 +458,7 @@ impl State {
     /// The buckets of a post's counter (`None`: no counter).
     pub fn counter_buckets(&self, post: &GroupValue) -> Option<Vec<i64>> {
         let counter = self.memory.tables[0].counters.get(post);
-        counter.map(|c| c.buckets.keys().copied().collect())
+        counter.map(|c| c.state.buckets.keys().copied().collect())
     }
 
     /// An applied counter write, in the shadow of everything applied.
@@ -487,7 +488,7 @@ impl State {
         let Some(c) = self.memory.tables[0].counters.get_mut(post) else {
             return false;
         };
-        c.base_count += Num::Int(k);
+        c.state.base_count += Num::Int(k);
         c.count += Num::Int(k);
         self.inject(post, k);
         self.note(format!("operator: {post} base_count {k:+}"));
@@ -500,9 +501,9 @@ impl State {
         let Some(c) = self.memory.tables[0].counters.get_mut(post) else {
             return false;
         };
-        c.live_delta += Num::Int(k);
+        c.state.live_delta += Num::Int(k);
         c.count += Num::Int(k);
-        *c.buckets.entry(bucket).or_default() += Num::Int(k);
+        *c.state.buckets.entry(bucket).or_default() += Num::Int(k);
         self.inject(post, k);
         *self
             .injected_buckets
@@ -524,8 +525,9 @@ impl State {
             .into_iter()
             .any(|c| c.batch.counters.iter().any(|w| w.key.group == *post))
             || self.memory.checkpoints.values().any(|c| {
-                let chunk = c.snapshot.as_ref().and_then(|s| s.pending.as_ref());
-                c.pending
+                let chunk = c.doc.snapshot.as_ref().and_then(|s| s.pending.as_ref());
+                c.doc
+                    .pending
                     .iter()
                     .any(|p| p.counters.iter().any(|w| w.key.group == *post))
                     || chunk.is_some_and(|p| p.counters.iter().any(|w| w.key.group == *post))
@@ -536,6 +538,7 @@ impl State {
         let displayed = self.memory.tables[0]
             .counters
             .remove(post)?
+            .state
             .displayed()
             .as_i64();
         self.inject(post, -displayed);
