@@ -238,11 +238,10 @@ pub(super) fn valid_name(name: &str) -> bool {
 /// dates (TOML offset date-times) and nested tables and arrays; `{ "$oid" = "<24 hex>" }` is an
 /// ObjectId, as in extended JSON.
 fn to_document(table: &toml::Table) -> Result<Document, String> {
-    let mut doc = Document::new();
-    for (key, value) in table {
-        doc.insert(key.clone(), to_bson(value)?);
-    }
-    Ok(doc)
+    table
+        .iter()
+        .map(|(key, value)| Ok((key.clone(), to_bson(value)?)))
+        .collect()
 }
 
 fn to_bson(value: &toml::Value) -> Result<Bson, String> {

@@ -1,7 +1,5 @@
 //! The server itself: its version, whether change streams are possible, and its clock.
 
-use bson::Bson;
-
 use super::{Finding, Reply, RoundTrip};
 
 /// The oldest MongoDB counterd is known to work with: change streams that start at an
@@ -94,10 +92,8 @@ pub fn clock(is_master: &Reply, round_trip: RoundTrip, max_skew_ms: i64) -> Find
     let Some(server) = is_master
         .as_ref()
         .ok()
-        .and_then(|r| match r.get("localTime") {
-            Some(Bson::DateTime(t)) => Some(t.timestamp_millis()),
-            _ => None,
-        })
+        .and_then(|r| r.get_datetime("localTime").ok())
+        .map(|t| t.timestamp_millis())
     else {
         return Finding::skipped(CHECK, "the server reports no localTime: skew not measured");
     };
