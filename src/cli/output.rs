@@ -67,11 +67,13 @@ pub fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
 fn plain(value: Value) -> Value {
     match value {
         Value::Object(map) => {
-            let single = map.iter().next().filter(|_| map.len() == 1);
-            match single.and_then(|(key, inner)| extended(key, inner)) {
-                Some(v) => v,
-                None => Value::Object(map.into_iter().map(|(k, v)| (k, plain(v))).collect()),
+            if map.len() == 1 {
+                let (key, inner) = map.iter().next().expect("one entry");
+                if let Some(v) = extended(key, inner) {
+                    return v;
+                }
             }
+            Value::Object(map.into_iter().map(|(k, v)| (k, plain(v))).collect())
         }
         Value::Array(items) => Value::Array(items.into_iter().map(plain).collect()),
         other => other,

@@ -411,9 +411,9 @@ impl MongoStore {
 
     /// Runs `update` commands of many statements, `ordered: false`, one statement per item;
     /// returns the statements rejected by a duplicate key (every other write error fails the
-    /// command, so the others wrote). Each command's statements are built just before it is sent, so a large
-    /// batch never holds all of its statements at once; each is built straight as raw BSON,
-    /// which skips building a document tree and encoding it.
+    /// command, so the others wrote). Each command's statements are built just before it is
+    /// sent, so a large batch never holds all of its statements at once; each is built straight
+    /// as raw BSON, which skips building a document tree and encoding it.
     async fn update_many_statements<T, F>(
         &self,
         op: &'static str,
