@@ -411,14 +411,8 @@ mod tests {
 
     #[test]
     fn dates_in_a_condition_stay_dates_through_the_loader() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("counterd.toml");
-        std::fs::write(
-            &path,
-            "[[counters]]\nname = \"old\"\ngroup_field = \"post_id\"\ncondition = { at = { \"$lt\" = 2024-01-01T00:00:00Z } }\ncollection = \"old_counters\"\n",
-        )
-        .unwrap();
-        let settings = Settings::load(Some(&path), Vec::new(), &[]).unwrap();
+        let old = "[[counters]]\nname = \"old\"\ngroup_field = \"post_id\"\ncondition = { at = { \"$lt\" = 2024-01-01T00:00:00Z } }\ncollection = \"old_counters\"\n";
+        let settings = Settings::from_file_text(old).unwrap();
         let all = settings.definitions().unwrap();
         let (_, old) = all.by_name("old").unwrap();
         assert!(old

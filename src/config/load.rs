@@ -368,6 +368,18 @@ fn typed_like(
 }
 
 #[cfg(test)]
+impl Settings {
+    /// Settings loaded from a settings file holding `text` (the file's way in, where a
+    /// condition's date stays a date), for tests.
+    pub fn from_file_text(text: &str) -> Result<Settings, ConfigError> {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let path = dir.path().join("counterd.toml");
+        std::fs::write(&path, text).expect("write the settings file");
+        Settings::load(Some(&path), Vec::new(), &[])
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::super::redact_uri;
     use super::*;
@@ -578,17 +590,10 @@ mod tests {
         );
         let e = env_error("COUNTERD_ON_HISTORY_LOST", "shrug");
         assert!(e.contains("on_history_lost"), "{e}");
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("c.toml");
-        std::fs::write(&path, "batch_sise = 10\n").unwrap();
-        let e = Settings::load(Some(&path), vec![], &[])
-            .unwrap_err()
-            .to_string();
+        let file_error = |text: &str| Settings::from_file_text(text).unwrap_err().to_string();
+        let e = file_error("batch_sise = 10\n");
         assert!(e.contains("unknown setting `batch_sise`"), "{e}");
-        std::fs::write(&path, "reconcile_interval = \"soon\"\n").unwrap();
-        let e = Settings::load(Some(&path), vec![], &[])
-            .unwrap_err()
-            .to_string();
+        let e = file_error("reconcile_interval = \"soon\"\n");
         assert!(e.contains("reconcile_interval"), "{e}");
     }
 }
