@@ -36,16 +36,9 @@ const NOT_SETTINGS: [&str; 4] = ["config", "testdb_dir", "kill_iterations", "tes
 /// `[<X>_]PORT=tcp://…` and `[<X>_]PORT_<port>_<proto>[_PROTO|_PORT|_ADDR]`. Refusing them would
 /// stop counterd at start (exit 2) in a namespace that merely has such a Service.
 pub fn is_service_link(name: &str, value: &str) -> bool {
-    let mut rest = name;
-    loop {
-        if is_link_suffix(rest, value) {
-            return true;
-        }
-        match rest.split_once('_') {
-            Some((_, tail)) => rest = tail,
-            None => return false,
-        }
-    }
+    // The name whole, then what follows each `_`: a Service's name may have several words.
+    let mut suffixes = std::iter::successors(Some(name), |s| Some(s.split_once('_')?.1));
+    suffixes.any(|suffix| is_link_suffix(suffix, value))
 }
 
 /// One service-link variable without its Service's name (see [`is_service_link`]). A bare
