@@ -187,8 +187,7 @@ pub fn is_secret_option(name: &str) -> bool {
 /// remembered secret (see [`remember_secrets`]) by `***`. For error texts and log lines that
 /// may embed a connection string: a driver's error, a TOML error quoting a line, a message.
 pub fn redact_text(text: &str) -> String {
-    let scrubbed = redact_text_uris(text);
-    scrub(&scrubbed, &remembered())
+    scrub(&redact_text_uris(text), &remembered())
 }
 
 /// [`redact_text`] plus the secrets of `uri` itself, without remembering them (for a message

@@ -284,8 +284,7 @@ fn reread<T: serde::de::DeserializeOwned>(
     struct Entries<T> {
         entries: Vec<T>,
     }
-    let mut table = toml::Table::new();
-    table.insert("entries".into(), value);
+    let table = toml::Table::from_iter([("entries".to_string(), value)]);
     let parse = |message: String| ConfigError::Parse {
         path: key.into(),
         message,
