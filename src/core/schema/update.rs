@@ -281,21 +281,10 @@ mod tests {
             .is_err());
     }
 
-    /// A count named `name`, grouped by `group`, of the rows that satisfy `condition`.
-    fn definition(name: &str, group: &str, condition: Document) -> Definition {
-        Definition {
-            name: name.into(),
-            group: group.into(),
-            condition: crate::core::condition::Condition::parse(&condition).unwrap(),
-            kind: crate::core::definition::Kind::Count,
-            collection: format!("{name}_counters"),
-        }
-    }
-
     fn with_definitions() -> Schema {
         js().with_more(vec![
-            definition("approved", "postId", doc! {"approved": true}),
-            definition("per_author", "author.id", doc! {}),
+            Definition::count("approved", "postId", doc! {"approved": true}),
+            Definition::count("per_author", "author.id", doc! {}),
         ])
     }
 
@@ -321,7 +310,7 @@ mod tests {
         );
         // A condition over two fields, one of them not named: the other's value is unknown.
         let recent = doc! {"approved": true, "score": {"$gt": 3}};
-        let two = js().with_more(vec![definition("approved_recent", "postId", recent)]);
+        let two = js().with_more(vec![Definition::count("approved_recent", "postId", recent)]);
         let before = two.read_existing_row(&doc! {"postId": 1, "approved": false, "score": 5});
         assert!(!two.derives(&update(doc! {"approved": true}, &[]), &before));
         let both = update(doc! {"approved": true, "score": 1}, &[]);
