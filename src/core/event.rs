@@ -457,29 +457,22 @@ mod tests {
             Member::counting(Some(GroupValue::Int(1)), false),
             Member::counting(Some(GroupValue::Str("ann".into())), true),
         ]);
-        let counted = |row: &Row, ix| row.counted_in(CounterIx(ix)).cloned();
-        assert_eq!(counted(&approved_by_ann, 0), Some(GroupValue::Int(1)));
         assert_eq!(
             approved_by_ann.group_in(CounterIx(1)),
             Some(&GroupValue::Int(1))
         );
-        assert_eq!(
-            counted(&approved_by_ann, 1),
-            None,
-            "the condition fails there"
-        );
-        assert_eq!(
-            counted(&approved_by_ann, 2),
-            Some(GroupValue::Str("ann".into()))
-        );
-        assert_eq!(
-            counted(&approved_by_ann, 3),
-            None,
-            "a definition it predates"
-        );
+        for (ix, counted) in [
+            (0, Some(GroupValue::Int(1))),
+            (1, None), // the condition fails there
+            (2, Some(GroupValue::Str("ann".into()))),
+            (3, None), // a definition it predates
+        ] {
+            let counted_in = approved_by_ann.counted_in(CounterIx(ix));
+            assert_eq!(counted_in, counted.as_ref(), "definition {ix}");
+        }
         let mut deleted = approved_by_ann.clone();
         deleted.deleted = true;
-        assert_eq!(counted(&deleted, 2), None);
+        assert_eq!(deleted.counted_in(CounterIx(2)), None);
     }
 
     #[test]
