@@ -336,7 +336,6 @@ mod tests {
     #[test]
     fn an_unknown_late_or_early_ledger_entry_refuses() {
         let changed = changed_since(&[touch("0a", &[1])], Some("05"), Some("0a")).unwrap();
-        let with = |entry: LedgerAt| HashMap::from([(id(1).key, entry)]);
         let count = |ledger: &HashMap<String, LedgerAt>| {
             count_as_of(&[id(1)], &changed, ledger, scope(60), "0a")
         };
@@ -345,15 +344,14 @@ mod tests {
             state: Some(row(1, 10, false)),
             through: None,
         };
-        assert_eq!(count(&with(rebuilt)), Err(Unsettled::Unknown));
-        assert_eq!(
-            count(&with(at(Some(row(1, 10, false)), "08"))),
-            Err(Unsettled::LedgerBehind)
-        );
-        assert_eq!(
-            count(&with(at(Some(row(1, 10, false)), "0b"))),
-            Err(Unsettled::LedgerAhead)
-        );
+        for (entry, refused) in [
+            (rebuilt, Unsettled::Unknown),
+            (at(Some(row(1, 10, false)), "08"), Unsettled::LedgerBehind),
+            (at(Some(row(1, 10, false)), "0b"), Unsettled::LedgerAhead),
+        ] {
+            let ledger = HashMap::from([(id(1).key, entry)]);
+            assert_eq!(count(&ledger), Err(refused), "{ledger:?}");
+        }
         // A later batch that touched the row for another post only is fine while it is not
         // after the counter's position.
         let changed = changed_since(&[touch("0a", &[1])], Some("05"), Some("0c")).err();
