@@ -338,23 +338,21 @@ mod tests {
                 .filter(|d| d.key.group == GroupValue::Int(post))
             {
                 let w = CounterWrite::of_batch(d, end, END_TIME);
-                out = Some(match out {
-                    None => w,
-                    Some(mut acc) => {
-                        acc.delta += w.delta;
-                        for (b, a) in w.buckets {
-                            *acc.buckets.entry(b).or_default() += a;
-                        }
-                        acc.buckets.retain(|_, a| *a != 0);
-                        acc.touched.extend(w.touched);
-                        acc.log.extend(w.log);
-                        let excess = acc.log.len().saturating_sub(LOG_ENTRIES);
-                        acc.log.drain(..excess);
-                        acc.through = w.through;
-                        acc.through_time = w.through_time;
-                        acc
-                    }
-                });
+                let Some(acc) = &mut out else {
+                    out = Some(w);
+                    continue;
+                };
+                acc.delta += w.delta;
+                for (b, a) in w.buckets {
+                    *acc.buckets.entry(b).or_default() += a;
+                }
+                acc.buckets.retain(|_, a| *a != 0);
+                acc.touched.extend(w.touched);
+                acc.log.extend(w.log);
+                let excess = acc.log.len().saturating_sub(LOG_ENTRIES);
+                acc.log.drain(..excess);
+                acc.through = w.through;
+                acc.through_time = w.through_time;
             }
         }
         out.expect("the post was touched")

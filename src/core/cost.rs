@@ -210,16 +210,14 @@ mod tests {
             bytes: 10_000,
             at_least_one: true,
         };
-        assert!(
-            cut_by_bytes(&limit, 9, 9_900),
-            "room for less than one more"
-        );
-        assert!(
-            !cut_by_bytes(&limit, 5, 5_000),
-            "room for five more: the stream ran dry"
-        );
-        assert!(!cut_by_bytes(&limit, 0, 0));
-        assert!(!cut_by_bytes(&limit, 100, 10_000), "full by count, not cut");
+        for (taken, bytes, cut, why) in [
+            (9, 9_900, true, "room for less than one more"),
+            (5, 5_000, false, "room for five more: the stream ran dry"),
+            (0, 0, false, "nothing read"),
+            (100, 10_000, false, "full by count, not cut"),
+        ] {
+            assert_eq!(cut_by_bytes(&limit, taken, bytes), cut, "{why}");
+        }
         assert_eq!(read_share(REPLY_RESERVE + 1000), 250);
         assert_eq!(carry_share(REPLY_RESERVE + 1000), 500);
     }

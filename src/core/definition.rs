@@ -230,17 +230,26 @@ impl fmt::Display for Definition {
 }
 
 #[cfg(test)]
+impl Definition {
+    /// A count named `name`, grouped by `group`, of the rows that satisfy `condition`, in
+    /// `<name>_counters`.
+    pub(crate) fn count(name: &str, group: &str, condition: Document) -> Definition {
+        Definition {
+            name: name.into(),
+            group: group.into(),
+            condition: Condition::parse(&condition).unwrap(),
+            collection: format!("{name}_counters"),
+            kind: Kind::Count,
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
     fn approved() -> Definition {
-        Definition {
-            name: "approved".into(),
-            group: "post_id".into(),
-            condition: Condition::parse(&doc! {"approved": true}).unwrap(),
-            collection: "approved_counters".into(),
-            kind: Kind::Count,
-        }
+        Definition::count("approved", "post_id", doc! {"approved": true})
     }
 
     #[test]
@@ -273,11 +282,8 @@ mod tests {
     #[test]
     fn definitions_are_found_by_name_and_place() {
         let default = Definition {
-            name: DEFAULT_COUNTER.into(),
-            group: "post_id".into(),
-            condition: Condition::default(),
             collection: "comment_counters".into(),
-            kind: Kind::Count,
+            ..Definition::count(DEFAULT_COUNTER, "post_id", doc! {})
         };
         let all = Definitions::new(default.clone(), vec![approved()]);
         assert_eq!(&all.list[0], &default);

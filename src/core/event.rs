@@ -427,22 +427,14 @@ mod tests {
         let mut values = vec![
             Bson::ObjectId(ObjectId::new()),
             Bson::ObjectId(ObjectId::parse_str("000000000000000000000000").unwrap()),
+            Bson::Int64(i64::MAX),
+            Bson::Int64(i64::MIN),
+            Bson::String("a \"quoted\" id".into()),
+            Bson::Double(2.5),
         ];
-        for n in [
-            0_i64,
-            1,
-            -1,
-            42,
-            i32::MAX as i64,
-            i32::MIN as i64,
-            i64::MAX,
-            i64::MIN,
-        ] {
-            values.push(Bson::Int64(n));
-            values.push(Bson::Int32(n as i32));
+        for n in [0, 1, -1, 42, i32::MAX, i32::MIN] {
+            values.extend([Bson::Int64(n.into()), Bson::Int32(n)]);
         }
-        values.push(Bson::String("a \"quoted\" id".into()));
-        values.push(Bson::Double(2.5));
         for v in &values {
             assert_eq!(super::canonical_key(v), slow(v), "{v:?}");
         }
@@ -457,29 +449,22 @@ mod tests {
             Member::counting(Some(GroupValue::Int(1)), false),
             Member::counting(Some(GroupValue::Str("ann".into())), true),
         ]);
-        let counted = |row: &Row, ix| row.counted_in(CounterIx(ix)).cloned();
-        assert_eq!(counted(&approved_by_ann, 0), Some(GroupValue::Int(1)));
         assert_eq!(
             approved_by_ann.group_in(CounterIx(1)),
             Some(&GroupValue::Int(1))
         );
-        assert_eq!(
-            counted(&approved_by_ann, 1),
-            None,
-            "the condition fails there"
-        );
-        assert_eq!(
-            counted(&approved_by_ann, 2),
-            Some(GroupValue::Str("ann".into()))
-        );
-        assert_eq!(
-            counted(&approved_by_ann, 3),
-            None,
-            "a definition it predates"
-        );
+        for (ix, counted) in [
+            (0, Some(GroupValue::Int(1))),
+            (1, None), // the condition fails there
+            (2, Some(GroupValue::Str("ann".into()))),
+            (3, None), // a definition it predates
+        ] {
+            let counted_in = approved_by_ann.counted_in(CounterIx(ix));
+            assert_eq!(counted_in, counted.as_ref(), "definition {ix}");
+        }
         let mut deleted = approved_by_ann.clone();
         deleted.deleted = true;
-        assert_eq!(counted(&deleted, 2), None);
+        assert_eq!(deleted.counted_in(CounterIx(2)), None);
     }
 
     #[test]

@@ -417,12 +417,9 @@ mod tests {
         }
         assert_eq!(
             Partition::siblings("likes/p1of2"),
-            vec!["likes/p0of2".to_string(), "likes/p1of2".to_string()]
+            ["likes/p0of2", "likes/p1of2"]
         );
-        assert_eq!(
-            Partition::siblings("comments"),
-            vec!["comments".to_string()]
-        );
+        assert_eq!(Partition::siblings("comments"), ["comments"]);
     }
 
     #[test]

@@ -128,17 +128,15 @@ mod tests {
 
     #[test]
     fn an_event_without_both_parts_is_outside_any_transaction() {
-        assert_eq!(TxnKey::of_event(&doc! {}), None);
-        assert_eq!(TxnKey::of_event(&doc! {"lsid": lsid(1)}), None);
-        assert_eq!(TxnKey::of_event(&doc! {"txnNumber": 5_i64}), None);
-        assert_eq!(
-            TxnKey::of_event(&doc! {"lsid": "x", "txnNumber": 5_i64}),
-            None
-        );
-        assert_eq!(
-            TxnKey::of_event(&doc! {"lsid": lsid(1), "txnNumber": 5.0}),
-            None
-        );
+        for event in [
+            doc! {},
+            doc! {"lsid": lsid(1)},
+            doc! {"txnNumber": 5_i64},
+            doc! {"lsid": "x", "txnNumber": 5_i64},
+            doc! {"lsid": lsid(1), "txnNumber": 5.0},
+        ] {
+            assert_eq!(TxnKey::of_event(&event), None, "{event}");
+        }
     }
 
     #[test]

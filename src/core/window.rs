@@ -234,11 +234,7 @@ mod tests {
     fn only_batches_after_the_first_read_name_changed_rows_and_the_newest_wins() {
         let log = [touch("05", &[1]), touch("0a", &[2, 3]), touch("0c", &[3])];
         let changed = changed_since(&log, Some("05"), Some("0c")).unwrap();
-        let got: Vec<(&str, &str)> = changed
-            .iter()
-            .map(|(k, (_, t))| (k.as_str(), t.as_str()))
-            .collect();
-        assert_eq!(got.len(), 2, "row 1 changed before the first read");
+        assert_eq!(changed.len(), 2, "row 1 changed before the first read");
         assert_eq!(changed[&id(2).key].1, "0a");
         assert_eq!(changed[&id(3).key].1, "0c", "the newest batch of a row");
         // Nothing moved: nothing changed.
@@ -340,7 +336,6 @@ mod tests {
     #[test]
     fn an_unknown_late_or_early_ledger_entry_refuses() {
         let changed = changed_since(&[touch("0a", &[1])], Some("05"), Some("0a")).unwrap();
-        let with = |entry: LedgerAt| HashMap::from([(id(1).key, entry)]);
         let count = |ledger: &HashMap<String, LedgerAt>| {
             count_as_of(&[id(1)], &changed, ledger, scope(60), "0a")
         };
@@ -349,15 +344,14 @@ mod tests {
             state: Some(row(1, 10, false)),
             through: None,
         };
-        assert_eq!(count(&with(rebuilt)), Err(Unsettled::Unknown));
-        assert_eq!(
-            count(&with(at(Some(row(1, 10, false)), "08"))),
-            Err(Unsettled::LedgerBehind)
-        );
-        assert_eq!(
-            count(&with(at(Some(row(1, 10, false)), "0b"))),
-            Err(Unsettled::LedgerAhead)
-        );
+        for (entry, refused) in [
+            (rebuilt, Unsettled::Unknown),
+            (at(Some(row(1, 10, false)), "08"), Unsettled::LedgerBehind),
+            (at(Some(row(1, 10, false)), "0b"), Unsettled::LedgerAhead),
+        ] {
+            let ledger = HashMap::from([(id(1).key, entry)]);
+            assert_eq!(count(&ledger), Err(refused), "{ledger:?}");
+        }
         // A later batch that touched the row for another post only is fine while it is not
         // after the counter's position.
         let changed = changed_since(&[touch("0a", &[1])], Some("05"), Some("0c")).err();

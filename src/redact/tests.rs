@@ -117,15 +117,13 @@ fn uris_inside_text_are_redacted_and_the_rest_stays() {
 
 #[test]
 fn secrets_of_a_uri_are_found_raw_and_decoded() {
-    let secrets = secrets_of("mongodb://u:p%2Fw0rd@h/?tlsCertificateKeyFilePassword=k%40y9");
+    let uri = "mongodb://u:p%2Fw0rd@h/?tlsCertificateKeyFilePassword=k%40y9";
+    let secrets = secrets_of(uri);
     for s in ["p%2Fw0rd", "p/w0rd", "k%40y9", "k@y9"] {
         assert!(secrets.iter().any(|x| x == s), "{s}: {secrets:?}");
     }
     assert_eq!(
-        redact_text_for(
-            "login failed for p/w0rd and k@y9",
-            "mongodb://u:p%2Fw0rd@h/?tlsCertificateKeyFilePassword=k%40y9"
-        ),
+        redact_text_for("login failed for p/w0rd and k@y9", uri),
         "login failed for *** and k@y9",
         "4 characters: too short to scrub from free text"
     );
@@ -215,12 +213,10 @@ fn a_fragment_of_a_secret_is_found() {
         uri
     ));
     assert!(!shows_part_of_secret("password must be URL encoded", uri));
+    let alice99 = "mongodb://alice:alice99@h:1/";
     assert!(
-        !shows_part_of_secret("alice at h:1", "mongodb://alice:alice99@h:1/"),
+        !shows_part_of_secret("alice at h:1", alice99),
         "the user shows anyway"
     );
-    assert!(shows_part_of_secret(
-        "got ice99",
-        "mongodb://alice:alice99@h:1/"
-    ));
+    assert!(shows_part_of_secret("got ice99", alice99));
 }

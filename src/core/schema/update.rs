@@ -229,33 +229,33 @@ mod tests {
         }
     }
 
+    /// An update that sets `fields` and removes none.
+    fn set(fields: Document) -> UpdateSummary {
+        update(fields, &[])
+    }
+
     #[test]
     fn updates_apply_through_the_schema() {
         let s = js();
         let before = row(1, false);
         let applied = [
-            (update(doc! {"deleted": true}, &[]), &before, row(1, true)),
+            (set(doc! {"deleted": true}), &before, row(1, true)),
             (update(doc! {}, &["deleted"]), &row(1, true), row(1, false)),
-            (update(doc! {"postId": 2}, &[]), &before, row(2, false)),
+            (set(doc! {"postId": 2}), &before, row(2, false)),
             (update(doc! {}, &["postId"]), &before, unposted(false)),
-            (update(doc! {"body": "x"}, &[]), &before, before.clone()),
+            (set(doc! {"body": "x"}), &before, before.clone()),
         ];
         for (change, from, to) in applied {
             assert_eq!(s.apply(&change, from), Ok(to), "{change:?}");
         }
-        assert_eq!(
-            s.soft_delete_guess(&update(doc! {"deleted": true}, &[])),
-            Some(-1)
-        );
+        assert_eq!(s.soft_delete_guess(&set(doc! {"deleted": true})), Some(-1));
         assert_eq!(s.soft_delete_guess(&update(doc! {}, &["deleted"])), Some(1));
-        assert_eq!(s.soft_delete_guess(&update(doc! {"body": 1}, &[])), None);
+        assert_eq!(s.soft_delete_guess(&set(doc! {"body": 1})), None);
         assert_eq!(
-            s.post_set_by(&update(doc! {"postId": 9}, &[])),
+            s.post_set_by(&set(doc! {"postId": 9})),
             Some(GroupValue::Int(9))
         );
-        assert!(s
-            .apply(&update(doc! {"postId": 2.5}, &[]), &before)
-            .is_err());
+        assert!(s.apply(&set(doc! {"postId": 2.5}), &before).is_err());
     }
 
     #[test]
@@ -263,10 +263,10 @@ mod tests {
         let s = Schema::default().grouped_by("meta.post");
         let before = row(1, false);
         let applied = [
-            (update(doc! {"meta": {"post": 3}}, &[]), row(3, false)),
-            (update(doc! {"meta.post": 4}, &[]), row(4, false)),
+            (set(doc! {"meta": {"post": 3}}), row(3, false)),
+            (set(doc! {"meta.post": 4}), row(4, false)),
             (update(doc! {}, &["meta"]), unposted(false)),
-            (update(doc! {"meta.other": 1}, &[]), before.clone()),
+            (set(doc! {"meta.other": 1}), before.clone()),
         ];
         for (change, to) in applied {
             assert_eq!(s.apply(&change, &before), Ok(to), "{change:?}");
@@ -276,26 +276,13 @@ mod tests {
             &doc! {"_id": 1, "meta": {"post": 1, "old": 2}},
         );
         assert_eq!(after, doc! {"_id": 1, "meta": {"post": 4}});
-        assert!(s
-            .apply(&update(doc! {"meta.post.x": 1}, &[]), &before)
-            .is_err());
-    }
-
-    /// A count named `name`, grouped by `group`, of the rows that satisfy `condition`.
-    fn definition(name: &str, group: &str, condition: Document) -> Definition {
-        Definition {
-            name: name.into(),
-            group: group.into(),
-            condition: crate::core::condition::Condition::parse(&condition).unwrap(),
-            kind: crate::core::definition::Kind::Count,
-            collection: format!("{name}_counters"),
-        }
+        assert!(s.apply(&set(doc! {"meta.post.x": 1}), &before).is_err());
     }
 
     fn with_definitions() -> Schema {
         js().with_more(vec![
-            definition("approved", "postId", doc! {"approved": true}),
-            definition("per_author", "author.id", doc! {}),
+            Definition::count("approved", "postId", doc! {"approved": true}),
+            Definition::count("per_author", "author.id", doc! {}),
         ])
     }
 
@@ -305,10 +292,10 @@ mod tests {
         let before =
             s.read_existing_row(&doc! {"postId": 1, "approved": false, "author": {"id": "ann"}});
         assert_eq!(before.members.len(), 3);
-        assert!(s.derives(&update(doc! {"deleted": true, "body": "x"}, &[]), &before));
-        assert!(s.derives(&update(doc! {"author": {"id": "bob"}}, &[]), &before));
+        assert!(s.derives(&set(doc! {"deleted": true, "body": "x"}), &before));
+        assert!(s.derives(&set(doc! {"author": {"id": "bob"}}), &before));
         // The condition reads `approved` alone: an update that sets or removes it decides it.
-        let approve = update(doc! {"approved": true}, &[]);
+        let approve = set(doc! {"approved": true});
         assert!(s.derives(&approve, &before));
         assert!(s.apply(&approve, &before).unwrap().members[1].matches);
         let unapprove = update(doc! {}, &["approved"]);
@@ -316,19 +303,19 @@ mod tests {
         assert!(s.derives(&unapprove, &approved));
         assert!(!s.apply(&unapprove, &approved).unwrap().members[1].matches);
         assert!(
-            !s.derives(&update(doc! {"approved.by": "x"}, &[]), &before),
+            !s.derives(&set(doc! {"approved.by": "x"}), &before),
             "a part of a condition's field changed"
         );
         // A condition over two fields, one of them not named: the other's value is unknown.
         let recent = doc! {"approved": true, "score": {"$gt": 3}};
-        let two = js().with_more(vec![definition("approved_recent", "postId", recent)]);
+        let two = js().with_more(vec![Definition::count("approved_recent", "postId", recent)]);
         let before = two.read_existing_row(&doc! {"postId": 1, "approved": false, "score": 5});
-        assert!(!two.derives(&update(doc! {"approved": true}, &[]), &before));
-        let both = update(doc! {"approved": true, "score": 1}, &[]);
+        assert!(!two.derives(&set(doc! {"approved": true}), &before));
+        let both = set(doc! {"approved": true, "score": 1});
         assert!(two.derives(&both, &before));
         assert!(!two.apply(&both, &before).unwrap().members[1].matches);
         assert!(
-            !s.derives(&update(doc! {"author.id.x": 1}, &[]), &before),
+            !s.derives(&set(doc! {"author.id.x": 1}), &before),
             "a part of a group field changed"
         );
         let old = Row {
@@ -336,7 +323,7 @@ mod tests {
             ..before.clone()
         };
         assert!(
-            !s.derives(&update(doc! {"body": "x"}, &[]), &old),
+            !s.derives(&set(doc! {"body": "x"}), &old),
             "an entry written before the definitions existed says nothing about them"
         );
     }
@@ -346,17 +333,13 @@ mod tests {
         let s = with_definitions();
         let before =
             s.read_existing_row(&doc! {"postId": 1, "approved": true, "author": {"id": "ann"}});
-        let after = s
-            .apply(
-                &update(doc! {"author": {"id": "bob"}, "postId": 2}, &[]),
-                &before,
-            )
-            .unwrap();
+        let moved = set(doc! {"author": {"id": "bob"}, "postId": 2});
+        let after = s.apply(&moved, &before).unwrap();
         assert_eq!(after.group(), Some(&GroupValue::Int(2)));
         assert_eq!(after.members[1].group, Some(GroupValue::Int(2)));
         assert!(after.members[1].matches, "the condition's verdict is kept");
         assert_eq!(after.members[2].group, Some(GroupValue::Str("bob".into())));
-        let keys = s.groups_set_by(&update(doc! {"author": {"id": "bob"}, "postId": 2}, &[]));
+        let keys = s.groups_set_by(&moved);
         assert_eq!(keys.len(), 3, "{keys:?}");
     }
 }

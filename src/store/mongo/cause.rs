@@ -299,18 +299,14 @@ mod tests {
 
     #[test]
     fn driver_errors_become_one_sentence() {
+        use std::io::ErrorKind;
         // Only I/O errors can be made outside the driver; the texts above cover the others.
-        let io = DriverError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
-        assert!(
-            sentence(&io).starts_with("connection refused"),
-            "{}",
-            sentence(&io)
-        );
-        let reset = DriverError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
-        assert!(
-            sentence(&reset).starts_with("the connection was reset"),
-            "{}",
-            sentence(&reset)
-        );
+        for (kind, start) in [
+            (ErrorKind::ConnectionRefused, "connection refused"),
+            (ErrorKind::ConnectionReset, "the connection was reset"),
+        ] {
+            let said = sentence(&DriverError::from(std::io::Error::from(kind)));
+            assert!(said.starts_with(start), "{said}");
+        }
     }
 }

@@ -39,17 +39,8 @@ fn a_counter_document_reads_as_stored() {
         applied_time: Some(ts(10)),
         touched: BTreeMap::from([(7200, "82AB".to_string())]),
         recent: vec![
-            Touch {
-                through: "82AA".into(),
-                comments: Some(vec![
-                    CommentId::new(Bson::Int32(5)),
-                    CommentId::new(Bson::String("c9".into())),
-                ]),
-            },
-            Touch {
-                through: "82AB".into(),
-                comments: None,
-            },
+            Touch::new("82AA", Some(&[5.into(), "c9".into()].map(CommentId::new))),
+            Touch::new("82AB", None),
         ],
         folds: 1,
         count: Some(Num::Int(12)),
@@ -63,11 +54,10 @@ fn a_counter_document_reads_as_stored() {
     // partition 0 in the document's own fields, partition 2 under `writers.p2`.
     let mut shared = stored.clone();
     shared.remove("recent");
-    shared.insert("shared_writes", 5_i64);
-    shared.insert(
-        "writers",
-        doc! {"p2": {"applied_through": "82A0", "applied_time": ts(9), "epoch": 4_i64, "touched": {"0": "82A0"}}},
-    );
+    shared.extend(doc! {
+        "shared_writes": 5_i64,
+        "writers": {"p2": {"applied_through": "82A0", "applied_time": ts(9), "epoch": 4_i64, "touched": {"0": "82A0"}}},
+    });
     let read = counter_from_doc(&shared).unwrap();
     assert_eq!(read.shared_writes, 5);
     assert_eq!(read.applied_through.as_deref(), Some("82AB"));
