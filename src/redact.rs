@@ -38,12 +38,8 @@ pub fn redact_uri(uri: &str) -> String {
     match split_credentials(rest) {
         Credentials::None => format!("{scheme}://{}", redact_tail(rest)),
         Credentials::At(at) => {
-            let (userinfo, after) = (&rest[..at], &rest[at + 1..]);
-            format!(
-                "{scheme}://{}@{}",
-                redact_userinfo(userinfo),
-                redact_tail(after)
-            )
+            let (userinfo, hosts) = (redact_userinfo(&rest[..at]), redact_tail(&rest[at + 1..]));
+            format!("{scheme}://{userinfo}@{hosts}")
         }
         Credentials::Unclear => UNPARSEABLE.to_string(),
     }
@@ -191,8 +187,7 @@ pub fn is_secret_option(name: &str) -> bool {
 /// remembered secret (see [`remember_secrets`]) by `***`. For error texts and log lines that
 /// may embed a connection string: a driver's error, a TOML error quoting a line, a message.
 pub fn redact_text(text: &str) -> String {
-    let scrubbed = redact_text_uris(text);
-    scrub(&scrubbed, &remembered())
+    scrub(&redact_text_uris(text), &remembered())
 }
 
 /// [`redact_text`] plus the secrets of `uri` itself, without remembering them (for a message
@@ -209,19 +204,14 @@ pub fn redact_text_uris(text: &str) -> String {
     if !text.contains("://") {
         return text.to_string();
     }
-    let mut out = String::with_capacity(text.len());
-    for (i, line) in text.split('\n').enumerate() {
-        if i > 0 {
-            out.push('\n');
-        }
-        redact_line(line, &mut out);
-    }
-    out
+    let lines: Vec<String> = text.split('\n').map(redact_line).collect();
+    lines.join("\n")
 }
 
 /// One line: each `scheme://` starts a URI that runs to the last `@` of the line that is
 /// followed by a host (its credentials, however odd), then to the next blank or quote.
-fn redact_line(line: &str, out: &mut String) {
+fn redact_line(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
     let mut rest = line;
     while let Some(sep) = rest.find("://") {
         let start = scheme_start(rest, sep);
@@ -237,6 +227,7 @@ fn redact_line(line: &str, out: &mut String) {
         rest = &rest[end..];
     }
     out.push_str(rest);
+    out
 }
 
 /// Where the scheme ending at `sep` begins (`sep` itself when there is none).
@@ -273,9 +264,7 @@ fn scrub(text: &str, secrets: &[String]) -> String {
     sorted.sort_by_key(|s| std::cmp::Reverse(s.len()));
     let mut out = text.to_string();
     for secret in sorted {
-        if out.contains(secret.as_str()) {
-            out = out.replace(secret.as_str(), REDACTED);
-        }
+        out = out.replace(secret.as_str(), REDACTED);
     }
     out
 }
@@ -287,9 +276,9 @@ pub fn shows_part_of_secret(text: &str, uri: &str) -> bool {
     let visible = redact_uri(uri);
     secrets_of(uri).iter().any(|secret| {
         let chars: Vec<char> = secret.chars().collect();
-        chars.windows(4.min(chars.len()).max(1)).any(|w| {
+        chars.windows(4).any(|w| {
             let part: String = w.iter().collect();
-            part.chars().count() >= 4 && text.contains(&part) && !visible.contains(&part)
+            text.contains(&part) && !visible.contains(&part)
         })
     })
 }
@@ -306,20 +295,15 @@ pub fn secrets_of(uri: &str) -> Vec<String> {
     let mut raw = Vec::new();
     let tail = match split_credentials(rest) {
         Credentials::At(at) => {
-            let userinfo = &rest[..at];
-            if let Some((_, password)) = userinfo.split_once(':') {
-                raw.push(password);
-            }
+            raw.extend(rest[..at].split_once(':').map(|(_user, password)| password));
             &rest[at + 1..]
         }
         _ => rest,
     };
     if let Some((_, query)) = tail.split_once('?') {
-        for option in query.split(['&', ';']) {
-            if let Some((name, value)) = option.split_once('=') {
-                if is_secret_option(name) {
-                    raw.push(value);
-                }
+        for (name, value) in query.split(['&', ';']).filter_map(|o| o.split_once('=')) {
+            if is_secret_option(name) {
+                raw.push(value);
             }
         }
     }

@@ -49,10 +49,7 @@ mod tests {
     use super::*;
 
     fn settings(toml: &str) -> Settings {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("s.toml");
-        std::fs::write(&file, toml).unwrap();
-        Settings::load(Some(&file), Vec::new(), &[]).unwrap()
+        Settings::from_file_text(toml).unwrap()
     }
 
     fn names(s: &Settings) -> Vec<String> {

@@ -113,15 +113,6 @@ pub fn json_problems(value: &Value) -> Vec<String> {
 }
 
 #[cfg(any(test, feature = "test-utils"))]
-fn is_time_key(key: &str) -> bool {
-    key.ends_with("_at")
-        || key.ends_with("_time")
-        || key == "time"
-        || key == "oldest"
-        || key == "from_time"
-}
-
-#[cfg(any(test, feature = "test-utils"))]
 fn walk(value: &Value, path: &str, problems: &mut Vec<String>) {
     match value {
         Value::Object(map) => {
@@ -130,7 +121,10 @@ fn walk(value: &Value, path: &str, problems: &mut Vec<String>) {
                 if k.starts_with('$') {
                     problems.push(format!("{here}: extended JSON"));
                 }
-                if is_time_key(k) {
+                if k.ends_with("_at")
+                    || k.ends_with("_time")
+                    || matches!(k.as_str(), "time" | "oldest")
+                {
                     match v {
                         Value::Null => {}
                         Value::String(s) if chrono::DateTime::parse_from_rfc3339(s).is_ok() => {}

@@ -140,11 +140,11 @@ fn describe_snapshot(checkpoint: &Checkpoint, rows_per_second: u32) -> String {
     }
 }
 
+/// Where `stream`, one of the streams of `source` (settings of one source), stands.
 async fn stream_status(
     store: &MongoStore,
-    source: &str,
+    source: &Settings,
     stream: String,
-    rows_per_second: u32,
 ) -> anyhow::Result<StreamStatus> {
     let checkpoint = store.load_checkpoint(&stream).await?.unwrap_or_default();
     let lease = store.read_lease(&stream).await?;
@@ -198,9 +198,9 @@ async fn stream_status(
             .collect(),
         sweep_requested: checkpoint.sweep_requested,
         background_sweep: store.load_sweep_cursor(&stream).await?,
-        initial_snapshot_summary: describe_snapshot(&checkpoint, rows_per_second),
+        initial_snapshot_summary: describe_snapshot(&checkpoint, source.snapshot_rows_per_second),
         initial_snapshot: checkpoint.snapshot.clone(),
-        source: source.to_string(),
+        source: source.stream_name.clone(),
         stream,
     })
 }
@@ -215,14 +215,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     for source in &sources {
         let source_store = connect(source).await?;
         for (stream, _) in source.streams() {
-            let status = stream_status(
-                source_store.as_ref(),
-                &source.stream_name,
-                stream,
-                source.snapshot_rows_per_second,
-            )
-            .await?;
-            streams.push(status);
+            streams.push(stream_status(&source_store, source, stream).await?);
         }
         for (ix, d) in source.definitions()?.iter() {
             let backlog = source_store.for_counter(ix).dirty_summary().await?;

@@ -102,8 +102,7 @@ impl Settings {
             return Err(bad("group_field", &entry.group_field, PATH_SHAPE));
         }
         let condition = condition_of(entry)?;
-        let kind =
-            entry_kind(entry).map_err(|(field, value, message)| bad(field, value, message))?;
+        let kind = entry_kind(entry)?;
         if entry.with_count
             && self.counters.iter().any(|e| {
                 e.name == format!("{}{ROWS_SUFFIX}", entry.name)
@@ -198,29 +197,27 @@ fn condition_of(entry: &CounterSetting) -> Result<Condition, ConfigError> {
     Condition::parse(&filter).map_err(|e| invalid(e.to_string()))
 }
 
-/// The [`Kind`] an entry asks for; `Err((setting, value, message))` when `kind`, `field` and
+/// The [`Kind`] an entry asks for; `Err` names the setting when `kind`, `field` and
 /// `with_count` do not fit together.
-fn entry_kind(entry: &CounterSetting) -> Result<Kind, (&'static str, String, String)> {
+fn entry_kind(entry: &CounterSetting) -> Result<Kind, ConfigError> {
     match (entry.kind, &entry.field) {
-        (CounterKind::Count, None) if entry.with_count => Err((
+        (CounterKind::Count, None) if entry.with_count => Err(bad(
             "with_count",
-            "true".into(),
-            "with_count needs kind = \"sum\" (a count already is the number of rows)".into(),
+            "true",
+            "with_count needs kind = \"sum\" (a count already is the number of rows)",
         )),
         (CounterKind::Count, None) => Ok(Kind::Count),
-        (CounterKind::Count, Some(field)) => Err((
+        (CounterKind::Count, Some(field)) => Err(bad(
             "field",
-            field.clone(),
-            "a field is summed only with kind = \"sum\"".into(),
+            field,
+            "a field is summed only with kind = \"sum\"",
         )),
-        (CounterKind::Sum, None) => Err((
+        (CounterKind::Sum, None) => Err(bad(
             "field",
-            String::new(),
-            "kind = \"sum\" needs the field to add up (field = \"rating\")".into(),
+            "",
+            "kind = \"sum\" needs the field to add up (field = \"rating\")",
         )),
-        (CounterKind::Sum, Some(field)) if bad_path(field) => {
-            Err(("field", field.clone(), PATH_SHAPE.into()))
-        }
+        (CounterKind::Sum, Some(field)) if bad_path(field) => Err(bad("field", field, PATH_SHAPE)),
         (CounterKind::Sum, Some(field)) => Ok(Kind::Sum {
             field: field.clone(),
         }),
@@ -414,14 +411,8 @@ mod tests {
 
     #[test]
     fn dates_in_a_condition_stay_dates_through_the_loader() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("counterd.toml");
-        std::fs::write(
-            &path,
-            "[[counters]]\nname = \"old\"\ngroup_field = \"post_id\"\ncondition = { at = { \"$lt\" = 2024-01-01T00:00:00Z } }\ncollection = \"old_counters\"\n",
-        )
-        .unwrap();
-        let settings = Settings::load(Some(&path), Vec::new(), &[]).unwrap();
+        let old = "[[counters]]\nname = \"old\"\ngroup_field = \"post_id\"\ncondition = { at = { \"$lt\" = 2024-01-01T00:00:00Z } }\ncollection = \"old_counters\"\n";
+        let settings = Settings::from_file_text(old).unwrap();
         let all = settings.definitions().unwrap();
         let (_, old) = all.by_name("old").unwrap();
         assert!(old

@@ -36,16 +36,9 @@ const NOT_SETTINGS: [&str; 4] = ["config", "testdb_dir", "kill_iterations", "tes
 /// `[<X>_]PORT=tcp://…` and `[<X>_]PORT_<port>_<proto>[_PROTO|_PORT|_ADDR]`. Refusing them would
 /// stop counterd at start (exit 2) in a namespace that merely has such a Service.
 pub fn is_service_link(name: &str, value: &str) -> bool {
-    let mut rest = name;
-    loop {
-        if is_link_suffix(rest, value) {
-            return true;
-        }
-        match rest.split_once('_') {
-            Some((_, tail)) => rest = tail,
-            None => return false,
-        }
-    }
+    // The name whole, then what follows each `_`: a Service's name may have several words.
+    let mut suffixes = std::iter::successors(Some(name), |s| Some(s.split_once('_')?.1));
+    suffixes.any(|suffix| is_link_suffix(suffix, value))
 }
 
 /// One service-link variable without its Service's name (see [`is_service_link`]). A bare
@@ -291,8 +284,7 @@ fn reread<T: serde::de::DeserializeOwned>(
     struct Entries<T> {
         entries: Vec<T>,
     }
-    let mut table = toml::Table::new();
-    table.insert("entries".into(), value);
+    let table = toml::Table::from_iter([("entries".to_string(), value)]);
     let parse = |message: String| ConfigError::Parse {
         path: key.into(),
         message,
@@ -365,6 +357,18 @@ fn typed_like(
     };
     check_one(name, &value, raw, origin)?;
     Ok(value)
+}
+
+#[cfg(test)]
+impl Settings {
+    /// Settings loaded from a settings file holding `text` (the file's way in, where a
+    /// condition's date stays a date), for tests.
+    pub fn from_file_text(text: &str) -> Result<Settings, ConfigError> {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let path = dir.path().join("counterd.toml");
+        std::fs::write(&path, text).expect("write the settings file");
+        Settings::load(Some(&path), Vec::new(), &[])
+    }
 }
 
 #[cfg(test)]
@@ -578,17 +582,10 @@ mod tests {
         );
         let e = env_error("COUNTERD_ON_HISTORY_LOST", "shrug");
         assert!(e.contains("on_history_lost"), "{e}");
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("c.toml");
-        std::fs::write(&path, "batch_sise = 10\n").unwrap();
-        let e = Settings::load(Some(&path), vec![], &[])
-            .unwrap_err()
-            .to_string();
+        let file_error = |text: &str| Settings::from_file_text(text).unwrap_err().to_string();
+        let e = file_error("batch_sise = 10\n");
         assert!(e.contains("unknown setting `batch_sise`"), "{e}");
-        std::fs::write(&path, "reconcile_interval = \"soon\"\n").unwrap();
-        let e = Settings::load(Some(&path), vec![], &[])
-            .unwrap_err()
-            .to_string();
+        let e = file_error("reconcile_interval = \"soon\"\n");
         assert!(e.contains("reconcile_interval"), "{e}");
     }
 }

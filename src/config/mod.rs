@@ -351,6 +351,24 @@ impl Settings {
             ..self.clone()
         }
     }
+
+    /// The connection string as it is now: `mongodb_uri_file` read again (a rotated Secret),
+    /// else `mongodb_uri`. An unreadable file or an unusable URI in it is an error naming the
+    /// file; the caller keeps the URI it had.
+    pub fn current_uri(&self) -> Result<String, ConfigError> {
+        if self.mongodb_uri_file.is_empty() {
+            return Ok(self.mongodb_uri.clone());
+        }
+        let invalid =
+            |message: String| validate::bad("mongodb_uri_file", &self.mongodb_uri_file, message);
+        let uri = read_uri_file(&self.mongodb_uri_file).map_err(invalid)?;
+        let reread = Settings {
+            mongodb_uri: uri.clone(),
+            ..Settings::default()
+        };
+        reread.check_uri().map_err(|e| invalid(e.to_string()))?;
+        Ok(uri)
+    }
 }
 
 /// The connection string held in the file at `path` (a mounted Secret), trailing whitespace
@@ -382,26 +400,6 @@ pub fn has_placeholder_password(uri: &str) -> bool {
         .and_then(|c| c.credential)
         .and_then(|c| c.password)
         .is_some_and(|p| p == PLACEHOLDER_PASSWORD)
-}
-
-impl Settings {
-    /// The connection string as it is now: `mongodb_uri_file` read again (a rotated Secret),
-    /// else `mongodb_uri`. An unreadable file or an unusable URI in it is an error naming the
-    /// file; the caller keeps the URI it had.
-    pub fn current_uri(&self) -> Result<String, ConfigError> {
-        if self.mongodb_uri_file.is_empty() {
-            return Ok(self.mongodb_uri.clone());
-        }
-        let invalid =
-            |message: String| validate::bad("mongodb_uri_file", &self.mongodb_uri_file, message);
-        let uri = read_uri_file(&self.mongodb_uri_file).map_err(invalid)?;
-        let reread = Settings {
-            mongodb_uri: uri.clone(),
-            ..Settings::default()
-        };
-        reread.check_uri().map_err(|e| invalid(e.to_string()))?;
-        Ok(uri)
-    }
 }
 
 /// Parses an RFC 3339 time into the cluster time of its second (the stream's positions).

@@ -264,11 +264,8 @@ collection = "likes_by_user"
 
     #[test]
     fn dates_in_a_source_counters_condition_stay_dates_through_the_loader() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("counterd.toml");
         let old = "[[sources.counters]]\nname = \"old\"\ngroup_field = \"post_id\"\ncondition = { at = { \"$lt\" = 2024-01-01T00:00:00Z } }\ncollection = \"old_likes\"\n";
-        std::fs::write(&path, format!("{LIKES}{old}")).unwrap();
-        let settings = Settings::load(Some(&path), Vec::new(), &[]).unwrap();
+        let settings = Settings::from_file_text(&format!("{LIKES}{old}")).unwrap();
         let likes = settings.source_named("likes").unwrap();
         let all = likes.definitions().unwrap();
         let (_, old) = all.by_name("old").unwrap();

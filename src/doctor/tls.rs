@@ -86,10 +86,16 @@ pub struct TlsFileError {
     pub reason: String,
 }
 
-/// How many certificates a CA file holds, or why it holds none the driver can use.
+/// How many certificates a CA file holds, or why it holds none the driver can use (it is
+/// empty, a section is malformed, or none is a certificate).
 pub fn check_ca(bytes: &[u8]) -> Result<usize, String> {
-    let certs = certificates(bytes)?;
-    match certs {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err("the file is empty".into());
+    }
+    let certs: Vec<_> = CertificateDer::pem_slice_iter(bytes)
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("not valid PEM: {e}"))?;
+    match certs.len() {
         0 => Err("no PEM certificate in it (expected -----BEGIN CERTIFICATE-----)".into()),
         n => Ok(n),
     }
@@ -111,19 +117,6 @@ pub fn check_cert_key(bytes: &[u8]) -> Result<(), String> {
             pem::Error::NoItemsFound => "no PEM private key in it (expected -----BEGIN PRIVATE KEY----- after the certificate)".into(),
             other => format!("its private key is not valid PEM: {other}"),
         })
-}
-
-/// The certificates of a PEM text, or the first malformed section.
-fn certificates(bytes: &[u8]) -> Result<usize, String> {
-    if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Err("the file is empty".into());
-    }
-    let mut count = 0;
-    for cert in CertificateDer::pem_slice_iter(bytes) {
-        cert.map_err(|e| format!("not valid PEM: {e}"))?;
-        count += 1;
-    }
-    Ok(count)
 }
 
 fn contains_label(bytes: &[u8], label: &str) -> bool {

@@ -44,17 +44,15 @@ pub fn stream_ages(status: &WorkerStatus, now_ms: i64) -> Option<StreamAges> {
     if !status.is_active() {
         return None;
     }
-    let since = status.active_since_ms();
-    let age_of_secs = |secs: i64| -> f64 {
-        let from_ms = if secs > 0 { secs * 1000 } else { since };
+    // Seconds since `ms` (Unix ms; 0: not known yet, so since this process became active).
+    let age = |ms: i64| {
+        let from_ms = if ms > 0 { ms } else { status.active_since_ms() };
         ((now_ms - from_ms) as f64 / 1000.0).max(0.0)
     };
-    let progress = status.progress_at_ms();
-    let progress = if progress > 0 { progress } else { since };
     Some(StreamAges {
-        lag: age_of_secs(status.applied_until_secs()).floor(),
-        checkpoint_age: age_of_secs(status.checkpoint_secs()).floor(),
-        stall: ((now_ms - progress) as f64 / 1000.0).max(0.0),
+        lag: age(status.applied_until_secs() * 1000).floor(),
+        checkpoint_age: age(status.checkpoint_secs() * 1000).floor(),
+        stall: age(status.progress_at_ms()),
     })
 }
 

@@ -202,21 +202,8 @@ fn demo_counters(settings: &Settings) -> Vec<CounterSetting> {
     if !settings.counters.is_empty() {
         return settings.counters.clone();
     }
-    let added = Settings {
-        counters: added_counters(settings),
-        ..settings.clone()
-    };
-    if added.definitions().is_ok() {
-        added.counters
-    } else {
-        Vec::new()
-    }
-}
-
-/// The demo's own definitions beside the default: approved comments and the rating sum.
-fn added_counters(settings: &Settings) -> Vec<CounterSetting> {
     let approved = toml::Table::from_iter([("approved".into(), toml::Value::Boolean(true))]);
-    vec![
+    let added = vec![
         CounterSetting {
             name: "approved".into(),
             group_field: settings.group_field.clone(),
@@ -233,7 +220,16 @@ fn added_counters(settings: &Settings) -> Vec<CounterSetting> {
             with_count: true,
             ..CounterSetting::default()
         },
-    ]
+    ];
+    let with_added = Settings {
+        counters: added,
+        ..settings.clone()
+    };
+    if with_added.definitions().is_ok() {
+        with_added.counters
+    } else {
+        Vec::new()
+    }
 }
 
 /// Comments that exist before counterd starts, in the configured schema (`group_field`,

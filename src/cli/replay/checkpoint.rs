@@ -5,16 +5,11 @@ use std::sync::Arc;
 
 use crate::cli::exit::CheckFailed;
 use crate::config::Settings;
+use crate::core::batch::PendingBatch;
 use crate::store::mongo::MongoStore;
 use crate::store::prelude::*;
 use crate::store::{Fence, Position};
 use crate::worker::{Worker, WorkerStatus};
-
-/// What resolving a batch left in flight did, for the report.
-pub(super) struct Resolved {
-    pub(super) end: String,
-    pub(super) counters: usize,
-}
 
 /// Fences the stream at the lease's epoch, re-applies a batch left in flight, moves the
 /// checkpoint and records the deployment. Returns the batch re-applied, if any.
@@ -24,7 +19,7 @@ pub(super) async fn move_stream(
     fence: &Fence,
     owner: &str,
     position: &Position,
-) -> anyhow::Result<Option<Resolved>> {
+) -> anyhow::Result<Option<PendingBatch>> {
     let context = |what: &str| format!("replay of stream `{}`: {what}", fence.stream);
     // From here the previous holder cannot write the checkpoint: its writes carry an older epoch.
     store
@@ -39,14 +34,9 @@ pub(super) async fn move_stream(
         },
         Arc::new(WorkerStatus::default()),
     );
-    let resolved = worker
-        .resolve_pending(fence)
-        .await
-        .map_err(|e| anyhow::Error::from(e).context(context("re-apply the batch left in flight")))?
-        .map(|b| Resolved {
-            end: b.end.to_string(),
-            counters: b.counters.len(),
-        });
+    let resolved = worker.resolve_pending(fence).await.map_err(|e| {
+        anyhow::Error::from(e).context(context("re-apply the batch left in flight"))
+    })?;
     // A full lease for the move itself, and proof that nobody took the stream meanwhile.
     if !crate::cli::still_ours(store, settings, fence, owner).await? {
         anyhow::bail!(CheckFailed(format!(

@@ -85,6 +85,7 @@ async fn read_ahead(planned: &Move<'_>) -> anyhow::Result<Tally> {
         })
         .await?;
     let (mut seen, mut new, mut posts) = (0u64, 0u64, BTreeSet::new());
+    let (schema, high_water) = (planned.settings.schema(), &planned.checkpoint.high_water);
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut idle = 0;
     while Instant::now() < deadline && seen + new < 1_000_000 && idle < 3 {
@@ -96,21 +97,10 @@ async fn read_ahead(planned: &Move<'_>) -> anyhow::Result<Tally> {
         }
         idle = 0;
         for event in batch.events.iter().flatten() {
-            if planned
-                .checkpoint
-                .high_water
-                .as_ref()
-                .is_some_and(|h| event.token <= *h)
-            {
+            if high_water.as_ref().is_some_and(|h| event.token <= *h) {
                 seen += 1;
-                for key in [event.full_document.as_ref(), Some(&event.document_key)]
-                    .into_iter()
-                    .flatten()
-                {
-                    if let Some(post) = planned.settings.schema().post_in(key) {
-                        posts.insert(post.to_string());
-                    }
-                }
+                let keys = event.full_document.iter().chain([&event.document_key]);
+                posts.extend(keys.filter_map(|key| schema.post_in(key).map(|p| p.to_string())));
             } else {
                 new += 1;
             }

@@ -158,7 +158,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
     report["resolved_in_flight"] = moved
         .iter()
         .filter_map(|(stream, _, r)| r.as_ref().map(|r| (stream, r)))
-        .map(|(stream, r)| serde_json::json!({"stream": stream, "end": r.end, "counters": r.counters}))
+        .map(|(stream, r)| serde_json::json!({"stream": stream, "end": r.end, "counters": r.counters.len()}))
         .collect();
     if args.json {
         return print_json(&report).map(|_| ExitCode::SUCCESS);
@@ -168,7 +168,7 @@ pub async fn run(settings: Settings, args: Args) -> anyhow::Result<ExitCode> {
             outln!(
                 "re-applied the batch left in flight on `{stream}` first (through token {}, {} counter writes), so no restart re-applies it over the move",
                 r.end,
-                r.counters
+                r.counters.len()
             );
         }
     }

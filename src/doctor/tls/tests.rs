@@ -2,11 +2,8 @@ use super::*;
 use crate::doctor::Level;
 
 fn fixture(name: &str) -> Vec<u8> {
-    std::fs::read(format!(
-        "{}/fixtures/tls/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    ))
-    .unwrap()
+    let dir = env!("CARGO_MANIFEST_DIR");
+    std::fs::read(format!("{dir}/fixtures/tls/{name}")).unwrap()
 }
 
 #[test]
@@ -45,21 +42,10 @@ fn the_plan_follows_the_uri() {
     assert!(plan.enabled && !plan.insecure);
     assert_eq!(plan.ca_file, Some(PathBuf::from("/etc/ca.pem")));
     assert_eq!(plan.cert_key_file, Some(PathBuf::from("/etc/c.pem")));
-    assert!(
-        TlsPlan::of("mongodb://h/?ssl=true&tlsInsecure=true")
-            .unwrap()
-            .insecure
-    );
-    assert!(
-        TlsPlan::of("mongodb+srv://cluster0.example.net/")
-            .unwrap()
-            .enabled
-    );
-    assert!(
-        !TlsPlan::of("mongodb+srv://cluster0.example.net/?tls=false")
-            .unwrap()
-            .enabled
-    );
+    let plan = |uri: &str| TlsPlan::of(uri).unwrap();
+    assert!(plan("mongodb://h/?ssl=true&tlsInsecure=true").insecure);
+    assert!(plan("mongodb+srv://cluster0.example.net/").enabled);
+    assert!(!plan("mongodb+srv://cluster0.example.net/?tls=false").enabled);
 }
 
 #[test]
@@ -100,24 +86,20 @@ fn doctor_says_tls_on_or_off_and_which_ca() {
         ca_file: Some("/etc/ca.pem".into()),
         ..TlsPlan::default()
     };
-    let good = findings(
-        &with_ca,
-        &TlsFiles {
-            ca: Some(Ok(fixture("ca.pem"))),
+    // The findings with the CA file `/etc/ca.pem` holding the fixture `name`.
+    let ca_file_holding = |name: &str| {
+        let files = TlsFiles {
+            ca: Some(Ok(fixture(name))),
             cert_key: None,
-        },
-    );
+        };
+        findings(&with_ca, &files)
+    };
+    let good = ca_file_holding("ca.pem");
     assert_eq!(
         (good[0].level, good[0].message.as_str()),
         (Level::Ok, "TLS on; CA file /etc/ca.pem (1 certificate(s))")
     );
-    let bad = findings(
-        &with_ca,
-        &TlsFiles {
-            ca: Some(Ok(fixture("garbage.pem"))),
-            cert_key: None,
-        },
-    );
+    let bad = ca_file_holding("garbage.pem");
     assert_eq!(bad[0].level, Level::Problem);
     assert!(
         bad[0]
