@@ -334,7 +334,6 @@ impl StreamJob {
                 stream: &self.stream,
                 settings: &self.settings,
                 store: &store,
-                parked_at: park::position(&store, &self.stream).await.ok(),
             };
             match park::until_worth_trying(wait, &mut backoff, &stop).await {
                 Some(again) => store = again,
