@@ -106,7 +106,6 @@ where
         settings: &settings,
         status: status.as_ref(),
         shutdown: &shutdown,
-        clock: &SystemClock,
     };
     loop {
         let Some((epoch, _slot)) = lease.stand_by().await? else {
@@ -133,14 +132,13 @@ where
     }
 }
 
-/// One stream's lease as [`hold`] works it: the store, the knobs, the stream's status, the
-/// process's shutdown and the clock the lease times are read from.
+/// One stream's lease as [`hold`] works it: the store, the knobs, the stream's status and the
+/// process's shutdown (its times are read from the [`SystemClock`]).
 struct Lease<'a, S: ?Sized> {
     store: &'a S,
     settings: &'a LeaseSettings,
     status: &'a WorkerStatus,
     shutdown: &'a Shutdown,
-    clock: &'a dyn Clock,
 }
 
 /// The active work, as spawned: its own failure, or it could not be joined.
@@ -163,7 +161,7 @@ impl<S: Store + ?Sized> Lease<'_, S> {
             }
             let jitter = rand::rng().random_range(0.5..1.0);
             let pause = self.settings.renew.mul_f64(jitter);
-            if sleep_or_shutdown(self.clock, pause, self.shutdown).await {
+            if sleep_or_shutdown(&SystemClock, pause, self.shutdown).await {
                 return Ok(None);
             }
         }
@@ -173,7 +171,7 @@ impl<S: Store + ?Sized> Lease<'_, S> {
     /// healthy standby) or it cannot be reached this time (retried at the next look).
     async fn look(&self) -> Result<Option<i64>, LeaseError> {
         let s = self.settings;
-        let now = self.clock.now();
+        let now = SystemClock.now();
         match self
             .store
             .acquire_lease(&s.stream, &s.owner, s.ttl, now)
@@ -181,7 +179,7 @@ impl<S: Store + ?Sized> Lease<'_, S> {
         {
             Ok(Some(epoch)) => Ok(Some(epoch)),
             Ok(None) => {
-                self.status.saw_holder(self.clock.now());
+                self.status.saw_holder(SystemClock.now());
                 Ok(None)
             }
             Err(e) if e.is_transient() => {
@@ -220,7 +218,7 @@ impl<S: Store + ?Sized> Lease<'_, S> {
     fn became_active(&self, epoch: i64) {
         let s = self.settings;
         tracing::info!(stream = %s.stream, owner = %s.owner, epoch, "lease acquired: active");
-        let now = self.clock.now();
+        let now = SystemClock.now();
         self.status.became_active(now);
         metrics::gauge!(m::WORKER_ACTIVE, "stream" => s.stream.clone()).set(1.0);
         // A parked stream trying again takes back the lease it released: not a takeover (its
@@ -275,7 +273,7 @@ impl<S: Store + ?Sized> Lease<'_, S> {
     /// has passed since the last one that worked).
     async fn renew(&self, epoch: i64, last_renewed: &mut tokio::time::Instant) -> bool {
         let s = self.settings;
-        let now = self.clock.now();
+        let now = SystemClock.now();
         match self
             .store
             .renew_lease(&s.stream, &s.owner, epoch, s.ttl, now)
@@ -283,8 +281,8 @@ impl<S: Store + ?Sized> Lease<'_, S> {
         {
             Ok(true) => {
                 *last_renewed = tokio::time::Instant::now();
-                let renewed = self.clock.now();
-                self.status.lease_renewed(renewed);
+                let renewed = SystemClock.now();
+                self.status.reached(renewed);
                 metrics::gauge!(m::LEASE_RENEWED_TIMESTAMP, "stream" => s.stream.clone())
                     .set(renewed.timestamp_millis() as f64 / 1000.0);
                 true

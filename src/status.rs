@@ -137,11 +137,6 @@ impl WorkerStatus {
         self.resumed();
     }
 
-    /// The lease was renewed at `now`.
-    pub fn lease_renewed(&self, now: DateTime) {
-        self.reached(now);
-    }
-
     /// The change stream opened at `now`: working again (no longer parked).
     pub fn stream_opened(&self, now: DateTime) {
         self.stream_open.store(true, Ordering::Relaxed);
