@@ -114,8 +114,7 @@ async fn run_streams(
     let jobs = Jobs::of(settings, &abilities, shared);
     let mut streams = tokio::task::JoinSet::new();
     let mut names = HashMap::new();
-    let partitions = jobs.source.streams();
-    for ((stream, partition), status) in partitions.into_iter().zip(statuses) {
+    for ((stream, partition), status) in jobs.source.streams().into_iter().zip(statuses) {
         let job = jobs.job(stream.clone(), partition, status);
         let task = streams.spawn(job.supervise(store.clone(), stop.clone()));
         names.insert(task.id(), stream);
@@ -224,19 +223,16 @@ impl Jobs {
     }
 }
 
-/// A prepared database: the settings it was reached with (the URI as last read), the store
-/// and what the server can do.
-type Prepared = (Settings, MongoStore, ServerAbilities);
-
 /// Connects and prepares the database (connect, indexes, server abilities), each step riding
 /// through transient errors. Refused credentials park every stream of the source (under
 /// `on_fatal = "park"`): the start is tried again with backoff, reading `mongodb_uri_file`
-/// again each time. `None`: shutdown was requested first.
+/// again each time. The settings it was reached with (the URI as last read), the store and what
+/// the server can do; `None`: shutdown was requested first.
 async fn prepare_or_park(
     mut settings: Settings,
     statuses: &[Arc<WorkerStatus>],
     shutdown: &Shutdown,
-) -> Result<Option<Prepared>, DaemonError> {
+) -> Result<Option<(Settings, MongoStore, ServerAbilities)>, DaemonError> {
     let mut backoff = backoff_up_to(&settings, settings.park_recheck_interval);
     loop {
         let error = match prepare(&settings, shutdown).await {
