@@ -232,41 +232,32 @@ impl<S: Store + ?Sized> Lease<'_, S> {
 
     // --- active
 
-    /// Renews the lease while `work` runs; once the lease is lost or shutdown is asked,
-    /// stops the work and waits for it. The work's result.
+    /// Renews the lease every `renew` while `work` runs; once the lease is lost, lapsed while
+    /// unreachable, or shutdown is asked, stops the work and waits for it. The work's result.
     async fn run_active<E: ActiveError>(
         &self,
         epoch: i64,
         mut work: Work<E>,
         stop: ShutdownTrigger,
     ) -> Result<(), E> {
-        let ended = self.renew_while(epoch, &mut work).await;
+        let mut last_renewed = tokio::time::Instant::now();
+        // The work's join result when it ended by itself; `None` when it must be stopped.
+        let ended = loop {
+            tokio::select! {
+                joined = &mut work => break Some(joined),
+                _ = tokio::time::sleep(self.settings.renew) => {}
+                _ = self.shutdown.wait() => {}
+            }
+            if self.shutdown.requested() || !self.renew(epoch, &mut last_renewed).await {
+                break None;
+            }
+        };
         stop.request();
         let joined = match ended {
             Some(joined) => joined,
             None => work.await,
         };
         joined.unwrap_or_else(|join| Err(LeaseError::from_join(&self.settings.stream, join).into()))
-    }
-
-    /// Renews every `renew` until the work ends (its join result), or `None` once the lease
-    /// is lost, lapsed while unreachable, or shutdown is asked.
-    async fn renew_while<E: Send + 'static>(
-        &self,
-        epoch: i64,
-        work: &mut Work<E>,
-    ) -> Option<Result<Result<(), E>, tokio::task::JoinError>> {
-        let mut last_renewed = tokio::time::Instant::now();
-        loop {
-            tokio::select! {
-                joined = &mut *work => return Some(joined),
-                _ = tokio::time::sleep(self.settings.renew) => {}
-                _ = self.shutdown.wait() => {}
-            }
-            if self.shutdown.requested() || !self.renew(epoch, &mut last_renewed).await {
-                return None;
-            }
-        }
     }
 
     /// One renewal: whether the lease is still ours (a failed renewal keeps it until `ttl`
