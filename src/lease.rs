@@ -141,9 +141,6 @@ struct Lease<'a, S: ?Sized> {
     shutdown: &'a Shutdown,
 }
 
-/// The active work, as spawned: its own failure, or it could not be joined.
-type Work<E> = tokio::task::JoinHandle<Result<(), E>>;
-
 impl<S: Store + ?Sized> Lease<'_, S> {
     // --- standby
 
@@ -171,10 +168,9 @@ impl<S: Store + ?Sized> Lease<'_, S> {
     /// healthy standby) or it cannot be reached this time (retried at the next look).
     async fn look(&self) -> Result<Option<i64>, LeaseError> {
         let s = self.settings;
-        let now = SystemClock.now();
         match self
             .store
-            .acquire_lease(&s.stream, &s.owner, s.ttl, now)
+            .acquire_lease(&s.stream, &s.owner, s.ttl, SystemClock.now())
             .await
         {
             Ok(Some(epoch)) => Ok(Some(epoch)),
@@ -237,7 +233,7 @@ impl<S: Store + ?Sized> Lease<'_, S> {
     async fn run_active<E: ActiveError>(
         &self,
         epoch: i64,
-        mut work: Work<E>,
+        mut work: tokio::task::JoinHandle<Result<(), E>>,
         stop: ShutdownTrigger,
     ) -> Result<(), E> {
         let mut last_renewed = tokio::time::Instant::now();
@@ -264,10 +260,9 @@ impl<S: Store + ?Sized> Lease<'_, S> {
     /// has passed since the last one that worked).
     async fn renew(&self, epoch: i64, last_renewed: &mut tokio::time::Instant) -> bool {
         let s = self.settings;
-        let now = SystemClock.now();
         match self
             .store
-            .renew_lease(&s.stream, &s.owner, epoch, s.ttl, now)
+            .renew_lease(&s.stream, &s.owner, epoch, s.ttl, SystemClock.now())
             .await
         {
             Ok(true) => {

@@ -48,10 +48,9 @@ pub async fn run_sources(
 ) -> Result<(), DaemonError> {
     // Checked when the settings were loaded; a mistake here is one in the file.
     let sources = settings.sources()?;
-    let budget = crate::budget::Budget::exported(settings.memory_budget_bytes());
     let shared = Shared {
+        budget: crate::budget::Budget::exported(settings.memory_budget_bytes()),
         streams: settings.streams_per_process(),
-        budget,
     };
     // Set aside for the reconcilers' row-level reads (see `ReconcileSettings::recount_rows`)
     // for as long as the streams run: events in flight never use it.
