@@ -312,9 +312,8 @@ impl StreamJob {
                 stop.clone(),
                 move |epoch, stop: Shutdown| job.work(active_store.clone(), epoch, stop),
             );
-            let error = match held.await {
-                Ok(()) => return Ok(()),
-                Err(e) => e,
+            let Err(error) = held.await else {
+                return Ok(());
             };
             let Some(reason) =
                 park::reason_for(&error).filter(|_| self.settings.on_fatal == OnFatal::Park)
