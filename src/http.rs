@@ -250,8 +250,8 @@ mod tests {
         let healthy = status(true);
         healthy.caught_up_to(NOW / 1000);
         let reason = crate::status::ParkReason::SourceMissing;
-        assert!(parked.parked("likes", reason, at(NOW)));
-        assert!(!parked.parked("likes", reason, at(NOW)));
+        assert!(parked.parked("likes", reason));
+        assert!(!parked.parked("likes", reason));
         let (code, body) = readiness(&[&healthy, &parked], BOUNDS, NOW);
         assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
         assert!(body.starts_with("parked: likes (source_missing)"), "{body}");

@@ -75,12 +75,11 @@ impl ParkReason {
     }
 }
 
-/// A parked stream: its name, why, and since when (Unix ms).
+/// A parked stream: its name and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Parked {
     pub stream: String,
     pub reason: ParkReason,
-    pub since_ms: i64,
 }
 
 /// The readings of [`WorkerStatus`]'s atomics: one getter per field (`name: field -> type`,
@@ -193,9 +192,9 @@ impl WorkerStatus {
             .store(now.timestamp_millis(), Ordering::Relaxed);
     }
 
-    /// The stream parked for `reason` at `now`, and the park is exported. True when it was
-    /// not parked for that reason before (the caller then says so, once).
-    pub fn parked(&self, stream: &str, reason: ParkReason, now: DateTime) -> bool {
+    /// The stream parked for `reason`, and the park is exported. True when it was not parked
+    /// for that reason before (the caller then says so, once).
+    pub fn parked(&self, stream: &str, reason: ParkReason) -> bool {
         let mut parked = self.parked.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(before) = parked.as_ref() {
             if before.reason == reason {
@@ -207,7 +206,6 @@ impl WorkerStatus {
         *parked = Some(Parked {
             stream: stream.to_string(),
             reason,
-            since_ms: now.timestamp_millis(),
         });
         true
     }

@@ -9,7 +9,7 @@ use tokio::sync::Semaphore;
 
 use super::startup::backoff_up_to;
 use super::{connect_patiently, park, patiently, step, DaemonError};
-use crate::clock::{Clock, SystemClock};
+use crate::clock::SystemClock;
 use crate::config::{OnFatal, Settings};
 use crate::lease::{default_owner, hold, LeaseError, LeaseSettings};
 use crate::reconcile::{run_loop, ReconcileSettings, Reconciler};
@@ -246,7 +246,7 @@ async fn prepare_or_park(
         let names = settings.stream_names();
         let mut newly = false;
         for (name, status) in names.iter().zip(statuses) {
-            newly |= status.parked(name, reason, SystemClock.now());
+            newly |= status.parked(name, reason);
         }
         if newly {
             let streams = names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>();
@@ -344,7 +344,7 @@ impl StreamJob {
         reason: crate::status::ParkReason,
         error: &DaemonError,
     ) -> bool {
-        let entered = self.status.parked(&self.stream, reason, SystemClock.now());
+        let entered = self.status.parked(&self.stream, reason);
         if entered {
             let advice = park::advice(reason, error, &self.settings, &format!("`{}`", self.stream));
             tracing::error!(stream = %self.stream, reason = reason.label(), "{advice}");
