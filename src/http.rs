@@ -212,7 +212,7 @@ mod tests {
         DateTime::from_millis(ms)
     }
 
-    /// A connected stream's status, active (and its stream open) since `NOW` or standing by.
+    /// A connected stream's status, active since `NOW` (stream opened: progress) or standing by.
     fn status(active: bool) -> Arc<WorkerStatus> {
         let s = Arc::new(WorkerStatus::default());
         s.connected();
@@ -231,7 +231,6 @@ mod tests {
     #[test]
     fn an_active_stream_without_progress_turns_unready_by_the_clock_alone() {
         let s = status(true);
-        s.progressed(at(NOW));
         s.caught_up_to(NOW / 1000);
         let (code, body) = readiness(&[&s], BOUNDS, NOW + 2_000);
         assert_eq!(code, StatusCode::OK, "{body}");
@@ -249,11 +248,10 @@ mod tests {
     fn a_parked_stream_is_unready_and_named_with_its_reason() {
         let parked = status(false);
         let healthy = status(true);
-        healthy.progressed(at(NOW));
         healthy.caught_up_to(NOW / 1000);
         let reason = crate::status::ParkReason::SourceMissing;
-        assert!(parked.parked("likes", reason, at(NOW)));
-        assert!(!parked.parked("likes", reason, at(NOW)));
+        assert!(parked.parked("likes", reason));
+        assert!(!parked.parked("likes", reason));
         let (code, body) = readiness(&[&healthy, &parked], BOUNDS, NOW);
         assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
         assert!(body.starts_with("parked: likes (source_missing)"), "{body}");
@@ -267,7 +265,6 @@ mod tests {
     #[test]
     fn lag_over_the_bound_is_unready() {
         let s = status(true);
-        s.progressed(at(NOW));
         s.caught_up_to(NOW / 1000 - 100);
         let (code, body) = readiness(&[&s], BOUNDS, NOW);
         assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);

@@ -106,7 +106,6 @@ where
         settings: &settings,
         status: status.as_ref(),
         shutdown: &shutdown,
-        clock: &SystemClock,
     };
     loop {
         let Some((epoch, _slot)) = lease.stand_by().await? else {
@@ -133,18 +132,14 @@ where
     }
 }
 
-/// One stream's lease as [`hold`] works it: the store, the knobs, the stream's status, the
-/// process's shutdown and the clock the lease times are read from.
+/// One stream's lease as [`hold`] works it: the store, the knobs, the stream's status and the
+/// process's shutdown (its times are read from the [`SystemClock`]).
 struct Lease<'a, S: ?Sized> {
     store: &'a S,
     settings: &'a LeaseSettings,
     status: &'a WorkerStatus,
     shutdown: &'a Shutdown,
-    clock: &'a dyn Clock,
 }
-
-/// The active work, as spawned: its own failure, or it could not be joined.
-type Work<E> = tokio::task::JoinHandle<Result<(), E>>;
 
 impl<S: Store + ?Sized> Lease<'_, S> {
     // --- standby
@@ -163,7 +158,7 @@ impl<S: Store + ?Sized> Lease<'_, S> {
             }
             let jitter = rand::rng().random_range(0.5..1.0);
             let pause = self.settings.renew.mul_f64(jitter);
-            if sleep_or_shutdown(self.clock, pause, self.shutdown).await {
+            if sleep_or_shutdown(&SystemClock, pause, self.shutdown).await {
                 return Ok(None);
             }
         }
@@ -173,15 +168,14 @@ impl<S: Store + ?Sized> Lease<'_, S> {
     /// healthy standby) or it cannot be reached this time (retried at the next look).
     async fn look(&self) -> Result<Option<i64>, LeaseError> {
         let s = self.settings;
-        let now = self.clock.now();
         match self
             .store
-            .acquire_lease(&s.stream, &s.owner, s.ttl, now)
+            .acquire_lease(&s.stream, &s.owner, s.ttl, SystemClock.now())
             .await
         {
             Ok(Some(epoch)) => Ok(Some(epoch)),
             Ok(None) => {
-                self.status.saw_holder(self.clock.now());
+                self.status.saw_holder(SystemClock.now());
                 Ok(None)
             }
             Err(e) if e.is_transient() => {
@@ -220,7 +214,7 @@ impl<S: Store + ?Sized> Lease<'_, S> {
     fn became_active(&self, epoch: i64) {
         let s = self.settings;
         tracing::info!(stream = %s.stream, owner = %s.owner, epoch, "lease acquired: active");
-        let now = self.clock.now();
+        let now = SystemClock.now();
         self.status.became_active(now);
         metrics::gauge!(m::WORKER_ACTIVE, "stream" => s.stream.clone()).set(1.0);
         // A parked stream trying again takes back the lease it released: not a takeover (its
@@ -234,15 +228,26 @@ impl<S: Store + ?Sized> Lease<'_, S> {
 
     // --- active
 
-    /// Renews the lease while `work` runs; once the lease is lost or shutdown is asked,
-    /// stops the work and waits for it. The work's result.
+    /// Renews the lease every `renew` while `work` runs; once the lease is lost, lapsed while
+    /// unreachable, or shutdown is asked, stops the work and waits for it. The work's result.
     async fn run_active<E: ActiveError>(
         &self,
         epoch: i64,
-        mut work: Work<E>,
+        mut work: tokio::task::JoinHandle<Result<(), E>>,
         stop: ShutdownTrigger,
     ) -> Result<(), E> {
-        let ended = self.renew_while(epoch, &mut work).await;
+        let mut last_renewed = tokio::time::Instant::now();
+        // The work's join result when it ended by itself; `None` when it must be stopped.
+        let ended = loop {
+            tokio::select! {
+                joined = &mut work => break Some(joined),
+                _ = tokio::time::sleep(self.settings.renew) => {}
+                _ = self.shutdown.wait() => {}
+            }
+            if self.shutdown.requested() || !self.renew(epoch, &mut last_renewed).await {
+                break None;
+            }
+        };
         stop.request();
         let joined = match ended {
             Some(joined) => joined,
@@ -251,40 +256,19 @@ impl<S: Store + ?Sized> Lease<'_, S> {
         joined.unwrap_or_else(|join| Err(LeaseError::from_join(&self.settings.stream, join).into()))
     }
 
-    /// Renews every `renew` until the work ends (its join result), or `None` once the lease
-    /// is lost, lapsed while unreachable, or shutdown is asked.
-    async fn renew_while<E: Send + 'static>(
-        &self,
-        epoch: i64,
-        work: &mut Work<E>,
-    ) -> Option<Result<Result<(), E>, tokio::task::JoinError>> {
-        let mut last_renewed = tokio::time::Instant::now();
-        loop {
-            tokio::select! {
-                joined = &mut *work => return Some(joined),
-                _ = tokio::time::sleep(self.settings.renew) => {}
-                _ = self.shutdown.wait() => {}
-            }
-            if self.shutdown.requested() || !self.renew(epoch, &mut last_renewed).await {
-                return None;
-            }
-        }
-    }
-
     /// One renewal: whether the lease is still ours (a failed renewal keeps it until `ttl`
     /// has passed since the last one that worked).
     async fn renew(&self, epoch: i64, last_renewed: &mut tokio::time::Instant) -> bool {
         let s = self.settings;
-        let now = self.clock.now();
         match self
             .store
-            .renew_lease(&s.stream, &s.owner, epoch, s.ttl, now)
+            .renew_lease(&s.stream, &s.owner, epoch, s.ttl, SystemClock.now())
             .await
         {
             Ok(true) => {
                 *last_renewed = tokio::time::Instant::now();
-                let renewed = self.clock.now();
-                self.status.lease_renewed(renewed);
+                let renewed = SystemClock.now();
+                self.status.reached(renewed);
                 metrics::gauge!(m::LEASE_RENEWED_TIMESTAMP, "stream" => s.stream.clone())
                     .set(renewed.timestamp_millis() as f64 / 1000.0);
                 true

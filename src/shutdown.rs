@@ -23,11 +23,6 @@ impl ShutdownTrigger {
     pub fn request(&self) {
         self.0.send_replace(true);
     }
-
-    /// Another listener.
-    pub fn subscribe(&self) -> Shutdown {
-        Shutdown(self.0.subscribe())
-    }
 }
 
 impl Shutdown {
@@ -124,7 +119,7 @@ mod tests {
     #[tokio::test]
     async fn a_request_reaches_every_listener_and_ends_their_pauses() {
         let (trigger, shutdown) = Shutdown::new();
-        let other = trigger.subscribe();
+        let other = shutdown.clone();
         assert!(!shutdown.requested());
         let clock = crate::clock::SystemClock;
         let pause = tokio::spawn({

@@ -75,12 +75,11 @@ impl ParkReason {
     }
 }
 
-/// A parked stream: its name, why, and since when (Unix ms).
+/// A parked stream: its name and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Parked {
     pub stream: String,
     pub reason: ParkReason,
-    pub since_ms: i64,
 }
 
 /// The readings of [`WorkerStatus`]'s atomics: one getter per field (`name: field -> type`,
@@ -135,11 +134,6 @@ impl WorkerStatus {
     pub fn saw_holder(&self, now: DateTime) {
         self.reached(now);
         self.resumed();
-    }
-
-    /// The lease was renewed at `now`.
-    pub fn lease_renewed(&self, now: DateTime) {
-        self.reached(now);
     }
 
     /// The change stream opened at `now`: working again (no longer parked).
@@ -198,9 +192,9 @@ impl WorkerStatus {
             .store(now.timestamp_millis(), Ordering::Relaxed);
     }
 
-    /// The stream parked for `reason` at `now`, and the park is exported. True when it was
-    /// not parked for that reason before (the caller then says so, once).
-    pub fn parked(&self, stream: &str, reason: ParkReason, now: DateTime) -> bool {
+    /// The stream parked for `reason`, and the park is exported. True when it was not parked
+    /// for that reason before (the caller then says so, once).
+    pub fn parked(&self, stream: &str, reason: ParkReason) -> bool {
         let mut parked = self.parked.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(before) = parked.as_ref() {
             if before.reason == reason {
@@ -212,7 +206,6 @@ impl WorkerStatus {
         *parked = Some(Parked {
             stream: stream.to_string(),
             reason,
-            since_ms: now.timestamp_millis(),
         });
         true
     }

@@ -2,7 +2,7 @@
 //! derived from it (see [`super::cost::budget_for_limit`]). Parsing is pure; [`memory_limit`]
 //! reads the files.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// v1 reports "no limit" as a huge number (the page-rounded `i64::MAX`); anything above this
 /// is no limit.
@@ -39,19 +39,13 @@ fn smallest_up(
     file: &str,
     parse: fn(&str) -> Option<u64>,
 ) -> Option<u64> {
-    let mut dir: PathBuf = mount.join(path.trim_start_matches('/'));
-    let mut smallest: Option<u64> = None;
-    loop {
-        if let Some(limit) = std::fs::read_to_string(dir.join(file))
-            .ok()
-            .and_then(|t| parse(&t))
-        {
-            smallest = Some(smallest.map_or(limit, |s| s.min(limit)));
-        }
-        if dir.as_path() == mount || !dir.pop() || !dir.starts_with(mount) {
-            return smallest;
-        }
-    }
+    let group = mount.join(path.trim_start_matches('/'));
+    group
+        .ancestors()
+        .take_while(|dir| dir.starts_with(mount))
+        .filter_map(|dir| std::fs::read_to_string(dir.join(file)).ok())
+        .filter_map(|text| parse(&text))
+        .min()
 }
 
 /// The v2 group (`0::<path>`) of a `/proc/self/cgroup`.

@@ -37,7 +37,7 @@ use crate::shutdown::{sleep_or_shutdown, Shutdown};
 use crate::status::ParkReason;
 use crate::store::mongo::MongoStore;
 use crate::store::prelude::*;
-use crate::store::{StoreError, StoreResult};
+use crate::store::StoreResult;
 use crate::worker::WorkerError;
 
 /// Why `error` parks a stream (`None`: it stops the process, as every error did before).
@@ -46,20 +46,12 @@ pub(super) fn reason_for(error: &DaemonError) -> Option<ParkReason> {
         DaemonError::Worker(WorkerError::StreamEnded(_)) => Some(ParkReason::StreamEnded),
         DaemonError::Worker(WorkerError::HistoryLost { .. }) => Some(ParkReason::HistoryLost),
         DaemonError::SourceMissing { .. } => Some(ParkReason::SourceMissing),
-        other => store_error(other)
-            .filter(|e| e.is_refused_credentials())
-            .map(|_| ParkReason::Credentials),
-    }
-}
-
-/// The database error inside a daemon error, if there is one.
-fn store_error(error: &DaemonError) -> Option<&StoreError> {
-    match error {
+        // A database error that refuses the credentials, wherever it arose.
         DaemonError::Startup(s)
         | DaemonError::Worker(WorkerError::Startup(s) | WorkerError::Store(s))
         | DaemonError::Lease(
             LeaseError::TakeOver { source: s, .. } | LeaseError::Acquire { source: s, .. },
-        ) => Some(s),
+        ) if s.is_refused_credentials() => Some(ParkReason::Credentials),
         _ => None,
     }
 }
@@ -118,7 +110,7 @@ fn redacted(text: &str, settings: &Settings) -> String {
 }
 
 /// The position an operator's `counterd replay` moves: a change means "try again".
-pub(super) async fn position(store: &MongoStore, stream: &str) -> StoreResult<String> {
+async fn position(store: &MongoStore, stream: &str) -> StoreResult<String> {
     let checkpoint = store.load_checkpoint(stream).await?.unwrap_or_default();
     Ok(format!(
         "{:?}|{:?}|{:?}",
@@ -132,8 +124,6 @@ pub(super) struct Wait<'a> {
     pub stream: &'a str,
     pub settings: &'a Settings,
     pub store: &'a Arc<MongoStore>,
-    /// The checkpoint's position when it parked (`None`: not read yet).
-    pub parked_at: Option<String>,
 }
 
 /// Waits until the parked stream is worth trying again: `Some(store)` to try with (a new
@@ -162,7 +152,8 @@ pub(super) async fn until_worth_trying(
             .park_recheck_interval
             .max(Duration::from_millis(100)),
     );
-    let mut parked_at = wait.parked_at.clone();
+    // The checkpoint's position as it parked (`None`: unreadable; the next read sets it).
+    let mut parked_at = position(wait.store, wait.stream).await.ok();
     loop {
         if sleep_or_shutdown(&SystemClock, poll, shutdown).await {
             return None;
@@ -234,6 +225,7 @@ mod tests {
     use super::*;
     use crate::core::classify::StreamEnded;
     use crate::core::event::Token;
+    use crate::store::StoreError;
 
     /// A database error that is not a refusal (a server error only the driver builds).
     fn other() -> StoreError {

@@ -55,8 +55,7 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = StoreResult<T>>,
 {
-    let max_delay = settings.retry_max_delay.max(Duration::from_millis(1));
-    let mut backoff = backoff_up_to(settings, max_delay);
+    let mut backoff = backoff_up_to(settings, settings.retry_max_delay);
     // The connect step bounds itself (`connect_timeout` for server selection); the others get
     // the operation timeout, and never less than the connect timeout.
     let bound = settings.operation_timeout.max(settings.connect_timeout);
@@ -79,7 +78,7 @@ where
             },
         };
         metrics::counter!(crate::telemetry::RETRIES, "op" => step).increment(1);
-        let delay = backoff.next().unwrap_or(max_delay);
+        let delay = backoff.next().unwrap_or(settings.retry_max_delay);
         tracing::warn!(%step, error = %error, retry_in = %humantime::format_duration(delay),
             "start-up step failed with a transient error; retrying");
         tracing::debug!(%step, error = %error.in_full(), "the start-up step's error in full");

@@ -9,7 +9,7 @@ use tokio::sync::Semaphore;
 
 use super::startup::backoff_up_to;
 use super::{connect_patiently, park, patiently, step, DaemonError};
-use crate::clock::{Clock, SystemClock};
+use crate::clock::SystemClock;
 use crate::config::{OnFatal, Settings};
 use crate::lease::{default_owner, hold, LeaseError, LeaseSettings};
 use crate::reconcile::{run_loop, ReconcileSettings, Reconciler};
@@ -48,10 +48,9 @@ pub async fn run_sources(
 ) -> Result<(), DaemonError> {
     // Checked when the settings were loaded; a mistake here is one in the file.
     let sources = settings.sources()?;
-    let budget = crate::budget::Budget::exported(settings.memory_budget_bytes());
     let shared = Shared {
+        budget: crate::budget::Budget::exported(settings.memory_budget_bytes()),
         streams: settings.streams_per_process(),
-        budget,
     };
     // Set aside for the reconcilers' row-level reads (see `ReconcileSettings::recount_rows`)
     // for as long as the streams run: events in flight never use it.
@@ -114,8 +113,7 @@ async fn run_streams(
     let jobs = Jobs::of(settings, &abilities, shared);
     let mut streams = tokio::task::JoinSet::new();
     let mut names = HashMap::new();
-    let partitions = jobs.source.streams();
-    for ((stream, partition), status) in partitions.into_iter().zip(statuses) {
+    for ((stream, partition), status) in jobs.source.streams().into_iter().zip(statuses) {
         let job = jobs.job(stream.clone(), partition, status);
         let task = streams.spawn(job.supervise(store.clone(), stop.clone()));
         names.insert(task.id(), stream);
@@ -224,19 +222,16 @@ impl Jobs {
     }
 }
 
-/// A prepared database: the settings it was reached with (the URI as last read), the store
-/// and what the server can do.
-type Prepared = (Settings, MongoStore, ServerAbilities);
-
 /// Connects and prepares the database (connect, indexes, server abilities), each step riding
 /// through transient errors. Refused credentials park every stream of the source (under
 /// `on_fatal = "park"`): the start is tried again with backoff, reading `mongodb_uri_file`
-/// again each time. `None`: shutdown was requested first.
+/// again each time. The settings it was reached with (the URI as last read), the store and what
+/// the server can do; `None`: shutdown was requested first.
 async fn prepare_or_park(
     mut settings: Settings,
     statuses: &[Arc<WorkerStatus>],
     shutdown: &Shutdown,
-) -> Result<Option<Prepared>, DaemonError> {
+) -> Result<Option<(Settings, MongoStore, ServerAbilities)>, DaemonError> {
     let mut backoff = backoff_up_to(&settings, settings.park_recheck_interval);
     loop {
         let error = match prepare(&settings, shutdown).await {
@@ -251,7 +246,7 @@ async fn prepare_or_park(
         let names = settings.stream_names();
         let mut newly = false;
         for (name, status) in names.iter().zip(statuses) {
-            newly |= status.parked(name, reason, SystemClock.now());
+            newly |= status.parked(name, reason);
         }
         if newly {
             let streams = names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>();
@@ -317,9 +312,8 @@ impl StreamJob {
                 stop.clone(),
                 move |epoch, stop: Shutdown| job.work(active_store.clone(), epoch, stop),
             );
-            let error = match held.await {
-                Ok(()) => return Ok(()),
-                Err(e) => e,
+            let Err(error) = held.await else {
+                return Ok(());
             };
             let Some(reason) =
                 park::reason_for(&error).filter(|_| self.settings.on_fatal == OnFatal::Park)
@@ -334,7 +328,6 @@ impl StreamJob {
                 stream: &self.stream,
                 settings: &self.settings,
                 store: &store,
-                parked_at: park::position(&store, &self.stream).await.ok(),
             };
             match park::until_worth_trying(wait, &mut backoff, &stop).await {
                 Some(again) => store = again,
@@ -351,7 +344,7 @@ impl StreamJob {
         reason: crate::status::ParkReason,
         error: &DaemonError,
     ) -> bool {
-        let entered = self.status.parked(&self.stream, reason, SystemClock.now());
+        let entered = self.status.parked(&self.stream, reason);
         if entered {
             let advice = park::advice(reason, error, &self.settings, &format!("`{}`", self.stream));
             tracing::error!(stream = %self.stream, reason = reason.label(), "{advice}");
