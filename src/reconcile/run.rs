@@ -75,11 +75,8 @@ impl<S: Store + ?Sized> Reconciler<S> {
             let done = Outcome::Folded {
                 watermark: folded.watermark,
             };
-            if counter.is_none() && folded.right == 0 {
-                run.summary.posts += 1; // no rows, no counter: nothing to keep
-                return Ok(done);
-            }
-            if counter.is_some() && is_noop(&state, &folded) {
+            let nothing_to_keep = counter.is_none() && folded.right == 0; // no rows, no counter
+            if nothing_to_keep || (counter.is_some() && is_noop(&state, &folded)) {
                 run.summary.posts += 1;
                 return Ok(done);
             }
@@ -200,7 +197,6 @@ impl Run {
     /// A run of `kind` at `watermark` for the settings' stream and counter, paced at their
     /// `counts_per_second`.
     pub(super) fn new(settings: &ReconcileSettings, kind: RunKind, watermark: i64) -> Run {
-        let counter = settings.counter_name.clone();
         Run {
             stream: settings.stream.clone(),
             started: std::time::Instant::now(),
@@ -216,7 +212,7 @@ impl Run {
             corrections: Vec::new(),
             contended: Vec::new(),
             pace: Pace::new(settings.counts_per_second),
-            counter,
+            counter: settings.counter_name.clone(),
             kind,
         }
     }

@@ -316,11 +316,9 @@ impl<S: Store + ?Sized> Reconciler<S> {
                 cursor.pass_started = None;
             }
         }
-        let stream = self.settings.stream.clone();
-        let counter = self.settings.counter_name.clone();
-        metrics::gauge!(m::BACKGROUND_SWEEP_POSTS_DONE, "stream" => stream.clone(), "counter" => counter.clone())
+        metrics::gauge!(m::BACKGROUND_SWEEP_POSTS_DONE, "stream" => self.settings.stream.clone(), "counter" => self.settings.counter_name.clone())
             .set(cursor.posts_done as f64);
-        metrics::gauge!(m::BACKGROUND_SWEEP_LAST_PASS, "stream" => stream, "counter" => counter)
+        metrics::gauge!(m::BACKGROUND_SWEEP_LAST_PASS, "stream" => self.settings.stream.clone(), "counter" => self.settings.counter_name.clone())
             .set(cursor.last_pass_posts as f64);
         self.store
             .save_sweep_cursor(&self.settings.sweep_key(), &cursor)
@@ -436,11 +434,8 @@ pub async fn adopt_new_definitions<S: Store + ?Sized>(
         }
         let marker = format!("{}#adopted", reconciler.settings.sweep_key());
         let store = &reconciler.store;
-        if store
-            .load_sweep_cursor(&marker)
-            .await?
-            .is_some_and(|m| m.passes > 0)
-        {
+        let adopted = store.load_sweep_cursor(&marker).await?;
+        if adopted.is_some_and(|m| m.passes > 0) {
             continue;
         }
         let stream = &reconciler.settings.stream;
