@@ -304,28 +304,17 @@ impl<S: Store + ?Sized> Recounter<S> {
         }
         let snapshot_first = snapshots(&checkpoints);
         let shared = self.shared();
-        // A counter several partitions write reflects each partition's events up to its own
-        // position: no one cluster time is the state it shows, so it is counted alone.
-        let checkpoint_time = checkpoints
-            .into_iter()
-            .next()
-            .flatten()
-            .and_then(|c| c.token_time)
-            .filter(|_| !shared);
+        let checkpoint_time = checkpoints.first().and_then(|c| c.as_ref()?.token_time);
         // Every post is in flight until its count is found consistent.
         let mut out = vec![Recount::InFlight; requests.len()];
         // The posts counted at row level, read after every counter of the group was.
         let mut pending: Placed = Vec::new();
         for (i, request) in requests.iter().enumerate() {
             let first = self.first_read(request).await?;
-            let at = first
-                .counter
-                .as_ref()
-                .and_then(|c| c.applied_time)
-                .filter(|_| !shared)
-                .into_iter()
-                .chain(checkpoint_time)
-                .max();
+            let applied_time = first.counter.as_ref().and_then(|c| c.applied_time);
+            // A counter several partitions write reflects each partition's events up to its
+            // own position: no one cluster time is the state it shows, so it is counted alone.
+            let at = applied_time.max(checkpoint_time).filter(|_| !shared);
             pace.wait().await;
             if let Some(at) = at {
                 if let Some(count) = self
@@ -560,15 +549,11 @@ impl<S: Store + ?Sized> Recounter<S> {
         if request.full && proposed < EVERYTHING {
             let width = self.bucket_width_secs;
             let latest_row = self.store.latest_created(&request.post).await?;
+            let latest_row = latest_row.map(|t| bucket_start(t, width));
             let latest_bucket = state.buckets.keys().next_back().copied();
             let latest_touch = counter.and_then(|c| c.touched.keys().next_back().copied());
-            for start in latest_row
-                .map(|t| bucket_start(t, width))
-                .into_iter()
-                .chain(latest_bucket)
-                .chain(latest_touch)
-            {
-                proposed = proposed.max(start + width);
+            if let Some(latest) = latest_row.max(latest_bucket).max(latest_touch) {
+                proposed = proposed.max(latest + width);
             }
         }
         Ok(effective_watermark(&state, proposed))
