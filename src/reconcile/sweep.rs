@@ -246,11 +246,9 @@ impl<S: Store + ?Sized> Reconciler<S> {
         {
             return Ok(None);
         }
-        let mut cursor = self
-            .store
-            .load_sweep_cursor(&self.settings.sweep_key())
-            .await?
-            .unwrap_or_default();
+        let key = self.settings.sweep_key();
+        let stored = self.store.load_sweep_cursor(&key).await?;
+        let mut cursor = stored.unwrap_or_default();
         let size = super::schedule::background_step_size(
             cursor.last_pass_posts.max(cursor.posts_done),
             pass,
@@ -289,9 +287,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
             .set(cursor.posts_done as f64);
         metrics::gauge!(m::BACKGROUND_SWEEP_LAST_PASS, "stream" => self.settings.stream.clone(), "counter" => self.settings.counter_name.clone())
             .set(cursor.last_pass_posts as f64);
-        self.store
-            .save_sweep_cursor(&self.settings.sweep_key(), &cursor)
-            .await?;
+        self.store.save_sweep_cursor(&key, &cursor).await?;
         Ok(Some(self.finish(run).await?))
     }
 

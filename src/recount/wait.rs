@@ -195,18 +195,13 @@ mod tests {
     #[test]
     fn applied_before_is_the_later_of_the_event_time_and_the_drained_position() {
         let t = |time| Some(Timestamp { time, increment: 0 });
-        let c = Checkpoint {
-            token_time: t(10),
-            caught_up_at: t(12),
+        let c = |token_time, caught_up_at| Checkpoint {
+            token_time: t(token_time),
+            caught_up_at: t(caught_up_at),
             ..Checkpoint::default()
         };
-        assert_eq!(applied_before(&c), t(12));
-        let c = Checkpoint {
-            token_time: t(15),
-            caught_up_at: t(12),
-            ..Checkpoint::default()
-        };
-        assert_eq!(applied_before(&c), t(15));
+        assert_eq!(applied_before(&c(10, 12)), t(12));
+        assert_eq!(applied_before(&c(15, 12)), t(15));
         assert_eq!(applied_before(&Checkpoint::default()), None);
     }
 }
