@@ -66,11 +66,8 @@ impl<S: Store + ?Sized> Reconciler<S> {
     /// against the new state, then folds again (bounded).
     async fn install(&self, mut recount: Consistent, run: &mut Run) -> StoreResult<Outcome> {
         for _ in 0..self.settings.fold_retries.max(1) {
-            let counter = recount.counter.clone();
-            let state = counter
-                .as_ref()
-                .map(|c| c.state.clone())
-                .unwrap_or_default();
+            let counter = recount.counter.as_ref();
+            let state = counter.map(|c| c.state.clone()).unwrap_or_default();
             let folded = fold(&state, recount.watermark, recount.count);
             let done = Outcome::Folded {
                 watermark: folded.watermark,
@@ -82,7 +79,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
             }
             if self
                 .store
-                .install_fold(&recount.post, counter.as_ref(), &folded, self.clock.now())
+                .install_fold(&recount.post, counter, &folded, self.clock.now())
                 .await?
             {
                 run.record(&recount.post, &folded);
