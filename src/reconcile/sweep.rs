@@ -5,6 +5,7 @@ use super::run::Run;
 use super::{Outcome, Reconciler, RunReport};
 use crate::core::fold::RunKind;
 use crate::core::key::GroupValue;
+use crate::core::time::secs;
 use crate::recount::FoundBehind;
 use crate::shutdown::Shutdown;
 use crate::store::{Store, StoreResult};
@@ -154,11 +155,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
         let Some(checkpoint) = checkpoint.filter(|c| c.sweep_requested) else {
             return Ok(None);
         };
-        let gap_end = checkpoint
-            .gaps
-            .iter()
-            .map(|g| crate::core::time::secs(g.to))
-            .max();
+        let gap_end = checkpoint.gaps.iter().map(|g| secs(g.to)).max();
         let watermark = self.watermark(now_secs).await?;
         if gap_end.is_some_and(|end| watermark <= end) {
             tracing::info!(
@@ -417,7 +414,7 @@ pub async fn adopt_new_definitions<S: Store + ?Sized>(
             // Events applied before this process took the stream did not count for the new
             // definition, and a fold trusts the stream for rows above its watermark: the sweep
             // waits until the watermark passes `since`, so every such row is recounted.
-            if reconciler.watermark(now_secs).await? <= crate::core::time::secs(since) {
+            if reconciler.watermark(now_secs).await? <= secs(since) {
                 continue;
             }
             // The stream's worker is catching up: every definition's adoption waits.
