@@ -318,22 +318,18 @@ impl<S: Store + ?Sized> Snapshotter<'_, S> {
         Ok(Step::Done)
     }
 
+    /// Exports a snapshot's progress as gauges.
     fn report(&self, progress: &SnapshotProgress) {
-        report(&self.fence.stream, progress, self.settings.rows_per_second);
+        let stream = self.fence.stream.clone();
+        metrics::gauge!(m::SNAPSHOT_RUNNING, "stream" => stream.clone())
+            .set(f64::from(progress.state == SnapshotState::Running));
+        metrics::gauge!(m::SNAPSHOT_ROWS_SCANNED, "stream" => stream.clone())
+            .set(progress.rows_scanned as f64);
+        metrics::gauge!(m::SNAPSHOT_ROWS_ESTIMATED, "stream" => stream.clone())
+            .set(progress.estimated_rows as f64);
+        metrics::gauge!(m::SNAPSHOT_SECONDS_LEFT, "stream" => stream)
+            .set(seconds_left(progress, self.settings.rows_per_second).unwrap_or(0) as f64);
     }
-}
-
-/// Exports a snapshot's progress as gauges.
-pub fn report(stream: &str, progress: &SnapshotProgress, rows_per_second: u32) {
-    let stream = stream.to_string();
-    metrics::gauge!(m::SNAPSHOT_RUNNING, "stream" => stream.clone())
-        .set(f64::from(progress.state == SnapshotState::Running));
-    metrics::gauge!(m::SNAPSHOT_ROWS_SCANNED, "stream" => stream.clone())
-        .set(progress.rows_scanned as f64);
-    metrics::gauge!(m::SNAPSHOT_ROWS_ESTIMATED, "stream" => stream.clone())
-        .set(progress.estimated_rows as f64);
-    metrics::gauge!(m::SNAPSHOT_SECONDS_LEFT, "stream" => stream)
-        .set(seconds_left(progress, rows_per_second).unwrap_or(0) as f64);
 }
 
 #[cfg(test)]

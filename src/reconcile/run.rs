@@ -66,26 +66,20 @@ impl<S: Store + ?Sized> Reconciler<S> {
     /// against the new state, then folds again (bounded).
     async fn install(&self, mut recount: Consistent, run: &mut Run) -> StoreResult<Outcome> {
         for _ in 0..self.settings.fold_retries.max(1) {
-            let counter = recount.counter.clone();
-            let state = counter
-                .as_ref()
-                .map(|c| c.state.clone())
-                .unwrap_or_default();
+            let counter = recount.counter.as_ref();
+            let state = counter.map(|c| c.state.clone()).unwrap_or_default();
             let folded = fold(&state, recount.watermark, recount.count);
             let done = Outcome::Folded {
                 watermark: folded.watermark,
             };
-            if counter.is_none() && folded.right == 0 {
-                run.summary.posts += 1; // no rows, no counter: nothing to keep
-                return Ok(done);
-            }
-            if counter.is_some() && is_noop(&state, &folded) {
+            let nothing_to_keep = counter.is_none() && folded.right == 0; // no rows, no counter
+            if nothing_to_keep || (counter.is_some() && is_noop(&state, &folded)) {
                 run.summary.posts += 1;
                 return Ok(done);
             }
             if self
                 .store
-                .install_fold(&recount.post, counter.as_ref(), &folded, self.clock.now())
+                .install_fold(&recount.post, counter, &folded, self.clock.now())
                 .await?
             {
                 run.record(&recount.post, &folded);
@@ -200,7 +194,6 @@ impl Run {
     /// A run of `kind` at `watermark` for the settings' stream and counter, paced at their
     /// `counts_per_second`.
     pub(super) fn new(settings: &ReconcileSettings, kind: RunKind, watermark: i64) -> Run {
-        let counter = settings.counter_name.clone();
         Run {
             stream: settings.stream.clone(),
             started: std::time::Instant::now(),
@@ -216,7 +209,7 @@ impl Run {
             corrections: Vec::new(),
             contended: Vec::new(),
             pace: Pace::new(settings.counts_per_second),
-            counter,
+            counter: settings.counter_name.clone(),
             kind,
         }
     }

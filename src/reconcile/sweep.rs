@@ -5,19 +5,11 @@ use super::run::Run;
 use super::{Outcome, Reconciler, RunReport};
 use crate::core::fold::RunKind;
 use crate::core::key::GroupValue;
+use crate::core::time::secs;
 use crate::recount::FoundBehind;
 use crate::shutdown::Shutdown;
 use crate::store::{Store, StoreResult};
 use crate::telemetry as m;
-
-/// How one sweep pass treats the posts it passes over.
-struct SweepPass {
-    watermark: i64,
-    /// A full recount of each post (after lost history).
-    full: bool,
-    /// The ledger generation rebuilt (see [`Reconciler::rebuild_generation`]).
-    rebuild: Option<u64>,
-}
 
 impl<S: Store + ?Sized> Reconciler<S> {
     /// Recounts every post of this definition, window by window over `post_id`, paced;
@@ -63,12 +55,11 @@ impl<S: Store + ?Sized> Reconciler<S> {
             None => RunKind::Sweep,
         };
         let mut run = Run::new(&self.settings, kind, watermark);
-        let pass = SweepPass {
-            watermark,
-            full: after_gap.is_some(),
-            rebuild: self.rebuild_generation(after_gap).await?,
-        };
+        // A full recount of each post after lost history.
+        let full = after_gap.is_some();
+        let rebuild = self.rebuild_generation(after_gap).await?;
         let mut after: Option<GroupValue> = None;
+        // Every post rebuilt (where the pass does) and recounted so far.
         let mut complete = true;
         let passed = async {
             loop {
@@ -84,14 +75,27 @@ impl<S: Store + ?Sized> Reconciler<S> {
                 };
                 let owned = self.owned(&window);
                 for group in owned.chunks(self.settings.group_size.max(1)) {
-                    complete &= self.sweep_group(group, &pass, &mut run).await?;
+                    if let Some(generation) = rebuild {
+                        complete &= self.rebuild_ledger(group, generation).await?;
+                    }
+                    let outcomes = self.reconcile_posts(group, watermark, full, &mut run).await?;
+                    complete &= outcomes.iter().all(|o| *o != Outcome::NotNow);
                 }
                 metrics::counter!(m::SWEEP_POSTS, "stream" => self.settings.stream.clone(), "counter" => self.settings.counter_name.clone())
                     .increment(window.len() as u64);
                 progress(run.summary.posts);
                 after = Some(last);
             }
-            Ok(self.passed(complete, pass.full, &run))
+            if full && !complete {
+                tracing::warn!(
+                    stream = %self.settings.stream,
+                    counter = %self.settings.counter_name,
+                    in_flight = run.summary.in_flight,
+                    "the sweep after lost history could not recount every post consistently; it runs again"
+                );
+                return Ok(false);
+            }
+            Ok(true)
         }
         .await;
         let done = matches!(passed, Ok(true));
@@ -107,21 +111,6 @@ impl<S: Store + ?Sized> Reconciler<S> {
             .collect()
     }
 
-    /// Whether a pass that went over every post did what was asked: a full pass (after lost
-    /// history) only if every post was recounted (`complete`); it says so when not.
-    fn passed(&self, complete: bool, full: bool, run: &Run) -> bool {
-        if complete || !full {
-            return true;
-        }
-        tracing::warn!(
-            stream = %self.settings.stream,
-            counter = %self.settings.counter_name,
-            in_flight = run.summary.in_flight,
-            "the sweep after lost history could not recount every post consistently; it runs again"
-        );
-        false
-    }
-
     /// The ledger generation a sweep rebuilds the entries of the rows it passes over in (`None`:
     /// none rebuilt). Every sweep rebuilds them: after a gap they are stale, and a stream that
     /// never had them (started on existing rows without a snapshot) needs them to attribute a
@@ -134,25 +123,6 @@ impl<S: Store + ?Sized> Reconciler<S> {
             (_, Some(generation)) => Some(generation),
             (c, None) => Some(c.as_ref().map_or(0, |c| c.ledger_generation())),
         })
-    }
-
-    /// Rebuilds the ledger entries of one group of posts (where the pass does) and reconciles
-    /// them. Returns false when some of it could not be done now.
-    async fn sweep_group(
-        &self,
-        group: &[GroupValue],
-        pass: &SweepPass,
-        run: &mut Run,
-    ) -> StoreResult<bool> {
-        let mut complete = true;
-        if let Some(generation) = pass.rebuild {
-            complete &= self.rebuild_ledger(group, generation).await?;
-        }
-        let outcomes = self
-            .reconcile_posts(group, pass.watermark, pass.full, run)
-            .await?;
-        complete &= outcomes.iter().all(|o| *o != Outcome::NotNow);
-        Ok(complete)
     }
 
     /// Runs the full sweep that a lost history requested, once the watermark has passed the end
@@ -185,11 +155,7 @@ impl<S: Store + ?Sized> Reconciler<S> {
         let Some(checkpoint) = checkpoint.filter(|c| c.sweep_requested) else {
             return Ok(None);
         };
-        let gap_end = checkpoint
-            .gaps
-            .iter()
-            .map(|g| crate::core::time::secs(g.to))
-            .max();
+        let gap_end = checkpoint.gaps.iter().map(|g| secs(g.to)).max();
         let watermark = self.watermark(now_secs).await?;
         if gap_end.is_some_and(|end| watermark <= end) {
             tracing::info!(
@@ -277,11 +243,9 @@ impl<S: Store + ?Sized> Reconciler<S> {
         {
             return Ok(None);
         }
-        let mut cursor = self
-            .store
-            .load_sweep_cursor(&self.settings.sweep_key())
-            .await?
-            .unwrap_or_default();
+        let key = self.settings.sweep_key();
+        let stored = self.store.load_sweep_cursor(&key).await?;
+        let mut cursor = stored.unwrap_or_default();
         let size = super::schedule::background_step_size(
             cursor.last_pass_posts.max(cursor.posts_done),
             pass,
@@ -316,15 +280,11 @@ impl<S: Store + ?Sized> Reconciler<S> {
                 cursor.pass_started = None;
             }
         }
-        let stream = self.settings.stream.clone();
-        let counter = self.settings.counter_name.clone();
-        metrics::gauge!(m::BACKGROUND_SWEEP_POSTS_DONE, "stream" => stream.clone(), "counter" => counter.clone())
+        metrics::gauge!(m::BACKGROUND_SWEEP_POSTS_DONE, "stream" => self.settings.stream.clone(), "counter" => self.settings.counter_name.clone())
             .set(cursor.posts_done as f64);
-        metrics::gauge!(m::BACKGROUND_SWEEP_LAST_PASS, "stream" => stream, "counter" => counter)
+        metrics::gauge!(m::BACKGROUND_SWEEP_LAST_PASS, "stream" => self.settings.stream.clone(), "counter" => self.settings.counter_name.clone())
             .set(cursor.last_pass_posts as f64);
-        self.store
-            .save_sweep_cursor(&self.settings.sweep_key(), &cursor)
-            .await?;
+        self.store.save_sweep_cursor(&key, &cursor).await?;
         Ok(Some(self.finish(run).await?))
     }
 
@@ -436,11 +396,8 @@ pub async fn adopt_new_definitions<S: Store + ?Sized>(
         }
         let marker = format!("{}#adopted", reconciler.settings.sweep_key());
         let store = &reconciler.store;
-        if store
-            .load_sweep_cursor(&marker)
-            .await?
-            .is_some_and(|m| m.passes > 0)
-        {
+        let adopted = store.load_sweep_cursor(&marker).await?;
+        if adopted.is_some_and(|m| m.passes > 0) {
             continue;
         }
         let stream = &reconciler.settings.stream;
@@ -457,7 +414,7 @@ pub async fn adopt_new_definitions<S: Store + ?Sized>(
             // Events applied before this process took the stream did not count for the new
             // definition, and a fold trusts the stream for rows above its watermark: the sweep
             // waits until the watermark passes `since`, so every such row is recounted.
-            if reconciler.watermark(now_secs).await? <= crate::core::time::secs(since) {
+            if reconciler.watermark(now_secs).await? <= secs(since) {
                 continue;
             }
             // The stream's worker is catching up: every definition's adoption waits.

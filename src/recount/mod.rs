@@ -304,27 +304,17 @@ impl<S: Store + ?Sized> Recounter<S> {
         }
         let snapshot_first = snapshots(&checkpoints);
         let shared = self.shared();
-        // A counter several partitions write reflects each partition's events up to its own
-        // position: no one cluster time is the state it shows, so it is counted alone.
-        let checkpoint_time = checkpoints
-            .into_iter()
-            .next()
-            .flatten()
-            .and_then(|c| c.token_time)
-            .filter(|_| !shared);
-        let mut out: Vec<Option<Recount>> = vec![None; requests.len()];
+        let checkpoint_time = checkpoints.first().and_then(|c| c.as_ref()?.token_time);
+        // Every post is in flight until its count is found consistent.
+        let mut out = vec![Recount::InFlight; requests.len()];
         // The posts counted at row level, read after every counter of the group was.
         let mut pending: Placed = Vec::new();
         for (i, request) in requests.iter().enumerate() {
             let first = self.first_read(request).await?;
-            let at = first
-                .counter
-                .as_ref()
-                .and_then(|c| c.applied_time)
-                .filter(|_| !shared)
-                .into_iter()
-                .chain(checkpoint_time)
-                .max();
+            let applied_time = first.counter.as_ref().and_then(|c| c.applied_time);
+            // A counter several partitions write reflects each partition's events up to its
+            // own position: no one cluster time is the state it shows, so it is counted alone.
+            let at = applied_time.max(checkpoint_time).filter(|_| !shared);
             pace.wait().await;
             if let Some(at) = at {
                 if let Some(count) = self
@@ -332,22 +322,17 @@ impl<S: Store + ?Sized> Recounter<S> {
                     .count_live_below_at(&request.post, first.watermark, at)
                     .await?
                 {
-                    out[i] = Some(Recount::Consistent(Box::new(Consistent {
+                    out[i] = Recount::Consistent(Box::new(Consistent {
                         count,
                         snapshot: true,
                         ..first
-                    })));
+                    }));
                     continue;
                 }
             }
             pending.push((i, first));
         }
-        let rows = match shared {
-            false => self.read_rows(pending).await?,
-            // Rows changed in the window are in several partitions' ledgers and logs: a count
-            // alone, which holds while no partition changed a settled row after its position.
-            true => self.count_alone(pending).await?,
-        };
+        let rows = self.read_rows(pending).await?;
         if !rows.is_empty() {
             let after = self.store.read_position().await?.upper;
             let caught_up = self.wait_until_applied(after).await?;
@@ -356,16 +341,11 @@ impl<S: Store + ?Sized> Recounter<S> {
                     let now = self.store.read_counter(&recount.post).await?;
                     self.settle(&mut recount, now).await?
                 };
-                out[i] = Some(match settled {
-                    true => Recount::Consistent(Box::new(recount)),
-                    false => Recount::InFlight,
-                });
+                if settled {
+                    out[i] = Recount::Consistent(Box::new(recount));
+                }
             }
         }
-        let mut out: Vec<Recount> = out
-            .into_iter()
-            .map(|r| r.expect("every post recounted"))
-            .collect();
         self.void_if_snapshot_moved(&mut out, &snapshot_first)
             .await?;
         Ok(out)
@@ -431,32 +411,17 @@ impl<S: Store + ?Sized> Recounter<S> {
         Ok(out)
     }
 
-    /// Counts of a group's posts by the server alone, each after its counter's first read
-    /// (settled like a snapshot count, [`Consistent::holds_for`]).
-    async fn count_alone(&self, pending: Placed) -> StoreResult<Placed> {
-        let mut out = Vec::with_capacity(pending.len());
-        for (i, first) in pending {
-            out.push((i, self.counted_alone(first).await?));
-        }
-        Ok(out)
-    }
-
-    /// A post's count by the server alone, after its counter's first read (`first`).
-    async fn counted_alone(&self, first: Consistent) -> StoreResult<Consistent> {
-        let count = self
-            .store
-            .count_live_below(&first.post, first.watermark)
-            .await?;
-        Ok(Consistent { count, ..first })
-    }
-
     /// The row-level reads of a group's posts, each after its counter's first read: one query
     /// for the whole group while their ids fit what the recounter may hold (a count per post
     /// would scan the collection once per post where no index serves it), else one per post,
     /// a post with more rows than the room left counted by the server alone (settled like a
-    /// snapshot count: nothing below the watermark may change meanwhile).
+    /// snapshot count: nothing below the watermark may change meanwhile). A counter several
+    /// partitions write is always counted alone: rows changed in the window are in several
+    /// partitions' ledgers and logs, and a count alone holds while no partition changed a
+    /// settled row after its position.
     async fn read_rows(&self, pending: Placed) -> StoreResult<Placed> {
-        if pending.len() > 1 {
+        let shared = self.shared();
+        if !shared && pending.len() > 1 {
             let wanted: Vec<(GroupValue, i64)> = pending
                 .iter()
                 .map(|(_, c)| (c.post.clone(), c.watermark))
@@ -481,11 +446,12 @@ impl<S: Store + ?Sized> Recounter<S> {
         let mut held = 0usize;
         for (i, first) in pending {
             let room = self.max_rows.saturating_sub(held);
-            let recount = match self
-                .store
-                .live_ids_below(&first.post, first.watermark, room)
-                .await?
-            {
+            let (post, watermark) = (&first.post, first.watermark);
+            let read = match shared {
+                true => None,
+                false => self.store.live_ids_below(post, watermark, room).await?,
+            };
+            let recount = match read {
                 Some(read) => {
                     let read = each_row_once(read);
                     held += read.len();
@@ -494,7 +460,10 @@ impl<S: Store + ?Sized> Recounter<S> {
                         ..first
                     }
                 }
-                None => self.counted_alone(first).await?,
+                None => Consistent {
+                    count: self.store.count_live_below(post, watermark).await?,
+                    ..first
+                },
             };
             rows.push((i, recount));
         }
@@ -580,15 +549,11 @@ impl<S: Store + ?Sized> Recounter<S> {
         if request.full && proposed < EVERYTHING {
             let width = self.bucket_width_secs;
             let latest_row = self.store.latest_created(&request.post).await?;
+            let latest_row = latest_row.map(|t| bucket_start(t, width));
             let latest_bucket = state.buckets.keys().next_back().copied();
             let latest_touch = counter.and_then(|c| c.touched.keys().next_back().copied());
-            for start in latest_row
-                .map(|t| bucket_start(t, width))
-                .into_iter()
-                .chain(latest_bucket)
-                .chain(latest_touch)
-            {
-                proposed = proposed.max(start + width);
+            if let Some(latest) = latest_row.max(latest_bucket).max(latest_touch) {
+                proposed = proposed.max(latest + width);
             }
         }
         Ok(effective_watermark(&state, proposed))

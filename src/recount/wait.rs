@@ -54,7 +54,6 @@ impl<S: Store + ?Sized> Recounter<S> {
                 if self
                     .nothing_pending_before(checkpoint.as_ref(), position)
                     .await?
-                    == Some(true)
                 {
                     return Ok(true);
                 }
@@ -122,34 +121,32 @@ impl<S: Store + ?Sized> Recounter<S> {
         Ok(lease.is_some_and(|l| l.expires_at > self.clock.now()))
     }
 
-    /// With no worker holding the lease: reads the stream after the checkpoint once.
-    /// `Some(true)`: no event is pending before `position`; `Some(false)`: events are waiting
-    /// for a worker (or a batch was left in flight); `None`: the server's position is not yet
-    /// past `position`.
+    /// With no worker holding the lease: reads the stream after the checkpoint once. True: no
+    /// event is pending before `position`; false: events are waiting for a worker (or a batch
+    /// was left in flight), or the server's position is not yet past `position`.
     async fn nothing_pending_before(
         &self,
         checkpoint: Option<&Checkpoint>,
         position: Timestamp,
-    ) -> StoreResult<Option<bool>> {
+    ) -> StoreResult<bool> {
         let Some(checkpoint) = checkpoint else {
             // Never started: no worker will ever apply what is already written as events (a
             // first worker starts at the server's position then), so the rows are as settled
             // as they will be. With `initial_snapshot = "auto"` its snapshot will claim them:
             // `counterd reconcile` refuses such a stream before it gets here.
-            let before_read = self.store.read_position().await?.lower;
-            return Ok((before_read >= position).then_some(true));
+            return Ok(self.store.read_position().await?.lower >= position);
         };
         if checkpoint.pending.is_some() {
-            return Ok(Some(false));
+            return Ok(false);
         }
         let start = match (&checkpoint.token, checkpoint.start_time) {
             (Some(token), _) => StreamStart::After(token.clone()),
             (None, Some(at)) => StreamStart::AtTime(at),
-            (None, None) => return Ok(Some(false)),
+            (None, None) => return Ok(false),
         };
         let before_read = self.store.read_position().await?.lower;
         if before_read < position {
-            return Ok(None);
+            return Ok(false);
         }
         let mut stream = self
             .store
@@ -161,7 +158,7 @@ impl<S: Store + ?Sized> Recounter<S> {
             })
             .await?;
         let batch = stream.next_batch(1, self.catch_up.poll).await?;
-        Ok(Some(batch.events.is_empty()))
+        Ok(batch.events.is_empty())
     }
 }
 
@@ -198,18 +195,13 @@ mod tests {
     #[test]
     fn applied_before_is_the_later_of_the_event_time_and_the_drained_position() {
         let t = |time| Some(Timestamp { time, increment: 0 });
-        let c = Checkpoint {
-            token_time: t(10),
-            caught_up_at: t(12),
+        let c = |token_time, caught_up_at| Checkpoint {
+            token_time: t(token_time),
+            caught_up_at: t(caught_up_at),
             ..Checkpoint::default()
         };
-        assert_eq!(applied_before(&c), t(12));
-        let c = Checkpoint {
-            token_time: t(15),
-            caught_up_at: t(12),
-            ..Checkpoint::default()
-        };
-        assert_eq!(applied_before(&c), t(15));
+        assert_eq!(applied_before(&c(10, 12)), t(12));
+        assert_eq!(applied_before(&c(15, 12)), t(15));
         assert_eq!(applied_before(&Checkpoint::default()), None);
     }
 }
