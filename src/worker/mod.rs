@@ -116,7 +116,6 @@ pub struct Worker<S: Store + ?Sized> {
 mod apply;
 mod session;
 
-pub use session::next_batch_limit;
 use session::position_of;
 
 impl<S: Store + ?Sized> Worker<S> {

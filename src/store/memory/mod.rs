@@ -43,9 +43,7 @@ pub use self::checkpoints::CheckpointRec;
 pub use self::counters::CounterRec;
 pub use self::dirty::DirtyRec;
 pub use self::ledger::LedgerRec;
-pub use self::stream::{
-    drained_token, event_token, Cursor, MemoryEvents, OpKind, OpenTxn, OplogEntry, OplogTxn,
-};
+pub use self::stream::{drained_token, Cursor, OpKind, OpenTxn, OplogEntry, OplogTxn};
 pub use self::truth::row_facts;
 use crate::core::definition::Definition;
 use crate::core::key::{CounterIx, GroupValue};
