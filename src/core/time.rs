@@ -2,7 +2,7 @@
 //! since the epoch (`i64`) wherever it computes with them; these helpers convert from the bson
 //! types the stream and the store hand over, and file seconds under creation-time buckets.
 
-use bson::DateTime;
+use bson::{DateTime, Timestamp};
 
 /// Seconds since the epoch at which a creation-time bucket starts.
 pub type BucketStart = i64;
@@ -10,6 +10,13 @@ pub type BucketStart = i64;
 /// Seconds since the epoch of a date (floored).
 pub fn secs(at: DateTime) -> i64 {
     at.timestamp_millis().div_euclid(1000)
+}
+
+/// The cluster time at the start of `at`'s second (clamped into a cluster time's range): a
+/// stream position taken from a date.
+pub fn cluster_second(at: DateTime) -> Timestamp {
+    let time = secs(at).clamp(0, u32::MAX as i64) as u32;
+    Timestamp { time, increment: 0 }
 }
 
 /// Whole seconds since the epoch as RFC 3339 (UTC, `Z`), for messages; the number itself

@@ -134,14 +134,6 @@ impl<S: Store + ?Sized> Worker<S> {
         self
     }
 
-    /// The clock's now as a cluster-time-like timestamp (whole seconds).
-    fn now_timestamp(&self) -> Timestamp {
-        Timestamp {
-            time: crate::core::time::secs(self.clock.now()).clamp(0, u32::MAX as i64) as u32,
-            increment: 0,
-        }
-    }
-
     /// The initial snapshot's driver for this stream.
     fn snapshotter<'a>(&'a self, fence: &'a Fence) -> crate::snapshot::Snapshotter<'a, S> {
         crate::snapshot::Snapshotter {

@@ -227,7 +227,7 @@ impl<S: Store + ?Sized> Worker<S> {
             && configured_start.is_none()
         {
             // "Now", pinned: whoever resumes this stream later starts here, not at its own now.
-            let now = self.now_timestamp();
+            let now = crate::core::time::cluster_second(self.clock.now());
             self.store.record_start(fence, now).await?;
             checkpoint.start_time = Some(now);
         }

@@ -179,7 +179,7 @@ impl Memory {
             .filter_map(|r| self.facts(counter, r))
             .filter(|(p, _, _)| p == post)
             .filter_map(|(_, created, _)| created)
-            .map(|t| t.timestamp_millis().div_euclid(1000))
+            .map(crate::core::time::secs)
             .max()
     }
 
