@@ -12,6 +12,11 @@ pub fn secs(at: DateTime) -> i64 {
     at.timestamp_millis().div_euclid(1000)
 }
 
+/// The date `span` after `at` (a lease's expiry, when the next snapshot chunk is due).
+pub fn later(at: DateTime, span: std::time::Duration) -> DateTime {
+    DateTime::from_millis(at.timestamp_millis() + span.as_millis() as i64)
+}
+
 /// The cluster time at the start of `at`'s second (clamped into a cluster time's range): a
 /// stream position taken from a date.
 pub fn cluster_second(at: DateTime) -> Timestamp {

@@ -57,11 +57,6 @@ pub struct Lease {
     pub epoch: i64,
 }
 
-/// When a lease taken or renewed at `now` for `ttl` expires.
-pub fn lease_expiry(now: DateTime, ttl: Duration) -> DateTime {
-    DateTime::from_millis(now.timestamp_millis() + ttl.as_millis() as i64)
-}
-
 /// The right to write for one stream: every worker write carries this epoch in its filter, so a
 /// worker that lost its lease cannot write even once after a successor took over.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -318,9 +318,7 @@ impl<S: Store + ?Sized> Worker<S> {
         };
         if let crate::snapshot::Step::Chunk { rows } = step {
             let pause = self.settings.snapshot.pause_after(rows);
-            session.next_chunk_at = DateTime::from_millis(
-                self.clock.now().timestamp_millis() + pause.as_millis() as i64,
-            );
+            session.next_chunk_at = crate::core::time::later(self.clock.now(), pause);
         }
         Ok(Flow::Go(()))
     }

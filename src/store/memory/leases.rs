@@ -5,7 +5,7 @@ use std::time::Duration;
 use bson::DateTime;
 
 use super::{seam, Memory, MemoryStore};
-use crate::store::{lease_expiry, Lease};
+use crate::store::Lease;
 
 impl Memory {
     pub fn read_lease(&self, stream: &str) -> Option<Lease> {
@@ -36,7 +36,7 @@ impl Memory {
     ) -> bool {
         match self.leases.get_mut(stream) {
             Some(l) if l.owner == owner && l.epoch == epoch => {
-                l.expires_at = lease_expiry(now, ttl);
+                l.expires_at = crate::core::time::later(now, ttl);
                 true
             }
             _ => false,
@@ -48,7 +48,7 @@ impl Memory {
         let lease = Lease {
             stream: stream.to_string(),
             owner: owner.to_string(),
-            expires_at: lease_expiry(now, ttl),
+            expires_at: crate::core::time::later(now, ttl),
             epoch,
         };
         self.leases.insert(stream.to_string(), lease);

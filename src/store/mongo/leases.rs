@@ -22,7 +22,7 @@ impl Leases for MongoStore {
     ) -> StoreResult<Option<i64>> {
         let filter = doc! {"_id": stream, "$or": [{"expires_at": {"$lt": now}}, {"owner": owner}]};
         // A parked note (see `note_parked`) goes with the lease: whoever takes it tries again.
-        let update = doc! {"$set": {"owner": owner, "expires_at": lease_expiry(now, ttl)}, "$inc": {"epoch": 1_i64}, "$unset": {"parked": ""}};
+        let update = doc! {"$set": {"owner": owner, "expires_at": later(now, ttl)}, "$inc": {"epoch": 1_i64}, "$unset": {"parked": ""}};
         let result = self
             .coll(&self.names.leases)
             .find_one_and_update(filter, update)
@@ -46,7 +46,7 @@ impl Leases for MongoStore {
             .coll(&self.names.leases)
             .update_one(
                 doc! {"_id": stream, "owner": owner, "epoch": epoch},
-                doc! {"$set": {"expires_at": lease_expiry(now, ttl)}},
+                doc! {"$set": {"expires_at": later(now, ttl)}},
             )
             .observed("renew the lease")
             .await?;
@@ -64,7 +64,7 @@ impl Leases for MongoStore {
             .coll(&self.names.leases)
             .find_one_and_update(
                 doc! {"_id": stream},
-                doc! {"$set": {"owner": owner, "expires_at": lease_expiry(now, ttl)}, "$inc": {"epoch": 1_i64}, "$unset": {"parked": ""}},
+                doc! {"$set": {"owner": owner, "expires_at": later(now, ttl)}, "$inc": {"epoch": 1_i64}, "$unset": {"parked": ""}},
             )
             .upsert(true)
             .return_document(mongodb::options::ReturnDocument::After)
