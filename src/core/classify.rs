@@ -103,8 +103,10 @@ impl After {
 }
 
 /// Something about the event that the operator should hear of. The event's known posts are still
-/// marked dirty, so the reconciler repairs whatever was not counted.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+/// marked dirty, so the reconciler repairs whatever was not counted. Its name (`bad`,
+/// `unattributable`) is the `kind` the worker logs with it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum Problem {
     /// Malformed input: a missing or wrongly typed `post_id`, an unknown operation type.
     #[error(transparent)]

@@ -2,7 +2,7 @@
 //! since the epoch (`i64`) wherever it computes with them; these helpers convert from the bson
 //! types the stream and the store hand over, and file seconds under creation-time buckets.
 
-use bson::DateTime;
+use bson::{DateTime, Timestamp};
 
 /// Seconds since the epoch at which a creation-time bucket starts.
 pub type BucketStart = i64;
@@ -10,6 +10,18 @@ pub type BucketStart = i64;
 /// Seconds since the epoch of a date (floored).
 pub fn secs(at: DateTime) -> i64 {
     at.timestamp_millis().div_euclid(1000)
+}
+
+/// The date `span` after `at` (a lease's expiry, when the next snapshot chunk is due).
+pub fn later(at: DateTime, span: std::time::Duration) -> DateTime {
+    DateTime::from_millis(at.timestamp_millis() + span.as_millis() as i64)
+}
+
+/// The cluster time at the start of `at`'s second (clamped into a cluster time's range): a
+/// stream position taken from a date.
+pub fn cluster_second(at: DateTime) -> Timestamp {
+    let time = secs(at).clamp(0, u32::MAX as i64) as u32;
+    Timestamp { time, increment: 0 }
 }
 
 /// Whole seconds since the epoch as RFC 3339 (UTC, `Z`), for messages; the number itself

@@ -608,9 +608,8 @@ impl Carrying {
 
     /// Whether the carry is older than [`CARRY_FOR`] at `now`.
     pub(super) fn expired(&self, now: bson::DateTime) -> bool {
-        self.since.is_some_and(|since| {
-            now.timestamp_millis() - since.timestamp_millis() >= CARRY_FOR.as_millis() as i64
-        })
+        self.since
+            .is_some_and(|since| now >= crate::core::time::later(since, CARRY_FOR))
     }
 
     /// The carry was written: it holds nothing.
@@ -701,10 +700,7 @@ impl SkippedReport {
     }
 
     fn log(&self, stream: &str) {
-        let kind = match &self.problem {
-            crate::core::classify::Problem::Bad(_) => "bad",
-            crate::core::classify::Problem::Unattributable(_) => "unattributable",
-        };
+        let kind: &'static str = (&self.problem).into();
         tracing::warn!(%stream, comment = %self.comment, post = %self.post, token = %self.token,
             kind, problem = %self.problem,
             "event not counted; its known posts are marked dirty and recounted");

@@ -116,7 +116,6 @@ pub struct Worker<S: Store + ?Sized> {
 mod apply;
 mod session;
 
-pub use session::next_batch_limit;
 use session::position_of;
 
 impl<S: Store + ?Sized> Worker<S> {
@@ -133,14 +132,6 @@ impl<S: Store + ?Sized> Worker<S> {
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
         self
-    }
-
-    /// The clock's now as a cluster-time-like timestamp (whole seconds).
-    fn now_timestamp(&self) -> Timestamp {
-        Timestamp {
-            time: crate::core::time::secs(self.clock.now()).clamp(0, u32::MAX as i64) as u32,
-            increment: 0,
-        }
     }
 
     /// The initial snapshot's driver for this stream.

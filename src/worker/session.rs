@@ -227,7 +227,7 @@ impl<S: Store + ?Sized> Worker<S> {
             && configured_start.is_none()
         {
             // "Now", pinned: whoever resumes this stream later starts here, not at its own now.
-            let now = self.now_timestamp();
+            let now = crate::core::time::cluster_second(self.clock.now());
             self.store.record_start(fence, now).await?;
             checkpoint.start_time = Some(now);
         }
@@ -318,9 +318,7 @@ impl<S: Store + ?Sized> Worker<S> {
         };
         if let crate::snapshot::Step::Chunk { rows } = step {
             let pause = self.settings.snapshot.pause_after(rows);
-            session.next_chunk_at = DateTime::from_millis(
-                self.clock.now().timestamp_millis() + pause.as_millis() as i64,
-            );
+            session.next_chunk_at = crate::core::time::later(self.clock.now(), pause);
         }
         Ok(Flow::Go(()))
     }

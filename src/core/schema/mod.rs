@@ -23,7 +23,6 @@ mod projection;
 mod update;
 mod write;
 
-pub use update::FieldChange;
 pub use write::set_path;
 
 /// How a soft-deleted row is recognised.

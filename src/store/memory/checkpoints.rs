@@ -6,6 +6,7 @@ use super::{fence_ok, seam, upsert, CarriedCopy, Memory, MemoryStore};
 use crate::core::batch::PendingBatch;
 use crate::core::deployment::Deployment;
 use crate::core::event::Token;
+use crate::core::time::cluster_second;
 use crate::store::{Checkpoint, Fence, Gap, Position, SnapshotProgress, StoreError, StoreResult};
 
 /// A stored checkpoint (the stream is its key): the seam's record, with its epoch as stored
@@ -187,10 +188,7 @@ impl Memory {
             c.token = None;
             c.token_time = None;
             // The new stream starts exactly where the gap ends.
-            c.start_time = Some(Timestamp {
-                time: gap.to.timestamp_millis().div_euclid(1000) as u32,
-                increment: 0,
-            });
+            c.start_time = Some(cluster_second(gap.to));
         })
     }
 

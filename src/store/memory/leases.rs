@@ -7,10 +7,6 @@ use bson::DateTime;
 use super::{seam, Memory, MemoryStore};
 use crate::store::Lease;
 
-fn expiry(now: DateTime, ttl: Duration) -> DateTime {
-    DateTime::from_millis(now.timestamp_millis() + ttl.as_millis() as i64)
-}
-
 impl Memory {
     pub fn read_lease(&self, stream: &str) -> Option<Lease> {
         self.leases.get(stream).cloned()
@@ -40,7 +36,7 @@ impl Memory {
     ) -> bool {
         match self.leases.get_mut(stream) {
             Some(l) if l.owner == owner && l.epoch == epoch => {
-                l.expires_at = expiry(now, ttl);
+                l.expires_at = crate::core::time::later(now, ttl);
                 true
             }
             _ => false,
@@ -52,7 +48,7 @@ impl Memory {
         let lease = Lease {
             stream: stream.to_string(),
             owner: owner.to_string(),
-            expires_at: expiry(now, ttl),
+            expires_at: crate::core::time::later(now, ttl),
             epoch,
         };
         self.leases.insert(stream.to_string(), lease);

@@ -43,12 +43,11 @@ pub use self::checkpoints::CheckpointRec;
 pub use self::counters::CounterRec;
 pub use self::dirty::DirtyRec;
 pub use self::ledger::LedgerRec;
-pub use self::stream::{
-    drained_token, event_token, Cursor, MemoryEvents, OpKind, OpenTxn, OplogEntry, OplogTxn,
-};
+pub use self::stream::{drained_token, Cursor, OpKind, OpenTxn, OplogEntry, OplogTxn};
 pub use self::truth::row_facts;
 use crate::core::definition::Definition;
 use crate::core::key::{CounterIx, GroupValue};
+use crate::core::schema::Schema;
 use crate::store::{RunSummary, SweepCursor};
 
 /// The application's fields: the in-process truth uses counterd's default schema.
@@ -88,8 +87,8 @@ pub struct Memory {
     pub post_batch_tokens: bool,
     /// Ledger entries by (collection, comment key): each partition keeps its own collection.
     pub ledger: BTreeMap<(String, String), LedgerRec>,
-    /// The counter definitions, in order: the default ([`default_definition`]) and the
-    /// worker's `Schema::counters` after it. Counts read rows through them.
+    /// The counter definitions, in order: the default schema's (every row of a post counts)
+    /// and the worker's `Schema::counters` after it. Counts read rows through them.
     pub definitions: Vec<Definition>,
     /// Each definition's counters and dirty set, by its place, each its own "collections".
     pub tables: Vec<CounterTables>,
@@ -120,7 +119,7 @@ impl Memory {
             update_descriptions: true,
             post_batch_tokens: true,
             ledger: BTreeMap::new(),
-            definitions: vec![default_definition()],
+            definitions: vec![Schema::default().definitions.first().clone()],
             tables: vec![CounterTables::default()],
             checkpoints: BTreeMap::new(),
             carried: BTreeMap::new(),
@@ -162,17 +161,6 @@ impl Memory {
     /// The definitions whose tables exist, the default first.
     pub fn counter_ixs(&self) -> Vec<CounterIx> {
         (0..self.tables.len()).map(CounterIx).collect()
-    }
-}
-
-/// The default definition over the in-process truth's fields: every row of a post counts.
-pub fn default_definition() -> Definition {
-    Definition {
-        name: crate::core::definition::DEFAULT_COUNTER.into(),
-        group: POST_FIELD.into(),
-        condition: Default::default(),
-        collection: "comment_counters".into(),
-        kind: Default::default(),
     }
 }
 

@@ -11,6 +11,7 @@ use bson::{doc, Binary, Bson, DateTime, Document, Timestamp};
 use super::{Memory, MemoryStore};
 use crate::core::cost::ReadLimit;
 use crate::core::event::{ChangeEvent, CommentId, Token};
+use crate::core::schema::Schema;
 use crate::core::txn::TxnKey;
 use crate::store::{
     ChangeStreams, EventSource, RawBatch, ServerNow, StoreError, StoreResult, StreamOptions,
@@ -334,18 +335,12 @@ impl Memory {
     /// Like the MongoDB store's, a row comes with the schema's row projection: `_id` and the
     /// fields counterd reads (by their top-level field).
     pub fn look_up(&self, comments: &[CommentId]) -> HashMap<String, Document> {
-        let schema = crate::core::schema::Schema::default();
-        let mut fields: Vec<String> = schema
-            .read_paths()
-            .into_iter()
-            .chain(
-                self.definitions
-                    .iter()
-                    .flat_map(|d| d.read_paths().into_iter().map(String::from)),
-            )
-            .map(|p| p.split('.').next().unwrap_or_default().to_string())
+        let schema = Schema::default().with_more(self.definitions[1..].to_vec());
+        let projection = schema.row_projection();
+        let fields: Vec<&str> = projection
+            .keys()
+            .filter_map(|p| p.split('.').next())
             .collect();
-        fields.push("_id".into());
         comments
             .iter()
             .filter_map(|c| {
@@ -353,7 +348,7 @@ impl Memory {
                 let row = self.comments.get(&id)?;
                 let projected: Document = row
                     .iter()
-                    .filter(|(k, _)| fields.iter().any(|f| f == *k))
+                    .filter(|(k, _)| fields.contains(&k.as_str()))
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect();
                 Some((c.key.clone(), projected))

@@ -12,6 +12,7 @@ use crate::core::event::{CommentId, Row};
 use crate::core::key::CounterIx;
 use crate::core::key::GroupValue;
 use crate::core::num::Num;
+use crate::core::schema::Schema;
 use crate::store::CommentsExtent;
 
 /// What the count queries read of a row document: (group, created_at, counts).
@@ -19,7 +20,7 @@ pub type Facts = (GroupValue, Option<DateTime>, bool);
 
 /// (post, created_at, live) of a row document, when it counts at all (it has a post).
 pub fn row_facts(row: &Document) -> Option<Facts> {
-    facts_in(&super::default_definition(), row)
+    facts_in(Schema::default().definitions.first(), row)
 }
 
 /// (group, created_at, counts) of a row document for `definition`, when it has a group there:
@@ -179,7 +180,7 @@ impl Memory {
             .filter_map(|r| self.facts(counter, r))
             .filter(|(p, _, _)| p == post)
             .filter_map(|(_, created, _)| created)
-            .map(|t| t.timestamp_millis().div_euclid(1000))
+            .map(crate::core::time::secs)
             .max()
     }
 

@@ -166,10 +166,7 @@ impl Checkpoints for MongoStore {
         if let Some(from) = gap.from {
             gap_doc.insert("from", from);
         }
-        let restart = Timestamp {
-            time: gap.to.timestamp_millis().div_euclid(1000) as u32,
-            increment: 0,
-        };
+        let restart = crate::core::time::cluster_second(gap.to);
         let update = doc! {
             "$push": {"gaps": gap_doc},
             // The new stream starts exactly where the gap ends: nothing between is unaccounted.

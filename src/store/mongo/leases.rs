@@ -20,10 +20,9 @@ impl Leases for MongoStore {
         ttl: Duration,
         now: DateTime,
     ) -> StoreResult<Option<i64>> {
-        let expires = DateTime::from_millis(now.timestamp_millis() + ttl.as_millis() as i64);
         let filter = doc! {"_id": stream, "$or": [{"expires_at": {"$lt": now}}, {"owner": owner}]};
         // A parked note (see `note_parked`) goes with the lease: whoever takes it tries again.
-        let update = doc! {"$set": {"owner": owner, "expires_at": expires}, "$inc": {"epoch": 1_i64}, "$unset": {"parked": ""}};
+        let update = doc! {"$set": {"owner": owner, "expires_at": later(now, ttl)}, "$inc": {"epoch": 1_i64}, "$unset": {"parked": ""}};
         let result = self
             .coll(&self.names.leases)
             .find_one_and_update(filter, update)
@@ -43,12 +42,11 @@ impl Leases for MongoStore {
         ttl: Duration,
         now: DateTime,
     ) -> StoreResult<bool> {
-        let expires = DateTime::from_millis(now.timestamp_millis() + ttl.as_millis() as i64);
         let result = self
             .coll(&self.names.leases)
             .update_one(
                 doc! {"_id": stream, "owner": owner, "epoch": epoch},
-                doc! {"$set": {"expires_at": expires}},
+                doc! {"$set": {"expires_at": later(now, ttl)}},
             )
             .observed("renew the lease")
             .await?;
@@ -62,12 +60,11 @@ impl Leases for MongoStore {
         ttl: Duration,
         now: DateTime,
     ) -> StoreResult<i64> {
-        let expires = DateTime::from_millis(now.timestamp_millis() + ttl.as_millis() as i64);
         let found = self
             .coll(&self.names.leases)
             .find_one_and_update(
                 doc! {"_id": stream},
-                doc! {"$set": {"owner": owner, "expires_at": expires}, "$inc": {"epoch": 1_i64}, "$unset": {"parked": ""}},
+                doc! {"$set": {"owner": owner, "expires_at": later(now, ttl)}, "$inc": {"epoch": 1_i64}, "$unset": {"parked": ""}},
             )
             .upsert(true)
             .return_document(mongodb::options::ReturnDocument::After)

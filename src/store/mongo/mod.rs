@@ -55,7 +55,7 @@ use crate::core::event::{CommentId, LedgerUpdate, Row, Token};
 use crate::core::fold::{CounterState, Fold};
 use crate::core::key::{CounterIx, GroupValue};
 use crate::core::schema::{Schema, SoftDelete};
-use crate::core::time::BucketStart;
+use crate::core::time::{later, BucketStart};
 use crate::core::window::{Touch, LOG_ENTRIES};
 
 /// Field names of counterd's own ledger and pending-batch documents (not the application's:

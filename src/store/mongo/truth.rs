@@ -100,7 +100,7 @@ impl Truth for MongoStore {
                 Some(Bson::DateTime(t)) => Some(*t),
                 _ => None,
             })
-            .map(|t| t.timestamp_millis().div_euclid(1000)))
+            .map(crate::core::time::secs))
     }
 
     async fn count_live(&self, post: &GroupValue) -> StoreResult<Num> {

@@ -120,7 +120,7 @@ pub(super) fn counter_from_doc(doc: &Document) -> StoreResult<CounterDoc> {
         state: CounterState {
             base_count: num("base_count")?,
             base_watermark: match doc.get("base_watermark") {
-                Some(Bson::DateTime(d)) => d.timestamp_millis().div_euclid(1000),
+                Some(Bson::DateTime(d)) => crate::core::time::secs(*d),
                 _ => int("base_watermark")?,
             },
             live_delta: num("live_delta")?,
